@@ -1,0 +1,154 @@
+#include "meshtrain/autodiff/node.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+
+namespace mt::autodiff {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+thread_local int g_trace_depth = 0;
+std::atomic<uint64_t> g_next_node_id{1};
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+EnableGradGuard::EnableGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { g_grad_enabled = previous_; }
+
+int trace_depth() { return g_trace_depth; }
+TraceScope::TraceScope() { ++g_trace_depth; }
+TraceScope::~TraceScope() { --g_trace_depth; }
+
+bool should_record(std::initializer_list<const Array*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Array* a : inputs)
+    if (a->defined() && a->traced()) return true;
+  return false;
+}
+
+bool should_record(const std::vector<Array>& inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Array& a : inputs)
+    if (a.defined() && a.traced()) return true;
+  return false;
+}
+
+void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn vjp) {
+  if (!should_record(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->id = g_next_node_id++;
+  node->op = op;
+  node->inputs.reserve(inputs.size());
+  for (const Array& a : inputs) node->inputs.push_back(a.defined() ? a.impl()->node : nullptr);
+  node->vjp = std::move(vjp);
+  out.impl()->node = std::move(node);
+}
+
+Array make_leaf(const Array& x) {
+  MT_CHECK(x.defined(), "[value_and_grad] cannot differentiate with respect to an undefined array");
+  Array leaf = x.detach();
+  auto node = std::make_shared<Node>();
+  node->id = g_next_node_id++;
+  node->op = "leaf";
+  if (g_grad_enabled && x.traced()) {
+    node->inputs.push_back(x.impl()->node);
+    node->vjp = [](const Array& g) { return std::vector<Array>{g}; };
+  }
+  leaf.impl()->node = std::move(node);
+  return leaf;
+}
+
+namespace {
+// Marks nodes from which some target is reachable; only those need cotangents.
+void mark_needed(Node* root, const std::unordered_set<Node*>& targets, std::unordered_map<Node*, bool>& needed) {
+  // Iterative post-order DFS: graphs of deep models overflow a recursive walk.
+  struct Frame {
+    Node* node;
+    size_t next_input;
+  };
+  std::vector<Frame> stack{{root, 0}};
+  needed[root] = targets.count(root) > 0;
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    Node* node = f.node;
+    if (targets.count(node) || f.next_input >= node->inputs.size()) {
+      stack.pop_back();
+      if (!stack.empty() && needed[node]) needed[stack.back().node] = true;
+      continue;
+    }
+    Node* child = node->inputs[f.next_input++].get();
+    if (!child) continue;
+    auto it = needed.find(child);
+    if (it != needed.end()) {
+      if (it->second) needed[node] = true;
+      continue;
+    }
+    needed[child] = targets.count(child) > 0;
+    stack.push_back({child, 0});
+  }
+}
+}  // namespace
+
+std::vector<Array> backward(const Array& output, const Array& cotangent, const std::vector<Array>& targets,
+                            bool create_graph) {
+  std::vector<Array> result(targets.size());
+  if (!output.traced()) return result;
+  std::unordered_set<Node*> target_nodes;
+  for (const Array& t : targets) target_nodes.insert(t.impl()->node.get());
+
+  Node* root = output.impl()->node.get();
+  std::unordered_map<Node*, bool> needed;
+  mark_needed(root, target_nodes, needed);
+
+  std::unique_ptr<NoGradGuard> no_grad;
+  std::unique_ptr<EnableGradGuard> with_grad;
+  if (create_graph) with_grad = std::make_unique<EnableGradGuard>();
+  else no_grad = std::make_unique<NoGradGuard>();
+
+  std::unordered_map<Node*, Array> cotangents;
+  auto by_id = [](Node* a, Node* b) { return a->id < b->id; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(by_id)> ready(by_id);
+  if (needed[root]) {
+    cotangents[root] = cotangent;
+    ready.push(root);
+  }
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    if (target_nodes.count(node) || !node->vjp) continue;
+    Array g = cotangents[node];
+    if (!create_graph) cotangents.erase(node);
+    std::vector<Array> input_grads = node->vjp(g);
+    MT_CHECK(input_grads.size() == node->inputs.size(), "[backward] vjp of ", node->op, " returned ",
+             input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      Node* in = node->inputs[i].get();
+      if (!in || !input_grads[i].defined()) continue;
+      auto need = needed.find(in);
+      if (need == needed.end() || !need->second) continue;
+      auto it = cotangents.find(in);
+      if (it == cotangents.end()) {
+        cotangents.emplace(in, input_grads[i]);
+        ready.push(in);
+      } else {
+        it->second = add(it->second, input_grads[i]);
+      }
+    }
+    // A first-order pass runs once over its graph: drop saved tensors as soon as possible.
+    if (!create_graph && trace_depth() <= 1) node->vjp = nullptr;
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    auto it = cotangents.find(targets[i].impl()->node.get());
+    if (it != cotangents.end()) result[i] = it->second;
+  }
+  return result;
+}
+
+}  // namespace mt::autodiff

@@ -1,0 +1,75 @@
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/core/array.h"
+
+namespace mt::autodiff {
+
+// Cotangents for each input of an op, given the cotangent of its output. An undefined
+// Array means "no gradient flows to this input".
+using VjpFn = std::function<std::vector<Array>(const Array& cotangent)>;
+
+// One recorded op application. Nodes are created in increasing `id` order, so visiting
+// them by decreasing id is a valid reverse topological order.
+struct Node {
+  uint64_t id = 0;
+  const char* op = "";
+  std::vector<std::shared_ptr<Node>> inputs;  // node of each op input; null when untraced
+  VjpFn vjp;                                  // null for leaves
+};
+
+// Grad mode: when off, ops record nothing (like torch.no_grad).
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when grad mode is on and one of `inputs` is traced: the op must record itself.
+bool should_record(std::initializer_list<const Array*> inputs);
+bool should_record(const std::vector<Array>& inputs);
+
+// Attaches a node to `out` (whose storage the op just computed) when should_record.
+// `vjp` must capture what it needs by value and never capture `out` itself
+// (use out.detach()), so the graph holds no reference cycle.
+void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn vjp);
+
+// How many value_and_grad traces enclose the current code; > 1 means nested.
+int trace_depth();
+class TraceScope {
+ public:
+  TraceScope();
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+};
+
+// A traced handle of `x` to differentiate with respect to: a fresh leaf, or an identity
+// of `x` when an outer trace already follows x (so outer gradients flow through it).
+Array make_leaf(const Array& x);
+
+// Cotangents of `output` with respect to each target (leaves made by make_leaf).
+// With create_graph the backward pass is itself recorded (for higher-order gradients).
+std::vector<Array> backward(const Array& output, const Array& cotangent, const std::vector<Array>& targets,
+                            bool create_graph);
+
+}  // namespace mt::autodiff

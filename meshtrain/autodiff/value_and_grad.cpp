@@ -1,0 +1,63 @@
+#include "meshtrain/autodiff/value_and_grad.h"
+
+#include "meshtrain/ops/elementwise.h"
+
+namespace mt {
+namespace autodiff {
+
+Params make_leaves(const Params& params) {
+  Params leaves;
+  for (const auto& [path, value] : params) leaves.set(path, make_leaf(value));
+  return leaves;
+}
+
+Params gradients(const Array& value, const Params& leaves, const Params& primals) {
+  MT_CHECK(value.defined() && value.numel() == 1 && is_floating(value.dtype()),
+           "[value_and_grad] the function must return a floating scalar, got ",
+           value.defined() ? value.str() : "<undefined>");
+  std::vector<Array> targets;
+  targets.reserve(leaves.size());
+  for (const auto& [path, leaf] : leaves) targets.push_back(leaf);
+  Array seed = Array::ones(value.shape(), value.dtype());
+  std::vector<Array> g = backward(value, seed, targets, trace_depth() > 1);
+  Params grads;
+  size_t i = 0;
+  for (const auto& [path, primal] : primals) {
+    Array gi = g[i++];
+    if (!gi.defined()) gi = Array::zeros(primal.shape(), primal.dtype());
+    grads.set(path, gi);
+  }
+  return grads;
+}
+
+void detach_outputs(Array& a) {
+  if (a.defined()) a = a.detach();
+}
+void detach_outputs(Params& p) {
+  for (auto& [path, a] : p) detach_outputs(a);
+}
+void detach_outputs(std::vector<Array>& v) {
+  for (Array& a : v) detach_outputs(a);
+}
+
+}  // namespace autodiff
+
+Array stop_gradient(const Array& x) { return x.detach(); }
+
+std::pair<Array, std::vector<Array>> vjp(const std::function<Array(const std::vector<Array>&)>& f,
+                                         const std::vector<Array>& primals, const Array& cotangent) {
+  autodiff::TraceScope scope;
+  autodiff::EnableGradGuard grad_on;
+  std::vector<Array> leaves;
+  for (const Array& p : primals) leaves.push_back(autodiff::make_leaf(p));
+  Array out = f(leaves);
+  MT_CHECK(out.shape() == cotangent.shape(), "[vjp] cotangent shape ", cotangent.shape().str(),
+           " differs from output shape ", out.shape().str());
+  std::vector<Array> g = autodiff::backward(out, cotangent, leaves, autodiff::trace_depth() > 1);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!g[i].defined()) g[i] = Array::zeros(primals[i].shape(), primals[i].dtype());
+  if (autodiff::trace_depth() == 1) out = out.detach();
+  return {out, g};
+}
+
+}  // namespace mt

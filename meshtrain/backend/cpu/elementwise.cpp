@@ -1,0 +1,194 @@
+#include "meshtrain/backend/cpu/elementwise.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "meshtrain/backend/cpu/broadcast_iter.h"
+#include "meshtrain/core/element.h"
+#include "meshtrain/core/error.h"
+
+namespace mt::cpu {
+
+const char* unary_name(UnaryOp op) {
+  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "sign", "relu", "sigmoid",
+                                "silu", "gelu", "gelu_tanh", "erf", "sin", "cos", "square", "reciprocal", "logical_not"};
+  return names[int(op)];
+}
+const char* binary_name(BinaryOp op) {
+  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq",
+                                "ne",  "lt",  "le",  "gt",  "ge",  "logical_and", "logical_or"};
+  return names[int(op)];
+}
+bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+
+namespace {
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+
+// C is the compute type: float for floating dtypes, the integer type itself otherwise.
+template <class C>
+inline C apply_unary(UnaryOp op, C x) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::abs: return x < C(0) ? -x : x;
+    case UnaryOp::sign: return C((x > C(0)) - (x < C(0)));
+    case UnaryOp::relu: return x > C(0) ? x : C(0);
+    case UnaryOp::square: return x * x;
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<C>) {
+    switch (op) {
+      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::log: return std::log(x);
+      case UnaryOp::sqrt: return std::sqrt(x);
+      case UnaryOp::rsqrt: return C(1) / std::sqrt(x);
+      case UnaryOp::tanh: return std::tanh(x);
+      case UnaryOp::sigmoid: return C(1) / (C(1) + std::exp(-x));
+      case UnaryOp::silu: return x / (C(1) + std::exp(-x));
+      case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + std::erf(x * kSqrt1_2));
+      case UnaryOp::gelu_tanh:
+        return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+      case UnaryOp::erf: return std::erf(x);
+      case UnaryOp::sin: return std::sin(x);
+      case UnaryOp::cos: return std::cos(x);
+      case UnaryOp::reciprocal: return C(1) / x;
+      default: break;
+    }
+  }
+  return x;
+}
+
+template <class C>
+inline C apply_binary(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div: return a / b;
+    case BinaryOp::pow:
+      if constexpr (std::is_floating_point_v<C>) return std::pow(a, b);
+      else return C(std::pow(double(a), double(b)));
+    // NaN propagates like torch.maximum / torch.minimum.
+    case BinaryOp::maximum: return (a != a || a > b) ? a : b;
+    case BinaryOp::minimum: return (a != a || a < b) ? a : b;
+    case BinaryOp::eq: return C(a == b);
+    case BinaryOp::ne: return C(a != b);
+    case BinaryOp::lt: return C(a < b);
+    case BinaryOp::le: return C(a <= b);
+    case BinaryOp::gt: return C(a > b);
+    case BinaryOp::ge: return C(a >= b);
+    case BinaryOp::logical_and: return C(a != C(0) && b != C(0));
+    case BinaryOp::logical_or: return C(a != C(0) || b != C(0));
+  }
+  return a;
+}
+
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>,
+                                     float, std::conditional_t<std::is_same_v<T, bool>, int32_t, T>>;
+
+template <class T>
+inline compute_t<T> load(T v) {
+  if constexpr (std::is_same_v<compute_t<T>, float>) return load_f32(v);
+  else return compute_t<T>(v);
+}
+template <class T, class C>
+inline T store(C v) {
+  if constexpr (std::is_same_v<T, bf16>) return f32_to_bf16(float(v));
+  else if constexpr (std::is_same_v<T, f16>) return f32_to_f16(float(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != C(0);
+  else return T(v);
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const Array& x, Array& out) {
+  const int64_t n = x.numel();
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    if (op == UnaryOp::logical_not) {
+      bool* po = out.data<bool>();
+      for (int64_t i = 0; i < n; ++i) po[i] = load(px[i]) == C(0);
+      return;
+    }
+    T* po = out.data<T>();
+#pragma omp parallel for if (n > 32768) schedule(static)
+    for (int64_t i = 0; i < n; ++i) po[i] = store<T>(apply_unary<C>(op, load(px[i])));
+  });
+}
+
+void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
+  BroadcastPlan plan = make_broadcast_plan(out.shape(), {a.shape(), b.shape()});
+  const int64_t rows = plan.rows(), len = plan.row_length();
+  const int64_t sa = plan.strides[0].back(), sb = plan.strides[1].back();
+  dispatch_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    auto rows_loop = [&](auto out_tag) {
+      using O = decltype(out_tag);
+      O* po = out.data<O>();
+#pragma omp parallel for if (rows * len > 32768 && rows > 1) schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t off[2];
+        plan.row_offsets(r, off);
+        const T* ra = pa + off[0];
+        const T* rb = pb + off[1];
+        O* ro = po + r * len;
+        if (rows == 1 && len > 32768) {
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < len; ++i) ro[i] = store<O>(apply_binary<C>(op, load(ra[i * sa]), load(rb[i * sb])));
+        } else {
+          for (int64_t i = 0; i < len; ++i) ro[i] = store<O>(apply_binary<C>(op, load(ra[i * sa]), load(rb[i * sb])));
+        }
+      }
+    };
+    if (is_comparison(op)) rows_loop(bool{});
+    else rows_loop(T{});
+  });
+}
+
+void where(const Array& cond, const Array& a, const Array& b, Array& out) {
+  BroadcastPlan plan = make_broadcast_plan(out.shape(), {cond.shape(), a.shape(), b.shape()});
+  const int64_t rows = plan.rows(), len = plan.row_length();
+  const int64_t sc = plan.strides[0].back(), sa = plan.strides[1].back(), sb = plan.strides[2].back();
+  const bool* pc = cond.data<bool>();
+  dispatch_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+#pragma omp parallel for if (rows * len > 32768 && rows > 1) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t off[3];
+      plan.row_offsets(r, off);
+      T* ro = po + r * len;
+      for (int64_t i = 0; i < len; ++i) ro[i] = pc[off[0] + i * sc] ? pa[off[1] + i * sa] : pb[off[2] + i * sb];
+    }
+  });
+}
+
+void cast(const Array& x, Array& out) {
+  const int64_t n = x.numel();
+  dispatch_dtype(x.dtype(), [&](auto in_tag) {
+    using I = decltype(in_tag);
+    dispatch_dtype(out.dtype(), [&](auto out_tag) {
+      using O = decltype(out_tag);
+      const I* px = x.data<I>();
+      O* po = out.data<O>();
+#pragma omp parallel for if (n > 65536) schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<I, O>) po[i] = px[i];
+        else if constexpr (std::is_same_v<O, bool>) po[i] = to_double(px[i]) != 0.0;
+        else if constexpr (std::is_integral_v<O> && !std::is_integral_v<I>) po[i] = O(load_f32(px[i]));  // truncates like torch
+        else po[i] = from_double<O>(to_double(px[i]));
+      }
+    });
+  });
+}
+
+}  // namespace mt::cpu

@@ -1,0 +1,398 @@
+#include "meshtrain/backend/cpu/matmul_kernel.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <atomic>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::cpu {
+
+// ---------------------------------------------------------------------------------------
+// f16 <-> f32 conversion (bit-exact, independent of FPU rounding / FTZ modes)
+// ---------------------------------------------------------------------------------------
+
+float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {
+    // Subnormal: mant * 2^-24 is exact in f32 (and a normal f32), so a multiply suffices.
+    const float mag = float(mant) * 0x1p-24f;
+    return sign ? -mag : mag;
+  }
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));  // rebias 15 -> 127
+}
+
+uint16_t float_to_half_bits(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  uint32_t mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) {  // inf stays inf; NaN stays a (quiet) NaN keeping high payload bits
+    return mag == 0x7f800000u ? uint16_t(sign | 0x7c00u)
+                              : uint16_t(sign | 0x7e00u | ((mag >> 13) & 0x3ffu));
+  }
+  if (mag >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds past 65504
+  if (mag >= 0x38800000u) {                                  // normal half range, >= 2^-14
+    mag += 0xfffu + ((mag >> 13) & 1u);  // round to nearest even on the 13 dropped bits
+    return uint16_t(sign | ((mag - 0x38000000u) >> 13));  // rebias 127 -> 15; carry is fine
+  }
+  // Subnormal half: the result counts units of 2^-24.
+  const uint32_t e = mag >> 23;
+  if (e < 102) return sign;  // below 2^-25 (incl. f32 subnormals): rounds to zero
+  const uint32_t m = (mag & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - e;  // in [14, 24]
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal
+  return uint16_t(sign | q);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Global oneDNN state. Heap-allocated and never freed so thread_local caches that outlive
+// static destruction at exit never touch a dead engine.
+// ---------------------------------------------------------------------------------------
+
+dnnl::engine& cpu_engine() {
+  static auto* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// With the OpenMP runtime a CPU stream carries no per-execution state, so one stream can be
+// shared by every calling thread.
+dnnl::stream& cpu_stream() {
+  static auto* stream = new dnnl::stream(cpu_engine());
+  return *stream;
+}
+
+size_t elem_size(MatmulDType dtype) { return dtype == MatmulDType::f32 ? 4 : 2; }
+
+const char* dtype_name(MatmulDType dtype) {
+  switch (dtype) {
+    case MatmulDType::f32: return "f32";
+    case MatmulDType::bf16: return "bf16";
+    case MatmulDType::f16: return "f16";
+  }
+  return "?";
+}
+
+dnnl::memory::data_type to_dnnl(MatmulDType dtype) {
+  switch (dtype) {
+    case MatmulDType::f32: return dnnl::memory::data_type::f32;
+    case MatmulDType::bf16: return dnnl::memory::data_type::bf16;
+    case MatmulDType::f16: return dnnl::memory::data_type::f16;
+  }
+  return dnnl::memory::data_type::undef;
+}
+
+// Everything that changes the created primitive; `batch` is the batch the primitive runs,
+// which is 1 when both operands broadcast (see run_onednn).
+struct PlanKey {
+  MatmulDType dtype;
+  int64_t batch, batch_a, batch_b, M, N, K;
+  bool trans_a, trans_b, accumulate;
+  bool operator==(const PlanKey&) const = default;
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const noexcept {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    auto mix = [&h](uint64_t v) {
+      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdull;
+    };
+    mix(uint64_t(k.dtype) | uint64_t(k.trans_a) << 8 | uint64_t(k.trans_b) << 9 |
+        uint64_t(k.accumulate) << 10);
+    mix(uint64_t(k.batch));
+    mix(uint64_t(k.batch_a));
+    mix(uint64_t(k.batch_b));
+    mix(uint64_t(k.M));
+    mix(uint64_t(k.N));
+    mix(uint64_t(k.K));
+    return size_t(h ^ (h >> 31));
+  }
+};
+
+std::string describe(const PlanKey& k) {
+  std::ostringstream os;
+  os << "dtype=" << dtype_name(k.dtype) << " batch=" << k.batch << " batch_a=" << k.batch_a
+     << " batch_b=" << k.batch_b << " M=" << k.M << " N=" << k.N << " K=" << k.K
+     << " trans_a=" << k.trans_a << " trans_b=" << k.trans_b << " accumulate=" << k.accumulate;
+  return os.str();
+}
+
+// A created primitive and the descriptors used to wrap user pointers; immutable once built,
+// so it is shared between threads.
+struct Plan {
+  dnnl::matmul prim;
+  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
+  size_t scratch_bytes = 0;
+};
+
+std::shared_ptr<const Plan> make_plan(const PlanKey& k) {
+  using dims = dnnl::memory::dims;
+  const auto dt = to_dnnl(k.dtype);
+  // Transposed operands are the same buffers read with swapped inner strides: no copies.
+  const dnnl::memory::desc a_md({k.batch_a, k.M, k.K}, dt,
+                                k.trans_a ? dims{k.M * k.K, 1, k.M} : dims{k.M * k.K, k.K, 1});
+  const dnnl::memory::desc b_md({k.batch_b, k.K, k.N}, dt,
+                                k.trans_b ? dims{k.K * k.N, 1, k.K} : dims{k.K * k.N, k.N, 1});
+  const dnnl::memory::desc c_md({k.batch, k.M, k.N}, dt, dims{k.M * k.N, k.N, 1});
+
+  dnnl::primitive_attr attr;
+  // User scratchpad lets a cached primitive run on any thread (the library-managed global
+  // scratchpad ties a primitive to its creating thread).
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (k.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);  // beta = 1
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
+                                        cpu_engine());
+  auto plan = std::make_shared<Plan>();
+  plan->prim = dnnl::matmul(pd);
+  plan->a_md = pd.src_desc();
+  plan->b_md = pd.weights_desc();
+  plan->c_md = pd.dst_desc();
+  plan->scratch_md = pd.scratchpad_desc();
+  plan->scratch_bytes = plan->scratch_md.get_size();
+  return plan;
+}
+
+// Process-wide cache: primitive creation (JIT) is expensive, so threads share plans.
+struct GlobalCache {
+  std::shared_mutex mu;
+  std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;
+  std::atomic<uint64_t> generation{1};  // bumped by clear so thread caches drop stale slots
+};
+
+GlobalCache& global_cache() {
+  static auto* cache = new GlobalCache;
+  return *cache;
+}
+
+// Per-thread memory objects for one plan. Rebinding via set_data_handle is ~40x cheaper than
+// creating memory objects per call, but is only safe on objects no other thread touches.
+struct ThreadSlot {
+  std::shared_ptr<const Plan> plan;
+  dnnl::memory a, b, c, scratch;
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+struct ThreadCache {
+  uint64_t generation = 0;
+  std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
+  std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
+  size_t scratch_cap = 0;
+  // f32 staging buffers for the f16 fallback, kept to avoid page faults on every call.
+  std::vector<float> a32, b32, c32;
+};
+
+ThreadCache& thread_cache() {
+  thread_local ThreadCache cache;
+  return cache;
+}
+
+std::shared_ptr<const Plan> find_or_create_plan(const PlanKey& key) {
+  auto& gc = global_cache();
+  {
+    std::shared_lock lock(gc.mu);
+    if (auto it = gc.plans.find(key); it != gc.plans.end()) return it->second;
+  }
+  // Create outside the lock so a slow JIT does not block other shapes; a racing thread may
+  // build the same plan, and the first one inserted wins.
+  auto plan = make_plan(key);
+  std::unique_lock lock(gc.mu);
+  return gc.plans.try_emplace(key, std::move(plan)).first->second;
+}
+
+ThreadSlot& get_slot(const PlanKey& key) {
+  auto& tc = thread_cache();
+  const uint64_t gen = global_cache().generation.load(std::memory_order_acquire);
+  if (tc.generation != gen) {
+    tc.slots.clear();
+    tc.generation = gen;
+  }
+  if (auto it = tc.slots.find(key); it != tc.slots.end()) return it->second;
+
+  ThreadSlot slot;
+  slot.plan = find_or_create_plan(key);
+  const auto& eng = cpu_engine();
+  slot.a = dnnl::memory(slot.plan->a_md, eng, nullptr);
+  slot.b = dnnl::memory(slot.plan->b_md, eng, nullptr);
+  slot.c = dnnl::memory(slot.plan->c_md, eng, nullptr);
+  if (slot.plan->scratch_bytes > 0) slot.scratch = dnnl::memory(slot.plan->scratch_md, eng, nullptr);
+  return tc.slots.emplace(key, std::move(slot)).first->second;
+}
+
+void* thread_scratch(size_t bytes) {
+  auto& tc = thread_cache();
+  if (bytes > tc.scratch_cap) {
+    const size_t cap = (bytes + 4095) & ~size_t(4095);
+    void* p = std::aligned_alloc(4096, cap);
+    if (!p) throw std::bad_alloc();
+    tc.scratch.reset(p);
+    tc.scratch_cap = cap;
+  }
+  return tc.scratch.get();
+}
+
+void execute(ThreadSlot& slot, const PlanKey& key, const void* a, const void* b, void* c) {
+  slot.a.set_data_handle(const_cast<void*>(a));
+  slot.b.set_data_handle(const_cast<void*>(b));
+  slot.c.set_data_handle(c);
+  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, slot.a.get()},
+                             {DNNL_ARG_WEIGHTS, slot.b.get()},
+                             {DNNL_ARG_DST, slot.c.get()},
+                             {DNNL_ARG_SCRATCHPAD, nullptr}};
+  int nargs = 3;
+  if (slot.plan->scratch_bytes > 0) {
+    slot.scratch.set_data_handle(thread_scratch(slot.plan->scratch_bytes));
+    args[3].memory = slot.scratch.get();
+    nargs = 4;
+  }
+  // The C entry point takes a stack array; the C++ one builds an unordered_map per call.
+  const dnnl_status_t st =
+      dnnl_primitive_execute(slot.plan->prim.get(), cpu_stream().get(), nargs, args);
+  if (st != dnnl_success) {
+    throw Error(detail::concat("[matmul] oneDNN execute failed (", dnnl_status2str(st),
+                               ") for ", describe(key)));
+  }
+}
+
+// Runs the matmul on oneDNN in the given (natively supported) dtype. K > 0, all sizes > 0.
+void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch,
+                int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a,
+                bool trans_b, bool accumulate) {
+  // oneDNN needs dst batch == max(src batch, weights batch); when both operands broadcast
+  // every output slice is the same product, so run a batch-1 primitive.
+  const bool both_broadcast = batch > 1 && batch_a == 1 && batch_b == 1;
+  const PlanKey key{dtype, both_broadcast ? 1 : batch, batch_a, batch_b, M, N, K,
+                    trans_a, trans_b, accumulate};
+  ThreadSlot* slot = nullptr;
+  try {
+    slot = &get_slot(key);
+  } catch (const dnnl::error& e) {
+    throw Error(detail::concat("[matmul] oneDNN could not create primitive for ", describe(key),
+                               ": ", e.what()));
+  }
+  if (!both_broadcast) {
+    execute(*slot, key, a, b, c);
+    return;
+  }
+  const size_t slice = size_t(M) * size_t(N) * elem_size(dtype);
+  auto* c_bytes = static_cast<std::byte*>(c);
+  if (accumulate) {
+    // Each slice holds different data to add onto, so each needs its own execute.
+    for (int64_t i = 0; i < batch; ++i) execute(*slot, key, a, b, c_bytes + size_t(i) * slice);
+  } else {
+    execute(*slot, key, a, b, c_bytes);
+    for (int64_t i = 1; i < batch; ++i) std::memcpy(c_bytes + size_t(i) * slice, c_bytes, slice);
+  }
+}
+
+void widen_f16(const void* src, std::vector<float>& dst, size_t n) {
+  if (dst.size() < n) dst.resize(n);
+  const auto* s = static_cast<const uint16_t*>(src);
+  float* d = dst.data();
+#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
+  for (size_t i = 0; i < n; ++i) d[i] = half_bits_to_float(s[i]);
+}
+
+void narrow_f16(const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
+  for (size_t i = 0; i < n; ++i) d[i] = float_to_half_bits(src[i]);
+}
+
+bool probe_f16_native() {
+  try {
+    const PlanKey key{MatmulDType::f16, 1, 1, 1, 16, 16, 16, false, false, false};
+    (void)make_plan(key);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // typically dnnl_unimplemented: no avx512_core_fp16 on this CPU
+  }
+}
+
+}  // namespace
+
+bool matmul_f16_native() {
+  static const bool native = probe_f16_native();
+  return native;
+}
+
+size_t matmul_cache_size() {
+  auto& gc = global_cache();
+  std::shared_lock lock(gc.mu);
+  return gc.plans.size();
+}
+
+void matmul_clear_cache() {
+  auto& gc = global_cache();
+  std::unique_lock lock(gc.mu);
+  gc.plans.clear();
+  gc.generation.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void matmul(MatmulDType dtype,
+            const void* a,  // (batch_a, M, K), or (batch_a, K, M) when trans_a
+            const void* b,  // (batch_b, K, N), or (batch_b, N, K) when trans_b
+            void* c,        // (batch, M, N)
+            int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
+            bool trans_a, bool trans_b, bool accumulate) {
+  const PlanKey requested{dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate};
+  MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16,
+           "[matmul] invalid dtype ", int(dtype));
+  MT_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "[matmul] negative size: ",
+           describe(requested));
+  MT_CHECK((batch_a == 1 || batch_a == batch) && (batch_b == 1 || batch_b == batch),
+           "[matmul] batch_a and batch_b must each be 1 or batch: ", describe(requested));
+  if (batch == 0 || M == 0 || N == 0) return;
+  MT_CHECK(c != nullptr, "[matmul] null output pointer: ", describe(requested));
+  if (K == 0) {
+    // An empty sum is zero: overwrite with zeros, or leave c unchanged when accumulating.
+    if (!accumulate) std::memset(c, 0, size_t(batch) * size_t(M) * size_t(N) * elem_size(dtype));
+    return;
+  }
+  MT_CHECK(a != nullptr && b != nullptr, "[matmul] null input pointer: ", describe(requested));
+
+  if (dtype != MatmulDType::f16 || matmul_f16_native()) {
+    run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+    return;
+  }
+  // f16 fallback: widen to f32 (layouts unchanged, so trans flags carry over), multiply,
+  // round the f32 result back once.
+  auto& tc = thread_cache();
+  const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
+  const size_t nb = size_t(batch_b) * size_t(K) * size_t(N);
+  const size_t nc = size_t(batch) * size_t(M) * size_t(N);
+  widen_f16(a, tc.a32, na);
+  widen_f16(b, tc.b32, nb);
+  if (tc.c32.size() < nc) tc.c32.resize(nc);
+  if (accumulate) widen_f16(c, tc.c32, nc);
+  run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), tc.c32.data(), batch, batch_a,
+             batch_b, M, N, K, trans_a, trans_b, accumulate);
+  narrow_f16(tc.c32.data(), c, nc);
+}
+
+}  // namespace mt::cpu

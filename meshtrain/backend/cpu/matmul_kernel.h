@@ -1,0 +1,37 @@
+#pragma once
+// Batched matrix multiply on the CPU through oneDNN, with primitive caching so repeated
+// shapes cost only an execute.
+#include <cstddef>
+#include <cstdint>
+
+namespace mt::cpu {
+
+enum class MatmulDType { f32, bf16, f16 };
+
+// C[b] = op(A[b]) @ op(B[b]), op transposing when trans_* is set. All buffers are dense
+// row-major; bf16/f16 buffers hold raw 16-bit patterns. Accumulation is in f32 and the
+// output has the inputs' dtype. batch_a / batch_b are each 1 (broadcast) or batch.
+// accumulate adds into c (beta = 1) instead of overwriting it.
+// Throws mt::Error (a std::runtime_error) starting with "[matmul]" on bad arguments or
+// oneDNN failures. Safe to call concurrently from several threads.
+void matmul(MatmulDType dtype,
+            const void* a,  // (batch_a, M, K), or (batch_a, K, M) when trans_a
+            const void* b,  // (batch_b, K, N), or (batch_b, N, K) when trans_b
+            void* c,        // (batch, M, N)
+            int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
+            bool trans_a, bool trans_b, bool accumulate = false);
+
+// True when oneDNN runs f16 matmuls natively on this CPU; otherwise f16 goes through f32
+// (inputs widened, f32 matmul, output rounded back to nearest even).
+bool matmul_f16_native();
+
+// Number of cached oneDNN matmul primitives, and a way to drop them (e.g. after a run with
+// many one-off shapes). Clearing is safe while other threads are calling matmul.
+size_t matmul_cache_size();
+void matmul_clear_cache();
+
+// IEEE half <-> f32 on raw bits, round-to-nearest-even; used by the f16 fallback.
+float half_bits_to_float(uint16_t h);
+uint16_t float_to_half_bits(float f);
+
+}  // namespace mt::cpu

@@ -1,0 +1,82 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/core/shape.h"
+
+namespace mt {
+
+namespace autodiff {
+struct Node;
+}
+
+// The state behind an Array handle. Several handles (and reshape views) may share
+// `storage`; `node` is set when the array is traced by an enclosing value_and_grad.
+struct ArrayImpl {
+  Shape shape;
+  DType dtype = DType::f32;
+  std::shared_ptr<void> storage;
+  size_t offset_bytes = 0;
+  std::shared_ptr<autodiff::Node> node;
+};
+
+// A cheap shared handle to a row-major, contiguous n-d array.
+class Array {
+ public:
+  Array() = default;
+  explicit Array(std::shared_ptr<ArrayImpl> impl) : impl_(std::move(impl)) {}
+
+  // Uninitialized storage from the caching allocator.
+  static Array empty(const Shape& shape, DType dtype = DType::f32);
+  static Array zeros(const Shape& shape, DType dtype = DType::f32);
+  static Array ones(const Shape& shape, DType dtype = DType::f32);
+  static Array full(const Shape& shape, double value, DType dtype = DType::f32);
+  static Array scalar(double value, DType dtype = DType::f32);
+  // Copies host values, converting them to `dtype` (bf16/f16 round to nearest even).
+  static Array from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32);
+  static Array from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
+  static Array from_vector(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::i64);
+  static Array from_vector(const std::vector<int32_t>& values, const Shape& shape, DType dtype = DType::i32);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  int ndim() const { return impl_->shape.ndim(); }
+  int64_t numel() const { return impl_->shape.numel(); }
+  int64_t dim(int i) const { return impl_->shape.dim(i); }
+  DType dtype() const { return impl_->dtype; }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
+
+  void* raw() const { return static_cast<char*>(impl_->storage.get()) + impl_->offset_bytes; }
+  template <class T>
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
+
+  // Host copies converted to the requested element type (any source dtype).
+  std::vector<float> to_floats() const;
+  std::vector<double> to_doubles() const;
+  std::vector<int64_t> to_ints() const;
+  double item() const;  // the single element of a one-element array
+
+  // Same storage, no autodiff history.
+  Array detach() const;
+  // Storage copy (no history).
+  Array clone() const;
+  bool traced() const { return impl_ && impl_->node != nullptr; }
+  // A view with another shape of the same numel; does not record autodiff history
+  // (ops::reshape does).
+  Array view_as_shape(const Shape& shape) const;
+  bool shares_storage(const Array& o) const { return impl_->storage == o.impl_->storage; }
+
+  const std::shared_ptr<ArrayImpl>& impl() const { return impl_; }
+  std::string str() const;  // "f32(2, 3)"
+  std::string repr(int max_elements = 16) const;  // values, for debugging and messages
+
+ private:
+  std::shared_ptr<ArrayImpl> impl_;
+};
+
+}  // namespace mt

@@ -1,0 +1,41 @@
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace mt {
+
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, boolean };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+DType dtype_from_name(const std::string& name);  // "f32", "bf16", ... ; throws mt::Error
+inline bool is_floating(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+inline bool is_integer(DType d) { return d == DType::i32 || d == DType::i64; }
+
+// bfloat16 storage: the upper 16 bits of an IEEE f32, rounded to nearest even.
+struct bf16 {
+  uint16_t bits;
+};
+// IEEE half precision storage.
+struct f16 {
+  uint16_t bits;
+};
+
+inline float bf16_to_f32(bf16 v) {
+  uint32_t u = uint32_t(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline bf16 f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // keep NaN a NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{uint16_t(u >> 16)};
+}
+float f16_to_f32(f16 v);
+f16 f32_to_f16(float f);
+
+}  // namespace mt

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, tests and benches need. Idempotent:
+# packages already present are skipped, so repeated runs cost one dpkg query.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config
+  libdnnl-dev
+  libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libutf8proc-dev libsentencepiece-dev
+  python3-torch python3-numpy
+  fortunes
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+# Node.js may come from outside Debian (nodesource); only ask apt when absent.
+if ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
+
+if ((${#missing[@]})); then
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# npm packages used by the tokenizer conformance tests live in tests/node.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -f "$root/tests/node/package.json" ] && [ ! -d "$root/tests/node/node_modules/tokenizers" ]; then
+  (cd "$root/tests/node" && npm install --no-audit --no-fund --silent)
+fi
