@@ -12,3 +12,4 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/ops/matmul.h"

@@ -25,6 +25,9 @@ Array random_ints(const Shape& shape, uint64_t seed, int64_t lo, int64_t hi, DTy
 struct Tolerance {
   double atol = 1e-5;
   double rtol = 1e-5;
+  // Added to atol as a fraction of max |ref|: low-precision results round their partial
+  // sums, so their error scales with the largest magnitudes, not with each element.
+  double scaled_atol = 0;
 };
 Tolerance default_tolerance(DType dtype);
 

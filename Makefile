@@ -1,0 +1,34 @@
+# Entry points of a fresh machine: `make demo` (the main job) and `make test`.
+# Each installs the Debian/npm packages it needs, configures and builds.
+BUILD ?= build
+JOBS ?= 2
+
+.PHONY: deps configure build demo test test-unit test-oracle bench clean
+
+deps:
+	./scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target meshtrain
+	./$(BUILD)/apps/meshtrain/meshtrain demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+test-oracle: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L oracle
+
+bench: build
+	./$(BUILD)/bench/matmul_bench
+
+clean:
+	rm -rf $(BUILD)
