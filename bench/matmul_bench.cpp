@@ -1,7 +1,9 @@
-// Compares mt::cpu::matmul with oneDNN called directly (primitive created once, executed in
-// a loop) on transformer-sized GEMMs, to show what the wrapper's cache/dispatch costs.
-// Usage: matmul_kernel_bench [--quick]
+// Compares the engine's mt::matmul op (checks, output allocation, oneDNN kernel with its
+// primitive cache) with oneDNN called directly (primitive created once, executed in a loop)
+// on transformer-sized GEMMs: what the engine costs on top of oneDNN.
+// Usage: matmul_bench [--quick]
 #include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/meshtrain.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -56,7 +58,7 @@ struct Result {
   double direct_gflops = 0, ours_gflops = 0, direct_us = 0, ours_us = 0;
 };
 
-// Times direct oneDNN and mt::cpu::matmul call by call, interleaved so machine noise hits
+// Times direct oneDNN and mt::matmul call by call, interleaved so machine noise hits
 // both alike; reports the median of each.
 Result measure(MatmulDType dtype, const Shape& s, double budget_s, bool with_direct) {
   std::mt19937 rng(42);
@@ -86,10 +88,14 @@ Result measure(MatmulDType dtype, const Shape& s, double budget_s, bool with_dir
     prim.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     strm.wait();
   };
-  auto run_ours = [&] {
-    mt::cpu::matmul(dtype, a.data(), b.data(), c_ours.data(), 1, 1, 1, s.M, s.N, s.K, false,
-                    false);
-  };
+  const mt::DType mdt = dtype == MatmulDType::f32    ? mt::DType::f32
+                        : dtype == MatmulDType::bf16 ? mt::DType::bf16
+                                                     : mt::DType::f16;
+  mt::Array a_arr = mt::Array::empty({s.M, s.K}, mdt), b_arr = mt::Array::empty({s.K, s.N}, mdt);
+  std::memcpy(a_arr.raw(), a.data(), a_arr.nbytes());
+  std::memcpy(b_arr.raw(), b.data(), b_arr.nbytes());
+  mt::Array c_arr;
+  auto run_ours = [&] { c_arr = mt::matmul(a_arr, b_arr); };
 
   // Warm-up: JIT/primitive creation, caches, OpenMP thread pool.
   for (int i = 0; i < 3; ++i) {
@@ -119,6 +125,7 @@ Result measure(MatmulDType dtype, const Shape& s, double budget_s, bool with_dir
   if (with_direct) {
     res.direct_us = median(t_direct) * 1e6;
     res.direct_gflops = flops / median(t_direct) * 1e-9;
+    std::memcpy(c_ours.data(), c_arr.raw(), c_ours.size());
     if (c_direct != c_ours) std::printf("  WARNING: outputs differ for M=%ld\n", long(s.M));
   }
   return res;
@@ -137,7 +144,7 @@ int main(int argc, char** argv) {
               dnnl_version()->minor, dnnl_version()->patch,
               mt::cpu::matmul_f16_native() ? "native" : "fallback via f32");
   std::printf("%-5s %5s %5s %5s | %12s %12s | %7s\n", "dtype", "M", "N", "K", "direct GF/s",
-              "ours GF/s", "ours/dir");
+              "mt GF/s", "mt/direct");
   for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16}) {
     for (const Shape& s : shapes) {
       const Result r = measure(d, s, budget, true);
