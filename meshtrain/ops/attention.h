@@ -1,0 +1,33 @@
+#pragma once
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/rng.h"
+
+namespace mt {
+
+struct AttentionOptions {
+  // Lower-triangular mask aligned to the end: query i (of Tq) sees keys j <= i + Tk - Tq,
+  // which is also right for a KV cache holding earlier positions.
+  bool causal = false;
+  double scale = 0;  // 0 means 1/sqrt(head_dim)
+  double dropout_rate = 0;  // on the attention probabilities, in training only
+  RngKey dropout_key{};
+  bool train = false;
+};
+
+// softmax(q kᵀ · scale + mask) v over heads.
+// q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv) with H a multiple of Hkv
+// (grouped-query attention). mask: bool, broadcastable to (B, H, Tq, Tk), true = attend
+// (e.g. a padding mask of shape (B, 1, 1, Tk)); undefined = no mask. Masked scores get the
+// lowest finite value, so a fully masked row attends uniformly instead of producing NaN.
+Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& v, const Array& mask = Array(),
+                                   const AttentionOptions& options = {});
+
+// Bool (Tq, Tk) mask of causal attention with keys offset by Tk - Tq.
+Array causal_mask(int64_t tq, int64_t tk);
+
+// Rotary position embedding on the last dim of x (..., T, D) with positions (T,) or
+// (B, T) (B matching x's first dim, x being (B, H, T, D)). Half-split pairs (x_i,
+// x_{i+D/2}) as Hugging Face LLaMA, or interleaved pairs (x_2i, x_2i+1) as llama2.c.
+Array rotary_embedding(const Array& x, const Array& positions, double theta = 10000.0, bool interleaved = false);
+
+}  // namespace mt
