@@ -34,6 +34,14 @@ DType dtype_from_name(const std::string& name) {
   throw Error("[dtype] unknown dtype '" + name + "' (expected f32, bf16, f16, i32, i64 or bool)");
 }
 
+double lowest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return -3.3895313892515355e38;  // 0xff7f
+    case DType::f16: return -65504.0;
+    default: return -3.4028234663852886e38;
+  }
+}
+
 float f16_to_f32(f16 v) {
   uint32_t sign = uint32_t(v.bits & 0x8000u) << 16;
   uint32_t exp = (v.bits >> 10) & 0x1fu;

@@ -36,6 +36,9 @@ inline bf16 f32_to_bf16(float f) {
   return bf16{uint16_t(u >> 16)};
 }
 float f16_to_f32(f16 v);
+// The most negative finite value of a floating dtype (a "minus infinity" that keeps
+// softmax of a fully masked row finite).
+double lowest_finite(DType dtype);
 f16 f32_to_f16(float f);
 
 }  // namespace mt

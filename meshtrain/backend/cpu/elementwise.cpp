@@ -1,5 +1,6 @@
 #include "meshtrain/backend/cpu/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -27,8 +28,8 @@ constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 
 // C is the compute type: float for floating dtypes, the integer type itself otherwise.
-template <class C>
-inline C apply_unary(UnaryOp op, C x) {
+template <UnaryOp op, class C>
+inline C apply_unary(C x) {
   switch (op) {
     case UnaryOp::neg: return -x;
     case UnaryOp::abs: return x < C(0) ? -x : x;
@@ -59,8 +60,8 @@ inline C apply_unary(UnaryOp op, C x) {
   return x;
 }
 
-template <class C>
-inline C apply_binary(BinaryOp op, C a, C b) {
+template <BinaryOp op, class C>
+inline C apply_binary(C a, C b) {
   switch (op) {
     case BinaryOp::add: return a + b;
     case BinaryOp::sub: return a - b;
@@ -101,6 +102,28 @@ inline T store(C v) {
   else return T(v);
 }
 
+// Expands a runtime op into a call with the op as a template argument, so each kernel
+// loop is specialised and vectorizable instead of switching per element.
+template <class Enum, Enum... ops, class F>
+void dispatch_op(Enum op, F&& f) {
+  bool found = ((op == ops ? (f(std::integral_constant<Enum, ops>{}), true) : false) || ...);
+  if (!found) throw Error("[elementwise] unknown op");
+}
+
+template <class F>
+void dispatch_unary(UnaryOp op, F&& f) {
+  using U = UnaryOp;
+  dispatch_op<U, U::neg, U::exp, U::log, U::sqrt, U::rsqrt, U::tanh, U::abs, U::sign, U::relu, U::sigmoid, U::silu,
+              U::gelu_erf, U::gelu_tanh, U::erf, U::sin, U::cos, U::square, U::reciprocal>(op, f);
+}
+
+template <class F>
+void dispatch_binary(BinaryOp op, F&& f) {
+  using B = BinaryOp;
+  dispatch_op<B, B::add, B::sub, B::mul, B::div, B::pow, B::maximum, B::minimum, B::eq, B::ne, B::lt, B::le, B::gt,
+              B::ge, B::logical_and, B::logical_or>(op, f);
+}
+
 }  // namespace
 
 void unary(UnaryOp op, const Array& x, Array& out) {
@@ -115,8 +138,11 @@ void unary(UnaryOp op, const Array& x, Array& out) {
       return;
     }
     T* po = out.data<T>();
+    dispatch_unary(op, [&](auto op_tag) {
+      constexpr UnaryOp kOp = decltype(op_tag)::value;
 #pragma omp parallel for if (n > 32768) schedule(static)
-    for (int64_t i = 0; i < n; ++i) po[i] = store<T>(apply_unary<C>(op, load(px[i])));
+      for (int64_t i = 0; i < n; ++i) po[i] = store<T>(apply_unary<kOp, C>(load(px[i])));
+    });
   });
 }
 
@@ -129,26 +155,41 @@ void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
     using C = compute_t<T>;
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
-    auto rows_loop = [&](auto out_tag) {
+    auto rows_loop = [&](auto out_tag, auto op_tag) {
       using O = decltype(out_tag);
+      constexpr BinaryOp kOp = decltype(op_tag)::value;
       O* po = out.data<O>();
-#pragma omp parallel for if (rows * len > 32768 && rows > 1) schedule(static)
+      // One long row (same-shape operands coalesce to one) is split across threads;
+      // otherwise rows are.
+      auto row = [&](const T* ra, const T* rb, O* ro, int64_t from, int64_t to) {
+        if (sa == 1 && sb == 1) {
+          for (int64_t i = from; i < to; ++i) ro[i] = store<O>(apply_binary<kOp, C>(load(ra[i]), load(rb[i])));
+        } else if (sb == 0) {
+          const C bv = load(rb[0]);
+          for (int64_t i = from; i < to; ++i) ro[i] = store<O>(apply_binary<kOp, C>(load(ra[i * sa]), bv));
+        } else {
+          for (int64_t i = from; i < to; ++i)
+            ro[i] = store<O>(apply_binary<kOp, C>(load(ra[i * sa]), load(rb[i * sb])));
+        }
+      };
+      if (rows == 1) {
+        const int64_t chunk = 16384;
+#pragma omp parallel for if (len > 2 * chunk) schedule(static)
+        for (int64_t c = 0; c < (len + chunk - 1) / chunk; ++c)
+          row(pa, pb, po, c * chunk, std::min(len, (c + 1) * chunk));
+        return;
+      }
+#pragma omp parallel for if (rows * len > 32768) schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         int64_t off[2];
         plan.row_offsets(r, off);
-        const T* ra = pa + off[0];
-        const T* rb = pb + off[1];
-        O* ro = po + r * len;
-        if (rows == 1 && len > 32768) {
-#pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < len; ++i) ro[i] = store<O>(apply_binary<C>(op, load(ra[i * sa]), load(rb[i * sb])));
-        } else {
-          for (int64_t i = 0; i < len; ++i) ro[i] = store<O>(apply_binary<C>(op, load(ra[i * sa]), load(rb[i * sb])));
-        }
+        row(pa + off[0], pb + off[1], po + r * len, 0, len);
       }
     };
-    if (is_comparison(op)) rows_loop(bool{});
-    else rows_loop(T{});
+    dispatch_binary(op, [&](auto op_tag) {
+      if (is_comparison(op)) rows_loop(bool{}, op_tag);
+      else rows_loop(T{}, op_tag);
+    });
   });
 }
 

@@ -1,0 +1,10 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace mt::cli {
+
+// Each command registers its subcommand and options on the app; the returned callback
+// runs it after parsing.
+void add_demo_command(CLI::App& app);
+
+}  // namespace mt::cli

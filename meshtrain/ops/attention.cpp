@@ -1,0 +1,103 @@
+#include "meshtrain/ops/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/nn_ops.h"
+#include "meshtrain/ops/random.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt {
+
+Array causal_mask(int64_t tq, int64_t tk) {
+  Array m = Array::empty({tq, tk}, DType::boolean);
+  bool* p = m.data<bool>();
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i + (tk - tq);
+  return m;
+}
+
+namespace {
+// (B, Hkv, T, D) -> (B, Hkv * rep, T, D): each key/value head serves `rep` query heads.
+Array repeat_heads(const Array& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t b = x.dim(0), h = x.dim(1), t = x.dim(2), d = x.dim(3);
+  Array e = broadcast_to(reshape(x, {b, h, 1, t, d}), Shape{b, h, rep, t, d});
+  return reshape(e, {b, h * rep, t, d});
+}
+}  // namespace
+
+Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& v, const Array& mask,
+                                   const AttentionOptions& o) {
+  MT_CHECK(q.defined() && k.defined() && v.defined(), "[attention] undefined input array");
+  MT_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "[attention] expects (B, H, T, D) arrays, got q ",
+           q.str(), ", k ", k.str(), ", v ", v.str());
+  MT_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype(), "[attention] dtype mismatch: q ", q.str(), ", k ",
+           k.str(), ", v ", v.str());
+  MT_CHECK(q.dim(0) == k.dim(0) && k.dim(0) == v.dim(0), "[attention] batch mismatch: q ", q.str(), ", k ",
+           k.str(), ", v ", v.str());
+  MT_CHECK(q.dim(3) == k.dim(3), "[attention] head dim mismatch: q ", q.str(), ", k ", k.str());
+  MT_CHECK(k.dim(1) == v.dim(1) && k.dim(2) == v.dim(2), "[attention] k ", k.str(), " and v ", v.str(),
+           " must share heads and length");
+  MT_CHECK(k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0, "[attention] query heads ", q.dim(1),
+           " are not a multiple of key/value heads ", k.dim(1));
+  const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
+  const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
+
+  Array scores = mul(matmul(q, repeat_heads(k, rep), false, true), scale);  // (B, H, Tq, Tk)
+  Array allowed = mask;
+  if (allowed.defined()) {
+    MT_CHECK(allowed.dtype() == DType::boolean, "[attention] mask must be bool, got ", allowed.str());
+    broadcast_shapes(allowed.shape(), scores.shape(), "attention mask");
+  }
+  if (o.causal) {
+    Array c = causal_mask(tq, tk);
+    allowed = allowed.defined() ? logical_and(allowed, c) : c;
+  }
+  if (allowed.defined())
+    scores = where(allowed, scores, scalar_like(scores, lowest_finite(scores.dtype())));
+  Array probs = softmax(scores, -1);
+  if (o.train && o.dropout_rate > 0) probs = dropout(probs, o.dropout_rate, o.dropout_key, true);
+  return matmul(probs, repeat_heads(v, rep));  // (B, H, Tq, Dv)
+}
+
+Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved) {
+  MT_CHECK(x.defined() && positions.defined(), "[rotary] undefined input array");
+  MT_CHECK(x.ndim() >= 2 && x.dim(-1) % 2 == 0, "[rotary] expects (..., T, D) with even D, got ", x.str());
+  MT_CHECK(is_integer(positions.dtype()), "[rotary] positions must be integers, got ", positions.str());
+  const int64_t t = x.dim(-2), d = x.dim(-1), half = d / 2;
+  MT_CHECK((positions.ndim() == 1 && positions.dim(0) == t) ||
+               (positions.ndim() == 2 && positions.dim(1) == t && x.ndim() == 4 && positions.dim(0) == x.dim(0)),
+           "[rotary] positions ", positions.str(), " do not match x ", x.str(), " (expected (T,) or (B, T))");
+  // Angles in f32 as Hugging Face computes them: inv_freq_i = theta^(-2i/D), angle = pos · inv_freq.
+  std::vector<int64_t> pos = positions.to_ints();
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
+  std::vector<float> cos_v(pos.size() * size_t(half)), sin_v(cos_v.size());
+  for (size_t p = 0; p < pos.size(); ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = float(pos[p]) * inv_freq[size_t(i)];
+      cos_v[p * size_t(half) + size_t(i)] = std::cos(angle);
+      sin_v[p * size_t(half) + size_t(i)] = std::sin(angle);
+    }
+  Shape table = positions.ndim() == 1 ? Shape{t, half} : Shape{positions.dim(0), 1, t, half};
+  Array cos_t = Array::from_vector(cos_v, table, x.dtype());
+  Array sin_t = Array::from_vector(sin_v, table, x.dtype());
+  if (!interleaved) {
+    Array x1 = slice(x, -1, 0, half), x2 = slice(x, -1, half, d);
+    return concatenate({sub(mul(x1, cos_t), mul(x2, sin_t)), add(mul(x2, cos_t), mul(x1, sin_t))}, -1);
+  }
+  std::vector<int64_t> pairs = x.shape().dims();
+  pairs.back() = half;
+  pairs.push_back(2);
+  Array xp = reshape(x, pairs);
+  Array x0 = squeeze(slice(xp, -1, 0, 1), -1), x1 = squeeze(slice(xp, -1, 1, 2), -1);
+  Array r0 = sub(mul(x0, cos_t), mul(x1, sin_t)), r1 = add(mul(x0, sin_t), mul(x1, cos_t));
+  return reshape(stack({r0, r1}, -1), x.shape().dims());
+}
+
+}  // namespace mt

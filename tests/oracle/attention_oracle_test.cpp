@@ -1,0 +1,168 @@
+// Scaled dot-product attention (causal, padding masks, grouped-query heads), rotary
+// embeddings, and a whole transformer block forward and backward against PyTorch.
+#include <gtest/gtest.h>
+
+#include "tests/support/op_check.h"
+
+namespace mt::testing {
+namespace {
+
+// torch 1.13 has no F.scaled_dot_product_attention: the reference is written out.
+const char* kTorchAttention = R"(
+def attention(q, k, v, mask, causal):
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(s.shape, dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & mask
+    if causal:
+        tq, tk = s.shape[-2], s.shape[-1]
+        allowed = allowed & torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+)";
+
+TEST(AttentionOracle, CausalPaddingAndGroupedHeads) {
+  struct Case {
+    int64_t b, h, hkv, tq, tk, d;
+    bool causal, padding;
+  };
+  const std::vector<Case> cases = {{2, 4, 4, 5, 5, 8, false, false}, {2, 4, 4, 5, 5, 8, true, false},
+                                   {2, 4, 2, 3, 7, 8, true, false},  {2, 6, 3, 5, 5, 4, true, true},
+                                   {1, 2, 1, 1, 9, 16, true, true}};
+  for (const Case& c : cases) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Array q = random_normal({c.b, c.h, c.tq, c.d}, 1, dt), k = random_normal({c.b, c.hkv, c.tk, c.d}, 2, dt),
+            v = random_normal({c.b, c.hkv, c.tk, c.d}, 3, dt);
+      // Padding: the first key of batch row 0 and the last two of the last row are masked.
+      std::vector<int64_t> keep(size_t(c.b * c.tk), 1);
+      keep[0] = 0;
+      keep[size_t(c.b * c.tk - 1)] = 0;
+      keep[size_t(c.b * c.tk - 2)] = 0;
+      Array mask = c.padding ? cast(Array::from_vector(keep, {c.b, 1, 1, c.tk}), DType::boolean) : Array();
+      std::vector<Array> inputs = {q, k, v};
+      if (c.padding) inputs.push_back(mask);
+      std::string code = std::string(kTorchAttention) + "out = attention(x0, x1, x2, " +
+                         (c.padding ? "x3" : "None") + ", " + (c.causal ? "True" : "False") + ")";
+      std::string label = "attention b" + std::to_string(c.b) + " h" + std::to_string(c.h) + "/" +
+                          std::to_string(c.hkv) + " tq" + std::to_string(c.tq) + " tk" + std::to_string(c.tk) +
+                          (c.causal ? " causal" : "") + (c.padding ? " padded" : "") + " " + dtype_name(dt);
+      auto fn = [&](const std::vector<Array>& in) {
+        return scaled_dot_product_attention(in[0], in[1], in[2], c.padding ? in[3] : Array(), {.causal = c.causal});
+      };
+      check_against_torch(label, fn, code, inputs, default_tolerance(dt));
+      if (dt == DType::f32) check_finite_differences(label, fn, inputs);
+    }
+  }
+}
+
+TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {
+  Array q = random_normal({1, 1, 2, 4}, 1), k = random_normal({1, 1, 3, 4}, 2), v = random_normal({1, 1, 3, 4}, 3);
+  Array none = Array::zeros({1, 1, 1, 3}, DType::boolean);
+  Array out = scaled_dot_product_attention(q, k, v, none);
+  Array mean_v = mean(v, {2}, true);
+  expect_close(out, broadcast_to(mean_v, out.shape()), {1e-6, 1e-6}, "fully masked row");
+}
+
+TEST(AttentionOracle, RotaryHalfSplitAndInterleaved) {
+  const std::string half = R"(
+x, pos = x0, x1
+d = x.shape[-1]
+inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+ang = pos.float()[..., None] * inv
+cos, sin = ang.cos(), ang.sin()
+if pos.dim() == 2:
+    cos, sin = cos[:, None], sin[:, None]
+cos = torch.cat([cos, cos], -1).to(x.dtype); sin = torch.cat([sin, sin], -1).to(x.dtype)
+rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+out = x * cos + rot * sin
+)";
+  const std::string inter = R"(
+x, pos = x0, x1
+d = x.shape[-1]
+inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+ang = pos.float()[..., None] * inv
+cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+if pos.dim() == 2:
+    cos, sin = cos[:, None], sin[:, None]
+x0_, x1_ = x[..., 0::2], x[..., 1::2]
+out = torch.stack([x0_ * cos - x1_ * sin, x0_ * sin + x1_ * cos], -1).flatten(-2)
+)";
+  Array x = random_normal({2, 3, 5, 8}, 7);
+  Array pos = Array::from_vector(std::vector<int64_t>{3, 4, 5, 6, 7}, {5});
+  Array pos2 = Array::from_vector(std::vector<int64_t>{0, 1, 2, 3, 4, 0, 0, 1, 2, 3}, {2, 5});
+  for (bool interleaved : {false, true})
+    for (const Array& p : {pos, pos2}) {
+      auto fn = [&](const std::vector<Array>& in) { return rotary_embedding(in[0], in[1], 10000.0, interleaved); };
+      std::string label = std::string("rotary ") + (interleaved ? "interleaved" : "half") + " pos" + p.shape().str();
+      check_against_torch(label, fn, interleaved ? inter : half, {x, p});
+      check_finite_differences(label, fn, {x, p});
+    }
+  EXPECT_THROW(rotary_embedding(random_normal({2, 5, 7}, 1), pos), Error);  // odd head dim
+  EXPECT_THROW(rotary_embedding(x, Array::from_vector(std::vector<int64_t>{1, 2}, {2})), Error);
+}
+
+TEST(AttentionOracle, TransformerBlockForwardAndBackward) {
+  // A GPT-2 style pre-LN block: LN -> causal MHA -> residual -> LN -> GELU MLP -> residual.
+  const int64_t b = 2, t = 6, c = 16, h = 4;
+  Params p{{"ln1.w", add(random_normal({c}, 1, DType::f32, 0.1), 1.0)}, {"ln1.b", random_normal({c}, 2, DType::f32, 0.1)},
+           {"qkv.w", random_normal({c, 3 * c}, 3, DType::f32, 0.2)}, {"qkv.b", random_normal({3 * c}, 4, DType::f32, 0.1)},
+           {"proj.w", random_normal({c, c}, 5, DType::f32, 0.2)},    {"proj.b", random_normal({c}, 6, DType::f32, 0.1)},
+           {"ln2.w", add(random_normal({c}, 7, DType::f32, 0.1), 1.0)}, {"ln2.b", random_normal({c}, 8, DType::f32, 0.1)},
+           {"fc.w", random_normal({c, 4 * c}, 9, DType::f32, 0.2)},  {"fc.b", random_normal({4 * c}, 10, DType::f32, 0.1)},
+           {"out.w", random_normal({4 * c, c}, 11, DType::f32, 0.2)}, {"out.b", random_normal({c}, 12, DType::f32, 0.1)}};
+  Array x = random_normal({b, t, c}, 13);
+  Array target = random_normal({b, t, c}, 14);
+  auto block = [&](const Params& q) {
+    Array a = layer_norm(x, q["ln1.w"], q["ln1.b"]);
+    Array qkv = add(matmul(a, q["qkv.w"]), q["qkv.b"]);
+    auto heads = [&](int64_t i) { return swap_axes(reshape(slice(qkv, -1, i * c, (i + 1) * c), {b, t, h, c / h}), 1, 2); };
+    Array y = scaled_dot_product_attention(heads(0), heads(1), heads(2), Array(), {.causal = true});
+    y = reshape(swap_axes(y, 1, 2), {b, t, c});
+    Array r = add(x, add(matmul(y, q["proj.w"]), q["proj.b"]));
+    Array m = gelu(add(matmul(layer_norm(r, q["ln2.w"], q["ln2.b"]), q["fc.w"]), q["fc.b"]));
+    Array out = add(r, add(matmul(m, q["out.w"]), q["out.b"]));
+    return mean(square(sub(out, target)));
+  };
+  auto [loss, grads] = value_and_grad(block)(p);
+
+  std::string code = std::string(kTorchAttention) + R"(
+(ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, outw, outb, x, target) = xs
+b, t, c, h = 2, 6, 16, 4
+a = F.layer_norm(x, (c,), ln1w, ln1b)
+qkv = a @ qkvw + qkvb
+def heads(i): return qkv[..., i * c:(i + 1) * c].reshape(b, t, h, c // h).transpose(1, 2)
+y = attention(heads(0), heads(1), heads(2), None, True).transpose(1, 2).reshape(b, t, c)
+r = x + (y @ projw + projb)
+m = F.gelu(F.layer_norm(r, (c,), ln2w, ln2b) @ fcw + fcb)
+o = r + (m @ outw + outb)
+out = ((o - target) ** 2).mean()
+)";
+  std::vector<OracleTensor> ins;
+  for (const auto& [path, value] : p) ins.push_back(to_oracle(value));
+  ins.push_back(to_oracle(x));
+  ins.push_back(to_oracle(target));
+  OracleResult ref = TorchOracle::instance().run(code, ins, {OracleTensor{{}, "float32", {1.0}}});
+  expect_close(loss, ref.outputs[0], {1e-6, 1e-5}, "block loss");
+  size_t i = 0;
+  for (const auto& [path, value] : p) expect_close(grads[path], *ref.grads[i++], {1e-6, 1e-4}, "block d/d" + path);
+}
+
+TEST(AttentionErrors, ShapesAreNamed) {
+  Array q = Array::zeros({1, 3, 4, 8}), k = Array::zeros({1, 2, 4, 8});
+  try {
+    scaled_dot_product_attention(q, k, k);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[attention]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(scaled_dot_product_attention(Array::zeros({1, 2, 4, 8}), Array::zeros({1, 2, 4, 6}),
+                                            Array::zeros({1, 2, 4, 6})),
+               Error);
+  EXPECT_THROW(scaled_dot_product_attention(q, q, q, Array::zeros({1, 1, 4, 4})), Error);  // mask not bool
+}
+
+}  // namespace
+}  // namespace mt::testing
