@@ -44,6 +44,7 @@ Array reshape(const Array& x, std::vector<int64_t> shape) {
 }
 
 Array transpose(const Array& x, std::vector<int> perm) {
+  MT_CHECK(x.defined(), "[transpose] undefined input array");
   MT_CHECK(int(perm.size()) == x.ndim(), "[transpose] permutation of length ", perm.size(), " for ", x.str());
   std::vector<bool> seen(perm.size(), false);
   for (int& p : perm) {
@@ -69,6 +70,7 @@ Array transpose(const Array& x, std::vector<int> perm) {
 }
 
 Array swap_axes(const Array& x, int a, int b) {
+  MT_CHECK(x.defined(), "[swap_axes] undefined input array");
   std::vector<int> perm(size_t(x.ndim()));
   std::iota(perm.begin(), perm.end(), 0);
   std::swap(perm[size_t(x.shape().axis(a, "swap_axes"))], perm[size_t(x.shape().axis(b, "swap_axes"))]);
@@ -97,7 +99,13 @@ Array slice(const Array& x, int axis, int64_t start, int64_t stop) {
 }
 
 Array pad_into(const Array& x, const Shape& full, int axis, int64_t start) {
+  MT_CHECK(x.defined(), "[pad_into] undefined input array");
   MT_CHECK(x.ndim() == full.ndim(), "[pad_into] rank mismatch: ", x.str(), " into ", full.str());
+  axis = full.axis(axis, "pad_into");
+  // The copy below writes raw memory: a block that does not fit must be an error, not corruption.
+  bool fits = start >= 0 && start + x.shape()[axis] <= full[axis];
+  for (int d = 0; d < full.ndim(); ++d) fits = fits && (d == axis || x.shape()[d] == full[d]);
+  MT_CHECK(fits, "[pad_into] cannot place ", x.str(), " into ", full.str(), " at ", start, " along axis ", axis);
   Array out = Array::zeros(full, x.dtype());
   std::vector<int64_t> fs = full.strides();
   char* dst = static_cast<char*>(out.raw()) + size_t(start * fs[size_t(axis)]) * dtype_size(x.dtype());
@@ -112,10 +120,12 @@ Array pad_into(const Array& x, const Shape& full, int axis, int64_t start) {
 Array concatenate(const std::vector<Array>& xs, int axis) {
   MT_CHECK(!xs.empty(), "[concatenate] no arrays given");
   const Array& first = xs[0];
+  MT_CHECK(first.defined(), "[concatenate] undefined input array");
   axis = first.shape().axis(axis, "concatenate");
   std::vector<int64_t> dims = first.shape().dims();
   int64_t total = 0;
   for (const Array& x : xs) {
+    MT_CHECK(x.defined(), "[concatenate] undefined input array");
     MT_CHECK(x.dtype() == first.dtype(), "[concatenate] dtype mismatch: ", first.str(), " vs ", x.str());
     MT_CHECK(x.ndim() == first.ndim(), "[concatenate] rank mismatch: ", first.str(), " vs ", x.str());
     for (int d = 0; d < x.ndim(); ++d)
@@ -140,9 +150,14 @@ Array concatenate(const std::vector<Array>& xs, int axis) {
 }
 
 std::vector<Array> split(const Array& x, const std::vector<int64_t>& sizes, int axis) {
+  MT_CHECK(x.defined(), "[split] undefined input array");
   axis = x.shape().axis(axis, "split");
   int64_t total = 0;
-  for (int64_t s : sizes) total += s;
+  for (int64_t s : sizes) {
+    // slice() would read a negative size as "from the end" and return wrong pieces.
+    MT_CHECK(s >= 0, "[split] negative piece size ", s, " splitting ", x.str(), " along axis ", axis);
+    total += s;
+  }
   MT_CHECK(total == x.shape()[axis], "[split] sizes sum to ", total, " but ", x.str(), " has ", x.shape()[axis],
            " along axis ", axis);
   std::vector<Array> out;
@@ -165,6 +180,7 @@ Array stack(const std::vector<Array>& xs, int axis) {
 }
 
 Array expand_dims(const Array& x, int axis) {
+  MT_CHECK(x.defined(), "[expand_dims] undefined input array");
   int n = x.ndim() + 1;
   MT_CHECK(axis >= -n && axis < n, "[expand_dims] axis ", axis, " out of range for ", x.str());
   if (axis < 0) axis += n;
@@ -174,6 +190,7 @@ Array expand_dims(const Array& x, int axis) {
 }
 
 Array squeeze(const Array& x, int axis) {
+  MT_CHECK(x.defined(), "[squeeze] undefined input array");
   axis = x.shape().axis(axis, "squeeze");
   MT_CHECK(x.shape()[axis] == 1, "[squeeze] axis ", axis, " of ", x.str(), " is not 1");
   std::vector<int64_t> dims = x.shape().dims();
@@ -201,6 +218,7 @@ Array broadcast_to(const Array& x, const Shape& shape) {
 }
 
 Array sum_to(const Array& x, const Shape& shape) {
+  MT_CHECK(x.defined(), "[sum_to] undefined input array");
   if (x.shape() == shape) return x;
   const int lead = x.ndim() - shape.ndim();
   MT_CHECK(lead >= 0, "[sum_to] cannot sum ", x.str(), " to larger shape ", shape.str());

@@ -367,6 +367,9 @@ TEST(ShapeErrors, NameOpAndShapes) {
   expect_error([&] { broadcast_to(x, Shape{3}); }, {"[broadcast_to]", "(2, 3)", "(3,)"});
   expect_error([&] { squeeze(x, 0); }, {"[squeeze]", "(2, 3)"});
   expect_error([&] { expand_dims(x, -4); }, {"[expand_dims]", "(2, 3)"});
+  expect_error([&] { pad_into(Array::zeros({2, 2}), Shape{2, 3}, 1, 2); }, {"[pad_into]", "(2, 2)", "(2, 3)"});
+  expect_error([&] { pad_into(Array::zeros({2, 2}), Shape{3, 3}, 1, 0); }, {"[pad_into]", "(2, 2)", "(3, 3)"});
+  expect_error([&] { sum_to(x, Shape{2, 2, 3}); }, {"[sum_to]", "(2, 3)", "(2, 2, 3)"});
   // Undefined handles are reported, not dereferenced.
   for (auto fn : std::vector<std::function<void()>>{[] { transpose(Array(), {}); },
                                                       [] { swap_axes(Array(), 0, 1); },

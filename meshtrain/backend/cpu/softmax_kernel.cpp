@@ -1,0 +1,146 @@
+#include "meshtrain/backend/cpu/softmax_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "meshtrain/core/element.h"
+
+namespace mt::cpu {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp for x <= 0 (arguments are max-shifted) with no branches or float->int conversions,
+// so row loops can vectorize (std::exp is a scalar call). exp(x) = 2^n * exp(r) with
+// r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two so n * ln2 is exact) and exp(r) by
+// its degree-7 Taylor polynomial: ~2 ulp. Below f32's normal range gives 0; NaN stays NaN.
+inline float exp_nonpositive(float x) {
+  // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
+  constexpr float kRound = 12582912.0f;
+  constexpr uint32_t kRoundBits = 0x4B400000u;
+  const float xc = std::max(x, -87.0f);  // keeps 2^n normal; NaN passes through
+  const float t = xc * 1.44269504f + kRound;
+  const float n = t - kRound;
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &t, sizeof(bits));
+  bits = (bits - kRoundBits + 127u) << 23;  // 2^n as f32 bits (n in [-126, 0])
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale * float(x >= -87.0f);  // a multiply, not a select: keeps loops branch-free
+}
+
+// One contiguous row of length r (the inner == 1 case: softmax over the last axis). The
+// loops are written to vectorize (restrict, lane-wise f32 sums) when the compiler's cost
+// model allows it.
+template <class T>
+void softmax_row(const T* __restrict x,  // (R,)
+                 T* __restrict y,        // (R,)
+                 int64_t r, bool log, float* __restrict scratch) {
+  float m = kNegInf;
+#pragma omp simd reduction(max : m)
+  for (int64_t k = 0; k < r; ++k) m = std::max(m, load_f32(x[k]));
+  // A NaN anywhere poisons the row through exp(NaN - m), as in torch. Sums in double:
+  // vocabulary-sized rows would otherwise lose digits.
+  double s = 0;
+  if (log) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t k = 0; k < r; ++k) s += exp_nonpositive(load_f32(x[k]) - m);
+    // (x - m) - log s rather than x - (m + log s): the first difference is exact near the
+    // max, so large-magnitude logits keep full precision.
+    const float ls = float(std::log(s));
+#pragma omp simd
+    for (int64_t k = 0; k < r; ++k) y[k] = store_f32<T>((load_f32(x[k]) - m) - ls);
+    return;
+  }
+  // The exponentials stay in f32 until normalized, so bf16 rounds only once.
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < r; ++k) {
+    scratch[k] = exp_nonpositive(load_f32(x[k]) - m);
+    s += scratch[k];
+  }
+  const float inv = float(1.0 / s);
+#pragma omp simd
+  for (int64_t k = 0; k < r; ++k) y[k] = store_f32<T>(scratch[k] * inv);
+}
+
+// Columns [i0, i1) of one outer slice when the reduced axis is not the last: the inner
+// index is contiguous, so each pass over R runs vectorizable loops over the columns.
+template <class T>
+void softmax_columns(const T* x,  // (R, inner) slice
+                     T* y,        // (R, inner) slice
+                     int64_t r, int64_t inner, int64_t i0, int64_t i1, bool log, std::vector<float>& mx,
+                     std::vector<double>& sum, std::vector<float>& scale) {
+  const int64_t w = i1 - i0;
+  mx.assign(size_t(w), kNegInf);
+  sum.assign(size_t(w), 0.0);
+  scale.resize(size_t(w));
+  for (int64_t k = 0; k < r; ++k) {
+    const T* row = x + k * inner + i0;
+    for (int64_t i = 0; i < w; ++i) mx[size_t(i)] = std::max(mx[size_t(i)], load_f32(row[i]));
+  }
+  for (int64_t k = 0; k < r; ++k) {
+    const T* row = x + k * inner + i0;
+    for (int64_t i = 0; i < w; ++i) sum[size_t(i)] += exp_nonpositive(load_f32(row[i]) - mx[size_t(i)]);
+  }
+  // Per column: log of the sum (log_softmax) or its inverse (softmax).
+  for (int64_t i = 0; i < w; ++i) scale[size_t(i)] = float(log ? std::log(sum[size_t(i)]) : 1.0 / sum[size_t(i)]);
+  for (int64_t k = 0; k < r; ++k) {
+    const T* row = x + k * inner + i0;
+    T* out = y + k * inner + i0;
+    for (int64_t i = 0; i < w; ++i) {
+      const float v = load_f32(row[i]) - mx[size_t(i)];
+      out[i] = store_f32<T>(log ? v - scale[size_t(i)] : exp_nonpositive(v) * scale[size_t(i)]);
+    }
+  }
+}
+
+}  // namespace
+
+void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t inner, bool log) {
+  dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const bool parallel = outer * r * inner > 16384;
+    if (inner == 1) {
+#pragma omp parallel if (parallel && outer > 1)
+      {
+        std::vector<float> scratch(static_cast<size_t>(r));
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < outer; ++o) softmax_row(px + o * r, py + o * r, r, log, scratch.data());
+      }
+      return;
+    }
+    // Blocks of columns bound the scratch size and give parallel work when outer is small.
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel if (parallel && outer * blocks > 1)
+    {
+      std::vector<float> mx, scale;
+      std::vector<double> sum;
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < outer * blocks; ++t) {
+        const int64_t o = t / blocks, b = t % blocks;
+        const int64_t i0 = b * kBlock, i1 = std::min(inner, i0 + kBlock);
+        softmax_columns(px + o * r * inner, py + o * r * inner, r, inner, i0, i1, log, mx, sum, scale);
+      }
+    }
+  });
+}
+
+}  // namespace mt::cpu
