@@ -13,3 +13,8 @@
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/loss.h"
+#include "meshtrain/ops/random.h"
+#include "meshtrain/ops/nn_ops.h"
+#include "meshtrain/ops/attention.h"

@@ -229,6 +229,7 @@ void TorchOracle::write_all(const void* data, size_t n) {
 }
 
 void TorchOracle::read_exact(void* data, size_t n) {
+  if (n == 0) return;  // zero-size tensors may pass a null buffer
   auto* p = static_cast<char*>(data);
   size_t from_buf = std::min(n, rbuf_.size());
   std::memcpy(p, rbuf_.data(), from_buf);

@@ -98,7 +98,7 @@ void take(const Array& x, const Array& idx, Array& out, int64_t outer, int64_t a
 void scatter_add(const Array& upd, const Array& idx, Array& out, int64_t outer, int64_t a, int64_t inner) {
   const int64_t n = idx.numel();
   // Counting sort of update positions by destination row (stable: index order kept).
-  std::vector<int64_t> start(size_t(a) + 1, 0), order(size_t(n));
+  std::vector<int64_t> start(size_t(a) + 1, 0), order(static_cast<size_t>(n));
   dispatch_index(idx, [&](const auto* pi) {
     for (int64_t j = 0; j < n; ++j) ++start[size_t(pi[j]) + 1];
     std::partial_sum(start.begin(), start.end(), start.begin());
@@ -216,8 +216,8 @@ void top_k(const Array& x, Array& values, Array& indices, int64_t outer, int64_t
     const int64_t lines = outer * inner;
 #pragma omp parallel if (lines * a > 32768 && lines > 1)
     {
-      std::vector<Key> line(size_t(a));
-      std::vector<int64_t> order(size_t(a));
+      std::vector<Key> line(static_cast<size_t>(a));
+      std::vector<int64_t> order(static_cast<size_t>(a));
 #pragma omp for schedule(static)
       for (int64_t l = 0; l < lines; ++l) {
         const int64_t o = l / inner, r = l % inner;
