@@ -274,6 +274,13 @@ Array silu(const Array& x) {
 Array gelu(const Array& x, bool approximate) {
   Array out = unary_forward(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x);
   record(out, "gelu", {x}, [x, approximate](const Array& g) {
+    if (!autodiff::grad_enabled()) {
+      // First order: one fused pass. A recorded backward (second order) composes ops.
+      MT_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), "[gelu] cotangent ", g.str(), " for input ", x.str());
+      Array dx = Array::empty(x.shape(), x.dtype());
+      cpu::gelu_backward(x, g, approximate, dx);
+      return Grads{dx};
+    }
     if (!approximate) {
       // Φ(x) + x·φ(x)
       Array cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);

@@ -157,3 +157,26 @@ TEST(ElementwiseErrors, NameOpAndShapes) {
 
 }  // namespace
 }  // namespace mt::testing
+
+namespace mt::testing {
+namespace {
+
+// First-order gelu backward is a fused kernel; under nested differentiation the composed
+// rule runs instead. Check the second derivative of both forms against torch.
+TEST(ElementwiseOracle, GeluSecondOrder) {
+  Array x = random_uniform({9}, 51, -3, 3);
+  Array v = random_normal({9}, 52);
+  for (bool approximate : {false, true}) {
+    auto f = [approximate](const Params& p) { return sum(gelu(p.at("x"), approximate)); };
+    auto gv = [&](const Params& p) { return sum(mul(grad(f)(p).at("x"), v)); };
+    Params hvp = grad(gv)(Params{{"x", x}});
+    std::string code = std::string("y = F.gelu(x0") + (approximate ? ", approximate='tanh'" : "") +
+                       ").sum()\ng, = torch.autograd.grad(y, (x0,), create_graph=True)\nout = (g * x1).sum()";
+    OracleResult ref =
+        TorchOracle::instance().run(code, {to_oracle(x), to_oracle(v)}, {OracleTensor{{}, "float32", {1.0}}});
+    expect_close(hvp.at("x"), *ref.grads[0], {1e-5, 1e-5}, approximate ? "gelu_tanh hvp" : "gelu hvp");
+  }
+}
+
+}  // namespace
+}  // namespace mt::testing

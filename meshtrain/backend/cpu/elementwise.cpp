@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "meshtrain/backend/cpu/broadcast_iter.h"
+#include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
 
@@ -40,16 +41,16 @@ inline C apply_unary(C x) {
   }
   if constexpr (std::is_floating_point_v<C>) {
     switch (op) {
-      case UnaryOp::exp: return std::exp(x);
+      case UnaryOp::exp: return fast_exp(x);
       case UnaryOp::log: return std::log(x);
       case UnaryOp::sqrt: return std::sqrt(x);
       case UnaryOp::rsqrt: return C(1) / std::sqrt(x);
-      case UnaryOp::tanh: return std::tanh(x);
-      case UnaryOp::sigmoid: return C(1) / (C(1) + std::exp(-x));
-      case UnaryOp::silu: return x / (C(1) + std::exp(-x));
+      case UnaryOp::tanh: return fast_tanh(x);
+      case UnaryOp::sigmoid: return fast_sigmoid(x);
+      case UnaryOp::silu: return x * fast_sigmoid(x);
       case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + std::erf(x * kSqrt1_2));
       case UnaryOp::gelu_tanh:
-        return C(0.5) * x * (C(1) + std::tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
+        return C(0.5) * x * (C(1) + fast_tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
       case UnaryOp::erf: return std::erf(x);
       case UnaryOp::sin: return std::sin(x);
       case UnaryOp::cos: return std::cos(x);
@@ -209,6 +210,34 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
       plan.row_offsets(r, off);
       T* ro = po + r * len;
       for (int64_t i = 0; i < len; ++i) ro[i] = pc[off[0] + i * sc] ? pa[off[1] + i * sa] : pb[off[2] + i * sb];
+    }
+  });
+}
+
+void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out) {
+  const int64_t n = x.numel();
+  dispatch_float(x.dtype(), "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pg = g.data<T>();
+    T* po = out.data<T>();
+    if (approximate) {
+      constexpr float c = 0.044715f;
+#pragma omp parallel for if (n > 32768) schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = load_f32(px[i]);
+        const float t = fast_tanh(kSqrt2OverPi * (v + c * v * v * v));
+        const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
+        po[i] = store_f32<T>(load_f32(pg[i]) * d);
+      }
+    } else {
+      constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+#pragma omp parallel for if (n > 32768) schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = load_f32(px[i]);
+        const float d = 0.5f * (1.0f + std::erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
+        po[i] = store_f32<T>(load_f32(pg[i]) * d);
+      }
     }
   });
 }

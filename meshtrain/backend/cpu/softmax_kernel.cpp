@@ -1,3 +1,4 @@
+#include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 
 #include <algorithm>
@@ -16,33 +17,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp for x <= 0 (arguments are max-shifted) with no branches or float->int conversions,
-// so row loops can vectorize (std::exp is a scalar call). exp(x) = 2^n * exp(r) with
-// r = x - n ln2 in [-ln2/2, ln2/2] (ln2 split in two so n * ln2 is exact) and exp(r) by
-// its degree-7 Taylor polynomial: ~2 ulp. Below f32's normal range gives 0; NaN stays NaN.
-inline float exp_nonpositive(float x) {
-  // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits.
-  constexpr float kRound = 12582912.0f;
-  constexpr uint32_t kRoundBits = 0x4B400000u;
-  const float xc = std::max(x, -87.0f);  // keeps 2^n normal; NaN passes through
-  const float t = xc * 1.44269504f + kRound;
-  const float n = t - kRound;
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  uint32_t bits;
-  std::memcpy(&bits, &t, sizeof(bits));
-  bits = (bits - kRoundBits + 127u) << 23;  // 2^n as f32 bits (n in [-126, 0])
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale * float(x >= -87.0f);  // a multiply, not a select: keeps loops branch-free
-}
 
 // One contiguous row of length r (the inner == 1 case: softmax over the last axis). The
 // loops are written to vectorize (restrict, lane-wise f32 sums) when the compiler's cost
@@ -59,7 +33,7 @@ void softmax_row(const T* __restrict x,  // (R,)
   double s = 0;
   if (log) {
 #pragma omp simd reduction(+ : s)
-    for (int64_t k = 0; k < r; ++k) s += exp_nonpositive(load_f32(x[k]) - m);
+    for (int64_t k = 0; k < r; ++k) s += fast_exp(load_f32(x[k]) - m);
     // (x - m) - log s rather than x - (m + log s): the first difference is exact near the
     // max, so large-magnitude logits keep full precision.
     const float ls = float(std::log(s));
@@ -70,7 +44,7 @@ void softmax_row(const T* __restrict x,  // (R,)
   // The exponentials stay in f32 until normalized, so bf16 rounds only once.
 #pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < r; ++k) {
-    scratch[k] = exp_nonpositive(load_f32(x[k]) - m);
+    scratch[k] = fast_exp(load_f32(x[k]) - m);
     s += scratch[k];
   }
   const float inv = float(1.0 / s);
@@ -95,7 +69,7 @@ void softmax_columns(const T* x,  // (R, inner) slice
   }
   for (int64_t k = 0; k < r; ++k) {
     const T* row = x + k * inner + i0;
-    for (int64_t i = 0; i < w; ++i) sum[size_t(i)] += exp_nonpositive(load_f32(row[i]) - mx[size_t(i)]);
+    for (int64_t i = 0; i < w; ++i) sum[size_t(i)] += fast_exp(load_f32(row[i]) - mx[size_t(i)]);
   }
   // Per column: log of the sum (log_softmax) or its inverse (softmax).
   for (int64_t i = 0; i < w; ++i) scale[size_t(i)] = float(log ? std::log(sum[size_t(i)]) : 1.0 / sum[size_t(i)]);
@@ -104,7 +78,7 @@ void softmax_columns(const T* x,  // (R, inner) slice
     T* out = y + k * inner + i0;
     for (int64_t i = 0; i < w; ++i) {
       const float v = load_f32(row[i]) - mx[size_t(i)];
-      out[i] = store_f32<T>(log ? v - scale[size_t(i)] : exp_nonpositive(v) * scale[size_t(i)]);
+      out[i] = store_f32<T>(log ? v - scale[size_t(i)] : fast_exp(v) * scale[size_t(i)]);
     }
   }
 }
