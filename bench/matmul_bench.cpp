@@ -47,7 +47,7 @@ std::vector<uint8_t> random_buffer(MatmulDType d, size_t n, std::mt19937& rng) {
       std::memcpy(&buf[i * 4], &v, 4);
     } else {
       const uint16_t h = d == MatmulDType::bf16 ? uint16_t(std::bit_cast<uint32_t>(v) >> 16)
-                                                : mt::cpu::float_to_half_bits(v);
+                                                : mt::f32_to_f16(v).bits;
       std::memcpy(&buf[i * 2], &h, 2);
     }
   }

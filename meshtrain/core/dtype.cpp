@@ -1,5 +1,7 @@
 #include "meshtrain/core/dtype.h"
 
+#include <bit>
+
 #include "meshtrain/core/error.h"
 
 namespace mt {
@@ -42,55 +44,43 @@ double lowest_finite(DType dtype) {
   }
 }
 
+// Bit-exact conversions, independent of FPU rounding and flush-to-zero modes.
 float f16_to_f32(f16 v) {
-  uint32_t sign = uint32_t(v.bits & 0x8000u) << 16;
-  uint32_t exp = (v.bits >> 10) & 0x1fu;
-  uint32_t mant = v.bits & 0x3ffu;
-  uint32_t out;
+  const uint16_t h = v.bits;
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf / NaN
   if (exp == 0) {
-    if (mant == 0) {
-      out = sign;
-    } else {  // subnormal: renormalize into an f32 normal
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      out = sign | uint32_t(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
-    }
-  } else if (exp == 31) {
-    out = sign | 0x7f800000u | mant << 13;
-  } else {
-    out = sign | (exp + 127 - 15) << 23 | mant << 13;
+    // Subnormal: mant * 2^-24 is exact in f32 (and a normal f32), so a multiply suffices.
+    const float mag = float(mant) * 0x1p-24f;
+    return sign ? -mag : mag;
   }
-  float f;
-  std::memcpy(&f, &out, 4);
-  return f;
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));  // rebias 15 -> 127
 }
 
 f16 f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
-  uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};  // NaN
-  if (abs >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // overflow (after rounding) -> inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero in half precision
-    if (abs < 0x33000000u) return f16{sign};
-    uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    int shift = 126 - int(abs >> 23);  // 14 + (113 - exp)
-    uint32_t half = mant >> (shift);
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return f16{uint16_t(sign | half)};
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  uint32_t mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) {  // inf stays inf; NaN stays a (quiet) NaN keeping high payload bits
+    return f16{mag == 0x7f800000u ? uint16_t(sign | 0x7c00u) : uint16_t(sign | 0x7e00u | ((mag >> 13) & 0x3ffu))};
   }
-  uint32_t e = (abs >> 23) - 127 + 15;
-  uint32_t mant = abs & 0x7fffffu;
-  uint32_t h = e << 10 | mant >> 13;
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent: correct
-  return f16{uint16_t(sign | h)};
+  if (mag >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // >= 65520 rounds past 65504
+  if (mag >= 0x38800000u) {                                  // normal half range, >= 2^-14
+    mag += 0xfffu + ((mag >> 13) & 1u);  // round to nearest even on the 13 dropped bits
+    return f16{uint16_t(sign | ((mag - 0x38000000u) >> 13))};  // rebias 127 -> 15; carry is fine
+  }
+  // Subnormal half: the result counts units of 2^-24.
+  const uint32_t e = mag >> 23;
+  if (e < 102) return f16{uint16_t(sign)};  // below 2^-25 (incl. f32 subnormals): rounds to zero
+  const uint32_t m = (mag & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - e;  // in [14, 24]
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal
+  return f16{uint16_t(sign | q)};
 }
 
 }  // namespace mt

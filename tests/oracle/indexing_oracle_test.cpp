@@ -17,17 +17,6 @@ namespace {
 // (torch's own bf16 index_add rounds after every addition).
 std::string f32_ref(const std::string& expr) { return "y = x0.float()\nout = (" + expr + ").to(x0.dtype)"; }
 
-template <class F>
-void expect_error(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected mt::Error containing " << needles[0];
-  } catch (const Error& e) {
-    std::string m = e.what();
-    std::cout << "  [error] " << m << "\n";
-    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "missing '" << n << "' in: " << m;
-  }
-}
 
 struct TakeCase {
   Shape x, idx;

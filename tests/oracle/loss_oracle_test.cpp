@@ -11,17 +11,6 @@
 namespace mt::testing {
 namespace {
 
-template <class F>
-void expect_error(F&& f, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected mt::Error containing " << needles[0];
-  } catch (const Error& e) {
-    std::string m = e.what();
-    std::cout << "  [error] " << m << "\n";
-    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "missing '" << n << "' in: " << m;
-  }
-}
 
 const char* reduction_name(Reduction r) { return r == Reduction::mean ? "mean" : r == Reduction::sum ? "sum" : "none"; }
 

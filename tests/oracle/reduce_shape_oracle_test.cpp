@@ -34,15 +34,6 @@ std::string torch_dims(const std::vector<int>& axes, int ndim) {
   return py_tuple(all);
 }
 
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected mt::Error mentioning " << parts[0];
-  } catch (const Error& e) {
-    std::string m = e.what();
-    for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "message '" << m << "' lacks '" << p << "'";
-  }
-}
 
 using ReduceFn = Array (*)(const Array&, std::vector<int>, bool);
 

@@ -140,6 +140,17 @@ void check_against_torch(const std::string& label, const OpFn& fn, const std::st
   }
 }
 
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected mt::Error containing '" << (needles.empty() ? "" : needles[0]) << "'";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    std::cout << "  [error] " << m << "\n";
+    for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "missing '" << n << "' in: " << m;
+  }
+}
+
 void check_finite_differences(const std::string& label, const OpFn& fn, const std::vector<Array>& inputs,
                               double eps, double rel_tol) {
   Array probe = fn(inputs);

@@ -41,6 +41,9 @@ double expect_close(const Array& ours, const Array& ref, Tolerance tol, const st
 void check_against_torch(const std::string& label, const OpFn& fn, const std::string& torch_code,
                          const std::vector<Array>& inputs, Tolerance tol = {}, bool check_grads = true);
 
+// Runs fn and expects an mt::Error whose message contains every needle (prints it).
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles);
+
 // Directional central finite differences on f32 inputs vs our VJP.
 void check_finite_differences(const std::string& label, const OpFn& fn, const std::vector<Array>& inputs,
                               double eps = 1e-3, double rel_tol = 2e-2);

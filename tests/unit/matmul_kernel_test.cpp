@@ -1,6 +1,7 @@
 // Checks mt::cpu::matmul against a double-precision triple loop for every dtype, transpose
 // combination, batch-broadcast mode and accumulate flag, plus edge cases and the f16 helpers.
 #include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/core/dtype.h"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,9 @@
 #include <vector>
 
 namespace {
+
+uint16_t float_to_half_bits(float f) { return mt::f32_to_f16(f).bits; }
+float half_bits_to_float(uint16_t h) { return mt::f16_to_f32(mt::f16{h}); }
 
 using mt::cpu::MatmulDType;
 
@@ -50,14 +54,14 @@ struct Buffer {
       u16[i] = f32_to_bf16_bits(v);
       value[i] = bf16_bits_to_f32(u16[i]);
     } else {
-      u16[i] = mt::cpu::float_to_half_bits(v);
-      value[i] = mt::cpu::half_bits_to_float(u16[i]);
+      u16[i] = float_to_half_bits(v);
+      value[i] = half_bits_to_float(u16[i]);
     }
   }
   double get(size_t i) const {
     if (dtype == MatmulDType::f32) return f32[i];
     if (dtype == MatmulDType::bf16) return bf16_bits_to_f32(u16[i]);
-    return mt::cpu::half_bits_to_float(u16[i]);
+    return half_bits_to_float(u16[i]);
   }
   void* data() { return dtype == MatmulDType::f32 ? static_cast<void*>(f32.data()) : u16.data(); }
 };
@@ -260,21 +264,19 @@ TEST(MatmulKernel, ConcurrentCallersShareTheCache) {
 
 TEST(HalfConversion, RoundTripsEveryHalf) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float f = mt::cpu::half_bits_to_float(uint16_t(h));
+    const float f = half_bits_to_float(uint16_t(h));
     const bool is_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
     if (is_nan) {
       EXPECT_TRUE(std::isnan(f)) << h;
-      const uint16_t back = mt::cpu::float_to_half_bits(f);
+      const uint16_t back = float_to_half_bits(f);
       EXPECT_TRUE((back & 0x7c00) == 0x7c00 && (back & 0x3ff)) << h;
     } else {
-      ASSERT_EQ(mt::cpu::float_to_half_bits(f), uint16_t(h)) << h;
+      ASSERT_EQ(float_to_half_bits(f), uint16_t(h)) << h;
     }
   }
 }
 
 TEST(HalfConversion, KnownValues) {
-  using mt::cpu::float_to_half_bits;
-  using mt::cpu::half_bits_to_float;
   EXPECT_EQ(float_to_half_bits(1.0f), 0x3c00);
   EXPECT_EQ(float_to_half_bits(-2.0f), 0xc000);
   EXPECT_EQ(float_to_half_bits(65504.0f), 0x7bff);
@@ -304,12 +306,12 @@ TEST(HalfConversion, RandomFloatsRoundToNearestEven) {
     const uint32_t bits = (exp_dist(rng) << 23) | mant_dist(rng);
     const float f = std::bit_cast<float>(bits);
     if (f >= 65504.0f) continue;
-    const uint16_t h = mt::cpu::float_to_half_bits(f);
-    const double err = std::fabs(double(mt::cpu::half_bits_to_float(h)) - f);
+    const uint16_t h = float_to_half_bits(f);
+    const double err = std::fabs(double(half_bits_to_float(h)) - f);
     for (int delta : {-1, 1}) {
       const int nb = int(h) + delta;
       if (nb < 0 || nb >= 0x7c00) continue;
-      const double nerr = std::fabs(double(mt::cpu::half_bits_to_float(uint16_t(nb))) - f);
+      const double nerr = std::fabs(double(half_bits_to_float(uint16_t(nb))) - f);
       ASSERT_LE(err, nerr) << std::hexfloat << f;
       if (err == nerr) {
         ASSERT_EQ(h & 1, 0) << std::hexfloat << f;

@@ -1,5 +1,7 @@
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 
+#include "meshtrain/core/dtype.h"
+
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
 
@@ -18,48 +20,6 @@
 #include "meshtrain/core/error.h"
 
 namespace mt::cpu {
-
-// ---------------------------------------------------------------------------------------
-// f16 <-> f32 conversion (bit-exact, independent of FPU rounding / FTZ modes)
-// ---------------------------------------------------------------------------------------
-
-float half_bits_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf / NaN
-  if (exp == 0) {
-    // Subnormal: mant * 2^-24 is exact in f32 (and a normal f32), so a multiply suffices.
-    const float mag = float(mant) * 0x1p-24f;
-    return sign ? -mag : mag;
-  }
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));  // rebias 15 -> 127
-}
-
-uint16_t float_to_half_bits(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  uint32_t mag = x & 0x7fffffffu;
-  if (mag >= 0x7f800000u) {  // inf stays inf; NaN stays a (quiet) NaN keeping high payload bits
-    return mag == 0x7f800000u ? uint16_t(sign | 0x7c00u)
-                              : uint16_t(sign | 0x7e00u | ((mag >> 13) & 0x3ffu));
-  }
-  if (mag >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds past 65504
-  if (mag >= 0x38800000u) {                                  // normal half range, >= 2^-14
-    mag += 0xfffu + ((mag >> 13) & 1u);  // round to nearest even on the 13 dropped bits
-    return uint16_t(sign | ((mag - 0x38000000u) >> 13));  // rebias 127 -> 15; carry is fine
-  }
-  // Subnormal half: the result counts units of 2^-24.
-  const uint32_t e = mag >> 23;
-  if (e < 102) return sign;  // below 2^-25 (incl. f32 subnormals): rounds to zero
-  const uint32_t m = (mag & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126u - e;  // in [14, 24]
-  uint32_t q = m >> shift;
-  const uint32_t rem = m & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (q & 1u))) ++q;  // may carry into the smallest normal
-  return uint16_t(sign | q);
-}
 
 namespace {
 
@@ -315,13 +275,13 @@ void widen_f16(const void* src, std::vector<float>& dst, size_t n) {
   const auto* s = static_cast<const uint16_t*>(src);
   float* d = dst.data();
 #pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
-  for (size_t i = 0; i < n; ++i) d[i] = half_bits_to_float(s[i]);
+  for (size_t i = 0; i < n; ++i) d[i] = f16_to_f32(f16{s[i]});
 }
 
 void narrow_f16(const float* src, void* dst, size_t n) {
   auto* d = static_cast<uint16_t*>(dst);
 #pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
-  for (size_t i = 0; i < n; ++i) d[i] = float_to_half_bits(src[i]);
+  for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]).bits;
 }
 
 bool probe_f16_native() {

@@ -30,8 +30,5 @@ bool matmul_f16_native();
 size_t matmul_cache_size();
 void matmul_clear_cache();
 
-// IEEE half <-> f32 on raw bits, round-to-nearest-even; used by the f16 fallback.
-float half_bits_to_float(uint16_t h);
-uint16_t float_to_half_bits(float f);
 
 }  // namespace mt::cpu

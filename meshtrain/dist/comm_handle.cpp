@@ -1,0 +1,53 @@
+#include "meshtrain/dist/comm_handle.h"
+
+#include "meshtrain/core/error.h"
+
+namespace mt::dist {
+
+namespace detail {
+
+void CommState::finish(std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+const std::string& CommState::wait() {
+  if (!done()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done(); });
+  }
+  return error_;  // written before done_ was released, never again
+}
+
+}  // namespace detail
+
+CommHandle::CommHandle(std::shared_ptr<detail::CommState> state) : owner_(std::make_shared<Owner>()) {
+  owner_->state = std::move(state);  // assigned, not copied from a temporary Owner that would wait
+}
+
+CommHandle CommHandle::completed() {
+  auto state = std::make_shared<detail::CommState>();
+  state->finish("");
+  return CommHandle(std::move(state));
+}
+
+void CommHandle::wait() const {
+  MT_CHECK(owner_, "[comm] wait() on an empty CommHandle (default-constructed, not returned by a collective)");
+  const std::string& error = owner_->state->wait();
+  if (!error.empty()) throw Error(error);
+}
+
+bool CommHandle::done() const {
+  MT_CHECK(owner_, "[comm] done() on an empty CommHandle (default-constructed, not returned by a collective)");
+  return owner_->state->done();
+}
+
+CommHandle::Owner::~Owner() {
+  if (state && !state->done()) state->wait();
+}
+
+}  // namespace mt::dist

@@ -1,0 +1,56 @@
+#pragma once
+// CommHandle: the future-like result of an asynchronous collective.
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace mt::dist {
+
+namespace detail {
+// Completion state shared by the issuing side (handles) and the backend that finishes it.
+class CommState {
+ public:
+  // Marks the operation finished; an empty `error` means success. Called exactly once.
+  void finish(std::string error);
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Blocks until finished; returns the error message ("" on success).
+  const std::string& wait();
+
+ private:
+  std::atomic<bool> done_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string error_;
+};
+}  // namespace detail
+
+// Handle of an asynchronous collective. Buffers passed to the collective must stay alive and
+// untouched until wait() returns (or done() is true). Copies share the operation; when the
+// last copy of an unfinished operation is destroyed it waits for it (errors are dropped), so a
+// buffer is never written after its owner has gone, e.g. while unwinding an exception.
+class CommHandle {
+ public:
+  CommHandle() = default;  // invalid: refers to no operation
+  explicit CommHandle(std::shared_ptr<detail::CommState> state);
+  // An operation that is already complete (size-1 communicators, zero-element collectives).
+  static CommHandle completed();
+
+  // Blocks until the collective is done; throws mt::Error with its message if it failed.
+  // May be called again (it rethrows the same error). Throws on an invalid handle.
+  void wait() const;
+  // True once the collective has finished (successfully or not); never blocks.
+  bool done() const;
+  bool valid() const { return bool(owner_); }
+
+ private:
+  // One Owner per operation, shared by the handle's copies; its destructor is the implicit wait.
+  struct Owner {
+    std::shared_ptr<detail::CommState> state;
+    ~Owner();
+  };
+  std::shared_ptr<Owner> owner_;
+};
+
+}  // namespace mt::dist
