@@ -18,7 +18,7 @@ namespace {
 
 struct DemoOptions {
   std::string data = "/usr/share/games/fortunes";
-  int steps = 300;
+  int steps = 600;
   int batch = 16;
   int context = 64;
   int embed = 128;
