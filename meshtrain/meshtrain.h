@@ -18,3 +18,7 @@
 #include "meshtrain/ops/random.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/dist/sharded_random.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/dist/communicator.h"

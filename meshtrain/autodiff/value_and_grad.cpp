@@ -1,5 +1,6 @@
 #include "meshtrain/autodiff/value_and_grad.h"
 
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 
 namespace mt {
@@ -24,7 +25,15 @@ Params gradients(const Array& value, const Params& leaves, const Params& primals
   size_t i = 0;
   for (const auto& [path, primal] : primals) {
     Array gi = g[i++];
-    if (!gi.defined()) gi = Array::zeros(primal.shape(), primal.dtype());
+    if (!gi.defined()) gi = zeros_like(primal);
+    // A gradient leaves in its parameter's layout: partial sums over the data axis (data
+    // parallelism) are reduced here, once per step.
+    if (dist::is_sharded(gi) || dist::is_sharded(primal)) {
+      const dist::Sharding* ps = dist::sharding_of(primal);
+      const dist::Sharding* gs = dist::sharding_of(gi);
+      const dist::Mesh& mesh = ps ? ps->mesh : gs->mesh;
+      gi = dist::redistribute(gi, mesh, ps ? ps->spec.without_partial() : dist::PartitionSpec{});
+    }
     grads.set(path, gi);
   }
   return grads;
@@ -32,6 +41,12 @@ Params gradients(const Array& value, const Params& leaves, const Params& primals
 
 void detach_outputs(Array& a) {
   if (a.defined()) a = a.detach();
+}
+
+Array resolve_value(const Array& value) {
+  // A loss summed over a sharded batch is a partial sum: every rank gets the total.
+  if (!dist::is_sharded(value)) return value;
+  return dist::redistribute(value, dist::PartitionSpec{});
 }
 void detach_outputs(Params& p) {
   for (auto& [path, a] : p) detach_outputs(a);

@@ -29,6 +29,8 @@ namespace autodiff {
 Params make_leaves(const Params& params);
 // Gradient of scalar `value` with respect to every leaf; zeros where unreachable.
 Params gradients(const Array& value, const Params& leaves, const Params& primals);
+// The value with partial sums reduced (a loss over a sharded batch), for the caller.
+Array resolve_value(const Array& value);
 // Drops autodiff history from outputs returned to the caller of the outermost trace.
 void detach_outputs(Array& a);
 void detach_outputs(Params& p);
@@ -51,6 +53,7 @@ auto value_and_grad(F f) {
     Params leaves = autodiff::make_leaves(params);
     Array value = f(leaves, std::forward<decltype(args)>(args)...);
     Params grads = autodiff::gradients(value, leaves, params);
+    value = autodiff::resolve_value(value);
     if (autodiff::trace_depth() == 1) autodiff::detach_outputs(value);
     return {value, std::move(grads)};
   };
@@ -65,7 +68,7 @@ auto value_and_grad(F f, HasAux) {
     auto [value, aux] = f(leaves, std::forward<decltype(args)>(args)...);
     using Aux = std::decay_t<decltype(aux)>;
     Params grads = autodiff::gradients(value, leaves, params);
-    ValueAuxGrads<Aux> out{value, std::move(aux), std::move(grads)};
+    ValueAuxGrads<Aux> out{autodiff::resolve_value(value), std::move(aux), std::move(grads)};
     if (autodiff::trace_depth() == 1) {
       autodiff::detach_outputs(out.value);
       autodiff::detach_outputs(out.aux);

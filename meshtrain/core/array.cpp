@@ -54,6 +54,7 @@ Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype)
 }
 template <class Dst>
 std::vector<Dst> to_host(const Array& a) {
+  MT_CHECK(!a.sharded(), "[to_host] ", a.str(), " is sharded: gather it with dist::to_host first");
   std::vector<Dst> out(size_t(a.numel()));
   dispatch_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -85,6 +86,7 @@ Array Array::detach() const {
 }
 
 Array Array::clone() const {
+  MT_CHECK(!sharded(), "[clone] ", str(), " is sharded");
   Array out = empty(shape(), dtype());
   std::memcpy(out.raw(), raw(), nbytes());
   return out;
@@ -92,6 +94,7 @@ Array Array::clone() const {
 
 Array Array::view_as_shape(const Shape& shape) const {
   MT_CHECK(shape.numel() == numel(), "[reshape] cannot view ", str(), " as shape ", shape.str());
+  MT_CHECK(!sharded(), "[reshape] ", str(), " is sharded: views apply to local blocks");
   auto impl = std::make_shared<ArrayImpl>(*impl_);
   impl->shape = shape;
   impl->node = nullptr;

@@ -12,15 +12,20 @@ namespace mt {
 namespace autodiff {
 struct Node;
 }
+namespace dist {
+struct Sharding;
+}
 
 // The state behind an Array handle. Several handles (and reshape views) may share
 // `storage`; `node` is set when the array is traced by an enclosing value_and_grad.
+// With a `sharding`, `shape` is the global shape and `storage` holds this rank's block.
 struct ArrayImpl {
   Shape shape;
   DType dtype = DType::f32;
   std::shared_ptr<void> storage;
   size_t offset_bytes = 0;
   std::shared_ptr<autodiff::Node> node;
+  std::shared_ptr<const dist::Sharding> sharding;
 };
 
 // A cheap shared handle to a row-major, contiguous n-d array.
@@ -42,6 +47,8 @@ class Array {
   static Array from_vector(const std::vector<int32_t>& values, const Shape& shape, DType dtype = DType::i32);
 
   bool defined() const { return impl_ != nullptr; }
+  // Distributed over a mesh (shape() is then global; the buffer holds this rank's block).
+  bool sharded() const { return impl_ && impl_->sharding != nullptr; }
   const Shape& shape() const { return impl_->shape; }
   int ndim() const { return impl_->shape.ndim(); }
   int64_t numel() const { return impl_->shape.numel(); }
@@ -55,7 +62,8 @@ class Array {
     return static_cast<T*>(raw());
   }
 
-  // Host copies converted to the requested element type (any source dtype).
+  // Host copies converted to the requested element type (any source dtype). A sharded
+  // array must first be gathered with dist::to_host.
   std::vector<float> to_floats() const;
   std::vector<double> to_doubles() const;
   std::vector<int64_t> to_ints() const;

@@ -4,7 +4,7 @@
 
 namespace mt::dist {
 
-namespace detail {
+namespace internal {
 
 void CommState::finish(std::string error) {
   {
@@ -23,14 +23,14 @@ const std::string& CommState::wait() {
   return error_;  // written before done_ was released, never again
 }
 
-}  // namespace detail
+}  // namespace internal
 
-CommHandle::CommHandle(std::shared_ptr<detail::CommState> state) : owner_(std::make_shared<Owner>()) {
+CommHandle::CommHandle(std::shared_ptr<internal::CommState> state) : owner_(std::make_shared<Owner>()) {
   owner_->state = std::move(state);  // assigned, not copied from a temporary Owner that would wait
 }
 
 CommHandle CommHandle::completed() {
-  auto state = std::make_shared<detail::CommState>();
+  auto state = std::make_shared<internal::CommState>();
   state->finish("");
   return CommHandle(std::move(state));
 }

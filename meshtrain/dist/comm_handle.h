@@ -8,7 +8,7 @@
 
 namespace mt::dist {
 
-namespace detail {
+namespace internal {
 // Completion state shared by the issuing side (handles) and the backend that finishes it.
 class CommState {
  public:
@@ -24,7 +24,7 @@ class CommState {
   std::condition_variable cv_;
   std::string error_;
 };
-}  // namespace detail
+}  // namespace internal
 
 // Handle of an asynchronous collective. Buffers passed to the collective must stay alive and
 // untouched until wait() returns (or done() is true). Copies share the operation; when the
@@ -33,7 +33,7 @@ class CommState {
 class CommHandle {
  public:
   CommHandle() = default;  // invalid: refers to no operation
-  explicit CommHandle(std::shared_ptr<detail::CommState> state);
+  explicit CommHandle(std::shared_ptr<internal::CommState> state);
   // An operation that is already complete (size-1 communicators, zero-element collectives).
   static CommHandle completed();
 
@@ -47,7 +47,7 @@ class CommHandle {
  private:
   // One Owner per operation, shared by the handle's copies; its destructor is the implicit wait.
   struct Owner {
-    std::shared_ptr<detail::CommState> state;
+    std::shared_ptr<internal::CommState> state;
     ~Owner();
   };
   std::shared_ptr<Owner> owner_;

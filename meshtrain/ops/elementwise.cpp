@@ -5,6 +5,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/elementwise.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -59,6 +61,8 @@ bool differentiable(const Array& a) { return is_floating(a.dtype()); }
 }  // namespace
 
 Array add(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("add", {a, b}, dist::rules::elementwise(dist::rules::Linearity::additive), [](const std::vector<Array>& l) { return add(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::add, a, b);
   if (differentiable(out))
     record(out, "add", {a, b}, [sa = a.shape(), sb = b.shape()](const Array& g) {
@@ -68,6 +72,8 @@ Array add(const Array& a, const Array& b) {
 }
 
 Array sub(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("sub", {a, b}, dist::rules::elementwise(dist::rules::Linearity::additive), [](const std::vector<Array>& l) { return sub(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::sub, a, b);
   if (differentiable(out))
     record(out, "sub", {a, b}, [sa = a.shape(), sb = b.shape()](const Array& g) {
@@ -77,6 +83,8 @@ Array sub(const Array& a, const Array& b) {
 }
 
 Array mul(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("mul", {a, b}, dist::rules::elementwise(dist::rules::Linearity::scaling), [](const std::vector<Array>& l) { return mul(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::mul, a, b);
   if (differentiable(out))
     record(out, "mul", {a, b}, [a, b](const Array& g) {
@@ -87,6 +95,8 @@ Array mul(const Array& a, const Array& b) {
 }
 
 Array div(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("div", {a, b}, dist::rules::elementwise(dist::rules::Linearity::scaling, true), [](const std::vector<Array>& l) { return div(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::div, a, b);
   record(out, "div", {a, b}, [a, b](const Array& g) {
     Array ga = a.traced() ? sum_to(div(g, b), a.shape()) : Array();
@@ -97,6 +107,8 @@ Array div(const Array& a, const Array& b) {
 }
 
 Array pow(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("pow", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return pow(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::pow, a, b);
   record(out, "pow", {a, b}, [a, b, o = out.detach()](const Array& g) {
     Array ga, gb;
@@ -116,6 +128,8 @@ Array pow(const Array& a, const Array& b) {
 Array pow(const Array& a, double exponent) { return pow(a, scalar_like(a, exponent)); }
 
 Array maximum(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("maximum", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return maximum(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::maximum, a, b);
   if (differentiable(out))
     record(out, "maximum", {a, b}, [a, b](const Array& g) {
@@ -130,6 +144,8 @@ Array maximum(const Array& a, const Array& b) {
 }
 
 Array minimum(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("minimum", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return minimum(l[0], l[1]); });
   Array out = binary_forward(BinaryOp::minimum, a, b);
   if (differentiable(out))
     record(out, "minimum", {a, b}, [a, b](const Array& g) {
@@ -142,23 +158,72 @@ Array minimum(const Array& a, const Array& b) {
   return out;
 }
 
-Array eq(const Array& a, const Array& b) { return binary_forward(BinaryOp::eq, a, b); }
-Array ne(const Array& a, const Array& b) { return binary_forward(BinaryOp::ne, a, b); }
-Array lt(const Array& a, const Array& b) { return binary_forward(BinaryOp::lt, a, b); }
-Array le(const Array& a, const Array& b) { return binary_forward(BinaryOp::le, a, b); }
-Array gt(const Array& a, const Array& b) { return binary_forward(BinaryOp::gt, a, b); }
-Array ge(const Array& a, const Array& b) { return binary_forward(BinaryOp::ge, a, b); }
-Array logical_and(const Array& a, const Array& b) { return binary_forward(BinaryOp::logical_and, a, b); }
-Array logical_or(const Array& a, const Array& b) { return binary_forward(BinaryOp::logical_or, a, b); }
-Array logical_not(const Array& a) { return unary_forward(UnaryOp::logical_not, a); }
+Array eq(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("eq", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return eq(l[0], l[1]); });
+  return binary_forward(BinaryOp::eq, a, b);
+}
+Array ne(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("ne", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return ne(l[0], l[1]); });
+  return binary_forward(BinaryOp::ne, a, b);
+}
+Array lt(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("lt", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return lt(l[0], l[1]); });
+  return binary_forward(BinaryOp::lt, a, b);
+}
+Array le(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("le", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return le(l[0], l[1]); });
+  return binary_forward(BinaryOp::le, a, b);
+}
+Array gt(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("gt", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return gt(l[0], l[1]); });
+  return binary_forward(BinaryOp::gt, a, b);
+}
+Array ge(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("ge", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return ge(l[0], l[1]); });
+  return binary_forward(BinaryOp::ge, a, b);
+}
+Array logical_and(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("logical_and", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return logical_and(l[0], l[1]); });
+  return binary_forward(BinaryOp::logical_and, a, b);
+}
+Array logical_or(const Array& a, const Array& b) {
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("logical_or", {a, b}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return logical_or(l[0], l[1]); });
+  return binary_forward(BinaryOp::logical_or, a, b);
+}
+Array logical_not(const Array& a) {
+  if (dist::is_sharded(a))
+    return dist::spmd_call("logical_not", {a}, dist::rules::elementwise(dist::rules::Linearity::none),
+                           [](const std::vector<Array>& l) { return logical_not(l[0]); });
+  return unary_forward(UnaryOp::logical_not, a);
+}
 
 Array neg(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("neg", {x}, dist::rules::elementwise(dist::rules::Linearity::scaling), [](const std::vector<Array>& l) { return neg(l[0]); });
   Array out = unary_forward(UnaryOp::neg, x);
   if (differentiable(out)) record(out, "neg", {x}, [](const Array& g) { return Grads{neg(g)}; });
   return out;
 }
 
 Array exp(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("exp", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return exp(l[0]); });
   Array out = unary_forward(UnaryOp::exp, x);
   record(out, "exp", {x}, [x, o = out.detach()](const Array& g) {
     return Grads{mul(g, saved_output(o, [&] { return exp(x); }))};
@@ -167,12 +232,16 @@ Array exp(const Array& x) {
 }
 
 Array log(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("log", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return log(l[0]); });
   Array out = unary_forward(UnaryOp::log, x);
   record(out, "log", {x}, [x](const Array& g) { return Grads{div(g, x)}; });
   return out;
 }
 
 Array sqrt(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("sqrt", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return sqrt(l[0]); });
   Array out = unary_forward(UnaryOp::sqrt, x);
   record(out, "sqrt", {x}, [x, o = out.detach()](const Array& g) {
     return Grads{div(g, mul(saved_output(o, [&] { return sqrt(x); }), 2.0))};
@@ -181,6 +250,8 @@ Array sqrt(const Array& x) {
 }
 
 Array rsqrt(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("rsqrt", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return rsqrt(l[0]); });
   Array out = unary_forward(UnaryOp::rsqrt, x);
   record(out, "rsqrt", {x}, [x, o = out.detach()](const Array& g) {
     Array y = saved_output(o, [&] { return rsqrt(x); });
@@ -190,6 +261,8 @@ Array rsqrt(const Array& x) {
 }
 
 Array tanh(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("tanh", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return tanh(l[0]); });
   Array out = unary_forward(UnaryOp::tanh, x);
   record(out, "tanh", {x}, [x, o = out.detach()](const Array& g) {
     Array y = saved_output(o, [&] { return tanh(x); });
@@ -199,24 +272,32 @@ Array tanh(const Array& x) {
 }
 
 Array abs(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("abs", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return abs(l[0]); });
   Array out = unary_forward(UnaryOp::abs, x);
   if (differentiable(out)) record(out, "abs", {x}, [x](const Array& g) { return Grads{mul(g, sign(x))}; });
   return out;
 }
 
 Array sign(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("sign", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return sign(l[0]); });
   Array out = unary_forward(UnaryOp::sign, x);
   if (differentiable(out)) record(out, "sign", {x}, [](const Array& g) { return Grads{zeros_like(g)}; });
   return out;
 }
 
 Array square(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("square", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return square(l[0]); });
   Array out = unary_forward(UnaryOp::square, x);
   if (differentiable(out)) record(out, "square", {x}, [x](const Array& g) { return Grads{mul(g, mul(x, 2.0))}; });
   return out;
 }
 
 Array reciprocal(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("reciprocal", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return reciprocal(l[0]); });
   Array out = unary_forward(UnaryOp::reciprocal, x);
   record(out, "reciprocal", {x}, [x, o = out.detach()](const Array& g) {
     Array y = saved_output(o, [&] { return reciprocal(x); });
@@ -226,6 +307,8 @@ Array reciprocal(const Array& x) {
 }
 
 Array erf(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("erf", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return erf(l[0]); });
   Array out = unary_forward(UnaryOp::erf, x);
   record(out, "erf", {x}, [x](const Array& g) {
     return Grads{mul(g, mul(exp(neg(mul(x, x))), 2.0 / std::sqrt(M_PI)))};
@@ -234,18 +317,24 @@ Array erf(const Array& x) {
 }
 
 Array sin(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("sin", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return sin(l[0]); });
   Array out = unary_forward(UnaryOp::sin, x);
   record(out, "sin", {x}, [x](const Array& g) { return Grads{mul(g, cos(x))}; });
   return out;
 }
 
 Array cos(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("cos", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return cos(l[0]); });
   Array out = unary_forward(UnaryOp::cos, x);
   record(out, "cos", {x}, [x](const Array& g) { return Grads{neg(mul(g, sin(x)))}; });
   return out;
 }
 
 Array sigmoid(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("sigmoid", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return sigmoid(l[0]); });
   Array out = unary_forward(UnaryOp::sigmoid, x);
   record(out, "sigmoid", {x}, [x, o = out.detach()](const Array& g) {
     Array y = saved_output(o, [&] { return sigmoid(x); });
@@ -255,6 +344,8 @@ Array sigmoid(const Array& x) {
 }
 
 Array relu(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("relu", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return relu(l[0]); });
   Array out = unary_forward(UnaryOp::relu, x);
   if (differentiable(out))
     record(out, "relu", {x}, [x](const Array& g) { return Grads{where(gt(x, zeros_like(x)), g, zeros_like(g))}; });
@@ -262,6 +353,8 @@ Array relu(const Array& x) {
 }
 
 Array silu(const Array& x) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("silu", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return silu(l[0]); });
   Array out = unary_forward(UnaryOp::silu, x);
   record(out, "silu", {x}, [x](const Array& g) {
     Array s = sigmoid(x);
@@ -272,6 +365,8 @@ Array silu(const Array& x) {
 }
 
 Array gelu(const Array& x, bool approximate) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("gelu", {x}, dist::rules::elementwise(dist::rules::Linearity::none), [approximate](const std::vector<Array>& l) { return gelu(l[0], approximate); });
   Array out = unary_forward(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x);
   record(out, "gelu", {x}, [x, approximate](const Array& g) {
     if (!autodiff::grad_enabled()) {
@@ -298,6 +393,8 @@ Array gelu(const Array& x, bool approximate) {
 }
 
 Array where(const Array& cond, const Array& a, const Array& b) {
+  if (dist::any_sharded({cond, a, b}))
+    return dist::spmd_call("where", {cond, a, b}, dist::rules::elementwise(dist::rules::Linearity::none), [](const std::vector<Array>& l) { return where(l[0], l[1], l[2]); });
   check_defined(cond, "where");
   check_defined(a, "where");
   check_defined(b, "where");
@@ -315,6 +412,8 @@ Array where(const Array& cond, const Array& a, const Array& b) {
 }
 
 Array cast(const Array& x, DType dtype) {
+  if (dist::is_sharded(x))
+    return dist::spmd_call("cast", {x}, dist::rules::elementwise(dist::rules::Linearity::scaling), [dtype](const std::vector<Array>& l) { return cast(l[0], dtype); });
   check_defined(x, "cast");
   if (x.dtype() == dtype) return x;
   Array out = Array::empty(x.shape(), dtype);
@@ -325,8 +424,14 @@ Array cast(const Array& x, DType dtype) {
 }
 
 Array scalar_like(const Array& a, double value) { return Array::full(Shape{}, value, a.dtype()); }
-Array zeros_like(const Array& a) { return Array::zeros(a.shape(), a.dtype()); }
-Array ones_like(const Array& a) { return Array::ones(a.shape(), a.dtype()); }
+Array zeros_like(const Array& a) {
+  if (dist::is_sharded(a)) return dist::full_like(a, 0.0);
+  return Array::zeros(a.shape(), a.dtype());
+}
+Array ones_like(const Array& a) {
+  if (dist::is_sharded(a)) return dist::full_like(a, 1.0);
+  return Array::ones(a.shape(), a.dtype());
+}
 Array add(const Array& a, double b) { return add(a, scalar_like(a, b)); }
 Array sub(const Array& a, double b) { return sub(a, scalar_like(a, b)); }
 Array mul(const Array& a, double b) { return mul(a, scalar_like(a, b)); }

@@ -3,6 +3,10 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/indexing_kernels.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/ops/elementwise.h"
 
 namespace mt {
 
@@ -47,6 +51,8 @@ void check_along_axis_shapes(const Shape& x, const Array& idx, int axis, const c
 }  // namespace
 
 Array take(const Array& x, const Array& indices, int axis) {
+  // No layout-aware rule yet: gather to every rank (correct, not fast).
+  if (dist::any_sharded({x, indices})) return take(dist::to_host(x), dist::to_host(indices), axis);
   check_defined(x, "take", "input");
   check_defined(indices, "take", "indices");
   MT_CHECK(x.ndim() >= 1, "[take] cannot index a 0-d array ", x.str());
@@ -64,6 +70,8 @@ Array take(const Array& x, const Array& indices, int axis) {
 }
 
 Array scatter_add(const Shape& shape, const Array& indices, const Array& updates, int axis) {
+  // No layout-aware rule yet: gather to every rank (correct, not fast).
+  if (dist::any_sharded({indices, updates})) return scatter_add(shape, dist::to_host(indices), dist::to_host(updates), axis);
   check_defined(indices, "scatter_add", "indices");
   check_defined(updates, "scatter_add", "updates");
   MT_CHECK(shape.ndim() >= 1, "[scatter_add] cannot scatter into a 0-d shape ", shape.str());
@@ -85,6 +93,8 @@ Array scatter_add(const Shape& shape, const Array& indices, const Array& updates
 }
 
 Array take_along_axis(const Array& x, const Array& indices, int axis) {
+  // No layout-aware rule yet: gather to every rank (correct, not fast).
+  if (dist::any_sharded({x, indices})) return take_along_axis(dist::to_host(x), dist::to_host(indices), axis);
   check_defined(x, "take_along_axis", "input");
   check_defined(indices, "take_along_axis", "indices");
   MT_CHECK(x.ndim() >= 1, "[take_along_axis] cannot index a 0-d array ", x.str());
@@ -102,6 +112,8 @@ Array take_along_axis(const Array& x, const Array& indices, int axis) {
 }
 
 Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Array& updates, int axis) {
+  // No layout-aware rule yet: gather to every rank (correct, not fast).
+  if (dist::any_sharded({indices, updates})) return scatter_add_along_axis(shape, dist::to_host(indices), dist::to_host(updates), axis);
   const char* op = "scatter_add_along_axis";
   check_defined(indices, op, "indices");
   check_defined(updates, op, "updates");
@@ -120,10 +132,30 @@ Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Arr
   return out;
 }
 
+namespace {
+// A table split over its vocabulary: each rank looks up the ids it holds rows for (others
+// give zero rows) and the partial results are summed by the consumer (one all-reduce).
+Array vocab_parallel_embedding(const Array& table, const Array& ids) {
+  const dist::Sharding* ts = dist::sharding_of(table);
+  int64_t row_offset = 0;
+  if (ts && dist::is_sharded(table) && !ts->spec.axes_of(0).empty())
+    row_offset = ts->block_index(0) * (table.dim(0) / ts->num_blocks(0));
+  return dist::spmd_call("embedding", {table, ids}, dist::rules::embedding(), [&](const std::vector<Array>& l) {
+    const Array& tl = l[0];
+    if (tl.dim(0) == table.dim(0)) return embedding(tl, l[1]);
+    Array shifted = sub(l[1], Array::scalar(double(row_offset), l[1].dtype()));
+    Array valid = logical_and(ge(shifted, zeros_like(shifted)), lt(shifted, Array::scalar(double(tl.dim(0)), l[1].dtype())));
+    Array safe = where(valid, shifted, zeros_like(shifted));
+    return mul(embedding(tl, safe), expand_dims(cast(valid, tl.dtype()), -1));
+  });
+}
+}  // namespace
+
 Array embedding(const Array& table, const Array& ids) {
   check_defined(table, "embedding", "table");
   check_defined(ids, "embedding", "ids");
   MT_CHECK(table.ndim() == 2, "[embedding] table must be (V, D), got ", table.str());
+  if (dist::any_sharded({table, ids})) return vocab_parallel_embedding(table, ids);
   check_index_dtype(ids, "embedding");
   const int64_t v = table.shape()[0], d = table.shape()[1];
   cpu::check_indices(ids, v, "embedding", detail::concat("table ", table.str()));
@@ -141,6 +173,9 @@ Array embedding(const Array& table, const Array& ids) {
 
 Array one_hot(const Array& ids, int64_t num_classes, DType dtype) {
   check_defined(ids, "one_hot", "ids");
+  if (dist::is_sharded(ids))
+    return dist::spmd_call("one_hot", {ids}, dist::rules::gather_dims({}),
+                           [&](const std::vector<Array>& l) { return one_hot(l[0], num_classes, dtype); });
   check_index_dtype(ids, "one_hot");
   MT_CHECK(num_classes > 0, "[one_hot] num_classes must be positive, got ", num_classes);
   cpu::check_indices(ids, num_classes, "one_hot", detail::concat("num_classes ", num_classes));
@@ -153,6 +188,7 @@ Array one_hot(const Array& ids, int64_t num_classes, DType dtype) {
 
 std::pair<Array, Array> top_k(const Array& x, int64_t k, int axis) {
   check_defined(x, "top_k", "input");
+  if (dist::is_sharded(x)) return top_k(dist::to_host(x), k, axis);
   MT_CHECK(x.ndim() >= 1, "[top_k] expects rank >= 1, got ", x.str());
   MT_CHECK(x.dtype() != DType::boolean, "[top_k] cannot rank bool array ", x.str());
   axis = x.shape().axis(axis, "top_k");

@@ -7,6 +7,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/loss_kernels.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/reduce.h"
@@ -83,6 +85,21 @@ Array row_scales(const Array& g, Reduction reduction, int64_t rows, int64_t coun
 
 Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,
                     Reduction reduction) {
+  if (dist::any_sharded({logits, labels})) {
+    MT_CHECK(logits.defined() && labels.defined() && logits.ndim() >= 1 && labels.ndim() == logits.ndim() - 1,
+             "[cross_entropy] logits ", logits.str(), " and labels ", labels.str(), " do not match");
+    if (reduction == Reduction::mean) {
+      // The mean over a batch split across ranks: the summed loss over the count of the
+      // targets that are not ignored, both totals over all ranks.
+      Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
+      Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype())), DType::f32));
+      return div(total, count);
+    }
+    return dist::spmd_call("cross_entropy", {logits, labels}, dist::rules::cross_entropy(reduction == Reduction::sum),
+                           [&](const std::vector<Array>& l) {
+                             return cross_entropy(l[0], l[1], ignore_index, label_smoothing, reduction);
+                           });
+  }
   const CeShape s = check_cross_entropy(logits, labels, ignore_index, label_smoothing, "cross_entropy");
   Array rows = Array::empty(Shape{s.rows}, DType::f32);
   Array lse = Array::empty(Shape{s.rows}, DType::f32);

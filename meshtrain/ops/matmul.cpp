@@ -3,6 +3,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/shape_ops.h"
 
 namespace mt {
@@ -65,6 +67,9 @@ Array matmul(const Array& a, const Array& b, bool trans_a, bool trans_b) {
   MT_CHECK(ka == kb, "[matmul] contraction mismatch: ", a.str(), (trans_a ? "^T" : ""), " @ ", b.str(),
            (trans_b ? "^T" : ""), " (", ka, " vs ", kb, ")");
 
+  if (dist::any_sharded({a, b}))
+    return dist::spmd_call("matmul", {a, b}, dist::rules::matmul(trans_a, trans_b),
+                           [&](const std::vector<Array>& l) { return matmul(l[0], l[1], trans_a, trans_b); });
   // A batch of activations times one weight matrix is a single large GEMM.
   if (b.ndim() == 2 && a.ndim() > 2 && !trans_a) {
     std::vector<int64_t> out_dims(a.shape().dims().begin(), a.shape().dims().end() - 1);

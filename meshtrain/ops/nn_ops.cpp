@@ -6,6 +6,8 @@
 #include "meshtrain/backend/cpu/norm_kernels.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -33,6 +35,9 @@ Array softmax_impl(const Array& x, int axis, bool log) {
   MT_CHECK(x.defined(), "[", op, "] undefined input array");
   MT_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating array, got ", x.str());
   axis = x.shape().axis(axis, op);
+  if (dist::is_sharded(x))
+    return dist::spmd_call(op, {x}, dist::rules::gather_dims({axis}),
+                           [&](const std::vector<Array>& l) { return softmax_impl(l[0], axis, log); });
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
   for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
@@ -96,6 +101,9 @@ Grads norm_vjp_composed(bool center, const Array& x, const Array& weight, const 
 Array norm_impl(bool center, const Array& x, const Array& weight, const Array& bias, double eps) {
   const char* op = center ? "layer_norm" : "rms_norm";
   check_norm_inputs(op, x, weight, bias, eps);
+  if (dist::any_sharded({x, weight, bias}))
+    return dist::spmd_call(op, {x, weight, bias}, dist::rules::gather_dims({x.ndim() - 1}),
+                           [&](const std::vector<Array>& l) { return norm_impl(center, l[0], l[1], l[2], eps); });
   const int64_t rows = x.numel() / x.dim(-1);
   Array y = Array::empty(x.shape(), x.dtype());
   Array mean_saved = Array::empty({rows}, DType::f32), rstd_saved = Array::empty({rows}, DType::f32);

@@ -5,6 +5,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 
 namespace mt {
 
@@ -49,6 +51,22 @@ Array dropout(const Array& x, double rate, const RngKey& key, bool train) {
   MT_CHECK(is_floating(x.dtype()), "[dropout] expects a floating array, got ", x.str());
   MT_CHECK(rate >= 0.0 && rate <= 1.0, "[dropout] rate ", rate, " outside [0, 1] for ", x.str());
   if (!train || rate == 0.0) return x;
+  if (dist::is_sharded(x)) {
+    // Each rank masks its block with the stream elements of its global positions. The mask
+    // depends only on position, so partial sums stay partial sums.
+    const dist::Sharding& s = *dist::sharding_of(x);
+    cpu::StreamBlock block{x.shape().dims(), s.local_offsets(x.shape())};
+    return dist::spmd_call("dropout", {x}, dist::rules::gather_dims({}, true), [=](const std::vector<Array>& l) {
+      Array out = Array::empty(l[0].shape(), l[0].dtype());
+      cpu::dropout(l[0], out, key, rate, block);
+      autodiff::record(out, "dropout", {l[0]}, [rate, key, block](const Array& g) {
+        Array dg = Array::empty(g.shape(), g.dtype());
+        cpu::dropout(g, dg, key, rate, block);
+        return Grads{dg};
+      });
+      return out;
+    });
+  }
   Array out = Array::empty(x.shape(), x.dtype());
   cpu::dropout(x, out, key, rate);
   // Dropout is linear in x, so its VJP is itself with the same key (the same mask).

@@ -7,6 +7,8 @@
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/backend/cpu/reduce.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -81,6 +83,9 @@ Array reduce_via(const Array& x, const std::vector<int>& axes, bool keepdims, DT
 Array sum(const Array& x, std::vector<int> axes, bool keepdims) {
   MT_CHECK(x.defined(), "[sum] undefined input array");
   axes = normalize_axes(x.shape(), axes, "sum");
+  if (dist::is_sharded(x))
+    return dist::spmd_call("sum", {x}, dist::rules::reduce_sum(axes, keepdims),
+                           [&](const std::vector<Array>& l) { return sum(l[0], axes, keepdims); });
   DType dt = x.dtype() == DType::boolean || x.dtype() == DType::i32 ? DType::i64 : x.dtype();
   Array src = dt == x.dtype() ? x : cast(x, dt);
   Array out = reduce_via(src, axes, keepdims, dt, [](const Array& a, Array& o, int64_t outer, int64_t r, int64_t in) {
@@ -105,6 +110,10 @@ namespace {
 Array extremum(const Array& x, std::vector<int> axes, bool keepdims, cpu::ReduceOp op, const char* name) {
   MT_CHECK(x.defined(), "[", name, "] undefined input array");
   axes = normalize_axes(x.shape(), axes, name);
+  if (dist::is_sharded(x))
+    return dist::spmd_call(name, {x}, dist::rules::reduce_gathered(axes, keepdims), [&](const std::vector<Array>& l) {
+      return extremum(l[0], axes, keepdims, op, name);
+    });
   for (int a : axes) MT_CHECK(x.shape()[a] > 0, "[", name, "] reduction over empty axis of ", x.str());
   Array out = reduce_via(x, axes, keepdims, x.dtype(), [op](const Array& a, Array& o, int64_t outer, int64_t r,
                                                             int64_t in) { cpu::reduce(op, a, o, outer, r, in); });
@@ -142,6 +151,9 @@ Array logsumexp(const Array& x, std::vector<int> axes, bool keepdims) {
 Array argmax(const Array& x, int axis, bool keepdims) {
   MT_CHECK(x.defined(), "[argmax] undefined input array");
   std::vector<int> axes = normalize_axes(x.shape(), {axis}, "argmax");
+  if (dist::is_sharded(x))
+    return dist::spmd_call("argmax", {x}, dist::rules::reduce_gathered(axes, keepdims),
+                           [&](const std::vector<Array>& l) { return argmax(l[0], axes[0], keepdims); });
   MT_CHECK(x.shape()[axes[0]] > 0, "[argmax] empty axis of ", x.str());
   return reduce_via(x, axes, keepdims, DType::i64, [](const Array& a, Array& o, int64_t outer, int64_t r, int64_t in) {
     cpu::argmax(a, o, outer, r, in);

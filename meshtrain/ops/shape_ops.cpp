@@ -6,6 +6,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/strided_copy.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 
@@ -37,6 +39,11 @@ Array reshape(const Array& x, std::vector<int64_t> shape) {
   }
   Shape target(shape);
   MT_CHECK(target.numel() == x.numel(), "[reshape] cannot reshape ", x.str(), " to ", target.str());
+  if (dist::is_sharded(x))
+    return dist::spmd_call("reshape", {x}, dist::rules::reshape(target),
+                           [&](const std::vector<Array>& l, const dist::Sharding& out) {
+                             return reshape(l[0], out.local_shape(target).dims());
+                           });
   Array out = x.view_as_shape(target);
   if (differentiable(out))
     record(out, "reshape", {x}, [s = x.shape()](const Array& g) { return Grads{reshape(g, s.dims())}; });
@@ -46,6 +53,11 @@ Array reshape(const Array& x, std::vector<int64_t> shape) {
 Array transpose(const Array& x, std::vector<int> perm) {
   MT_CHECK(x.defined(), "[transpose] undefined input array");
   MT_CHECK(int(perm.size()) == x.ndim(), "[transpose] permutation of length ", perm.size(), " for ", x.str());
+  if (dist::is_sharded(x)) {
+    for (int& p : perm) p = x.shape().axis(p, "transpose");
+    return dist::spmd_call("transpose", {x}, dist::rules::transpose(perm),
+                           [&](const std::vector<Array>& l) { return transpose(l[0], perm); });
+  }
   std::vector<bool> seen(perm.size(), false);
   for (int& p : perm) {
     p = x.shape().axis(p, "transpose");
@@ -80,6 +92,9 @@ Array swap_axes(const Array& x, int a, int b) {
 Array slice(const Array& x, int axis, int64_t start, int64_t stop) {
   MT_CHECK(x.defined(), "[slice] undefined input array");
   axis = x.shape().axis(axis, "slice");
+  if (dist::is_sharded(x))
+    return dist::spmd_call("slice", {x}, dist::rules::gather_dims({axis}, true),
+                           [&](const std::vector<Array>& l) { return slice(l[0], axis, start, stop); });
   const int64_t n = x.shape()[axis];
   if (start < 0) start += n;
   if (stop < 0) stop += n;
@@ -102,6 +117,12 @@ Array pad_into(const Array& x, const Shape& full, int axis, int64_t start) {
   MT_CHECK(x.defined(), "[pad_into] undefined input array");
   MT_CHECK(x.ndim() == full.ndim(), "[pad_into] rank mismatch: ", x.str(), " into ", full.str());
   axis = full.axis(axis, "pad_into");
+  if (dist::is_sharded(x))
+    return dist::spmd_call("pad_into", {x}, dist::rules::gather_dims({axis}, true), [&](const std::vector<Array>& l) {
+      std::vector<int64_t> dims = l[0].shape().dims();
+      dims[size_t(axis)] = full[axis];
+      return pad_into(l[0], Shape(dims), axis, start);
+    });
   // The copy below writes raw memory: a block that does not fit must be an error, not corruption.
   bool fits = start >= 0 && start + x.shape()[axis] <= full[axis];
   for (int d = 0; d < full.ndim(); ++d) fits = fits && (d == axis || x.shape()[d] == full[d]);
@@ -122,6 +143,9 @@ Array concatenate(const std::vector<Array>& xs, int axis) {
   const Array& first = xs[0];
   MT_CHECK(first.defined(), "[concatenate] undefined input array");
   axis = first.shape().axis(axis, "concatenate");
+  if (dist::any_sharded(xs))
+    return dist::spmd_call("concatenate", xs, dist::rules::concatenate(axis),
+                           [&](const std::vector<Array>& l) { return concatenate(l, axis); });
   std::vector<int64_t> dims = first.shape().dims();
   int64_t total = 0;
   for (const Array& x : xs) {
@@ -203,6 +227,11 @@ Array broadcast_to(const Array& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   Shape b = broadcast_shapes(x.shape(), shape, "broadcast_to");
   MT_CHECK(b == shape, "[broadcast_to] cannot broadcast ", x.str(), " to ", shape.str());
+  if (dist::is_sharded(x))
+    return dist::spmd_call("broadcast_to", {x}, dist::rules::broadcast_to(shape),
+                           [&](const std::vector<Array>& l, const dist::Sharding& out) {
+                             return broadcast_to(l[0], out.local_shape(shape));
+                           });
   const int n = shape.ndim();
   std::vector<int64_t> src_strides(size_t(n), 0);
   std::vector<int64_t> xs = x.shape().strides();

@@ -8,62 +8,84 @@ namespace mt::cpu {
 
 namespace {
 
-// Runs fn(offset, n, uniforms_or_normals) over chunks of the stream in parallel; chunk
-// boundaries do not change any value because every element depends only on its index.
+// Runs fn(local_start, n, uniforms_or_normals) over chunks of the array in parallel. Each
+// local element i takes stream element g(i), its global flat index: chunk boundaries and
+// sharding change no value because every element depends only on its global position.
 template <bool kNormal, class Fn>
-void for_each_chunk(const RngKey& key, int64_t total, Fn&& fn) {
+void for_each_chunk(const RngKey& key, const Shape& local, const StreamBlock& block, Fn&& fn) {
   constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (total + kChunk - 1) / kChunk;
+  const int64_t total = local.numel();
+  // Runs of consecutive global indices: the whole array, or one per row of the block.
+  int64_t run_len = total, runs = total > 0 ? 1 : 0;
+  std::vector<int64_t> gstrides;
+  if (!block.global_dims.empty() && local.ndim() > 0) {
+    run_len = local.dim(-1);
+    runs = run_len > 0 ? total / run_len : 0;
+    gstrides = Shape(block.global_dims).strides();
+  }
+  auto global_start = [&](int64_t run) -> int64_t {
+    if (gstrides.empty()) return 0;
+    int64_t g = block.offsets.back() * gstrides.back(), rem = run;
+    for (int d = local.ndim() - 2; d >= 0; --d) {
+      g += (rem % local[d] + block.offsets[size_t(d)]) * gstrides[size_t(d)];
+      rem /= local[d];
+    }
+    return g;
+  };
+  const int64_t chunks_per_run = (run_len + kChunk - 1) / kChunk;
+  const int64_t work = runs * chunks_per_run;
 #pragma omp parallel for if (total > 32768) schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  for (int64_t w = 0; w < work; ++w) {
     float buf[kChunk];
-    const int64_t start = c * kChunk, n = std::min(kChunk, total - start);
+    const int64_t run = w / chunks_per_run, c = w % chunks_per_run;
+    const int64_t within = c * kChunk, n = std::min(kChunk, run_len - within);
+    const int64_t gstart = global_start(run) + within;
     if constexpr (kNormal)
-      fill_normal(key, uint64_t(start), n, buf);
+      fill_normal(key, uint64_t(gstart), n, buf);
     else
-      fill_uniform(key, uint64_t(start), n, buf);
-    fn(start, n, buf);
+      fill_uniform(key, uint64_t(gstart), n, buf);
+    fn(run * run_len + within, n, buf);
   }
 }
 
 }  // namespace
 
-void random_uniform(const RngKey& key, Array& out, double lo, double hi) {
+void random_uniform(const RngKey& key, Array& out, double lo, double hi, const StreamBlock& block) {
   dispatch_float(out.dtype(), "random_uniform", [&](auto tag) {
     using T = decltype(tag);
     T* po = out.data<T>();
     const float flo = float(lo), width = float(hi - lo);
-    for_each_chunk<false>(key, out.numel(), [&](int64_t start, int64_t n, const float* u) {
+    for_each_chunk<false>(key, out.shape(), block, [&](int64_t start, int64_t n, const float* u) {
       for (int64_t j = 0; j < n; ++j) po[start + j] = store_f32<T>(flo + width * u[j]);
     });
   });
 }
 
-void random_normal(const RngKey& key, Array& out, double mean, double std) {
+void random_normal(const RngKey& key, Array& out, double mean, double std, const StreamBlock& block) {
   dispatch_float(out.dtype(), "random_normal", [&](auto tag) {
     using T = decltype(tag);
     T* po = out.data<T>();
     const float fm = float(mean), fs = float(std);
-    for_each_chunk<true>(key, out.numel(), [&](int64_t start, int64_t n, const float* z) {
+    for_each_chunk<true>(key, out.shape(), block, [&](int64_t start, int64_t n, const float* z) {
       for (int64_t j = 0; j < n; ++j) po[start + j] = store_f32<T>(fm + fs * z[j]);
     });
   });
 }
 
-void bernoulli(const RngKey& key, Array& out, double p) {
+void bernoulli(const RngKey& key, Array& out, double p, const StreamBlock& block) {
   bool* po = out.data<bool>();
-  for_each_chunk<false>(key, out.numel(), [&](int64_t start, int64_t n, const float* u) {
+  for_each_chunk<false>(key, out.shape(), block, [&](int64_t start, int64_t n, const float* u) {
     for (int64_t j = 0; j < n; ++j) po[start + j] = double(u[j]) < p;
   });
 }
 
-void dropout(const Array& x, Array& out, const RngKey& key, double rate) {
+void dropout(const Array& x, Array& out, const RngKey& key, double rate, const StreamBlock& block) {
   dispatch_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* po = out.data<T>();
     const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
-    for_each_chunk<false>(key, x.numel(), [&](int64_t start, int64_t n, const float* u) {
+    for_each_chunk<false>(key, x.shape(), block, [&](int64_t start, int64_t n, const float* u) {
       for (int64_t j = 0; j < n; ++j)
         po[start + j] = double(u[j]) >= rate ? store_f32<T>(load_f32(px[start + j]) * scale) : store_f32<T>(0.0f);
     });

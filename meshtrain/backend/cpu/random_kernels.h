@@ -2,20 +2,29 @@
 // Random array kernels over the counter-based Philox stream of a key: element i of an
 // output is always stream element i (its row-major flat index), whatever the chunking.
 #include <cstdint>
+#include <vector>
 
 #include "meshtrain/core/array.h"
 #include "meshtrain/core/rng.h"
 
 namespace mt::cpu {
 
+// Where an array's elements sit in the global array whose stream they draw from: a rank's
+// block of a sharded array takes the values of its global positions, so sharded random
+// arrays equal the single-device ones. Empty = the array is the whole global array.
+struct StreamBlock {
+  std::vector<int64_t> global_dims;
+  std::vector<int64_t> offsets;  // the block's start in each dim
+};
+
 // out[i] = lo + (hi - lo) * uniform_at(key, i).   out: any shape, floating dtype.
-void random_uniform(const RngKey& key, Array& out, double lo, double hi);
+void random_uniform(const RngKey& key, Array& out, double lo, double hi, const StreamBlock& block = {});
 // out[i] = mean + std * normal_at(key, i).        out: any shape, floating dtype.
-void random_normal(const RngKey& key, Array& out, double mean, double std);
+void random_normal(const RngKey& key, Array& out, double mean, double std, const StreamBlock& block = {});
 // out[i] = uniform_at(key, i) < p.                out: any shape, bool.
-void bernoulli(const RngKey& key, Array& out, double p);
+void bernoulli(const RngKey& key, Array& out, double p, const StreamBlock& block = {});
 // out[i] = uniform_at(key, i) >= rate ? x[i] / (1 - rate) : 0.
 // x: any shape, floating   out: x's shape and dtype.
-void dropout(const Array& x, Array& out, const RngKey& key, double rate);
+void dropout(const Array& x, Array& out, const RngKey& key, double rate, const StreamBlock& block = {});
 
 }  // namespace mt::cpu

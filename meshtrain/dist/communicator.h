@@ -1,0 +1,117 @@
+#pragma once
+// Communicator: collectives over a group of ranks (MPI processes), with async variants.
+// Backends: MPI (launched by mpirun; one communication thread owns MPI) and a size-1
+// communicator that never touches MPI. SPMD programs issue the same collectives in the same
+// order on every rank of a communicator; that is what makes them match.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/dist/comm_handle.h"
+
+namespace mt::dist {
+
+// bool buffers: sum and max are both logical or.
+enum class ReduceOp { sum, max };
+const char* reduce_op_name(ReduceOp op);
+
+enum class CollectiveKind { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier };
+const char* collective_name(CollectiveKind kind);
+
+struct CollectiveCount {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // this rank's input buffer: all_reduce/all_gather/broadcast count*elem,
+                      // reduce_scatter/all_to_all size*count*elem, barrier 0
+};
+
+// Collectives issued on one communicator since construction or reset_stats().
+struct CommStats {
+  CollectiveCount all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, barrier;
+  const CollectiveCount& operator[](CollectiveKind kind) const;
+  CollectiveCount& operator[](CollectiveKind kind);
+  int64_t total_calls() const;
+  int64_t total_bytes() const;
+  std::string str() const;  // "all_reduce: 2 calls, 8 KiB; barrier: 1 call" (kinds with calls only)
+};
+
+class Communicator {
+ public:
+  explicit Communicator(std::string name) : name_(std::move(name)) {}
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // "world", a mesh axis name, ...: used in error messages and the hang watchdog.
+  const std::string& name() const { return name_; }
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // All buffers are raw element buffers of `dtype` (f32, bf16, f16, i32, i64, bool), in this
+  // process's memory. bf16/f16 reductions accumulate in f32 (convert, reduce, convert back).
+  // A collective's buffers must stay valid until its handle is done.
+  virtual CommHandle all_reduce_async(void* data, int64_t count, DType dtype, ReduceOp op) = 0;  // in place
+  // recv: size*count, rank-major. send may be recv + rank*count (in place).
+  virtual CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  // send: size*count rank-major blocks; recv: count (the reduction of block `rank`).
+  virtual CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype,
+                                          ReduceOp op) = 0;
+  // send and recv: size*count; block j of send goes to rank j, block i of recv came from rank i.
+  virtual CommHandle all_to_all_async(const void* send, void* recv, int64_t count, DType dtype) = 0;
+  virtual CommHandle broadcast_async(void* data, int64_t count, DType dtype, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Collective over this communicator: ranks passing the same color form a new communicator,
+  // ordered by key (ties broken by rank in this communicator).
+  virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  // Blocking conveniences: the async call followed by wait().
+  void all_reduce(void* data, int64_t count, DType dtype, ReduceOp op);
+  void all_gather(const void* send, void* recv, int64_t count, DType dtype);
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op);
+  void all_to_all(const void* send, void* recv, int64_t count, DType dtype);
+  void broadcast(void* data, int64_t count, DType dtype, int root);
+
+  // Counters of issued collectives (calls and bytes) by kind, so tests can assert e.g.
+  // "exactly one all_reduce on the model axis" for a tensor-parallel MLP.
+  CommStats stats() const;
+  void reset_stats();
+
+ protected:
+  // Validates the arguments of a collective (throws mt::Error "[comm] ...") and counts it.
+  // Every backend calls it first in every collective, so checks and stats are uniform.
+  void check_and_count(CollectiveKind kind, const void* send, const void* recv, int64_t count,
+                       DType dtype, int root = 0);
+
+ private:
+  std::string name_;
+  mutable std::mutex stats_mu_;
+  CommStats stats_;
+};
+
+// The process-wide communicator over all ranks: MPI when launched by mpirun (detected from
+// OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_SIZE), otherwise a size-1 communicator that never
+// calls MPI (MPI_Init is not even called). Created on first use; lives until exit, when
+// pending collectives are drained and MPI is finalized.
+Communicator& world();
+bool launched_by_mpi();
+
+// Prints `message` (prefixed with the rank) to stderr and ends every rank of the job:
+// MPI_Abort under mpirun, exit code 1 otherwise. Never returns. An application's main must
+// call it for an uncaught error when world().size() > 1: a rank that just returned would
+// leave the others waiting in their next collective (or in MPI_Finalize) forever.
+[[noreturn]] void abort_all(const std::string& message);
+
+// Runs `body` (an application's main) and returns its exit code. An escaping exception is
+// reported and, with more than one rank, ends the whole job through abort_all; a non-zero exit
+// code under mpirun calls skip_finalize_at_exit, so a rank failing alone ends the job too.
+int run_guarded(const std::function<int()>& body);
+
+// MPI_Finalize (run at exit) waits for every rank, so a rank that exits early with an error
+// would wait for peers that wait for it. After this call the exit handler skips it; mpirun
+// then sees the rank end without finalizing and stops the job. No-op without mpirun.
+void skip_finalize_at_exit();
+
+}  // namespace mt::dist

@@ -1,0 +1,165 @@
+#include "meshtrain/dist/mesh.h"
+
+#include <cctype>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/local_communicator.h"
+
+namespace mt::dist {
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string format(const std::vector<std::string>& names, const std::vector<int>& sizes) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? "," : "") + names[i] + "=" + std::to_string(sizes[i]);
+  return out;
+}
+
+}  // namespace
+
+Mesh::Mesh() : Mesh(single()) {}
+
+Mesh Mesh::single() {
+  auto local = std::make_shared<LocalCommunicator>("single");
+  Mesh m({}, {}, *local);
+  m.owned_comm_ = std::move(local);
+  return m;
+}
+
+Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
+    : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
+  // Row-major coordinates of this rank: the last axis varies fastest.
+  coords_.assign(names_.size(), 0);
+  int rest = comm.rank();
+  for (size_t i = names_.size(); i-- > 0;) {
+    coords_[i] = rest % sizes_[i];
+    rest /= sizes_[i];
+  }
+  // Splits run in axis order on every rank, so the collective calls match.
+  for (size_t a = 0; a < names_.size(); ++a) {
+    if (sizes_[a] == 1) {
+      axis_comms_.push_back(std::make_shared<LocalCommunicator>(names_[a]));
+      continue;
+    }
+    int color = 0;  // linear index of the coordinates without axis a
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (i != a) color = color * sizes_[i] + coords_[i];
+    axis_comms_.push_back(comm.split(color, coords_[a], names_[a]));
+  }
+}
+
+Mesh Mesh::from_string(const std::string& spec) {
+  std::vector<std::string> names;
+  std::vector<int> sizes;
+  int inferred = -1;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = spec.find(',', start);
+    const std::string item = trim(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    const size_t eq = item.find('=');
+    MT_CHECK(eq != std::string::npos, "[mesh] malformed mesh '", spec, "': expected axis=size items separated by commas, e.g. 'data=2,model=2'; got '", item, "'");
+    const std::string name = trim(item.substr(0, eq));
+    const std::string size_text = trim(item.substr(eq + 1));
+    MT_CHECK(is_identifier(name), "[mesh] malformed mesh '", spec, "': axis name '", name,
+             "' is not an identifier (letters, digits, _)");
+    for (const auto& n : names) MT_CHECK(n != name, "[mesh] malformed mesh '", spec, "': axis '", name, "' appears twice");
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(size_text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MT_CHECK(used > 0 && used == size_text.size(), "[mesh] malformed mesh '", spec, "': size '", size_text,
+             "' of axis '", name, "' is not an integer");
+    MT_CHECK(v > 0 || v == -1, "[mesh] mesh '", spec, "': axis '", name, "' has size ", v,
+             "; sizes must be positive (or -1 for one inferred axis)");
+    MT_CHECK(v <= (1 << 24), "[mesh] mesh '", spec, "': axis '", name, "' size ", v, " is too large");
+    if (v == -1) {
+      MT_CHECK(inferred < 0, "[mesh] mesh '", spec, "': only one axis may be -1 (inferred), got '", names[size_t(inferred)],
+               "' and '", name, "'");
+      inferred = int(names.size());
+    }
+    names.push_back(name);
+    sizes.push_back(int(v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+
+  Communicator& w = world();
+  const int world_size = w.size();
+  long long known = 1;
+  for (int s : sizes)
+    if (s > 0) known *= s;
+  if (inferred >= 0) {
+    MT_CHECK(world_size % known == 0, "[mesh] mesh '", spec, "': the other axes have ", known,
+             " devices, which does not divide the world size ", world_size, ", so axis '", names[size_t(inferred)],
+             "' cannot be inferred");
+    sizes[size_t(inferred)] = int(world_size / known);
+  } else {
+    MT_CHECK(known == world_size, "[mesh] mesh '", spec, "' has ", known, " devices but the world has ", world_size,
+             world_size == 1 ? " rank (launch with mpirun -np " : " ranks (launch with mpirun -np ",
+             known, ")");
+  }
+  return Mesh(std::move(names), std::move(sizes), w);
+}
+
+Mesh Mesh::from_model_shards(int n_model_shards) {
+  Communicator& w = world();
+  MT_CHECK(n_model_shards > 0, "[mesh] n_model_shards must be positive, got ", n_model_shards);
+  MT_CHECK(w.size() % n_model_shards == 0, "[mesh] n_model_shards ", n_model_shards,
+           " does not divide the world size ", w.size());
+  return Mesh({"data", "model"}, {w.size() / n_model_shards, n_model_shards}, w);
+}
+
+int Mesh::size() const {
+  int n = 1;
+  for (int s : sizes_) n *= s;
+  return n;
+}
+
+int Mesh::axis_position(const std::string& axis) const {
+  for (size_t i = 0; i < names_.size(); ++i)
+    if (names_[i] == axis) return int(i);
+  throw Error(::mt::detail::concat("[mesh] unknown axis '", axis, "'; mesh '", str(), "' has ",
+                                   names_.empty() ? "no axes" : "axes " + join(names_)));
+}
+
+bool Mesh::has_axis(const std::string& axis) const {
+  for (const auto& n : names_)
+    if (n == axis) return true;
+  return false;
+}
+
+int Mesh::axis_size(const std::string& axis) const { return sizes_[size_t(axis_position(axis))]; }
+int Mesh::axis_index(const std::string& axis) const { return coords_[size_t(axis_position(axis))]; }
+
+Communicator& Mesh::axis_comm(const std::string& axis) const { return *axis_comms_[size_t(axis_position(axis))]; }
+
+Communicator& Mesh::comm() const { return *comm_; }
+
+std::string Mesh::str() const { return names_.empty() ? "single" : format(names_, sizes_); }
+
+bool Mesh::operator==(const Mesh& other) const { return names_ == other.names_ && sizes_ == other.sizes_; }
+
+}  // namespace mt::dist

@@ -1,0 +1,222 @@
+#include "meshtrain/dist/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/core/element.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/mpi_runtime.h"
+
+namespace mt::dist {
+
+namespace {
+
+static_assert(sizeof(bool) == 1, "bool buffers travel as MPI_UINT8_T");
+
+// Non-reducing collectives move raw elements; 16-bit floats travel as their bits.
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::boolean: return MPI_UINT8_T;
+  }
+  throw Error("[comm] invalid dtype");
+}
+
+// bool sum would overflow a byte; as a logical or it is a max over 0/1.
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::boolean || op == ReduceOp::max) return MPI_MAX;
+  return MPI_SUM;
+}
+
+bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+// Reusable f32 staging for bf16/f16 reductions; only the communication thread touches it,
+// so steady-state steps do not allocate.
+float* f32_scratch(size_t n) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
+// bf16 <-> f32 as branch-free loops the compiler vectorizes (same rounding as f32_to_bf16);
+// the staging of a 32 MiB gradient bucket is otherwise dominated by scalar conversion.
+void bf16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {  // (n,) -> (n,)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = uint32_t(src[i]) << 16;
+    std::memcpy(&dst[i], &u, 4);
+  }
+}
+void f32_to_bf16_n(const float* src, uint16_t* dst, int64_t n) {  // (n,) -> (n,)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
+  if (dtype == DType::bf16) return bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
+  dispatch_float(dtype, "comm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(s[i]);
+  });
+}
+
+void f32_to_half(const float* src, void* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
+  if (dtype == DType::bf16) return f32_to_bf16_n(src, static_cast<uint16_t*>(dst), n);
+  dispatch_float(dtype, "comm", [&](auto tag) {
+    using T = decltype(tag);
+    T* d = static_cast<T*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i] = store_f32<T>(src[i]);
+  });
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int rank, int size, std::string name)
+      : Communicator(std::move(name)), comm_(comm), rank_(rank), size_(size) {}
+
+  ~MpiCommunicator() override {
+    internal::MpiRuntime& runtime = internal::MpiRuntime::instance();
+    // Queued behind this communicator's pending collectives; after exit began, MPI_Finalize frees it.
+    if (!runtime.stopping()) runtime.submit("free of communicator '" + name() + "'", [comm = comm_]() mutable {
+      MPI_Comm_free(&comm);
+    });
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  CommHandle all_reduce_async(void* data, int64_t count, DType dtype, ReduceOp op) override {
+    check_and_count(CollectiveKind::all_reduce, data, data, count, dtype);
+    if (count == 0) return CommHandle::completed();
+    std::string what = describe("all_reduce", reduce_op_name(op), count, dtype);
+    return submit(what, [=, comm = comm_] {
+      const int n = int(count);
+      if (is_half(dtype)) {
+        float* tmp = f32_scratch(size_t(count));
+        half_to_f32(data, tmp, count, dtype);
+        internal::check_mpi(MPI_Allreduce(MPI_IN_PLACE, tmp, n, MPI_FLOAT, mpi_op(op, DType::f32), comm), what);
+        f32_to_half(tmp, data, count, dtype);
+      } else {
+        internal::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, n, mpi_type(dtype), mpi_op(op, dtype), comm), what);
+      }
+    });
+  }
+
+  CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dtype) override {
+    check_and_count(CollectiveKind::all_gather, send, recv, count, dtype);
+    if (count == 0) return CommHandle::completed();
+    const size_t block = size_t(count) * dtype_size(dtype);
+    const bool in_place = send == static_cast<const char*>(recv) + size_t(rank_) * block;
+    std::string what = describe("all_gather", nullptr, count, dtype);
+    return submit(what, [=, comm = comm_] {
+      const MPI_Datatype t = mpi_type(dtype);
+      internal::check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, int(count), t, recv, int(count), t, comm),
+                        what);
+    });
+  }
+
+  CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
+    check_and_count(CollectiveKind::reduce_scatter, send, recv, count, dtype);
+    if (count == 0) return CommHandle::completed();
+    std::string what = describe("reduce_scatter", reduce_op_name(op), count, dtype);
+    return submit(what, [=, comm = comm_, nranks = size_] {
+      const int n = int(count);
+      if (is_half(dtype)) {
+        // Staging: size*count inputs then count outputs, one scratch allocation.
+        const int64_t total = count * nranks;
+        float* tmp = f32_scratch(size_t(total + count));
+        half_to_f32(send, tmp, total, dtype);
+        internal::check_mpi(MPI_Reduce_scatter_block(tmp, tmp + total, n, MPI_FLOAT, mpi_op(op, DType::f32), comm),
+                          what);
+        f32_to_half(tmp + total, recv, count, dtype);
+      } else {
+        const void* src = send == recv ? MPI_IN_PLACE : send;
+        internal::check_mpi(MPI_Reduce_scatter_block(src, recv, n, mpi_type(dtype), mpi_op(op, dtype), comm), what);
+      }
+    });
+  }
+
+  CommHandle all_to_all_async(const void* send, void* recv, int64_t count, DType dtype) override {
+    check_and_count(CollectiveKind::all_to_all, send, recv, count, dtype);
+    if (count == 0) return CommHandle::completed();
+    std::string what = describe("all_to_all", nullptr, count, dtype);
+    return submit(what, [=, comm = comm_] {
+      const MPI_Datatype t = mpi_type(dtype);
+      const void* src = send == recv ? MPI_IN_PLACE : send;
+      internal::check_mpi(MPI_Alltoall(src, int(count), t, recv, int(count), t, comm), what);
+    });
+  }
+
+  CommHandle broadcast_async(void* data, int64_t count, DType dtype, int root) override {
+    check_and_count(CollectiveKind::broadcast, data, data, count, dtype, root);
+    if (count == 0) return CommHandle::completed();
+    std::string what = describe("broadcast", nullptr, count, dtype) + " from root " + std::to_string(root);
+    return submit(what, [=, comm = comm_] {
+      internal::check_mpi(MPI_Bcast(data, int(count), mpi_type(dtype), root, comm), what);
+    });
+  }
+
+  void barrier() override {
+    check_and_count(CollectiveKind::barrier, nullptr, nullptr, 0, DType::f32);
+    std::string what = "barrier on '" + name() + "' (size " + std::to_string(size_) + ")";
+    submit(what, [comm = comm_, what] { internal::check_mpi(MPI_Barrier(comm), what); }).wait();
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    MT_CHECK(color >= 0, "[comm] split of '", this->name(), "' into '", name, "': negative color ", color);
+    MPI_Comm out = MPI_COMM_NULL;
+    int rank = 0, size = 0;
+    const std::string what = "split of '" + this->name() + "' into '" + name + "'";
+    internal::MpiRuntime::instance().run(what, [&, comm = comm_] {
+      internal::check_mpi(MPI_Comm_split(comm, color, key, &out), what);
+      MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(out, &rank);
+      MPI_Comm_size(out, &size);
+    });
+    return std::make_shared<MpiCommunicator>(out, rank, size, name);
+  }
+
+ private:
+  std::string describe(const char* op, const char* reduce, int64_t count, DType dtype) const {
+    return ::mt::detail::concat(op, reduce ? "(" : "", reduce ? reduce : "", reduce ? ")" : "", " of ", count, " ",
+                                dtype_name(dtype), " on '", name(), "' (size ", size_, ")");
+  }
+
+  CommHandle submit(std::string what, std::function<void()> work) {
+    return CommHandle(internal::MpiRuntime::instance().submit(std::move(what), std::move(work)));
+  }
+
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace
+
+namespace internal {
+
+std::unique_ptr<Communicator> make_mpi_world_communicator() {
+  MpiRuntime& runtime = MpiRuntime::instance();
+  MPI_Comm comm = MPI_COMM_NULL;
+  // A duplicate keeps meshtrain's collectives and error handler apart from any other MPI user.
+  runtime.run("duplicate of MPI_COMM_WORLD", [&] {
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup of MPI_COMM_WORLD");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  });
+  return std::make_unique<MpiCommunicator>(comm, runtime.world_rank(), runtime.world_size(), "world");
+}
+
+}  // namespace internal
+
+}  // namespace mt::dist

@@ -1,0 +1,33 @@
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/shape.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/dist/partition_spec.h"
+
+namespace mt::dist {
+
+// A PartitionSpec bound to a mesh: everything needed to find this rank's block of a
+// global array.
+struct Sharding {
+  Mesh mesh;
+  PartitionSpec spec;
+
+  // Throws mt::Error naming `what` (an array or parameter path), the dim and the axis when
+  // the spec does not fit `global`: unknown axis, axis used twice, rank mismatch or a
+  // dimension not divisible by its axes.
+  void validate(const Shape& global, const std::string& what) const;
+  // Number of blocks dim d is cut into (product of its axes' sizes).
+  int64_t num_blocks(int d) const;
+  // This rank's block index along dim d (its axes' coordinates, major first).
+  int64_t block_index(int d) const;
+  Shape local_shape(const Shape& global) const;
+  std::vector<int64_t> local_offsets(const Shape& global) const;  // block start per dim
+  // True when the array is stored whole on every rank with no partial sums.
+  bool is_trivial() const { return mesh.size() == 1 || spec.is_replicated(); }
+  std::string str() const { return spec.str() + " on " + mesh.str(); }
+};
+
+}  // namespace mt::dist

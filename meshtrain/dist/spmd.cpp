@@ -1,0 +1,278 @@
+#include "meshtrain/dist/spmd.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::dist {
+
+using Grads = std::vector<Array>;
+
+bool is_sharded(const Array& x) { return x.defined() && x.sharded() && !x.impl()->sharding->is_trivial(); }
+
+const Sharding* sharding_of(const Array& x) { return x.defined() ? x.impl()->sharding.get() : nullptr; }
+
+namespace {
+
+PartitionSpec spec_of(const Array& x) {
+  const Sharding* s = sharding_of(x);
+  return s ? s->spec : PartitionSpec{};
+}
+
+// A global handle on `local`'s storage (no history).
+Array wrap_global(const Array& local, const Sharding& sharding) {
+  Shape global = local.shape();
+  std::vector<int64_t> dims = global.dims();
+  for (int d = 0; d < sharding.spec.ndim() && d < global.ndim(); ++d) dims[size_t(d)] *= sharding.num_blocks(d);
+  auto impl = std::make_shared<ArrayImpl>(*local.impl());
+  impl->shape = Shape(dims);
+  impl->node = nullptr;
+  impl->sharding = std::make_shared<Sharding>(sharding);
+  return Array(std::move(impl));
+}
+
+// This rank's block of x as a plain array sharing storage (no history).
+Array unwrap_local(const Array& x) {
+  auto impl = std::make_shared<ArrayImpl>(*x.impl());
+  impl->shape = x.impl()->sharding->local_shape(x.shape());
+  impl->node = nullptr;
+  impl->sharding = nullptr;
+  return Array(std::move(impl));
+}
+
+// Block `index` of `count` equal blocks of x along dim d.
+Array block_of(const Array& x, int d, int64_t count, int64_t index) {
+  if (count == 1) return x;
+  const int64_t n = x.dim(d) / count;
+  return slice(x, d, index * n, (index + 1) * n);
+}
+
+// (..., n_d, ...) blocks of the ranks of `comm`, concatenated along d in rank order.
+Array all_gather_dim(const Array& x, int d, Communicator& comm) {
+  const int p = comm.size();
+  if (p == 1) return x;
+  std::vector<int64_t> dims = x.shape().dims();
+  dims.insert(dims.begin(), p);
+  Array buf = Array::empty(Shape(dims), x.dtype());
+  comm.all_gather(x.raw(), buf.raw(), x.numel(), x.dtype());
+  std::vector<int> perm(size_t(buf.ndim()));
+  std::iota(perm.begin(), perm.end(), 0);
+  perm.erase(perm.begin());
+  perm.insert(perm.begin() + d, 0);  // (..., P, n_d, ...)
+  Array t = transpose(buf, perm);
+  std::vector<int64_t> merged = x.shape().dims();
+  merged[size_t(d)] *= p;
+  return reshape(t, merged);
+}
+
+// Sums x over the ranks of `comm` and keeps this rank's block along d.
+Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
+  const int p = comm.size();
+  if (p == 1) return x;
+  std::vector<int64_t> split = x.shape().dims();
+  split[size_t(d)] /= p;
+  split.insert(split.begin() + d, p);  // (..., P, n_d / P, ...)
+  std::vector<int> perm(split.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  perm.erase(perm.begin() + d);
+  perm.insert(perm.begin(), d);  // (P, ..., n_d / P, ...)
+  Array blocks = transpose(reshape(x, split), perm);
+  std::vector<int64_t> out_dims = x.shape().dims();
+  out_dims[size_t(d)] /= p;
+  Array out = Array::empty(Shape(out_dims), x.dtype());
+  comm.reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
+  return out;
+}
+
+Array all_reduce_sum(const Array& x, Communicator& comm) {
+  if (comm.size() == 1) return x;
+  Array out = x.clone();
+  comm.all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
+  return out;
+}
+
+// The local block of layout `to` from the local block of layout `from` (no history).
+Array relayout(Array local, const Shape& global, const Mesh& mesh, const PartitionSpec& from, const PartitionSpec& to) {
+  autodiff::NoGradGuard no_grad;
+  PartitionSpec cur = from.padded(global.ndim());
+  const PartitionSpec target = to.padded(global.ndim());
+  // 1. Partial sums: a reduce-scatter when the target splits a so-far unsplit dim over
+  //    exactly that axis, else an all-reduce.
+  for (const std::string& axis : cur.partial) {
+    if (target.is_partial(axis)) continue;
+    int td = target.dim_of(axis);
+    if (td >= 0 && cur.dims[size_t(td)].empty() && target.dims[size_t(td)] == std::vector<std::string>{axis}) {
+      local = reduce_scatter_dim(local, td, mesh.axis_comm(axis));
+      cur.dims[size_t(td)] = {axis};
+    } else {
+      local = all_reduce_sum(local, mesh.axis_comm(axis));
+    }
+  }
+  cur.partial = {};
+  for (const std::string& axis : target.partial) {
+    // Replicated -> partial: rank 0 of the axis keeps the value, the others hold zeros.
+    if (mesh.axis_index(axis) != 0) local = zeros_like(local);
+  }
+  // 2. Dims whose split changes: gather every axis of the old split (minor first), then
+  //    cut by the new one (major first).
+  for (int d = 0; d < global.ndim(); ++d) {
+    if (cur.dims[size_t(d)] == target.dims[size_t(d)]) continue;
+    for (auto it = cur.dims[size_t(d)].rbegin(); it != cur.dims[size_t(d)].rend(); ++it)
+      local = all_gather_dim(local, d, mesh.axis_comm(*it));
+    cur.dims[size_t(d)].clear();
+  }
+  for (int d = 0; d < global.ndim(); ++d) {
+    if (cur.dims[size_t(d)] == target.dims[size_t(d)]) continue;
+    for (const std::string& axis : target.dims[size_t(d)])
+      local = block_of(local, d, mesh.axis_size(axis), mesh.axis_index(axis));
+    cur.dims[size_t(d)] = target.dims[size_t(d)];
+  }
+  return local;
+}
+
+// x's local block for a computation whose output uses `out_axes`: the cotangent flowing back
+// from the local computation is partial over the axes the output uses but x does not (ranks
+// along them computed different parts of the output with the same x).
+Array enter_local(const Array& x, const Mesh& mesh, const PartitionSpec& spec, const std::vector<std::string>& out_axes) {
+  std::vector<std::string> used = spec.used_axes(), extra;
+  for (const std::string& a : out_axes)
+    if (std::find(used.begin(), used.end(), a) == used.end() && mesh.axis_size(a) > 1) extra.push_back(a);
+  Array out = is_sharded(x) ? unwrap_local(x) : x.detach();
+  Sharding grad_sharding{mesh, spec.without_partial().with_partial(extra)};
+  autodiff::record(out, "local_view", {x}, [grad_sharding](const Array& g) {
+    return Grads{global_view(g, grad_sharding)};
+  });
+  return out;
+}
+
+}  // namespace
+
+Array local_view(const Array& x) {
+  if (!is_sharded(x)) return x;
+  Array out = unwrap_local(x);
+  Sharding grad_sharding{x.impl()->sharding->mesh, x.impl()->sharding->spec.without_partial()};
+  autodiff::record(out, "local_view", {x}, [grad_sharding](const Array& g) {
+    return Grads{global_view(g, grad_sharding)};
+  });
+  return out;
+}
+
+Array global_view(const Array& local, const Sharding& sharding) {
+  if (sharding.is_trivial()) return local;
+  MT_CHECK(!local.sharded(), "[global_view] ", local.str(), " is already global");
+  Array out = wrap_global(local, sharding);
+  const Mesh mesh = sharding.mesh;
+  const PartitionSpec grad_spec = sharding.spec.without_partial();
+  autodiff::record(out, "global_view", {local}, [mesh, grad_spec](const Array& g) {
+    return Grads{local_view(redistribute(g, mesh, grad_spec))};
+  });
+  return out;
+}
+
+Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
+  const PartitionSpec from = spec_of(x);
+  const Sharding* s = sharding_of(x);
+  if (s) MT_CHECK(s->mesh == mesh, "[redistribute] ", x.str(), " lives on mesh ", s->mesh.str(), ", not ", mesh.str());
+  Sharding target{mesh, to};
+  target.validate(x.shape(), "redistribute target");
+  if (from == to) return x;
+  Array local = is_sharded(x) ? unwrap_local(x) : x.detach();
+  Array moved = relayout(local, x.shape(), mesh, from, to);
+  Array out = target.is_trivial() ? moved : wrap_global(moved, target);
+  const PartitionSpec back = from.without_partial();
+  autodiff::record(out, "redistribute", {x}, [mesh, back](const Array& g) {
+    return Grads{redistribute(g, mesh, back)};
+  });
+  return out;
+}
+
+Array redistribute(const Array& x, const PartitionSpec& to) {
+  const Sharding* s = sharding_of(x);
+  MT_CHECK(s, "[redistribute] ", x.str(), " has no mesh; pass one");
+  return redistribute(x, s->mesh, to);
+}
+
+Array with_sharding_constraint(const Array& x, const Mesh& mesh, const PartitionSpec& spec, const std::string& what) {
+  Sharding{mesh, spec}.validate(x.shape(), what);
+  return redistribute(x, mesh, spec);
+}
+
+Array shard(const Array& host, const Sharding& sharding, const std::string& what) {
+  MT_CHECK(host.defined(), "[shard] ", what, ": undefined array");
+  MT_CHECK(!host.sharded(), "[shard] ", what, ": ", host.str(), " is already sharded");
+  sharding.validate(host.shape(), what);
+  MT_CHECK(sharding.spec.partial.empty(), "[shard] ", what, ": a host array cannot be partial");
+  if (sharding.is_trivial()) return host;
+  Array local = host;
+  {
+    autodiff::NoGradGuard no_grad;
+    for (int d = 0; d < sharding.spec.ndim(); ++d)
+      local = block_of(local, d, sharding.num_blocks(d), sharding.block_index(d));
+  }
+  if (local.shares_storage(host)) local = local.clone();
+  return global_view(local, sharding);
+}
+
+Array shard(const Array& host, const Mesh& mesh, const PartitionSpec& spec, const std::string& what) {
+  return shard(host, Sharding{mesh, spec}, what);
+}
+
+Array to_host(const Array& x) {
+  if (!is_sharded(x)) return x;
+  return local_view(redistribute(x, PartitionSpec{}));
+}
+
+Array full_like(const Array& a, double value) {
+  if (!is_sharded(a)) return Array::full(a.shape(), value, a.dtype());
+  Sharding s{a.impl()->sharding->mesh, a.impl()->sharding->spec.without_partial()};
+  return global_view(Array::full(s.local_shape(a.shape()), value, a.dtype()), s);
+}
+
+bool any_sharded(const std::vector<Array>& inputs) {
+  for (const Array& a : inputs)
+    if (is_sharded(a)) return true;
+  return false;
+}
+
+Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule, const LocalFn& local_fn) {
+  return spmd_call(op, inputs, rule, LocalFnWithLayout([&](const std::vector<Array>& l, const Sharding&) {
+                     return local_fn(l);
+                   }));
+}
+
+Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule,
+                const LocalFnWithLayout& local_fn) {
+  const Mesh* mesh = nullptr;
+  for (const Array& a : inputs) {
+    if (!is_sharded(a)) continue;
+    const Mesh& m = a.impl()->sharding->mesh;
+    if (!mesh) mesh = &m;
+    MT_CHECK(*mesh == m, "[", op, "] inputs live on different meshes: ", mesh->str(), " and ", m.str());
+  }
+  MT_CHECK(mesh, "[", op, "] spmd_call without sharded inputs");
+  std::vector<ArgInfo> infos;
+  for (const Array& a : inputs)
+    infos.push_back(a.defined() ? ArgInfo{a.shape(), spec_of(a), a.dtype(), true} : ArgInfo{{}, {}, DType::f32, false});
+  RuleResult r = rule(infos, *mesh);
+  MT_CHECK(r.inputs.size() == inputs.size(), "[", op, "] sharding rule returned ", r.inputs.size(), " layouts for ",
+           inputs.size(), " inputs");
+  std::vector<Array> locals;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      locals.emplace_back();
+      continue;
+    }
+    Array x = inputs[i];
+    if (spec_of(x) != r.inputs[i]) x = redistribute(x, *mesh, r.inputs[i]);
+    locals.push_back(enter_local(x, *mesh, r.inputs[i], r.output.used_axes()));
+  }
+  Sharding out{*mesh, r.output};
+  Array out_local = local_fn(locals, out);
+  return global_view(out_local, out);
+}
+
+}  // namespace mt::dist

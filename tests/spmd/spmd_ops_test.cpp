@@ -1,0 +1,199 @@
+// Every op under sharding equals the single-device result: inputs are sharded with several
+// layouts on 1-D and 2-D meshes, the op runs on global arrays (communication inserted by the
+// sharding rules), and the gathered output and input gradients are compared with the same
+// op on the unsharded arrays. Run under mpirun with 1, 2 and 4 ranks.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/meshtrain.h"
+#include "tests/support/op_check.h"
+
+namespace mt::testing {
+namespace {
+
+using dist::Mesh;
+using dist::PartitionSpec;
+
+// The meshes a world of this size supports: 1-D over all ranks, and 2x2 for 4 ranks.
+std::vector<Mesh> meshes() {
+  int n = dist::world().size();
+  std::vector<Mesh> out{Mesh::from_string("data=" + std::to_string(n))};
+  if (n == 4) out.push_back(Mesh::from_string("data=2,model=2"));
+  return out;
+}
+
+// Whether `spec` applies to this mesh and shape (axes exist, dims divide); layouts that do
+// not are skipped for that mesh.
+bool fits(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
+  for (const auto& a : spec.used_axes())
+    if (!mesh.has_axis(a)) return false;
+  dist::Sharding s{mesh, spec};
+  for (int d = 0; d < spec.ndim() && d < shape.ndim(); ++d)
+    if (shape[d] % s.num_blocks(d) != 0) return false;
+  return true;
+}
+
+double max_diff(const Array& a, const Array& b) {
+  auto x = a.to_doubles(), y = b.to_doubles();
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// Runs fn on host inputs and on inputs sharded by `specs` (one per input); compares the
+// output and the VJP of a fixed cotangent.
+void check_sharded(const std::string& label, const OpFn& fn, const std::vector<Array>& host,
+                   const std::vector<std::string>& specs, double tol = 1e-5) {
+  Array probe = fn(host);
+  const bool grads = is_floating(probe.dtype());
+  Array cot = grads ? random_normal(probe.shape(), 99, probe.dtype()) : Array();
+  Array ref_out = probe;
+  std::vector<Array> ref_grads;
+  if (grads) std::tie(ref_out, ref_grads) = vjp(fn, host, cot);
+  for (const Mesh& mesh : meshes()) {
+    std::vector<Array> sharded;
+    bool ok = true;
+    for (size_t i = 0; i < host.size(); ++i) {
+      PartitionSpec spec = PartitionSpec::parse(i < specs.size() ? specs[i] : "");
+      if (!fits(mesh, spec, host[i].shape())) ok = false;
+      if (ok) sharded.push_back(dist::shard(host[i], mesh, spec, "x" + std::to_string(i)));
+    }
+    if (!ok) continue;
+    std::string where = label + " on " + mesh.str();
+    Array out;
+    std::vector<Array> g;
+    if (grads) {
+      std::tie(out, g) = vjp(fn, sharded, cot);
+    } else {
+      out = fn(sharded);
+    }
+    double err = max_diff(dist::to_host(out), ref_out);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (is_floating(host[i].dtype())) err = std::max(err, max_diff(dist::to_host(g[i]), ref_grads[i]));
+    if (dist::world().rank() == 0) std::cout << "  [max err] " << where << ": " << err << "\n";
+    EXPECT_LE(err, tol) << where;
+  }
+}
+
+TEST(SpmdOps, Elementwise) {
+  Array a = random_normal({8, 12}, 1), b = random_normal({8, 12}, 2), row = random_normal({12}, 3);
+  Array pos = random_uniform({8, 12}, 4, 0.5, 2.0);
+  for (const char* sa : {"data,None", "None,data", "data,model", "model,data"}) {
+    for (const char* sb : {"data,None", "None,data", "", "None,model"}) {
+      check_sharded(std::string("add ") + sa + " + " + sb, [](auto& x) { return add(x[0], x[1]); }, {a, b}, {sa, sb});
+      check_sharded(std::string("mul ") + sa + " * " + sb, [](auto& x) { return mul(x[0], x[1]); }, {a, b}, {sa, sb});
+    }
+    check_sharded(std::string("div bcast ") + sa, [](auto& x) { return div(x[0], x[1]); }, {a, pos}, {sa, sa});
+    check_sharded(std::string("sub row ") + sa, [](auto& x) { return sub(x[0], x[1]); }, {a, row}, {sa, ""});
+    check_sharded(std::string("gelu ") + sa, [](auto& x) { return gelu(x[0]); }, {a}, {sa});
+    check_sharded(std::string("where ") + sa,
+                  [](auto& x) { return where(gt(x[0], x[1]), x[0], exp(x[1])); }, {a, b}, {sa, sa});
+  }
+}
+
+TEST(SpmdOps, Reductions) {
+  Array x = random_normal({4, 8, 6}, 5);
+  for (const char* s : {"data,None,None", "None,data,None", "data,model,None", "None,None,model"}) {
+    for (std::vector<int> axes : {std::vector<int>{0}, {1}, {2}, {0, 2}, {}}) {
+      std::string ax;
+      for (int a : axes) ax += std::to_string(a);
+      check_sharded(std::string("sum ") + s + " axes " + ax, [axes](auto& v) { return sum(v[0], axes); }, {x}, {s});
+      check_sharded(std::string("mean keep ") + s + " axes " + ax, [axes](auto& v) { return mean(v[0], axes, true); },
+                    {x}, {s});
+      check_sharded(std::string("max ") + s + " axes " + ax, [axes](auto& v) { return max(v[0], axes); }, {x}, {s});
+    }
+    check_sharded(std::string("logsumexp ") + s, [](auto& v) { return logsumexp(v[0], {-1}); }, {x}, {s});
+    check_sharded(std::string("argmax ") + s, [](auto& v) { return argmax(v[0], 1); }, {x}, {s});
+  }
+}
+
+TEST(SpmdOps, ShapeOps) {
+  Array x = random_normal({4, 6, 8}, 6);
+  for (const char* s : {"data,None,None", "None,data,None", "None,None,data", "data,None,model"}) {
+    check_sharded(std::string("reshape merge ") + s, [](auto& v) { return reshape(v[0], {24, 8}); }, {x}, {s});
+    check_sharded(std::string("reshape split ") + s, [](auto& v) { return reshape(v[0], {4, 6, 2, 4}); }, {x}, {s});
+    check_sharded(std::string("reshape flat ") + s, [](auto& v) { return reshape(v[0], {-1}); }, {x}, {s});
+    check_sharded(std::string("transpose ") + s, [](auto& v) { return transpose(v[0], {2, 0, 1}); }, {x}, {s});
+    check_sharded(std::string("slice ") + s, [](auto& v) { return slice(v[0], 1, 1, 5); }, {x}, {s});
+    check_sharded(std::string("concat ") + s, [](auto& v) { return concatenate({v[0], mul(v[0], 2.0)}, 2); }, {x}, {s});
+    check_sharded(std::string("broadcast ") + s,
+                  [](auto& v) { return broadcast_to(expand_dims(v[0], 1), Shape{4, 2, 6, 8}); }, {x}, {s});
+  }
+}
+
+TEST(SpmdOps, MatmulLayouts) {
+  Array a = random_normal({8, 12}, 7), b = random_normal({12, 16}, 8);
+  Array x3 = random_normal({4, 8, 12}, 9);
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"data,None", ""},          {"None,data", "data,None"}, {"", "None,data"},      {"data,None", "None,model"},
+      {"data,model", "model,None"}, {"None,model", "model,None"}, {"data,None", "data,None"}, {"", "model,data"}};
+  for (const auto& [sa, sb] : layouts) {
+    check_sharded("matmul " + sa + " @ " + sb, [](auto& v) { return matmul(v[0], v[1]); }, {a, b}, {sa, sb}, 2e-5);
+    check_sharded("matmul^T " + sa + " @ " + sb, [](auto& v) { return matmul(v[0], transpose(v[1], {1, 0}), false, true); },
+                  {a, b}, {sa, sb}, 2e-5);
+  }
+  for (const char* s : {"data,None,None", "None,data,model", "data,None,model"})
+    check_sharded(std::string("batched x W ") + s, [](auto& v) { return matmul(v[0], v[1]); }, {x3, b}, {s, "None,model"},
+                  2e-5);
+}
+
+TEST(SpmdOps, NormsSoftmaxEmbeddingLoss) {
+  Array x = random_normal({4, 6, 8}, 10), w = random_normal({8}, 11), bias = random_normal({8}, 12);
+  for (const char* s : {"data,None,None", "None,None,data", "data,model,None"}) {
+    check_sharded(std::string("softmax ") + s, [](auto& v) { return softmax(v[0], -1); }, {x}, {s});
+    check_sharded(std::string("log_softmax axis1 ") + s, [](auto& v) { return log_softmax(v[0], 1); }, {x}, {s});
+    check_sharded(std::string("layer_norm ") + s, [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {x, w, bias},
+                  {s, "", ""});
+    check_sharded(std::string("rms_norm ") + s, [](auto& v) { return rms_norm(v[0], v[1]); }, {x, w}, {s, "data"});
+  }
+  Array table = random_normal({16, 8}, 13);
+  Array ids = random_ints({4, 6}, 14, 0, 16);
+  for (const char* st : {"data,None", "None,data", "", "model,None"})
+    for (const char* si : {"", "data,None", "None,model"})
+      check_sharded(std::string("embedding ") + st + " ids " + si, [](auto& v) { return embedding(v[0], v[1]); },
+                    {table, ids}, {st, si});
+  Array logits = random_normal({4, 6, 10}, 15);
+  Array labels = random_ints({4, 6}, 16, 0, 10);
+  std::vector<int64_t> lv = labels.to_ints();
+  lv[3] = -100;
+  labels = Array::from_vector(lv, {4, 6});
+  for (const char* s : {"data,None,None", "None,data,None", "data,None,model", "None,None,data"}) {
+    check_sharded(std::string("cross_entropy mean ") + s, [](auto& v) { return cross_entropy(v[0], v[1]); },
+                  {logits, labels}, {s, ""});
+    check_sharded(std::string("cross_entropy smoothed sum ") + s,
+                  [](auto& v) { return cross_entropy(v[0], v[1], -100, 0.1, Reduction::sum); }, {logits, labels},
+                  {s, "data,None"});
+  }
+}
+
+TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
+  Array x = random_normal({8, 12}, 17);
+  RngKey key{3, 7};
+  for (const char* s : {"data,None", "None,data", "data,model"})
+    check_sharded(std::string("dropout ") + s, [key](auto& v) { return dropout(v[0], 0.3, key, true); }, {x}, {s});
+  for (const Mesh& mesh : meshes())
+    for (const char* s : {"data,None", "None,data", "data,model"}) {
+      PartitionSpec spec = PartitionSpec::parse(s);
+      if (!fits(mesh, spec, Shape{8, 12})) continue;
+      Array sharded = dist::random_normal(key, {8, 12}, dist::Sharding{mesh, spec});
+      EXPECT_EQ(max_diff(dist::to_host(sharded), random_normal(key, {8, 12})), 0.0) << s << " on " << mesh.str();
+    }
+}
+
+TEST(SpmdOps, BadLayoutsAreClearErrorsOnEveryRank) {
+  Mesh mesh = meshes()[0];
+  Array x = Array::zeros({3, 5});
+  if (dist::world().size() > 1) {
+    expect_error([&] { dist::shard(x, mesh, PartitionSpec::parse("data,None"), "encoder.weight"); },
+                 {"encoder.weight", "dimension 0", "(3, 5)", "not divisible"});
+  }
+  expect_error([&] { dist::shard(x, mesh, PartitionSpec::parse("None,tensor"), "w"); }, {"unknown mesh axis 'tensor'"});
+  expect_error([&] { dist::shard(x, mesh, PartitionSpec::parse("data,data"), "w"); }, {"used twice"});
+}
+
+}  // namespace
+}  // namespace mt::testing
