@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 
 namespace mt::autodiff {
@@ -48,6 +49,7 @@ void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn 
   node->inputs.reserve(inputs.size());
   for (const Array& a : inputs) node->inputs.push_back(a.defined() ? a.impl()->node : nullptr);
   node->vjp = std::move(vjp);
+  node->global_output = out.sharded();
   out.impl()->node = std::move(node);
 }
 
@@ -61,6 +63,7 @@ Array make_leaf(const Array& x) {
     node->inputs.push_back(x.impl()->node);
     node->vjp = [](const Array& g) { return std::vector<Array>{g}; };
   }
+  node->global_output = leaf.sharded();
   leaf.impl()->node = std::move(node);
   return leaf;
 }
@@ -125,6 +128,9 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
     if (target_nodes.count(node) || !node->vjp) continue;
     Array g = cotangents[node];
     if (!create_graph) cotangents.erase(node);
+    // Sharded consumers of a plain (replicated) value hand back partial or split cotangents;
+    // the plain op's VJP (kernels included) needs the whole value.
+    if (!node->global_output && dist::is_sharded(g)) g = dist::to_host(g);
     std::vector<Array> input_grads = node->vjp(g);
     MT_CHECK(input_grads.size() == node->inputs.size(), "[backward] vjp of ", node->op, " returned ",
              input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");

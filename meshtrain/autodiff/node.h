@@ -19,6 +19,9 @@ struct Node {
   const char* op = "";
   std::vector<std::shared_ptr<Node>> inputs;  // node of each op input; null when untraced
   VjpFn vjp;                                  // null for leaves
+  // The output was a global (sharded) array. A node computed on plain arrays receives its
+  // cotangent as a plain array: sharded cotangents are gathered first.
+  bool global_output = false;
 };
 
 // Grad mode: when off, ops record nothing (like torch.no_grad).

@@ -56,9 +56,11 @@ class Communicator {
   // recv: size*count, rank-major. send may be recv + rank*count (in place).
   virtual CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dtype) = 0;
   // send: size*count rank-major blocks; recv: count (the reduction of block `rank`).
+  // send == recv is in place: the result overwrites the first count elements.
   virtual CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype,
                                           ReduceOp op) = 0;
   // send and recv: size*count; block j of send goes to rank j, block i of recv came from rank i.
+  // send == recv is in place.
   virtual CommHandle all_to_all_async(const void* send, void* recv, int64_t count, DType dtype) = 0;
   virtual CommHandle broadcast_async(void* data, int64_t count, DType dtype, int root) = 0;
   virtual void barrier() = 0;
@@ -94,7 +96,9 @@ class Communicator {
 // The process-wide communicator over all ranks: MPI when launched by mpirun (detected from
 // OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_SIZE), otherwise a size-1 communicator that never
 // calls MPI (MPI_Init is not even called). Created on first use; lives until exit, when
-// pending collectives are drained and MPI is finalized.
+// pending collectives are drained and MPI is finalized. Under mpirun a collective that has not
+// completed after MT_COMM_TIMEOUT_S seconds (default 1800; 0 disables) ends the job with a
+// message naming it, so mismatched collectives fail instead of hanging.
 Communicator& world();
 bool launched_by_mpi();
 

@@ -75,14 +75,17 @@ Mesh Mesh::from_string(const std::string& spec) {
   size_t start = 0;
   while (true) {
     const size_t comma = spec.find(',', start);
-    const std::string item = trim(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    const size_t length = comma == std::string::npos ? std::string::npos : comma - start;
+    const std::string item = trim(spec.substr(start, length));
     const size_t eq = item.find('=');
-    MT_CHECK(eq != std::string::npos, "[mesh] malformed mesh '", spec, "': expected axis=size items separated by commas, e.g. 'data=2,model=2'; got '", item, "'");
+    MT_CHECK(eq != std::string::npos, "[mesh] malformed mesh '", spec,
+             "': expected axis=size items separated by commas, e.g. 'data=2,model=2'; got '", item, "'");
     const std::string name = trim(item.substr(0, eq));
     const std::string size_text = trim(item.substr(eq + 1));
     MT_CHECK(is_identifier(name), "[mesh] malformed mesh '", spec, "': axis name '", name,
              "' is not an identifier (letters, digits, _)");
-    for (const auto& n : names) MT_CHECK(n != name, "[mesh] malformed mesh '", spec, "': axis '", name, "' appears twice");
+    for (const auto& n : names)
+      MT_CHECK(n != name, "[mesh] malformed mesh '", spec, "': axis '", name, "' appears twice");
     size_t used = 0;
     long long v = 0;
     try {
@@ -96,8 +99,8 @@ Mesh Mesh::from_string(const std::string& spec) {
              "; sizes must be positive (or -1 for one inferred axis)");
     MT_CHECK(v <= (1 << 24), "[mesh] mesh '", spec, "': axis '", name, "' size ", v, " is too large");
     if (v == -1) {
-      MT_CHECK(inferred < 0, "[mesh] mesh '", spec, "': only one axis may be -1 (inferred), got '", names[size_t(inferred)],
-               "' and '", name, "'");
+      MT_CHECK(inferred < 0, "[mesh] mesh '", spec, "': only one axis may be -1 (inferred), got '",
+               names[size_t(inferred)], "' and '", name, "'");
       inferred = int(names.size());
     }
     names.push_back(name);

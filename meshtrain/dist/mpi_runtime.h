@@ -2,6 +2,9 @@
 // MpiRuntime: the one thread that owns MPI. It calls MPI_Init_thread(FUNNELED) and then every
 // MPI function of the process, running submitted work in FIFO order. Internal to meshtrain/dist
 // (mpi.h stays out of this header); backends and benches submit closures that call MPI.
+// The thread runs blocking collectives one at a time: overlap comes from the caller computing
+// meanwhile, and blocking MPI_Allreduce measured ~2x the bandwidth of MPI_Iallreduce polled
+// with MPI_Test (OpenMPI 4.1, shared memory). FIFO order on every rank keeps collectives matched.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
