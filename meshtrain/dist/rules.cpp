@@ -340,6 +340,21 @@ Rule cross_entropy(bool summed) {
   };
 }
 
+Rule vocab_parallel_statistics() {
+  return [](const std::vector<ArgInfo>& in, const Mesh&) {
+    const int n = in[0].shape.ndim();
+    PartitionSpec logits = in[0].spec.without_partial().padded(n);
+    PartitionSpec labels;
+    labels.dims.assign(logits.dims.begin(), logits.dims.end() - 1);
+    RuleResult r;
+    r.inputs = {logits, labels};
+    r.output.dims = labels.dims;
+    r.output.dims.emplace_back();
+    r.output = r.output.with_partial(logits.dims.back());
+    return r;
+  };
+}
+
 Rule replicate_all() {
   return [](const std::vector<ArgInfo>& in, const Mesh&) {
     RuleResult r;

@@ -44,6 +44,10 @@ Rule embedding();
 // cross_entropy(logits (..., C), labels (...)): classes whole, labels follow the logits'
 // batch layout; `summed` outputs a partial scalar, otherwise the labels' layout.
 Rule cross_entropy(bool summed);
+// Stage one of vocab-parallel cross-entropy: logits keep their layout (classes split), labels
+// follow the logits' batch layout, and the per-row statistics (..., 3) are partial over the
+// class axes.
+Rule vocab_parallel_statistics();
 // Everything replicated: the always-correct fallback for ops without a better rule.
 Rule replicate_all();
 

@@ -9,6 +9,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/rules.h"
 #include "meshtrain/dist/spmd.h"
+#include "meshtrain/dist/mesh.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/reduce.h"
@@ -83,8 +84,61 @@ Array row_scales(const Array& g, Reduction reduction, int64_t rows, int64_t coun
 
 }  // namespace
 
+namespace {
+
+// Cross-entropy with the classes split over mesh axes, without gathering the logits. Each
+// rank computes, for its slice of classes and shifted by the global row max (a constant):
+// Σ exp(z), the target's z when the label falls in its slice, and Σ z. These are partial
+// sums over the class axes; the loss combines their totals:
+//   loss = log Σ exp(z) − (1 − ε) z_target − ε mean_c z   (the max cancels).
+Array vocab_parallel_cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double smoothing,
+                                   Reduction reduction) {
+  const dist::Sharding& ls = *dist::sharding_of(logits);
+  const int last = logits.ndim() - 1;
+  const int64_t classes = logits.dim(-1);
+  const int64_t offset = ls.block_index(last) * (classes / ls.num_blocks(last));
+  const std::vector<std::string> class_axes = ls.spec.axes_of(last);
+  Array stats = dist::spmd_call(
+      "cross_entropy", {logits, labels}, dist::rules::vocab_parallel_statistics(),
+      [&](const std::vector<Array>& l, const dist::Sharding& out) {
+        Array x = cast(l[0], DType::f32);
+        Array row_max;
+        {
+          autodiff::NoGradGuard no_grad;
+          row_max = max(x.detach(), {-1}, true);
+          for (const std::string& axis : class_axes)
+            out.mesh.axis_comm(axis).all_reduce(row_max.raw(), row_max.numel(), DType::f32, dist::ReduceOp::max);
+        }
+        Array z = sub(x, row_max);
+        Array shifted = sub(l[1], Array::scalar(double(offset), l[1].dtype()));
+        Array in_slice = logical_and(ge(shifted, zeros_like(shifted)),
+                                     lt(shifted, Array::scalar(double(x.dim(-1)), l[1].dtype())));
+        Array safe = where(in_slice, shifted, zeros_like(shifted));
+        Array target = mul(squeeze(take_along_axis(z, expand_dims(safe, -1), -1), -1), cast(in_slice, DType::f32));
+        return stack({sum(exp(z), {-1}), target, sum(z, {-1})}, -1);
+      });
+  const int64_t k = stats.ndim() - 1;
+  auto stat = [&](int64_t i) { return squeeze(slice(stats, int(k), i, i + 1), int(k)); };
+  Array per = sub(log(stat(0)), stat(1));
+  if (smoothing > 0.0)
+    per = add(mul(per, 1.0 - smoothing), mul(sub(log(stat(0)), div(stat(2), double(classes))), smoothing));
+  Array valid = ne(labels, Array::scalar(double(ignore_index), labels.dtype()));
+  per = where(valid, per, zeros_like(per));
+  if (reduction == Reduction::none) return per;
+  Array total = sum(per);
+  if (reduction == Reduction::sum) return total;
+  return div(total, sum(cast(valid, DType::f32)));
+}
+
+}  // namespace
+
 Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,
                     Reduction reduction) {
+  if (dist::is_sharded(logits) && !dist::sharding_of(logits)->spec.axes_of(logits.ndim() - 1).empty()) {
+    MT_CHECK(labels.defined() && labels.ndim() == logits.ndim() - 1, "[cross_entropy] logits ", logits.str(),
+             " and labels ", labels.str(), " do not match");
+    return vocab_parallel_cross_entropy(logits, labels, ignore_index, label_smoothing, reduction);
+  }
   if (dist::any_sharded({logits, labels})) {
     MT_CHECK(logits.defined() && labels.defined() && logits.ndim() >= 1 && labels.ndim() == logits.ndim() - 1,
              "[cross_entropy] logits ", logits.str(), " and labels ", labels.str(), " do not match");

@@ -17,11 +17,12 @@ namespace {
 using dist::Mesh;
 using dist::PartitionSpec;
 
-// The meshes a world of this size supports: 1-D over all ranks, and 2x2 for 4 ranks.
+// The meshes a world of this size supports: 1-D over all ranks, and 2-D ones for 4 and 8.
 std::vector<Mesh> meshes() {
   int n = dist::world().size();
   std::vector<Mesh> out{Mesh::from_string("data=" + std::to_string(n))};
-  if (n == 4) out.push_back(Mesh::from_string("data=2,model=2"));
+  if (n >= 4 && n % 2 == 0) out.push_back(Mesh::from_string("data=" + std::to_string(n / 2) + ",model=2"));
+  if (n == 8) out.push_back(Mesh::from_string("data=2,model=4"));
   return out;
 }
 
