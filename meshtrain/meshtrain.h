@@ -22,3 +22,4 @@
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/dist/communicator.h"
+#include "meshtrain/dist/grad_reducer.h"

@@ -100,15 +100,36 @@ void mark_needed(Node* root, const std::unordered_set<Node*>& targets, std::unor
 }  // namespace
 
 std::vector<Array> backward(const Array& output, const Array& cotangent, const std::vector<Array>& targets,
-                            bool create_graph) {
+                            bool create_graph, const FinalFn& on_final) {
   std::vector<Array> result(targets.size());
-  if (!output.traced()) return result;
+  std::unordered_map<Node*, std::vector<size_t>> target_index;
+  for (size_t i = 0; i < targets.size(); ++i) target_index[targets[i].impl()->node.get()].push_back(i);
+  std::vector<bool> reported(targets.size(), false);
+  auto report = [&](Node* t, const Array& g) {
+    if (!on_final) return;
+    for (size_t i : target_index[t])
+      if (!reported[i]) {
+        reported[i] = true;
+        on_final(i, g);
+      }
+  };
+  if (!output.traced()) {
+    for (size_t i = 0; i < targets.size(); ++i) report(targets[i].impl()->node.get(), Array());
+    return result;
+  }
   std::unordered_set<Node*> target_nodes;
   for (const Array& t : targets) target_nodes.insert(t.impl()->node.get());
 
   Node* root = output.impl()->node.get();
   std::unordered_map<Node*, bool> needed;
   mark_needed(root, target_nodes, needed);
+  // Edges still to deliver into each target: when they reach zero its cotangent is final.
+  std::unordered_map<Node*, int> pending;
+  if (on_final)
+    for (const auto& [node, need] : needed)
+      if (need && !target_nodes.count(node))
+        for (const auto& in : node->inputs)
+          if (in && target_nodes.count(in.get())) ++pending[in.get()];
 
   std::unique_ptr<NoGradGuard> no_grad;
   std::unique_ptr<EnableGradGuard> with_grad;
@@ -136,6 +157,19 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
              input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       Node* in = node->inputs[i].get();
+      if (on_final && in && target_nodes.count(in)) {
+        // Delivered (or not) either way: count the edge, then report once all are in.
+        if (input_grads[i].defined()) {
+          auto it = cotangents.find(in);
+          if (it == cotangents.end()) cotangents.emplace(in, input_grads[i]);
+          else it->second = add(it->second, input_grads[i]);
+        }
+        if (--pending[in] == 0) {
+          auto it = cotangents.find(in);
+          report(in, it == cotangents.end() ? Array() : it->second);
+        }
+        continue;
+      }
       if (!in || !input_grads[i].defined()) continue;
       auto need = needed.find(in);
       if (need == needed.end() || !need->second) continue;
@@ -153,6 +187,7 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
   for (size_t i = 0; i < targets.size(); ++i) {
     auto it = cotangents.find(targets[i].impl()->node.get());
     if (it != cotangents.end()) result[i] = it->second;
+    report(targets[i].impl()->node.get(), result[i]);  // targets whose consumers never ran
   }
   return result;
 }

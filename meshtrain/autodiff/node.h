@@ -72,7 +72,11 @@ Array make_leaf(const Array& x);
 
 // Cotangents of `output` with respect to each target (leaves made by make_leaf).
 // With create_graph the backward pass is itself recorded (for higher-order gradients).
+// on_final(i, g), when given, is called as soon as target i's cotangent is complete (all
+// its consumers processed), so its reduction can start while the pass goes on; every target
+// is reported exactly once (g undefined when nothing reached it).
+using FinalFn = std::function<void(size_t, const Array&)>;
 std::vector<Array> backward(const Array& output, const Array& cotangent, const std::vector<Array>& targets,
-                            bool create_graph);
+                            bool create_graph, const FinalFn& on_final = {});
 
 }  // namespace mt::autodiff

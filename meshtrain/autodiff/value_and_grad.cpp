@@ -1,5 +1,6 @@
 #include "meshtrain/autodiff/value_and_grad.h"
 
+#include "meshtrain/dist/grad_reducer.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 
@@ -20,21 +21,34 @@ Params gradients(const Array& value, const Params& leaves, const Params& primals
   targets.reserve(leaves.size());
   for (const auto& [path, leaf] : leaves) targets.push_back(leaf);
   Array seed = Array::ones(value.shape(), value.dtype());
-  std::vector<Array> g = backward(value, seed, targets, trace_depth() > 1);
+  std::vector<const Array*> primal_list;
+  for (const auto& [path, primal] : primals) primal_list.push_back(&primal);
+  // A gradient leaves in its parameter's layout: partial sums over the data axis (data
+  // parallelism) are reduced as soon as each gradient is final, in buckets that overlap the
+  // rest of the backward pass. Nested traces keep everything differentiable instead.
+  const bool nested = trace_depth() > 1;
+  dist::GradReducer reducer;
+  auto on_final = [&](size_t i, const Array& g) {
+    const Array& primal = *primal_list[i];
+    if (!g.defined() || !(dist::is_sharded(g) || dist::is_sharded(primal))) return;
+    const dist::Sharding* ps = dist::sharding_of(primal);
+    const dist::Mesh& mesh = ps ? ps->mesh : dist::sharding_of(g)->mesh;
+    reducer.add(i, g, mesh, ps ? ps->spec.without_partial() : dist::PartitionSpec{});
+  };
+  std::vector<Array> g = backward(value, seed, targets, nested, nested ? FinalFn() : FinalFn(on_final));
+  std::vector<Array> reduced = nested ? std::vector<Array>(g.size()) : reducer.finish(g.size());
   Params grads;
-  size_t i = 0;
-  for (const auto& [path, primal] : primals) {
-    Array gi = g[i++];
+  const std::vector<std::string> paths = primals.paths();
+  for (size_t i = 0; i < primal_list.size(); ++i) {
+    const Array& primal = *primal_list[i];
+    Array gi = reduced[i].defined() ? reduced[i] : g[i];
     if (!gi.defined()) gi = zeros_like(primal);
-    // A gradient leaves in its parameter's layout: partial sums over the data axis (data
-    // parallelism) are reduced here, once per step.
-    if (dist::is_sharded(gi) || dist::is_sharded(primal)) {
+    if (nested && (dist::is_sharded(gi) || dist::is_sharded(primal))) {
       const dist::Sharding* ps = dist::sharding_of(primal);
-      const dist::Sharding* gs = dist::sharding_of(gi);
-      const dist::Mesh& mesh = ps ? ps->mesh : gs->mesh;
+      const dist::Mesh& mesh = ps ? ps->mesh : dist::sharding_of(gi)->mesh;
       gi = dist::redistribute(gi, mesh, ps ? ps->spec.without_partial() : dist::PartitionSpec{});
     }
-    grads.set(path, gi);
+    grads.set(paths[i], gi);
   }
   return grads;
 }

@@ -1,0 +1,75 @@
+#include "meshtrain/dist/grad_reducer.h"
+
+#include <cstring>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::dist {
+
+namespace {
+size_t g_bucket_bytes = size_t(32) << 20;
+GradReductionStats g_last_stats;
+}  // namespace
+
+size_t grad_bucket_bytes() { return g_bucket_bytes; }
+void set_grad_bucket_bytes(size_t bytes) { g_bucket_bytes = bytes > 0 ? bytes : 1; }
+GradReductionStats last_grad_reduction() { return g_last_stats; }
+
+void GradReducer::add(size_t index, const Array& grad, const Mesh& mesh, const PartitionSpec& target) {
+  const Sharding* gs = sharding_of(grad);
+  // The bucketable case: the same blocks, partial over exactly one axis -> an all-reduce.
+  if (gs && is_sharded(grad) && gs->spec.partial.size() == 1 && gs->spec.without_partial() == target &&
+      gs->mesh == mesh) {
+    const std::string& axis = gs->spec.partial[0];
+    Bucket& b = open_[{axis, int(grad.dtype())}];
+    b.comm = &mesh.axis_comm(axis);
+    b.dtype = grad.dtype();
+    Array local = local_view(grad.detach());
+    b.entries.push_back({index, local, Sharding{mesh, target}, grad.shape()});
+    b.bytes += local.nbytes();
+    if (b.bytes >= bucket_bytes_) {
+      launch(b);
+      open_.erase({axis, int(grad.dtype())});
+    }
+    return;
+  }
+  done_.emplace_back(index, redistribute(grad, mesh, target));
+}
+
+void GradReducer::launch(Bucket& b) {
+  int64_t elements = 0;
+  for (const Entry& e : b.entries) elements += e.local.numel();
+  b.buffer = Array::empty({elements}, b.dtype);
+  char* dst = static_cast<char*>(b.buffer.raw());
+  for (const Entry& e : b.entries) {
+    std::memcpy(dst, e.local.raw(), e.local.nbytes());
+    dst += e.local.nbytes();
+  }
+  b.handle = b.comm->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
+  ++buckets_issued_;
+  in_flight_.push_back(std::move(b));
+}
+
+std::vector<Array> GradReducer::finish(size_t count) {
+  const int during_backward = buckets_issued_;
+  for (auto& [key, bucket] : open_) launch(bucket);
+  open_.clear();
+  std::vector<Array> out(count);
+  for (auto& [index, g] : done_) out[index] = g;
+  for (Bucket& b : in_flight_) {
+    b.handle.wait();
+    const char* src = static_cast<const char*>(b.buffer.raw());
+    for (const Entry& e : b.entries) {
+      Array reduced = Array::empty(e.local.shape(), e.local.dtype());
+      std::memcpy(reduced.raw(), src, reduced.nbytes());
+      src += reduced.nbytes();
+      out[e.index] = global_view(reduced, e.target);
+    }
+  }
+  in_flight_.clear();
+  done_.clear();
+  g_last_stats = {buckets_issued_, during_backward};
+  return out;
+}
+
+}  // namespace mt::dist

@@ -1,0 +1,64 @@
+#pragma once
+// Data-parallel gradient reduction overlapped with the backward pass. As soon as a
+// parameter's gradient is final the backward pass hands it here; gradients that are partial
+// sums over one mesh axis are packed into ~32 MiB buckets, and each full bucket's all-reduce
+// starts asynchronously while the backward pass goes on. Other layout changes (FSDP's
+// reduce-scatter, ...) run through redistribute when the pass is done.
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/dist/comm_handle.h"
+#include "meshtrain/dist/spmd.h"
+
+namespace mt::dist {
+
+// Bucket size used by value_and_grad (default 32 MiB); settable for tuning and tests.
+size_t grad_bucket_bytes();
+void set_grad_bucket_bytes(size_t bytes);
+
+// What the last finished reduction did: buckets issued in all, and how many of them started
+// before the backward pass ended (the overlap).
+struct GradReductionStats {
+  int buckets = 0;
+  int buckets_during_backward = 0;
+};
+GradReductionStats last_grad_reduction();
+
+class GradReducer {
+ public:
+  explicit GradReducer(size_t bucket_bytes = grad_bucket_bytes()) : bucket_bytes_(bucket_bytes) {}
+  // Gradient `index` is final: bring it to `target` on `mesh`.
+  void add(size_t index, const Array& grad, const Mesh& mesh, const PartitionSpec& target);
+  // Waits for every reduction; the reduced gradients by index (undefined where none was added).
+  std::vector<Array> finish(size_t count);
+  // How many bucket all-reduces were issued (for tests and logs).
+  int buckets_issued() const { return buckets_issued_; }
+
+ private:
+  struct Entry {
+    size_t index;
+    Array local;  // this rank's block, reduced in place by the bucket's all-reduce
+    Sharding target;
+    Shape global;
+  };
+  struct Bucket {
+    Communicator* comm = nullptr;
+    DType dtype = DType::f32;
+    std::vector<Entry> entries;
+    size_t bytes = 0;
+    Array buffer;
+    CommHandle handle;
+  };
+  void launch(Bucket& bucket);
+
+  size_t bucket_bytes_;
+  std::map<std::pair<std::string, int>, Bucket> open_;  // (axis, dtype) -> filling bucket
+  std::vector<Bucket> in_flight_;
+  std::vector<std::pair<size_t, Array>> done_;
+  int buckets_issued_ = 0;
+};
+
+}  // namespace mt::dist
