@@ -1,6 +1,6 @@
-// A small GPT trained for a few AdamW steps under data parallel, FSDP, tensor parallel and
-// data x tensor meshes: every loss and every updated parameter equals the one-device run
-// (dropout included, thanks to position-keyed randomness). Also counts the collectives of a
+// A small GPT (tests/support/tiny_gpt.h) trained for a few AdamW steps under data parallel,
+// FSDP, tensor parallel and data x tensor meshes: every loss and every updated parameter
+// equals the one-device run (dropout included, thanks to position-keyed randomness). Also counts the collectives of a
 // tensor-parallel MLP, so silent extra gathers are caught.
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/meshtrain.h"
 #include "tests/support/op_check.h"
+#include "tests/support/tiny_gpt.h"
 
 namespace mt::testing {
 namespace {
@@ -19,111 +20,8 @@ namespace {
 using dist::Mesh;
 using dist::PartitionSpec;
 
-constexpr int64_t kVocab = 64, kWidth = 16, kHeads = 4, kLayers = 2, kBatch = 8, kTime = 8;
-
-struct ParamDef {
-  std::string path;
-  Shape shape;
-  double std;  // 0: ones for norms scales / zeros for biases below
-};
-
-std::vector<ParamDef> param_defs() {
-  std::vector<ParamDef> defs{{"wte", {kVocab, kWidth}, 0.1}, {"wpe", {kTime, kWidth}, 0.05}};
-  for (int l = 0; l < kLayers; ++l) {
-    std::string b = "h." + std::to_string(l) + ".";
-    for (const char* n : {"q", "k", "v"}) {
-      defs.push_back({b + "attn." + n + ".weight", {kWidth, kWidth}, 0.1});
-      defs.push_back({b + "attn." + n + ".bias", {kWidth}, 0.02});
-    }
-    defs.push_back({b + "attn.proj.weight", {kWidth, kWidth}, 0.1});
-    defs.push_back({b + "attn.proj.bias", {kWidth}, 0.02});
-    defs.push_back({b + "ln.weight", {kWidth}, 0.0});
-    defs.push_back({b + "mlp.fc.weight", {kWidth, 4 * kWidth}, 0.1});
-    defs.push_back({b + "mlp.fc.bias", {4 * kWidth}, 0.02});
-    defs.push_back({b + "mlp.proj.weight", {4 * kWidth, kWidth}, 0.1});
-    defs.push_back({b + "mlp.proj.bias", {kWidth}, 0.02});
-  }
-  defs.push_back({"head.weight", {kWidth, kVocab}, 0.1});
-  return defs;
-}
-
-// Megatron pairing: q/k/v and fc column-parallel, proj row-parallel, vocab-parallel
-// embedding and head; FSDP additionally splits every matrix's first dim over data.
-PartitionSpec spec_for(const std::string& layout, const ParamDef& def) {
-  const bool tp = layout == "tp" || layout == "dp_tp", fsdp = layout == "fsdp";
-  const std::string& p = def.path;
-  if (def.shape.ndim() == 1) return {};
-  if (fsdp) return PartitionSpec{"data", ""};
-  if (!tp) return {};
-  auto ends = [&](const char* s) { return p.size() >= std::string(s).size() && p.rfind(s) == p.size() - std::string(s).size(); };
-  if (p == "wte") return PartitionSpec{"model", ""};
-  if (p == "head.weight" || ends("q.weight") || ends("k.weight") || ends("v.weight") || ends("fc.weight"))
-    return PartitionSpec{"", "model"};
-  if (ends("proj.weight")) return PartitionSpec{"model", ""};
-  return {};
-}
-
-Params init_params(const std::string& layout, const Mesh* mesh) {
-  Params p;
-  RngKey key{11, 0};
-  uint64_t stream = 0;
-  for (const ParamDef& d : param_defs()) {
-    RngKey k = key.fold_in(stream++);
-    Array v;
-    if (d.std == 0.0) {
-      v = Array::ones(d.shape);
-    } else if (mesh) {
-      v = dist::random_normal(k, d.shape, dist::Sharding{*mesh, spec_for(layout, d)}, DType::f32, 0.0, d.std, d.path);
-    } else {
-      v = random_normal(k, d.shape, DType::f32, 0.0, d.std);
-    }
-    p.set(d.path, v);
-  }
-  return p;
-}
-
-// Pre-norm decoder with RMSNorm, causal attention, GELU MLP and dropout 0.1 after the
-// attention and MLP blocks.
-Array loss_fn(const Params& p, const Array& ids, const Array& labels, uint64_t step) {
-  RngKey drop{5, step};
-  Array x = add(embedding(p["wte"], ids), p["wpe"]);
-  auto heads = [](const Array& t) { return swap_axes(reshape(t, {kBatch, kTime, kHeads, kWidth / kHeads}), 1, 2); };
-  for (int l = 0; l < kLayers; ++l) {
-    std::string b = "h." + std::to_string(l) + ".";
-    Array h = rms_norm(x, p[b + "ln.weight"]);
-    auto proj = [&](const char* n) { return add(matmul(h, p[b + "attn." + n + ".weight"]), p[b + "attn." + n + ".bias"]); };
-    Array y = scaled_dot_product_attention(heads(proj("q")), heads(proj("k")), heads(proj("v")), Array(), {.causal = true});
-    y = reshape(swap_axes(y, 1, 2), {kBatch, kTime, kWidth});
-    y = add(matmul(y, p[b + "attn.proj.weight"]), p[b + "attn.proj.bias"]);
-    x = add(x, dropout(y, 0.1, drop.fold_in(uint64_t(2 * l)), true));
-    Array m = gelu(add(matmul(h, p[b + "mlp.fc.weight"]), p[b + "mlp.fc.bias"]));
-    m = add(matmul(m, p[b + "mlp.proj.weight"]), p[b + "mlp.proj.bias"]);
-    x = add(x, dropout(m, 0.1, drop.fold_in(uint64_t(2 * l + 1)), true));
-  }
-  return cross_entropy(matmul(x, p["head.weight"]), labels);
-}
-
-// AdamW written with ops: its state takes each parameter's layout.
-struct AdamW {
-  // eps well above f32 noise in tiny gradients, whose sign Adam would otherwise amplify.
-  double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-5, wd = 0.01;
-  int t = 0;
-  Params m, v;
-  void step(Params& params, const Params& grads) {
-    ++t;
-    for (auto& [path, w] : params) {
-      const Array& g = grads[path];
-      if (!m.contains(path)) {
-        m.set(path, zeros_like(w));
-        v.set(path, zeros_like(w));
-      }
-      m.at(path) = add(mul(m[path], b1), mul(g, 1 - b1));
-      v.at(path) = add(mul(v[path], b2), mul(square(g), 1 - b2));
-      Array mhat = div(m[path], 1 - std::pow(b1, t)), vhat = div(v[path], 1 - std::pow(b2, t));
-      w = sub(mul(w, 1 - lr * wd), mul(div(mhat, add(sqrt(vhat), eps)), lr));
-    }
-  }
-};
+const TinyGptConfig kConfig{};
+const int64_t kBatch = kConfig.batch, kTime = kConfig.time, kWidth = kConfig.width;
 
 struct RunResult {
   std::vector<double> losses;
@@ -131,17 +29,17 @@ struct RunResult {
 };
 
 RunResult train(const std::string& layout, const Mesh* mesh, int steps) {
-  Params params = init_params(layout, mesh);
-  AdamW opt;
+  Params params = tiny_gpt_init(kConfig, layout, mesh);
+  TestAdamW opt;
   RunResult r;
   for (int s = 0; s < steps; ++s) {
-    Array ids = random_ints({kBatch, kTime}, 100, 0, kVocab);  // one batch, memorized
-    Array labels = random_ints({kBatch, kTime}, 200, 0, kVocab);
+    Array ids = random_ints({kBatch, kTime}, 100, 0, kConfig.vocab);  // one batch, memorized
+    Array labels = random_ints({kBatch, kTime}, 200, 0, kConfig.vocab);
     if (mesh && mesh->has_axis("data") && layout != "tp") {
       ids = dist::shard(ids, *mesh, PartitionSpec{"data", ""}, "ids");
       labels = dist::shard(labels, *mesh, PartitionSpec{"data", ""}, "labels");
     }
-    auto [loss, grads] = value_and_grad([&](const Params& p) { return loss_fn(p, ids, labels, uint64_t(s)); })(params);
+    auto [loss, grads] = value_and_grad([&](const Params& p) { return tiny_gpt_loss(kConfig, p, ids, labels, uint64_t(s)); })(params);
     for (const auto& [path, g] : grads) {
       const dist::Sharding* ps = dist::sharding_of(params[path]);
       const dist::Sharding* gs = dist::sharding_of(g);

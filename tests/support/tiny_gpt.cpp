@@ -1,0 +1,94 @@
+#include "tests/support/tiny_gpt.h"
+
+#include <cmath>
+
+#include "meshtrain/dist/sharded_random.h"
+
+namespace mt::testing {
+
+using dist::PartitionSpec;
+
+std::vector<TinyGptParam> tiny_gpt_params(const TinyGptConfig& c) {
+  std::vector<TinyGptParam> defs{{"wte", {c.vocab, c.width}, 0.1}, {"wpe", {c.time, c.width}, 0.05}};
+  for (int l = 0; l < c.layers; ++l) {
+    std::string b = "h." + std::to_string(l) + ".";
+    for (const char* n : {"q", "k", "v"}) {
+      defs.push_back({b + "attn." + n + ".weight", {c.width, c.width}, 0.1});
+      defs.push_back({b + "attn." + n + ".bias", {c.width}, 0.02});
+    }
+    defs.push_back({b + "attn.proj.weight", {c.width, c.width}, 0.1});
+    defs.push_back({b + "attn.proj.bias", {c.width}, 0.02});
+    defs.push_back({b + "ln.weight", {c.width}, 0.0});
+    defs.push_back({b + "mlp.fc.weight", {c.width, 4 * c.width}, 0.1});
+    defs.push_back({b + "mlp.fc.bias", {4 * c.width}, 0.02});
+    defs.push_back({b + "mlp.proj.weight", {4 * c.width, c.width}, 0.1});
+    defs.push_back({b + "mlp.proj.bias", {c.width}, 0.02});
+  }
+  defs.push_back({"head.weight", {c.width, c.vocab}, 0.1});
+  return defs;
+}
+
+PartitionSpec tiny_gpt_spec(const std::string& layout, const TinyGptParam& def) {
+  const bool tp = layout == "tp" || layout == "dp_tp", fsdp = layout == "fsdp";
+  const std::string& p = def.path;
+  if (def.shape.ndim() == 1) return {};
+  if (fsdp) return PartitionSpec{"data", ""};
+  if (!tp) return {};
+  auto ends = [&](const std::string& s) { return p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0; };
+  if (p == "wte") return PartitionSpec{"model", ""};
+  if (p == "head.weight" || ends("q.weight") || ends("k.weight") || ends("v.weight") || ends("fc.weight"))
+    return PartitionSpec{"", "model"};
+  if (ends("proj.weight")) return PartitionSpec{"model", ""};
+  return {};
+}
+
+Params tiny_gpt_init(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* mesh) {
+  Params p;
+  RngKey key{11, 0};
+  uint64_t stream = 0;
+  for (const TinyGptParam& d : tiny_gpt_params(c)) {
+    RngKey k = key.fold_in(stream++);
+    Array v;
+    if (d.std == 0.0) v = Array::ones(d.shape, c.dtype);
+    else if (mesh) v = dist::random_normal(k, d.shape, dist::Sharding{*mesh, tiny_gpt_spec(layout, d)}, c.dtype, 0.0, d.std, d.path);
+    else v = random_normal(k, d.shape, c.dtype, 0.0, d.std);
+    p.set(d.path, v);
+  }
+  return p;
+}
+
+Array tiny_gpt_loss(const TinyGptConfig& c, const Params& p, const Array& ids, const Array& labels, uint64_t step) {
+  RngKey drop{5, step};
+  Array x = add(embedding(p["wte"], ids), p["wpe"]);
+  auto heads = [&](const Array& t) { return swap_axes(reshape(t, {c.batch, c.time, c.heads, c.width / c.heads}), 1, 2); };
+  for (int l = 0; l < c.layers; ++l) {
+    std::string b = "h." + std::to_string(l) + ".";
+    Array h = rms_norm(x, p[b + "ln.weight"]);
+    auto proj = [&](const char* n) { return add(matmul(h, p[b + "attn." + n + ".weight"]), p[b + "attn." + n + ".bias"]); };
+    Array y = scaled_dot_product_attention(heads(proj("q")), heads(proj("k")), heads(proj("v")), Array(), {.causal = true});
+    y = reshape(swap_axes(y, 1, 2), {c.batch, c.time, c.width});
+    y = add(matmul(y, p[b + "attn.proj.weight"]), p[b + "attn.proj.bias"]);
+    x = add(x, dropout(y, c.dropout, drop.fold_in(uint64_t(2 * l)), true));
+    Array m = gelu(add(matmul(h, p[b + "mlp.fc.weight"]), p[b + "mlp.fc.bias"]));
+    m = add(matmul(m, p[b + "mlp.proj.weight"]), p[b + "mlp.proj.bias"]);
+    x = add(x, dropout(m, c.dropout, drop.fold_in(uint64_t(2 * l + 1)), true));
+  }
+  return cross_entropy(matmul(x, p["head.weight"]), labels);
+}
+
+void TestAdamW::step(Params& params, const Params& grads) {
+  ++t;
+  for (auto& [path, w] : params) {
+    const Array& g = grads[path];
+    if (!m.contains(path)) {
+      m.set(path, zeros_like(w));
+      v.set(path, zeros_like(w));
+    }
+    m.at(path) = add(mul(m[path], b1), mul(g, 1 - b1));
+    v.at(path) = add(mul(v[path], b2), mul(square(g), 1 - b2));
+    Array mhat = div(m[path], 1 - std::pow(b1, t)), vhat = div(v[path], 1 - std::pow(b2, t));
+    w = sub(mul(w, 1 - lr * wd), mul(div(mhat, add(sqrt(vhat), eps)), lr));
+  }
+}
+
+}  // namespace mt::testing

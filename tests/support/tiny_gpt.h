@@ -1,0 +1,45 @@
+#pragma once
+// A small pre-norm GPT with explicit layouts for every parallelism style, shared by the SPMD
+// equivalence tests and the step-time benchmark (the models layer brings the real GPT-2).
+#include <string>
+#include <vector>
+
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/meshtrain.h"
+
+namespace mt::testing {
+
+struct TinyGptConfig {
+  int64_t vocab = 64, width = 16, heads = 4, layers = 2, batch = 8, time = 8;
+  double dropout = 0.1;
+  DType dtype = DType::f32;
+};
+
+struct TinyGptParam {
+  std::string path;
+  Shape shape;
+  double std;  // 0: a norm scale, initialized to ones
+};
+
+std::vector<TinyGptParam> tiny_gpt_params(const TinyGptConfig& c);
+
+// Layouts: "single"/"dp" (replicated), "fsdp" (first dim over data), "tp" and "dp_tp"
+// (Megatron: q/k/v/fc column-parallel, proj row-parallel, vocab-parallel embedding and head).
+dist::PartitionSpec tiny_gpt_spec(const std::string& layout, const TinyGptParam& param);
+
+// Initial parameters (identical values for every layout), each created in its sharding.
+Params tiny_gpt_init(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* mesh);
+
+// Mean next-token cross-entropy; dropout keyed by `step`.
+Array tiny_gpt_loss(const TinyGptConfig& c, const Params& p, const Array& ids, const Array& labels, uint64_t step);
+
+// AdamW written with ops: its state takes each parameter's layout. eps sits well above f32
+// noise in tiny gradients, whose sign Adam would otherwise amplify between runs.
+struct TestAdamW {
+  double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-5, wd = 0.01;
+  int t = 0;
+  Params m, v;
+  void step(Params& params, const Params& grads);
+};
+
+}  // namespace mt::testing
