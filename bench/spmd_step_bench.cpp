@@ -21,7 +21,8 @@ Array random_ids(const TinyGptConfig& c, uint64_t seed) {
 
 double run(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* mesh, int steps) {
   Params params = tiny_gpt_init(c, layout, mesh);
-  TestAdamW opt;
+  optim::Transform opt = tiny_gpt_optimizer();
+  Params state = opt.init(params);
   Array ids = random_ids(c, 1), labels = random_ids(c, 2);
   if (mesh && layout != "tp") {
     ids = dist::shard(ids, *mesh, dist::PartitionSpec{"data", ""}, "ids");
@@ -31,7 +32,7 @@ double run(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* 
   for (int s = 0; s < steps + 1; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     auto [loss, grads] = value_and_grad([&](const Params& p) { return tiny_gpt_loss(c, p, ids, labels, uint64_t(s)); })(params);
-    opt.step(params, grads);
+    params = optim::apply_updates(params, opt.update(grads, state, params));
     dist::to_host(loss).item();
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s > 0) total += dt;  // the first step warms caches and primitives

@@ -23,3 +23,4 @@
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/dist/communicator.h"
 #include "meshtrain/dist/grad_reducer.h"
+#include "meshtrain/optim/transform.h"

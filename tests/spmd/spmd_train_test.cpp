@@ -30,7 +30,8 @@ struct RunResult {
 
 RunResult train(const std::string& layout, const Mesh* mesh, int steps) {
   Params params = tiny_gpt_init(kConfig, layout, mesh);
-  TestAdamW opt;
+  optim::Transform opt = tiny_gpt_optimizer();
+  Params opt_state = opt.init(params);
   RunResult r;
   for (int s = 0; s < steps; ++s) {
     Array ids = random_ints({kBatch, kTime}, 100, 0, kConfig.vocab);  // one batch, memorized
@@ -45,10 +46,16 @@ RunResult train(const std::string& layout, const Mesh* mesh, int steps) {
       const dist::Sharding* gs = dist::sharding_of(g);
       EXPECT_EQ(ps ? ps->spec : PartitionSpec{}, gs ? gs->spec : PartitionSpec{}) << layout << " grad layout of " << path;
     }
-    opt.step(params, grads);
+    params = optim::apply_updates(params, opt.update(grads, opt_state, params));
     r.losses.push_back(dist::to_host(loss).item());
   }
-  for (const auto& [path, w] : params) r.params.set(path, dist::to_host(w));
+  for (const auto& [path, w] : params) {
+    r.params.set(path, dist::to_host(w));
+    // Optimizer state is laid out like its parameter.
+    const dist::Sharding* ps = dist::sharding_of(w);
+    const dist::Sharding* ms = dist::sharding_of(opt_state["mu." + path]);
+    EXPECT_EQ(ps ? ps->spec : PartitionSpec{}, ms ? ms->spec : PartitionSpec{}) << layout << " state of " << path;
+  }
   return r;
 }
 

@@ -1,6 +1,5 @@
 #include "tests/support/tiny_gpt.h"
 
-#include <cmath>
 
 #include "meshtrain/dist/sharded_random.h"
 
@@ -76,19 +75,8 @@ Array tiny_gpt_loss(const TinyGptConfig& c, const Params& p, const Array& ids, c
   return cross_entropy(matmul(x, p["head.weight"]), labels);
 }
 
-void TestAdamW::step(Params& params, const Params& grads) {
-  ++t;
-  for (auto& [path, w] : params) {
-    const Array& g = grads[path];
-    if (!m.contains(path)) {
-      m.set(path, zeros_like(w));
-      v.set(path, zeros_like(w));
-    }
-    m.at(path) = add(mul(m[path], b1), mul(g, 1 - b1));
-    v.at(path) = add(mul(v[path], b2), mul(square(g), 1 - b2));
-    Array mhat = div(m[path], 1 - std::pow(b1, t)), vhat = div(v[path], 1 - std::pow(b2, t));
-    w = sub(mul(w, 1 - lr * wd), mul(div(mhat, add(sqrt(vhat), eps)), lr));
-  }
+optim::Transform tiny_gpt_optimizer() {
+  return optim::adamw(optim::constant_schedule(1e-2), 0.9, 0.999, 1e-5, 0.01);
 }
 
 }  // namespace mt::testing

@@ -33,13 +33,8 @@ Params tiny_gpt_init(const TinyGptConfig& c, const std::string& layout, const di
 // Mean next-token cross-entropy; dropout keyed by `step`.
 Array tiny_gpt_loss(const TinyGptConfig& c, const Params& p, const Array& ids, const Array& labels, uint64_t step);
 
-// AdamW written with ops: its state takes each parameter's layout. eps sits well above f32
-// noise in tiny gradients, whose sign Adam would otherwise amplify between runs.
-struct TestAdamW {
-  double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-5, wd = 0.01;
-  int t = 0;
-  Params m, v;
-  void step(Params& params, const Params& grads);
-};
+// The library's AdamW with eps well above f32 noise in tiny gradients, whose sign Adam would
+// otherwise amplify between runs that sum in different orders.
+optim::Transform tiny_gpt_optimizer();
 
 }  // namespace mt::testing

@@ -1,0 +1,218 @@
+#include "meshtrain/optim/transform.h"
+
+#include <cmath>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/reduce.h"
+
+namespace mt::optim {
+
+namespace {
+
+// The number of updates already applied, kept in the state as a 0-d i64 array.
+int64_t read_count(const Params& state) { return int64_t(state.at("count").item()); }
+void write_count(Params& state, int64_t count) { state.set("count", Array::scalar(double(count), DType::i64)); }
+
+Params zero_slots(const Params& params, const std::string& prefix) {
+  Params out;
+  for (const auto& [path, p] : params) out.set(prefix + path, zeros_like(p));
+  return out;
+}
+
+void check_same_paths(const Params& updates, const Params& params, const char* op) {
+  for (const auto& [path, u] : updates)
+    MT_CHECK(params.contains(path), "[", op, "] update for unknown parameter '", path, "'");
+}
+
+}  // namespace
+
+DecayMask default_decay_mask() {
+  return [](const std::string&, const Array& p) { return p.ndim() >= 2; };
+}
+
+DecayMask decay_mask_regex(const std::string& pattern) {
+  std::regex re;
+  try {
+    re = std::regex(pattern);
+  } catch (const std::regex_error& e) {
+    throw Error("[adamw] invalid weight-decay mask regex '" + pattern + "': " + e.what());
+  }
+  return [re](const std::string& path, const Array&) { return std::regex_match(path, re); };
+}
+
+Transform sgd(Schedule lr, double momentum, bool nesterov, double weight_decay) {
+  MT_CHECK(momentum >= 0.0, "[sgd] momentum must be >= 0, got ", momentum);
+  MT_CHECK(!nesterov || momentum > 0.0, "[sgd] nesterov needs momentum > 0");
+  Transform t;
+  t.init = [momentum](const Params& params) {
+    Params s = momentum > 0 ? zero_slots(params, "momentum.") : Params{};
+    write_count(s, 0);
+    return s;
+  };
+  t.update = [=](const Params& grads, Params& state, const Params& params) {
+    autodiff::NoGradGuard no_grad;
+    check_same_paths(grads, params, "sgd");
+    const int64_t count = read_count(state);
+    const double rate = lr(count);
+    Params out;
+    for (const auto& [path, g0] : grads) {
+      Array g = weight_decay != 0.0 ? add(g0, mul(params[path], weight_decay)) : g0;
+      if (momentum > 0.0) {
+        const std::string slot = "momentum." + path;
+        // torch initializes the buffer with the first gradient itself.
+        Array buf = count == 0 ? g : add(mul(state[slot], momentum), g);
+        state.set(slot, buf);
+        g = nesterov ? add(g, mul(buf, momentum)) : buf;
+      }
+      out.set(path, mul(g, -rate));
+    }
+    write_count(state, count + 1);
+    return out;
+  };
+  return t;
+}
+
+namespace {
+Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight_decay, DecayMask mask) {
+  MT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "[adam] betas must be in [0, 1), got ", b1, ", ", b2);
+  MT_CHECK(eps >= 0, "[adam] eps must be >= 0, got ", eps);
+  Transform t;
+  t.init = [](const Params& params) {
+    Params s = zero_slots(params, "mu.");
+    for (const auto& [path, z] : zero_slots(params, "nu.")) s.set(path, z);
+    write_count(s, 0);
+    return s;
+  };
+  t.update = [=](const Params& grads, Params& state, const Params& params) {
+    autodiff::NoGradGuard no_grad;
+    check_same_paths(grads, params, "adam");
+    const int64_t count = read_count(state) + 1;
+    const double rate = lr(count - 1);
+    const double bc1 = 1 - std::pow(b1, double(count)), bc2 = 1 - std::pow(b2, double(count));
+    const double step_size = rate / bc1, sqrt_bc2 = std::sqrt(bc2);
+    Params out;
+    for (const auto& [path, g] : grads) {
+      Array m = add(mul(state["mu." + path], b1), mul(g, 1 - b1));
+      Array v = add(mul(state["nu." + path], b2), mul(square(g), 1 - b2));
+      state.set("mu." + path, m);
+      state.set("nu." + path, v);
+      // torch's order of operations: m / (sqrt(v) / sqrt(bc2) + eps) · lr / bc1.
+      Array u = mul(div(m, add(div(sqrt(v), sqrt_bc2), eps)), -step_size);
+      if (weight_decay != 0.0 && mask(path, params[path])) u = sub(u, mul(params[path], rate * weight_decay));
+      out.set(path, u);
+    }
+    write_count(state, count);
+    return out;
+  };
+  return t;
+}
+}  // namespace
+
+Transform adam(Schedule lr, double b1, double b2, double eps) {
+  return adam_impl(std::move(lr), b1, b2, eps, 0.0, default_decay_mask());
+}
+
+Transform adamw(Schedule lr, double b1, double b2, double eps, double weight_decay, DecayMask mask) {
+  return adam_impl(std::move(lr), b1, b2, eps, weight_decay, std::move(mask));
+}
+
+Array global_norm(const Params& tree) {
+  Array total;
+  for (const auto& [path, g] : tree) {
+    Array s = sum(square(cast(g, DType::f32)));
+    total = total.defined() ? add(total, s) : s;
+  }
+  if (!total.defined()) return Array::scalar(0.0);
+  return dist::to_host(sqrt(total));
+}
+
+Transform clip_by_global_norm(double max_norm) {
+  MT_CHECK(max_norm > 0, "[clip_by_global_norm] max_norm must be > 0, got ", max_norm);
+  Transform t;
+  t.init = [](const Params&) { return Params{}; };
+  t.update = [max_norm](const Params& updates, Params&, const Params&) {
+    autodiff::NoGradGuard no_grad;
+    const double norm = global_norm(updates).item();
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef >= 1.0) return updates;
+    Params out;
+    for (const auto& [path, u] : updates) out.set(path, mul(u, coef));
+    return out;
+  };
+  return t;
+}
+
+Transform chain(std::vector<Transform> transforms) {
+  Transform t;
+  t.init = [transforms](const Params& params) {
+    Params s;
+    for (size_t i = 0; i < transforms.size(); ++i)
+      for (const auto& [path, v] : transforms[i].init(params)) s.set(std::to_string(i) + "." + path, v);
+    return s;
+  };
+  t.update = [transforms](const Params& updates, Params& state, const Params& params) {
+    Params u = updates;
+    for (size_t i = 0; i < transforms.size(); ++i) {
+      const std::string prefix = std::to_string(i);
+      Params inner = state.subtree(prefix);
+      u = transforms[i].update(u, inner, params);
+      for (const auto& [path, v] : inner) state.set(prefix + "." + path, v);
+    }
+    return u;
+  };
+  return t;
+}
+
+Transform multi_steps(Transform inner, int every_k) {
+  MT_CHECK(every_k >= 1, "[multi_steps] every_k must be >= 1, got ", every_k);
+  Transform t;
+  t.init = [inner](const Params& params) {
+    Params s = zero_slots(params, "acc.");
+    for (const auto& [path, v] : inner.init(params)) s.set("inner." + path, v);
+    s.set("mini_step", Array::scalar(0.0, DType::i64));
+    return s;
+  };
+  t.update = [inner, every_k](const Params& updates, Params& state, const Params& params) {
+    autodiff::NoGradGuard no_grad;
+    const int64_t mini = int64_t(state.at("mini_step").item()) + 1;
+    Params acc;
+    for (const auto& [path, u] : updates) acc.set(path, add(state["acc." + path], div(u, double(every_k))));
+    Params out;
+    if (mini < every_k) {
+      for (const auto& [path, a] : acc) {
+        state.set("acc." + path, a);
+        out.set(path, zeros_like(a));
+      }
+      state.set("mini_step", Array::scalar(double(mini), DType::i64));
+      return out;
+    }
+    Params inner_state = state.subtree("inner");
+    out = inner.update(acc, inner_state, params);
+    for (const auto& [path, v] : inner_state) state.set("inner." + path, v);
+    for (const auto& [path, a] : acc) state.set("acc." + path, zeros_like(a));
+    state.set("mini_step", Array::scalar(0.0, DType::i64));
+    return out;
+  };
+  return t;
+}
+
+Params apply_updates(const Params& params, const Params& updates) {
+  autodiff::NoGradGuard no_grad;
+  Params out;
+  for (const auto& [path, p] : params) {
+    if (!updates.contains(path)) {
+      out.set(path, p);
+      continue;
+    }
+    const Array& u = updates[path];
+    MT_CHECK(u.shape() == p.shape(), "[apply_updates] update for '", path, "' has shape ", u.shape().str(),
+             ", parameter ", p.shape().str());
+    out.set(path, add(p, cast(u, p.dtype())));
+  }
+  return out;
+}
+
+}  // namespace mt::optim

@@ -1,0 +1,51 @@
+#pragma once
+// Optimizers as composable gradient transforms (optax-style). A transform's state is a flat
+// Params (e.g. "mu.<param path>", "count"), so it checkpoints like parameters and each slot
+// takes its parameter's sharding (zeros_like keeps the layout).
+#include <functional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "meshtrain/autodiff/params.h"
+#include "meshtrain/optim/schedule.h"
+
+namespace mt::optim {
+
+struct Transform {
+  // State for `params` (slots laid out like their parameters).
+  std::function<Params(const Params& params)> init;
+  // Turns incoming updates (gradients, or the previous transform's output) into outgoing
+  // updates, advancing `state`. `params` are the current parameters.
+  std::function<Params(const Params& updates, Params& state, const Params& params)> update;
+};
+
+// Which parameters get weight decay. The default decays matrices and embeddings and spares
+// biases and norm scales (every parameter of rank < 2).
+using DecayMask = std::function<bool(const std::string& path, const Array& param)>;
+DecayMask default_decay_mask();
+// Decays exactly the paths matching `pattern` (std::regex, whole path).
+DecayMask decay_mask_regex(const std::string& pattern);
+
+// torch.optim.SGD semantics (momentum buffer b = μ b + g, nesterov g + μ b, L2 weight decay
+// added to the gradient).
+Transform sgd(Schedule lr, double momentum = 0.0, bool nesterov = false, double weight_decay = 0.0);
+// torch.optim.Adam / AdamW semantics (bias-corrected; AdamW decays p by lr·wd first).
+Transform adam(Schedule lr, double b1 = 0.9, double b2 = 0.999, double eps = 1e-8);
+Transform adamw(Schedule lr, double b1 = 0.9, double b2 = 0.999, double eps = 1e-8, double weight_decay = 0.01,
+                DecayMask mask = default_decay_mask());
+// Scales all updates by max_norm / (‖updates‖₂ + 1e-6) when that is below one
+// (torch.nn.utils.clip_grad_norm_).
+Transform clip_by_global_norm(double max_norm);
+// Applies the transforms in order; state entries are prefixed "<index>.".
+Transform chain(std::vector<Transform> transforms);
+// Gradient accumulation: averages k incoming updates and runs `inner` on every k-th call;
+// the calls in between return zero updates.
+Transform multi_steps(Transform inner, int every_k);
+
+// params + updates.
+Params apply_updates(const Params& params, const Params& updates);
+// The global L2 norm of a tree (a replicated scalar, also for sharded trees).
+Array global_norm(const Params& tree);
+
+}  // namespace mt::optim

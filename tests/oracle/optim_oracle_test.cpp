@@ -1,0 +1,119 @@
+// Optimizers step by step against torch.optim: the same parameters and gradient sequence
+// go through both, and the parameters after every step must agree.
+#include <gtest/gtest.h>
+
+#include "tests/support/op_check.h"
+
+namespace mt::testing {
+namespace {
+
+using namespace mt::optim;
+
+constexpr int kSteps = 5;
+
+struct Case {
+  std::string name;
+  std::function<Transform()> make;
+  std::string torch_setup;  // builds `opt` (and optionally `sched`) over params w, b
+  std::string torch_before_step = "";
+};
+
+// Runs the transform for kSteps on fixed gradients and compares the parameters after each
+// step with torch.
+void check_optimizer(const Case& c) {
+  Params params{{"w", random_normal({5, 4}, 1)}, {"b", random_normal({4}, 2)}};
+  std::vector<Params> grads;
+  for (int s = 0; s < kSteps; ++s)
+    grads.push_back(Params{{"w", random_normal({5, 4}, 10 + uint64_t(s))}, {"b", random_normal({4}, 20 + uint64_t(s))}});
+  Transform t = c.make();
+  Params state = t.init(params);
+  std::vector<Params> history;
+  for (int s = 0; s < kSteps; ++s) {
+    Params updates = t.update(grads[size_t(s)], state, params);
+    params = apply_updates(params, updates);
+    history.push_back(params);
+  }
+  std::vector<OracleTensor> ins{to_oracle(random_normal({5, 4}, 1)), to_oracle(random_normal({4}, 2))};
+  for (const Params& g : grads) {
+    ins.push_back(to_oracle(g["w"]));
+    ins.push_back(to_oracle(g["b"]));
+  }
+  std::string code = R"(
+w = x0.detach().clone().requires_grad_(True)
+b = x1.detach().clone().requires_grad_(True)
+sched = None
+)" + c.torch_setup + R"(
+outs = []
+for s in range()" + std::to_string(kSteps) + R"():
+    w.grad = xs[2 + 2 * s].clone()
+    b.grad = xs[3 + 2 * s].clone()
+)" + c.torch_before_step + R"(
+    opt.step()
+    if sched is not None:
+        sched.step()
+    outs += [w.detach().clone(), b.detach().clone()]
+out = tuple(outs)
+)";
+  OracleResult ref = TorchOracle::instance().run(code, ins);
+  for (int s = 0; s < kSteps; ++s) {
+    expect_close(history[size_t(s)]["w"], ref.outputs[size_t(2 * s)], {1e-6, 1e-5}, c.name + " step " + std::to_string(s + 1) + " w");
+    expect_close(history[size_t(s)]["b"], ref.outputs[size_t(2 * s + 1)], {1e-6, 1e-5}, c.name + " step " + std::to_string(s + 1) + " b");
+  }
+}
+
+TEST(OptimOracle, MatchesTorchStepByStep) {
+  const std::vector<Case> cases = {
+      {"sgd", [] { return sgd(constant_schedule(0.1)); }, "opt = torch.optim.SGD([w, b], lr=0.1)"},
+      {"sgd momentum", [] { return sgd(constant_schedule(0.1), 0.9); }, "opt = torch.optim.SGD([w, b], lr=0.1, momentum=0.9)"},
+      {"sgd nesterov wd", [] { return sgd(constant_schedule(0.05), 0.9, true, 0.01); },
+       "opt = torch.optim.SGD([w, b], lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)"},
+      {"adam", [] { return adam(constant_schedule(0.01)); }, "opt = torch.optim.Adam([w, b], lr=0.01)"},
+      {"adamw masked", [] { return adamw(constant_schedule(0.01), 0.9, 0.98, 1e-6, 0.1); },
+       "opt = torch.optim.AdamW([{'params': [w], 'weight_decay': 0.1}, {'params': [b], 'weight_decay': 0.0}], lr=0.01, betas=(0.9, 0.98), eps=1e-6)"},
+      {"adamw regex mask", [] { return adamw(constant_schedule(0.01), 0.9, 0.999, 1e-8, 0.1, decay_mask_regex("b")); },
+       "opt = torch.optim.AdamW([{'params': [w], 'weight_decay': 0.0}, {'params': [b], 'weight_decay': 0.1}], lr=0.01)"},
+      {"clip + adamw",
+       [] { return chain({clip_by_global_norm(1.0), adamw(constant_schedule(0.01), 0.9, 0.999, 1e-8, 0.0)}); },
+       "opt = torch.optim.AdamW([w, b], lr=0.01, weight_decay=0.0)", "    torch.nn.utils.clip_grad_norm_([w, b], 1.0)"},
+      {"warmup linear schedule", [] { return adam(warmup_linear_decay_schedule(0.01, 2, 10)); },
+       "opt = torch.optim.Adam([w, b], lr=0.01)\n"
+       "sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: s / 2 if s < 2 else max(0.0, (10 - s) / 8))"},
+      {"cosine schedule", [] { return sgd(cosine_decay_schedule(0.1, 4), 0.9); },
+       "opt = torch.optim.SGD([w, b], lr=0.1, momentum=0.9)\n"
+       "sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 4) / 4)))"},
+  };
+  for (const Case& c : cases) check_optimizer(c);
+}
+
+TEST(OptimOracle, MultiStepsAveragesAccumulatedGradients) {
+  // Two calls of multi_steps(sgd, 2) equal one SGD step on the mean of the two gradients.
+  Params params{{"w", random_normal({3, 2}, 1)}};
+  Params g1{{"w", random_normal({3, 2}, 2)}}, g2{{"w", random_normal({3, 2}, 3)}};
+  Transform t = multi_steps(sgd(constant_schedule(0.5), 0.9), 2);
+  Params state = t.init(params);
+  Params u1 = t.update(g1, state, params);
+  expect_close(u1["w"], Array::zeros({3, 2}), {0, 0}, "multi_steps first call is a no-op");
+  params = apply_updates(params, u1);
+  params = apply_updates(params, t.update(g2, state, params));
+  Array expected = sub(random_normal({3, 2}, 1), mul(div(add(g1["w"], g2["w"]), 2.0), 0.5));
+  expect_close(params["w"], expected, {1e-6, 1e-6}, "multi_steps k=2");
+}
+
+TEST(Optim, SchedulesAndErrors) {
+  Schedule s = warmup_cosine_decay_schedule(0.0, 1.0, 10, 110, 0.1);
+  EXPECT_DOUBLE_EQ(s(0), 0.0);
+  EXPECT_DOUBLE_EQ(s(5), 0.5);
+  EXPECT_DOUBLE_EQ(s(10), 1.0);
+  EXPECT_NEAR(s(60), 0.55, 1e-12);
+  EXPECT_NEAR(s(1000), 0.1, 1e-12);
+  EXPECT_THROW(linear_schedule(1, 0, 0), Error);
+  EXPECT_THROW(sgd(constant_schedule(0.1), -1.0), Error);
+  expect_error([] { decay_mask_regex("(unclosed"); }, {"[adamw]", "(unclosed"});
+  Transform t = sgd(constant_schedule(0.1));
+  Params p{{"w", Array::zeros({2})}};
+  Params state = t.init(p);
+  expect_error([&] { t.update(Params{{"v", Array::zeros({2})}}, state, p); }, {"[sgd]", "'v'"});
+}
+
+}  // namespace
+}  // namespace mt::testing
