@@ -24,3 +24,8 @@
 #include "meshtrain/dist/communicator.h"
 #include "meshtrain/dist/grad_reducer.h"
 #include "meshtrain/optim/transform.h"
+#include "meshtrain/train/sharding_rules.h"
+#include "meshtrain/io/mapped_file.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/safetensors.h"
+#include "meshtrain/io/llama2c.h"

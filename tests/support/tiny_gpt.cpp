@@ -41,6 +41,25 @@ PartitionSpec tiny_gpt_spec(const std::string& layout, const TinyGptParam& def) 
   return {};
 }
 
+models::ParamRoles tiny_gpt_roles(const TinyGptConfig& c) {
+  using models::ParamKind;
+  models::ParamRoles roles;
+  for (const TinyGptParam& d : tiny_gpt_params(c)) {
+    const std::string& p = d.path;
+    auto ends = [&](const std::string& s) { return p.size() >= s.size() && p.compare(p.size() - s.size(), s.size(), s) == 0; };
+    models::ParamRole r;
+    if (d.shape.ndim() == 1) r.kind = ends("bias") ? ParamKind::bias : ParamKind::norm;
+    else if (p == "wte" || p == "wpe") r = {ParamKind::embedding, 1, 0};
+    else if (p == "head.weight") r = {ParamKind::lm_head, 0, 1};
+    else if (ends("q.weight") || ends("k.weight") || ends("v.weight")) r = {ParamKind::attention_qkv, 0, 1};
+    else if (ends("attn.proj.weight")) r = {ParamKind::attention_out, 0, 1};
+    else if (ends("fc.weight")) r = {ParamKind::mlp_in, 0, 1};
+    else if (ends("mlp.proj.weight")) r = {ParamKind::mlp_out, 0, 1};
+    roles[p] = r;
+  }
+  return roles;
+}
+
 Params tiny_gpt_init(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* mesh) {
   Params p;
   RngKey key{11, 0};

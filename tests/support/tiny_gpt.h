@@ -6,6 +6,7 @@
 
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/meshtrain.h"
+#include "meshtrain/models/param_roles.h"
 
 namespace mt::testing {
 
@@ -26,6 +27,9 @@ std::vector<TinyGptParam> tiny_gpt_params(const TinyGptConfig& c);
 // Layouts: "single"/"dp" (replicated), "fsdp" (first dim over data), "tp" and "dp_tp"
 // (Megatron: q/k/v/fc column-parallel, proj row-parallel, vocab-parallel embedding and head).
 dist::PartitionSpec tiny_gpt_spec(const std::string& layout, const TinyGptParam& param);
+
+// Declared roles of the weights (all stored [in, out]: x @ W) for the automatic rules.
+models::ParamRoles tiny_gpt_roles(const TinyGptConfig& c);
 
 // Initial parameters (identical values for every layout), each created in its sharding.
 Params tiny_gpt_init(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* mesh);

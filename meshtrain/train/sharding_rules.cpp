@@ -1,0 +1,147 @@
+#include "meshtrain/train/sharding_rules.h"
+
+#include <iomanip>
+#include <regex>
+#include <sstream>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/sharding.h"
+#include "meshtrain/dist/spmd.h"
+
+namespace mt::train {
+
+using dist::PartitionSpec;
+using models::ParamKind;
+
+ShardingPlan::ShardingPlan(dist::Mesh mesh, std::vector<PlanEntry> entries)
+    : mesh_(std::move(mesh)), entries_(std::move(entries)) {}
+
+const PartitionSpec& ShardingPlan::spec(const std::string& path) const {
+  for (const PlanEntry& e : entries_)
+    if (e.path == path) return e.spec;
+  throw Error("[sharding_rules] the plan has no parameter '" + path + "'");
+}
+
+Params ShardingPlan::shard(const Params& host) const {
+  Params out;
+  for (const auto& [path, value] : host) out.set(path, dist::shard(value, mesh_, spec(path), path));
+  return out;
+}
+
+std::string ShardingPlan::table() const {
+  size_t w = 4;
+  for (const PlanEntry& e : entries_) w = std::max(w, e.path.size());
+  std::ostringstream os;
+  os << std::left << std::setw(int(w)) << "path" << "  " << std::setw(16) << "shape" << "  " << std::setw(28) << "spec"
+     << "  " << std::right << std::setw(12) << "bytes/rank" << "  reason\n";
+  int64_t total = 0, full = 0;
+  for (const PlanEntry& e : entries_) {
+    os << std::left << std::setw(int(w)) << e.path << "  " << std::setw(16) << e.shape.str() << "  " << std::setw(28)
+       << e.spec.str() << "  " << std::right << std::setw(12) << e.bytes_per_rank << "  " << e.reason << "\n";
+    total += e.bytes_per_rank;
+    full += e.shape.numel() * int64_t(dtype_size(e.dtype));
+  }
+  os << "total bytes per rank: " << total << " of " << full << " (mesh " << mesh_.str() << ")\n";
+  return os.str();
+}
+
+namespace {
+
+bool divisible(const Shape& s, int dim, int64_t n) { return dim >= 0 && dim < s.ndim() && n > 0 && s[dim] % n == 0; }
+
+}  // namespace
+
+ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, const models::ParamRoles& roles,
+                                 const ShardingOptions& options) {
+  std::vector<std::pair<std::regex, PartitionSpec>> overrides;
+  for (const auto& [pattern, spec] : options.overrides) {
+    try {
+      overrides.emplace_back(std::regex(pattern), spec);
+    } catch (const std::regex_error& e) {
+      throw Error("[sharding_rules] invalid override regex '" + pattern + "': " + e.what());
+    }
+  }
+  const bool has_model = mesh.has_axis(options.model_axis) && mesh.axis_size(options.model_axis) > 1;
+  const int64_t model_size = has_model ? mesh.axis_size(options.model_axis) : 1;
+  const bool has_data = mesh.has_axis(options.data_axis) && mesh.axis_size(options.data_axis) > 1;
+  const int64_t data_size = has_data ? mesh.axis_size(options.data_axis) : 1;
+  bool next_dense_out = true;  // "other" dense layers alternate column / row parallel
+
+  std::vector<PlanEntry> entries;
+  for (const auto& [path, value] : params) {
+    PlanEntry e{path, value.shape(), value.dtype(), {}, 0, ""};
+    bool overridden = false;
+    for (size_t i = 0; i < overrides.size(); ++i)
+      if (std::regex_match(path, overrides[i].first)) {
+        e.spec = overrides[i].second;
+        e.reason = "override '" + options.overrides[i].first + "'";
+        overridden = true;
+        break;
+      }
+    if (!overridden) {
+      auto it = roles.find(path);
+      models::ParamRole role = it != roles.end() ? it->second : models::ParamRole{};
+      const Shape& s = value.shape();
+      int model_dim = -1;
+      std::string why;
+      if (s.ndim() < 2 || role.kind == ParamKind::bias || role.kind == ParamKind::norm) {
+        why = "replicated (bias/norm/scalar)";
+      } else {
+        switch (role.kind) {
+          case ParamKind::embedding:
+            why = "embedding: first divisible dim";
+            for (int d = 0; d < s.ndim(); ++d)
+              if (divisible(s, d, model_size)) {
+                model_dim = d;
+                break;
+              }
+            break;
+          case ParamKind::attention_qkv: model_dim = role.out_dim; why = "q/k/v: output features (column)"; break;
+          case ParamKind::attention_out: model_dim = role.in_dim; why = "attention out: input features (row)"; break;
+          case ParamKind::mlp_in: model_dim = role.out_dim; why = "MLP in: output features (column)"; break;
+          case ParamKind::mlp_out: model_dim = role.in_dim; why = "MLP out: input features (row)"; break;
+          case ParamKind::lm_head: model_dim = role.out_dim; why = "LM head: output features (vocab)"; break;
+          default: {
+            // Undeclared matrices: output features (last dim by default) then input, in turn.
+            int out = role.out_dim >= 0 ? role.out_dim : s.ndim() - 1;
+            int in = role.in_dim >= 0 ? role.in_dim : s.ndim() - 2;
+            model_dim = next_dense_out ? out : in;
+            why = next_dense_out ? "dense: output features (alternating)" : "dense: input features (alternating)";
+            next_dense_out = !next_dense_out;
+          }
+        }
+      }
+      e.spec.dims.assign(size_t(s.ndim()), {});
+      if (!has_model) model_dim = -1;
+      if (model_dim >= 0) {
+        if (divisible(s, model_dim, model_size)) {
+          e.spec.dims[size_t(model_dim)] = {options.model_axis};
+        } else {
+          why += "; dim " + std::to_string(model_dim) + " not divisible by " + options.model_axis + "=" +
+                 std::to_string(model_size) + ": replicated";
+          model_dim = -1;
+        }
+      }
+      if (options.fsdp && has_data && s.numel() >= options.fsdp_min_elements && s.ndim() >= 1) {
+        int best = -1;
+        for (int d = 0; d < s.ndim(); ++d) {
+          if (d == model_dim) continue;
+          int64_t local = s[d];
+          if (local % data_size == 0 && (best < 0 || local > s[best])) best = d;
+        }
+        if (best >= 0) {
+          e.spec.dims[size_t(best)] = {options.data_axis};
+          why += "; FSDP dim " + std::to_string(best);
+        }
+      }
+      e.reason = has_model || options.fsdp ? why : "replicated (no model axis)";
+    }
+    dist::Sharding sharding{mesh, e.spec};
+    sharding.validate(value.shape(), path);
+    e.bytes_per_rank = sharding.local_shape(value.shape()).numel() * int64_t(dtype_size(value.dtype()));
+    entries.push_back(std::move(e));
+  }
+  return ShardingPlan(mesh, std::move(entries));
+}
+
+}  // namespace mt::train
