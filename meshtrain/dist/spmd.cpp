@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "meshtrain/autodiff/node.h"
+#include "meshtrain/dist/collective_ops.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -49,50 +50,6 @@ Array block_of(const Array& x, int d, int64_t count, int64_t index) {
   if (count == 1) return x;
   const int64_t n = x.dim(d) / count;
   return slice(x, d, index * n, (index + 1) * n);
-}
-
-// (..., n_d, ...) blocks of the ranks of `comm`, concatenated along d in rank order.
-Array all_gather_dim(const Array& x, int d, Communicator& comm) {
-  const int p = comm.size();
-  if (p == 1) return x;
-  std::vector<int64_t> dims = x.shape().dims();
-  dims.insert(dims.begin(), p);
-  Array buf = Array::empty(Shape(dims), x.dtype());
-  comm.all_gather(x.raw(), buf.raw(), x.numel(), x.dtype());
-  std::vector<int> perm(size_t(buf.ndim()));
-  std::iota(perm.begin(), perm.end(), 0);
-  perm.erase(perm.begin());
-  perm.insert(perm.begin() + d, 0);  // (..., P, n_d, ...)
-  Array t = transpose(buf, perm);
-  std::vector<int64_t> merged = x.shape().dims();
-  merged[size_t(d)] *= p;
-  return reshape(t, merged);
-}
-
-// Sums x over the ranks of `comm` and keeps this rank's block along d.
-Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
-  const int p = comm.size();
-  if (p == 1) return x;
-  std::vector<int64_t> split = x.shape().dims();
-  split[size_t(d)] /= p;
-  split.insert(split.begin() + d, p);  // (..., P, n_d / P, ...)
-  std::vector<int> perm(split.size());
-  std::iota(perm.begin(), perm.end(), 0);
-  perm.erase(perm.begin() + d);
-  perm.insert(perm.begin(), d);  // (P, ..., n_d / P, ...)
-  Array blocks = transpose(reshape(x, split), perm);
-  std::vector<int64_t> out_dims = x.shape().dims();
-  out_dims[size_t(d)] /= p;
-  Array out = Array::empty(Shape(out_dims), x.dtype());
-  comm.reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
-  return out;
-}
-
-Array all_reduce_sum(const Array& x, Communicator& comm) {
-  if (comm.size() == 1) return x;
-  Array out = x.clone();
-  comm.all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
-  return out;
 }
 
 // The local block of layout `to` from the local block of layout `from` (no history).

@@ -185,6 +185,34 @@ TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
     }
 }
 
+TEST(SpmdOps, DifferentiableCollectivesOnLocalBlocks) {
+  const int n = dist::world().size(), r = dist::world().rank();
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
+  Array x = random_normal({2, 3}, 40 + uint64_t(r));  // a different block on every rank
+  Array w = random_normal({2 * n, 3}, 50);
+  // all_gather -> reduce_scatter: rank r' weighs the gathered value by (r' + 1) · w, so the
+  // gradient of rank r's block is Σ_r' (r' + 1) · w[block r].
+  auto [y, g] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::all_gather(in[0], mesh, "data", 0), mul(w, double(r + 1)))); },
+                    {x}, Array::scalar(1.0));
+  Array expected = mul(slice(w, 0, 2 * r, 2 * r + 2), double(n * (n + 1) / 2));
+  EXPECT_LE(max_diff(g[0], expected), 1e-5);
+  // all_reduce -> identity.
+  Array v = random_normal({2, 3}, 60);
+  auto [z, h] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::all_reduce(in[0], mesh, "data"), v)); }, {x},
+                    Array::scalar(1.0));
+  EXPECT_LE(max_diff(h[0], v), 1e-6);
+  // reduce_scatter -> all_gather.
+  Array big = random_normal({2 * n, 3}, 70 + uint64_t(r));
+  auto [rs, k] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::reduce_scatter(in[0], mesh, "data", 0), mul(v, double(r + 1)))); },
+                     {big}, Array::scalar(1.0));
+  Array all_v;
+  for (int q = 0; q < n; ++q) all_v = all_v.defined() ? concatenate({all_v, mul(v, double(q + 1))}, 0) : mul(v, double(q + 1));
+  EXPECT_LE(max_diff(k[0], all_v), 1e-5);
+  if (n > 1)
+    expect_error([&] { dist::reduce_scatter(Array::zeros({2 * n + 1, 3}), mesh, "data", 0); },
+                 {"[reduce_scatter]", "not divisible"});
+}
+
 TEST(SpmdOps, BadLayoutsAreClearErrorsOnEveryRank) {
   Mesh mesh = meshes()[0];
   Array x = Array::zeros({3, 5});

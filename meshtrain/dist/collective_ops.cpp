@@ -1,0 +1,99 @@
+#include "meshtrain/dist/collective_ops.h"
+
+#include <numeric>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::dist {
+
+// (..., n_d, ...) blocks of the ranks of `comm`, concatenated along d in rank order.
+Array all_gather_dim(const Array& x, int d, Communicator& comm) {
+  MT_CHECK(!x.sharded(), "[all_gather] expects a local block, got the global ", x.str());
+  d = x.shape().axis(d, "all_gather");
+  const int p = comm.size();
+  if (p == 1) return x;
+  std::vector<int64_t> dims = x.shape().dims();
+  dims.insert(dims.begin(), p);
+  Array buf = Array::empty(Shape(dims), x.dtype());
+  comm.all_gather(x.raw(), buf.raw(), x.numel(), x.dtype());
+  std::vector<int> perm(size_t(buf.ndim()));
+  std::iota(perm.begin(), perm.end(), 0);
+  perm.erase(perm.begin());
+  perm.insert(perm.begin() + d, 0);  // (..., P, n_d, ...)
+  Array t = transpose(buf, perm);
+  std::vector<int64_t> merged = x.shape().dims();
+  merged[size_t(d)] *= p;
+  return reshape(t, merged);
+}
+
+// Sums x over the ranks of `comm` and keeps this rank's block along d.
+Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
+  MT_CHECK(!x.sharded(), "[reduce_scatter] expects a local block, got the global ", x.str());
+  d = x.shape().axis(d, "reduce_scatter");
+  MT_CHECK(x.dim(d) % comm.size() == 0, "[reduce_scatter] dim ", d, " of ", x.str(), " is not divisible by ", comm.size(), " ranks of '", comm.name(), "'");
+  const int p = comm.size();
+  if (p == 1) return x;
+  std::vector<int64_t> split = x.shape().dims();
+  split[size_t(d)] /= p;
+  split.insert(split.begin() + d, p);  // (..., P, n_d / P, ...)
+  std::vector<int> perm(split.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  perm.erase(perm.begin() + d);
+  perm.insert(perm.begin(), d);  // (P, ..., n_d / P, ...)
+  Array blocks = transpose(reshape(x, split), perm);
+  std::vector<int64_t> out_dims = x.shape().dims();
+  out_dims[size_t(d)] /= p;
+  Array out = Array::empty(Shape(out_dims), x.dtype());
+  comm.reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
+  return out;
+}
+
+Array all_reduce_sum(const Array& x, Communicator& comm) {
+  if (comm.size() == 1) return x;
+  Array out = x.clone();
+  comm.all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
+  return out;
+}
+
+
+using Grads = std::vector<Array>;
+
+Array all_gather(const Array& local, const Mesh& mesh, const std::string& axis, int dim) {
+  dim = local.shape().axis(dim, "all_gather");
+  Array out;
+  {
+    autodiff::NoGradGuard no_grad;
+    out = all_gather_dim(local.detach(), dim, mesh.axis_comm(axis));
+  }
+  autodiff::record(out, "all_gather", {local}, [mesh, axis, dim](const Array& g) {
+    return Grads{reduce_scatter(g, mesh, axis, dim)};
+  });
+  return out;
+}
+
+Array reduce_scatter(const Array& local, const Mesh& mesh, const std::string& axis, int dim) {
+  dim = local.shape().axis(dim, "reduce_scatter");
+  Array out;
+  {
+    autodiff::NoGradGuard no_grad;
+    out = reduce_scatter_dim(local.detach(), dim, mesh.axis_comm(axis));
+  }
+  autodiff::record(out, "reduce_scatter", {local}, [mesh, axis, dim](const Array& g) {
+    return Grads{all_gather(g, mesh, axis, dim)};
+  });
+  return out;
+}
+
+Array all_reduce(const Array& local, const Mesh& mesh, const std::string& axis) {
+  Array out;
+  {
+    autodiff::NoGradGuard no_grad;
+    out = all_reduce_sum(local.detach(), mesh.axis_comm(axis));
+  }
+  autodiff::record(out, "all_reduce", {local}, [](const Array& g) { return Grads{g}; });
+  return out;
+}
+
+}  // namespace mt::dist
