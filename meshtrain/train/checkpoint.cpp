@@ -1,0 +1,210 @@
+#include "meshtrain/train/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/backend/cpu/strided_copy.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/safetensors.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+using dist::PartitionSpec;
+using json = nlohmann::json;
+
+namespace {
+
+// A rank owns its block of an array when it is the first replica: coordinate 0 on every
+// mesh axis the layout does not split.
+bool owns_block(const dist::Mesh& mesh, const PartitionSpec& spec) {
+  std::vector<std::string> used = spec.used_axes();
+  for (const std::string& axis : mesh.axis_names())
+    if (std::find(used.begin(), used.end(), axis) == used.end() && mesh.axis_index(axis) != 0) return false;
+  return true;
+}
+
+// Adds `group`'s arrays to this rank's tensors and their descriptions to meta.
+void collect(const std::string& group, const Params& arrays, const dist::Mesh& mesh, Params& tensors,
+             std::map<std::string, std::string>& offsets, json& meta) {
+  for (const auto& [path, value] : arrays) {
+    Array a = value;
+    const dist::Sharding* s = dist::sharding_of(a);
+    PartitionSpec spec = s ? s->spec : PartitionSpec{};
+    if (!spec.partial.empty()) {  // a partial sum is not a value: store the total
+      a = dist::redistribute(a, mesh, spec.without_partial());
+      spec = spec.without_partial();
+    }
+    // A list, not an object: JSON objects lose the parameters' order.
+    meta[group].push_back(
+        {{"path", path}, {"shape", a.shape().dims()}, {"dtype", dtype_name(a.dtype())}, {"spec", spec.str()}});
+    if (!owns_block(mesh, spec) && dist::is_sharded(a)) continue;
+    if (!dist::is_sharded(a) && mesh.comm().rank() != 0) continue;  // plain arrays: rank 0 writes
+    std::vector<int64_t> off(size_t(a.ndim()), 0);
+    if (s && dist::is_sharded(a)) off = dist::Sharding{mesh, spec}.local_offsets(a.shape());
+    const std::string key = group + "/" + path;
+    tensors.set(key, dist::local_view(a).detach());
+    offsets[key] = json(off).dump();
+  }
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {}
+
+std::string CheckpointManager::write(const CheckpointState& state, const dist::Mesh& mesh, const std::string& name,
+                                     const json& extra_meta) {
+  dist::Communicator& comm = mesh.comm();
+  const std::string final_dir = (fs::path(dir_) / name).string();
+  const std::string tmp_dir = (fs::path(dir_) / (".tmp_" + name)).string();
+  if (comm.rank() == 0) {
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+  }
+  comm.barrier();
+  json meta = {{"step", state.step}, {"epoch", state.epoch}, {"mesh", mesh.str()}, {"world_size", comm.size()},
+               {"params", json::array()}, {"opt_state", json::array()}, {"extra", state.extra}};
+  for (auto it = extra_meta.begin(); it != extra_meta.end(); ++it) meta[it.key()] = it.value();
+  Params tensors;
+  std::map<std::string, std::string> offsets;
+  collect("params", state.params, mesh, tensors, offsets, meta);
+  collect("opt_state", state.opt_state, mesh, tensors, offsets, meta);
+  io::save_safetensors((fs::path(tmp_dir) / ("rank_" + std::to_string(comm.rank()) + ".safetensors")).string(), tensors,
+                       offsets);
+  comm.barrier();
+  if (comm.rank() == 0) {
+    std::ofstream out(fs::path(tmp_dir) / "meta.json");
+    out << meta.dump(2) << "\n";
+    out.close();
+    MT_CHECK(out, "[checkpoint] cannot write ", (fs::path(tmp_dir) / "meta.json").string());
+    // The old checkpoint of the same name goes only once the new one is complete.
+    const std::string old_dir = final_dir + ".old";
+    fs::remove_all(old_dir);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+    fs::rename(tmp_dir, final_dir);
+    fs::remove_all(old_dir);
+  }
+  comm.barrier();
+  return final_dir;
+}
+
+std::string CheckpointManager::save(const CheckpointState& state, const dist::Mesh& mesh) {
+  std::string path = write(state, mesh, step_name(state.step), json::object());
+  if (keep_last_ > 0 && mesh.comm().rank() == 0) {
+    std::vector<std::string> done = all();
+    for (size_t i = 0; i + size_t(keep_last_) < done.size(); ++i) fs::remove_all(done[i]);
+  }
+  mesh.comm().barrier();
+  return path;
+}
+
+bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const std::string& metric,
+                                  double value, const std::string& mode) {
+  MT_CHECK(mode == "max" || mode == "min", "[checkpoint] best-by mode must be 'max' or 'min', got '", mode, "'");
+  const fs::path meta_path = fs::path(dir_) / "best" / "meta.json";
+  if (fs::exists(meta_path)) {
+    json old = io::read_json_file(meta_path.string());
+    if (old.contains("best") && old["best"].value("metric", "") == metric) {
+      double prev = old["best"]["value"].get<double>();
+      if ((mode == "max" && !(value > prev)) || (mode == "min" && !(value < prev))) return false;
+    }
+  }
+  write(state, mesh, "best", {{"best", {{"metric", metric}, {"value", value}, {"mode", mode}}}});
+  return true;
+}
+
+std::vector<std::string> CheckpointManager::all() const {
+  std::vector<std::string> out;
+  if (!fs::exists(dir_)) return out;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / "meta.json")) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> CheckpointManager::latest() const {
+  std::vector<std::string> done = all();
+  if (done.empty()) return std::nullopt;
+  return done.back();
+}
+
+CheckpointState CheckpointManager::restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for) {
+  const fs::path meta_path = fs::path(path) / "meta.json";
+  MT_CHECK(fs::exists(meta_path), "[checkpoint] ", path, " is not a complete checkpoint (no meta.json)");
+  json meta = io::read_json_file(meta_path.string());
+  CheckpointState state;
+  try {
+    state.step = meta.at("step").get<int64_t>();
+    state.epoch = meta.at("epoch").get<int64_t>();
+    state.extra = meta.value("extra", json::object());
+  } catch (const json::exception& e) {
+    throw Error(std::string("[checkpoint] ") + meta_path.string() + ": " + e.what());
+  }
+  const int saved_ranks = meta.value("world_size", 1);
+  // Every rank reads every file: the blocks it needs may come from any saved rank.
+  std::vector<io::SafetensorsFile> files;
+  for (int r = 0; r < saved_ranks; ++r) {
+    const fs::path f = fs::path(path) / ("rank_" + std::to_string(r) + ".safetensors");
+    MT_CHECK(fs::exists(f), "[checkpoint] ", path, ": missing ", f.filename().string(), " (saved by ", saved_ranks,
+             " ranks)");
+    files.push_back(io::SafetensorsFile::open(f.string()));
+  }
+  for (const std::string group : {"params", "opt_state"}) {
+    Params& out = group == "params" ? state.params : state.opt_state;
+    if (!meta.contains(group)) continue;
+    for (const json& entry : meta[group]) {
+      std::string p;
+      Shape shape;
+      DType dtype;
+      try {
+        p = entry.at("path").get<std::string>();
+        shape = Shape(entry.at("shape").get<std::vector<int64_t>>());
+        dtype = dtype_from_name(entry.at("dtype").get<std::string>());
+      } catch (const json::exception& e) {
+        throw Error(std::string("[checkpoint] ") + meta_path.string() + ": bad entry in '" + group + "': " + e.what());
+      }
+      Array host = Array::zeros(shape, dtype);
+      int64_t covered = 0;
+      const std::string key = group + "/" + p;
+      for (const io::SafetensorsFile& f : files) {
+        if (!f.contains(key)) continue;
+        Array block = f.get(key);
+        MT_CHECK(block.dtype() == dtype && block.ndim() == shape.ndim(), "[checkpoint] ", f.path(), ": '", key,
+                 "' is ", block.str(), ", meta.json says ", dtype_name(dtype), shape.str());
+        auto mit = f.metadata().find(key);
+        MT_CHECK(mit != f.metadata().end(), "[checkpoint] ", f.path(), ": no block offsets for '", key, "'");
+        std::vector<int64_t> off = json::parse(mit->second).get<std::vector<int64_t>>();
+        MT_CHECK(int(off.size()) == shape.ndim(), "[checkpoint] ", f.path(), ": bad offsets for '", key, "'");
+        size_t start = 0;
+        std::vector<int64_t> strides = shape.strides();
+        for (int d = 0; d < shape.ndim(); ++d) {
+          MT_CHECK(off[size_t(d)] >= 0 && off[size_t(d)] + block.dim(d) <= shape[d], "[checkpoint] ", f.path(),
+                   ": block of '", key, "' at ", mit->second, " lies outside ", shape.str());
+          start += size_t(off[size_t(d)] * strides[size_t(d)]);
+        }
+        cpu::strided_copy(block.raw(), block.shape().strides(), static_cast<char*>(host.raw()) + start * dtype_size(dtype),
+                          strides, block.shape().dims(), dtype_size(dtype));
+        covered += block.numel();
+      }
+      MT_CHECK(covered == shape.numel(), "[checkpoint] ", path, ": the blocks of '", key, "' cover ", covered, " of ",
+               shape.numel(), " elements");
+      PartitionSpec spec = spec_for ? spec_for(group, p) : PartitionSpec{};
+      out.set(p, dist::shard(host, mesh, spec, p));
+    }
+  }
+  return state;
+}
+
+}  // namespace mt::train

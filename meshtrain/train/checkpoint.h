@@ -1,0 +1,61 @@
+#pragma once
+// Checkpoints (DESIGN.md §6): a directory per checkpoint holding one safetensors file per
+// rank — the blocks that rank owns (replicas write nothing twice) — and meta.json (step,
+// epoch, mesh, every array's global shape, dtype and layout, plus free-form state such as
+// RNG and data position). Saves go to a temporary directory that is renamed when complete,
+// so a crash never leaves a half checkpoint as the newest. Restoring assembles each array
+// from the blocks and lays it out for any mesh: a run saved on 4 ranks resumes on 1.
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/autodiff/params.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/dist/partition_spec.h"
+
+namespace mt::train {
+
+struct CheckpointState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  Params params;     // global arrays (sharded or not)
+  Params opt_state;  // global arrays (sharded or not)
+  nlohmann::json extra = nlohmann::json::object();  // rng, data position, metrics...
+};
+
+// The layout to restore each array into (by path); nullptr means replicated.
+using SpecFn = std::function<dist::PartitionSpec(const std::string& group, const std::string& path)>;
+
+class CheckpointManager {
+ public:
+  // Checkpoints live in `dir`/step_<N>; the newest `keep_last` are kept (0 keeps all).
+  explicit CheckpointManager(std::string dir, int keep_last = 3);
+
+  // Collective: every rank of `mesh` calls it with the same state. Returns the directory.
+  std::string save(const CheckpointState& state, const dist::Mesh& mesh);
+  // Like save, into `dir`/best, replaced only when `value` beats the stored one for `mode`
+  // ("max" or "min"); returns whether it was saved.
+  bool save_best(const CheckpointState& state, const dist::Mesh& mesh, const std::string& metric, double value,
+                 const std::string& mode);
+
+  // Newest complete checkpoint directory (meta.json present), if any.
+  std::optional<std::string> latest() const;
+  std::vector<std::string> all() const;  // complete checkpoints, oldest first
+
+  // Collective over `mesh`: reads `path` and lays every array out as `spec_for` says.
+  // A missing or corrupt file is an mt::Error naming it.
+  static CheckpointState restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for = {});
+
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string write(const CheckpointState& state, const dist::Mesh& mesh, const std::string& name,
+                    const nlohmann::json& extra_meta);
+  std::string dir_;
+  int keep_last_;
+};
+
+}  // namespace mt::train

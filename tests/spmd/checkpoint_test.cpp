@@ -1,0 +1,152 @@
+// Checkpoints: save and restore across meshes, across process counts (4 ranks -> 1 and
+// 1 -> 4, through CTest fixtures), best-by-metric, keep-last, and refusal of a corrupt
+// checkpoint while the previous one still loads.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/sharding_rules.h"
+#include "tests/support/op_check.h"
+#include "tests/support/tiny_gpt.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using dist::Mesh;
+using dist::PartitionSpec;
+
+const TinyGptConfig kConfig{};
+
+Mesh world_mesh() {
+  const int n = dist::world().size();
+  return n == 4 ? Mesh::from_string("data=2,model=2") : Mesh::from_string("data=" + std::to_string(n));
+}
+
+// Parameters and AdamW state after one step, laid out by the automatic plan on `mesh`.
+train::CheckpointState make_state(const Mesh& mesh, const train::ShardingPlan& plan) {
+  Params params = plan.shard(tiny_gpt_init(kConfig, "single", nullptr));
+  optim::Transform opt = tiny_gpt_optimizer();
+  Params state = opt.init(params);
+  Array ids = random_ints({kConfig.batch, kConfig.time}, 100, 0, kConfig.vocab);
+  Params grads = grad([&](const Params& p) { return tiny_gpt_loss(kConfig, p, ids, ids, 0); })(params);
+  params = optim::apply_updates(params, opt.update(grads, state, params));
+  return train::CheckpointState{1, 0, params, state, {{"rng", {{"seed", 7}}}, {"data", {{"batch", 3}}}}};
+}
+
+// Bitwise comparison of the gathered values of two trees.
+void expect_same(const Params& a, const Params& b, const std::string& what) {
+  ASSERT_EQ(a.paths(), b.paths()) << what;
+  for (const auto& [path, x] : a) {
+    auto u = dist::to_host(x).to_doubles(), v = dist::to_host(b[path]).to_doubles();
+    EXPECT_EQ(u, v) << what << " " << path;
+  }
+}
+
+std::string scratch_dir(const std::string& name) {
+  std::string dir = (fs::temp_directory_path() / ("mt_ckpt_" + name + "_np" + std::to_string(dist::world().size()))).string();
+  if (dist::world().rank() == 0) fs::remove_all(dir);
+  dist::world().barrier();
+  return dir;
+}
+
+TEST(Checkpoint, RestoresOntoAnotherMesh) {
+  Mesh mesh = world_mesh();
+  train::ShardingPlan plan = train::auto_sharding_rules(tiny_gpt_init(kConfig, "single", nullptr), mesh, tiny_gpt_roles(kConfig));
+  train::CheckpointState state = make_state(mesh, plan);
+  train::CheckpointManager manager(scratch_dir("mesh"));
+  std::string path = manager.save(state, mesh);
+  // The same layout.
+  // Parameters by the plan; optimizer slots like their parameter; the step count replicated.
+  auto same = train::CheckpointManager::restore(path, mesh, [&](const std::string& group, const std::string& p) {
+    if (group == "params") return plan.spec(p);
+    return p.rfind("mu.", 0) == 0 || p.rfind("nu.", 0) == 0 ? plan.spec(p.substr(3)) : PartitionSpec{};
+  });
+  expect_same(same.params, state.params, "same mesh params");
+  expect_same(same.opt_state, state.opt_state, "same mesh optimizer state");
+  EXPECT_EQ(same.step, 1);
+  EXPECT_EQ(same.extra["data"]["batch"], 3);
+  // A different mesh (everything over data) and fully replicated.
+  Mesh other = Mesh::from_string("data=" + std::to_string(dist::world().size()));
+  train::ShardingOptions fsdp;
+  fsdp.fsdp = true;
+  fsdp.fsdp_min_elements = 1;
+  train::ShardingPlan other_plan =
+      train::auto_sharding_rules(tiny_gpt_init(kConfig, "single", nullptr), other, tiny_gpt_roles(kConfig), fsdp);
+  auto moved = train::CheckpointManager::restore(path, other, [&](const std::string& group, const std::string& p) {
+    return group == "params" ? other_plan.spec(p) : PartitionSpec{};
+  });
+  expect_same(moved.params, state.params, "resharded params");
+  auto replicated = train::CheckpointManager::restore(path, other);
+  expect_same(replicated.opt_state, state.opt_state, "replicated optimizer state");
+}
+
+TEST(Checkpoint, KeepLastBestAndCorruption) {
+  Mesh mesh = world_mesh();
+  train::ShardingPlan plan = train::auto_sharding_rules(tiny_gpt_init(kConfig, "single", nullptr), mesh, tiny_gpt_roles(kConfig));
+  train::CheckpointState state = make_state(mesh, plan);
+  const std::string dir = scratch_dir("keep");
+  train::CheckpointManager manager(dir, 2);
+  for (int64_t step : {1, 2, 3}) {
+    state.step = step;
+    manager.save(state, mesh);
+  }
+  std::vector<std::string> kept = manager.all();
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(fs::path(kept.back()).filename().string(), "step_00000003");
+  // A crash mid-save leaves only a temporary directory, never the newest checkpoint.
+  if (dist::world().rank() == 0) fs::create_directories(fs::path(dir) / ".tmp_step_00000004");
+  dist::world().barrier();
+  EXPECT_EQ(fs::path(*manager.latest()).filename().string(), "step_00000003");
+  // Best by metric: replaced only by a better value.
+  EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.5, "max"));
+  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", 0.4, "max"));
+  EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.7, "max"));
+  // Corrupt the newest: refused with the file named; the previous one still loads.
+  if (dist::world().rank() == 0) {
+    fs::path f = fs::path(kept.back()) / "rank_0.safetensors";
+    fs::resize_file(f, fs::file_size(f) / 2);
+  }
+  dist::world().barrier();
+  expect_error([&] { train::CheckpointManager::restore(kept.back(), mesh); }, {"rank_0.safetensors"});
+  auto previous = train::CheckpointManager::restore(kept.front(), mesh);
+  expect_same(previous.params, state.params, "previous checkpoint");
+  expect_error([&] { train::CheckpointManager::restore(dir + "/nope", mesh); }, {"nope", "meta.json"});
+}
+
+// Cross process counts: run once with MT_CKPT_ROLE=save and again (another -np) with
+// MT_CKPT_ROLE=restore on the same MT_CKPT_DIR (CTest fixtures order them).
+TEST(CheckpointWorlds, SaveOrRestore) {
+  const char* role = std::getenv("MT_CKPT_ROLE");
+  const char* dir = std::getenv("MT_CKPT_DIR");
+  if (!role || !dir) GTEST_SKIP() << "set MT_CKPT_ROLE and MT_CKPT_DIR";
+  Mesh mesh = world_mesh();
+  train::ShardingPlan plan = train::auto_sharding_rules(tiny_gpt_init(kConfig, "single", nullptr), mesh, tiny_gpt_roles(kConfig));
+  train::CheckpointState expected = make_state(mesh, plan);
+  if (std::string(role) == "save") {
+    if (dist::world().rank() == 0) fs::remove_all(dir);
+    dist::world().barrier();
+    train::CheckpointManager(dir).save(expected, mesh);
+    return;
+  }
+  train::CheckpointManager manager(dir);
+  ASSERT_TRUE(manager.latest().has_value());
+  auto got = train::CheckpointManager::restore(*manager.latest(), mesh, [&](const std::string& group, const std::string& p) {
+    return group == "params" ? plan.spec(p) : PartitionSpec{};
+  });
+  // Same values; summation order may differ between worlds, so compare with a tolerance.
+  for (const auto& [path, x] : expected.params) {
+    auto u = dist::to_host(x).to_doubles(), v = dist::to_host(got.params[path]).to_doubles();
+    double err = 0;
+    for (size_t i = 0; i < u.size(); ++i) err = std::max(err, std::abs(u[i] - v[i]));
+    EXPECT_LE(err, 1e-5) << path;
+  }
+  EXPECT_EQ(got.opt_state.paths(), expected.opt_state.paths());
+}
+
+}  // namespace
+}  // namespace mt::testing
