@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libsentencepiece-dev
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-sklearn python3-scipy python3-protobuf python3-crcmod
   fortunes
 )
 

@@ -6,5 +6,7 @@ namespace mt::cli {
 // Each command registers its subcommand and options on the app; the returned callback
 // runs it after parsing.
 void add_demo_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -3,18 +3,24 @@
 
 #include "apps/meshtrain/commands.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/communicator.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshtrain: distributed training and inference of transformer language models"};
-  app.require_subcommand(1);
-  mt::cli::add_demo_command(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const mt::Error& e) {
-    std::cerr << "meshtrain: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+  // Guarded: under mpirun an error on one rank ends the whole job instead of a hang.
+  return mt::dist::run_guarded([&] {
+    CLI::App app{"meshtrain: distributed training and inference of transformer language models"};
+    app.require_subcommand(1);
+    mt::cli::add_demo_command(app);
+    mt::cli::add_generate_command(app);
+    mt::cli::add_tokenize_command(app);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    } catch (const mt::Error& e) {
+      std::cerr << "meshtrain: " << e.what() << "\n";
+      return 1;
+    }
+    return 0;
+  });
 }

@@ -1,0 +1,121 @@
+// `meshtrain generate`: text from a Hugging Face model directory (GPT-2, LLaMA, miniGPT) or a
+// llama2.c `.bin` checkpoint. --prompt needs a tokenizer (the directory's, or --tokenizer)
+// and prints the decoded text; --prompt-ids prints the generated ids on one line.
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/meshtrain/commands.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+
+namespace mt::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_ids, tokenizer, stop_ids;
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t num_beams = 1;
+  double length_penalty = 1.0;
+  uint64_t seed = 0;
+  bool no_stop = false;
+};
+
+std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
+  std::istringstream in(text);
+  std::vector<int64_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MT_CHECK(used == word.size(), "[generate] ", what, ": '", word, "' is not an integer token id");
+    ids.push_back(v);
+  }
+  return ids;
+}
+
+void run(const GenerateOptions& o) {
+  models::PretrainedOptions po;
+  po.load_tokenizer = o.prompt_ids.empty() || !o.tokenizer.empty();
+  models::PretrainedModel m = models::from_pretrained(o.model, po);
+  MT_CHECK(m.is_causal_lm(), "[generate] ", o.model, ": model_type '", m.model_type,
+           "' cannot generate (use gpt2, llama or minigpt)");
+  std::shared_ptr<tokenizers::Tokenizer> tok = m.tokenizer;
+  if (!o.tokenizer.empty()) tok = tokenizers::load_tokenizer(o.tokenizer);
+
+  std::vector<int64_t> prompt;
+  const bool text_mode = o.prompt_ids.empty();
+  if (text_mode) {
+    MT_CHECK(tok != nullptr, "[generate] ", o.model, " has no tokenizer: pass --tokenizer PATH or use --prompt-ids");
+    tokenizers::Encoding e = tok->encode(o.prompt);
+    prompt.assign(e.ids.begin(), e.ids.end());
+    MT_CHECK(!prompt.empty(), "[generate] the prompt '", o.prompt, "' encodes to no tokens");
+  } else {
+    prompt = parse_ids(o.prompt_ids, "--prompt-ids");
+    MT_CHECK(!prompt.empty(), "[generate] --prompt-ids is empty");
+  }
+
+  models::GenerationConfig g;
+  g.max_new_tokens = o.max_new_tokens;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.top_p = o.top_p;
+  g.num_beams = o.num_beams;
+  g.length_penalty = o.length_penalty;
+  g.seed = o.seed;
+  g.stop_tokens = parse_ids(o.stop_ids, "--stop-ids");
+  g.ignore_model_stop_tokens = o.no_stop;
+  models::GenerationResult r = models::generate(m.causal_lm(), {prompt}, g);
+  const std::vector<int64_t>& out = r.tokens[0];
+
+  if (!text_mode) {
+    for (size_t i = 0; i < out.size(); ++i) std::cout << (i ? " " : "") << out[i];
+    std::cout << "\n";
+    return;
+  }
+  std::vector<int32_t> all(prompt.begin(), prompt.end());
+  all.insert(all.end(), out.begin(), out.end());
+  std::cout << tok->decode(all, true) << "\n";
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a HF model directory or a llama2.c .bin file");
+  cmd->add_option("--model", o->model, "model directory (config.json + safetensors) or llama2.c .bin")->required();
+  auto* text = cmd->add_option("--prompt", o->prompt, "prompt text (needs a tokenizer)");
+  auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, e.g. \"1 2 3\" (prints ids)");
+  text->excludes(ids);
+  ids->excludes(text);
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "0 = greedy; > 0 samples from softmax(logits / T)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "nucleus sampling mass (1 = off)")->capture_default_str();
+  cmd->add_option("--num-beams", o->num_beams, "beam search with this many beams (1 = off)")->capture_default_str();
+  cmd->add_option("--length-penalty", o->length_penalty, "beam score = sum log p / length^penalty")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "sampling seed (runs are reproducible)")->capture_default_str();
+  cmd->add_option("--stop-ids", o->stop_ids, "token ids that end generation (default: the model's end token)");
+  cmd->add_flag("--no-stop", o->no_stop, "ignore the model's end token (generate max-new-tokens)");
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  cmd->callback([o] {
+    MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");
+    run(*o);
+  });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,37 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/data/example.h"
+
+namespace mt::data {
+
+// A random-access collection of examples. get() is called from the DataLoader's
+// background thread, so implementations must allow concurrent const calls.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  // Throws mt::Error for an index outside [0, size()).
+  virtual Example get(int64_t index) const = 0;
+};
+
+// Examples held in memory, e.g. the rows of read_tsv.
+class VectorDataset final : public Dataset {
+ public:
+  explicit VectorDataset(std::vector<Example> examples) : examples_(std::move(examples)) {}
+  int64_t size() const override { return int64_t(examples_.size()); }
+  Example get(int64_t index) const override;
+  const std::vector<Example>& examples() const { return examples_; }
+
+ private:
+  std::vector<Example> examples_;
+};
+
+std::shared_ptr<const Dataset> make_dataset(std::vector<Example> examples);
+
+// Throws "[op] index i out of range for a dataset of n examples" unless 0 <= i < n.
+void check_index(int64_t index, int64_t size, const char* op);
+
+}  // namespace mt::data

@@ -1,0 +1,117 @@
+#include "meshtrain/data/documents.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/text_file.h"
+
+namespace mt::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kEndOfText = "<|endoftext|>";
+
+void add_document(std::string_view doc, std::vector<std::string>& out) {
+  while (!doc.empty() && (doc.front() == '\n' || doc.front() == '\r')) doc.remove_prefix(1);
+  while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.remove_suffix(1);
+  if (doc.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos) return;
+  out.emplace_back(doc);
+}
+
+bool is_percent_line(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return line == "%";
+}
+
+bool has_percent_line(std::string_view text) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    if (is_percent_line(text.substr(pos, end - pos))) return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> split_documents(std::string_view text, const DocumentSplit& split) {
+  DocumentSplit how = split;
+  if (how.kind == DocumentSplit::Kind::automatic) {
+    if (has_percent_line(text)) {
+      how = DocumentSplit::percent_lines();
+    } else if (text.find(kEndOfText) != std::string_view::npos) {
+      how = DocumentSplit::literal(std::string(kEndOfText));
+    } else {
+      how = DocumentSplit::none();
+    }
+  }
+  std::vector<std::string> docs;
+  switch (how.kind) {
+    case DocumentSplit::Kind::literal: {
+      MT_CHECK(!how.separator.empty(), "[split_documents] the literal separator is empty");
+      size_t pos = 0;
+      while (true) {
+        const size_t hit = text.find(how.separator, pos);
+        add_document(text.substr(pos, hit == std::string_view::npos ? std::string_view::npos : hit - pos), docs);
+        if (hit == std::string_view::npos) break;
+        pos = hit + how.separator.size();
+      }
+      break;
+    }
+    case DocumentSplit::Kind::percent_lines: {
+      size_t doc_start = 0, pos = 0;
+      while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        const size_t next = end == std::string_view::npos ? text.size() : end + 1;
+        if (end == std::string_view::npos) end = text.size();
+        if (is_percent_line(text.substr(pos, end - pos))) {
+          add_document(text.substr(doc_start, pos - doc_start), docs);
+          doc_start = next;
+        }
+        pos = next;
+      }
+      add_document(text.substr(std::min(doc_start, text.size())), docs);
+      break;
+    }
+    default: add_document(text, docs); break;
+  }
+  return docs;
+}
+
+std::vector<std::string> list_text_files(const std::string& directory) {
+  std::error_code ec;
+  MT_CHECK(fs::is_directory(directory, ec), "[read_documents] ", directory, ": not a directory");
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    const fs::path& p = entry.path();
+    const std::string name = p.filename().string();
+    const std::string ext = p.extension().string();
+    if (name.empty() || name.front() == '.' || ext == ".dat" || ext == ".u8") continue;
+    if (!entry.is_regular_file(ec)) continue;
+    files.push_back(p.string());
+  }
+  MT_CHECK(!ec, "[read_documents] ", directory, ": cannot list (", ec.message(), ")");
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "[read_documents] ", path, ": no such file or directory");
+  if (!fs::is_directory(path, ec)) return split_documents(read_text_file(path, "read_documents"), split);
+  const std::vector<std::string> files = list_text_files(path);
+  MT_CHECK(!files.empty(), "[read_documents] ", path, ": the directory has no text files");
+  std::vector<std::string> docs;
+  for (const auto& file : files) {
+    std::vector<std::string> part = split_documents(read_text_file(file, "read_documents"), split);
+    docs.insert(docs.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return docs;
+}
+
+}  // namespace mt::data

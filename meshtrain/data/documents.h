@@ -1,0 +1,39 @@
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mt::data {
+
+// How a text corpus is cut into documents.
+struct DocumentSplit {
+  enum class Kind {
+    automatic,      // percent_lines if some line is just "%", else literal "<|endoftext|>" if present, else none
+    literal,        // on every occurrence of `separator` (e.g. "<|endoftext|>")
+    percent_lines,  // on lines holding only "%" (the fortune(6) file format)
+    none,           // the whole file is one document
+  };
+  Kind kind = Kind::automatic;
+  std::string separator{};
+
+  static DocumentSplit automatic() { return {}; }
+  static DocumentSplit literal(std::string separator) { return {Kind::literal, std::move(separator)}; }
+  static DocumentSplit percent_lines() { return {Kind::percent_lines, {}}; }
+  static DocumentSplit none() { return {Kind::none, {}}; }
+};
+
+// Splits text into documents. Line breaks at both ends of a document are removed (other
+// whitespace is kept: it matters in ASCII art) and empty or all-whitespace documents
+// are dropped.
+std::vector<std::string> split_documents(std::string_view text, const DocumentSplit& split = {});
+
+// The documents of a file, or of every text file of a directory in name order. In a
+// directory, subdirectories, hidden files and fortune's ".dat" index files and ".u8"
+// links are skipped; `automatic` decides per file. Throws mt::Error naming the path if
+// it is missing or a directory has no text files.
+std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split = {});
+
+// The files read_documents takes from a directory, sorted by name.
+std::vector<std::string> list_text_files(const std::string& directory);
+
+}  // namespace mt::data

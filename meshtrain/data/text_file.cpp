@@ -1,0 +1,27 @@
+#include "meshtrain/data/text_file.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::data {
+
+std::string read_text_file(const std::string& path, const char* op) {
+  std::error_code ec;
+  MT_CHECK(std::filesystem::exists(path, ec), "[", op, "] ", path, ": no such file");
+  MT_CHECK(!std::filesystem::is_directory(path, ec), "[", op, "] ", path, ": is a directory, expected a file");
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "[", op, "] ", path, ": cannot open (", std::strerror(errno), ")");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  MT_CHECK(!in.bad(), "[", op, "] ", path, ": read error");
+  std::string text = std::move(buffer).str();
+  if (text.size() >= 3 && text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+  return text;
+}
+
+}  // namespace mt::data

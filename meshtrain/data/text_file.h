@@ -1,0 +1,10 @@
+#pragma once
+#include <string>
+
+namespace mt::data {
+
+// The whole file as bytes with a leading UTF-8 byte-order mark removed (GLUE's MRPC
+// files start with one). Throws mt::Error "[op] <path>: ..." if it cannot be read.
+std::string read_text_file(const std::string& path, const char* op = "read_text_file");
+
+}  // namespace mt::data

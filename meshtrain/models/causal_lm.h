@@ -1,0 +1,29 @@
+#pragma once
+// A decoder language model as generation sees it: one forward function over
+// (ids, mask, positions) with an optional KV cache, whatever the architecture.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/models/common.h"
+#include "meshtrain/models/gpt2.h"
+#include "meshtrain/models/llama.h"
+#include "meshtrain/models/minigpt.h"
+
+namespace mt::models {
+
+struct CausalLm {
+  std::string model_type;  // "gpt2", "llama", "minigpt"
+  int64_t vocab_size = 0;
+  int64_t max_positions = 0;  // learned position tables bound the length; 0 = no bound
+  std::vector<int64_t> stop_tokens;  // the model's end-of-sequence ids (defaults for generation)
+  // Logits (B, T, V) of the inputs (evaluation mode); `cache` may be null.
+  std::function<Array(const DecoderInputs&, KvCache*)> forward;
+};
+
+// The closures hold the config and the Params handles (no copy of the weights).
+CausalLm gpt2_causal_lm(const Gpt2Config& c, const Params& p);
+CausalLm llama_causal_lm(const LlamaConfig& c, const Params& p);
+CausalLm minigpt_causal_lm(const MiniGptConfig& c, const Params& p);
+
+}  // namespace mt::models

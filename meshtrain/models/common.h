@@ -1,0 +1,128 @@
+#pragma once
+// Pieces shared by the models: the parameter table each model declares (shape, initializer,
+// sharding role), config.json accessors whose errors name the missing key, dense layers in
+// both storage conventions, attention masks, position ids and the KV cache.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/autodiff/params.h"
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/rng.h"
+#include "meshtrain/models/param_roles.h"
+
+namespace mt::models {
+
+// ---------------------------------------------------------------- parameter tables
+
+enum class InitKind { normal, zeros, ones, xavier_uniform };
+
+// One parameter of a model: its Hugging Face path, shape, random init and sharding role.
+struct ParamDef {
+  std::string path;
+  Shape shape;
+  ParamRole role;
+  InitKind init = InitKind::normal;
+  double std = 0.02;             // for InitKind::normal
+  int64_t zero_row = -1;         // an embedding's padding row, zeroed after init (HF padding_idx)
+};
+
+// Linear [out, in], Conv1D [in, out], embedding [rows, features], 1-d vectors.
+ParamRole linear_role(ParamKind kind);
+ParamRole conv1d_role(ParamKind kind);
+ParamRole embedding_role();
+ParamRole vector_role(ParamKind kind);  // norm / bias
+
+// Initial values for every def: parameter `path` draws from key.fold_in(hash(path)), so a
+// parameter's initial value does not depend on which other parameters exist.
+Params init_params(const std::vector<ParamDef>& defs, const RngKey& key, DType dtype = DType::f32);
+ParamRoles roles_of(const std::vector<ParamDef>& defs);
+// Throws mt::Error naming `model`, the path and both shapes when a parameter is missing or
+// has another shape than its def.
+void check_params(const std::vector<ParamDef>& defs, const Params& params, const char* model);
+uint64_t path_hash(const std::string& path);  // FNV-1a, stable across runs and platforms
+
+// ---------------------------------------------------------------- config.json
+
+// Reads config key `key`; a missing or mistyped key throws mt::Error naming `what`
+// ("gpt2 config") and the key.
+template <class T>
+T config_get(const nlohmann::json& j, const char* key, const char* what) {
+  MT_CHECK(j.is_object(), "[", what, "] config must be a JSON object");
+  auto it = j.find(key);
+  MT_CHECK(it != j.end() && !it->is_null(), "[", what, "] missing key '", key, "' in config.json");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat("[", what, "] key '", key, "' has the wrong type (", it->type_name(), "): ", e.what()));
+  }
+}
+// The same with a default for absent or null keys (HF's config defaults).
+template <class T>
+T config_get(const nlohmann::json& j, const char* key, const char* what, const T& fallback) {
+  MT_CHECK(j.is_object(), "[", what, "] config must be a JSON object");
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  return config_get<T>(j, key, what);
+}
+
+// ---------------------------------------------------------------- layers
+
+// nn.Linear: x @ weightᵀ + bias with weight [out, in]; bias may be undefined.
+Array linear(const Array& x, const Array& weight, const Array& bias = Array());
+// HF Conv1D: x @ weight + bias with weight [in, out].
+Array conv1d(const Array& x, const Array& weight, const Array& bias);
+// Hugging Face activation names: gelu (erf), gelu_new / gelu_pytorch_tanh (tanh), relu,
+// silu / swish, tanh.
+Array activation(const Array& x, const std::string& name);
+void check_activation(const std::string& name, const char* what);
+// (B, T, H*D) -> (B, H, T, D) and back.
+Array split_heads(const Array& x, int64_t heads);
+Array merge_heads(const Array& x);
+
+// ---------------------------------------------------------------- decoder inputs
+
+// Inputs of a decoder forward pass. With a KV cache holding P earlier positions:
+//   input_ids      (B, T) integers: the new tokens;
+//   attention_mask (B, P + T) 1 = token, 0 = padding (left-padded batches); undefined = all;
+//   position_ids   (B, T) or (T,); undefined = from the mask (cumsum - 1, padding at 1, as
+//                  HF generate) or P + arange(T) without a mask.
+struct DecoderInputs {
+  Array input_ids{};
+  Array attention_mask{};
+  Array position_ids{};
+};
+
+// Keys and values of earlier positions, per layer: (B, Hkv, P, D) each.
+struct KvCache {
+  std::vector<Array> keys, values;
+  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].dim(2); }
+  int64_t batch() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].dim(0); }
+  // Appends this step's k, v (B, Hkv, T, D) to layer `layer` and returns the full k, v.
+  std::pair<Array, Array> append(size_t layer, const Array& k, const Array& v);
+  // Row i of the new cache is row rows[i] of the old one (beam search reordering).
+  void select_rows(const std::vector<int64_t>& rows);
+  void clear() { keys.clear(), values.clear(); }
+};
+
+// i64 (n,) = start, start + 1, ...
+Array arange_ids(int64_t start, int64_t n);
+// Positions (B, T) of the last T of the mask's columns: cumsum(mask) - 1, 1 at padding.
+Array position_ids_from_mask(const Array& attention_mask, int64_t t);
+// Bool (B, 1, 1, Tk) "attend" mask from an integer/bool/float (B, Tk) 0/1 attention mask;
+// undefined in, undefined out.
+Array padding_mask(const Array& attention_mask, const char* what);
+// Validates decoder inputs against the cache and fills the position ids.
+struct ResolvedDecoderInputs {
+  Array ids;        // (B, T)
+  Array positions;  // (B, T) or (T,)
+  Array mask;       // bool (B, 1, 1, P + T) or undefined
+  int64_t past = 0;
+};
+ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCache* cache, int64_t max_positions,
+                                             const char* what);
+
+}  // namespace mt::models

@@ -1,0 +1,136 @@
+#include "meshtrain/models/gpt2.h"
+
+#include <cmath>
+
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/nn_ops.h"
+#include "meshtrain/ops/random.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::models {
+
+Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
+  const char* w = "gpt2 config";
+  Gpt2Config c;
+  c.vocab_size = config_get<int64_t>(j, "vocab_size", w);
+  c.n_embd = config_get<int64_t>(j, "n_embd", w);
+  c.n_layer = config_get<int64_t>(j, "n_layer", w);
+  c.n_head = config_get<int64_t>(j, "n_head", w);
+  // Old configs name the context n_ctx.
+  c.n_positions = j.contains("n_positions") ? config_get<int64_t>(j, "n_positions", w) : config_get<int64_t>(j, "n_ctx", w);
+  c.n_inner = config_get<int64_t>(j, "n_inner", w, 0);
+  c.activation_function = config_get<std::string>(j, "activation_function", w, "gelu_new");
+  c.resid_pdrop = config_get<double>(j, "resid_pdrop", w, 0.1);
+  c.embd_pdrop = config_get<double>(j, "embd_pdrop", w, 0.1);
+  c.attn_pdrop = config_get<double>(j, "attn_pdrop", w, 0.1);
+  c.layer_norm_epsilon = config_get<double>(j, "layer_norm_epsilon", w, 1e-5);
+  c.initializer_range = config_get<double>(j, "initializer_range", w, 0.02);
+  c.scale_attn_weights = config_get<bool>(j, "scale_attn_weights", w, true);
+  c.scale_attn_by_inverse_layer_idx = config_get<bool>(j, "scale_attn_by_inverse_layer_idx", w, false);
+  c.bos_token_id = config_get<int64_t>(j, "bos_token_id", w, 50256);
+  c.eos_token_id = config_get<int64_t>(j, "eos_token_id", w, 50256);
+  c.validate();
+  return c;
+}
+
+nlohmann::json Gpt2Config::to_json() const {
+  return {{"model_type", "gpt2"},
+          {"vocab_size", vocab_size},
+          {"n_positions", n_positions},
+          {"n_embd", n_embd},
+          {"n_layer", n_layer},
+          {"n_head", n_head},
+          {"n_inner", n_inner > 0 ? nlohmann::json(n_inner) : nlohmann::json(nullptr)},
+          {"activation_function", activation_function},
+          {"resid_pdrop", resid_pdrop},
+          {"embd_pdrop", embd_pdrop},
+          {"attn_pdrop", attn_pdrop},
+          {"layer_norm_epsilon", layer_norm_epsilon},
+          {"initializer_range", initializer_range},
+          {"scale_attn_weights", scale_attn_weights},
+          {"scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx},
+          {"bos_token_id", bos_token_id},
+          {"eos_token_id", eos_token_id}};
+}
+
+void Gpt2Config::validate() const {
+  MT_CHECK(vocab_size > 0 && n_embd > 0 && n_layer > 0 && n_head > 0 && n_positions > 0, "[gpt2 config] sizes must be "
+           "positive: vocab_size ", vocab_size, ", n_embd ", n_embd, ", n_layer ", n_layer, ", n_head ", n_head,
+           ", n_positions ", n_positions);
+  MT_CHECK(n_embd % n_head == 0, "[gpt2 config] n_embd ", n_embd, " is not a multiple of n_head ", n_head);
+  check_activation(activation_function, "gpt2 config");
+}
+
+std::vector<ParamDef> gpt2_param_defs(const Gpt2Config& c) {
+  c.validate();
+  const int64_t e = c.n_embd, f = c.inner();
+  const double std = c.initializer_range, proj_std = c.initializer_range / std::sqrt(2.0 * double(c.n_layer));
+  std::vector<ParamDef> d;
+  d.push_back({"transformer.wte.weight", {c.vocab_size, e}, embedding_role(), InitKind::normal, std});
+  d.push_back({"transformer.wpe.weight", {c.n_positions, e}, embedding_role(), InitKind::normal, std});
+  auto norm = [&](const std::string& p) {
+    d.push_back({p + ".weight", {e}, vector_role(ParamKind::norm), InitKind::ones});
+    d.push_back({p + ".bias", {e}, vector_role(ParamKind::norm), InitKind::zeros});
+  };
+  auto conv = [&](const std::string& p, int64_t in, int64_t out, ParamKind kind, double s) {
+    d.push_back({p + ".weight", {in, out}, conv1d_role(kind), InitKind::normal, s});
+    d.push_back({p + ".bias", {out}, vector_role(ParamKind::bias), InitKind::zeros});
+  };
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    std::string b = "transformer.h." + std::to_string(l) + ".";
+    norm(b + "ln_1");
+    conv(b + "attn.c_attn", e, 3 * e, ParamKind::attention_qkv, std);
+    conv(b + "attn.c_proj", e, e, ParamKind::attention_out, proj_std);
+    norm(b + "ln_2");
+    conv(b + "mlp.c_fc", e, f, ParamKind::mlp_in, std);
+    conv(b + "mlp.c_proj", f, e, ParamKind::mlp_out, proj_std);
+  }
+  norm("transformer.ln_f");
+  return d;
+}
+
+ParamRoles gpt2_param_roles(const Gpt2Config& c) { return roles_of(gpt2_param_defs(c)); }
+
+Params gpt2_init(const Gpt2Config& c, const RngKey& key, DType dtype) {
+  return init_params(gpt2_param_defs(c), key, dtype);
+}
+
+Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
+                  KvCache* cache) {
+  c.validate();
+  ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, c.n_positions, "gpt2");
+  const int64_t e = c.n_embd, hd = e / c.n_head;
+  Array x = add(embedding(p["transformer.wte.weight"], r.ids), embedding(p["transformer.wpe.weight"], r.positions));
+  x = dropout(x, c.embd_pdrop, dropout_key.fold_in(0), train);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "transformer.h." + std::to_string(l) + ".";
+    const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
+    Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
+    std::vector<Array> qkv = split(conv1d(h, p[b + "attn.c_attn.weight"], p[b + "attn.c_attn.bias"]), {e, e, e}, -1);
+    Array q = split_heads(qkv[0], c.n_head), k = split_heads(qkv[1], c.n_head), v = split_heads(qkv[2], c.n_head);
+    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+    double scale = c.scale_attn_weights ? 1.0 / std::sqrt(double(hd)) : 1.0;
+    if (c.scale_attn_by_inverse_layer_idx) scale /= double(l + 1);
+    AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
+                         .train = train};
+    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
+    a = conv1d(a, p[b + "attn.c_proj.weight"], p[b + "attn.c_proj.bias"]);
+    x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
+    h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
+    Array m = activation(conv1d(h, p[b + "mlp.c_fc.weight"], p[b + "mlp.c_fc.bias"]), c.activation_function);
+    m = conv1d(m, p[b + "mlp.c_proj.weight"], p[b + "mlp.c_proj.bias"]);
+    x = add(x, dropout(m, c.resid_pdrop, lk.fold_in(2), train));
+  }
+  return layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], c.layer_norm_epsilon);
+}
+
+Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
+                 KvCache* cache) {
+  Array x = gpt2_hidden(c, p, in, dropout_key, train, cache);
+  return matmul(x, p["transformer.wte.weight"], false, true);  // tied head: x @ wteᵀ
+}
+
+}  // namespace mt::models

@@ -1,0 +1,154 @@
+#include "meshtrain/models/llama.h"
+
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/nn_ops.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::models {
+
+LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
+  const char* w = "llama config";
+  LlamaConfig c;
+  c.vocab_size = config_get<int64_t>(j, "vocab_size", w);
+  c.hidden_size = config_get<int64_t>(j, "hidden_size", w);
+  c.intermediate_size = config_get<int64_t>(j, "intermediate_size", w);
+  c.num_hidden_layers = config_get<int64_t>(j, "num_hidden_layers", w);
+  c.num_attention_heads = config_get<int64_t>(j, "num_attention_heads", w);
+  c.num_key_value_heads = config_get<int64_t>(j, "num_key_value_heads", w, c.num_attention_heads);
+  c.head_dim = config_get<int64_t>(j, "head_dim", w, 0);
+  c.max_position_embeddings = config_get<int64_t>(j, "max_position_embeddings", w, 2048);
+  c.rms_norm_eps = config_get<double>(j, "rms_norm_eps", w, 1e-6);
+  c.rope_theta = config_get<double>(j, "rope_theta", w, 10000.0);
+  MT_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), "[", w,
+           "] rope_scaling is not supported (got ", j.contains("rope_scaling") ? j["rope_scaling"].dump() : "", ")");
+  // meshtrain's key (io::llama2c_hf_config writes it); "rope_interleaved" is accepted too.
+  c.rope_interleaved = config_get<bool>(j, "rotary_interleaved", w, config_get<bool>(j, "rope_interleaved", w, false));
+  c.tie_word_embeddings = config_get<bool>(j, "tie_word_embeddings", w, false);
+  c.attention_bias = config_get<bool>(j, "attention_bias", w, false);
+  c.attention_dropout = config_get<double>(j, "attention_dropout", w, 0.0);
+  c.hidden_act = config_get<std::string>(j, "hidden_act", w, "silu");
+  c.initializer_range = config_get<double>(j, "initializer_range", w, 0.02);
+  c.bos_token_id = config_get<int64_t>(j, "bos_token_id", w, 1);
+  c.eos_token_id = config_get<int64_t>(j, "eos_token_id", w, 2);
+  c.validate();
+  return c;
+}
+
+nlohmann::json LlamaConfig::to_json() const {
+  return {{"model_type", "llama"},
+          {"vocab_size", vocab_size},
+          {"hidden_size", hidden_size},
+          {"intermediate_size", intermediate_size},
+          {"num_hidden_layers", num_hidden_layers},
+          {"num_attention_heads", num_attention_heads},
+          {"num_key_value_heads", num_key_value_heads},
+          {"head_dim", dim_per_head()},
+          {"max_position_embeddings", max_position_embeddings},
+          {"rms_norm_eps", rms_norm_eps},
+          {"rope_theta", rope_theta},
+          {"rotary_interleaved", rope_interleaved},
+          {"tie_word_embeddings", tie_word_embeddings},
+          {"attention_bias", attention_bias},
+          {"attention_dropout", attention_dropout},
+          {"hidden_act", hidden_act},
+          {"initializer_range", initializer_range},
+          {"bos_token_id", bos_token_id},
+          {"eos_token_id", eos_token_id}};
+}
+
+void LlamaConfig::validate() const {
+  MT_CHECK(vocab_size > 0 && hidden_size > 0 && intermediate_size > 0 && num_hidden_layers > 0 &&
+               num_attention_heads > 0 && num_key_value_heads > 0,
+           "[llama config] sizes must be positive: vocab_size ", vocab_size, ", hidden_size ", hidden_size,
+           ", intermediate_size ", intermediate_size, ", num_hidden_layers ", num_hidden_layers,
+           ", num_attention_heads ", num_attention_heads, ", num_key_value_heads ", num_key_value_heads);
+  MT_CHECK(num_attention_heads % num_key_value_heads == 0, "[llama config] num_attention_heads ", num_attention_heads,
+           " is not a multiple of num_key_value_heads ", num_key_value_heads);
+  MT_CHECK(head_dim > 0 || hidden_size % num_attention_heads == 0, "[llama config] hidden_size ", hidden_size,
+           " is not a multiple of num_attention_heads ", num_attention_heads);
+  MT_CHECK(dim_per_head() % 2 == 0, "[llama config] head dim ", dim_per_head(), " must be even for rotary embeddings");
+  check_activation(hidden_act, "llama config");
+}
+
+std::vector<ParamDef> llama_param_defs(const LlamaConfig& c) {
+  c.validate();
+  const int64_t e = c.hidden_size, f = c.intermediate_size, hd = c.dim_per_head();
+  const int64_t qdim = c.num_attention_heads * hd, kvdim = c.num_key_value_heads * hd;
+  const double std = c.initializer_range;
+  std::vector<ParamDef> d;
+  d.push_back({"model.embed_tokens.weight", {c.vocab_size, e}, embedding_role(), InitKind::normal, std});
+  auto lin = [&](const std::string& p, int64_t out, int64_t in, ParamKind kind, bool bias) {
+    d.push_back({p + ".weight", {out, in}, linear_role(kind), InitKind::normal, std});
+    if (bias) d.push_back({p + ".bias", {out}, vector_role(ParamKind::bias), InitKind::zeros});
+  };
+  auto norm = [&](const std::string& p) {
+    d.push_back({p + ".weight", {e}, vector_role(ParamKind::norm), InitKind::ones});
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    std::string b = "model.layers." + std::to_string(l) + ".";
+    norm(b + "input_layernorm");
+    lin(b + "self_attn.q_proj", qdim, e, ParamKind::attention_qkv, c.attention_bias);
+    lin(b + "self_attn.k_proj", kvdim, e, ParamKind::attention_qkv, c.attention_bias);
+    lin(b + "self_attn.v_proj", kvdim, e, ParamKind::attention_qkv, c.attention_bias);
+    lin(b + "self_attn.o_proj", e, qdim, ParamKind::attention_out, c.attention_bias);
+    norm(b + "post_attention_layernorm");
+    lin(b + "mlp.gate_proj", f, e, ParamKind::mlp_in, false);
+    lin(b + "mlp.up_proj", f, e, ParamKind::mlp_in, false);
+    lin(b + "mlp.down_proj", e, f, ParamKind::mlp_out, false);
+  }
+  norm("model.norm");
+  if (!c.tie_word_embeddings) lin("lm_head", c.vocab_size, e, ParamKind::lm_head, false);
+  return d;
+}
+
+ParamRoles llama_param_roles(const LlamaConfig& c) { return roles_of(llama_param_defs(c)); }
+
+Params llama_init(const LlamaConfig& c, const RngKey& key, DType dtype) {
+  return init_params(llama_param_defs(c), key, dtype);
+}
+
+Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
+                   bool train, KvCache* cache) {
+  c.validate();
+  // Rotary positions have no table to run off, so there is no hard position limit here.
+  ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, 0, "llama");
+  const int64_t hd = c.dim_per_head();
+  auto opt_bias = [&](const std::string& path) { return c.attention_bias ? p[path] : Array(); };
+  Array x = embedding(p["model.embed_tokens.weight"], r.ids);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string b = "model.layers." + std::to_string(l) + ".";
+    Array h = rms_norm(x, p[b + "input_layernorm.weight"], c.rms_norm_eps);
+    auto proj = [&](const char* n, int64_t heads) {
+      std::string w = b + "self_attn." + n;
+      return split_heads(linear(h, p[w + ".weight"], opt_bias(w + ".bias")), heads);
+    };
+    Array q = proj("q_proj", c.num_attention_heads);
+    Array k = proj("k_proj", c.num_key_value_heads), v = proj("v_proj", c.num_key_value_heads);
+    MT_CHECK(q.dim(3) == hd, "[llama] q_proj gives head dim ", q.dim(3), ", config says ", hd);
+    q = rotary_embedding(q, r.positions, c.rope_theta, c.rope_interleaved);
+    k = rotary_embedding(k, r.positions, c.rope_theta, c.rope_interleaved);
+    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+    AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout,
+                         .dropout_key = dropout_key.fold_in(uint64_t(l)), .train = train};
+    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
+    x = add(x, linear(a, p[b + "self_attn.o_proj.weight"], opt_bias(b + "self_attn.o_proj.bias")));
+    h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
+    Array g = activation(linear(h, p[b + "mlp.gate_proj.weight"]), c.hidden_act);
+    Array u = linear(h, p[b + "mlp.up_proj.weight"]);
+    x = add(x, linear(mul(g, u), p[b + "mlp.down_proj.weight"]));
+  }
+  return rms_norm(x, p["model.norm.weight"], c.rms_norm_eps);
+}
+
+Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
+                  KvCache* cache) {
+  Array x = llama_hidden(c, p, in, dropout_key, train, cache);
+  if (c.tie_word_embeddings && !p.contains("lm_head.weight"))
+    return matmul(x, p["model.embed_tokens.weight"], false, true);
+  return linear(x, p["lm_head.weight"]);
+}
+
+}  // namespace mt::models

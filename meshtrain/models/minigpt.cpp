@@ -1,0 +1,113 @@
+#include "meshtrain/models/minigpt.h"
+
+#include <cmath>
+
+#include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/nn_ops.h"
+#include "meshtrain/ops/random.h"
+
+namespace mt::models {
+
+MiniGptConfig MiniGptConfig::from_json(const nlohmann::json& j) {
+  const char* w = "minigpt config";
+  MiniGptConfig c;
+  c.vocab_size = config_get<int64_t>(j, "vocab_size", w, c.vocab_size);
+  c.maxlen = config_get<int64_t>(j, "maxlen", w, c.maxlen);
+  c.embed_dim = config_get<int64_t>(j, "embed_dim", w, c.embed_dim);
+  c.num_heads = config_get<int64_t>(j, "num_heads", w, c.num_heads);
+  c.feed_forward_dim = config_get<int64_t>(j, "feed_forward_dim", w, c.feed_forward_dim);
+  c.num_transformer_blocks = config_get<int64_t>(j, "num_transformer_blocks", w, c.num_transformer_blocks);
+  c.dropout_rate = config_get<double>(j, "dropout_rate", w, c.dropout_rate);
+  c.layer_norm_epsilon = config_get<double>(j, "layer_norm_epsilon", w, c.layer_norm_epsilon);
+  c.validate();
+  return c;
+}
+
+nlohmann::json MiniGptConfig::to_json() const {
+  return {{"model_type", "minigpt"},
+          {"vocab_size", vocab_size},
+          {"maxlen", maxlen},
+          {"embed_dim", embed_dim},
+          {"num_heads", num_heads},
+          {"feed_forward_dim", feed_forward_dim},
+          {"num_transformer_blocks", num_transformer_blocks},
+          {"dropout_rate", dropout_rate},
+          {"layer_norm_epsilon", layer_norm_epsilon}};
+}
+
+void MiniGptConfig::validate() const {
+  MT_CHECK(vocab_size > 0 && maxlen > 0 && embed_dim > 0 && num_heads > 0 && feed_forward_dim > 0 &&
+               num_transformer_blocks > 0,
+           "[minigpt config] sizes must be positive: vocab_size ", vocab_size, ", maxlen ", maxlen, ", embed_dim ",
+           embed_dim, ", num_heads ", num_heads, ", feed_forward_dim ", feed_forward_dim,
+           ", num_transformer_blocks ", num_transformer_blocks);
+  MT_CHECK(embed_dim % num_heads == 0, "[minigpt config] embed_dim ", embed_dim, " is not a multiple of num_heads ",
+           num_heads);
+  MT_CHECK(dropout_rate >= 0 && dropout_rate < 1, "[minigpt config] dropout_rate ", dropout_rate, " not in [0, 1)");
+}
+
+std::vector<ParamDef> minigpt_param_defs(const MiniGptConfig& c) {
+  c.validate();
+  const int64_t e = c.embed_dim, f = c.feed_forward_dim;
+  const double emb_std = 1.0 / std::sqrt(double(e));
+  std::vector<ParamDef> d;
+  d.push_back({"embedding.token_emb.weight", {c.vocab_size, e}, embedding_role(), InitKind::normal, emb_std});
+  d.push_back({"embedding.pos_emb.weight", {c.maxlen, e}, embedding_role(), InitKind::normal, emb_std});
+  auto lin = [&](const std::string& p, int64_t out, int64_t in, ParamKind kind) {
+    d.push_back({p + ".weight", {out, in}, linear_role(kind), InitKind::xavier_uniform});
+    d.push_back({p + ".bias", {out}, vector_role(ParamKind::bias), InitKind::zeros});
+  };
+  auto norm = [&](const std::string& p) {
+    d.push_back({p + ".weight", {e}, vector_role(ParamKind::norm), InitKind::ones});
+    d.push_back({p + ".bias", {e}, vector_role(ParamKind::norm), InitKind::zeros});
+  };
+  for (int64_t l = 0; l < c.num_transformer_blocks; ++l) {
+    std::string b = "blocks." + std::to_string(l) + ".";
+    lin(b + "attn.query", e, e, ParamKind::attention_qkv);
+    lin(b + "attn.key", e, e, ParamKind::attention_qkv);
+    lin(b + "attn.value", e, e, ParamKind::attention_qkv);
+    lin(b + "attn.out", e, e, ParamKind::attention_out);
+    norm(b + "ln1");
+    lin(b + "ffn.linear1", f, e, ParamKind::mlp_in);
+    lin(b + "ffn.linear2", e, f, ParamKind::mlp_out);
+    norm(b + "ln2");
+  }
+  d.push_back({"output_layer.weight", {c.vocab_size, e}, linear_role(ParamKind::lm_head), InitKind::xavier_uniform});
+  return d;
+}
+
+ParamRoles minigpt_param_roles(const MiniGptConfig& c) { return roles_of(minigpt_param_defs(c)); }
+
+Params minigpt_init(const MiniGptConfig& c, const RngKey& key, DType dtype) {
+  return init_params(minigpt_param_defs(c), key, dtype);
+}
+
+Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
+                    bool train, KvCache* cache) {
+  c.validate();
+  ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, c.maxlen, "minigpt");
+  Array x = add(embedding(p["embedding.token_emb.weight"], r.ids), embedding(p["embedding.pos_emb.weight"], r.positions));
+  for (int64_t l = 0; l < c.num_transformer_blocks; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    const RngKey lk = dropout_key.fold_in(uint64_t(l));
+    auto proj = [&](const char* n) {
+      return linear(x, p[b + "attn." + n + ".weight"], p[b + "attn." + n + ".bias"]);
+    };
+    Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
+          v = split_heads(proj("value"), c.num_heads);
+    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, {.causal = true}));
+    a = linear(a, p[b + "attn.out.weight"], p[b + "attn.out.bias"]);
+    x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
+                   c.layer_norm_epsilon);
+    Array m = relu(linear(x, p[b + "ffn.linear1.weight"], p[b + "ffn.linear1.bias"]));
+    m = linear(m, p[b + "ffn.linear2.weight"], p[b + "ffn.linear2.bias"]);
+    x = layer_norm(add(x, dropout(m, c.dropout_rate, lk.fold_in(1), train)), p[b + "ln2.weight"], p[b + "ln2.bias"],
+                   c.layer_norm_epsilon);
+  }
+  return linear(x, p["output_layer.weight"]);
+}
+
+}  // namespace mt::models

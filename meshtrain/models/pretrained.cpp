@@ -1,0 +1,250 @@
+#include "meshtrain/models/pretrained.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/llama2c.h"
+#include "meshtrain/io/safetensors.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+
+namespace mt::models {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// Tied copies and non-parameter buffers that checkpoints may carry.
+std::vector<std::string> ignored_patterns(const std::string& model_type, const ModelConfig& config) {
+  if (model_type == "gpt2") return {R"(lm_head\.weight)", R"(transformer\.h\.\d+\.attn\.(masked_)?bias)"};
+  if (model_type == "bert")
+    return {R"(cls\.predictions\.decoder\.(weight|bias))", R"(bert\.embeddings\.position_ids)"};
+  if (model_type == "llama") {
+    std::vector<std::string> v = {R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
+    if (std::get<LlamaConfig>(config).tie_word_embeddings) v.push_back(R"(lm_head\.weight)");
+    return v;
+  }
+  return {};
+}
+
+const char* base_prefix(const std::string& model_type) {
+  if (model_type == "bert") return "bert.";
+  if (model_type == "gpt2") return "transformer.";
+  if (model_type == "llama") return "model.";
+  return "";
+}
+
+// Runs `fn`, prefixing any mt::Error with the file it concerns.
+template <class F>
+auto with_source(const std::string& source, F fn) {
+  try {
+    return fn();
+  } catch (const Error& e) {
+    throw Error(detail::concat("[from_pretrained] ", source, ": ", e.what()));
+  }
+}
+
+std::string architecture_of(const std::string& model_type, const ModelConfig& config) {
+  if (model_type == "bert") return bert_architecture(std::get<BertConfig>(config).head);
+  if (model_type == "gpt2") return "GPT2LMHeadModel";
+  if (model_type == "llama") return "LlamaForCausalLM";
+  return "MiniGPT";
+}
+
+ModelConfig parse_config(const nlohmann::json& j, const PretrainedOptions& o, std::string& model_type) {
+  MT_CHECK(j.is_object(), "[config] config must be a JSON object");
+  MT_CHECK(j.contains("model_type") && j["model_type"].is_string(),
+           "[config] missing key 'model_type' (expected bert, gpt2, llama or minigpt)");
+  model_type = j["model_type"].get<std::string>();
+  if (model_type == "bert") {
+    BertConfig c = BertConfig::from_json(j);
+    if (o.num_labels) c.num_labels = *o.num_labels;
+    if (o.bert_head) c = c.with_head(*o.bert_head);
+    c.validate();
+    return c;
+  }
+  if (model_type == "gpt2") return Gpt2Config::from_json(j);
+  if (model_type == "llama") return LlamaConfig::from_json(j);
+  if (model_type == "minigpt") return MiniGptConfig::from_json(j);
+  throw Error(detail::concat("[config] unknown model_type '", model_type,
+                             "' (supported: bert, gpt2, llama, minigpt)"));
+}
+
+bool has_tokenizer_files(const fs::path& dir) {
+  for (const char* f : {"tokenizer.json", "vocab.txt", "vocab.json", "encoder.json"})
+    if (fs::exists(dir / f)) return true;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".model") return true;
+  return false;
+}
+
+void finish(PretrainedModel& m, const PretrainedOptions& o) {
+  if (o.print_report && !m.report.complete()) std::cerr << m.report.str(m.architecture, m.source);
+}
+
+}  // namespace
+
+std::string LoadReport::str(const std::string& architecture, const std::string& source) const {
+  std::ostringstream os;
+  if (!unexpected.empty())
+    os << "Some weights of the model checkpoint at " << source << " were not used when initializing " << architecture
+       << ": [" << join(unexpected) << "]\n";
+  if (!missing.empty())
+    os << "Some weights of " << architecture << " were not initialized from the model checkpoint at " << source
+       << " and are newly initialized: [" << join(missing) << "]\n";
+  return os.str();
+}
+
+CausalLm PretrainedModel::causal_lm() const {
+  if (model_type == "gpt2") return gpt2_causal_lm(std::get<Gpt2Config>(config), params);
+  if (model_type == "llama") {
+    CausalLm lm = llama_causal_lm(std::get<LlamaConfig>(config), params);
+    if (!stop_tokens.empty()) lm.stop_tokens = stop_tokens;
+    return lm;
+  }
+  if (model_type == "minigpt") return minigpt_causal_lm(std::get<MiniGptConfig>(config), params);
+  throw Error(detail::concat("[from_pretrained] ", source, ": model_type '", model_type,
+                             "' is not a causal language model (no generation)"));
+}
+
+std::vector<ParamDef> PretrainedModel::param_defs() const {
+  return std::visit(
+      [](const auto& c) -> std::vector<ParamDef> {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, BertConfig>) return bert_param_defs(c);
+        else if constexpr (std::is_same_v<C, Gpt2Config>) return gpt2_param_defs(c);
+        else if constexpr (std::is_same_v<C, LlamaConfig>) return llama_param_defs(c);
+        else return minigpt_param_defs(c);
+      },
+      config);
+}
+
+ParamRoles PretrainedModel::param_roles() const { return roles_of(param_defs()); }
+
+nlohmann::json PretrainedModel::config_json() const {
+  return std::visit([](const auto& c) { return c.to_json(); }, config);
+}
+
+Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, const RngKey& init_key,
+                        const std::vector<std::string>& ignore, const std::string& base_prefix, DType dtype,
+                        const std::string& source, LoadReport& report) {
+  std::set<std::string> expected;
+  for (const ParamDef& d : defs) expected.insert(d.path);
+  auto starts = [](const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; };
+  if (!base_prefix.empty()) {
+    bool ckpt_has = false, defs_have = false;
+    for (const auto& [k, v] : checkpoint) ckpt_has |= starts(k, base_prefix);
+    for (const ParamDef& d : defs) defs_have |= starts(d.path, base_prefix);
+    if (!ckpt_has && defs_have) {
+      Params renamed;
+      for (const auto& [k, v] : checkpoint) renamed.set(expected.count(base_prefix + k) ? base_prefix + k : k, v);
+      checkpoint = std::move(renamed);
+    }
+  }
+  std::vector<std::regex> ignore_re;
+  for (const std::string& p : ignore) ignore_re.emplace_back(p);
+  for (const auto& [k, v] : checkpoint) {
+    if (expected.count(k)) continue;
+    bool ign = false;
+    for (const auto& re : ignore_re) ign |= std::regex_match(k, re);
+    (ign ? report.ignored : report.unexpected).push_back(k);
+  }
+  Params out;
+  std::vector<ParamDef> missing;
+  for (const ParamDef& d : defs) {
+    if (!checkpoint.contains(d.path)) {
+      report.missing.push_back(d.path);
+      missing.push_back(d);
+      continue;
+    }
+    Array a = checkpoint[d.path];
+    MT_CHECK(a.shape() == d.shape, "[from_pretrained] ", source, ": parameter '", d.path, "' has shape ",
+             a.shape().str(), " in the checkpoint, but the model expects ", d.shape.str());
+    MT_CHECK(is_floating(a.dtype()), "[from_pretrained] ", source, ": parameter '", d.path, "' has dtype ",
+             dtype_name(a.dtype()), ", expected a floating dtype");
+    out.set(d.path, a.dtype() == dtype ? a : cast(a, dtype));
+  }
+  if (!missing.empty()) {
+    Params init = init_params(missing, init_key, dtype);
+    for (const auto& [k, v] : init) out.set(k, v);
+    // Keep the defs' order (the checkpoint order is the defs' order too).
+    Params ordered;
+    for (const ParamDef& d : defs) ordered.set(d.path, out[d.path]);
+    out = std::move(ordered);
+  }
+  return out;
+}
+
+namespace {
+
+// `config_source` names where the config came from in errors (a config.json, a .bin header).
+PretrainedModel build_model(const nlohmann::json& config, Params checkpoint, const std::string& source,
+                            const std::string& config_source, const PretrainedOptions& o) {
+  PretrainedModel m;
+  m.source = source;
+  m.config = with_source(config_source, [&] { return parse_config(config, o, m.model_type); });
+  m.architecture = architecture_of(m.model_type, m.config);
+  m.params = match_checkpoint(m.param_defs(), std::move(checkpoint), o.init_key, ignored_patterns(m.model_type, m.config),
+                              base_prefix(m.model_type), o.dtype, source, m.report);
+  return m;
+}
+
+}  // namespace
+
+PretrainedModel model_from_checkpoint(const nlohmann::json& config, Params checkpoint, const std::string& source,
+                                      const PretrainedOptions& o) {
+  return build_model(config, std::move(checkpoint), source, source + " config", o);
+}
+
+PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOptions& o) {
+  io::Llama2cCheckpoint ck = io::load_llama2c(path);
+  nlohmann::json j = io::llama2c_hf_config(ck.config);
+  PretrainedModel m = build_model(j, std::move(ck.params), path, path + " header", o);
+  // llama2.c's run.c ends a sample at BOS (1): every story in its training data starts with it.
+  m.stop_tokens = {1};
+  finish(m, o);
+  return m;
+}
+
+PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions& o) {
+  MT_CHECK(fs::exists(path), "[from_pretrained] ", path, ": no such file or directory");
+  if (!fs::is_directory(path)) {
+    MT_CHECK(fs::path(path).extension() == ".bin", "[from_pretrained] ", path,
+             ": expected a model directory (config.json + safetensors) or a llama2.c .bin checkpoint");
+    return load_llama2c_model(path, o);
+  }
+  const fs::path dir(path);
+  MT_CHECK(fs::exists(dir / "config.json"), "[from_pretrained] ", path, ": no config.json in the model directory");
+  nlohmann::json config = io::read_json_file((dir / "config.json").string());
+  MT_CHECK(fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json"),
+           "[from_pretrained] ", path, ": no model.safetensors or model.safetensors.index.json (pytorch_model.bin "
+           "checkpoints are not supported: convert them to safetensors)");
+  Params checkpoint = io::load_safetensors(path);
+  PretrainedModel m = build_model(config, std::move(checkpoint), path, (dir / "config.json").string(), o);
+  if (o.load_tokenizer && has_tokenizer_files(dir)) m.tokenizer = tokenizers::load_tokenizer(path);
+  finish(m, o);
+  return m;
+}
+
+void save_pretrained(const PretrainedModel& model, const std::string& dir) {
+  fs::create_directories(dir);
+  {
+    std::ofstream out(fs::path(dir) / "config.json");
+    MT_CHECK(out.good(), "[save_pretrained] cannot write ", dir, "/config.json");
+    out << model.config_json().dump(2) << "\n";
+  }
+  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), model.params, {{"format", "pt"}});
+}
+
+}  // namespace mt::models

@@ -1,0 +1,93 @@
+#pragma once
+// Loading Hugging Face model directories (config.json + safetensors + tokenizer) and
+// llama2.c `.bin` checkpoints into the models of this folder.
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/models/bert.h"
+#include "meshtrain/models/causal_lm.h"
+#include "meshtrain/models/gpt2.h"
+#include "meshtrain/models/llama.h"
+#include "meshtrain/models/minigpt.h"
+
+namespace mt::tokenizers {
+class Tokenizer;
+}
+
+namespace mt::models {
+
+// How a checkpoint's tensors matched the model's parameters.
+struct LoadReport {
+  std::vector<std::string> missing;     // expected but absent: newly initialized
+  std::vector<std::string> unexpected;  // present but unused by the model
+  std::vector<std::string> ignored;     // tied copies and buffers (lm_head.weight, attn.bias, ...)
+  bool complete() const { return missing.empty() && unexpected.empty(); }
+  // HF-style warnings naming every missing and unexpected key ("" when complete).
+  std::string str(const std::string& architecture, const std::string& source) const;
+};
+
+struct PretrainedOptions {
+  // BERT: load as this model class instead of config.json's architectures[0] (e.g. a
+  // masked-LM checkpoint as a sequence classifier: the classifier and pooler are then
+  // newly initialized and cls.predictions.* unexpected, as in HF).
+  std::optional<BertHead> bert_head;
+  std::optional<int64_t> num_labels;
+  RngKey init_key{0, 0};  // for newly initialized parameters
+  DType dtype = DType::f32;  // checkpoint tensors of another float dtype are converted
+  bool load_tokenizer = true;
+  bool print_report = true;  // print missing/unexpected keys to stderr
+};
+
+using ModelConfig = std::variant<BertConfig, Gpt2Config, LlamaConfig, MiniGptConfig>;
+
+struct PretrainedModel {
+  std::string model_type;    // "bert", "gpt2", "llama", "minigpt"
+  std::string architecture;  // "BertForSequenceClassification", "GPT2LMHeadModel", ...
+  std::string source;        // the directory or file it came from
+  ModelConfig config;
+  Params params;
+  std::shared_ptr<tokenizers::Tokenizer> tokenizer;  // null when the directory has none
+  LoadReport report;
+  std::vector<int64_t> stop_tokens;  // overrides the config's eos for generation (llama2.c: BOS = 1)
+
+  bool is_causal_lm() const { return model_type != "bert"; }
+  // The decoder for generation; throws mt::Error for BERT.
+  CausalLm causal_lm() const;
+  ParamRoles param_roles() const;
+  std::vector<ParamDef> param_defs() const;
+  nlohmann::json config_json() const;
+};
+
+// `path`: a Hugging Face model directory (config.json with model_type bert, gpt2, llama or
+// minigpt; model.safetensors or a sharded model.safetensors.index.json; a tokenizer when
+// present), or a llama2.c `.bin` checkpoint file. Missing parameters are initialized and
+// reported, unexpected ones reported; a shape mismatch throws mt::Error naming the key and
+// both shapes; an unknown model_type throws naming it.
+PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions& options = {});
+
+// A model from an already parsed config (config.json's content) and checkpoint tensors:
+// the matching step of from_pretrained.
+PretrainedModel model_from_checkpoint(const nlohmann::json& config, Params checkpoint, const std::string& source,
+                                      const PretrainedOptions& options = {});
+
+// llama2.c checkpoint -> LLaMA with interleaved rotary pairs (llama2.c's q/k layout).
+PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOptions& options = {});
+
+// Writes config.json and model.safetensors into `dir` (created if needed).
+void save_pretrained(const PretrainedModel& model, const std::string& dir);
+
+// The matching itself: parameters for `defs` from `checkpoint`; missing ones are
+// initialized from their defs with `init_key` (the values init would give them); tensors
+// whose path matches an `ignore` regex are dropped silently. When no checkpoint key carries
+// `base_prefix` ("bert.", "transformer.", "model.") but the defs do, the checkpoint is a
+// base model's and the prefix is added (as HF loads a BertModel into a head model).
+Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, const RngKey& init_key,
+                        const std::vector<std::string>& ignore, const std::string& base_prefix, DType dtype,
+                        const std::string& source, LoadReport& report);
+
+}  // namespace mt::models

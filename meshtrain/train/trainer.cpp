@@ -1,0 +1,197 @@
+#include "meshtrain/train/trainer.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "meshtrain/autodiff/value_and_grad.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/data_loader.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/train/async_metric_writer.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/jsonl_logger.h"
+#include "meshtrain/train/progress.h"
+#include "meshtrain/train/tensorboard.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+Trainer::Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
+                 std::optional<ShardingPlan> plan)
+    : deployer_(deployer), collate_(std::move(collate)), loss_(std::move(loss)), optimizer_(std::move(optimizer)),
+      plan_(std::move(plan)) {
+  MT_CHECK(collate_ && loss_, "[trainer] collate and loss functions are required");
+  // Parameters take the plan's layout; optimizer slots follow them (zeros_like).
+  params_ = plan_ ? plan_->shard(params) : std::move(params);
+  opt_state_ = optimizer_.init(params_);
+}
+
+dist::PartitionSpec Trainer::spec_for(const std::string& group, const std::string& path) const {
+  if (!plan_) return {};
+  if (group == "params") return plan_->spec(path);
+  // Optimizer slots are "<slot>.<param path>" (possibly nested by chain: "1.mu.<path>").
+  for (size_t pos = path.find('.'); pos != std::string::npos; pos = path.find('.', pos + 1)) {
+    const std::string rest = path.substr(pos + 1);
+    for (const PlanEntry& e : plan_->entries())
+      if (e.path == rest) return e.spec;
+  }
+  return {};
+}
+
+double Trainer::train_step(const std::vector<Batch>& micro_batches) {
+  const RngKey key = deployer_.step_key(step_);
+  Params grads;
+  double loss_total = 0;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const Batch& batch = micro_batches[m];
+    const RngKey micro_key = key.fold_in(m);
+    auto [loss, g] = value_and_grad([&](const Params& p) { return loss_(p, batch, micro_key); })(params_);
+    loss_total += dist::to_host(loss).item();
+    if (grads.empty()) {
+      grads = std::move(g);
+    } else {
+      for (auto& [path, acc] : grads) acc = add(acc, g[path]);
+    }
+  }
+  if (micro_batches.size() > 1)
+    for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
+  params_ = optim::apply_updates(params_, optimizer_.update(grads, opt_state_, params_));
+  ++step_;
+  return loss_total / double(micro_batches.size());
+}
+
+double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t per_device_batch_size) {
+  MT_CHECK(dataset != nullptr, "[trainer] eval_loss needs a dataset");
+  data::SamplerOptions so;
+  so.shuffle = false;
+  so.drop_remainder = true;
+  so.batch_size = per_device_batch_size * deployer_.data_size();
+  so.process_index = deployer_.data_index();
+  so.process_count = deployer_.data_size();
+  MT_CHECK(dataset->size() >= so.batch_size, "[trainer] the eval set has ", dataset->size(),
+           " examples, fewer than one global batch of ", so.batch_size);
+  data::DataLoader<Batch> loader(dataset, data::IndexSampler(dataset->size(), so), collate_, 1);
+  double total = 0;
+  int64_t batches = 0;
+  autodiff::NoGradGuard no_grad;
+  while (auto b = loader.next()) {
+    Batch batch = deployer_.shard_batch(b->data);
+    total += dist::to_host(loss_(params_, batch, deployer_.step_key(-1))).item();
+    ++batches;
+  }
+  return total / double(batches);
+}
+
+void Trainer::save_checkpoint(const std::string& kind, const json& data_state, const std::string& metric, double value,
+                              const std::string& mode) {
+  CheckpointState state{step_, 0, params_, opt_state_,
+                        {{"data", data_state}, {"seed", deployer_.options().seed}, {"mesh", deployer_.mesh().str()}}};
+  CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string());
+  if (kind == "best") manager.save_best(state, deployer_.mesh(), metric, value, mode);
+  else manager.save(state, deployer_.mesh());
+}
+
+std::optional<json> Trainer::restore_latest() {
+  CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string());
+  std::optional<std::string> latest = manager.latest();
+  if (!latest) return std::nullopt;
+  CheckpointState state = CheckpointManager::restore(
+      *latest, deployer_.mesh(), [this](const std::string& g, const std::string& p) { return spec_for(g, p); });
+  MT_CHECK(state.params.paths() == params_.paths(), "[trainer] checkpoint ", *latest,
+           " holds different parameters than the model");
+  params_ = state.params;
+  opt_state_ = state.opt_state;
+  step_ = state.step;
+  deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
+  return state.extra.value("data", json());
+}
+
+FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOptions& o) {
+  MT_CHECK(train != nullptr, "[trainer] fit needs a training dataset");
+  MT_CHECK(o.per_device_batch_size > 0 && o.grad_accum_steps > 0, "[trainer] batch size and accumulation must be positive");
+  MT_CHECK(o.save_best_by.empty() || o.save_best_by.rfind("max:", 0) == 0 || o.save_best_by.rfind("min:", 0) == 0,
+           "[trainer] save_best_by must look like 'max:accuracy' or 'min:eval_loss', got '", o.save_best_by, "'");
+  data::SamplerOptions so;
+  so.seed = deployer_.options().seed;
+  so.shuffle = o.shuffle;
+  so.drop_remainder = true;
+  so.num_epochs = o.epochs;
+  so.batch_size = o.per_device_batch_size * deployer_.data_size();
+  so.process_index = deployer_.data_index();
+  so.process_count = deployer_.data_size();
+  data::IndexSampler sampler(train->size(), so);
+  MT_CHECK(sampler.batches_per_epoch() > 0, "[trainer] ", train->size(), " training examples make no global batch of ",
+           so.batch_size);
+  data::DataLoader<Batch> loader(train, sampler, collate_, 2);
+  const int64_t steps_per_epoch = sampler.batches_per_epoch() / o.grad_accum_steps;
+  int64_t total_steps = steps_per_epoch * o.epochs;
+  if (o.max_steps >= 0) total_steps = std::min(total_steps, o.max_steps);
+
+  if (o.resume)
+    if (std::optional<json> data_state = restore_latest(); data_state && !data_state->is_null())
+      loader.restore(data_state->get<data::SamplerState>());
+
+  std::vector<std::shared_ptr<MetricSink>> sinks;
+  if (o.progress && deployer_.is_main()) {
+    fs::create_directories(deployer_.workdir());
+    ProgressOptions po;
+    po.start_step = step_;
+    sinks.push_back(std::make_shared<ProgressBar>(total_steps, po));
+    JsonlLoggerOptions jo;
+    jo.resume_step = step_;
+    sinks.push_back(std::make_shared<JsonlLogger>((fs::path(deployer_.workdir()) / "metrics.jsonl").string(), jo));
+    sinks.push_back(std::make_shared<TensorBoardWriter>((fs::path(deployer_.workdir()) / "tensorboard").string()));
+  }
+  AsyncMetricWriter writer(sinks);
+  FitResult result;
+  const std::string best_metric = o.save_best_by.empty() ? "" : o.save_best_by.substr(4);
+  const std::string best_mode = o.save_best_by.empty() ? "" : o.save_best_by.substr(0, 3);
+  auto evaluate = [&] {
+    std::map<std::string, double> metrics;
+    if (o.eval_data)
+      metrics["eval_loss"] = eval_loss(o.eval_data, o.per_device_eval_batch_size > 0 ? o.per_device_eval_batch_size
+                                                                                         : o.per_device_batch_size);
+    if (o.eval_fn)
+      for (const auto& [k, v] : o.eval_fn(params_)) metrics[k] = v;
+    if (metrics.empty()) return;
+    result.evals.push_back(metrics);
+    std::map<std::string, MetricValue> values(metrics.begin(), metrics.end());
+    writer.push(step_, "eval", values);
+    if (!best_metric.empty()) {
+      auto it = metrics.find(best_metric);
+      MT_CHECK(it != metrics.end(), "[trainer] save_best_by names '", best_metric, "' but evaluation produced no such metric");
+      save_checkpoint("best", loader.state(), best_metric, it->second, best_mode);
+    }
+  };
+
+  const int64_t tokens_hint = o.per_device_batch_size * deployer_.data_size();
+  auto last_time = std::chrono::steady_clock::now();
+  while (step_ < total_steps) {
+    std::vector<Batch> micro;
+    for (int m = 0; m < o.grad_accum_steps; ++m) {
+      std::optional<data::LoadedBatch<Batch>> b = loader.next();
+      if (!b) break;
+      micro.push_back(deployer_.shard_batch(b->data));
+    }
+    if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
+    const int64_t epoch_before = loader.state().epoch;
+    double loss = train_step(micro);
+    result.losses.push_back(loss);
+    auto now = std::chrono::steady_clock::now();
+    double secs = std::chrono::duration<double>(now - last_time).count();
+    last_time = now;
+    writer.push(step_, "train", {{"loss", loss}, {"examples_per_s", double(tokens_hint * o.grad_accum_steps) / secs}});
+    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state());
+    const bool epoch_end = loader.state().epoch != epoch_before || step_ % steps_per_epoch == 0;
+    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || (o.eval_every == 0 && epoch_end)) evaluate();
+  }
+  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state());
+  writer.close();
+  result.steps = step_;
+  return result;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,478 @@
+// Tokenizer conformance: our tokenizers against Hugging Face `tokenizers` (the official
+// Node bindings in tests/node, installed by scripts/install-deps.sh) on every GLUE
+// sentence/pair and every Tiny Shakespeare line, plus truncation, padding, added tokens
+// and Unicode edge cases. SentencePiece is checked against libsentencepiece itself.
+#include <gtest/gtest.h>
+#include <sentencepiece_processor.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <unordered_map>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/tokenizers/bpe.h"
+#include "meshtrain/tokenizers/sentencepiece.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/tokenizers/wordpiece.h"
+#include "tests/support/tokenizer_inputs.h"
+
+namespace mt::tokenizers {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::TextInput;
+
+const std::string kData = MT_DATA_DIR;
+const std::string kBertJson = kData + "/tokenizers/bert-base-uncased-tokenizer.json";
+const std::string kBertCasedVocab = kData + "/tokenizers/bert-base-cased-vocab.txt";
+const std::string kBertUncasedVocab = kData + "/tokenizers/bert-base-uncased-vocab.txt";
+const std::string kGpt2Json = kData + "/models/hf-tiny-gpt2/tokenizer.json";
+const std::string kGpt2Encoder = kData + "/tokenizers/gpt2-encoder.json";
+const std::string kGpt2Bpe = kData + "/tokenizers/gpt2-vocab.bpe";
+const std::string kT5Model = kData + "/tokenizers/t5-spiece.model";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// All conformance inputs, read once.
+const std::vector<TextInput>& all_inputs() {
+  static const std::vector<TextInput> inputs = [] {
+    std::vector<test::GlueFileStats> stats;
+    auto in = test::glue_inputs(kData + "/glue", &stats);
+    size_t rows = 0, skipped = 0, pairs = 0;
+    for (const auto& s : stats) {
+      rows += s.rows;
+      skipped += s.skipped;
+      if (s.skipped) std::cout << "[inputs] " << s.file << ": skipped " << s.skipped << " short rows\n";
+    }
+    for (const auto& x : in) pairs += x.b.has_value();
+    std::cout << "[inputs] GLUE: " << stats.size() << " files, " << rows << " rows, " << in.size() << " inputs ("
+              << pairs << " pairs, " << in.size() - pairs << " singles), " << skipped << " rows skipped\n";
+    auto lines = test::text_lines(kData + "/text/tinyshakespeare.txt");
+    std::cout << "[inputs] Tiny Shakespeare: " << lines.size() << " lines\n";
+    in.insert(in.end(), lines.begin(), lines.end());
+    return in;
+  }();
+  return inputs;
+}
+
+struct Result {
+  bool error = false;
+  std::vector<int32_t> ids, type_ids, mask;
+  bool has_mask = false;
+  std::string decoded;
+  bool has_decoded = false;
+};
+
+std::string node_dir() { return (fs::current_path() / "tests/node").string(); }
+
+// Runs tests/node/hf_encode.js with `args` on the inputs; one Result per input. Repeated
+// inputs (Tiny Shakespeare repeats many lines) go to the oracle once.
+std::vector<Result> run_oracle(const std::string& args, const std::vector<TextInput>& inputs) {
+  const std::string dir = node_dir();
+  if (!fs::exists(dir + "/node_modules/tokenizers"))
+    throw Error("[conformance] npm package 'tokenizers' is not installed in " + dir +
+                " (run scripts/install-deps.sh)");
+  char tmpl[] = "/tmp/mt_tok_oracle_XXXXXX";
+  const char* tmp = mkdtemp(tmpl);
+  if (!tmp) throw Error("[conformance] mkdtemp failed");
+  const std::string in_path = std::string(tmp) + "/in.jsonl", out_path = std::string(tmp) + "/out.jsonl";
+  std::vector<size_t> slot(inputs.size());
+  size_t unique = 0;
+  {
+    std::unordered_map<std::string, size_t> seen;
+    std::ofstream out(in_path, std::ios::binary);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& x = inputs[i];
+      std::string line = (x.b ? json::array({x.a, *x.b}) : json::array({x.a})).dump();
+      auto [it, fresh] = seen.emplace(line, unique);
+      slot[i] = it->second;
+      if (fresh) {
+        out << line << '\n';
+        ++unique;
+      }
+    }
+  }
+  const std::string cmd = "node " + dir + "/hf_encode.js " + args + " < " + in_path + " > " + out_path;
+  const int rc = std::system(cmd.c_str());
+  std::vector<Result> results;
+  std::ifstream in(out_path, std::ios::binary);
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    Result r;
+    if (j.contains("error")) {
+      r.error = true;
+    } else {
+      r.ids = j.at("ids").get<std::vector<int32_t>>();
+      r.type_ids = j.at("type_ids").get<std::vector<int32_t>>();
+      if (j.contains("attention_mask")) {
+        r.mask = j.at("attention_mask").get<std::vector<int32_t>>();
+        r.has_mask = true;
+      }
+      if (j.contains("decoded")) {
+        r.decoded = j.at("decoded").get<std::string>();
+        r.has_decoded = true;
+      }
+    }
+    results.push_back(std::move(r));
+  }
+  fs::remove_all(tmp);
+  if (rc != 0 || results.size() != unique)
+    throw Error("[conformance] oracle failed (exit " + std::to_string(rc) + ", " + std::to_string(results.size()) +
+                " results for " + std::to_string(unique) + " distinct inputs): " + cmd);
+  std::vector<Result> all(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) all[i] = results[slot[i]];
+  return all;
+}
+
+std::string ids_str(const std::vector<int32_t>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size() && i < 40; ++i) os << (i ? " " : "") << v[i];
+  if (v.size() > 40) os << " ... (" << v.size() << ")";
+  return os.str();
+}
+
+// Encodes like the oracle and compares; prints the counts and the first mismatches.
+// `batch` encodes the whole set in one encode_batch call (needed for padding to longest).
+// `odd_split` (longest_first pairs with an odd budget): an input whose cut differs from
+// Hugging Face's only in which sequence keeps the odd token is counted, not failed.
+void compare(const std::string& label, const Tokenizer& tok, const std::vector<TextInput>& inputs,
+             const std::vector<Result>& expected, bool batch = false, bool add_special = true,
+             bool odd_split = false) {
+  ASSERT_EQ(expected.size(), inputs.size());
+  std::vector<Result> ours(inputs.size());
+  auto fill = [&](Result& r, const Encoding& e, bool decode) {
+    r.ids = e.ids;
+    r.type_ids = e.type_ids;
+    r.mask = e.attention_mask;
+    if (decode) r.decoded = tok.decode(e.ids, true);
+  };
+  // Tokens of type 0 and 1 among the real (non-pad) tokens.
+  auto split_sizes = [](const Result& r) {
+    std::pair<size_t, size_t> n{0, 0};
+    for (size_t k = 0; k < r.ids.size(); ++k)
+      if (r.mask.empty() || r.mask[k]) (r.type_ids[k] ? n.second : n.first)++;
+    return n;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  if (batch) {  // one encode_batch call over inputs that are all pairs or all singles
+    std::vector<Encoding> encs;
+    if (inputs.front().b) {
+      std::vector<std::pair<std::string, std::string>> pairs;
+      for (const auto& x : inputs) pairs.emplace_back(x.a, x.b.value_or(""));
+      encs = tok.encode_batch(pairs, add_special);
+    } else {
+      std::vector<std::string> texts;
+      for (const auto& x : inputs) texts.push_back(x.a);
+      encs = tok.encode_batch(texts, add_special);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) fill(ours[i], encs[i], expected[i].has_decoded);
+  } else {
+#pragma omp parallel for schedule(dynamic, 64)
+    for (int64_t i = 0; i < int64_t(inputs.size()); ++i) {
+      const auto& x = inputs[size_t(i)];
+      try {
+        fill(ours[size_t(i)], x.b ? tok.encode_pair(x.a, *x.b, add_special) : tok.encode(x.a, add_special),
+             expected[size_t(i)].has_decoded);
+      } catch (const Error&) {
+        ours[size_t(i)].error = true;
+      }
+    }
+  }
+  const double secs = seconds_since(t0);
+  size_t same_ids = 0, same_all = 0, decoded = 0, same_decoded = 0, errors = 0, shown = 0, odd = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Result &e = expected[i], &o = ours[i];
+    errors += e.error;
+    const bool ids_ok = e.error == o.error && e.ids == o.ids;
+    const bool all_ok = ids_ok && e.type_ids == o.type_ids && (!e.has_mask || e.mask == o.mask);
+    same_ids += ids_ok;
+    same_all += all_ok;
+    if (e.has_decoded && !e.error) {
+      ++decoded;
+      same_decoded += e.decoded == o.decoded;
+    }
+    const bool decode_ok = !e.has_decoded || e.error || e.decoded == o.decoded;
+    if (odd_split && !all_ok && !e.error && !o.error && e.ids.size() == o.ids.size()) {
+      // Same length, and the first sequence has exactly one token more or less.
+      const auto se = split_sizes(e), so = split_sizes(o);
+      if (se.first + se.second == so.first + so.second && (se.first == so.first + 1 || so.first == se.first + 1)) {
+        ++odd;
+        continue;
+      }
+    }
+    if ((!all_ok || !decode_ok) && shown++ < 3) {
+      std::cout << "  MISMATCH " << label << " input " << i << ": a=" << json(inputs[i].a).dump()
+                << (inputs[i].b ? " b=" + json(*inputs[i].b).dump() : "") << "\n    hf : "
+                << (e.error ? "error" : ids_str(e.ids)) << " | types " << ids_str(e.type_ids) << " | "
+                << json(e.decoded).dump() << "\n    ours: " << (o.error ? "error" : ids_str(o.ids)) << " | types "
+                << ids_str(o.type_ids) << " | " << json(o.decoded).dump() << "\n";
+    }
+  }
+  std::cout << "[conformance] " << label << ": ids identical " << same_ids << "/" << inputs.size()
+            << ", ids+type ids+mask identical " << same_all << "/" << inputs.size();
+  if (decoded) std::cout << ", decode identical " << same_decoded << "/" << decoded;
+  if (errors) std::cout << ", " << errors << " inputs rejected by both";
+  if (odd_split) std::cout << ", " << odd << " differ only in which sequence keeps the odd token";
+  std::cout << " (ours " << secs << " s)\n";
+  EXPECT_EQ(same_ids + odd, inputs.size()) << label;
+  EXPECT_EQ(same_all + odd, inputs.size()) << label;
+  EXPECT_EQ(same_decoded, decoded) << label;
+}
+
+// The four full-corpus oracles run side by side (each is a separate node process), and
+// each comparison starts as soon as its oracle is done.
+TEST(TokenizerConformance, FullCorpus) {
+  const auto& inputs = all_inputs();
+  struct Config {
+    std::string label, path, oracle_args;
+    int64_t vocab_size;
+    std::string model_type;
+  };
+  const std::vector<Config> configs = {
+      {"bert-base-uncased tokenizer.json", kBertJson, "--json " + kBertJson, 30522, "WordPiece"},
+      // A cased vocabulary (upper-case words) loads without lower-casing.
+      {"bert-base-cased vocab.txt", kBertCasedVocab, "--wordpiece " + kBertCasedVocab + " --lowercase 0", 28996,
+       "WordPiece"},
+      {"gpt2 tokenizer.json", kGpt2Json, "--json " + kGpt2Json, 50257, "BPE"},
+      // encoder.json finds gpt2-vocab.bpe beside it.
+      {"gpt2 encoder.json+vocab.bpe", kGpt2Encoder, "--bpe " + kGpt2Encoder + " " + kGpt2Bpe, 50257, "BPE"},
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<std::vector<Result>>> oracles;
+  for (const auto& c : configs)
+    oracles.push_back(std::async(std::launch::async, run_oracle, c.oracle_args + " --decode-every 4 --no-mask",
+                                 std::cref(inputs)));
+  for (size_t k = 0; k < configs.size(); ++k) {
+    auto tok = load_tokenizer(configs[k].path);
+    EXPECT_EQ(tok->model_type(), configs[k].model_type);
+    EXPECT_EQ(tok->vocab_size(), configs[k].vocab_size);
+    const auto expected = oracles[k].get();
+    std::cout << "[conformance] " << configs[k].label << ": oracle done after " << seconds_since(t0) << " s\n";
+    compare(configs[k].label, *tok, inputs, expected);
+  }
+}
+
+// Truncation strategies, padding and special-token switches on the MRPC pairs and the
+// CoLA sentences (fewer inputs: the oracle reruns for each setting).
+std::vector<TextInput> subset(bool pairs, size_t n) {
+  std::vector<TextInput> out;
+  for (const auto& x : all_inputs())
+    if (x.b.has_value() == pairs && out.size() < n) out.push_back(x);
+  return out;
+}
+
+struct Setting {
+  std::string args;
+  std::optional<TruncationParams> trunc;
+  std::optional<PaddingParams> pad;
+  bool batch = false;
+  bool add_special = true;
+  bool odd_split = false;
+};
+
+void run_settings(const std::string& name, Tokenizer& tok, const std::string& spec, const std::vector<Setting>& settings,
+                  const std::vector<TextInput>& inputs) {
+  for (const auto& s : settings) {
+    tok.set_truncation(s.trunc);
+    tok.set_padding(s.pad);
+    std::string args = spec + " " + s.args + (s.batch ? " --chunk 1000000" : "");
+    if (s.pad) args += " --pad-id " + std::to_string(s.pad->pad_id);
+    const auto expected = run_oracle(args, inputs);
+    compare(name + " [" + s.args + "]", tok, inputs, expected, s.batch, s.add_special, s.odd_split && inputs[0].b);
+  }
+  tok.set_truncation(std::nullopt);
+  tok.set_padding(std::nullopt);
+}
+
+// `specials`: tokens the post-processor adds to a pair. Budgets left for the two texts are
+// even except in the last setting (see compare's odd_split).
+std::vector<Setting> shaping_settings(int32_t pad_id, size_t specials) {
+  auto trunc = [](size_t n, TruncationStrategy s, Side d = Side::right) { return TruncationParams{n, s, d}; };
+  auto pad = [&](std::optional<size_t> n, Side d = Side::right) {
+    PaddingParams p;
+    p.length = n;
+    p.direction = d;
+    p.pad_id = pad_id;
+    return p;
+  };
+  auto len = [&](size_t budget) { return std::to_string(budget + specials); };
+  using TS = TruncationStrategy;
+  return {
+      {"--max-length " + len(22) + " --pad-to 40", trunc(22 + specials, TS::longest_first), pad(40)},
+      {"--max-length " + len(14) + " --strategy longest_first", trunc(14 + specials, TS::longest_first), std::nullopt},
+      {"--max-length " + len(27) + " --strategy only_first", trunc(27 + specials, TS::only_first), std::nullopt},
+      {"--max-length " + len(27) + " --strategy only_second", trunc(27 + specials, TS::only_second), std::nullopt},
+      {"--max-length " + len(18) + " --truncate-left --pad-to 32 --pad-left",
+       trunc(18 + specials, TS::longest_first, Side::left), pad(32, Side::left)},
+      {"--pad-longest", std::nullopt, pad(std::nullopt), true},
+      {"--pad-longest --pad-left", std::nullopt, pad(std::nullopt, Side::left), true},
+      {"--max-length 12 --no-special", trunc(12, TS::longest_first), std::nullopt, false, false},
+      {"--max-length " + len(21) + " --strategy longest_first", trunc(21 + specials, TS::longest_first), std::nullopt,
+       false, true, true},
+  };
+}
+
+TEST(TokenizerConformance, BertTruncationPaddingPairs) {
+  auto tok = load_tokenizer(kBertJson);
+  const auto pairs = subset(true, 600), singles = subset(false, 400);
+  run_settings("bert pairs", *tok, "--json " + kBertJson, shaping_settings(0, 3), pairs);
+  auto settings = shaping_settings(0, 2);
+  settings.erase(settings.begin() + 3);  // only_second needs pairs: singles are all errors
+  run_settings("bert singles", *tok, "--json " + kBertJson, settings, singles);
+}
+
+TEST(TokenizerConformance, Gpt2TruncationPaddingPairs) {
+  auto tok = load_tokenizer(kGpt2Json);
+  const auto pairs = subset(true, 600);
+  run_settings("gpt2 pairs", *tok, "--json " + kGpt2Json, shaping_settings(50256, 0), pairs);
+  run_settings("gpt2 singles", *tok, "--json " + kGpt2Json, shaping_settings(50256, 0), subset(false, 400));
+}
+
+// Unicode and added-token edge cases through every tokenizer.
+std::vector<TextInput> edge_cases() {
+  std::vector<std::string> s = {
+      "",
+      " ",
+      "   leading and trailing   ",
+      "Hello, World! HeLLo wOrLd.",
+      "héllo naïve café Ångström über Straße ÉCOLE",
+      "İstanbul ΣΊΣΥΦΟΣ ǅemal",
+      "中文字符 and 日本語のテキスト 한국어 텍스트",
+      "emoji 🤗🥰👍🏽 and ❤️ symbols ™ © ½ ² ∑",
+      "tabs\tand\nnewlines\r\nand\vvertical\fformfeed",
+      "nbsp\u00a0thin\u2009ideographic\u3000space\u200bzero-width",
+      "control\x01\x02\x7f chars and \xc2\x85 next-line",
+      "bom\xef\xbb\xbf inside and soft\xc2\xadhyphen",
+      "combining: a\xcc\x81 e\xcc\x80\xcc\x81 o\xcc\x88\xcc\xb1 q\xcc\x95\xcc\x80",
+      "numbers 3.14159 1,000,000 ٣٤٥ ①②③ Ⅻ",
+      "contractions: it's I'm you're we've they'll he'd don't IT'S 'S ''s",
+      "[CLS] literal [SEP] tokens [MASK] and [UNK] [PAD][SEP]x[sep]",
+      "<|endoftext|>starts and ends<|endoftext|> a<|endoftext|>b <|endoftext|> ",
+      std::string(150, 'a') + " long word " + std::string(101, 'b') + " " + std::string(100, 'c'),
+      "supercalifragilisticexpialidocious antidisestablishmentarianism",
+      "multiple     spaces  and \n\n\n blank   \t lines",
+      "trailing spaces then newline   \n",
+      "punctuation!!! ??? ... --- (parens) [brackets] {braces} <angles> @#$%^&*_+=|\\~`",
+      "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ and ﬁ ligature",
+      "Ελληνικά Русский текст עִבְרִית العربية हिन्दी ไทย",
+      "private use \xee\x80\x80 and unassigned \xcd\xb8 and surrogate-free",
+      "Mr. O'Neil's dog—a \"quick\" fox—jumped… 'twas 50% off $9.99!",
+  };
+  std::vector<TextInput> out;
+  for (const auto& x : s) out.push_back({x, std::nullopt});
+  for (size_t i = 0; i + 1 < s.size(); i += 2) out.push_back({s[i], s[i + 1]});
+  return out;
+}
+
+// GPT-2's tokenizer.json with other post-processors and add_prefix_space: RoBERTa's
+// <s> A </s></s> B </s>, and a Sequence[ByteLevel, TemplateProcessing] with type ids.
+std::pair<std::string, std::string> write_gpt2_variants(const std::string& dir) {
+  std::ifstream in(kGpt2Json);
+  json base = json::parse(in);
+  json roberta = base;
+  roberta["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"</s>", 2}}, {"cls", {"<s>", 0}},
+                               {"trim_offsets", true}, {"add_prefix_space", false}};
+  json templ = base;
+  templ["pre_tokenizer"]["add_prefix_space"] = true;
+  const json eot = {{"id", "<|endoftext|>"}, {"ids", {50256}}, {"tokens", {"<|endoftext|>"}}};
+  templ["post_processor"] = {
+      {"type", "Sequence"},
+      {"processors",
+       {{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}},
+        {{"type", "TemplateProcessing"},
+         {"single", {{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"pair",
+          {{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 1}}}},
+           {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+         {"special_tokens", {{"<|endoftext|>", eot}}}}}}};
+  const std::string a = dir + "/roberta_post.json", b = dir + "/template_prefix_space.json";
+  std::ofstream(a) << roberta.dump();
+  std::ofstream(b) << templ.dump();
+  return {a, b};
+}
+
+TEST(TokenizerConformance, EdgeCases) {
+  const auto inputs = edge_cases();
+  struct Case {
+    std::string label, path, spec;
+  };
+  char tmpl[] = "/tmp/mt_tok_variants_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const auto [roberta, templ] = write_gpt2_variants(dir);
+  for (const auto& c : {Case{"gpt2 RobertaProcessing", roberta, "--json " + roberta},
+                        Case{"gpt2 add_prefix_space + Sequence[ByteLevel, Template]", templ, "--json " + templ},
+                        Case{"bert uncased json", kBertJson, "--json " + kBertJson},
+                        Case{"bert uncased vocab.txt", kBertUncasedVocab, "--wordpiece " + kBertUncasedVocab + " --lowercase 1"},
+                        Case{"bert cased vocab.txt", kBertCasedVocab, "--wordpiece " + kBertCasedVocab + " --lowercase 0"},
+                        Case{"gpt2 json", kGpt2Json, "--json " + kGpt2Json},
+                        Case{"gpt2 encoder.json", kGpt2Encoder, "--bpe " + kGpt2Encoder + " " + kGpt2Bpe}}) {
+    auto tok = load_tokenizer(c.path);
+    compare("edge cases " + c.label, *tok, inputs, run_oracle(c.spec + " --decode", inputs));
+    const size_t specials = tok->post_processor().added_tokens(true);
+    tok->set_truncation(TruncationParams{10 + specials, TruncationStrategy::longest_first, Side::right});
+    compare("edge cases " + c.label + " truncated", *tok, inputs,
+            run_oracle(c.spec + " --max-length " + std::to_string(10 + specials), inputs));
+  }
+  fs::remove_all(dir);
+}
+
+// SentencePiece: ids equal libsentencepiece's own, decode equals its decode, and
+// re-encoding the decoded text gives the same ids.
+TEST(TokenizerConformance, SentencePieceT5) {
+  auto tok = load_tokenizer(kT5Model);
+  EXPECT_EQ(tok->model_type(), "SentencePiece");
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(kT5Model).ok());
+  EXPECT_EQ(tok->vocab_size(), sp.GetPieceSize());
+  std::vector<std::string> texts;
+  for (const auto& x : all_inputs()) {
+    texts.push_back(x.a);
+    if (x.b) texts.push_back(*x.b);
+  }
+  for (const auto& x : edge_cases()) texts.push_back(x.a);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto encs = tok->encode_batch(texts);
+  const double secs = seconds_since(t0);
+  size_t same_ids = 0, same_decode = 0, stable = 0, exact_round_trip = 0, shown = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto expected = sp.EncodeAsIds(texts[i]);
+    const std::vector<int32_t> exp32(expected.begin(), expected.end());
+    const bool ids_ok = encs[i].ids == exp32;
+    same_ids += ids_ok;
+    const std::string decoded = tok->decode(encs[i].ids);
+    same_decode += decoded == sp.DecodeIds(expected);
+    stable += tok->encode(decoded).ids == encs[i].ids;
+    exact_round_trip += decoded == texts[i];
+    if (!ids_ok && shown++ < 3)
+      std::cout << "  MISMATCH sentencepiece " << json(texts[i]).dump() << "\n    lib : " << ids_str(exp32)
+                << "\n    ours: " << ids_str(encs[i].ids) << "\n";
+  }
+  std::cout << "[conformance] t5 spiece.model vs libsentencepiece: ids identical " << same_ids << "/" << texts.size()
+            << ", decode identical " << same_decode << "/" << texts.size() << ", re-encode of decode stable " << stable
+            << "/" << texts.size() << ", decode == input " << exact_round_trip << "/" << texts.size()
+            << " (T5 normalizes text) (ours " << secs << " s)\n";
+  EXPECT_EQ(same_ids, texts.size());
+  EXPECT_EQ(same_decode, texts.size());
+  // Not every decode re-encodes to the same ids (unknown characters decode to " ⁇ "), but
+  // nearly all do.
+  EXPECT_GT(double(stable), 0.98 * double(texts.size()));
+  // Control symbols are special: kept on request, dropped by default.
+  const int32_t eos = sp.eos_id();
+  const std::vector<int32_t> ids = {sp.PieceToId("▁Hello"), eos};
+  EXPECT_EQ(tok->decode(ids, true), "Hello");
+  EXPECT_EQ(tok->decode(ids, false), "Hello</s>");
+}
+
+}  // namespace
+}  // namespace mt::tokenizers
