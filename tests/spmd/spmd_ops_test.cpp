@@ -185,6 +185,21 @@ TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
     }
 }
 
+TEST(SpmdOps, IndexingOpsAndCastsEqualOneDevice) {
+  Array x = random_normal({8, 12}, 80);
+  Array idx = random_ints({4, 2}, 81, 0, 12);
+  Array rows = random_ints({8, 3}, 82, 0, 12);
+  Array ids = random_ints({8, 4}, 83, 0, 12);
+  for (const char* s : {"data,None", "None,data", "data,model"}) {
+    check_sharded(std::string("take ") + s, [](auto& v) { return take(v[0], v[1], 1); }, {x, idx}, {s, ""});
+    check_sharded(std::string("take_along_axis ") + s, [](auto& v) { return take_along_axis(v[0], v[1], 1); }, {x, rows},
+                  {s, "data,None"});
+    check_sharded(std::string("top_k values ") + s, [](auto& v) { return top_k(v[0], 3, -1).first; }, {x}, {s});
+    check_sharded(std::string("cast bf16 ") + s, [](auto& v) { return cast(cast(v[0], DType::bf16), DType::f32); }, {x}, {s});
+    check_sharded(std::string("one_hot ") + s, [](auto& v) { return one_hot(v[0], 12); }, {ids}, {s});
+  }
+}
+
 TEST(SpmdOps, DifferentiableCollectivesOnLocalBlocks) {
   const int n = dist::world().size(), r = dist::world().rank();
   Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
