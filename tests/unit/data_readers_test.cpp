@@ -2,6 +2,9 @@
 // whose errors must name the file, the line and the column.
 #include <gtest/gtest.h>
 
+#include "tests/support/op_check.h"
+#include "tests/support/temp_dir.h"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,39 +15,13 @@
 namespace mt::data {
 namespace {
 
+using mt::testing::expect_error;
+using mt::testing::TempDir;
+
 namespace fs = std::filesystem;
 const std::string kGlue = std::string(MT_DATA_DIR) + "/glue/";
 
-// A fresh directory per test for hand-written files.
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mt_data_readers_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& content) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-  }
-  fs::path dir_;
-};
 
-// Runs fn, expects an mt::Error and checks every fragment appears in its message.
-template <class Fn>
-void expect_error(Fn fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    std::cout << "  error: " << msg << "\n";
-    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
 
 TEST(Example, TypedAccessAndErrors) {
   Example ex{{"text", "hello"}, {"label", "1"}, {"score", " 4.750"}, {"n", int64_t(3)}, {"x", 2.0},

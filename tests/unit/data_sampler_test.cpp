@@ -2,6 +2,9 @@
 // across processes, drop-remainder or padding, and an exactly restorable position.
 #include <gtest/gtest.h>
 
+#include "tests/support/op_check.h"
+#include "tests/support/temp_dir.h"
+
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -13,17 +16,9 @@
 namespace mt::data {
 namespace {
 
-template <class Fn>
-void expect_error(Fn fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    std::cout << "  error: " << msg << "\n";
-    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
+using mt::testing::expect_error;
+using mt::testing::TempDir;
+
 
 std::vector<SampledBatch> drain(IndexSampler& s, int64_t max = 1 << 20) {
   std::vector<SampledBatch> out;

@@ -2,6 +2,9 @@
 // example per document, or packed fixed-length sequences across document boundaries.
 #include <gtest/gtest.h>
 
+#include "tests/support/op_check.h"
+#include "tests/support/temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +12,9 @@
 
 namespace mt::data {
 namespace {
+
+using mt::testing::expect_error;
+using mt::testing::TempDir;
 
 namespace fs = std::filesystem;
 const std::string kText = std::string(MT_DATA_DIR) + "/text/";
@@ -20,34 +26,7 @@ std::vector<int64_t> bytes(const std::string& s) {
   return ids;
 }
 
-template <class Fn>
-void expect_error(Fn fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    std::cout << "  error: " << msg << "\n";
-    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-  }
-}
 
-class TempDir : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mt_data_text_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& content) {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << content;
-    return path;
-  }
-  fs::path dir_;
-};
 
 TEST(Documents, TinyStoriesSplitOnEndOfText) {
   const auto docs = read_documents(kText + "tinystories_sample.txt");  // automatic
