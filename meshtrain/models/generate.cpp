@@ -62,6 +62,19 @@ struct HostBatch {
   }
 };
 
+// The prompts left-padded into per-row host vectors (ids and attention mask).
+HostBatch left_padded_batch(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_token_id) {
+  auto [ids0, mask0] = left_pad(prompts, pad_token_id);
+  HostBatch batch;
+  std::vector<int64_t> ids = ids0.to_ints(), mask = mask0.to_ints();
+  const int64_t t = ids0.dim(1);
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    batch.ids.emplace_back(ids.begin() + int64_t(r) * t, ids.begin() + int64_t(r + 1) * t);
+    batch.mask.emplace_back(mask.begin() + int64_t(r) * t, mask.begin() + int64_t(r + 1) * t);
+  }
+  return batch;
+}
+
 // One forward step: the whole sequence without a cache (or on the first step), else only
 // the newest token against the cache.
 std::vector<float> step_logits(const CausalLm& lm, const HostBatch& batch, KvCache* cache, bool first,
@@ -105,16 +118,7 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
   const int64_t nb = c.num_beams, b = int64_t(prompts.size()), v = lm.vocab_size, rows = b * nb;
   GenerationResult res;
   GenerationResult* keep = c.return_logits ? &res : nullptr;
-  auto [ids0, mask0] = left_pad(prompts, c.pad_token_id);
-  HostBatch batch;
-  {
-    std::vector<int64_t> ids = ids0.to_ints(), mask = mask0.to_ints();
-    const int64_t t = ids0.dim(1);
-    for (int64_t r = 0; r < b; ++r) {
-      batch.ids.emplace_back(ids.begin() + r * t, ids.begin() + (r + 1) * t);
-      batch.mask.emplace_back(mask.begin() + r * t, mask.begin() + (r + 1) * t);
-    }
-  }
+  HostBatch batch = left_padded_batch(prompts, c.pad_token_id);
   auto penalized = [&](double sum_logprobs, int64_t len) { return sum_logprobs / std::pow(double(len), c.length_penalty); };
   KvCache cache;
   KvCache* cp = c.use_cache ? &cache : nullptr;
@@ -319,16 +323,7 @@ GenerationResult generate(const CausalLm& lm, const std::vector<std::vector<int6
   res.tokens.resize(static_cast<size_t>(b));
   res.scores.assign(size_t(b), 0.0);
   GenerationResult* keep = c.return_logits ? &res : nullptr;
-  auto [ids0, mask0] = left_pad(prompts, c.pad_token_id);
-  HostBatch batch;
-  {
-    std::vector<int64_t> ids = ids0.to_ints(), mask = mask0.to_ints();
-    const int64_t t = ids0.dim(1);
-    for (int64_t r = 0; r < b; ++r) {
-      batch.ids.emplace_back(ids.begin() + r * t, ids.begin() + (r + 1) * t);
-      batch.mask.emplace_back(mask.begin() + r * t, mask.begin() + (r + 1) * t);
-    }
-  }
+  HostBatch batch = left_padded_batch(prompts, c.pad_token_id);
   KvCache cache;
   KvCache* cp = c.use_cache ? &cache : nullptr;
   std::vector<bool> done(size_t(b), false);
