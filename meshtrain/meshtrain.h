@@ -56,3 +56,4 @@
 #include "meshtrain/tokenizers/wordpiece.h"
 #include "meshtrain/tokenizers/bpe.h"
 #include "meshtrain/tokenizers/sentencepiece.h"
+#include "meshtrain/train/predictor.h"
