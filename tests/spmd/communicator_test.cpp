@@ -4,6 +4,8 @@
 // Every value is exactly representable in its dtype, so results must match exactly.
 #include <gtest/gtest.h>
 
+#include "tests/support/op_check.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -366,15 +368,7 @@ TEST(Stats, CountCallsAndBytesPerCommunicator) {
   EXPECT_EQ(w.stats().str(), "no collectives");
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::testing::error_of;
 
 TEST(Errors, SameMessageOnEveryRank) {
   Communicator& w = world();

@@ -151,6 +151,15 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
   }
 }
 
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 void check_finite_differences(const std::string& label, const OpFn& fn, const std::vector<Array>& inputs,
                               double eps, double rel_tol) {
   Array probe = fn(inputs);

@@ -44,6 +44,9 @@ void check_against_torch(const std::string& label, const OpFn& fn, const std::st
 // Runs fn and expects an mt::Error whose message contains every needle (prints it).
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles);
 
+// The message of the mt::Error fn throws, or "no error".
+std::string error_of(const std::function<void()>& fn);
+
 // Directional central finite differences on f32 inputs vs our VJP.
 void check_finite_differences(const std::string& label, const OpFn& fn, const std::vector<Array>& inputs,
                               double eps = 1e-3, double rel_tol = 2e-2);

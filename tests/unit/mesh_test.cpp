@@ -2,6 +2,8 @@
 // the error messages for malformed specs, unknown axes and sizes that do not fit the world.
 #include <gtest/gtest.h>
 
+#include "tests/support/op_check.h"
+
 #include <string>
 #include <vector>
 
@@ -12,15 +14,7 @@
 namespace mt::dist {
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mt::testing::error_of;
 
 TEST(Mesh, ParsesSpecsOnOneDevice) {
   ASSERT_EQ(world().size(), 1) << "run this test without mpirun";

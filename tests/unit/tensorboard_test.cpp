@@ -1,6 +1,8 @@
 // TensorBoard event files: CRC-32C against published vectors, the exact bytes of an Event,
 // and a reader that checks the TFRecord framing and both CRCs and decodes what was written.
 #include <gtest/gtest.h>
+
+#include "tests/support/op_check.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -31,14 +33,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using mt::testing::error_of;
 
 TEST(Crc32c, KnownVectors) {
   // The check value of CRC-32C and the iSCSI test vectors of RFC 3720, B.4.

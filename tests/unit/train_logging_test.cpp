@@ -2,6 +2,8 @@
 // line on a non-TTY stream, and the background metric writer that keeps the step from
 // waiting on slow sinks.
 #include <gtest/gtest.h>
+
+#include "tests/support/op_check.h"
 #include <unistd.h>
 
 #include <atomic>
@@ -34,14 +36,7 @@ std::vector<std::string> read_lines(const fs::path& path) {
   return lines;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using mt::testing::error_of;
 
 // ---------------------------------------------------------------- metrics.jsonl
 
