@@ -8,5 +8,7 @@ namespace mt::cli {
 void add_demo_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_pretrain_command(CLI::App& app);
+void add_glue_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -1,5 +1,5 @@
-// `meshtrain generate`: text from a Hugging Face model directory (GPT-2, LLaMA, miniGPT) or a
-// llama2.c `.bin` checkpoint. --prompt needs a tokenizer (the directory's, or --tokenizer)
+// `meshtrain generate`: text from a Hugging Face model directory (GPT-2, LLaMA, miniGPT), a
+// llama2.c `.bin` checkpoint, or a meshtrain run / checkpoint directory (its newest checkpoint). --prompt needs a tokenizer (the directory's, or --tokenizer)
 // and prints the decoded text; --prompt-ids prints the generated ids on one line.
 #include <iostream>
 #include <memory>
@@ -12,6 +12,7 @@
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/checkpoint_model.h"
 
 namespace mt::cli {
 namespace {
@@ -49,7 +50,10 @@ std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
 void run(const GenerateOptions& o) {
   models::PretrainedOptions po;
   po.load_tokenizer = o.prompt_ids.empty() || !o.tokenizer.empty();
-  models::PretrainedModel m = models::from_pretrained(o.model, po);
+  // A meshtrain run or checkpoint directory, else a Hugging Face directory or llama2.c file.
+  models::PretrainedModel m = train::is_checkpoint_path(o.model)
+                                  ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
+                                  : models::from_pretrained(o.model, po);
   MT_CHECK(m.is_causal_lm(), "[generate] ", o.model, ": model_type '", m.model_type,
            "' cannot generate (use gpt2, llama or minigpt)");
   std::shared_ptr<tokenizers::Tokenizer> tok = m.tokenizer;
@@ -95,7 +99,7 @@ void run(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "generate text from a HF model directory or a llama2.c .bin file");
-  cmd->add_option("--model", o->model, "model directory (config.json + safetensors) or llama2.c .bin")->required();
+  cmd->add_option("--model", o->model, "model directory (config.json + safetensors), llama2.c .bin, or a meshtrain run/checkpoint directory")->required();
   auto* text = cmd->add_option("--prompt", o->prompt, "prompt text (needs a tokenizer)");
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, e.g. \"1 2 3\" (prints ids)");
   text->excludes(ids);

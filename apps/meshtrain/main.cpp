@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
     mt::cli::add_demo_command(app);
     mt::cli::add_generate_command(app);
     mt::cli::add_tokenize_command(app);
+    mt::cli::add_pretrain_command(app);
+    mt::cli::add_glue_command(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

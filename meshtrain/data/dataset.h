@@ -31,6 +31,18 @@ class VectorDataset final : public Dataset {
 
 std::shared_ptr<const Dataset> make_dataset(std::vector<Example> examples);
 
+// Examples [begin, end) of another dataset, without copying (e.g. a held-out tail).
+class SubsetDataset final : public Dataset {
+ public:
+  SubsetDataset(std::shared_ptr<const Dataset> base, int64_t begin, int64_t end);
+  int64_t size() const override { return end_ - begin_; }
+  Example get(int64_t index) const override;
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  int64_t begin_, end_;
+};
+
 // Throws "[op] index i out of range for a dataset of n examples" unless 0 <= i < n.
 void check_index(int64_t index, int64_t size, const char* op);
 

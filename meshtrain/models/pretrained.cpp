@@ -118,6 +118,14 @@ CausalLm PretrainedModel::causal_lm() const {
                              "' is not a causal language model (no generation)"));
 }
 
+Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
+                                      bool train) const {
+  if (model_type == "gpt2") return gpt2_apply(std::get<Gpt2Config>(config), p, in, dropout_key, train);
+  if (model_type == "llama") return llama_apply(std::get<LlamaConfig>(config), p, in, dropout_key, train);
+  if (model_type == "minigpt") return minigpt_apply(std::get<MiniGptConfig>(config), p, in, dropout_key, train);
+  throw Error(detail::concat("[model] ", source, ": model_type '", model_type, "' is not a decoder language model"));
+}
+
 std::vector<ParamDef> PretrainedModel::param_defs() const {
   return std::visit(
       [](const auto& c) -> std::vector<ParamDef> {

@@ -58,6 +58,9 @@ struct PretrainedModel {
   bool is_causal_lm() const { return model_type != "bert"; }
   // The decoder for generation; throws mt::Error for BERT.
   CausalLm causal_lm() const;
+  // Logits (B, T, V) of a decoder with any parameters of this model's layout (sharded ones
+  // too), with dropout keyed by `dropout_key` when `train`; throws mt::Error for BERT.
+  Array decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train) const;
   ParamRoles param_roles() const;
   std::vector<ParamDef> param_defs() const;
   nlohmann::json config_json() const;

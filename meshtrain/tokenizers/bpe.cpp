@@ -44,6 +44,8 @@ inline Cls classify(std::string_view text, size_t i, size_t& len) {
   return kOther;
 }
 
+}  // namespace
+
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the rest are
 // shifted to U+0100 and up in byte order.
 std::array<uint32_t, 256> byte_to_codepoint() {
@@ -55,8 +57,6 @@ std::array<uint32_t, 256> byte_to_codepoint() {
   }
   return map;
 }
-
-}  // namespace
 
 void gpt2_split(std::string_view text, std::vector<std::pair<uint32_t, uint32_t>>& pieces) {
   pieces.clear();

@@ -28,6 +28,9 @@ struct BpeOptions {
   std::string source = "merges";  // file name used in error messages
 };
 
+// GPT-2's bytes_to_unicode: the printable character standing for each byte in vocabularies.
+std::array<uint32_t, 256> byte_to_codepoint();
+
 // GPT-2's pre-tokenization pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // as byte ranges [begin, end) of `text`.

@@ -402,4 +402,38 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOpt
                              "encoder.json or a SentencePiece .model)"));
 }
 
+void copy_tokenizer_files(const std::string& path, const std::string& dir) {
+  const fs::path src(path), dst(dir);
+  MT_CHECK(fs::exists(src), "[tokenizer] '", path, "' does not exist");
+  fs::create_directories(dst);
+  auto copy = [&](const fs::path& from, const std::string& name) {
+    fs::copy_file(from, dst / name, fs::copy_options::overwrite_existing);
+  };
+  if (fs::is_directory(src)) {
+    int copied = 0;
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                             "merges.txt", "encoder.json", "vocab.bpe", "spiece.model", "tokenizer.model",
+                             "sentencepiece.bpe.model"})
+      if (fs::is_regular_file(src / name)) {
+        copy(src / name, name);
+        ++copied;
+      }
+    MT_CHECK(copied > 0, "[tokenizer] directory '", path, "' holds no tokenizer files");
+    return;
+  }
+  const std::string name = src.filename().string();
+  if (ends_with(name, ".model")) return copy(src, "tokenizer.model");
+  if (ends_with(name, ".txt")) {
+    if (fs::is_regular_file(src.parent_path() / "tokenizer_config.json"))
+      copy(src.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
+    return copy(src, "vocab.txt");
+  }
+  MT_CHECK(ends_with(name, ".json"), "[tokenizer] '", path, "': unknown tokenizer file type");
+  const json root = read_json(path);
+  const bool has_model = root.is_object() && root.contains("model") && root.at("model").is_object();
+  if (has_model) return copy(src, "tokenizer.json");
+  copy(src, "vocab.json");
+  copy(find_merges_for(src), "merges.txt");
+}
+
 }  // namespace mt::tokenizers

@@ -91,4 +91,9 @@ struct LoadOptions {
 };
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOptions& options = {});
 
+// Copies the files of the tokenizer at `path` (anything load_tokenizer takes) into `dir`
+// under the standard names (tokenizer.json, vocab.txt, vocab.json + merges.txt,
+// tokenizer.model), so load_tokenizer(dir) loads the same tokenizer.
+void copy_tokenizer_files(const std::string& path, const std::string& dir);
+
 }  // namespace mt::tokenizers

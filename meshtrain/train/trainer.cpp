@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/core/error.h"
@@ -20,7 +22,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 Trainer::Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
-                 std::optional<ShardingPlan> plan)
+                 std::optional<ShardingPlan> plan, int)
     : deployer_(deployer), collate_(std::move(collate)), loss_(std::move(loss)), optimizer_(std::move(optimizer)),
       plan_(std::move(plan)) {
   MT_CHECK(collate_ && loss_, "[trainer] collate and loss functions are required");
@@ -41,14 +43,21 @@ dist::PartitionSpec Trainer::spec_for(const std::string& group, const std::strin
   return {};
 }
 
-double Trainer::train_step(const std::vector<Batch>& micro_batches) {
+double Trainer::train(const std::vector<Batch>& micro_batches) {
+  MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   const RngKey key = deployer_.step_key(step_);
+  const double loss = custom_step_ ? custom_step_(params_, opt_state_, micro_batches, key) : default_step(micro_batches, key);
+  ++step_;
+  return loss;
+}
+
+double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   Params grads;
   double loss_total = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Batch& batch = micro_batches[m];
     const RngKey micro_key = key.fold_in(m);
-    auto [loss, g] = value_and_grad([&](const Params& p) { return loss_(p, batch, micro_key); })(params_);
+    auto [loss, g] = value_and_grad([&](const Params& p) { return loss_(p, batch, micro_key, true); })(params_);
     loss_total += dist::to_host(loss).item();
     if (grads.empty()) {
       grads = std::move(g);
@@ -59,7 +68,6 @@ double Trainer::train_step(const std::vector<Batch>& micro_batches) {
   if (micro_batches.size() > 1)
     for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
   params_ = optim::apply_updates(params_, optimizer_.update(grads, opt_state_, params_));
-  ++step_;
   return loss_total / double(micro_batches.size());
 }
 
@@ -79,16 +87,19 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
   autodiff::NoGradGuard no_grad;
   while (auto b = loader.next()) {
     Batch batch = deployer_.shard_batch(b->data);
-    total += dist::to_host(loss_(params_, batch, deployer_.step_key(-1))).item();
+    total += dist::to_host(loss_(params_, batch, deployer_.step_key(-1), false)).item();
     ++batches;
   }
   return total / double(batches);
 }
 
-void Trainer::save_checkpoint(const std::string& kind, const json& data_state, const std::string& metric, double value,
-                              const std::string& mode) {
-  CheckpointState state{step_, 0, params_, opt_state_,
-                        {{"data", data_state}, {"seed", deployer_.options().seed}, {"mesh", deployer_.mesh().str()}}};
+void Trainer::save_checkpoint(const std::string& kind, const json& data_state, const json& extra, const std::string& metric,
+                              double value, const std::string& mode) {
+  json meta = extra.is_object() ? extra : json::object();
+  meta["data"] = data_state;
+  meta["seed"] = deployer_.options().seed;
+  meta["mesh"] = deployer_.mesh().str();
+  CheckpointState state{step_, 0, params_, opt_state_, meta};
   CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string());
   if (kind == "best") manager.save_best(state, deployer_.mesh(), metric, value, mode);
   else manager.save(state, deployer_.mesh());
@@ -156,19 +167,23 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
                                                                                          : o.per_device_batch_size);
     if (o.eval_fn)
       for (const auto& [k, v] : o.eval_fn(params_)) metrics[k] = v;
-    if (metrics.empty()) return;
+    if (metrics.empty()) return metrics;
     result.evals.push_back(metrics);
     std::map<std::string, MetricValue> values(metrics.begin(), metrics.end());
     writer.push(step_, "eval", values);
     if (!best_metric.empty()) {
       auto it = metrics.find(best_metric);
       MT_CHECK(it != metrics.end(), "[trainer] save_best_by names '", best_metric, "' but evaluation produced no such metric");
-      save_checkpoint("best", loader.state(), best_metric, it->second, best_mode);
+      save_checkpoint("best", loader.state(), o.checkpoint_extra, best_metric, it->second, best_mode);
     }
+    return metrics;
   };
 
-  const int64_t tokens_hint = o.per_device_batch_size * deployer_.data_size();
+  const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   auto last_time = std::chrono::steady_clock::now();
+  double epoch_loss = 0;
+  int64_t epoch_steps = 0;
+  int64_t evaluated_at = -1;
   while (step_ < total_steps) {
     std::vector<Batch> micro;
     for (int m = 0; m < o.grad_accum_steps; ++m) {
@@ -178,17 +193,46 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
     const int64_t epoch_before = loader.state().epoch;
-    double loss = train_step(micro);
+    const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;
+    double loss = this->train(micro);
     result.losses.push_back(loss);
+    epoch_loss += loss;
+    ++epoch_steps;
     auto now = std::chrono::steady_clock::now();
     double secs = std::chrono::duration<double>(now - last_time).count();
     last_time = now;
-    writer.push(step_, "train", {{"loss", loss}, {"examples_per_s", double(tokens_hint * o.grad_accum_steps) / secs}});
-    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state());
+    std::map<std::string, MetricValue> logged{{"loss", loss}};
+    if (o.learning_rate) logged["lr"] = lr;
+    if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / secs;
+    else logged["examples_per_s"] = double(examples_per_step) / secs;
+    writer.push(step_, "train", logged);
+    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state(), o.checkpoint_extra);
+    if (o.on_step) o.on_step(step_, params_);
     const bool epoch_end = loader.state().epoch != epoch_before || step_ % steps_per_epoch == 0;
-    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || (o.eval_every == 0 && epoch_end)) evaluate();
+    std::map<std::string, double> metrics;
+    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || (o.eval_every == 0 && epoch_end)) {
+      metrics = evaluate();
+      evaluated_at = step_;
+    }
+    if (epoch_end) {
+      EpochSummary summary{(step_ + steps_per_epoch - 1) / steps_per_epoch, step_, epoch_loss / double(epoch_steps), metrics};
+      result.epochs.push_back(summary);
+      if (o.epoch_summary) {
+        std::ostringstream line;
+        line << "epoch " << summary.epoch << " | train loss " << std::fixed << std::setprecision(4) << summary.train_loss;
+        if (!metrics.empty()) {
+          line << " | eval";
+          for (const auto& [k, v] : metrics) line << " " << k << " " << v;
+        }
+        writer.flush();  // the epoch line comes after the step lines it sums up
+        deployer_.log(line.str());
+      }
+      epoch_loss = 0;
+      epoch_steps = 0;
+    }
   }
-  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state());
+  if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
+  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state(), o.checkpoint_extra);
   writer.close();
   result.steps = step_;
   return result;

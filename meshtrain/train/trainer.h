@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,8 +22,26 @@ namespace mt::train {
 
 // This process's examples -> its slice of the batch (host arrays, first dim = examples).
 using CollateFn = std::function<Batch(const std::vector<data::Example>&)>;
-// (params, global batch, random key of the step) -> scalar loss.
-using LossFn = std::function<Array(const Params&, const Batch&, const RngKey&)>;
+// (params, global batch, random key of the step, training?) -> scalar loss. `training` is
+// false when the Trainer evaluates (eval_loss): no dropout then. A loss function without
+// the flag (params, batch, key) is accepted too.
+using LossFn = std::function<Array(const Params&, const Batch&, const RngKey&, bool training)>;
+// A replacement for the default optimizer step (value_and_grad over each micro-batch,
+// mean of the gradients, optimizer update): updates params and opt_state in place and
+// returns the step's loss.
+using TrainStepFn = std::function<double(Params& params, Params& opt_state, const std::vector<Batch>& micro_batches,
+                                         const RngKey& key)>;
+
+template <class F>
+LossFn to_loss_fn(F f) {
+  if constexpr (std::is_invocable_v<F, const Params&, const Batch&, const RngKey&, bool>) {
+    return LossFn(std::move(f));
+  } else {
+    static_assert(std::is_invocable_v<F, const Params&, const Batch&, const RngKey&>,
+                  "a loss function takes (params, batch, key) or (params, batch, key, training)");
+    return [f = std::move(f)](const Params& p, const Batch& b, const RngKey& k, bool) { return f(p, b, k); };
+  }
+}
 // Evaluation beyond the loss (e.g. a Predictor plus a metric function) -> named metrics.
 using EvalFn = std::function<std::map<std::string, double>(const Params&)>;
 
@@ -38,6 +57,7 @@ struct FitOptions {
   int64_t per_device_eval_batch_size = 0;  // 0: per_device_batch_size
   int64_t eval_every = 0;
   EvalFn eval_fn;
+  bool eval_at_end = true;  // also after the last step when it was not just evaluated
   // Checkpoints in <workdir>/checkpoints: every save_every steps (0: never), the last one,
   // and the best by "max:<metric>" or "min:<metric>" (e.g. "min:eval_loss").
   int64_t save_every = 0;
@@ -46,19 +66,44 @@ struct FitOptions {
   std::string save_best_by;
   // Continue from the newest checkpoint in the workdir, exactly where it stopped.
   bool resume = false;
+  nlohmann::json checkpoint_extra = nlohmann::json::object();  // stored in each checkpoint's meta.json
   bool progress = true;  // progress bar, metrics.jsonl and TensorBoard events (rank 0)
+  // Logged with each step: the learning rate of a step, and tokens per example (for tokens/s).
+  std::function<double(int64_t step)> learning_rate;
+  int64_t tokens_per_example = 0;
+  // After each optimizer step, on every rank (collectives are allowed): e.g. sampling text.
+  std::function<void(int64_t step, const Params& params)> on_step;
+  // At each epoch's end, rank 0 prints "epoch N | train loss L | <eval metrics>".
+  bool epoch_summary = true;
+};
+
+struct EpochSummary {
+  int64_t epoch = 0;  // 1-based
+  int64_t step = 0;
+  double train_loss = 0;  // mean over the epoch's steps run in this process
+  std::map<std::string, double> eval;
 };
 
 struct FitResult {
   std::vector<double> losses;  // per optimizer step, this run's steps only
   std::vector<std::map<std::string, double>> evals;
+  std::vector<EpochSummary> epochs;
   int64_t steps = 0;  // optimizer steps completed, including resumed ones
 };
 
 class Trainer {
  public:
-  Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
-          std::optional<ShardingPlan> plan = std::nullopt);
+  template <class Loss>
+  Trainer(Deployer& deployer, CollateFn collate, Loss loss, Params params, optim::Transform optimizer,
+          std::optional<ShardingPlan> plan = std::nullopt)
+      : Trainer(deployer, std::move(collate), to_loss_fn(std::move(loss)), std::move(params), std::move(optimizer),
+                std::move(plan), 0) {}
+
+  // Replaces the default optimizer step (see TrainStepFn).
+  void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
+  // One optimizer step on these micro-batches (global arrays, e.g. from Deployer::shard_batch);
+  // returns the mean loss. fit calls it for every step.
+  double train(const std::vector<Batch>& micro_batches);
 
   FitResult fit(std::shared_ptr<const data::Dataset> train, const FitOptions& options);
   // The mean loss over a dataset (weighted by batch, no dropout-key changes).
@@ -70,9 +115,11 @@ class Trainer {
   const ShardingPlan* plan() const { return plan_ ? &*plan_ : nullptr; }
 
  private:
-  double train_step(const std::vector<Batch>& micro_batches);
-  void save_checkpoint(const std::string& kind, const nlohmann::json& data_state, const std::string& metric = "",
-                       double value = 0, const std::string& mode = "");
+  Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
+          std::optional<ShardingPlan> plan, int);
+  double default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
+  void save_checkpoint(const std::string& kind, const nlohmann::json& data_state, const nlohmann::json& extra,
+                       const std::string& metric = "", double value = 0, const std::string& mode = "");
   std::optional<nlohmann::json> restore_latest();
   dist::PartitionSpec spec_for(const std::string& group, const std::string& path) const;
 
@@ -83,6 +130,7 @@ class Trainer {
   optim::Transform optimizer_;
   Params opt_state_;
   std::optional<ShardingPlan> plan_;
+  TrainStepFn custom_step_;
   int64_t step_ = 0;
 };
 

@@ -1,0 +1,172 @@
+// `meshtrain glue`: BERT fine-tuning on a GLUE task with the options of Hugging Face's
+// run_flax_glue (AdamW, linear warmup and decay, weight decay off biases and LayerNorm),
+// from a pretrained directory or a small BERT trained from scratch. Prints one
+// "epoch | train loss | eval metrics" line per epoch and writes metrics.jsonl, TensorBoard
+// events, eval_results.json, the best checkpoint by the task's metric and the final model.
+#include <filesystem>
+#include <iostream>
+
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/glue_setup.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/run_flags.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/mapped_file.h"
+#include "meshtrain/optim/schedule.h"
+#include "meshtrain/optim/transform.h"
+#include "meshtrain/train/checkpoint_model.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct GlueOptions {
+  std::string task, model, config, tokenizer, data_dir;
+  int64_t max_seq_length = 128;
+  double learning_rate = 5e-5;
+  int64_t num_train_epochs = 3;
+  int64_t max_steps = -1;
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 0;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;
+  int64_t max_train_samples = -1, max_eval_samples = -1;
+  RunFlags run;
+};
+
+std::shared_ptr<const data::Dataset> glue_split(const GlueOptions& o, const data::GlueTask& task, const std::string& split,
+                                                int64_t limit) {
+  std::vector<data::Example> rows = data::read_glue_split(o.data_dir, task, split);
+  if (limit >= 0 && int64_t(rows.size()) > limit) rows.resize(size_t(limit));
+  MT_CHECK(!rows.empty(), "[glue] ", task.name, " ", split, " has no rows");
+  return data::make_dataset(std::move(rows));
+}
+
+void run(const GlueOptions& o) {
+  const data::GlueTask& task = data::glue_task(o.task);
+  check_output_dir(o.run, "glue");
+  train::Deployer deployer = make_deployer(o.run);
+  const fs::path out = o.run.output_dir, model_dir = out / "model";
+  auto train_set = glue_split(o, task, "train", o.max_train_samples);
+  auto eval_set = glue_split(o, task, task.dev_split, o.max_eval_samples);
+
+  // The model and its tokenizer (kept in <output-dir>/model so checkpoints carry it).
+  MT_CHECK(!o.model.empty() || !o.tokenizer.empty(), "[glue] training from --config needs --tokenizer (e.g. a BERT vocab.txt)");
+  auto tok = tokenizer_into(o.tokenizer.empty() ? o.model : o.tokenizer, model_dir.string());
+  models::PretrainedOptions po;
+  po.bert_head = models::BertHead::sequence_classification;
+  po.num_labels = task.num_labels();
+  po.init_key = deployer.init_key();
+  po.load_tokenizer = false;
+  po.print_report = deployer.is_main();
+  auto model = std::make_shared<models::PretrainedModel>(
+      o.model.empty()
+          ? models::model_from_checkpoint(small_bert_config(o.config, task, tok->vocab_size(), o.max_seq_length), {}, "init",
+                                          [&] { auto q = po; q.print_report = false; return q; }())
+          : models::from_pretrained(o.model, po));
+  MT_CHECK(model->model_type == "bert", "[glue] ", o.model, " is a ", model->model_type, " model; glue fine-tunes BERT");
+  tok->set_truncation(tokenizers::TruncationParams{size_t(o.max_seq_length)});
+  tokenizers::PaddingParams pad;
+  pad.length = size_t(o.max_seq_length);
+  if (auto id = tok->token_to_id("[PAD]")) pad.pad_id = *id;
+  tok->set_padding(pad);
+  train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);
+  train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
+
+  const int64_t global_batch = o.per_device_train_batch_size * deployer.data_size();
+  const int64_t steps_per_epoch = train_set->size() / global_batch;
+  MT_CHECK(steps_per_epoch > 0, "[glue] ", train_set->size(), " training rows make no batch of ", global_batch);
+  int64_t total = steps_per_epoch * o.num_train_epochs;
+  if (o.max_steps > 0) total = std::min(total, o.max_steps);
+  optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, std::min(o.warmup_steps, total - 1), total);
+  optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
+  deployer.log("glue " + task.name + ": " + std::to_string(train_set->size()) + " train / " +
+               std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
+               " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
+               deployer.mesh().str());
+  train::Trainer trainer(deployer, collate, glue_loss(model, task), model->params, opt, plan);
+
+  const std::string primary = glue_primary_metric(task);
+  train::FitOptions f;
+  f.per_device_batch_size = o.per_device_train_batch_size;
+  f.per_device_eval_batch_size = o.per_device_eval_batch_size;
+  f.epochs = o.num_train_epochs;
+  f.max_steps = total;
+  f.eval_every = o.eval_steps;
+  f.eval_fn = [&](const Params& p) {
+    return glue_evaluate(deployer, *model, p, task, collate, eval_set, o.per_device_eval_batch_size);
+  };
+  f.save_every = o.save_steps;
+  f.save_best_by = "max:" + primary;
+  f.resume = o.run.resume;
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.learning_rate = lr;
+  f.tokens_per_example = o.max_seq_length;
+  train::FitResult r = trainer.fit(train_set, f);
+
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  model->params = host;
+  if (!deployer.is_main()) return;
+  models::save_pretrained(*model, model_dir.string());
+  json results = {{"task", task.name}, {"step", trainer.step()}};
+  if (!r.evals.empty())
+    for (const auto& [k, v] : r.evals.back()) results["eval_" + k] = v;
+  json best = io::read_json_file((out / "checkpoints" / "best" / "meta.json").string()).value("best", json());
+  results["best"] = best;
+  io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
+  std::cout << "eval results: " << results.dump() << "\nbest checkpoint (" << primary << "): "
+            << (out / "checkpoints" / "best").string() << "\n";
+}
+
+}  // namespace
+
+void add_glue_command(CLI::App& app) {
+  auto o = std::make_shared<GlueOptions>();
+  o->run.seed = 42;
+  CLI::App* cmd = app.add_subcommand("glue", "fine-tune BERT on a GLUE task (options of HF run_flax_glue)");
+  std::vector<std::string> names;
+  for (const auto& t : data::all_glue_tasks()) names.push_back(t.name);
+  cmd->add_option("--task", o->task, "GLUE task")->required()->transform(CLI::IsMember(names, CLI::ignore_case));
+  cmd->add_option("--data-dir", o->data_dir, "GLUE root (with CoLA/, SST-2/, ...) or the task's directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  auto* model = cmd->add_option("--model", o->model, "pretrained BERT directory (config.json + safetensors + vocab)")
+                    ->check(CLI::ExistingDirectory);
+  auto* config = cmd->add_option("--config", o->config, "train from scratch: 'small' or a BERT config.json");
+  model->excludes(config);
+  config->excludes(model);
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model's)");
+  cmd->add_option("--max-seq-length", o->max_seq_length, "tokens per example after truncation and padding")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 4096));
+  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate")->capture_default_str();
+  cmd->add_option("--num-train-epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-steps", o->max_steps, "stop after this many steps (default: all epochs)");
+  cmd->add_option("--per-device-train-batch-size", o->per_device_train_batch_size, "examples per data-parallel rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--per-device-eval-batch-size", o->per_device_eval_batch_size, "eval examples per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: last and best only)")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and LayerNorm)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_option("--max-train-samples", o->max_train_samples, "use the first N training rows");
+  cmd->add_option("--max-eval-samples", o->max_eval_samples, "use the first N dev rows");
+  o->run.output_dir = "runs/glue";
+  add_run_flags(cmd, o->run, true);
+  cmd->callback([o] {
+    MT_CHECK(!o->model.empty() || !o->config.empty(), "[glue] pass --model DIR (pretrained) or --config small|FILE");
+    run(*o);
+  });
+}
+
+}  // namespace mt::cli

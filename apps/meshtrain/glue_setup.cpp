@@ -1,0 +1,125 @@
+#include "apps/meshtrain/glue_setup.h"
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/models/bert.h"
+#include "meshtrain/ops/loss.h"
+#include "meshtrain/ops/reduce.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/train/metrics.h"
+#include "meshtrain/train/predictor.h"
+
+namespace mt::cli {
+
+using json = nlohmann::json;
+
+std::string glue_primary_metric(const data::GlueTask& task) {
+  if (task.name == "cola") return "matthews_correlation";
+  if (task.name == "stsb") return "pearson";
+  if (task.name == "mrpc" || task.name == "qqp") return "f1";
+  return "accuracy";
+}
+
+json small_bert_config(const std::string& config, const data::GlueTask& task, int64_t vocab_size, int64_t max_seq_length) {
+  json c = {{"model_type", "bert"},
+            {"architectures", {"BertForSequenceClassification"}},
+            {"vocab_size", (vocab_size + 63) / 64 * 64},  // divisible by any model-axis size up to 64
+            {"hidden_size", 128},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 2},
+            {"intermediate_size", 512},
+            {"max_position_embeddings", std::max<int64_t>(512, max_seq_length)},
+            {"num_labels", task.num_labels()}};
+  if (config != "small") {
+    json user = io::read_json_file(config);
+    MT_CHECK(user.is_object(), "[glue] ", config, ": a config must be a JSON object");
+    c.merge_patch(user);
+    c["architectures"] = {"BertForSequenceClassification"};
+    c["num_labels"] = task.num_labels();
+    c.erase("id2label");
+  }
+  return c;
+}
+
+train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
+                              int64_t max_len) {
+  MT_CHECK(tok->truncation() && tok->padding() && tok->padding()->length == size_t(max_len),
+           "[glue] the tokenizer must truncate and pad to ", max_len);
+  return [tok, task](const std::vector<data::Example>& examples) {
+    const int64_t n = int64_t(examples.size());
+    std::vector<tokenizers::Encoding> enc;
+    if (task.text_b.empty()) {
+      std::vector<std::string> texts;
+      for (const auto& e : examples) texts.push_back(e.str("text_a"));
+      enc = tok->encode_batch(texts);
+    } else {
+      std::vector<std::pair<std::string, std::string>> pairs;
+      for (const auto& e : examples) pairs.emplace_back(e.str("text_a"), e.str("text_b"));
+      enc = tok->encode_batch(pairs);
+    }
+    const int64_t t = int64_t(enc.at(0).ids.size());
+    std::vector<int64_t> ids, types, mask;
+    for (const auto& e : enc) {
+      ids.insert(ids.end(), e.ids.begin(), e.ids.end());
+      types.insert(types.end(), e.type_ids.begin(), e.type_ids.end());
+      mask.insert(mask.end(), e.attention_mask.begin(), e.attention_mask.end());
+    }
+    train::Batch b{{"input_ids", Array::from_vector(ids, {n, t})},
+                   {"token_type_ids", Array::from_vector(types, {n, t})},
+                   {"attention_mask", Array::from_vector(mask, {n, t})}};
+    if (task.is_regression()) {
+      std::vector<float> labels;
+      for (const auto& e : examples) labels.push_back(float(e.as_float("label")));
+      b.set("labels", Array::from_vector(labels, {n}));
+    } else {
+      std::vector<int64_t> labels;
+      for (const auto& e : examples) labels.push_back(e.as_int("label"));
+      b.set("labels", Array::from_vector(labels, {n}));
+    }
+    return b;
+  };
+}
+
+namespace {
+
+Array glue_logits(const models::PretrainedModel& model, const Params& p, const train::Batch& b, const RngKey& key,
+                  bool training) {
+  models::BertInputs in;
+  in.input_ids = b["input_ids"];
+  in.token_type_ids = b["token_type_ids"];
+  in.attention_mask = b["attention_mask"];
+  return models::bert_apply(std::get<models::BertConfig>(model.config), p, in, key, training).logits;
+}
+
+}  // namespace
+
+train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task) {
+  const bool regression = task.is_regression();
+  return [model, regression](const Params& p, const train::Batch& b, const RngKey& key, bool training) {
+    Array logits = glue_logits(*model, p, b, key, training);
+    if (regression) return mse_loss(reshape(logits, {logits.dim(0)}), b["labels"]);
+    return cross_entropy(logits, b["labels"]);
+  };
+}
+
+std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
+                                            const Params& params, const data::GlueTask& task,
+                                            const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
+                                            int64_t per_device_batch_size) {
+  const bool regression = task.is_regression();
+  train::Predictor<double> predictor(
+      deployer, collate,
+      [&model, regression](const Params& p, const train::Batch& b) {
+        Array logits = glue_logits(model, p, b, RngKey{}, false);
+        return train::Batch{{"prediction", regression ? reshape(logits, {logits.dim(0)}) : argmax(logits, -1)}};
+      },
+      [](const train::Batch& out) { return out["prediction"].to_doubles(); });
+  std::vector<double> predictions = predictor.predict(params, dataset, per_device_batch_size);
+  std::vector<double> labels;
+  for (int64_t i = 0; i < dataset->size(); ++i) labels.push_back(dataset->get(i).as_float("label"));
+  if (regression) return train::glue_metrics(task.name, predictions, labels);
+  std::vector<int64_t> p(predictions.begin(), predictions.end()), l(labels.begin(), labels.end());
+  return train::glue_metrics(task.name, p, l);
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,38 @@
+#pragma once
+// What `glue` and `eval` share for GLUE: a BERT sequence classifier (pretrained or from a
+// small config), fixed-length pair tokenization, the loss (cross-entropy, or MSE for STS-B)
+// and dev-set predictions scored by the task's metrics.
+#include <memory>
+#include <string>
+
+#include "meshtrain/data/dataset.h"
+#include "meshtrain/data/glue.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/deployer.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::cli {
+
+// The metric the best checkpoint is chosen by: matthews_correlation (CoLA), pearson
+// (STS-B), f1 (MRPC, QQP), accuracy otherwise.
+std::string glue_primary_metric(const data::GlueTask& task);
+
+// A BERT classifier config.json for `task`: the built-in small size ("small": hidden 128,
+// 2 layers, 2 heads) or a JSON file, sized for the tokenizer's vocabulary.
+nlohmann::json small_bert_config(const std::string& config, const data::GlueTask& task, int64_t vocab_size,
+                                 int64_t max_seq_length);
+
+// Tokenizes {"text_a", ["text_b",] "label"} examples to max_len (truncated, padded):
+// input_ids, token_type_ids, attention_mask, labels (i64, or f32 for regression).
+train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
+                              int64_t max_len);
+train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task);
+
+// Predictions on `dataset` (class ids or scores as doubles) and the task's metrics.
+std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
+                                            const Params& params, const data::GlueTask& task,
+                                            const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
+                                            int64_t per_device_batch_size);
+
+}  // namespace mt::cli

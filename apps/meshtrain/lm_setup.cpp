@@ -1,0 +1,151 @@
+#include "apps/meshtrain/lm_setup.h"
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/documents.h"
+#include "meshtrain/data/lm_dataset.h"
+#include "meshtrain/dist/communicator.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/ops/loss.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/tokenizers/byte_tokenizer.h"
+
+namespace mt::cli {
+
+using json = nlohmann::json;
+
+void add_lm_data_flags(CLI::App* cmd, LmDataFlags& f) {
+  cmd->add_option("--data", f.data,
+                  "text file or directory; documents split on '%' lines (fortune files) or <|endoftext|>")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", f.tokenizer,
+                  "'bytes' (256 byte ids + <|endoftext|>), or a tokenizer.json / vocab.json / vocab.txt / .model / directory")
+      ->capture_default_str();
+  cmd->add_option("--seq-len", f.seq_len, "tokens per training sequence (the model's context)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_flag("--pad-documents", f.pad_documents,
+                "one document per sequence, truncated or padded (padding is not a target), instead of packing");
+}
+
+std::shared_ptr<tokenizers::Tokenizer> tokenizer_into(const std::string& spec, const std::string& model_dir) {
+  if (dist::world().rank() == 0) {
+    if (spec == "bytes") tokenizers::write_byte_tokenizer(model_dir);
+    else tokenizers::copy_tokenizer_files(spec, model_dir);
+  }
+  dist::world().barrier();
+  return tokenizers::load_tokenizer(model_dir);
+}
+
+std::optional<int64_t> end_of_text_id(const tokenizers::Tokenizer& tok) {
+  for (const char* t : {"<|endoftext|>", "</s>", "[SEP]"})
+    if (auto id = tok.token_to_id(t)) return *id;
+  return std::nullopt;
+}
+
+LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokenizer> tok) {
+  LmCorpus c;
+  c.tokenizer = tok;
+  c.eos_id = end_of_text_id(*tok);
+  std::vector<std::string> docs = data::read_documents(f.data);
+  data::TokenizeFn tokenize = [tok](const std::string& text) {
+    tokenizers::Encoding e = tok->encode(text, false);
+    return std::vector<int64_t>(e.ids.begin(), e.ids.end());
+  };
+  if (f.pad_documents) {
+    data::DocumentDatasetOptions o;
+    o.max_len = f.seq_len + 1;
+    o.pad_id = c.eos_id.value_or(0);
+    o.eos_id = c.eos_id;
+    auto ds = std::make_shared<data::DocumentDataset>(std::move(docs), tokenize, o);
+    c.num_tokens = ds->size() * o.max_len;
+    c.dataset = ds;
+  } else {
+    data::PackedDatasetOptions o;
+    o.seq_len = f.seq_len;
+    o.separator_id = c.eos_id;
+    auto ds = std::make_shared<data::PackedDataset>(docs, tokenize, o);
+    c.num_tokens = ds->num_tokens();
+    c.dataset = ds;
+  }
+  return c;
+}
+
+LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, const char* command) {
+  return make_lm_corpus(f, tokenizer_into(f.tokenizer, model_dir));
+}
+
+json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size, int64_t seq_len,
+                    std::optional<int64_t> eos_id) {
+  const int64_t vocab = (vocab_size + 63) / 64 * 64;
+  const int64_t eos = eos_id.value_or(0);
+  json c;
+  if (model_type == "minigpt") {
+    c = {{"model_type", "minigpt"}, {"vocab_size", vocab}, {"maxlen", seq_len}, {"embed_dim", 128},
+         {"num_heads", 4}, {"feed_forward_dim", 512}, {"num_transformer_blocks", 4}, {"dropout_rate", 0.1}};
+  } else if (model_type == "gpt2") {
+    c = {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", seq_len}, {"n_embd", 128}, {"n_layer", 4},
+         {"n_head", 4}, {"bos_token_id", eos}, {"eos_token_id", eos}};
+  } else if (model_type == "llama") {
+    c = {{"model_type", "llama"}, {"vocab_size", vocab}, {"max_position_embeddings", seq_len}, {"hidden_size", 128},
+         {"intermediate_size", 352}, {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+         {"bos_token_id", eos}, {"eos_token_id", eos}};
+  } else {
+    throw Error(detail::concat("[pretrain] unknown model '", model_type, "' (use minigpt, gpt2 or llama)"));
+  }
+  if (!config_file.empty()) {
+    json user = io::read_json_file(config_file);
+    MT_CHECK(user.is_object(), "[pretrain] ", config_file, ": a config must be a JSON object");
+    MT_CHECK(!user.contains("model_type") || user["model_type"] == model_type, "[pretrain] ", config_file,
+             ": model_type ", user.value("model_type", json()).dump(), " contradicts --model ", model_type);
+    c.merge_patch(user);
+  }
+  MT_CHECK(c["vocab_size"].get<int64_t>() >= vocab_size, "[pretrain] vocab_size ", c["vocab_size"].get<int64_t>(),
+           " is smaller than the tokenizer's ", vocab_size, " ids");
+  return c;
+}
+
+train::CollateFn lm_collate() {
+  return [](const std::vector<data::Example>& examples) {
+    const int64_t n = int64_t(examples.size());
+    const int64_t t = int64_t(examples.at(0).tokens("tokens").size()) - 1;
+    std::vector<int64_t> ids, labels;
+    ids.reserve(size_t(n * t));
+    labels.reserve(size_t(n * t));
+    for (const data::Example& e : examples) {
+      const std::vector<int64_t>& tok = e.tokens("tokens");
+      MT_CHECK(int64_t(tok.size()) == t + 1, "[collate] sequences of different lengths: ", tok.size(), " and ", t + 1);
+      // Padded documents: a position is a target only while the next token is real.
+      const int64_t real = e.contains("length") ? e.as_int("length") : t + 1;
+      ids.insert(ids.end(), tok.begin(), tok.end() - 1);
+      for (int64_t i = 1; i <= t; ++i) labels.push_back(i < real ? tok[size_t(i)] : -100);
+    }
+    return train::Batch{{"input_ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
+  };
+}
+
+train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model) {
+  return [model](const Params& p, const train::Batch& b, const RngKey& key, bool training) {
+    models::DecoderInputs in;
+    in.input_ids = b["input_ids"];
+    return cross_entropy(model->decoder_logits(p, in, key, training), b["labels"]);
+  };
+}
+
+std::string sample_text(const models::PretrainedModel& model, const tokenizers::Tokenizer& tok, const std::string& prompt,
+                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed) {
+  tokenizers::Encoding e = tok.encode(prompt, false);
+  std::vector<int64_t> ids(e.ids.begin(), e.ids.end());
+  if (ids.empty()) ids.push_back(end_of_text_id(tok).value_or(0));
+  models::GenerationConfig g;
+  g.max_new_tokens = new_tokens;
+  g.temperature = temperature;
+  g.top_k = top_k;
+  g.seed = seed;
+  models::GenerationResult r = models::generate(model.causal_lm(), {ids}, g);
+  std::vector<int32_t> all(ids.begin(), ids.end());
+  all.insert(all.end(), r.tokens[0].begin(), r.tokens[0].end());
+  return tok.decode(all, true);
+}
+
+}  // namespace mt::cli

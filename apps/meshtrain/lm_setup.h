@@ -1,0 +1,60 @@
+#pragma once
+// What the language-model commands (pretrain, eval) share: the corpus flags, a tokenizer
+// kept beside the model, text cut into training sequences, default model sizes, and the
+// collate / loss / sampling functions of a decoder.
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/data/dataset.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::cli {
+
+struct LmDataFlags {
+  std::string data = "/usr/share/games/fortunes";
+  std::string tokenizer = "bytes";
+  int64_t seq_len = 128;
+  bool pad_documents = false;  // one padded document per sequence instead of packing
+};
+
+void add_lm_data_flags(CLI::App* cmd, LmDataFlags& flags);
+
+// The tokenizer named by --tokenizer ("bytes", or any file/directory load_tokenizer takes),
+// with its files placed in `model_dir` by rank 0 so the saved model carries it.
+std::shared_ptr<tokenizers::Tokenizer> tokenizer_into(const std::string& spec, const std::string& model_dir);
+
+// The end-of-text id documents are separated by (<|endoftext|>, </s>), if the tokenizer has one.
+std::optional<int64_t> end_of_text_id(const tokenizers::Tokenizer& tok);
+
+struct LmCorpus {
+  std::shared_ptr<tokenizers::Tokenizer> tokenizer;
+  std::shared_ptr<const data::Dataset> dataset;  // examples {"tokens": seq_len + 1 ids[, "length"]}
+  int64_t num_tokens = 0;
+  std::optional<int64_t> eos_id;
+};
+
+// Reads --data's documents and cuts them into sequences with `tokenizer`.
+LmCorpus make_lm_corpus(const LmDataFlags& flags, std::shared_ptr<tokenizers::Tokenizer> tokenizer);
+LmCorpus load_lm_corpus(const LmDataFlags& flags, const std::string& model_dir, const char* command);
+
+// config.json content of a small `model_type` ("minigpt", "gpt2", "llama") for this
+// vocabulary (rounded up to a multiple of 64 so vocab-parallel shards divide it) and
+// context, with the keys of `config_file` (if any) on top.
+nlohmann::json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size,
+                              int64_t seq_len, std::optional<int64_t> eos_id);
+
+// {"input_ids", "labels"} from sequences of seq_len + 1 tokens (padding labelled -100).
+train::CollateFn lm_collate();
+// Mean next-token cross-entropy of the decoder.
+train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model);
+
+// Prompt + sampled continuation, decoded (one process's computation: host params).
+std::string sample_text(const models::PretrainedModel& model, const tokenizers::Tokenizer& tok, const std::string& prompt,
+                        int64_t new_tokens, double temperature, int64_t top_k, uint64_t seed);
+
+}  // namespace mt::cli

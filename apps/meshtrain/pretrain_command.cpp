@@ -1,0 +1,182 @@
+// `meshtrain pretrain`: the seed tutorial's miniGPT workflow for any decoder (miniGPT,
+// GPT-2, LLaMA) on any text — documents packed into fixed-length sequences (or padded one
+// per example), AdamW with warmup + cosine decay, a held-out tail for eval loss, sampled
+// generations from a prompt while training, checkpoints and resume, and at the end a
+// Hugging Face-style model directory that `generate` and `eval` read.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/run_flags.h"
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct PretrainOptions {
+  LmDataFlags data;
+  std::string model = "minigpt";
+  std::string config;
+  int64_t steps = 0;
+  int64_t epochs = 1;
+  int64_t per_device_batch_size = 16;
+  int grad_accum = 1;
+  double learning_rate = 2e-3;
+  int64_t warmup_steps = 50;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;
+  double eval_fraction = 0.02;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 0;
+  int keep_checkpoints = 3;
+  int64_t sample_every = 0;
+  std::string prompt = "The ";
+  int64_t sample_tokens = 120;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  RunFlags run;
+};
+
+void print_sample(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
+                  const PretrainOptions& o, int64_t step, const fs::path& samples_file) {
+  // Every rank gathers the weights and samples the same text; rank 0 prints it.
+  Params host;
+  for (const auto& [path, a] : params) host.set(path, dist::to_host(a));
+  models::PretrainedModel m = model;
+  m.params = host;
+  std::string text = sample_text(m, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, o.run.seed + uint64_t(step));
+  if (dist::world().rank() != 0) return;
+  std::cout << "--- sample at step " << step << " ---\n" << text << "\n---\n" << std::flush;
+  std::ofstream(samples_file, std::ios::app) << "=== step " << step << "\n" << text << "\n";
+}
+
+void run(const PretrainOptions& o) {
+  check_output_dir(o.run, "pretrain");
+  train::Deployer deployer = make_deployer(o.run);
+  const fs::path out = o.run.output_dir, model_dir = out / "model";
+  LmCorpus corpus = load_lm_corpus(o.data, model_dir.string(), "pretrain");
+  json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);
+  models::PretrainedOptions po;
+  po.init_key = deployer.init_key();
+  po.print_report = false;
+  po.load_tokenizer = false;
+  auto model = std::make_shared<models::PretrainedModel>(models::model_from_checkpoint(config, {}, "init", po));
+  train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
+
+  const int64_t n_eval = o.eval_fraction > 0 ? std::max<int64_t>(1, int64_t(double(corpus.dataset->size()) * o.eval_fraction)) : 0;
+  auto train_set = std::make_shared<data::SubsetDataset>(corpus.dataset, 0, corpus.dataset->size() - n_eval);
+  std::shared_ptr<const data::Dataset> eval_set;
+  if (n_eval > 0) eval_set = std::make_shared<data::SubsetDataset>(corpus.dataset, corpus.dataset->size() - n_eval, corpus.dataset->size());
+  const int64_t global_batch = o.per_device_batch_size * deployer.data_size();
+  MT_CHECK(eval_set == nullptr || eval_set->size() >= global_batch, "[pretrain] the held-out ", n_eval,
+           " sequences (--eval-fraction ", o.eval_fraction, ") make no global batch of ", global_batch,
+           ": raise --eval-fraction or pass 0");
+  const int64_t steps_per_epoch = train_set->size() / global_batch / o.grad_accum;
+  MT_CHECK(steps_per_epoch > 0, "[pretrain] ", train_set->size(), " training sequences make no step of ", global_batch,
+           " x ", o.grad_accum, " sequences");
+  const int64_t total = o.steps > 0 ? o.steps : steps_per_epoch * o.epochs;
+  const int64_t epochs = o.steps > 0 ? (o.steps + steps_per_epoch - 1) / steps_per_epoch : o.epochs;
+
+  deployer.log("pretrain: " + model->model_type + " (" + std::to_string(model->params.total_elements()) +
+               " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
+               std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
+               std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
+               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str());
+
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
+                                                           o.learning_rate * 0.1);
+  optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
+                                       optim::adamw(lr, 0.9, 0.95, 1e-8, o.weight_decay)});
+  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
+
+  train::FitOptions f;
+  f.per_device_batch_size = o.per_device_batch_size;
+  f.epochs = epochs;
+  f.max_steps = total;
+  f.grad_accum_steps = o.grad_accum;
+  f.eval_data = eval_set;
+  f.eval_every = o.eval_steps;
+  f.save_every = o.save_steps;
+  f.keep_last = o.keep_checkpoints;
+  f.resume = o.run.resume;
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.learning_rate = lr;
+  f.tokens_per_example = o.data.seq_len;
+  const fs::path samples = out / "samples.txt";
+  if (o.sample_every > 0)
+    f.on_step = [&](int64_t step, const Params& p) {
+      if (step % o.sample_every == 0 && step < total) print_sample(*model, p, *corpus.tokenizer, o, step, samples);
+    };
+  train::FitResult r = trainer.fit(train_set, f);
+
+  // The final model as a Hugging Face-style directory beside the tokenizer files.
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  model->params = host;
+  if (deployer.is_main()) models::save_pretrained(*model, model_dir.string());
+  if (!r.losses.empty()) {
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(4) << "train loss " << r.losses.front() << " -> " << r.losses.back();
+    if (!r.evals.empty() && r.evals.back().count("eval_loss"))
+      line << ", eval loss " << r.evals.back().at("eval_loss") << " (perplexity "
+           << train::perplexity(r.evals.back().at("eval_loss")) << ")";
+    deployer.log(line.str());
+  }
+  print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples);
+  deployer.log("checkpoints in " + (out / "checkpoints").string() + ", model in " + model_dir.string() +
+               ", metrics in " + (out / "metrics.jsonl").string());
+}
+
+}  // namespace
+
+void add_pretrain_command(CLI::App& app) {
+  auto o = std::make_shared<PretrainOptions>();
+  o->run.output_dir = "runs/pretrain";
+  CLI::App* cmd = app.add_subcommand("pretrain", "train a decoder language model (miniGPT, GPT-2, LLaMA) on text");
+  add_lm_data_flags(cmd, o->data);
+  cmd->add_option("--model", o->model, "architecture: minigpt, gpt2 or llama (a small default size)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"minigpt", "gpt2", "llama"}));
+  cmd->add_option("--config", o->config, "config.json whose keys override the default size (e.g. n_layer)")
+      ->check(CLI::ExistingFile);
+  auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
+  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
+  steps->excludes(epochs)->check(CLI::PositiveNumber);
+  epochs->excludes(steps)->check(CLI::PositiveNumber);
+  cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "sequences per step on each data-parallel rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (AdamW, warmup then cosine to 10%)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
+  cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  cmd->add_option("--eval-fraction", o->eval_fraction, "share of sequences held out for eval loss (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.5));
+  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "newest step checkpoints kept")->capture_default_str();
+  cmd->add_option("--sample-every", o->sample_every, "print a sampled generation every N steps (0: only at the end)")
+      ->capture_default_str();
+  cmd->add_option("--prompt", o->prompt, "prompt of the sampled generations")->capture_default_str();
+  cmd->add_option("--sample-tokens", o->sample_tokens, "tokens per sample")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  add_run_flags(cmd, o->run, true);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,62 @@
+#include "apps/meshtrain/run_flags.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/train/checkpoint.h"
+
+namespace mt::cli {
+
+namespace fs = std::filesystem;
+
+void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
+  cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
+  cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", f.seed, "random seed (initialization, shuffling, dropout, sampling)")->capture_default_str();
+  cmd->add_option("--output-dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
+      ->capture_default_str();
+  cmd->add_flag("--print-plan", f.print_plan, "print the sharding plan (path, shape, spec, bytes per rank)");
+  if (!training) return;
+  cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
+  cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
+  cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
+}
+
+train::Deployer make_deployer(const RunFlags& f) {
+  train::DeployerOptions o;
+  o.seed = f.seed;
+  o.mesh = f.mesh;
+  o.n_model_shards = f.model_shards;
+  o.workdir = f.output_dir;
+  return train::Deployer(o);
+}
+
+train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,
+                              const RunFlags& f) {
+  train::ShardingOptions so;
+  so.fsdp = f.fsdp;
+  train::ShardingPlan plan = deployer.sharding_rules(params, roles, so);
+  if (f.print_plan && deployer.is_main()) std::cout << "sharding plan on mesh " << deployer.mesh().str() << ":\n" << plan.table() << std::flush;
+  return plan;
+}
+
+void check_output_dir(const RunFlags& f, const char* command) {
+  const fs::path checkpoints = fs::path(f.output_dir) / "checkpoints";
+  const bool has_checkpoints = !train::CheckpointManager(checkpoints.string()).all().empty() || fs::exists(checkpoints / "best");
+  if (!has_checkpoints || f.resume) return;
+  MT_CHECK(f.overwrite, "[", command, "] ", checkpoints.string(),
+           " holds checkpoints of an earlier run: pass --resume to continue it, --overwrite to discard it, or another "
+           "--output-dir");
+  dist::world().barrier();  // every rank has looked before rank 0 deletes
+  if (dist::world().rank() == 0) {
+    fs::remove_all(checkpoints);
+    fs::remove(fs::path(f.output_dir) / "metrics.jsonl");
+    fs::remove_all(fs::path(f.output_dir) / "tensorboard");
+  }
+  dist::world().barrier();
+}
+
+}  // namespace mt::cli

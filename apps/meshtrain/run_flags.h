@@ -1,0 +1,35 @@
+#pragma once
+// Flags every training and inference command shares: where it runs (--mesh or
+// --model-shards), its seed, its output directory, --print-plan and --resume.
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "meshtrain/train/deployer.h"
+
+namespace mt::cli {
+
+struct RunFlags {
+  std::string mesh;        // "data=2,model=2"; empty: data = world / model_shards
+  int model_shards = 1;
+  uint64_t seed = 0;
+  std::string output_dir;
+  bool print_plan = false;
+  bool fsdp = false;       // shard large weights over the data axis too
+  bool resume = false;
+  bool overwrite = false;
+};
+
+void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
+
+train::Deployer make_deployer(const RunFlags& flags);
+
+// The automatic sharding plan (printed as a table on rank 0 with --print-plan).
+train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,
+                              const RunFlags& flags);
+
+// Training refuses to start over checkpoints of an earlier run unless --resume continues it
+// or --overwrite discards it: nothing saved is lost by accident. Call on every rank.
+void check_output_dir(const RunFlags& flags, const char* command);
+
+}  // namespace mt::cli
