@@ -16,7 +16,7 @@ build: configure
 
 demo: configure
 	cmake --build $(BUILD) -j $(JOBS) --target meshtrain
-	./$(BUILD)/apps/meshtrain/meshtrain demo
+	./$(BUILD)/apps/meshtrain/meshtrain pretrain --output-dir runs/demo --overwrite --sample-every 400
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

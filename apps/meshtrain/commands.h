@@ -5,10 +5,10 @@ namespace mt::cli {
 
 // Each command registers its subcommand and options on the app; the returned callback
 // runs it after parsing.
-void add_demo_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
 void add_glue_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -81,7 +81,9 @@ void run(const GenerateOptions& o) {
   g.seed = o.seed;
   g.stop_tokens = parse_ids(o.stop_ids, "--stop-ids");
   g.ignore_model_stop_tokens = o.no_stop;
-  models::GenerationResult r = models::generate(m.causal_lm(), {prompt}, g);
+  models::CausalLm lm = m.causal_lm();
+  if (tok) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, tok->vocab_size()));
+  models::GenerationResult r = models::generate(lm, {prompt}, g);
   const std::vector<int64_t>& out = r.tokens[0];
 
   if (!text_mode) {

@@ -146,14 +146,14 @@ void add_glue_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
   cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate")->capture_default_str();
-  cmd->add_option("--num-train-epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--num-train-epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(positive());
   cmd->add_option("--max-steps", o->max_steps, "stop after this many steps (default: all epochs)");
   cmd->add_option("--per-device-train-batch-size", o->per_device_train_batch_size, "examples per data-parallel rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--per-device-eval-batch-size", o->per_device_eval_batch_size, "eval examples per rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
   cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: last and best only)")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and LayerNorm)")

@@ -142,7 +142,8 @@ std::string sample_text(const models::PretrainedModel& model, const tokenizers::
   g.temperature = temperature;
   g.top_k = top_k;
   g.seed = seed;
-  models::GenerationResult r = models::generate(model.causal_lm(), {ids}, g);
+  models::CausalLm lm = model.causal_lm();
+  models::GenerationResult r = models::generate(models::restrict_vocab(lm, std::min(lm.vocab_size, tok.vocab_size())), {ids}, g);
   std::vector<int32_t> all(ids.begin(), ids.end());
   all.insert(all.end(), r.tokens[0].begin(), r.tokens[0].end());
   return tok.decode(all, true);

@@ -10,11 +10,11 @@ int main(int argc, char** argv) {
   return mt::dist::run_guarded([&] {
     CLI::App app{"meshtrain: distributed training and inference of transformer language models"};
     app.require_subcommand(1);
-    mt::cli::add_demo_command(app);
     mt::cli::add_generate_command(app);
     mt::cli::add_tokenize_command(app);
     mt::cli::add_pretrain_command(app);
     mt::cli::add_glue_command(app);
+    mt::cli::add_eval_command(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

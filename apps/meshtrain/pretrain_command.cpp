@@ -152,12 +152,12 @@ void add_pretrain_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
   auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
-  steps->excludes(epochs)->check(CLI::PositiveNumber);
-  epochs->excludes(steps)->check(CLI::PositiveNumber);
+  steps->excludes(epochs)->check(positive());
+  epochs->excludes(steps)->check(positive());
   cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "sequences per step on each data-parallel rank")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());
   cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (AdamW, warmup then cosine to 10%)")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();

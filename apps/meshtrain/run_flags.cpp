@@ -10,11 +10,24 @@ namespace mt::cli {
 
 namespace fs = std::filesystem;
 
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoll(text, &used) >= 1 && used == text.size()) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a positive integer, got '" + text + "'";
+      },
+      "POSITIVE");
+}
+
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
   cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--seed", f.seed, "random seed (initialization, shuffling, dropout, sampling)")->capture_default_str();
   cmd->add_option("--output-dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
       ->capture_default_str();
@@ -31,7 +44,11 @@ train::Deployer make_deployer(const RunFlags& f) {
   o.mesh = f.mesh;
   o.n_model_shards = f.model_shards;
   o.workdir = f.output_dir;
-  return train::Deployer(o);
+  train::Deployer deployer(o);
+  for (const std::string& axis : deployer.mesh().axis_names())
+    MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",
+             axis, "'");
+  return deployer;
 }
 
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

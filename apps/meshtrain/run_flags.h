@@ -22,6 +22,9 @@ struct RunFlags {
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
 
+// Integers >= 1 (CLI11's PositiveNumber would print a 300-digit range on failure).
+CLI::Validator positive();
+
 train::Deployer make_deployer(const RunFlags& flags);
 
 // The automatic sharding plan (printed as a table on rank 0 with --print-plan).

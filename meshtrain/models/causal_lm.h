@@ -26,4 +26,8 @@ CausalLm gpt2_causal_lm(const Gpt2Config& c, const Params& p);
 CausalLm llama_causal_lm(const LlamaConfig& c, const Params& p);
 CausalLm minigpt_causal_lm(const MiniGptConfig& c, const Params& p);
 
+// The model seen through its first `vocab_size` logits: a vocabulary padded past the
+// tokenizer's ids (for divisible shards) never yields an id the tokenizer cannot decode.
+CausalLm restrict_vocab(CausalLm lm, int64_t vocab_size);
+
 }  // namespace mt::models

@@ -2,36 +2,18 @@
 // the PyTorch twin decodes them, reproducible sampling, beam search, stop at BOS), a HF
 // GPT-2 directory with a text prompt, and clear errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "tests/support/cli_run.h"
 
 namespace {
 
-const std::string kBin = MT_MESHTRAIN_BIN;
+using mt::testing::CliRun;
+
 const std::string kModels = std::string(MT_DATA_DIR) + "/models/";
 const std::string kStories = kModels + "stories260K/stories260K.bin";
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
-
-CliRun run(const std::string& args) {
-  std::string cmd = kBin + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::cout << "$ meshtrain " << args << "\n" << r.out << "[exit " << r.code << "]\n";
-  return r;
-}
+CliRun run(const std::string& args) { return mt::testing::run_cli(args); }
 
 TEST(GenerateE2E, Stories260kGreedyPromptIds) {
   CliRun r = run("generate --model " + kStories + " --prompt-ids \"1 403 407 261 378\" --max-new-tokens 24 --no-stop");

@@ -1,0 +1,88 @@
+// Bad flags and malformed inputs: every command exits non-zero with a message naming the
+// flag, file, line or shape — and never loses what a run saved.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/support/cli_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kGlue = std::string(MT_DATA_DIR) + "/glue";
+const std::string kVocab = std::string(MT_DATA_DIR) + "/tokenizers/bert-base-uncased-vocab.txt";
+const std::string kShakespeare = std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt";
+
+class CliErrors : public TempDir {
+ protected:
+  void expect_failure(const std::string& args, const std::vector<std::string>& fragments) {
+    CliRun r = run_cli(args);
+    EXPECT_NE(r.code, 0) << args;
+    for (const auto& f : fragments) EXPECT_NE(r.out.find(f), std::string::npos) << "missing '" << f << "' in:\n" << r.out;
+    EXPECT_EQ(r.out.find("Segmentation"), std::string::npos);
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos);
+  }
+};
+
+TEST_F(CliErrors, FlagsAreChecked) {
+  expect_failure("pretrain --no-such-flag", {"--no-such-flag"});
+  expect_failure("pretrain --steps -3", {"--steps", "must be a positive integer, got '-3'"});
+  expect_failure("pretrain --model bert", {"--model", "bert"});
+  expect_failure("glue --data-dir " + kGlue, {"--task is required"});
+  expect_failure("glue --task nope --config small --data-dir " + kGlue, {"nope"});
+  expect_failure("glue --task rte --data-dir " + kGlue, {"pass --model DIR (pretrained) or --config small|FILE"});
+  expect_failure("eval", {"--model is required"});
+  CliRun help = run_cli("pretrain --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--per-device-batch-size"), std::string::npos);
+}
+
+TEST_F(CliErrors, MissingAndMalformedFilesAreNamed) {
+  const std::string out = " --output-dir " + (dir_ / "run").string();
+  expect_failure("pretrain --data /nonexistent/corpus.txt --steps 1" + out, {"/nonexistent/corpus.txt"});
+  write("config.json", "{\"n_layer\": ");
+  expect_failure("pretrain --model gpt2 --data " + kShakespeare + " --config " + (dir_ / "config.json").string() + " --steps 1" + out,
+                 {"config.json"});
+  write("bad_vocab.json", "{\"n_embd\": 64, \"vocab_size\": 10}");
+  expect_failure("pretrain --model gpt2 --data " + kShakespeare + " --config " + (dir_ / "bad_vocab.json").string() +
+                     " --steps 1" + out,
+                 {"vocab_size 10 is smaller than the tokenizer's 257 ids"});
+  // A GLUE directory whose RTE train.tsv has a row with a missing column and one with an unknown label.
+  fs::create_directories(dir_ / "glue" / "RTE");
+  std::ofstream(dir_ / "glue" / "RTE" / "train.tsv") << "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n";
+  std::ofstream(dir_ / "glue" / "RTE" / "dev.tsv") << "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n";
+  const std::string glue = "glue --task rte --config small --tokenizer " + kVocab + " --data-dir " + (dir_ / "glue").string() + out;
+  expect_failure(glue, {"RTE/train.tsv:3"});
+  std::ofstream(dir_ / "glue" / "RTE" / "train.tsv") << "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n";
+  expect_failure(glue, {"RTE/dev.tsv:2", "label 'maybe' is not one of entailment, not_entailment"});
+}
+
+TEST_F(CliErrors, MeshesMustFitTheProcessesAndNameKnownAxes) {
+  const std::string base = "pretrain --data " + kShakespeare + " --steps 1 --output-dir " + (dir_ / "run").string();
+  expect_failure(base + " --mesh data=2,model=2", {"data=2,model=2", "4"});
+  expect_failure(base + " --mesh data=1,pipe=1", {"axes 'data' and 'model', not 'pipe'"});
+  // Under mpirun every rank reports the error and the job ends instead of hanging.
+  CliRun r = run_cli_mpi(2, base + " --mesh data=3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("mesh 'data=3' has 3 devices but the world has 2 ranks"), std::string::npos);
+  EXPECT_EQ(r.out.find("has not completed after"), std::string::npos) << "a rank hung instead of failing";
+}
+
+TEST_F(CliErrors, NothingSavedIsLost) {
+  const std::string run = (dir_ / "run").string();
+  const std::string base = "pretrain --data " + kShakespeare + " --seq-len 32 --per-device-batch-size 4 --steps 3 --output-dir " + run;
+  ASSERT_EQ(run_cli(base).code, 0);
+  const fs::path ckpt = fs::path(run) / "checkpoints" / "step_00000003";
+  ASSERT_TRUE(fs::exists(ckpt / "meta.json"));
+  expect_failure(base, {"holds checkpoints of an earlier run", "--resume", "--overwrite"});
+  EXPECT_TRUE(fs::exists(ckpt / "meta.json"));
+  // A corrupt checkpoint is refused by name; generate does not touch the run.
+  std::ofstream(ckpt / "rank_0.safetensors", std::ios::trunc) << "garbage";
+  expect_failure("generate --model " + run + " --prompt hi", {"rank_0.safetensors"});
+}
+
+}  // namespace
+}  // namespace mt::testing

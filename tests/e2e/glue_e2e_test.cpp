@@ -1,0 +1,81 @@
+// `meshtrain glue` end to end with a small BERT trained from scratch: RTE (sentence pairs,
+// entailment / not_entailment) and STS-B (regression, MSE) run train + eval and write
+// metrics, TensorBoard events, eval_results.json and a best checkpoint that `eval` scores
+// the same.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/cli_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kGlue = std::string(MT_DATA_DIR) + "/glue";
+const std::string kVocab = std::string(MT_DATA_DIR) + "/tokenizers/bert-base-uncased-vocab.txt";
+
+class GlueE2E : public TempDir {
+ protected:
+  nlohmann::json run_task(const std::string& task, const std::string& extra) {
+    out_ = dir_ / task;
+    CliRun r = run_cli("glue --task " + task + " --config small --tokenizer " + kVocab + " --data-dir " + kGlue +
+                       " --max-seq-length 64 --per-device-train-batch-size 16 --max-train-samples 320"
+                       " --max-eval-samples 96 --num-train-epochs 2 --output-dir " + out_.string() + " " + extra);
+    EXPECT_EQ(r.code, 0);
+    output_ = r.out;
+    EXPECT_NE(r.out.find("epoch 1 | train loss"), std::string::npos);
+    EXPECT_NE(r.out.find("epoch 2 | train loss"), std::string::npos);
+    EXPECT_TRUE(fs::exists(out_ / "metrics.jsonl"));
+    EXPECT_FALSE(fs::is_empty(out_ / "tensorboard"));
+    EXPECT_TRUE(fs::exists(out_ / "checkpoints" / "best" / "meta.json"));
+    std::ifstream in(out_ / "eval_results.json");
+    return nlohmann::json::parse(in);
+  }
+  // The mean train loss of each epoch line, in order.
+  std::vector<double> epoch_losses() const {
+    std::vector<double> out;
+    for (size_t p = output_.find("| train loss "); p != std::string::npos; p = output_.find("| train loss ", p + 1))
+      out.push_back(std::stod(output_.substr(p + 13)));
+    return out;
+  }
+  fs::path out_;
+  std::string output_;
+};
+
+TEST_F(GlueE2E, RteTrainsEvaluatesAndKeepsTheBestCheckpoint) {
+  nlohmann::json r = run_task("rte", "--learning-rate 1e-3");
+  ASSERT_TRUE(r.contains("eval_accuracy"));
+  const double acc = r["eval_accuracy"].get<double>();
+  EXPECT_GE(acc, 0.0);
+  EXPECT_LE(acc, 1.0);
+  EXPECT_EQ(r["best"]["metric"], "accuracy");
+  EXPECT_GE(r["best"]["value"].get<double>(), acc);
+  // `eval` on the best checkpoint reproduces the best accuracy on the same rows.
+  CliRun e = run_cli("eval --model " + (out_ / "checkpoints" / "best").string() + " --task rte --data-dir " + kGlue +
+                     " --max-seq-length 64 --max-eval-samples 96");
+  ASSERT_EQ(e.code, 0);
+  nlohmann::json j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  EXPECT_EQ(j["examples"].get<int64_t>(), 96);
+  EXPECT_EQ(j["eval_accuracy"].get<double>(), r["best"]["value"].get<double>());
+}
+
+TEST_F(GlueE2E, StsbRegressionLossFalls) {
+  nlohmann::json r = run_task("stsb", "--learning-rate 1e-3");
+  ASSERT_TRUE(r.contains("eval_pearson"));
+  ASSERT_TRUE(r.contains("eval_spearmanr"));
+  EXPECT_TRUE(std::isfinite(r["eval_pearson"].get<double>()));
+  EXPECT_EQ(r["best"]["metric"], "pearson");
+  std::vector<double> losses = epoch_losses();
+  ASSERT_EQ(losses.size(), 2u);
+  std::cout << "  epoch mean MSE " << losses[0] << " -> " << losses[1] << "\n";
+  EXPECT_LT(losses[1], losses[0]);
+}
+
+}  // namespace
+}  // namespace mt::testing

@@ -1,0 +1,46 @@
+#pragma once
+// Running the meshtrain binary from end-to-end tests: its exit code and combined output,
+// echoed so a failing test shows what the command printed. MT_MESHTRAIN_BIN and
+// MT_MPIRUN (the mpirun command line with its flags) come from tests/CMakeLists.txt.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+namespace mt::testing {
+
+struct CliRun {
+  int code = -1;    // exit code; -1 when killed by a signal
+  std::string out;  // stdout and stderr
+};
+
+inline CliRun run_command(const std::string& command, const std::string& shown) {
+  CliRun r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::cout << "$ " << shown << "\n" << r.out << "[exit " << r.code << "]\n";
+  return r;
+}
+
+// `meshtrain <args>` in one process.
+inline CliRun run_cli(const std::string& args) {
+  return run_command(std::string(MT_MESHTRAIN_BIN) + " " + args, "meshtrain " + args);
+}
+
+#ifdef MT_MPIRUN
+// `mpirun -np <ranks> meshtrain <args>`, one OpenMP thread per rank.
+inline CliRun run_cli_mpi(int ranks, const std::string& args) {
+  return run_command(std::string(MT_MPIRUN) + " -np " + std::to_string(ranks) + " -x OMP_NUM_THREADS=1 " +
+                         MT_MESHTRAIN_BIN + " " + args,
+                     "mpirun -np " + std::to_string(ranks) + " meshtrain " + args);
+}
+#endif
+
+}  // namespace mt::testing
