@@ -36,6 +36,7 @@ struct PretrainOptions {
   int64_t warmup_steps = 50;
   double weight_decay = 0.01;
   double max_grad_norm = 1.0;
+  double adam_epsilon = 1e-8;
   double eval_fraction = 0.02;
   int64_t eval_steps = 0;
   int64_t save_steps = 0;
@@ -97,7 +98,7 @@ void run(const PretrainOptions& o) {
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
                                                            o.learning_rate * 0.1);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
-                                       optim::adamw(lr, 0.9, 0.95, 1e-8, o.weight_decay)});
+                                       optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay)});
   train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
 
   train::FitOptions f;
@@ -162,6 +163,7 @@ void add_pretrain_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
+  cmd->add_option("--adam-epsilon", o->adam_epsilon, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
   cmd->add_option("--eval-fraction", o->eval_fraction, "share of sequences held out for eval loss (0: none)")
       ->capture_default_str()

@@ -1,5 +1,7 @@
 #include "meshtrain/train/progress.h"
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +61,9 @@ ProgressBar::ProgressBar(int64_t total_steps, ProgressOptions options)
       // An arbitrary ostream has no file descriptor; only the standard streams can be a TTY.
       if (out_ == &std::cout) tty_ = isatty(STDOUT_FILENO);
       else if (out_ == &std::cerr || out_ == &std::clog) tty_ = isatty(STDERR_FILENO);
+      // OpenMPI hands each rank a pseudo-terminal whatever mpirun's own output is (often a
+      // file or a pipe), so under mpirun the bar prints plain lines.
+      if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) tty_ = false;
       break;
   }
   t0_ = options_.clock();

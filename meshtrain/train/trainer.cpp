@@ -146,11 +146,13 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       loader.restore(data_state->get<data::SamplerState>());
 
   std::vector<std::shared_ptr<MetricSink>> sinks;
+  std::shared_ptr<ProgressBar> bar;
   if (o.progress && deployer_.is_main()) {
     fs::create_directories(deployer_.workdir());
     ProgressOptions po;
     po.start_step = step_;
-    sinks.push_back(std::make_shared<ProgressBar>(total_steps, po));
+    bar = std::make_shared<ProgressBar>(total_steps, po);
+    sinks.push_back(bar);
     JsonlLoggerOptions jo;
     jo.resume_step = step_;
     sinks.push_back(std::make_shared<JsonlLogger>((fs::path(deployer_.workdir()) / "metrics.jsonl").string(), jo));
@@ -222,10 +224,11 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
         line << "epoch " << summary.epoch << " | train loss " << std::fixed << std::setprecision(4) << summary.train_loss;
         if (!metrics.empty()) {
           line << " | eval";
-          for (const auto& [k, v] : metrics) line << " " << k << " " << v;
+          for (const auto& [k, v] : metrics) line << " " << (k == "eval_loss" ? "loss" : k) << " " << v;
         }
         writer.flush();  // the epoch line comes after the step lines it sums up
-        deployer_.log(line.str());
+        if (bar) bar->message(line.str());  // on a terminal, above the bar
+        else deployer_.log(line.str());
       }
       epoch_loss = 0;
       epoch_steps = 0;

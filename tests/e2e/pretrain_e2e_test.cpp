@@ -72,27 +72,41 @@ TEST_F(PretrainE2E, LossFallsAndTheCheckpointGeneratesAndEvaluates) {
   EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["eval_loss"].get<double>()), 1e-9);
 }
 
-TEST_F(PretrainE2E, FourRanksOnDataTwoModelTwoMatchOneProcess) {
-  CliRun one = run_cli(kSmall + "--steps 20 --per-device-batch-size 8 --output-dir " + (dir_ / "one").string());
+// The acceptance run: miniGPT fit for 200 steps on Tiny Shakespeare, once in one
+// process and once on 4 ranks with data=2,model=2 (4 sequences per data rank).
+TEST_F(PretrainE2E, MiniGpt200StepsOnFourRanksMatchOneProcess) {
+  CliRun one = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --output-dir " + (dir_ / "one").string());
   ASSERT_EQ(one.code, 0);
-  CliRun four = run_cli_mpi(4, kSmall + "--steps 20 --print-plan --per-device-batch-size 4 --mesh data=2,model=2 --output-dir " +
+  CliRun four = run_cli_mpi(4, kSmall + "--steps 200 --print-plan --per-device-batch-size 4 --mesh data=2,model=2 --output-dir " +
                                    (dir_ / "four").string());
   ASSERT_EQ(four.code, 0);
   EXPECT_NE(four.out.find("P(model, None)"), std::string::npos) << "the plan splits weights over the model axis";
   std::map<int64_t, double> a = train_losses(dir_ / "one"), b = train_losses(dir_ / "four");
-  ASSERT_EQ(a.size(), 20u);
-  ASSERT_EQ(b.size(), 20u);
-  // Sums split over ranks round differently; Adam turns the last-bit differences of tiny
-  // gradients into growing (but still small) drift, so early steps are held tighter.
-  double early = 0, err = 0;
-  for (const auto& [step, loss] : a) {
-    err = std::max(err, std::abs(loss - b[step]));
-    if (step <= 5) early = std::max(early, std::abs(loss - b[step]));
+  ASSERT_EQ(a.size(), 200u);
+  ASSERT_EQ(b.size(), 200u);
+  double last_a = 0, last_b = 0;
+  for (int64_t s = 191; s <= 200; ++s) {
+    last_a += a[s] / 10;
+    last_b += b[s] / 10;
   }
-  std::cout << "  [max err] losses data=2,model=2 (4 ranks) vs 1 process: steps 1-5 " << early << ", steps 1-20 " << err
-            << "\n";
-  EXPECT_LE(early, 2e-5);
-  EXPECT_LE(err, 1e-3);
+  std::cout << "  loss " << a[1] << " -> " << last_a << " (1 process), " << b[1] << " -> " << last_b << " (4 ranks)\n";
+  EXPECT_LT(last_a, a[1] - 3.0);  // from ln(320) = 5.8 to about 2.5
+  // Sums split over ranks round differently in the last bit; training amplifies such
+  // differences step by step (pure data parallelism drifts as much), so the bound widens
+  // with the step: exact-looking early, within 2% of the loss after 200 steps.
+  double err5 = 0, err20 = 0, err = 0;
+  for (const auto& [step, loss] : a) {
+    const double d = std::abs(loss - b[step]);
+    err = std::max(err, d);
+    if (step <= 20) err20 = std::max(err20, d);
+    if (step <= 5) err5 = std::max(err5, d);
+  }
+  std::cout << "  [max err] losses data=2,model=2 (4 ranks) vs 1 process: steps 1-5 " << err5 << ", 1-20 " << err20
+            << ", 1-200 " << err << "\n";
+  EXPECT_LE(err5, 2e-5);
+  EXPECT_LE(err20, 1e-3);
+  EXPECT_LE(err, 0.05);
+  EXPECT_NEAR(last_a, last_b, 0.02);
 }
 
 TEST_F(PretrainE2E, KilledRunResumesToTheUninterruptedLosses) {
