@@ -51,11 +51,9 @@ struct PretrainOptions {
 
 void print_sample(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
                   const PretrainOptions& o, int64_t step, const fs::path& samples_file) {
-  // Every rank gathers the weights and samples the same text; rank 0 prints it.
-  Params host;
-  for (const auto& [path, a] : params) host.set(path, dist::to_host(a));
+  // Every rank runs the generation on the (possibly sharded) weights; rank 0 prints it.
   models::PretrainedModel m = model;
-  m.params = host;
+  m.params = params;
   std::string text = sample_text(m, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, o.run.seed + uint64_t(step));
   if (dist::world().rank() != 0) return;
   std::cout << "--- sample at step " << step << " ---\n" << text << "\n---\n" << std::flush;

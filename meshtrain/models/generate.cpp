@@ -8,6 +8,7 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -23,7 +24,9 @@ std::vector<float> last_logits(const Array& logits, int64_t rows, int64_t vocab,
            logits.str(), ", expected (", rows, ", T, ", vocab, ")");
   Array last = reshape(slice(logits, 1, logits.dim(1) - 1, logits.dim(1)), {rows, vocab});
   last = cast(last, DType::f32);
-  std::vector<float> host = last.to_floats();
+  // With vocab-parallel weights the logits are split over ranks: every rank gathers them
+  // and chooses the same tokens.
+  std::vector<float> host = dist::to_host(last).to_floats();
   if (keep) keep->step_logits.push_back(Array::from_vector(host, Shape{rows, vocab}));
   return host;
 }

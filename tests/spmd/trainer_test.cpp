@@ -80,6 +80,7 @@ FitRun fit(const std::string& mesh, const std::string& workdir, int64_t max_step
   o.resume = resume;
   o.eval_data = shakespeare(c.time);
   o.eval_every = 1000000;  // only the explicit eval below
+  o.eval_at_end = false;
   auto data = shakespeare(c.time);
   train::FitResult r = trainer.fit(data, o);
   FitRun run{r.losses, 0};
@@ -138,6 +139,58 @@ TEST(Trainer, ResumeReproducesTheUninterruptedRun) {
       for (const auto& ev : train::read_tensorboard_events(e.path().string())) scalars += int(ev.scalars.size());
     EXPECT_GE(scalars, 30);
   }
+}
+
+// A custom train step (here plain SGD written by hand over micro-batches) replaces the
+// default one: it sees the step's micro-batches and key and its updates are what fit trains.
+// It must equal the default step with optim::sgd, and the training flag must reach the loss.
+TEST(Trainer, CustomTrainStepReplacesTheDefault) {
+  const TinyGptConfig c = config();
+  const int n = dist::world().size();
+  auto run = [&](bool custom, const std::string& dir) {
+    train::Deployer deployer({.seed = 5, .mesh = "data=" + std::to_string(n), .workdir = dir, .verbose = false});
+    Params host = tiny_gpt_init(c, "single", nullptr);
+    int training_calls = 0, eval_calls = 0;
+    auto loss = [&, c](const Params& p, const train::Batch& b, const RngKey& key, bool training) {
+      (training ? training_calls : eval_calls) += 1;
+      return tiny_gpt_loss(c, p, b["ids"], b["labels"], key.stream);
+    };
+    train::Trainer trainer(deployer, collate(), loss, host, optim::sgd(optim::constant_schedule(0.5)),
+                           deployer.sharding_rules(host, tiny_gpt_roles(c)));
+    int custom_steps = 0;
+    if (custom)
+      trainer.set_train_step([&](Params& params, Params&, const std::vector<train::Batch>& micro, const RngKey& key) {
+        ++custom_steps;
+        Params sum;
+        double total = 0;
+        for (size_t m = 0; m < micro.size(); ++m) {
+          auto [l, g] = value_and_grad([&](const Params& p) { return loss(p, micro[m], key.fold_in(m), true); })(params);
+          total += dist::to_host(l).item();
+          for (const auto& [path, grad] : g) sum.set(path, sum.contains(path) ? add(sum[path], grad) : grad);
+        }
+        for (auto& [path, value] : params) value = sub(value, mul(sum[path], 0.5 / double(micro.size())));
+        return total / double(micro.size());
+      });
+    train::FitOptions o;
+    o.per_device_batch_size = c.batch / deployer.data_size();
+    o.grad_accum_steps = 2;
+    o.max_steps = 8;
+    o.eval_data = std::make_shared<data::SubsetDataset>(shakespeare(c.time), 0, 64);
+    o.eval_every = 4;
+    o.save_last = false;
+    o.progress = false;
+    train::FitResult r = trainer.fit(shakespeare(c.time), o);
+    EXPECT_EQ(custom_steps, custom ? 8 : 0);
+    EXPECT_EQ(training_calls, 16);  // 8 steps x 2 micro-batches
+    EXPECT_GT(eval_calls, 0);
+    return r.losses;
+  };
+  std::vector<double> reference = run(false, workdir("sgd")), hooked = run(true, workdir("custom"));
+  ASSERT_EQ(hooked.size(), 8u);
+  double err = 0;
+  for (size_t i = 0; i < 8; ++i) err = std::max(err, std::abs(hooked[i] - reference[i]));
+  if (dist::world().rank() == 0) std::cout << "  [max err] custom SGD step vs optim::sgd: " << err << "\n";
+  EXPECT_LE(err, 1e-6);
 }
 
 }  // namespace
