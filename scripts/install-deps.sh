@@ -10,6 +10,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libsentencepiece-dev
   python3-torch python3-numpy python3-sklearn python3-scipy python3-protobuf python3-crcmod
+  # Debian's torch calls the system BLAS; without OpenBLAS that is the reference BLAS
+  # (~5 GFLOP/s), which would make the PyTorch side of bench/ meaningless.
+  libopenblas0-pthread
   fortunes
 )
 

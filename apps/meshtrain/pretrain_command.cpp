@@ -124,14 +124,8 @@ void run(const PretrainOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (deployer.is_main()) models::save_pretrained(*model, model_dir.string());
-  if (!r.losses.empty()) {
-    std::ostringstream line;
-    line << std::fixed << std::setprecision(4) << "train loss " << r.losses.front() << " -> " << r.losses.back();
-    if (!r.evals.empty() && r.evals.back().count("eval_loss"))
-      line << ", eval loss " << r.evals.back().at("eval_loss") << " (perplexity "
-           << train::perplexity(r.evals.back().at("eval_loss")) << ")";
-    deployer.log(line.str());
-  }
+  if (!r.evals.empty() && r.evals.back().count("eval_loss"))
+    deployer.log("eval perplexity " + std::to_string(train::perplexity(r.evals.back().at("eval_loss"))));
   print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples);
   deployer.log("checkpoints in " + (out / "checkpoints").string() + ", model in " + model_dir.string() +
                ", metrics in " + (out / "metrics.jsonl").string());

@@ -19,6 +19,26 @@ int Deployer::data_index() const {
 
 int Deployer::data_size() const { return mesh_.has_axis(options_.data_axis) ? mesh_.axis_size(options_.data_axis) : 1; }
 
+optim::Schedule Deployer::lr_schedule(int64_t train_size, int64_t per_device_batch_size, int64_t num_epochs,
+                                      double learning_rate, const std::string& schedule_type, double warmup_rate,
+                                      int grad_accum_steps) const {
+  MT_CHECK(per_device_batch_size > 0 && num_epochs > 0 && grad_accum_steps > 0, "[lr_schedule] batch size, epochs and ",
+           "accumulation must be positive");
+  MT_CHECK(warmup_rate >= 0 && warmup_rate < 1, "[lr_schedule] warmup_rate must be in [0, 1), got ", warmup_rate);
+  const int64_t global_batch = per_device_batch_size * data_size() * grad_accum_steps;
+  const int64_t total = train_size / global_batch * num_epochs;
+  MT_CHECK(total > 0, "[lr_schedule] ", train_size, " examples make no step of ", global_batch);
+  const int64_t warmup = int64_t(double(total) * warmup_rate);
+  if (schedule_type == "constant")
+    return warmup > 0 ? optim::join_schedules({optim::linear_schedule(0.0, learning_rate, warmup),
+                                               optim::constant_schedule(learning_rate)},
+                                              {warmup})
+                      : optim::constant_schedule(learning_rate);
+  if (schedule_type == "linear") return optim::warmup_linear_decay_schedule(learning_rate, warmup, total);
+  if (schedule_type == "cosine") return optim::warmup_cosine_decay_schedule(0.0, learning_rate, warmup, total);
+  throw Error(detail::concat("[lr_schedule] unknown schedule_type '", schedule_type, "' (linear, cosine or constant)"));
+}
+
 ShardingPlan Deployer::sharding_rules(const Params& params, const models::ParamRoles& roles,
                                       ShardingOptions options) const {
   options.data_axis = options_.data_axis;

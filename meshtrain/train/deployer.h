@@ -8,6 +8,7 @@
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/optim/schedule.h"
 #include "meshtrain/train/sharding_rules.h"
 
 namespace mt::train {
@@ -40,6 +41,14 @@ class Deployer {
   RngKey init_key() const { return RngKey{options_.seed, 0}.fold_in(0x1417); }
   // The key of training step `step` (dropout etc.), the same on every rank.
   RngKey step_key(int64_t step) const { return RngKey{options_.seed, 1}.fold_in(uint64_t(step)); }
+
+  // Redco's get_lr_schedule_fn: the optimizer steps of `num_epochs` over `train_size`
+  // examples at this mesh's global batch (per_device_batch_size x data size x accumulation),
+  // `warmup_rate` of them warming up linearly from 0, then "linear" decay to 0, "cosine"
+  // decay to 0 or "constant".
+  optim::Schedule lr_schedule(int64_t train_size, int64_t per_device_batch_size, int64_t num_epochs, double learning_rate,
+                              const std::string& schedule_type = "linear", double warmup_rate = 0.0,
+                              int grad_accum_steps = 1) const;
 
   ShardingPlan sharding_rules(const Params& params, const models::ParamRoles& roles, ShardingOptions options = {}) const;
   // This process's slice of a global batch (dim 0) -> global arrays split over the data axis.

@@ -182,7 +182,8 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   };
 
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
-  auto last_time = std::chrono::steady_clock::now();
+  const auto fit_start = std::chrono::steady_clock::now();
+  auto last_time = fit_start;
   double epoch_loss = 0;
   int64_t epoch_steps = 0;
   int64_t evaluated_at = -1;
@@ -238,6 +239,20 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state(), o.checkpoint_extra);
   writer.close();
   result.steps = step_;
+  if (!result.losses.empty()) {
+    // The final summary: what ran, how fast, where the loss went.
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
+    const double per_s = double(result.losses.size() * examples_per_step) / secs;
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(4) << "fit: " << result.losses.size() << " steps in " << std::setprecision(1)
+         << secs << " s, " << std::setprecision(0) << (o.tokens_per_example > 0 ? per_s * double(o.tokens_per_example) : per_s)
+         << (o.tokens_per_example > 0 ? " tokens/s" : " examples/s") << std::setprecision(4) << ", loss "
+         << result.losses.front() << " -> " << result.losses.back();
+    if (!result.evals.empty())
+      for (const auto& [k, v] : result.evals.back()) line << ", " << k << " " << v;
+    if (bar) bar->message(line.str());
+    else deployer_.log(line.str());
+  }
   return result;
 }
 

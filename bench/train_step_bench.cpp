@@ -1,0 +1,126 @@
+// One training step (forward, backward, AdamW) of miniGPT in meshtrain and in PyTorch on the
+// same shapes and thread count, side by side: seconds per step, tokens/s, and MFU — model
+// FLOPs per second over the f32 GEMM peak measured in this run (mt::matmul on 2048³).
+// Usage: train_step_bench [--quick]   (the demo's model and a wider one)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/minigpt.h"
+
+namespace {
+
+using namespace mt;
+using clock_type = std::chrono::steady_clock;
+
+struct Config {
+  const char* name;
+  int64_t V, T, C, H, FF, L, B;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Best-of GFLOP/s of a square f32 matmul: the roof the MFU is measured against.
+double gemm_peak_gflops() {
+  const int64_t n = 2048;
+  Array a = random_normal(RngKey{1, 0}, {n, n}), b = random_normal(RngKey{2, 0}, {n, n});
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = clock_type::now();
+    Array c = matmul(a, b);
+    const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    best = std::max(best, 2.0 * double(n * n * n) / s / 1e9);
+  }
+  return best;
+}
+
+// Matmul FLOPs of a step: 6 per weight per token (forward + two backward GEMMs) plus the
+// attention scores and weighted sums (causal mask not discounted), as in the PaLM paper.
+double step_flops(const Config& c) {
+  const double weights = double(c.L) * (4.0 * c.C * c.C + 2.0 * c.C * c.FF) + double(c.V) * c.C;
+  const double tokens = double(c.B * c.T);
+  return 6.0 * weights * tokens + 12.0 * double(c.L) * double(c.T) * double(c.C) * tokens;
+}
+
+double meshtrain_step_seconds(const Config& c, int warmup, int steps) {
+  models::MiniGptConfig mc;
+  mc.vocab_size = c.V;
+  mc.maxlen = c.T;
+  mc.embed_dim = c.C;
+  mc.num_heads = c.H;
+  mc.feed_forward_dim = c.FF;
+  mc.num_transformer_blocks = c.L;
+  Params params = models::minigpt_init(mc, RngKey{0, 0});
+  optim::Transform opt = optim::adamw(optim::constant_schedule(1e-3));
+  Params state = opt.init(params);
+  std::mt19937 rng(3);
+  std::vector<int64_t> x(size_t(c.B * c.T)), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = int64_t(rng() % uint64_t(c.V));
+    y[i] = int64_t(rng() % uint64_t(c.V));
+  }
+  Array ids = Array::from_vector(x, {c.B, c.T}), labels = Array::from_vector(y, {c.B, c.T});
+  std::vector<double> times;
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = clock_type::now();
+    auto [loss, grads] = value_and_grad([&](const Params& p) {
+      return cross_entropy(models::minigpt_apply(mc, p, {ids}, RngKey{5, uint64_t(s)}, true), labels);
+    })(params);
+    params = optim::apply_updates(params, opt.update(grads, state, params));
+    loss.item();
+    if (s >= warmup) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  return median(times);
+}
+
+double torch_step_seconds(const Config& c, int warmup, int steps, int threads) {
+  const std::string cmd = "/usr/bin/python3 " MT_SOURCE_DIR "/bench/torch_minigpt_step.py " + std::to_string(c.V) + " " +
+                          std::to_string(c.T) + " " + std::to_string(c.C) + " " + std::to_string(c.H) + " " +
+                          std::to_string(c.FF) + " " + std::to_string(c.L) + " " + std::to_string(c.B) + " " +
+                          std::to_string(warmup) + " " + std::to_string(steps) + " " + std::to_string(threads);
+  FILE* p = popen(cmd.c_str(), "r");
+  double s = -1;
+  if (p) {
+    if (fscanf(p, "%lf", &s) != 1) s = -1;
+    pclose(p);
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  const int warmup = quick ? 2 : 5, steps = quick ? 5 : 20;
+  const int threads = omp_get_max_threads();
+  const double peak = gemm_peak_gflops();
+  std::printf("f32 GEMM peak (mt::matmul 2048^3, %d threads): %.1f GFLOP/s\n\n", threads, peak);
+  std::printf("%-8s %-34s %-10s %12s %12s %8s\n", "model", "shape", "engine", "s/step", "tokens/s", "MFU");
+  const std::vector<Config> configs = {{"demo", 320, 128, 128, 4, 512, 4, 16}, {"wide", 8192, 256, 512, 8, 2048, 4, 8}};
+  for (const Config& c : configs) {
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "V%ld T%ld C%ld L%ld B%ld", long(c.V), long(c.T), long(c.C), long(c.L), long(c.B));
+    const double flops = step_flops(c);
+    const double ours = meshtrain_step_seconds(c, warmup, steps);
+    const double theirs = torch_step_seconds(c, warmup, steps, threads);
+    for (auto [engine, s] : {std::pair<const char*, double>{"meshtrain", ours}, {"pytorch", theirs}}) {
+      if (s <= 0) {
+        std::printf("%-8s %-34s %-10s %12s\n", c.name, shape, engine, "failed");
+        continue;
+      }
+      std::printf("%-8s %-34s %-10s %12.4f %12.0f %7.1f%%\n", c.name, shape, engine, s, double(c.B * c.T) / s,
+                  100.0 * flops / s / 1e9 / peak);
+    }
+    std::printf("%-8s %-34s %-10s %11.2fx\n", c.name, shape, "speedup", theirs / ours);
+  }
+  return 0;
+}
