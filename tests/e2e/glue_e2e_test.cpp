@@ -77,5 +77,48 @@ TEST_F(GlueE2E, StsbRegressionLossFalls) {
   EXPECT_LT(losses[1], losses[0]);
 }
 
+// A pretrained checkpoint (an HF BertLMHeadModel) fine-tunes as a classifier: the MLM head
+// is reported unused and the pooler and classifier newly initialized, as HF reports them.
+TEST_F(GlueE2E, MrpcFromAPretrainedDirectory) {
+  const std::string out = (dir_ / "mrpc").string();
+  CliRun r = run_cli("glue --task mrpc --model " + std::string(MT_DATA_DIR) + "/models/hf-tiny-bert --data-dir " + kGlue +
+                     " --max-train-samples 64 --max-eval-samples 32 --num-train-epochs 1 --output-dir " + out);
+  ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("were not used when initializing BertForSequenceClassification: [cls.predictions.bias"),
+            std::string::npos);
+  EXPECT_NE(r.out.find("newly initialized: [bert.pooler.dense.weight, bert.pooler.dense.bias, classifier.weight, "
+                       "classifier.bias]"),
+            std::string::npos);
+  std::ifstream in(fs::path(out) / "eval_results.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_TRUE(j.contains("eval_f1") && j.contains("eval_accuracy"));
+  EXPECT_TRUE(fs::exists(fs::path(out) / "model" / "vocab.txt"));  // the model directory carries its tokenizer
+}
+
+// The same fine-tuning on 2 processes with the weights split over model=2, and on 2 data
+// ranks: the per-epoch losses and metrics equal the single process's.
+TEST_F(GlueE2E, RteOnTwoProcessesMatchesOne) {
+  const std::string common = "glue --task rte --config small --tokenizer " + kVocab + " --data-dir " + kGlue +
+                             " --max-seq-length 32 --max-train-samples 64 --max-eval-samples 32 --num-train-epochs 2"
+                             " --learning-rate 1e-3 --per-device-eval-batch-size 4 ";
+  auto epoch_lines = [](const std::string& out) {
+    std::vector<std::string> lines;
+    for (size_t p = out.find("epoch "); p != std::string::npos; p = out.find("epoch ", p + 1))
+      if (p == 0 || out[p - 1] == '\n') lines.push_back(out.substr(p, out.find('\n', p) - p));
+    return lines;
+  };
+  CliRun one = run_cli(common + "--per-device-train-batch-size 8 --output-dir " + (dir_ / "one").string());
+  CliRun tp = run_cli_mpi(2, common + "--per-device-train-batch-size 8 --model-shards 2 --output-dir " + (dir_ / "tp").string());
+  CliRun dp = run_cli_mpi(2, common + "--per-device-train-batch-size 4 --mesh data=2 --output-dir " + (dir_ / "dp").string());
+  ASSERT_EQ(one.code, 0);
+  ASSERT_EQ(tp.code, 0);
+  ASSERT_EQ(dp.code, 0);
+  std::vector<std::string> a = epoch_lines(one.out);
+  ASSERT_EQ(a.size(), 2u);
+  // Printed to 4 decimals: equal text means equal to the printed precision.
+  EXPECT_EQ(epoch_lines(tp.out), a);
+  EXPECT_EQ(epoch_lines(dp.out), a);
+}
+
 }  // namespace
 }  // namespace mt::testing
