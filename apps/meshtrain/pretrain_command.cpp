@@ -50,13 +50,13 @@ struct PretrainOptions {
 };
 
 void print_sample(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
-                  const PretrainOptions& o, int64_t step, const fs::path& samples_file) {
+                  const PretrainOptions& o, int64_t step, const fs::path& samples_file, train::Trainer& trainer) {
   // Every rank runs the generation on the (possibly sharded) weights; rank 0 prints it.
   models::PretrainedModel m = model;
   m.params = params;
   std::string text = sample_text(m, tok, o.prompt, o.sample_tokens, o.temperature, o.top_k, o.run.seed + uint64_t(step));
+  trainer.print("--- sample at step " + std::to_string(step) + " ---\n" + text + "\n---");
   if (dist::world().rank() != 0) return;
-  std::cout << "--- sample at step " << step << " ---\n" << text << "\n---\n" << std::flush;
   std::ofstream(samples_file, std::ios::app) << "=== step " << step << "\n" << text << "\n";
 }
 
@@ -115,7 +115,7 @@ void run(const PretrainOptions& o) {
   const fs::path samples = out / "samples.txt";
   if (o.sample_every > 0)
     f.on_step = [&](int64_t step, const Params& p) {
-      if (step % o.sample_every == 0 && step < total) print_sample(*model, p, *corpus.tokenizer, o, step, samples);
+      if (step % o.sample_every == 0 && step < total) print_sample(*model, p, *corpus.tokenizer, o, step, samples, trainer);
     };
   train::FitResult r = trainer.fit(train_set, f);
 
@@ -126,7 +126,7 @@ void run(const PretrainOptions& o) {
   if (deployer.is_main()) models::save_pretrained(*model, model_dir.string());
   if (!r.evals.empty() && r.evals.back().count("eval_loss"))
     deployer.log("eval perplexity " + std::to_string(train::perplexity(r.evals.back().at("eval_loss"))));
-  print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples);
+  print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples, trainer);
   deployer.log("checkpoints in " + (out / "checkpoints").string() + ", model in " + model_dir.string() +
                ", metrics in " + (out / "metrics.jsonl").string());
 }

@@ -51,6 +51,13 @@ double Trainer::train(const std::vector<Batch>& micro_batches) {
   return loss;
 }
 
+void Trainer::print(const std::string& text) {
+  if (!deployer_.is_main()) return;
+  if (active_writer_) active_writer_->flush();
+  if (active_bar_) active_bar_->message(text);
+  else deployer_.log(text);
+}
+
 double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   Params grads;
   double loss_total = 0;
@@ -159,6 +166,12 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     sinks.push_back(std::make_shared<TensorBoardWriter>((fs::path(deployer_.workdir()) / "tensorboard").string()));
   }
   AsyncMetricWriter writer(sinks);
+  active_bar_ = bar.get();
+  active_writer_ = &writer;
+  struct Release {
+    Trainer* t;
+    ~Release() { t->active_bar_ = nullptr, t->active_writer_ = nullptr; }
+  } release{this};
   FitResult result;
   const std::string best_metric = o.save_best_by.empty() ? "" : o.save_best_by.substr(4);
   const std::string best_mode = o.save_best_by.empty() ? "" : o.save_best_by.substr(0, 3);
@@ -227,9 +240,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
           line << " | eval";
           for (const auto& [k, v] : metrics) line << " " << (k == "eval_loss" ? "loss" : k) << " " << v;
         }
-        writer.flush();  // the epoch line comes after the step lines it sums up
-        if (bar) bar->message(line.str());  // on a terminal, above the bar
-        else deployer_.log(line.str());
+        print(line.str());  // after the step lines it sums up, above the bar
       }
       epoch_loss = 0;
       epoch_steps = 0;
@@ -250,8 +261,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
          << result.losses.front() << " -> " << result.losses.back();
     if (!result.evals.empty())
       for (const auto& [k, v] : result.evals.back()) line << ", " << k << " " << v;
-    if (bar) bar->message(line.str());
-    else deployer_.log(line.str());
+    print(line.str());
   }
   return result;
 }

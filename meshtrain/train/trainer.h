@@ -20,6 +20,9 @@
 
 namespace mt::train {
 
+class ProgressBar;
+class AsyncMetricWriter;
+
 // This process's examples -> its slice of the batch (host arrays, first dim = examples).
 using CollateFn = std::function<Batch(const std::vector<data::Example>&)>;
 // (params, global batch, random key of the step, training?) -> scalar loss. `training` is
@@ -109,6 +112,10 @@ class Trainer {
   // The mean loss over a dataset (weighted by batch, no dropout-key changes).
   double eval_loss(std::shared_ptr<const data::Dataset> data, int64_t per_device_batch_size);
 
+  // Prints on rank 0; during fit above the progress bar and after the metrics already
+  // pushed, so text from an on_step hook does not tear the bar.
+  void print(const std::string& text);
+
   const Params& params() const { return params_; }
   const Params& opt_state() const { return opt_state_; }
   int64_t step() const { return step_; }
@@ -131,6 +138,8 @@ class Trainer {
   Params opt_state_;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
+  ProgressBar* active_bar_ = nullptr;  // set while fit runs
+  AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
 };
 
