@@ -3,11 +3,16 @@
 #include <cmath>
 #include <limits>
 
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/rules.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/random.h"
+#include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 
 namespace mt {
@@ -20,6 +25,28 @@ Array causal_mask(int64_t tq, int64_t tk) {
   return m;
 }
 
+Array causal_softmax(const Array& scores, double scale) {
+  MT_CHECK(scores.defined() && is_floating(scores.dtype()) && scores.ndim() >= 2, "[causal_softmax] expects floating (..., Tq, Tk) scores, got ",
+           scores.defined() ? scores.str() : std::string("undefined"));
+  const int nd = scores.ndim();
+  const int64_t tq = scores.dim(-2), tk = scores.dim(-1);
+  MT_CHECK(tq <= tk, "[causal_softmax] more queries (", tq, ") than keys (", tk, ") in ", scores.str());
+  // The mask depends on the query's position: both attention axes must be whole on each rank.
+  if (dist::is_sharded(scores))
+    return dist::spmd_call("causal_softmax", {scores}, dist::rules::gather_dims({nd - 2, nd - 1}),
+                           [&](const std::vector<Array>& l) { return causal_softmax(l[0], scale); });
+  Array y = Array::empty(scores.shape(), scores.dtype());
+  if (scores.numel() > 0) cpu::causal_softmax_forward(scores, y, scores.numel() / (tq * tk), tq, tk, float(scale));
+  autodiff::record(y, "causal_softmax", {scores}, [scores, scale, o = y.detach()](const Array& g) {
+    // Masked probabilities are 0, so their gradient vanishes with them.
+    Array yf = cast(autodiff::grad_enabled() ? causal_softmax(scores, scale) : o, DType::f32);
+    Array gf = cast(g, DType::f32);
+    Array dx = mul(mul(yf, sub(gf, sum(mul(gf, yf), {-1}, true))), scale);
+    return std::vector<Array>{cast(dx, scores.dtype())};
+  });
+  return y;
+}
+
 namespace {
 // (B, Hkv, T, D) -> (B, Hkv * rep, T, D): each key/value head serves `rep` query heads.
 Array repeat_heads(const Array& x, int64_t rep) {
@@ -27,6 +54,24 @@ Array repeat_heads(const Array& x, int64_t rep) {
   const int64_t b = x.dim(0), h = x.dim(1), t = x.dim(2), d = x.dim(3);
   Array e = broadcast_to(reshape(x, {b, h, 1, t, d}), Shape{b, h, rep, t, d});
   return reshape(e, {b, h * rep, t, d});
+}
+}  // namespace
+
+namespace {
+// Any mask: masked scores take the lowest finite value, then softmax.
+Array masked_softmax(Array scores, const Array& mask, bool causal, int64_t tq, int64_t tk) {
+  Array allowed = mask;
+  if (allowed.defined()) {
+    MT_CHECK(allowed.dtype() == DType::boolean, "[attention] mask must be bool, got ", allowed.str());
+    broadcast_shapes(allowed.shape(), scores.shape(), "attention mask");
+  }
+  if (causal) {
+    Array c = causal_mask(tq, tk);
+    allowed = allowed.defined() ? logical_and(allowed, c) : c;
+  }
+  if (allowed.defined())
+    scores = where(allowed, scores, scalar_like(scores, lowest_finite(scores.dtype())));
+  return softmax(scores, -1);
 }
 }  // namespace
 
@@ -47,22 +92,17 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
 
-  Array scores = mul(matmul(q, repeat_heads(k, rep), false, true), scale);  // (B, H, Tq, Tk)
-  Array allowed = mask;
-  if (allowed.defined()) {
-    MT_CHECK(allowed.dtype() == DType::boolean, "[attention] mask must be bool, got ", allowed.str());
-    broadcast_shapes(allowed.shape(), scores.shape(), "attention mask");
+  Array raw = matmul(q, repeat_heads(k, rep), false, true);  // (B, H, Tq, Tk)
+  Array probs;
+  if (o.causal && !mask.defined() && tq <= tk) {
+    probs = causal_softmax(raw, scale);  // the common decoder case, fused
+  } else {
+    probs = masked_softmax(mul(raw, scale), mask, o.causal, tq, tk);
   }
-  if (o.causal) {
-    Array c = causal_mask(tq, tk);
-    allowed = allowed.defined() ? logical_and(allowed, c) : c;
-  }
-  if (allowed.defined())
-    scores = where(allowed, scores, scalar_like(scores, lowest_finite(scores.dtype())));
-  Array probs = softmax(scores, -1);
   if (o.train && o.dropout_rate > 0) probs = dropout(probs, o.dropout_rate, o.dropout_key, true);
   return matmul(probs, repeat_heads(v, rep));  // (B, H, Tq, Dv)
 }
+
 
 Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved) {
   MT_CHECK(x.defined() && positions.defined(), "[rotary] undefined input array");

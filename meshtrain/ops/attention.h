@@ -25,6 +25,11 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
 // Bool (Tq, Tk) mask of causal attention with keys offset by Tk - Tq.
 Array causal_mask(int64_t tq, int64_t tk);
 
+// softmax(scale · scores) over the last axis with a causal mask on the last two axes
+// (..., Tq, Tk): query i sees keys j <= i + Tk − Tq. One fused pass; the VJP is written with
+// ops, so it nests (second-order gradients).
+Array causal_softmax(const Array& scores, double scale);
+
 // Rotary position embedding on the last dim of x (..., T, D) with positions (T,) or
 // (B, T) (B matching x's first dim, x being (B, H, T, D)). Half-split pairs (x_i,
 // x_{i+D/2}) as Hugging Face LLaMA, or interleaved pairs (x_2i, x_2i+1) as llama2.c.

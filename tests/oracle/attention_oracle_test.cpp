@@ -58,6 +58,29 @@ TEST(AttentionOracle, CausalPaddingAndGroupedHeads) {
   }
 }
 
+// The fused causal softmax alone (more keys than queries, a non-default scale), its VJP,
+// and the VJP's own derivative (it is written with ops, so second-order gradients hold).
+TEST(AttentionOracle, FusedCausalSoftmax) {
+  const std::string code = R"(
+tq, tk = x0.shape[-2], x0.shape[-1]
+s = (x0.float() * 0.3).masked_fill(~torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq), float('-inf'))
+out = torch.softmax(s, -1).to(x0.dtype)
+)";
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Array x = random_normal({2, 3, 4, 6}, 11, dt);
+    auto fn = [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.3); };
+    check_against_torch(std::string("causal_softmax ") + dtype_name(dt), fn, code, {x}, default_tolerance(dt));
+    if (dt == DType::f32) check_finite_differences("causal_softmax", fn, {x});
+  }
+  Array g = random_normal({2, 3, 4, 6}, 12);
+  Array x = random_normal({2, 3, 4, 6}, 13);
+  auto vjp_fn = [&](const std::vector<Array>& in) {
+    return vjp([](const std::vector<Array>& a) { return causal_softmax(a[0], 0.3); }, in, g).second[0];
+  };
+  check_finite_differences("causal_softmax vjp (second order)", vjp_fn, {x});
+  EXPECT_THROW(causal_softmax(random_normal({2, 5, 3}, 1), 1.0), Error);  // more queries than keys
+}
+
 TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {
   Array q = random_normal({1, 1, 2, 4}, 1), k = random_normal({1, 1, 3, 4}, 2), v = random_normal({1, 1, 3, 4}, 3);
   Array none = Array::zeros({1, 1, 1, 3}, DType::boolean);

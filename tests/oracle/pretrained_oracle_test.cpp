@@ -119,9 +119,11 @@ TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   EXPECT_EQ(c.num_attention_heads, 8);
   const std::vector<int64_t> prompt = {1, 403, 407, 261, 378};
   Array ids = Array::from_vector(prompt, Shape{1, int64_t(prompt.size())});
-  // Logits of the prompt (and all parameter gradients) against the twin.
+  // Logits of the prompt (and all parameter gradients) against the twin. Five trained layers
+  // summed in another order differ in the last bits: 2.2e-5 with the twin on reference BLAS,
+  // 2.9e-5 on OpenBLAS; hence atol 5e-5.
   check_twin("stories260K logits", m.params, {ids}, [&](const Params& q) { return llama_apply(c, q, {.input_ids = ids}); },
-             "llama_twin(P, X[0], None, 5, 8, 4, 1e-5, 10000.0, True)", {2e-5, 1e-5}, {1e-5, 1e-4, 5e-6});
+             "llama_twin(P, X[0], None, 5, 8, 4, 1e-5, 10000.0, True)", {5e-5, 1e-5}, {1e-5, 1e-4, 5e-6});
   // Greedy decoding: our KV-cached run equals the twin's recomputed one.
   const int64_t n = 24;
   GenerationConfig g;

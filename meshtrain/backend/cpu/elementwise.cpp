@@ -204,13 +204,33 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
     const T* pa = a.data<T>();
     const T* pb = b.data<T>();
     T* po = out.data<T>();
+    // Rows whose operands are contiguous or constant along the row (the usual masks and
+    // ReLU/scalar cases) get loops with compile-time strides, which vectorize.
+    auto rows_with = [&](auto csa, auto csb) {
+      constexpr int64_t ka = decltype(csa)::value, kb = decltype(csb)::value;
 #pragma omp parallel for if (rows * len > 32768 && rows > 1) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t off[3];
-      plan.row_offsets(r, off);
-      T* ro = po + r * len;
-      for (int64_t i = 0; i < len; ++i) ro[i] = pc[off[0] + i * sc] ? pa[off[1] + i * sa] : pb[off[2] + i * sb];
-    }
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t off[3];
+        plan.row_offsets(r, off);
+        const bool* rc = pc + off[0];
+        const T* ra = pa + off[1];
+        const T* rb = pb + off[2];
+        T* ro = po + r * len;
+        if constexpr (ka >= 0 && kb >= 0) {
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) ro[i] = rc[i] ? ra[i * ka] : rb[i * kb];
+        } else {
+          for (int64_t i = 0; i < len; ++i) ro[i] = rc[i * sc] ? ra[i * sa] : rb[i * sb];
+        }
+      }
+    };
+    using C0 = std::integral_constant<int64_t, 0>;
+    using C1 = std::integral_constant<int64_t, 1>;
+    using Any = std::integral_constant<int64_t, -1>;
+    if (sc == 1 && sa == 1 && sb == 1) rows_with(C1{}, C1{});
+    else if (sc == 1 && sa == 1 && sb == 0) rows_with(C1{}, C0{});
+    else if (sc == 1 && sa == 0 && sb == 1) rows_with(C0{}, C1{});
+    else rows_with(Any{}, Any{});
   });
 }
 

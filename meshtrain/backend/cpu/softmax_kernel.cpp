@@ -83,7 +83,44 @@ void softmax_columns(const T* x,  // (R, inner) slice
   }
 }
 
+// The first n entries of one row, scaled, through softmax; the rest of the row zeroed.
+template <class T>
+void causal_softmax_row(const T* __restrict x, T* __restrict y, int64_t n, int64_t r, float scale,
+                        float* __restrict scratch) {
+  float m = kNegInf;
+#pragma omp simd reduction(max : m)
+  for (int64_t k = 0; k < n; ++k) m = std::max(m, load_f32(x[k]) * scale);
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < n; ++k) {
+    scratch[k] = fast_exp(load_f32(x[k]) * scale - m);
+    s += scratch[k];
+  }
+  const float inv = float(1.0 / s);
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) y[k] = store_f32<T>(scratch[k] * inv);
+  for (int64_t k = n; k < r; ++k) y[k] = store_f32<T>(0.0f);
+}
+
 }  // namespace
+
+void causal_softmax_forward(const Array& x, Array& y, int64_t blocks, int64_t tq, int64_t tk, float scale) {
+  dispatch_float(x.dtype(), "causal_softmax", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const int64_t rows = blocks * tq;
+#pragma omp parallel if (rows * tk > 16384)
+    {
+      std::vector<float> scratch(static_cast<size_t>(tk));
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t visible = std::min(tk, row % tq + (tk - tq) + 1);
+        causal_softmax_row(px + row * tk, py + row * tk, visible, tk, scale, scratch.data());
+      }
+    }
+  });
+}
 
 void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t inner, bool log) {
   dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {

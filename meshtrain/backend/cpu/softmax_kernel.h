@@ -11,4 +11,11 @@ void softmax_forward(const Array& x,  // (outer, R, inner)
                      Array& y,        // (outer, R, inner)
                      int64_t outer, int64_t r, int64_t inner, bool log);
 
+// Attention probabilities with a causal mask, fused: row i of each (tq, tk) block of x
+// becomes softmax(scale · x[i, :n]) over its n = i + (tk − tq) + 1 visible keys, zeros after.
+// Equal to masking with the lowest finite value and then softmax, in one pass instead of three.
+void causal_softmax_forward(const Array& x,  // (blocks, tq, tk)
+                            Array& y,        // (blocks, tq, tk)
+                            int64_t blocks, int64_t tq, int64_t tk, float scale);
+
 }  // namespace mt::cpu
