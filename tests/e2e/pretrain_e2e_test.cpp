@@ -5,7 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <fstream>
 #include <thread>
@@ -40,6 +43,27 @@ std::map<int64_t, double> train_losses(const fs::path& run_dir) {
 }
 
 class PretrainE2E : public TempDir {};
+
+// Runs `command` in the background until `marker` exists, then SIGKILLs `victim(pid)` (the
+// process itself by default). Returns the wait status of the command's process.
+int run_until_then_kill(const std::string& command, const fs::path& marker,
+                        const std::function<pid_t(pid_t)>& victim = [](pid_t p) { return p; }) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + command + " > /dev/null 2>&1").c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (!fs::exists(marker) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const pid_t target = victim(pid);
+  EXPECT_GT(target, 0) << "no process to kill";
+  if (target > 0) EXPECT_EQ(kill(target, SIGKILL), 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
 
 TEST_F(PretrainE2E, LossFallsAndTheCheckpointGeneratesAndEvaluates) {
   const fs::path run = dir_ / "run";
@@ -115,20 +139,8 @@ TEST_F(PretrainE2E, KilledRunResumesToTheUninterruptedLosses) {
 
   // Start the same run, SIGKILL it once its second checkpoint exists, resume it.
   const fs::path killed = dir_ / "killed";
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const std::string cmd = std::string(MT_MESHTRAIN_BIN) + " " + args + killed.string() + " > /dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), (char*)nullptr);
-    _exit(127);
-  }
-  const fs::path second = killed / "checkpoints" / "step_00000020" / "meta.json";
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
-  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  const int status = run_until_then_kill(std::string(MT_MESHTRAIN_BIN) + " " + args + killed.string(),
+                                         killed / "checkpoints" / "step_00000020" / "meta.json");
   ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed";
   EXPECT_FALSE(fs::exists(killed / "checkpoints" / "step_00000060")) << "killed too late to test resuming";
   const size_t logged_before_kill = train_losses(killed).size();
@@ -147,6 +159,40 @@ TEST_F(PretrainE2E, KilledRunResumesToTheUninterruptedLosses) {
   for (const auto& [step, loss] : whole) err = std::max(err, std::abs(loss - joined[step]));
   std::cout << "  killed after logging " << logged_before_kill << " steps; [max err] resumed vs uninterrupted losses: " << err
             << "\n";
+  EXPECT_EQ(err, 0.0);
+}
+
+// One rank of a 2-process data-parallel run is SIGKILLed: mpirun ends the job (no hang), the
+// checkpoints already written load, and resuming on 2 ranks gives the uninterrupted losses.
+TEST_F(PretrainE2E, KilledRankEndsTheJobAndTheRunResumes) {
+  const std::string args = kSmall + "--per-device-batch-size 4 --mesh data=2 --steps 40 --save-steps 10 --output-dir ";
+  ASSERT_EQ(run_cli_mpi(2, args + (dir_ / "whole").string()).code, 0);
+  const fs::path killed = dir_ / "killed";
+  const std::string mpirun = std::string(MT_MPIRUN) + " -np 2 -x OMP_NUM_THREADS=1 " + MT_MESHTRAIN_BIN + " " + args +
+                             killed.string();
+  auto t0 = std::chrono::steady_clock::now();
+  // The victim: one of mpirun's meshtrain children (a rank), not mpirun itself.
+  const int status = run_until_then_kill(mpirun, killed / "checkpoints" / "step_00000010" / "meta.json", [](pid_t launcher) {
+    const std::string cmd = "pgrep -P " + std::to_string(launcher) + " -f meshtrain | tail -1";
+    FILE* p = popen(cmd.c_str(), "r");
+    int child = -1;
+    if (p) {
+      if (fscanf(p, "%d", &child) != 1) child = -1;
+      pclose(p);
+    }
+    return pid_t(child);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0)) << "mpirun reported success";
+  std::cout << "  mpirun ended " << secs << " s after the start, with a rank killed\n";
+  EXPECT_FALSE(fs::exists(killed / "checkpoints" / "step_00000040")) << "killed too late to test resuming";
+  CliRun resumed = run_cli_mpi(2, args + killed.string() + " --resume");
+  ASSERT_EQ(resumed.code, 0);
+  std::map<int64_t, double> whole = train_losses(dir_ / "whole"), joined = train_losses(killed);
+  ASSERT_EQ(joined.size(), 40u);
+  double err = 0;
+  for (const auto& [step, loss] : whole) err = std::max(err, std::abs(loss - joined[step]));
+  std::cout << "  [max err] 2-rank run resumed after a killed rank vs uninterrupted: " << err << "\n";
   EXPECT_EQ(err, 0.0);
 }
 
