@@ -30,13 +30,20 @@ struct EvalOptions {
   int64_t max_eval_samples = -1;
   std::string output;
   RunFlags run;
+  EvalOptions() { data.seq_len = 0; }  // 0: the model's context
 };
 
 // (sum of token losses, number of target tokens) per sequence.
 json eval_decoder(train::Deployer& deployer, const models::PretrainedModel& model, const Params& params,
                   const EvalOptions& o) {
   MT_CHECK(model.tokenizer != nullptr, "[eval] ", o.model, " has no tokenizer");
-  LmCorpus corpus = make_lm_corpus(o.data, model.tokenizer);
+  // Sequences as long as the model's context unless --seq-len says otherwise.
+  LmDataFlags flags = o.data;
+  const int64_t context = model.causal_lm().max_positions;
+  if (flags.seq_len == 0) flags.seq_len = context > 0 ? context : 512;
+  MT_CHECK(context == 0 || flags.seq_len <= context, "[eval] --seq-len ", flags.seq_len, " exceeds the context of ", o.model,
+           " (", context, " positions)");
+  LmCorpus corpus = make_lm_corpus(flags, model.tokenizer);
   train::CollateFn collate = lm_collate();
   train::Predictor<std::pair<double, double>> predictor(
       deployer, collate,
@@ -61,7 +68,7 @@ json eval_decoder(train::Deployer& deployer, const models::PretrainedModel& mode
     tokens += n;
   }
   MT_CHECK(tokens > 0, "[eval] ", o.data.data, " yields no target tokens");
-  return {{"data", o.data.data}, {"sequences", corpus.dataset->size()}, {"tokens", int64_t(tokens)},
+  return {{"data", o.data.data}, {"seq_len", flags.seq_len}, {"sequences", corpus.dataset->size()}, {"tokens", int64_t(tokens)},
           {"eval_loss", total / tokens}, {"perplexity", std::exp(total / tokens)}};
 }
 
@@ -113,7 +120,8 @@ void add_eval_command(CLI::App& app) {
       ->check(CLI::ExistingPath);
   cmd->add_option("--data", o->data.data, "decoders: text file or directory scored by loss and perplexity")
       ->capture_default_str();
-  cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence (default: the model's context)")
+      ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--task", o->task, "BERT classifiers: GLUE task");
   cmd->add_option("--data-dir", o->data_dir, "BERT classifiers: GLUE root or task directory");
   cmd->add_option("--split", o->split, "GLUE split (default: dev, dev_matched for MNLI)");

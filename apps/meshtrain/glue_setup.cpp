@@ -38,6 +38,8 @@ json small_bert_config(const std::string& config, const data::GlueTask& task, in
     c["num_labels"] = task.num_labels();
     c.erase("id2label");
   }
+  MT_CHECK(c["vocab_size"].is_number_integer() && c["vocab_size"].get<int64_t>() >= vocab_size, "[glue] ", config,
+           ": vocab_size ", c["vocab_size"].dump(), " is smaller than the tokenizer's ", vocab_size, " ids");
   return c;
 }
 

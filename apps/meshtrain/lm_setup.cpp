@@ -1,5 +1,7 @@
 #include "apps/meshtrain/lm_setup.h"
 
+#include <filesystem>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
@@ -29,7 +31,18 @@ void add_lm_data_flags(CLI::App* cmd, LmDataFlags& f) {
 }
 
 std::shared_ptr<tokenizers::Tokenizer> tokenizer_into(const std::string& spec, const std::string& model_dir) {
+  namespace fs = std::filesystem;
   if (dist::world().rank() == 0) {
+    // Another run's tokenizer files would shadow this one's (load_tokenizer looks for
+    // tokenizer.json first): the folder keeps only this tokenizer. Files that are the
+    // source itself (--tokenizer <output>/model) stay.
+    const bool in_place = fs::exists(spec) && fs::exists(model_dir) &&
+                          fs::equivalent(fs::is_directory(spec) ? fs::path(spec) : fs::path(spec).parent_path(), model_dir);
+    if (!in_place)
+      for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                               "merges.txt", "encoder.json", "vocab.bpe", "spiece.model", "tokenizer.model",
+                               "sentencepiece.bpe.model"})
+        fs::remove(fs::path(model_dir) / name);
     if (spec == "bytes") tokenizers::write_byte_tokenizer(model_dir);
     else tokenizers::copy_tokenizer_files(spec, model_dir);
   }

@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     } catch (const mt::Error& e) {
+      // Under mpirun the guard must see it: it ends the ranks that wait in a collective.
+      if (mt::dist::world().size() > 1) throw;
       std::cerr << "meshtrain: " << e.what() << "\n";
       return 1;
     }

@@ -69,9 +69,11 @@ void check_output_dir(const RunFlags& f, const char* command) {
            "--output-dir");
   dist::world().barrier();  // every rank has looked before rank 0 deletes
   if (dist::world().rank() == 0) {
+    // Everything a run writes, so nothing of the discarded run mixes into the new one.
     fs::remove_all(checkpoints);
-    fs::remove(fs::path(f.output_dir) / "metrics.jsonl");
     fs::remove_all(fs::path(f.output_dir) / "tensorboard");
+    fs::remove_all(fs::path(f.output_dir) / "model");
+    for (const char* file : {"metrics.jsonl", "samples.txt", "eval_results.json"}) fs::remove(fs::path(f.output_dir) / file);
   }
   dist::world().barrier();
 }

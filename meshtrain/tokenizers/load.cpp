@@ -407,6 +407,7 @@ void copy_tokenizer_files(const std::string& path, const std::string& dir) {
   MT_CHECK(fs::exists(src), "[tokenizer] '", path, "' does not exist");
   fs::create_directories(dst);
   auto copy = [&](const fs::path& from, const std::string& name) {
+    if (fs::exists(dst / name) && fs::equivalent(from, dst / name)) return;  // already there
     fs::copy_file(from, dst / name, fs::copy_options::overwrite_existing);
   };
   if (fs::is_directory(src)) {

@@ -1,6 +1,7 @@
 #include "meshtrain/train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -111,10 +112,14 @@ std::string CheckpointManager::save(const CheckpointState& state, const dist::Me
 bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const std::string& metric,
                                   double value, const std::string& mode) {
   MT_CHECK(mode == "max" || mode == "min", "[checkpoint] best-by mode must be 'max' or 'min', got '", mode, "'");
+  // A NaN or infinite metric (a diverged run, a constant prediction's correlation) is never
+  // the best; JSON would store it as null.
+  if (!std::isfinite(value)) return false;
   const fs::path meta_path = fs::path(dir_) / "best" / "meta.json";
   if (fs::exists(meta_path)) {
     json old = io::read_json_file(meta_path.string());
-    if (old.contains("best") && old["best"].value("metric", "") == metric) {
+    if (old.contains("best") && old["best"].value("metric", "") == metric && old["best"].contains("value") &&
+        old["best"]["value"].is_number()) {
       double prev = old["best"]["value"].get<double>();
       if ((mode == "max" && !(value > prev)) || (mode == "min" && !(value < prev))) return false;
     }
@@ -128,7 +133,10 @@ std::vector<std::string> CheckpointManager::all() const {
   if (!fs::exists(dir_)) return out;
   for (const auto& e : fs::directory_iterator(dir_)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / "meta.json")) out.push_back(e.path().string());
+    // Exactly step_<8 digits>: leftovers of an interrupted replace (step_N.old) are not checkpoints.
+    const bool named = n.size() == 13 && n.rfind("step_", 0) == 0 &&
+                       std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (e.is_directory() && named && fs::exists(e.path() / "meta.json")) out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;

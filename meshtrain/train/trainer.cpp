@@ -100,31 +100,42 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
   return total / double(batches);
 }
 
-void Trainer::save_checkpoint(const std::string& kind, const json& data_state, const json& extra, const std::string& metric,
-                              double value, const std::string& mode) {
+void Trainer::save_checkpoint(const std::string& kind, const json& data_state, const json& extra, int keep_last,
+                              const std::string& metric, double value, const std::string& mode) {
   json meta = extra.is_object() ? extra : json::object();
   meta["data"] = data_state;
   meta["seed"] = deployer_.options().seed;
   meta["mesh"] = deployer_.mesh().str();
   CheckpointState state{step_, 0, params_, opt_state_, meta};
-  CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string());
+  CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string(), keep_last);
   if (kind == "best") manager.save_best(state, deployer_.mesh(), metric, value, mode);
   else manager.save(state, deployer_.mesh());
 }
 
-std::optional<json> Trainer::restore_latest() {
+std::optional<json> Trainer::restore_latest(const json& expected_extra) {
   CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string());
   std::optional<std::string> latest = manager.latest();
   if (!latest) return std::nullopt;
   CheckpointState state = CheckpointManager::restore(
       *latest, deployer_.mesh(), [this](const std::string& g, const std::string& p) { return spec_for(g, p); });
+  // The checkpoint must be this model's: same configuration (when both name one), same
+  // parameters with the same shapes and dtypes.
+  if (expected_extra.contains("model_config") && state.extra.contains("model_config"))
+    MT_CHECK(state.extra["model_config"] == expected_extra["model_config"], "[trainer] cannot resume from ", *latest,
+             ": it was trained with model config ", state.extra["model_config"].dump(), ", this run builds ",
+             expected_extra["model_config"].dump(), " (flags such as --seq-len or --config differ)");
   MT_CHECK(state.params.paths() == params_.paths(), "[trainer] checkpoint ", *latest,
            " holds different parameters than the model");
+  for (const auto& [path, p] : params_)
+    MT_CHECK(state.params[path].shape() == p.shape() && state.params[path].dtype() == p.dtype(), "[trainer] cannot resume from ",
+             *latest, ": parameter '", path, "' is ", state.params[path].str(), " there and ", p.str(), " in this model");
   params_ = state.params;
   opt_state_ = state.opt_state;
   step_ = state.step;
   deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
-  return state.extra.value("data", json());
+  json data = state.extra.value("data", json());
+  if (!data.is_null()) data["checkpoint"] = *latest;
+  return data;
 }
 
 FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOptions& o) {
@@ -148,9 +159,22 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   int64_t total_steps = steps_per_epoch * o.epochs;
   if (o.max_steps >= 0) total_steps = std::min(total_steps, o.max_steps);
 
+  MT_CHECK(steps_per_epoch > 0, "[trainer] an epoch of ", sampler.batches_per_epoch(), " batches makes no step of ",
+           o.grad_accum_steps, " accumulated micro-batches");
   if (o.resume)
-    if (std::optional<json> data_state = restore_latest(); data_state && !data_state->is_null())
-      loader.restore(data_state->get<data::SamplerState>());
+    if (std::optional<json> data_state = restore_latest(o.checkpoint_extra); data_state && !data_state->is_null()) {
+      const std::string from = data_state->value("checkpoint", std::string());
+      data_state->erase("checkpoint");
+      try {
+        loader.restore(data_state->get<data::SamplerState>());
+      } catch (const Error& e) {
+        // The data position is tied to the global batch (per-device batch x data ranks), seed
+        // and dataset: say which checkpoint and which settings have to match.
+        throw Error(detail::concat("[trainer] cannot resume the data position of ", from, ": ", e.what(),
+                                   " (keep per-device batch size x data-parallel ranks, the seed and the dataset as "
+                                   "they were)"));
+      }
+    }
 
   std::vector<std::shared_ptr<MetricSink>> sinks;
   std::shared_ptr<ProgressBar> bar;
@@ -189,7 +213,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (!best_metric.empty()) {
       auto it = metrics.find(best_metric);
       MT_CHECK(it != metrics.end(), "[trainer] save_best_by names '", best_metric, "' but evaluation produced no such metric");
-      save_checkpoint("best", loader.state(), o.checkpoint_extra, best_metric, it->second, best_mode);
+      save_checkpoint("best", loader.state(), o.checkpoint_extra, o.keep_last, best_metric, it->second, best_mode);
     }
     return metrics;
   };
@@ -208,7 +232,6 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       micro.push_back(deployer_.shard_batch(b->data));
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
-    const int64_t epoch_before = loader.state().epoch;
     const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;
     double loss = this->train(micro);
     result.losses.push_back(loss);
@@ -222,11 +245,13 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / secs;
     else logged["examples_per_s"] = double(examples_per_step) / secs;
     writer.push(step_, "train", logged);
-    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state(), o.checkpoint_extra);
+    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state(), o.checkpoint_extra, o.keep_last);
     if (o.on_step) o.on_step(step_, params_);
-    const bool epoch_end = loader.state().epoch != epoch_before || step_ % steps_per_epoch == 0;
+    // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
+    // an epoch, the leftover batches start the next step, as the sampler runs on.
+    const bool epoch_end = step_ % steps_per_epoch == 0;
     std::map<std::string, double> metrics;
-    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || (o.eval_every == 0 && epoch_end)) {
+    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end) {
       metrics = evaluate();
       evaluated_at = step_;
     }
@@ -247,7 +272,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
   }
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
-  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state(), o.checkpoint_extra);
+  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state(), o.checkpoint_extra, o.keep_last);
   writer.close();
   result.steps = step_;
   if (!result.losses.empty()) {

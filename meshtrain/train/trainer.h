@@ -54,8 +54,9 @@ struct FitOptions {
   int64_t max_steps = -1;  // stop after this many optimizer steps (-1: run all epochs)
   int grad_accum_steps = 1;
   bool shuffle = true;
-  // Evaluation: the mean loss over eval_data and eval_fn's metrics, every eval_every steps
-  // (0: at the end of each epoch).
+  // Evaluation: the mean loss over eval_data (the mean of per-batch losses over its full
+  // global batches; a tail smaller than a batch is left out) and eval_fn's metrics, every
+  // eval_every steps and at the end of each epoch.
   std::shared_ptr<const data::Dataset> eval_data;
   int64_t per_device_eval_batch_size = 0;  // 0: per_device_batch_size
   int64_t eval_every = 0;
@@ -126,8 +127,9 @@ class Trainer {
           std::optional<ShardingPlan> plan, int);
   double default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
   void save_checkpoint(const std::string& kind, const nlohmann::json& data_state, const nlohmann::json& extra,
-                       const std::string& metric = "", double value = 0, const std::string& mode = "");
-  std::optional<nlohmann::json> restore_latest();
+                       int keep_last, const std::string& metric = "", double value = 0, const std::string& mode = "");
+  // The newest checkpoint's data position (after checking it belongs to this model), if any.
+  std::optional<nlohmann::json> restore_latest(const nlohmann::json& expected_extra);
   dist::PartitionSpec spec_for(const std::string& group, const std::string& path) const;
 
   Deployer& deployer_;

@@ -79,9 +79,31 @@ TEST_F(CliErrors, NothingSavedIsLost) {
   ASSERT_TRUE(fs::exists(ckpt / "meta.json"));
   expect_failure(base, {"holds checkpoints of an earlier run", "--resume", "--overwrite"});
   EXPECT_TRUE(fs::exists(ckpt / "meta.json"));
+  // Resuming with another model shape names the checkpoint and the flags that differ.
+  expect_failure("pretrain --data " + kShakespeare + " --seq-len 48 --per-device-batch-size 4 --steps 6 --resume --output-dir " + run,
+                 {"cannot resume from", "step_00000003", "--seq-len"});
+  // ...and with another global batch, the data position's requirement.
+  expect_failure("pretrain --data " + kShakespeare + " --seq-len 32 --per-device-batch-size 2 --steps 6 --resume --output-dir " + run,
+                 {"cannot resume the data position", "global batch"});
+  EXPECT_TRUE(fs::exists(ckpt / "meta.json"));
   // A corrupt checkpoint is refused by name; generate does not touch the run.
   std::ofstream(ckpt / "rank_0.safetensors", std::ios::trunc) << "garbage";
   expect_failure("generate --model " + run + " --prompt hi", {"rank_0.safetensors"});
+}
+
+// --overwrite discards everything of the earlier run, including its tokenizer files: a byte
+// run after a GPT-2-tokenizer run must not pick up the old tokenizer.json-less vocab files.
+TEST_F(CliErrors, OverwriteStartsClean) {
+  const std::string run = (dir_ / "run").string();
+  const std::string base = "pretrain --data " + kShakespeare + " --seq-len 16 --per-device-batch-size 2 --steps 1 --sample-tokens 4 "
+                           "--eval-fraction 0 --output-dir " + run;
+  ASSERT_EQ(run_cli(base + " --tokenizer " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2").code, 0);
+  EXPECT_TRUE(fs::exists(fs::path(run) / "model" / "tokenizer.json"));
+  ASSERT_EQ(run_cli(base + " --overwrite").code, 0);
+  EXPECT_FALSE(fs::exists(fs::path(run) / "model" / "tokenizer.json"));
+  std::ifstream config(fs::path(run) / "model" / "config.json");
+  std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"vocab_size\": 320"), std::string::npos) << text;  // 257 byte ids, rounded up to 64
 }
 
 }  // namespace

@@ -154,7 +154,13 @@ TEST_F(PretrainE2E, KilledRunResumesToTheUninterruptedLosses) {
   ASSERT_EQ(resumed.code, 0);
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
   std::map<int64_t, double> whole = train_losses(dir_ / "whole"), joined = train_losses(killed);
+  ASSERT_EQ(whole.size(), 60u);
   ASSERT_EQ(joined.size(), 60u);
+  // --keep-checkpoints 2: only the newest two step checkpoints remain.
+  int kept = 0;
+  for (const auto& e : fs::directory_iterator(killed / "checkpoints")) kept += e.path().filename().string().rfind("step_", 0) == 0;
+  EXPECT_EQ(kept, 2);
+  EXPECT_TRUE(fs::exists(killed / "checkpoints" / "step_00000050") && fs::exists(killed / "checkpoints" / "step_00000060"));
   double err = 0;
   for (const auto& [step, loss] : whole) err = std::max(err, std::abs(loss - joined[step]));
   std::cout << "  killed after logging " << logged_before_kill << " steps; [max err] resumed vs uninterrupted losses: " << err
@@ -189,6 +195,7 @@ TEST_F(PretrainE2E, KilledRankEndsTheJobAndTheRunResumes) {
   CliRun resumed = run_cli_mpi(2, args + killed.string() + " --resume");
   ASSERT_EQ(resumed.code, 0);
   std::map<int64_t, double> whole = train_losses(dir_ / "whole"), joined = train_losses(killed);
+  ASSERT_EQ(whole.size(), 40u);
   ASSERT_EQ(joined.size(), 40u);
   double err = 0;
   for (const auto& [step, loss] : whole) err = std::max(err, std::abs(loss - joined[step]));

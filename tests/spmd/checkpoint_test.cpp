@@ -3,6 +3,8 @@
 // checkpoint while the previous one still loads.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -99,11 +101,18 @@ TEST(Checkpoint, KeepLastBestAndCorruption) {
   ASSERT_EQ(kept.size(), 2u);
   EXPECT_EQ(fs::path(kept.back()).filename().string(), "step_00000003");
   // A crash mid-save leaves only a temporary directory, never the newest checkpoint.
-  if (dist::world().rank() == 0) fs::create_directories(fs::path(dir) / ".tmp_step_00000004");
+  // Nor does an interrupted replace's leftover (step_N.old) count as a checkpoint.
+  if (dist::world().rank() == 0) {
+    fs::create_directories(fs::path(dir) / ".tmp_step_00000004");
+    fs::copy(kept.front(), fs::path(dir) / "step_00000009.old");
+  }
   dist::world().barrier();
   EXPECT_EQ(fs::path(*manager.latest()).filename().string(), "step_00000003");
-  // Best by metric: replaced only by a better value.
+  // Best by metric: replaced only by a better value; NaN (a diverged run) is never better
+  // and does not break later comparisons.
+  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", std::nan(""), "max"));
   EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.5, "max"));
+  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", std::nan(""), "max"));
   EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", 0.4, "max"));
   EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.7, "max"));
   // Corrupt the newest: refused with the file named; the previous one still loads.
