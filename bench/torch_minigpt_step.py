@@ -1,6 +1,7 @@
 # The PyTorch side of train_step_bench: the same miniGPT (post-LayerNorm blocks, ReLU MLP,
 # untied output layer, dropout) and AdamW step on the same shapes, timed the same way.
-# Usage: python3 torch_minigpt_step.py V T C H FF L B WARMUP STEPS THREADS  -> prints seconds per step
+# Usage: python3 torch_minigpt_step.py V T C H FF L B WARMUP STEPS THREADS [f32|bf16]  -> prints seconds per step
+# bf16 runs the forward under torch.autocast("cpu", bfloat16): PyTorch's CPU mixed precision.
 import sys
 import time
 
@@ -9,6 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 V, T, C, H, FF, L, B, WARMUP, STEPS, THREADS = map(int, sys.argv[1:11])
+PRECISION = sys.argv[11] if len(sys.argv) > 11 else "f32"
+assert PRECISION in ("f32", "bf16"), PRECISION
 torch.set_num_threads(THREADS)
 torch.manual_seed(0)
 
@@ -57,7 +60,9 @@ labels = torch.randint(0, V, (B, T))
 
 def step():
     opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(ids).view(-1, V), labels.view(-1))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+        logits = model(ids)
+    loss = F.cross_entropy(logits.float().view(-1, V), labels.view(-1))
     loss.backward()
     opt.step()
     return loss.item()

@@ -1,6 +1,8 @@
 // One training step (forward, backward, AdamW) of miniGPT in meshtrain and in PyTorch on the
-// same shapes and thread count, side by side: seconds per step, tokens/s, and MFU — model
-// FLOPs per second over the f32 GEMM peak measured in this run (mt::matmul on 2048³).
+// same shapes and thread count, side by side, in f32 and in bf16 mixed precision (meshtrain:
+// MatmulPrecision::bf16; PyTorch: CPU autocast to bfloat16): seconds per step, tokens/s, and
+// MFU — model FLOPs per second over the GEMM peak of the same dtype measured in this run
+// (mt::matmul on 2048³ f32 arrays, and on bf16 arrays).
 // Usage: train_step_bench [--quick]   (the demo's model and a wider one)
 #include <algorithm>
 #include <chrono>
@@ -29,10 +31,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Best-of GFLOP/s of a square f32 matmul: the roof the MFU is measured against.
-double gemm_peak_gflops() {
+// Best-of GFLOP/s of a square matmul in `dtype`: the roof the MFU is measured against.
+double gemm_peak_gflops(DType dtype) {
   const int64_t n = 2048;
-  Array a = random_normal(RngKey{1, 0}, {n, n}), b = random_normal(RngKey{2, 0}, {n, n});
+  Array a = random_normal(RngKey{1, 0}, {n, n}, dtype), b = random_normal(RngKey{2, 0}, {n, n}, dtype);
   double best = 0;
   for (int i = 0; i < 5; ++i) {
     auto t0 = clock_type::now();
@@ -51,7 +53,8 @@ double step_flops(const Config& c) {
   return 6.0 * weights * tokens + 12.0 * double(c.L) * double(c.T) * double(c.C) * tokens;
 }
 
-double meshtrain_step_seconds(const Config& c, int warmup, int steps) {
+double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrecision precision) {
+  MatmulPrecisionScope scope(precision);
   models::MiniGptConfig mc;
   mc.vocab_size = c.V;
   mc.maxlen = c.T;
@@ -82,11 +85,12 @@ double meshtrain_step_seconds(const Config& c, int warmup, int steps) {
   return median(times);
 }
 
-double torch_step_seconds(const Config& c, int warmup, int steps, int threads) {
+double torch_step_seconds(const Config& c, int warmup, int steps, int threads, MatmulPrecision precision) {
   const std::string cmd = "/usr/bin/python3 " MT_SOURCE_DIR "/bench/torch_minigpt_step.py " + std::to_string(c.V) + " " +
                           std::to_string(c.T) + " " + std::to_string(c.C) + " " + std::to_string(c.H) + " " +
                           std::to_string(c.FF) + " " + std::to_string(c.L) + " " + std::to_string(c.B) + " " +
-                          std::to_string(warmup) + " " + std::to_string(steps) + " " + std::to_string(threads);
+                          std::to_string(warmup) + " " + std::to_string(steps) + " " + std::to_string(threads) + " " +
+                          matmul_precision_name(precision);
   FILE* p = popen(cmd.c_str(), "r");
   double s = -1;
   if (p) {
@@ -102,25 +106,30 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   const int warmup = quick ? 2 : 5, steps = quick ? 5 : 20;
   const int threads = omp_get_max_threads();
-  const double peak = gemm_peak_gflops();
-  std::printf("f32 GEMM peak (mt::matmul 2048^3, %d threads): %.1f GFLOP/s\n\n", threads, peak);
-  std::printf("%-8s %-34s %-10s %12s %12s %8s\n", "model", "shape", "engine", "s/step", "tokens/s", "MFU");
+  const double peak_f32 = gemm_peak_gflops(DType::f32), peak_bf16 = gemm_peak_gflops(DType::bf16);
+  std::printf("GEMM peak (mt::matmul 2048^3, %d threads): f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n\n", threads, peak_f32,
+              peak_bf16);
+  std::printf("%-6s %-26s %-5s %-10s %10s %10s %7s\n", "model", "shape", "prec", "engine", "s/step", "tokens/s", "MFU");
   const std::vector<Config> configs = {{"demo", 320, 128, 128, 4, 512, 4, 16}, {"wide", 8192, 256, 512, 8, 2048, 4, 8}};
   for (const Config& c : configs) {
     char shape[64];
     std::snprintf(shape, sizeof shape, "V%ld T%ld C%ld L%ld B%ld", long(c.V), long(c.T), long(c.C), long(c.L), long(c.B));
     const double flops = step_flops(c);
-    const double ours = meshtrain_step_seconds(c, warmup, steps);
-    const double theirs = torch_step_seconds(c, warmup, steps, threads);
-    for (auto [engine, s] : {std::pair<const char*, double>{"meshtrain", ours}, {"pytorch", theirs}}) {
-      if (s <= 0) {
-        std::printf("%-8s %-34s %-10s %12s\n", c.name, shape, engine, "failed");
-        continue;
+    for (MatmulPrecision precision : {MatmulPrecision::f32, MatmulPrecision::bf16}) {
+      const char* prec = matmul_precision_name(precision);
+      const double peak = precision == MatmulPrecision::bf16 ? peak_bf16 : peak_f32;
+      const double ours = meshtrain_step_seconds(c, warmup, steps, precision);
+      const double theirs = torch_step_seconds(c, warmup, steps, threads, precision);
+      for (auto [engine, s] : {std::pair<const char*, double>{"meshtrain", ours}, {"pytorch", theirs}}) {
+        if (s <= 0) {
+          std::printf("%-6s %-26s %-5s %-10s %10s\n", c.name, shape, prec, engine, "failed");
+          continue;
+        }
+        std::printf("%-6s %-26s %-5s %-10s %10.4f %10.0f %6.1f%%\n", c.name, shape, prec, engine, s,
+                    double(c.B * c.T) / s, 100.0 * flops / s / 1e9 / peak);
       }
-      std::printf("%-8s %-34s %-10s %12.4f %12.0f %7.1f%%\n", c.name, shape, engine, s, double(c.B * c.T) / s,
-                  100.0 * flops / s / 1e9 / peak);
+      std::printf("%-6s %-26s %-5s %-10s %9.2fx\n", c.name, shape, prec, "speedup", theirs / ours);
     }
-    std::printf("%-8s %-34s %-10s %11.2fx\n", c.name, shape, "speedup", theirs / ours);
   }
   return 0;
 }

@@ -51,6 +51,7 @@ void run(const GlueOptions& o) {
   const data::GlueTask& task = data::glue_task(o.task);
   check_output_dir(o.run, "glue");
   train::Deployer deployer = make_deployer(o.run);
+  const auto precision = precision_scope(o.run);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
   auto train_set = glue_split(o, task, "train", o.max_train_samples);
   auto eval_set = glue_split(o, task, task.dev_split, o.max_eval_samples);
@@ -88,7 +89,7 @@ void run(const GlueOptions& o) {
   deployer.log("glue " + task.name + ": " + std::to_string(train_set->size()) + " train / " +
                std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
                " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
-               deployer.mesh().str());
+               deployer.mesh().str() + ", " + o.run.precision + " matmuls");
   train::Trainer trainer(deployer, collate, glue_loss(model, task), model->params, opt, plan);
 
   const std::string primary = glue_primary_metric(task);

@@ -63,6 +63,7 @@ void print_sample(const models::PretrainedModel& model, const Params& params, co
 void run(const PretrainOptions& o) {
   check_output_dir(o.run, "pretrain");
   train::Deployer deployer = make_deployer(o.run);
+  const auto precision = precision_scope(o.run);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
   LmCorpus corpus = load_lm_corpus(o.data, model_dir.string(), "pretrain");
   json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);
@@ -91,7 +92,7 @@ void run(const PretrainOptions& o) {
                " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
                std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
-               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str());
+               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " + o.run.precision + " matmuls");
 
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
                                                            o.learning_rate * 0.1);

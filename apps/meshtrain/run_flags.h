@@ -1,10 +1,12 @@
 #pragma once
 // Flags every training and inference command shares: where it runs (--mesh or
 // --model-shards), its seed, its output directory, --print-plan and --resume.
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "meshtrain/ops/matmul.h"
 #include "meshtrain/train/deployer.h"
 
 namespace mt::cli {
@@ -18,6 +20,7 @@ struct RunFlags {
   bool fsdp = false;       // shard large weights over the data axis too
   bool resume = false;
   bool overwrite = false;
+  std::string precision = "f32";  // matmul precision: f32 or bf16 (see mt::MatmulPrecision)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
@@ -26,6 +29,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
 CLI::Validator positive();
 
 train::Deployer make_deployer(const RunFlags& flags);
+
+// The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags);`.
+std::unique_ptr<MatmulPrecisionScope> precision_scope(const RunFlags& flags);
 
 // The automatic sharding plan (printed as a table on rank 0 with --print-plan).
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

@@ -14,6 +14,15 @@ using Grads = std::vector<Array>;
 
 namespace {
 
+thread_local MatmulPrecision current_precision = MatmulPrecision::f32;
+
+// A bf16 copy of a contiguous f32 array (outside the graph: only the kernel sees it).
+Array rounded_to_bf16(const Array& x) {
+  Array out = Array::empty(x.shape(), DType::bf16);
+  cpu::convert_f32_to_bf16(static_cast<const float*>(x.raw()), static_cast<uint16_t*>(out.raw()), size_t(x.numel()));
+  return out;
+}
+
 cpu::MatmulDType matmul_dtype(DType d) {
   switch (d) {
     case DType::f32: return cpu::MatmulDType::f32;
@@ -37,8 +46,15 @@ Array matmul_core(const Array& a, const Array& b, bool ta, bool tb, const Shape&
   Array out = Array::empty(Shape(out_dims), a.dtype());
   const int64_t nb = batch.numel();
   const int64_t ba = batch_shape(a).numel(), bb = batch_shape(b).numel();
-  cpu::matmul(matmul_dtype(a.dtype()), a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
-  record(out, "matmul", {a, b}, [a, b, ta, tb](const Array& g) {
+  const MatmulPrecision precision = current_precision;
+  if (a.dtype() == DType::f32 && precision == MatmulPrecision::bf16) {
+    const Array a16 = rounded_to_bf16(a), b16 = rounded_to_bf16(b);
+    cpu::matmul(cpu::MatmulDType::bf16_f32, a16.raw(), b16.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
+  } else {
+    cpu::matmul(matmul_dtype(a.dtype()), a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
+  }
+  record(out, "matmul", {a, b}, [a, b, ta, tb, precision](const Array& g) {
+    MatmulPrecisionScope scope(precision);
     Array ga, gb;
     // Each input's cotangent is a product of g with the other input, in the layout
     // (transposed or not) the input is stored in; broadcast batch dims are summed away.
@@ -56,6 +72,19 @@ Array matmul_core(const Array& a, const Array& b, bool ta, bool tb, const Shape&
 }
 
 }  // namespace
+
+MatmulPrecision matmul_precision() { return current_precision; }
+
+MatmulPrecision matmul_precision_from_name(const std::string& name, const char* what) {
+  if (name == "f32") return MatmulPrecision::f32;
+  if (name == "bf16") return MatmulPrecision::bf16;
+  throw Error(detail::concat("[", what, "] expected f32 or bf16, got '", name, "'"));
+}
+
+const char* matmul_precision_name(MatmulPrecision p) { return p == MatmulPrecision::bf16 ? "bf16" : "f32"; }
+
+MatmulPrecisionScope::MatmulPrecisionScope(MatmulPrecision p) : saved_(current_precision) { current_precision = p; }
+MatmulPrecisionScope::~MatmulPrecisionScope() { current_precision = saved_; }
 
 Array matmul(const Array& a, const Array& b, bool trans_a, bool trans_b) {
   MT_CHECK(a.defined() && b.defined(), "[matmul] undefined input array");

@@ -131,6 +131,20 @@ TEST_F(PretrainE2E, MiniGpt200StepsOnFourRanksMatchOneProcess) {
   EXPECT_LE(err20, 1e-3);
   EXPECT_LE(err, 0.05);
   EXPECT_NEAR(last_a, last_b, 0.02);
+
+  // bf16 matmuls (f32 parameters, gradients and other ops) train as well as f32.
+  CliRun bf16 = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --precision bf16 --output-dir " +
+                        (dir_ / "bf16").string());
+  ASSERT_EQ(bf16.code, 0) << bf16.out;
+  EXPECT_NE(bf16.out.find("bf16 matmuls"), std::string::npos) << bf16.out;
+  std::map<int64_t, double> c = train_losses(dir_ / "bf16");
+  ASSERT_EQ(c.size(), 200u);
+  double last_c = 0;
+  for (int64_t s = 191; s <= 200; ++s) last_c += c[s] / 10;
+  std::cout << "  [max err] mean loss of steps 191-200, bf16 matmuls vs f32: " << std::abs(last_c - last_a) << " ("
+            << last_c << " vs " << last_a << "); step 1: " << std::abs(c[1] - a[1]) << "\n";
+  EXPECT_NEAR(c[1], a[1], 0.01);
+  EXPECT_NEAR(last_c, last_a, 0.05);
 }
 
 TEST_F(PretrainE2E, KilledRunResumesToTheUninterruptedLosses) {

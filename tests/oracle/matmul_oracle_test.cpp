@@ -44,6 +44,59 @@ TEST(MatmulOracle, TransposesBatchesAndDtypes) {
   }
 }
 
+// Under MatmulPrecision::bf16 an f32 matmul is the f32-accumulated product of the
+// bf16-rounded operands, and so are its gradient matmuls (the cotangent rounded too).
+TEST(MatmulOracle, Bf16PrecisionRoundsOperandsAndAccumulatesInF32) {
+  struct Case {
+    Shape a, b;  // stored layouts
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {{{33, 17}, {17, 65}, false, false},
+                                   {{2, 7, 40}, {2, 40, 9}, false, false},
+                                   {{2, 3, 64, 48}, {96, 48}, false, true},  // activations @ weightᵀ fast path
+                                   {{3, 40, 7}, {9, 40}, true, true},
+                                   {{2, 1, 12, 20}, {3, 20, 6}, false, false}};  // broadcast batch
+  const std::string code = R"(
+r = lambda t: t.bfloat16().float()
+ra, rb = r(x0).requires_grad_(), r(x1).requires_grad_()
+o = torch.matmul(ra.transpose(-1, -2) if ta else ra, rb.transpose(-1, -2) if tb else rb)
+ga, gb = torch.autograd.grad(o, (ra, rb), r(x2))
+out = (o.detach(), ga, gb)
+)";
+  for (const Case& c : cases) {
+    const std::string label = "bf16-precision matmul " + c.a.str() + (c.ta ? "^T" : "") + " @ " + c.b.str() + (c.tb ? "^T" : "");
+    Array a = random_normal(c.a, 11), b = random_normal(c.b, 12);
+    Array out_f32 = matmul(a, b, c.ta, c.tb);
+    Array g = random_normal(out_f32.shape(), 13);
+    Array out;
+    Params grads;
+    {
+      MatmulPrecisionScope bf16(MatmulPrecision::bf16);
+      EXPECT_EQ(matmul_precision(), MatmulPrecision::bf16);
+      auto loss = [&](const Params& p) {
+        out = matmul(p.at("a"), p.at("b"), c.ta, c.tb);
+        return sum(mul(out, g));  // d loss / d out = g exactly
+      };
+      grads = value_and_grad(loss)(Params{{"a", a}, {"b", b}}).second;
+    }
+    EXPECT_EQ(matmul_precision(), MatmulPrecision::f32);  // the scope restored it
+    EXPECT_EQ(out.dtype(), DType::f32);
+    const std::string flags = std::string("ta = ") + (c.ta ? "True" : "False") + "\ntb = " + (c.tb ? "True" : "False") + "\n";
+    OracleResult ref = TorchOracle::instance().run(flags + code, {to_oracle(a), to_oracle(b), to_oracle(g)});
+    const Tolerance tol{2e-5, 2e-5};
+    expect_close(out, ref.outputs[0], tol, label + " out");
+    expect_close(grads.at("a"), ref.outputs[1], tol, label + " d/da");
+    expect_close(grads.at("b"), ref.outputs[2], tol, label + " d/db");
+    // The rounding is real: the f32 product differs by far more than the tolerance.
+    double diff = 0;
+    auto x = out.to_doubles(), y = out_f32.to_doubles();
+    for (size_t i = 0; i < x.size(); ++i) diff = std::max(diff, std::abs(x[i] - y[i]));
+    std::cout << "  " << label << ": bf16 vs f32 products differ by up to " << diff << "\n";
+    EXPECT_GT(diff, 1e-3) << label;
+  }
+  expect_error([] { matmul_precision_from_name("tf32", "--precision"); }, {"--precision", "tf32", "bf16"});
+}
+
 TEST(MatmulOracle, FiniteDifferences) {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {

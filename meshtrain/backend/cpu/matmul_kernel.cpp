@@ -41,12 +41,14 @@ dnnl::stream& cpu_stream() {
 }
 
 size_t elem_size(MatmulDType dtype) { return dtype == MatmulDType::f32 ? 4 : 2; }
+size_t out_elem_size(MatmulDType dtype) { return dtype == MatmulDType::bf16_f32 ? 4 : elem_size(dtype); }
 
 const char* dtype_name(MatmulDType dtype) {
   switch (dtype) {
     case MatmulDType::f32: return "f32";
     case MatmulDType::bf16: return "bf16";
     case MatmulDType::f16: return "f16";
+    case MatmulDType::bf16_f32: return "bf16->f32";
   }
   return "?";
 }
@@ -56,8 +58,12 @@ dnnl::memory::data_type to_dnnl(MatmulDType dtype) {
     case MatmulDType::f32: return dnnl::memory::data_type::f32;
     case MatmulDType::bf16: return dnnl::memory::data_type::bf16;
     case MatmulDType::f16: return dnnl::memory::data_type::f16;
+    case MatmulDType::bf16_f32: return dnnl::memory::data_type::bf16;
   }
   return dnnl::memory::data_type::undef;
+}
+dnnl::memory::data_type to_dnnl_out(MatmulDType dtype) {
+  return dtype == MatmulDType::bf16_f32 ? dnnl::memory::data_type::f32 : to_dnnl(dtype);
 }
 
 // Everything that changes the created primitive; `batch` is the batch the primitive runs,
@@ -112,7 +118,7 @@ std::shared_ptr<const Plan> make_plan(const PlanKey& k) {
                                 k.trans_a ? dims{k.M * k.K, 1, k.M} : dims{k.M * k.K, k.K, 1});
   const dnnl::memory::desc b_md({k.batch_b, k.K, k.N}, dt,
                                 k.trans_b ? dims{k.K * k.N, 1, k.K} : dims{k.K * k.N, k.N, 1});
-  const dnnl::memory::desc c_md({k.batch, k.M, k.N}, dt, dims{k.M * k.N, k.N, 1});
+  const dnnl::memory::desc c_md({k.batch, k.M, k.N}, to_dnnl_out(k.dtype), dims{k.M * k.N, k.N, 1});
 
   dnnl::primitive_attr attr;
   // User scratchpad lets a cached primitive run on any thread (the library-managed global
@@ -259,7 +265,7 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
     execute(*slot, key, a, b, c);
     return;
   }
-  const size_t slice = size_t(M) * size_t(N) * elem_size(dtype);
+  const size_t slice = size_t(M) * size_t(N) * out_elem_size(dtype);
   auto* c_bytes = static_cast<std::byte*>(c);
   if (accumulate) {
     // Each slice holds different data to add onto, so each needs its own execute.
@@ -321,7 +327,8 @@ void matmul(MatmulDType dtype,
             int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
             bool trans_a, bool trans_b, bool accumulate) {
   const PlanKey requested{dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate};
-  MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16,
+  MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ||
+               dtype == MatmulDType::bf16_f32,
            "[matmul] invalid dtype ", int(dtype));
   MT_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "[matmul] negative size: ",
            describe(requested));
@@ -331,7 +338,7 @@ void matmul(MatmulDType dtype,
   MT_CHECK(c != nullptr, "[matmul] null output pointer: ", describe(requested));
   if (K == 0) {
     // An empty sum is zero: overwrite with zeros, or leave c unchanged when accumulating.
-    if (!accumulate) std::memset(c, 0, size_t(batch) * size_t(M) * size_t(N) * elem_size(dtype));
+    if (!accumulate) std::memset(c, 0, size_t(batch) * size_t(M) * size_t(N) * out_elem_size(dtype));
     return;
   }
   MT_CHECK(a != nullptr && b != nullptr, "[matmul] null input pointer: ", describe(requested));
@@ -353,6 +360,18 @@ void matmul(MatmulDType dtype,
   run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), tc.c32.data(), batch, batch_a,
              batch_b, M, N, K, trans_a, trans_b, accumulate);
   narrow_f16(tc.c32.data(), c, nc);
+}
+
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  // Branch-free so the compiler vectorizes it; the same rounding as f32_to_bf16.
+#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
 }
 
 }  // namespace mt::cpu

@@ -6,11 +6,13 @@
 
 namespace mt::cpu {
 
-enum class MatmulDType { f32, bf16, f16 };
+// bf16_f32: bf16 inputs, f32 output (mixed precision: the product of bf16-rounded operands,
+// accumulated and stored in f32).
+enum class MatmulDType { f32, bf16, f16, bf16_f32 };
 
 // C[b] = op(A[b]) @ op(B[b]), op transposing when trans_* is set. All buffers are dense
 // row-major; bf16/f16 buffers hold raw 16-bit patterns. Accumulation is in f32 and the
-// output has the inputs' dtype. batch_a / batch_b are each 1 (broadcast) or batch.
+// output has the inputs' dtype (f32 for bf16_f32). batch_a / batch_b are each 1 (broadcast) or batch.
 // accumulate adds into c (beta = 1) instead of overwriting it.
 // Throws mt::Error (a std::runtime_error) starting with "[matmul]" on bad arguments or
 // oneDNN failures. Safe to call concurrently from several threads.
@@ -24,6 +26,9 @@ void matmul(MatmulDType dtype,
 // True when oneDNN runs f16 matmuls natively on this CPU; otherwise f16 goes through f32
 // (inputs widened, f32 matmul, output rounded back to nearest even).
 bool matmul_f16_native();
+
+// f32 -> bf16 storage, rounded to nearest even (NaN stays NaN), parallel for large n.
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n);
 
 // Number of cached oneDNN matmul primitives, and a way to drop them (e.g. after a run with
 // many one-off shapes). Clearing is safe while other threads are calling matmul.
