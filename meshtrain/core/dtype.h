@@ -36,6 +36,10 @@ inline bf16 f32_to_bf16(float f) {
   return bf16{uint16_t(u >> 16)};
 }
 float f16_to_f32(f16 v);
+// Bulk conversions with the rounding above, as branch-free loops the compiler vectorizes
+// (serial: callers that want threads split the range; the comm thread must not spawn any).
+void bf16_to_f32_n(const uint16_t* src, float* dst, int64_t n);  // (n,) -> (n,)
+void f32_to_bf16_n(const float* src, uint16_t* dst, int64_t n);  // (n,) -> (n,)
 // The most negative finite value of a floating dtype (a "minus infinity" that keeps
 // softmax of a fully masked row finite).
 double lowest_finite(DType dtype);

@@ -47,24 +47,6 @@ float* f32_scratch(size_t n) {
   return buffer.data();
 }
 
-// bf16 <-> f32 as branch-free loops the compiler vectorizes (same rounding as f32_to_bf16);
-// the staging of a 32 MiB gradient bucket is otherwise dominated by scalar conversion.
-void bf16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {  // (n,) -> (n,)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = uint32_t(src[i]) << 16;
-    std::memcpy(&dst[i], &u, 4);
-  }
-}
-void f32_to_bf16_n(const float* src, uint16_t* dst, int64_t n) {  // (n,) -> (n,)
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, &src[i], 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
-}
-
 void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
   if (dtype == DType::bf16) return bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
   dispatch_float(dtype, "comm", [&](auto tag) {

@@ -1,5 +1,7 @@
 #include "meshtrain/ops/matmul.h"
 
+#include <algorithm>
+
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/core/error.h"
@@ -19,7 +21,11 @@ thread_local MatmulPrecision current_precision = MatmulPrecision::f32;
 // A bf16 copy of a contiguous f32 array (outside the graph: only the kernel sees it).
 Array rounded_to_bf16(const Array& x) {
   Array out = Array::empty(x.shape(), DType::bf16);
-  cpu::convert_f32_to_bf16(static_cast<const float*>(x.raw()), static_cast<uint16_t*>(out.raw()), size_t(x.numel()));
+  const auto* src = static_cast<const float*>(x.raw());
+  auto* dst = static_cast<uint16_t*>(out.raw());
+  const int64_t n = x.numel(), chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+  for (int64_t begin = 0; begin < n; begin += chunk) f32_to_bf16_n(src + begin, dst + begin, std::min(chunk, n - begin));
   return out;
 }
 

@@ -362,16 +362,4 @@ void matmul(MatmulDType dtype,
   narrow_f16(tc.c32.data(), c, nc);
 }
 
-void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
-  // Branch-free so the compiler vectorizes it; the same rounding as f32_to_bf16.
-#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, src + i, 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = (u >> 16) | 0x40u;
-    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-  }
-}
-
 }  // namespace mt::cpu

@@ -27,9 +27,6 @@ void matmul(MatmulDType dtype,
 // (inputs widened, f32 matmul, output rounded back to nearest even).
 bool matmul_f16_native();
 
-// f32 -> bf16 storage, rounded to nearest even (NaN stays NaN), parallel for large n.
-void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n);
-
 // Number of cached oneDNN matmul primitives, and a way to drop them (e.g. after a run with
 // many one-off shapes). Clearing is safe while other threads are calling matmul.
 size_t matmul_cache_size();
