@@ -96,7 +96,7 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
 
 void run(const EvalOptions& o) {
   train::Deployer deployer = make_deployer(o.run);
-  const auto precision = precision_scope(o.run);
+  const auto precision = precision_scope(o.run.precision);
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
   models::PretrainedModel model = train::is_checkpoint_path(o.model)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/pretrained.h"
@@ -27,6 +28,7 @@ struct GenerateOptions {
   double length_penalty = 1.0;
   uint64_t seed = 0;
   bool no_stop = false;
+  std::string precision = "f32";
 };
 
 std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
@@ -48,6 +50,7 @@ std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
 }
 
 void run(const GenerateOptions& o) {
+  const auto precision = precision_scope(o.precision);
   models::PretrainedOptions po;
   po.load_tokenizer = o.prompt_ids.empty() || !o.tokenizer.empty();
   // A meshtrain run or checkpoint directory, else a Hugging Face directory or llama2.c file.
@@ -118,6 +121,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--stop-ids", o->stop_ids, "token ids that end generation (default: the model's end token)");
   cmd->add_flag("--no-stop", o->no_stop, "ignore the model's end token (generate max-new-tokens)");
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  add_precision_flag(cmd, o->precision);
   cmd->callback([o] {
     MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");
     run(*o);

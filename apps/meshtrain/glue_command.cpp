@@ -51,7 +51,7 @@ void run(const GlueOptions& o) {
   const data::GlueTask& task = data::glue_task(o.task);
   check_output_dir(o.run, "glue");
   train::Deployer deployer = make_deployer(o.run);
-  const auto precision = precision_scope(o.run);
+  const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
   auto train_set = glue_split(o, task, "train", o.max_train_samples);
   auto eval_set = glue_split(o, task, task.dev_split, o.max_eval_samples);

@@ -63,7 +63,7 @@ void print_sample(const models::PretrainedModel& model, const Params& params, co
 void run(const PretrainOptions& o) {
   check_output_dir(o.run, "pretrain");
   train::Deployer deployer = make_deployer(o.run);
-  const auto precision = precision_scope(o.run);
+  const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
   LmCorpus corpus = load_lm_corpus(o.data, model_dir.string(), "pretrain");
   json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);

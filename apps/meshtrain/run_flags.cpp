@@ -23,6 +23,14 @@ CLI::Validator positive() {
       "POSITIVE");
 }
 
+void add_precision_flag(CLI::App* cmd, std::string& precision) {
+  cmd->add_option("--precision", precision,
+                  "matmul precision: f32, or bf16 (operands rounded to bf16, f32 accumulation; parameters, gradients "
+                  "and other ops stay f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
   cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
@@ -32,11 +40,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_option("--output-dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
       ->capture_default_str();
   cmd->add_flag("--print-plan", f.print_plan, "print the sharding plan (path, shape, spec, bytes per rank)");
-  cmd->add_option("--precision", f.precision,
-                  "matmul precision: f32, or bf16 (operands rounded to bf16, f32 accumulation; parameters, gradients "
-                  "and other ops stay f32)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  add_precision_flag(cmd, f.precision);
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
@@ -56,8 +60,8 @@ train::Deployer make_deployer(const RunFlags& f) {
   return deployer;
 }
 
-std::unique_ptr<MatmulPrecisionScope> precision_scope(const RunFlags& f) {
-  return std::make_unique<MatmulPrecisionScope>(matmul_precision_from_name(f.precision, "--precision"));
+std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision) {
+  return std::make_unique<MatmulPrecisionScope>(matmul_precision_from_name(precision, "--precision"));
 }
 
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

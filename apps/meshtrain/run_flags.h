@@ -24,14 +24,16 @@ struct RunFlags {
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
+// --precision f32|bf16 (part of the run flags; generate takes it alone).
+void add_precision_flag(CLI::App* cmd, std::string& precision);
 
 // Integers >= 1 (CLI11's PositiveNumber would print a 300-digit range on failure).
 CLI::Validator positive();
 
 train::Deployer make_deployer(const RunFlags& flags);
 
-// The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags);`.
-std::unique_ptr<MatmulPrecisionScope> precision_scope(const RunFlags& flags);
+// The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags.precision);`.
+std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision);
 
 // The automatic sharding plan (printed as a table on rank 0 with --print-plan).
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

@@ -135,6 +135,7 @@ std::optional<json> Trainer::restore_latest(const json& expected_extra) {
   deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
   json data = state.extra.value("data", json());
   if (!data.is_null()) data["checkpoint"] = *latest;
+  if (!data.is_null() && state.extra.contains("epoch_progress")) data["epoch_progress"] = state.extra["epoch_progress"];
   return data;
 }
 
@@ -161,10 +162,15 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
 
   MT_CHECK(steps_per_epoch > 0, "[trainer] an epoch of ", sampler.batches_per_epoch(), " batches makes no step of ",
            o.grad_accum_steps, " accumulated micro-batches");
+  json resumed_epoch_progress;  // the interrupted epoch's loss so far, from the checkpoint
   if (o.resume)
     if (std::optional<json> data_state = restore_latest(o.checkpoint_extra); data_state && !data_state->is_null()) {
       const std::string from = data_state->value("checkpoint", std::string());
       data_state->erase("checkpoint");
+      if (data_state->contains("epoch_progress")) {
+        resumed_epoch_progress = (*data_state)["epoch_progress"];
+        data_state->erase("epoch_progress");
+      }
       try {
         loader.restore(data_state->get<data::SamplerState>());
       } catch (const Error& e) {
@@ -199,6 +205,15 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   FitResult result;
   const std::string best_metric = o.save_best_by.empty() ? "" : o.save_best_by.substr(4);
   const std::string best_mode = o.save_best_by.empty() ? "" : o.save_best_by.substr(0, 3);
+  // The current epoch's losses so far; checkpoints carry them so that the epoch's train
+  // loss after a resume covers the steps run before the interruption too.
+  double epoch_loss = resumed_epoch_progress.is_object() ? resumed_epoch_progress.value("loss_sum", 0.0) : 0.0;
+  int64_t epoch_steps = resumed_epoch_progress.is_object() ? resumed_epoch_progress.value("steps", int64_t(0)) : 0;
+  json extra = o.checkpoint_extra.is_object() ? o.checkpoint_extra : json::object();
+  auto checkpoint_extra = [&] {
+    extra["epoch_progress"] = {{"loss_sum", epoch_loss}, {"steps", epoch_steps}};
+    return extra;
+  };
   auto evaluate = [&] {
     std::map<std::string, double> metrics;
     if (o.eval_data)
@@ -213,7 +228,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (!best_metric.empty()) {
       auto it = metrics.find(best_metric);
       MT_CHECK(it != metrics.end(), "[trainer] save_best_by names '", best_metric, "' but evaluation produced no such metric");
-      save_checkpoint("best", loader.state(), o.checkpoint_extra, o.keep_last, best_metric, it->second, best_mode);
+      save_checkpoint("best", loader.state(), checkpoint_extra(), o.keep_last, best_metric, it->second, best_mode);
     }
     return metrics;
   };
@@ -221,8 +236,6 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   const auto fit_start = std::chrono::steady_clock::now();
   auto last_time = fit_start;
-  double epoch_loss = 0;
-  int64_t epoch_steps = 0;
   int64_t evaluated_at = -1;
   while (step_ < total_steps) {
     std::vector<Batch> micro;
@@ -245,11 +258,16 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / secs;
     else logged["examples_per_s"] = double(examples_per_step) / secs;
     writer.push(step_, "train", logged);
-    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state(), o.checkpoint_extra, o.keep_last);
-    if (o.on_step) o.on_step(step_, params_);
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
     const bool epoch_end = step_ % steps_per_epoch == 0;
+    if (o.save_every > 0 && step_ % o.save_every == 0) {
+      // At an epoch's end the checkpoint resumes into the next epoch, which has no losses yet.
+      json e = checkpoint_extra();
+      if (epoch_end) e["epoch_progress"] = {{"loss_sum", 0.0}, {"steps", 0}};
+      save_checkpoint("step", loader.state(), e, o.keep_last);
+    }
+    if (o.on_step) o.on_step(step_, params_);
     std::map<std::string, double> metrics;
     if ((o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end) {
       metrics = evaluate();
@@ -272,7 +290,8 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
   }
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
-  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0)) save_checkpoint("step", loader.state(), o.checkpoint_extra, o.keep_last);
+  if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0))
+    save_checkpoint("step", loader.state(), checkpoint_extra(), o.keep_last);
   writer.close();
   result.steps = step_;
   if (!result.losses.empty()) {

@@ -84,7 +84,7 @@ struct FitOptions {
 struct EpochSummary {
   int64_t epoch = 0;  // 1-based
   int64_t step = 0;
-  double train_loss = 0;  // mean over the epoch's steps run in this process
+  double train_loss = 0;  // mean over the epoch's steps, those before a resume included
   std::map<std::string, double> eval;
 };
 

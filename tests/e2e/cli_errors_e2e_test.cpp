@@ -35,6 +35,8 @@ TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("glue --task nope --config small --data-dir " + kGlue, {"nope"});
   expect_failure("glue --task rte --data-dir " + kGlue, {"pass --model DIR (pretrained) or --config small|FILE"});
   expect_failure("eval", {"--model is required"});
+  expect_failure("pretrain --precision fp8", {"--precision", "fp8", "f32,bf16"});
+  expect_failure("generate --model x --prompt-ids 1 --precision tf32", {"--precision", "tf32"});
   CliRun help = run_cli("pretrain --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--per-device-batch-size"), std::string::npos);

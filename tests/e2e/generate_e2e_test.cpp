@@ -2,6 +2,8 @@
 // the PyTorch twin decodes them, reproducible sampling, beam search, stop at BOS), a HF
 // GPT-2 directory with a text prompt, and clear errors.
 #include <gtest/gtest.h>
+#include <iterator>
+#include <sstream>
 #include <string>
 
 #include "tests/support/cli_run.h"
@@ -24,6 +26,14 @@ TEST(GenerateE2E, Stories260kGreedyPromptIds) {
   CliRun t0 = run("generate --model " + kStories + " --prompt-ids \"1 403 407 261 378\" --max-new-tokens 24 --temperature 0");
   EXPECT_EQ(t0.code, 0);
   EXPECT_EQ(t0.out, "473 473 473 473 473 473 473 483 339 260 403 305 299 302 310 1\n");
+  // bf16 matmuls: the same greedy path while the top logits are far apart; this 260K-parameter
+  // model has near ties later on, where rounding the operands may pick another token.
+  CliRun bf16 = run("generate --model " + kStories +
+                    " --prompt-ids \"1 403 407 261 378\" --max-new-tokens 24 --no-stop --precision bf16");
+  EXPECT_EQ(bf16.code, 0);
+  EXPECT_EQ(bf16.out.substr(0, 43), "473 473 473 473 473 473 473 483 339 260 403") << bf16.out;
+  std::istringstream words(bf16.out);
+  EXPECT_EQ(std::distance(std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()), 24);
 }
 
 TEST(GenerateE2E, SamplingIsReproducibleAndBeamSearchRuns) {

@@ -32,11 +32,11 @@ TinyGptConfig config() {
   return c;
 }
 
-std::shared_ptr<const data::Dataset> shakespeare(int64_t seq_len) {
+std::shared_ptr<const data::Dataset> shakespeare(int64_t seq_len, size_t text_bytes = 200000) {
   std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_GT(text.size(), 1000000u);
-  text.resize(200000);  // a fifth of the play is plenty for these runs
+  text.resize(text_bytes);  // a fifth of the play is plenty for these runs
   std::vector<int64_t> bytes(text.begin(), text.end());
   for (auto& b : bytes) b = uint8_t(b);
   return std::make_shared<data::PackedDataset>(bytes, seq_len);
@@ -59,9 +59,12 @@ train::CollateFn collate() {
 struct FitRun {
   std::vector<double> losses;
   double eval_loss = 0;
+  std::vector<train::EpochSummary> epochs;
 };
 
-FitRun fit(const std::string& mesh, const std::string& workdir, int64_t max_steps, bool resume, int64_t save_every = 0) {
+// epochs > 1 trains on the first text_bytes of the play only, so that epochs are short.
+FitRun fit(const std::string& mesh, const std::string& workdir, int64_t max_steps, bool resume, int64_t save_every = 0,
+           int64_t epochs = 1, size_t text_bytes = 200000) {
   const TinyGptConfig c = config();
   train::Deployer deployer({.seed = 3, .mesh = mesh, .workdir = workdir, .verbose = false});
   Params host = tiny_gpt_init(c, "single", nullptr);
@@ -76,14 +79,15 @@ FitRun fit(const std::string& mesh, const std::string& workdir, int64_t max_step
   train::FitOptions o;
   o.per_device_batch_size = c.batch / deployer.data_size();
   o.max_steps = max_steps;
+  o.epochs = epochs;
   o.save_every = save_every;
   o.resume = resume;
-  o.eval_data = shakespeare(c.time);
+  o.eval_data = shakespeare(c.time, text_bytes);
   o.eval_every = 1000000;  // only the explicit eval below
   o.eval_at_end = false;
-  auto data = shakespeare(c.time);
+  auto data = shakespeare(c.time, text_bytes);
   train::FitResult r = trainer.fit(data, o);
-  FitRun run{r.losses, 0};
+  FitRun run{r.losses, 0, r.epochs};
   std::shared_ptr<const data::Dataset> eval = o.eval_data;
   run.eval_loss = trainer.eval_loss(eval, o.per_device_batch_size);
   return run;
@@ -139,6 +143,39 @@ TEST(Trainer, ResumeReproducesTheUninterruptedRun) {
       for (const auto& ev : train::read_tensorboard_events(e.path().string())) scalars += int(ev.scalars.size());
     EXPECT_GE(scalars, 30);
   }
+}
+
+// The train loss of an epoch interrupted mid-way covers its steps before the interruption
+// too (checkpoints carry the epoch's running sum): the resumed run prints the same epoch
+// lines as the uninterrupted one.
+TEST(Trainer, EpochLossAfterAMidEpochResumeCoversTheWholeEpoch) {
+  const int n = dist::world().size();
+  const std::string mesh = "data=" + std::to_string(n);
+  const size_t bytes = 3000;  // 90 sequences of 33 bytes: 11 steps of 8 per epoch
+  FitRun whole = fit(mesh, workdir("epochs_whole"), -1, false, 0, 3, bytes);
+  ASSERT_EQ(whole.epochs.size(), 3u);
+  ASSERT_EQ(whole.epochs[0].step, 11);
+  const std::string dir = workdir("epochs_resumed");
+  FitRun part1 = fit(mesh, dir, 16, false, 0, 3, bytes);  // stops 5 steps into epoch 2
+  FitRun part2 = fit(mesh, dir, -1, true, 0, 3, bytes);
+  ASSERT_EQ(part1.epochs.size(), 1u);
+  ASSERT_EQ(part2.epochs.size(), 2u);
+  ASSERT_EQ(part2.losses.size(), 17u);
+  double err = std::abs(part1.epochs[0].train_loss - whole.epochs[0].train_loss);
+  for (size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(part2.epochs[e].epoch, whole.epochs[e + 1].epoch);
+    err = std::max(err, std::abs(part2.epochs[e].train_loss - whole.epochs[e + 1].train_loss));
+  }
+  if (dist::world().rank() == 0)
+    std::cout << "  [max err] epoch train losses, resumed mid-epoch vs uninterrupted: " << err << " (epoch 2: "
+              << part2.epochs[0].train_loss << ", its resumed steps alone: "
+              << [&] {
+                   double s = 0;
+                   for (size_t i = 0; i < 6; ++i) s += part2.losses[i];
+                   return s / 6;
+                 }()
+              << ")\n";
+  EXPECT_EQ(err, 0.0);
 }
 
 // A custom train step (here plain SGD written by hand over micro-batches) replaces the
