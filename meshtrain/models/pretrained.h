@@ -35,7 +35,7 @@ struct PretrainedOptions {
   // BERT: load as this model class instead of config.json's architectures[0] (e.g. a
   // masked-LM checkpoint as a sequence classifier: the classifier and pooler are then
   // newly initialized and cls.predictions.* unexpected, as in HF).
-  std::optional<BertHead> bert_head;
+  std::optional<BertHead> bert_head{};
   std::optional<int64_t> num_labels;
   RngKey init_key{0, 0};  // for newly initialized parameters
   DType dtype = DType::f32;  // checkpoint tensors of another float dtype are converted

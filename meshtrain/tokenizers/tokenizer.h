@@ -87,7 +87,7 @@ class Tokenizer {
 struct LoadOptions {
   // WordPiece from vocab.txt: lower-case the input? Unset: tokenizer_config.json's
   // do_lower_case if present, else true unless the vocabulary has upper-case words.
-  std::optional<bool> lowercase;
+  std::optional<bool> lowercase{};
 };
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOptions& options = {});
 

@@ -14,7 +14,7 @@ namespace mt::tokenizers {
 struct BertNormalizerOptions {
   bool clean_text = true;
   bool handle_chinese_chars = true;
-  std::optional<bool> strip_accents;  // unset: follows lowercase
+  std::optional<bool> strip_accents{};  // unset: follows lowercase
   bool lowercase = true;
 };
 

@@ -18,7 +18,7 @@ using Batch = Params;
 
 struct DeployerOptions {
   uint64_t seed = 0;
-  std::string mesh;        // e.g. "data=2,model=2"; empty: from n_model_shards
+  std::string mesh{};      // e.g. "data=2,model=2"; empty: from n_model_shards
   int n_model_shards = 1;  // model = n, data = world / n
   std::string workdir = "runs/default";
   std::string data_axis = "data";

@@ -21,7 +21,7 @@ struct ShardingOptions {
   bool fsdp = false;
   int64_t fsdp_min_elements = int64_t(1) << 14;
   // (regex over the whole path, spec): the first matching pattern decides a parameter.
-  std::vector<std::pair<std::string, dist::PartitionSpec>> overrides;
+  std::vector<std::pair<std::string, dist::PartitionSpec>> overrides{};
 };
 
 struct PlanEntry {

@@ -57,26 +57,26 @@ struct FitOptions {
   // Evaluation: the mean loss over eval_data (the mean of per-batch losses over its full
   // global batches; a tail smaller than a batch is left out) and eval_fn's metrics, every
   // eval_every steps and at the end of each epoch.
-  std::shared_ptr<const data::Dataset> eval_data;
+  std::shared_ptr<const data::Dataset> eval_data{};
   int64_t per_device_eval_batch_size = 0;  // 0: per_device_batch_size
   int64_t eval_every = 0;
-  EvalFn eval_fn;
+  EvalFn eval_fn{};
   bool eval_at_end = true;  // also after the last step when it was not just evaluated
   // Checkpoints in <workdir>/checkpoints: every save_every steps (0: never), the last one,
   // and the best by "max:<metric>" or "min:<metric>" (e.g. "min:eval_loss").
   int64_t save_every = 0;
   bool save_last = true;
   int keep_last = 3;
-  std::string save_best_by;
+  std::string save_best_by{};
   // Continue from the newest checkpoint in the workdir, exactly where it stopped.
   bool resume = false;
   nlohmann::json checkpoint_extra = nlohmann::json::object();  // stored in each checkpoint's meta.json
   bool progress = true;  // progress bar, metrics.jsonl and TensorBoard events (rank 0)
   // Logged with each step: the learning rate of a step, and tokens per example (for tokens/s).
-  std::function<double(int64_t step)> learning_rate;
+  std::function<double(int64_t step)> learning_rate{};
   int64_t tokens_per_example = 0;
   // After each optimizer step, on every rank (collectives are allowed): e.g. sampling text.
-  std::function<void(int64_t step, const Params& params)> on_step;
+  std::function<void(int64_t step, const Params& params)> on_step{};
   // At each epoch's end, rank 0 prints "epoch N | train loss L | <eval metrics>".
   bool epoch_summary = true;
 };

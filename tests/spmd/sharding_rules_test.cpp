@@ -51,7 +51,9 @@ TEST(ShardingRules, FsdpOverridesAndErrors) {
   if (dist::world().rank() == 0) std::cout << plan.table();
   EXPECT_TRUE(plan.spec("h.0.mlp.fc.weight").is_replicated());               // the first override wins
   EXPECT_EQ(plan.spec("h.1.mlp.fc.weight"), (PartitionSpec{"", "data"}));  // the second applies
-  if (n > 1) EXPECT_EQ(plan.spec("h.1.mlp.proj.weight"), (PartitionSpec{"data", ""}));  // largest dim (64)
+  if (n > 1) {
+    EXPECT_EQ(plan.spec("h.1.mlp.proj.weight"), (PartitionSpec{"data", ""}));  // largest dim (64)
+  }
   EXPECT_TRUE(plan.spec("h.1.ln.weight").is_replicated());
   expect_error([&] { plan.spec("nope"); }, {"'nope'"});
   train::ShardingOptions bad;

@@ -113,7 +113,9 @@ TEST(SpmdTrain, TensorParallelMlpCommunicatesOncePerPass) {
   // layer; weight gradients stay sharded like their weights.
   EXPECT_EQ(total.all_gather.calls + total.reduce_scatter.calls + total.all_to_all.calls, 0);
   EXPECT_EQ(total.all_reduce.calls, 2 * expected);
-  if (n > 1) EXPECT_EQ(dist::sharding_of(grads["fc"])->spec, (PartitionSpec{"", "model"}));
+  if (n > 1) {
+    EXPECT_EQ(dist::sharding_of(grads["fc"])->spec, (PartitionSpec{"", "model"}));
+  }
 }
 
 }  // namespace
