@@ -1,4 +1,5 @@
 #pragma once
+#include <optional>
 // Pieces shared by the models: the parameter table each model declares (shape, initializer,
 // sharding role), config.json accessors whose errors name the missing key, dense layers in
 // both storage conventions, attention masks, position ids and the KV cache.
@@ -28,6 +29,10 @@ struct ParamDef {
   InitKind init = InitKind::normal;
   double std = 0.02;             // for InitKind::normal
   int64_t zero_row = -1;         // an embedding's padding row, zeroed after init (HF padding_idx)
+  // The shape in Hugging Face files when the model keeps the same row-major data in another
+  // shape (GPT-2's c_attn [in, 3*out] kept as [in, 3, out] so q, k and v split over heads
+  // separately); loading reshapes from it, save_pretrained back to it.
+  std::optional<Shape> file_shape{};
 };
 
 // Linear [out, in], Conv1D [in, out], embedding [rows, features], 1-d vectors.

@@ -82,7 +82,12 @@ std::vector<ParamDef> gpt2_param_defs(const Gpt2Config& c) {
   for (int64_t l = 0; l < c.n_layer; ++l) {
     std::string b = "transformer.h." + std::to_string(l) + ".";
     norm(b + "ln_1");
-    conv(b + "attn.c_attn", e, 3 * e, ParamKind::attention_qkv, std);
+    // c_attn is [in, q | k | v] in HF files; kept as [in, 3, out] its output features split over
+    // the model axis within each of q, k and v (whole heads per rank), not across them.
+    d.push_back({b + "attn.c_attn.weight", {e, 3, e}, ParamRole{ParamKind::attention_qkv, 0, 2}, InitKind::normal, std});
+    d.back().file_shape = Shape{e, 3 * e};
+    d.push_back({b + "attn.c_attn.bias", {3, e}, vector_role(ParamKind::bias), InitKind::zeros});
+    d.back().file_shape = Shape{3 * e};
     conv(b + "attn.c_proj", e, e, ParamKind::attention_out, proj_std);
     norm(b + "ln_2");
     conv(b + "mlp.c_fc", e, f, ParamKind::mlp_in, std);
@@ -109,8 +114,13 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
     const std::string b = "transformer.h." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
     Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
-    std::vector<Array> qkv = split(conv1d(h, p[b + "attn.c_attn.weight"], p[b + "attn.c_attn.bias"]), {e, e, e}, -1);
-    Array q = split_heads(qkv[0], c.n_head), k = split_heads(qkv[1], c.n_head), v = split_heads(qkv[2], c.n_head);
+    // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim).
+    auto project = [&](int64_t s) {
+      Array w = reshape(slice(p[b + "attn.c_attn.weight"], 1, s, s + 1), {e, e});
+      Array bias = reshape(slice(p[b + "attn.c_attn.bias"], 0, s, s + 1), {e});
+      return split_heads(conv1d(h, w, bias), c.n_head);
+    };
+    Array q = project(0), k = project(1), v = project(2);
     if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
     double scale = c.scale_attn_weights ? 1.0 / std::sqrt(double(hd)) : 1.0;
     if (c.scale_attn_by_inverse_layer_idx) scale /= double(l + 1);

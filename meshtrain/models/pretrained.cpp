@@ -11,6 +11,7 @@
 #include "meshtrain/io/llama2c.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 
 namespace mt::models {
@@ -177,6 +178,7 @@ Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, co
       continue;
     }
     Array a = checkpoint[d.path];
+    if (d.file_shape && a.shape() == *d.file_shape && a.shape() != d.shape) a = reshape(a, d.shape.dims());
     MT_CHECK(a.shape() == d.shape, "[from_pretrained] ", source, ": parameter '", d.path, "' has shape ",
              a.shape().str(), " in the checkpoint, but the model expects ", d.shape.str());
     MT_CHECK(is_floating(a.dtype()), "[from_pretrained] ", source, ": parameter '", d.path, "' has dtype ",
@@ -252,7 +254,11 @@ void save_pretrained(const PretrainedModel& model, const std::string& dir) {
     MT_CHECK(out.good(), "[save_pretrained] cannot write ", dir, "/config.json");
     out << model.config_json().dump(2) << "\n";
   }
-  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), model.params, {{"format", "pt"}});
+  // Parameters the model keeps in another shape go back to their Hugging Face shape.
+  Params params = model.params;
+  for (const ParamDef& d : model.param_defs())
+    if (d.file_shape && params.contains(d.path)) params.set(d.path, reshape(params[d.path], d.file_shape->dims()));
+  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
 }
 
 }  // namespace mt::models

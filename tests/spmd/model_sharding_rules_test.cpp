@@ -99,7 +99,7 @@ ModelCase gpt2_case() {
   m.expected_on_model2 = {{"transformer.wte.weight", kRows},  // also the tied head: vocab-parallel logits
                           {"transformer.wpe.weight", kRows},
                           {h0 + "ln_1.weight", kNone},
-                          {h0 + "attn.c_attn.weight", kCols},
+                          {h0 + "attn.c_attn.weight", PartitionSpec{"", "", "model"}},  // [in, 3, out]
                           {h0 + "attn.c_attn.bias", kNone},
                           {h0 + "attn.c_proj.weight", kRows},
                           {h1 + "mlp.c_fc.weight", kCols},
@@ -107,10 +107,10 @@ ModelCase gpt2_case() {
                           {h1 + "mlp.c_proj.bias", kNone},
                           {"transformer.ln_f.bias", kNone}};
   m.split_count = 2 + 2 * 4;
-  // The fused c_attn ([q | k | v] along its output) is split as one matrix, so a rank holds
-  // q and half of k, not whole heads: splitting it into q, k, v gathers the activations (3
-  // all-gathers per layer) and attention runs replicated. Correct, not head-parallel.
+  // c_attn is kept as [in, 3, out] and split within q, k and v: each rank holds whole heads,
+  // so attention is head-parallel with no gathers.
   m.forward = [c](const Params& p, const Array& ids) { return models::gpt2_hidden(c, p, {.input_ids = ids}); };
+  m.paired_forward_all_reduces = 2 + 2 * 2;  // token and position embeddings are both vocab/row-parallel
   return m;
 }
 

@@ -55,7 +55,8 @@ def gpt2_twin(P, ids, amask, L, H, eps):
     for l in range(L):
         b = 'transformer.h.%d.' % l
         h = F.layer_norm(x, (E,), P[b + 'ln_1.weight'], P[b + 'ln_1.bias'], eps)
-        q, k, v = (h @ P[b + 'attn.c_attn.weight'] + P[b + 'attn.c_attn.bias']).split(E, -1)
+        # meshtrain keeps c_attn as [in, 3, out]; HF's [in, 3*out] is the same data
+        q, k, v = (h @ P[b + 'attn.c_attn.weight'].reshape(E, 3 * E) + P[b + 'attn.c_attn.bias'].reshape(3 * E)).split(E, -1)
         a = twin_attention(heads(q), heads(k), heads(v), allowed, 1.0 / math.sqrt(D))
         a = a.transpose(1, 2).reshape(B, T, E)
         x = x + (a @ P[b + 'attn.c_proj.weight'] + P[b + 'attn.c_proj.bias'])

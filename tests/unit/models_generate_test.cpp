@@ -331,7 +331,7 @@ TEST(ModelsRoles, DeclaredFeatureDimensionsAndKinds) {
     return x.kind == k && x.in_dim == in && x.out_dim == out;
   };
   // GPT-2's Conv1D stores [in, out].
-  EXPECT_TRUE(is(r["transformer.h.0.attn.c_attn.weight"], ParamKind::attention_qkv, 0, 1));
+  EXPECT_TRUE(is(r["transformer.h.0.attn.c_attn.weight"], ParamKind::attention_qkv, 0, 2));  // [in, 3, out]
   EXPECT_TRUE(is(r["transformer.h.1.attn.c_proj.weight"], ParamKind::attention_out, 0, 1));
   EXPECT_TRUE(is(r["transformer.h.0.mlp.c_fc.weight"], ParamKind::mlp_in, 0, 1));
   EXPECT_TRUE(is(r["transformer.h.0.mlp.c_proj.weight"], ParamKind::mlp_out, 0, 1));
@@ -356,12 +356,13 @@ TEST(ModelsRoles, DeclaredFeatureDimensionsAndKinds) {
   ParamRoles mr = minigpt_param_roles(tiny_minigpt());
   EXPECT_TRUE(is(mr["output_layer.weight"], ParamKind::lm_head, 1, 0));
   EXPECT_TRUE(is(mr["blocks.0.ffn.linear2.weight"], ParamKind::mlp_out, 1, 0));
-  // Every parameter of every model has a role, and matrices name both feature dims.
+  // Every parameter of every model has a role, and weights of 2 or more dims name both feature
+  // dims (biases stay vectors in role even when kept as [3, out], as GPT-2's c_attn bias).
   for (const auto& defs : {gpt2_param_defs(g), bert_param_defs(bc), llama_param_defs(tiny_llama(true)),
                            minigpt_param_defs(tiny_minigpt())})
     for (const ParamDef& d : defs) {
       EXPECT_NE(d.role.kind, ParamKind::other) << d.path;
-      if (d.shape.ndim() == 2) {
+      if (d.shape.ndim() >= 2 && d.role.kind != ParamKind::bias) {
         EXPECT_TRUE(d.role.in_dim >= 0 && d.role.out_dim >= 0 && d.role.in_dim != d.role.out_dim) << d.path;
       }
     }
@@ -439,6 +440,11 @@ TEST(ModelsPretrained, SaveLoadRoundTripAndKeyErrors) {
   m.params = gpt2_init(g, {5, 0});
   TempDir dir("gpt2");
   save_pretrained(m, dir.path.string());
+  // The file holds Hugging Face's shapes: c_attn [in, 3*out] (meshtrain keeps [in, 3, out]).
+  io::SafetensorsFile file = io::SafetensorsFile::open((dir.path / "model.safetensors").string());
+  EXPECT_EQ(file.info("transformer.h.0.attn.c_attn.weight").shape, (Shape{g.n_embd, 3 * g.n_embd}));
+  EXPECT_EQ(file.info("transformer.h.0.attn.c_attn.bias").shape, (Shape{3 * g.n_embd}));
+  EXPECT_EQ(m.params["transformer.h.0.attn.c_attn.weight"].shape(), (Shape{g.n_embd, 3, g.n_embd}));
   PretrainedModel back = from_pretrained(dir.path.string());
   EXPECT_TRUE(back.report.complete());
   for (const auto& [k, v] : m.params) expect_close(back.params[k], v, {0, 0}, "round trip " + k);
