@@ -92,7 +92,8 @@ void run(const PretrainOptions& o) {
                " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
                std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
-               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " + o.run.precision + " matmuls");
+               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
+               o.run.precision + " matmuls");
 
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
                                                            o.learning_rate * 0.1);

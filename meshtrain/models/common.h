@@ -1,9 +1,9 @@
 #pragma once
-#include <optional>
 // Pieces shared by the models: the parameter table each model declares (shape, initializer,
 // sharding role), config.json accessors whose errors name the missing key, dense layers in
 // both storage conventions, attention masks, position ids and the KV cache.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -133,10 +133,9 @@ std::optional<json> Trainer::restore_latest(const json& expected_extra) {
   opt_state_ = state.opt_state;
   step_ = state.step;
   deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
-  json data = state.extra.value("data", json());
-  if (!data.is_null()) data["checkpoint"] = *latest;
-  if (!data.is_null() && state.extra.contains("epoch_progress")) data["epoch_progress"] = state.extra["epoch_progress"];
-  return data;
+  json extra = state.extra;
+  extra["checkpoint"] = *latest;
+  return extra;
 }
 
 FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOptions& o) {
@@ -164,15 +163,12 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
            o.grad_accum_steps, " accumulated micro-batches");
   json resumed_epoch_progress;  // the interrupted epoch's loss so far, from the checkpoint
   if (o.resume)
-    if (std::optional<json> data_state = restore_latest(o.checkpoint_extra); data_state && !data_state->is_null()) {
-      const std::string from = data_state->value("checkpoint", std::string());
-      data_state->erase("checkpoint");
-      if (data_state->contains("epoch_progress")) {
-        resumed_epoch_progress = (*data_state)["epoch_progress"];
-        data_state->erase("epoch_progress");
-      }
+    if (std::optional<json> resumed = restore_latest(o.checkpoint_extra);
+        resumed && resumed->contains("data") && !(*resumed)["data"].is_null()) {
+      const std::string from = resumed->value("checkpoint", std::string());
+      resumed_epoch_progress = resumed->value("epoch_progress", json());
       try {
-        loader.restore(data_state->get<data::SamplerState>());
+        loader.restore((*resumed)["data"].get<data::SamplerState>());
       } catch (const Error& e) {
         // The data position is tied to the global batch (per-device batch x data ranks), seed
         // and dataset: say which checkpoint and which settings have to match.
@@ -261,12 +257,11 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
     const bool epoch_end = step_ % steps_per_epoch == 0;
-    if (o.save_every > 0 && step_ % o.save_every == 0) {
-      // At an epoch's end the checkpoint resumes into the next epoch, which has no losses yet.
-      json e = checkpoint_extra();
-      if (epoch_end) e["epoch_progress"] = {{"loss_sum", 0.0}, {"steps", 0}};
-      save_checkpoint("step", loader.state(), e, o.keep_last);
-    }
+    // An ended epoch's mean is taken now, so checkpoints from here on resume into the next
+    // epoch, which has no losses yet.
+    const double epoch_train_loss = epoch_end ? epoch_loss / double(epoch_steps) : 0.0;
+    if (epoch_end) epoch_loss = 0, epoch_steps = 0;
+    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint("step", loader.state(), checkpoint_extra(), o.keep_last);
     if (o.on_step) o.on_step(step_, params_);
     std::map<std::string, double> metrics;
     if ((o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end) {
@@ -274,7 +269,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       evaluated_at = step_;
     }
     if (epoch_end) {
-      EpochSummary summary{(step_ + steps_per_epoch - 1) / steps_per_epoch, step_, epoch_loss / double(epoch_steps), metrics};
+      EpochSummary summary{(step_ + steps_per_epoch - 1) / steps_per_epoch, step_, epoch_train_loss, metrics};
       result.epochs.push_back(summary);
       if (o.epoch_summary) {
         std::ostringstream line;
@@ -285,8 +280,6 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
         }
         print(line.str());  // after the step lines it sums up, above the bar
       }
-      epoch_loss = 0;
-      epoch_steps = 0;
     }
   }
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();

@@ -128,7 +128,9 @@ class Trainer {
   double default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
   void save_checkpoint(const std::string& kind, const nlohmann::json& data_state, const nlohmann::json& extra,
                        int keep_last, const std::string& metric = "", double value = 0, const std::string& mode = "");
-  // The newest checkpoint's data position (after checking it belongs to this model), if any.
+  // Restores the newest checkpoint (after checking it belongs to this model) and returns its
+  // extra state (data position, epoch progress, ...) plus "checkpoint": its path; nullopt
+  // when there is none.
   std::optional<nlohmann::json> restore_latest(const nlohmann::json& expected_extra);
   dist::PartitionSpec spec_for(const std::string& group, const std::string& path) const;
 
