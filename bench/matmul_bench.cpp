@@ -1,7 +1,10 @@
 // Compares the engine's mt::matmul op (checks, output allocation, oneDNN kernel with its
 // primitive cache) with oneDNN called directly (primitive created once, executed in a loop)
 // on transformer-sized GEMMs: what the engine costs on top of oneDNN.
-// Usage: matmul_bench [--quick]
+// A dtype oneDNN has no kernel for on this CPU (bf16 below AVX-512) has no direct column:
+// its row shows the engine's widened-to-f32 path.
+// Usage: matmul_bench [--quick]   (MESHTRAIN_MAX_CPU_ISA=avx2 runs it as on an AVX2-only CPU)
+#include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/meshtrain.h"
 
@@ -140,19 +143,23 @@ int main(int argc, char** argv) {
                           {2048, 768, 768},  {4096, 1024, 1024}, {512, 512, 512}};
   const Shape tiny[] = {{16, 16, 16}, {64, 64, 64}, {128, 128, 128}};
 
-  std::printf("oneDNN %d.%d.%d, f16 matmul: %s\n\n", dnnl_version()->major,
-              dnnl_version()->minor, dnnl_version()->patch,
-              mt::cpu::matmul_f16_native() ? "native" : "fallback via f32");
-  std::printf("%-5s %5s %5s %5s | %12s %12s | %7s\n", "dtype", "M", "N", "K", "direct GF/s",
-              "mt GF/s", "mt/direct");
+  // First: it applies any instruction-set cap before oneDNN is used below.
+  const mt::cpu::CpuFeatures& cpu = mt::cpu::cpu_features();
+  std::printf("oneDNN %d.%d.%d; %s; f16 matmul: %s\n\n", dnnl_version()->major, dnnl_version()->minor,
+              dnnl_version()->patch, mt::cpu::cpu_summary().c_str(), cpu.f16_gemm_native ? "native" : "widened to f32");
+  std::printf("%-5s %5s %5s %5s | %12s %12s | %9s\n", "dtype", "M", "N", "K", "direct GF/s", "mt GF/s", "mt/direct");
   for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16}) {
+    const bool direct = d == MatmulDType::f32 || cpu.bf16_gemm_native;
     for (const Shape& s : shapes) {
-      const Result r = measure(d, s, budget, true);
-      std::printf("%-5s %5ld %5ld %5ld | %12.1f %12.1f | %7.3f\n",
-                  d == MatmulDType::f32 ? "f32" : "bf16", long(s.M), long(s.N), long(s.K),
-                  r.direct_gflops, r.ours_gflops, r.ours_gflops / r.direct_gflops);
+      const Result r = measure(d, s, budget, direct);
+      std::printf("%-5s %5ld %5ld %5ld | ", d == MatmulDType::f32 ? "f32" : "bf16", long(s.M), long(s.N), long(s.K));
+      if (direct)
+        std::printf("%12.1f %12.1f | %9.3f\n", r.direct_gflops, r.ours_gflops, r.ours_gflops / r.direct_gflops);
+      else
+        std::printf("%12s %12.1f | %9s\n", "n/a", r.ours_gflops, "n/a");
       std::fflush(stdout);
     }
+    if (!direct) std::printf("(bf16 direct: n/a (no native bf16 on this CPU); mt: %s)\n", mt::cpu::bf16_gemm_mode().c_str());
   }
 
   // Small shapes expose fixed per-call overhead (lookup, handle rebinding, execute).
@@ -164,7 +171,7 @@ int main(int argc, char** argv) {
                 r.direct_us, r.ours_us, r.ours_us - r.direct_us);
   }
 
-  if (!mt::cpu::matmul_f16_native()) {
+  if (!cpu.f16_gemm_native) {
     std::printf("\nf16 via f32 fallback (ours only)\n%5s %5s %5s | %12s\n", "M", "N", "K",
                 "ours GF/s");
     for (const Shape& s : shapes) {

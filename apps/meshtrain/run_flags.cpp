@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/communicator.h"
 #include "meshtrain/train/checkpoint.h"
 
 namespace mt::cli {
@@ -61,7 +63,17 @@ train::Deployer make_deployer(const RunFlags& f) {
 }
 
 std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision) {
-  return std::make_unique<MatmulPrecisionScope>(matmul_precision_from_name(precision, "--precision"));
+  const MatmulPrecision p = matmul_precision_from_name(precision, "--precision");
+  // On stderr, so the ids, text and JSON that generate and eval print stay clean on stdout.
+  if (dist::world().rank() == 0) {
+    const cpu::CpuFeatures& f = cpu::cpu_features();
+    std::cerr << "meshtrain: " << cpu::cpu_summary() << "\n";
+    if (p == MatmulPrecision::bf16 && !f.bf16_gemm_native)
+      std::cerr << "meshtrain: --precision bf16 is emulated on this CPU (" << f.isa
+                << ": no native bf16 GEMM below AVX-512): operands are rounded to bf16 and multiplied by the f32 GEMM, so "
+                   "results are bf16's but there is no speed-up over f32\n";
+  }
+  return std::make_unique<MatmulPrecisionScope>(p);
 }
 
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

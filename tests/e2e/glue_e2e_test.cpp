@@ -60,7 +60,7 @@ TEST_F(GlueE2E, RteTrainsEvaluatesAndKeepsTheBestCheckpoint) {
   CliRun e = run_cli("eval --model " + (out_ / "checkpoints" / "best").string() + " --task rte --data-dir " + kGlue +
                      " --max-seq-length 64 --max-eval-samples 96");
   ASSERT_EQ(e.code, 0);
-  nlohmann::json j = nlohmann::json::parse(e.out.substr(e.out.find('{')));
+  nlohmann::json j = nlohmann::json::parse(e.std_out.substr(e.std_out.find('{')));
   EXPECT_EQ(j["examples"].get<int64_t>(), 96);
   EXPECT_EQ(j["eval_accuracy"].get<double>(), r["best"]["value"].get<double>());
 }

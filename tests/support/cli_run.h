@@ -3,28 +3,39 @@
 // echoed so a failing test shows what the command printed. MT_MESHTRAIN_BIN and
 // MT_MPIRUN (the mpirun command line with its flags) come from tests/CMakeLists.txt.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 
 namespace mt::testing {
 
 struct CliRun {
-  int code = -1;    // exit code; -1 when killed by a signal
-  std::string out;  // stdout and stderr
+  int code = -1;        // exit code; -1 when killed by a signal
+  std::string out;      // stdout, then stderr
+  std::string std_out;  // stdout alone (what generate and eval print as results)
 };
 
 inline CliRun run_command(const std::string& command, const std::string& shown) {
   CliRun r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char err_path[] = "/tmp/mt_cli_stderr_XXXXXX";
+  const int fd = mkstemp(err_path);
+  if (fd < 0) return r;
+  close(fd);
+  FILE* p = popen((command + " 2>" + err_path).c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
   size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.std_out.append(buf.data(), n);
   int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  r.out = r.std_out + std::string(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  unlink(err_path);
   std::cout << "$ " << shown << "\n" << r.out << "[exit " << r.code << "]\n";
   return r;
 }

@@ -146,7 +146,15 @@ void TorchOracle::start() {
 
   char* argv[] = {const_cast<char*>(kPython), const_cast<char*>(kScript), nullptr};
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, kPython, &actions, &attr, argv, environ);
+  // The reference runs on the machine's own path: PyTorch uses oneDNN too, and a cap meant
+  // for meshtrain (ONEDNN_MAX_CPU_ISA=AVX2) would make its bf16 ops fail instead of fall back.
+  std::vector<char*> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    if (entry.rfind("ONEDNN_MAX_CPU_ISA=", 0) != 0 && entry.rfind("DNNL_MAX_CPU_ISA=", 0) != 0) env.push_back(*e);
+  }
+  env.push_back(nullptr);
+  int rc = posix_spawn(&pid, kPython, &actions, &attr, argv, env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   close(to_child[0]);

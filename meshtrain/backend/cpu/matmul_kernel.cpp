@@ -1,10 +1,12 @@
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 
+#include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/dtype.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstdlib>
@@ -29,7 +31,8 @@ namespace {
 // ---------------------------------------------------------------------------------------
 
 dnnl::engine& cpu_engine() {
-  static auto* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  // cpu_features() first: it applies the instruction-set cap before oneDNN reads it.
+  static auto* engine = (cpu_features(), new dnnl::engine(dnnl::engine::kind::cpu, 0));
   return *engine;
 }
 
@@ -169,7 +172,7 @@ struct ThreadCache {
   std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
   std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
   size_t scratch_cap = 0;
-  // f32 staging buffers for the f16 fallback, kept to avoid page faults on every call.
+  // f32 staging buffers for the widened (non-native) paths, kept to avoid page faults on every call.
   std::vector<float> a32, b32, c32;
 };
 
@@ -276,36 +279,74 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
   }
 }
 
-void widen_f16(const void* src, std::vector<float>& dst, size_t n) {
+// 16-bit floats to f32 (exact for both bf16 and f16).
+void widen(MatmulDType dtype, const void* src, std::vector<float>& dst, size_t n) {
   if (dst.size() < n) dst.resize(n);
   const auto* s = static_cast<const uint16_t*>(src);
   float* d = dst.data();
-#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
-  for (size_t i = 0; i < n; ++i) d[i] = f16_to_f32(f16{s[i]});
-}
-
-void narrow_f16(const float* src, void* dst, size_t n) {
-  auto* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static) if (n > (size_t(1) << 16))
-  for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]).bits;
-}
-
-bool probe_f16_native() {
-  try {
-    const PlanKey key{MatmulDType::f16, 1, 1, 1, 16, 16, 16, false, false, false};
-    (void)make_plan(key);
-    return true;
-  } catch (const dnnl::error&) {
-    return false;  // typically dnnl_unimplemented: no avx512_core_fp16 on this CPU
+  const int64_t chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static) if (int64_t(n) > chunk)
+  for (int64_t begin = 0; begin < int64_t(n); begin += chunk) {
+    const int64_t count = std::min(chunk, int64_t(n) - begin);
+    if (dtype == MatmulDType::f16) {
+      for (int64_t i = begin; i < begin + count; ++i) d[i] = f16_to_f32(f16{s[i]});
+    } else {
+      bf16_to_f32_n(s + begin, d + begin, count);
+    }
   }
 }
 
-}  // namespace
-
-bool matmul_f16_native() {
-  static const bool native = probe_f16_native();
-  return native;
+// f32 back to 16-bit floats, rounding to nearest even.
+void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
+  auto* d = static_cast<uint16_t*>(dst);
+  const int64_t chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static) if (int64_t(n) > chunk)
+  for (int64_t begin = 0; begin < int64_t(n); begin += chunk) {
+    const int64_t count = std::min(chunk, int64_t(n) - begin);
+    if (dtype == MatmulDType::f16) {
+      for (int64_t i = begin; i < begin + count; ++i) d[i] = f32_to_f16(src[i]).bits;
+    } else {
+      f32_to_bf16_n(src + begin, d + begin, count);
+    }
+  }
 }
+
+bool runs_natively(MatmulDType dtype) {
+  switch (dtype) {
+    case MatmulDType::f32: return true;
+    case MatmulDType::f16: return cpu_features().f16_gemm_native;
+    case MatmulDType::bf16:
+    case MatmulDType::bf16_f32: return cpu_features().bf16_gemm_native;
+  }
+  return false;
+}
+
+// A 16-bit matmul oneDNN cannot run here: widen the operands to f32 (layouts unchanged, so
+// the trans flags carry over), multiply in f32, round the result back once (bf16_f32 keeps
+// it f32). Products of bf16 or f16 values are exact in f32, so this differs from a native
+// kernel only in the order of the f32 sums.
+void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a,
+                 int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+  const MatmulDType in = dtype == MatmulDType::bf16_f32 ? MatmulDType::bf16 : dtype;
+  auto& tc = thread_cache();
+  const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
+  const size_t nb = size_t(batch_b) * size_t(K) * size_t(N);
+  const size_t nc = size_t(batch) * size_t(M) * size_t(N);
+  widen(in, a, tc.a32, na);
+  widen(in, b, tc.b32, nb);
+  if (dtype == MatmulDType::bf16_f32) {
+    run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
+               accumulate);
+    return;
+  }
+  if (tc.c32.size() < nc) tc.c32.resize(nc);
+  if (accumulate) widen(in, c, tc.c32, nc);
+  run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), tc.c32.data(), batch, batch_a, batch_b, M, N, K, trans_a,
+             trans_b, accumulate);
+  narrow(in, tc.c32.data(), c, nc);
+}
+
+}  // namespace
 
 size_t matmul_cache_size() {
   auto& gc = global_cache();
@@ -343,23 +384,10 @@ void matmul(MatmulDType dtype,
   }
   MT_CHECK(a != nullptr && b != nullptr, "[matmul] null input pointer: ", describe(requested));
 
-  if (dtype != MatmulDType::f16 || matmul_f16_native()) {
+  if (runs_natively(dtype))
     run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
-    return;
-  }
-  // f16 fallback: widen to f32 (layouts unchanged, so trans flags carry over), multiply,
-  // round the f32 result back once.
-  auto& tc = thread_cache();
-  const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
-  const size_t nb = size_t(batch_b) * size_t(K) * size_t(N);
-  const size_t nc = size_t(batch) * size_t(M) * size_t(N);
-  widen_f16(a, tc.a32, na);
-  widen_f16(b, tc.b32, nb);
-  if (tc.c32.size() < nc) tc.c32.resize(nc);
-  if (accumulate) widen_f16(c, tc.c32, nc);
-  run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), tc.c32.data(), batch, batch_a,
-             batch_b, M, N, K, trans_a, trans_b, accumulate);
-  narrow_f16(tc.c32.data(), c, nc);
+  else
+    run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
 }
 
 }  // namespace mt::cpu

@@ -23,9 +23,9 @@ void matmul(MatmulDType dtype,
             int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
             bool trans_a, bool trans_b, bool accumulate = false);
 
-// True when oneDNN runs f16 matmuls natively on this CPU; otherwise f16 goes through f32
-// (inputs widened, f32 matmul, output rounded back to nearest even).
-bool matmul_f16_native();
+// Every dtype runs on every CPU. Where oneDNN has no kernel for a 16-bit dtype
+// (cpu_features(): bf16 below AVX-512, f16 below AVX512_FP16), the inputs are widened to
+// f32, the f32 matmul runs and the output is rounded back to nearest even.
 
 // Number of cached oneDNN matmul primitives, and a way to drop them (e.g. after a run with
 // many one-off shapes). Clearing is safe while other threads are calling matmul.
