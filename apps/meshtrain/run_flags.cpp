@@ -62,12 +62,16 @@ train::Deployer make_deployer(const RunFlags& f) {
   return deployer;
 }
 
+void print_cpu_line() {
+  // On stderr, so the ids, text and JSON that generate, eval and tokenize print stay clean on stdout.
+  if (dist::world().rank() == 0) std::cerr << "meshtrain: " << cpu::cpu_summary() << "\n";
+}
+
 std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision) {
   const MatmulPrecision p = matmul_precision_from_name(precision, "--precision");
-  // On stderr, so the ids, text and JSON that generate and eval print stay clean on stdout.
+  print_cpu_line();
   if (dist::world().rank() == 0) {
     const cpu::CpuFeatures& f = cpu::cpu_features();
-    std::cerr << "meshtrain: " << cpu::cpu_summary() << "\n";
     if (p == MatmulPrecision::bf16 && !f.bf16_gemm_native)
       std::cerr << "meshtrain: --precision bf16 is emulated on this CPU (" << f.isa
                 << ": no native bf16 GEMM below AVX-512): operands are rounded to bf16 and multiplied by the f32 GEMM, so "

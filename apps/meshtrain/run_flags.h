@@ -32,8 +32,12 @@ CLI::Validator positive();
 
 train::Deployer make_deployer(const RunFlags& flags);
 
+// The start-up line naming the CPU path, e.g. "meshtrain: cpu: avx2, bf16 emulated (widened
+// to f32)" (rank 0, stderr).
+void print_cpu_line();
+
 // The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags.precision);`.
-// Also prints the start-up line naming the CPU path (rank 0, stderr), and says when bf16 is emulated.
+// Also prints the start-up line (print_cpu_line), and says when bf16 is emulated.
 std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision);
 
 // The automatic sharding plan (printed as a table on rank 0 with --print-plan).

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 
@@ -46,6 +47,7 @@ tokenizers::PaddingParams padding_for(const tokenizers::Tokenizer& tok, size_t l
 }
 
 void run_tokenize(const TokenizeOptions& o) {
+  print_cpu_line();
   auto tok = tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(o.max_length >= 0, "[tokenize] --max-length must be positive, got ", o.max_length);
   if (o.max_length > 0) {

@@ -90,13 +90,29 @@ void bf16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
+namespace {
+// f32 bits -> bf16 bits, nearest even; NaN stays a (quiet) NaN.
+inline uint32_t bf16_bits_of(uint32_t u) {
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
+}  // namespace
+
 void f32_to_bf16_n(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, &src[i], 4);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    dst[i] = uint16_t(bf16_bits_of(u));
+  }
+}
+
+void f32_round_to_bf16_n(const float* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    const uint32_t r = bf16_bits_of(u) << 16;
+    std::memcpy(&dst[i], &r, 4);
   }
 }
 

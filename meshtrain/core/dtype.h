@@ -40,6 +40,8 @@ float f16_to_f32(f16 v);
 // (serial: callers that want threads split the range; the comm thread must not spawn any).
 void bf16_to_f32_n(const uint16_t* src, float* dst, int64_t n);  // (n,) -> (n,)
 void f32_to_bf16_n(const float* src, uint16_t* dst, int64_t n);  // (n,) -> (n,)
+// f32 values rounded to the nearest bf16 but kept as f32 (bf16's bits << 16).
+void f32_round_to_bf16_n(const float* src, float* dst, int64_t n);  // (n,) -> (n,)
 // The most negative finite value of a floating dtype (a "minus infinity" that keeps
 // softmax of a fully masked row finite).
 double lowest_finite(DType dtype);

@@ -18,17 +18,6 @@ namespace {
 
 thread_local MatmulPrecision current_precision = MatmulPrecision::f32;
 
-// A bf16 copy of a contiguous f32 array (outside the graph: only the kernel sees it).
-Array rounded_to_bf16(const Array& x) {
-  Array out = Array::empty(x.shape(), DType::bf16);
-  const auto* src = static_cast<const float*>(x.raw());
-  auto* dst = static_cast<uint16_t*>(out.raw());
-  const int64_t n = x.numel(), chunk = int64_t(1) << 16;
-#pragma omp parallel for schedule(static) if (n > chunk)
-  for (int64_t begin = 0; begin < n; begin += chunk) f32_to_bf16_n(src + begin, dst + begin, std::min(chunk, n - begin));
-  return out;
-}
-
 cpu::MatmulDType matmul_dtype(DType d) {
   switch (d) {
     case DType::f32: return cpu::MatmulDType::f32;
@@ -53,12 +42,11 @@ Array matmul_core(const Array& a, const Array& b, bool ta, bool tb, const Shape&
   const int64_t nb = batch.numel();
   const int64_t ba = batch_shape(a).numel(), bb = batch_shape(b).numel();
   const MatmulPrecision precision = current_precision;
-  if (a.dtype() == DType::f32 && precision == MatmulPrecision::bf16) {
-    const Array a16 = rounded_to_bf16(a), b16 = rounded_to_bf16(b);
-    cpu::matmul(cpu::MatmulDType::bf16_f32, a16.raw(), b16.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
-  } else {
-    cpu::matmul(matmul_dtype(a.dtype()), a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
-  }
+  // Under bf16 precision the kernel rounds f32 operands to bf16 in its own staging buffers.
+  const cpu::MatmulDType kernel_dtype = a.dtype() == DType::f32 && precision == MatmulPrecision::bf16
+                                            ? cpu::MatmulDType::f32_as_bf16
+                                            : matmul_dtype(a.dtype());
+  cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
   record(out, "matmul", {a, b}, [a, b, ta, tb, precision](const Array& g) {
     MatmulPrecisionScope scope(precision);
     Array ga, gb;

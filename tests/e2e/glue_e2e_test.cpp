@@ -4,8 +4,11 @@
 // the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -115,9 +118,34 @@ TEST_F(GlueE2E, RteOnTwoProcessesMatchesOne) {
   ASSERT_EQ(dp.code, 0);
   std::vector<std::string> a = epoch_lines(one.out);
   ASSERT_EQ(a.size(), 2u);
-  // Printed to 4 decimals: equal text means equal to the printed precision.
-  EXPECT_EQ(epoch_lines(tp.out), a);
-  EXPECT_EQ(epoch_lines(dp.out), a);
+  // Word by word: the same names, and numbers within what another summation order can
+  // change (the shards' GEMMs have other shapes): losses by 2e-3, accuracy by one of the
+  // 32 eval examples at a near tie.
+  auto expect_close_lines = [](const std::vector<std::string>& got, const std::vector<std::string>& want, const char* run) {
+    ASSERT_EQ(got.size(), want.size()) << run;
+    for (size_t l = 0; l < want.size(); ++l) {
+      std::istringstream g(got[l]), w(want[l]);
+      std::string gw, ww, name;
+      double max_err = 0;
+      while (w >> ww) {
+        ASSERT_TRUE(bool(g >> gw)) << run << ": '" << got[l] << "' ends before '" << want[l] << "'";
+        char* end = nullptr;
+        const double wv = std::strtod(ww.c_str(), &end);
+        if (*end != '\0' || ww == "|") {
+          EXPECT_EQ(gw, ww) << run << ": '" << got[l] << "' vs '" << want[l] << "'";
+          name = ww;
+          continue;
+        }
+        const double gv = std::strtod(gw.c_str(), nullptr);
+        max_err = std::max(max_err, std::abs(gv - wv));
+        EXPECT_NEAR(gv, wv, name == "accuracy" ? 1.0 / 32 + 1e-6 : 2e-3) << run << " " << name << ": '" << got[l] << "' vs '" << want[l] << "'";
+      }
+      EXPECT_FALSE(bool(g >> gw)) << run << ": '" << got[l] << "' is longer than '" << want[l] << "'";
+      std::cout << "  [max err] " << run << " epoch line " << l + 1 << " vs 1 process: " << max_err << "\n";
+    }
+  };
+  expect_close_lines(epoch_lines(tp.out), a, "model=2");
+  expect_close_lines(epoch_lines(dp.out), a, "data=2");
 }
 
 }  // namespace

@@ -30,8 +30,11 @@ uint16_t f32_to_bf16_bits(float f) {
 float bf16_bits_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
 
 const char* name(MatmulDType d) {
-  return d == MatmulDType::f32 ? "f32" : d == MatmulDType::bf16 ? "bf16" : "f16";
+  return d == MatmulDType::f32 ? "f32" : d == MatmulDType::bf16 ? "bf16" : d == MatmulDType::f16 ? "f16" : "f32 as bf16";
 }
+
+// f32_as_bf16 reads f32 buffers and writes an f32 output.
+MatmulDType output_dtype(MatmulDType d) { return d == MatmulDType::f32_as_bf16 ? MatmulDType::f32 : d; }
 
 // A buffer of one dtype, with its values as the doubles the kernel actually sees.
 struct Buffer {
@@ -42,7 +45,7 @@ struct Buffer {
 
   Buffer(MatmulDType d, size_t n, std::mt19937& rng) : dtype(d), value(n) {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    if (d == MatmulDType::f32) f32.resize(n);
+    if (d == MatmulDType::f32 || d == MatmulDType::f32_as_bf16) f32.resize(n);
     else u16.resize(n);
     for (size_t i = 0; i < n; ++i) set(i, dist(rng));
   }
@@ -50,6 +53,9 @@ struct Buffer {
     if (dtype == MatmulDType::f32) {
       f32[i] = v;
       value[i] = v;
+    } else if (dtype == MatmulDType::f32_as_bf16) {
+      f32[i] = v;  // the kernel sees v rounded to bf16
+      value[i] = bf16_bits_to_f32(f32_to_bf16_bits(v));
     } else if (dtype == MatmulDType::bf16) {
       u16[i] = f32_to_bf16_bits(v);
       value[i] = bf16_bits_to_f32(u16[i]);
@@ -59,17 +65,17 @@ struct Buffer {
     }
   }
   double get(size_t i) const {
-    if (dtype == MatmulDType::f32) return f32[i];
+    if (dtype == MatmulDType::f32 || dtype == MatmulDType::f32_as_bf16) return f32[i];
     if (dtype == MatmulDType::bf16) return bf16_bits_to_f32(u16[i]);
     return half_bits_to_float(u16[i]);
   }
-  void* data() { return dtype == MatmulDType::f32 ? static_cast<void*>(f32.data()) : u16.data(); }
+  void* data() { return f32.empty() ? static_cast<void*>(u16.data()) : f32.data(); }
 };
 
 double tolerance(MatmulDType d) {
   // Relative to sum_k |a||b| (+|c|), the natural scale of rounding error in a dot product;
   // bf16/f16 outputs are rounded once to 8 / 11 significant bits.
-  return d == MatmulDType::f32 ? 1e-5 : d == MatmulDType::bf16 ? 1e-2 : 2e-3;
+  return d == MatmulDType::f32 || d == MatmulDType::f32_as_bf16 ? 1e-5 : d == MatmulDType::bf16 ? 1e-2 : 2e-3;
 }
 
 struct Case {
@@ -93,12 +99,14 @@ void check_case(const Case& cs, uint32_t seed = 1) {
   const int64_t M = cs.M, N = cs.N, K = cs.K;
   Buffer a(cs.dtype, size_t(cs.batch_a * M * K), rng);  // (Ba, M, K) or (Ba, K, M)
   Buffer b(cs.dtype, size_t(cs.batch_b * K * N), rng);  // (Bb, K, N) or (Bb, N, K)
-  Buffer c(cs.dtype, size_t(cs.batch * M * N), rng);    // (B, M, N)
+  Buffer c(output_dtype(cs.dtype), size_t(cs.batch * M * N), rng);  // (B, M, N)
   const std::vector<double> c0 = c.value;
+  const std::vector<float> a_before = a.f32, b_before = b.f32;
 
   mt::cpu::matmul(cs.dtype, a.data(), b.data(), c.data(), cs.batch, cs.batch_a, cs.batch_b, M, N,
                   K, cs.trans_a, cs.trans_b, cs.accumulate);
 
+  EXPECT_TRUE(a.f32 == a_before && b.f32 == b_before) << "the kernel wrote into its inputs";
   const double tol = tolerance(cs.dtype);
   int failures = 0;
   for (int64_t bi = 0; bi < cs.batch; ++bi) {
@@ -151,10 +159,13 @@ void sweep(MatmulDType dtype) {
 TEST(MatmulKernel, F32AllTransposesBroadcastAccumulate) { sweep(MatmulDType::f32); }
 TEST(MatmulKernel, Bf16AllTransposesBroadcastAccumulate) { sweep(MatmulDType::bf16); }
 TEST(MatmulKernel, F16AllTransposesBroadcastAccumulate) { sweep(MatmulDType::f16); }
+// MatmulPrecision::bf16: f32 operands rounded to bf16 inside the kernel, f32 accumulation;
+// the caller's buffers stay untouched.
+TEST(MatmulKernel, F32AsBf16AllTransposesBroadcastAccumulate) { sweep(MatmulDType::f32_as_bf16); }
 
 TEST(MatmulKernel, LargerShapesAllDtypes) {
   // Big enough for oneDNN's blocked paths and the parallel f16 conversion (> 64Ki elements).
-  for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16, MatmulDType::f16}) {
+  for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16, MatmulDType::f16, MatmulDType::f32_as_bf16}) {
     check_case({d, 1, 1, 1, 300, 260, 290, false, false, false});
     check_case({d, 2, 2, 1, 130, 190, 257, true, true, true});
     check_case({d, 2, 1, 2, 129, 70, 300, true, false, false});

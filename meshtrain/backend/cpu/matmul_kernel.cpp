@@ -43,8 +43,9 @@ dnnl::stream& cpu_stream() {
   return *stream;
 }
 
-size_t elem_size(MatmulDType dtype) { return dtype == MatmulDType::f32 ? 4 : 2; }
-size_t out_elem_size(MatmulDType dtype) { return dtype == MatmulDType::bf16_f32 ? 4 : elem_size(dtype); }
+size_t out_elem_size(MatmulDType dtype) {
+  return dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ? 2 : 4;
+}
 
 const char* dtype_name(MatmulDType dtype) {
   switch (dtype) {
@@ -52,6 +53,7 @@ const char* dtype_name(MatmulDType dtype) {
     case MatmulDType::bf16: return "bf16";
     case MatmulDType::f16: return "f16";
     case MatmulDType::bf16_f32: return "bf16->f32";
+    case MatmulDType::f32_as_bf16: return "f32 as bf16";
   }
   return "?";
 }
@@ -62,6 +64,7 @@ dnnl::memory::data_type to_dnnl(MatmulDType dtype) {
     case MatmulDType::bf16: return dnnl::memory::data_type::bf16;
     case MatmulDType::f16: return dnnl::memory::data_type::f16;
     case MatmulDType::bf16_f32: return dnnl::memory::data_type::bf16;
+    case MatmulDType::f32_as_bf16: break;  // never reaches oneDNN: run_as_bf16 picks bf16_f32 or f32
   }
   return dnnl::memory::data_type::undef;
 }
@@ -172,8 +175,10 @@ struct ThreadCache {
   std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
   std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
   size_t scratch_cap = 0;
-  // f32 staging buffers for the widened (non-native) paths, kept to avoid page faults on every call.
+  // Staging buffers for the widened (non-native) and rounded paths, kept to avoid page
+  // faults on every call.
   std::vector<float> a32, b32, c32;
+  std::vector<uint16_t> a16, b16;
 };
 
 ThreadCache& thread_cache() {
@@ -313,7 +318,8 @@ void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
 
 bool runs_natively(MatmulDType dtype) {
   switch (dtype) {
-    case MatmulDType::f32: return true;
+    case MatmulDType::f32:
+    case MatmulDType::f32_as_bf16: return true;
     case MatmulDType::f16: return cpu_features().f16_gemm_native;
     case MatmulDType::bf16:
     case MatmulDType::bf16_f32: return cpu_features().bf16_gemm_native;
@@ -346,6 +352,40 @@ void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64
   narrow(in, tc.c32.data(), c, nc);
 }
 
+// f32 operands multiplied as bf16: rounded into staging buffers (bf16 where oneDNN has a bf16
+// kernel, else f32 holding the bf16 values, which skips a widening pass) and multiplied
+// with f32 accumulation into the f32 output.
+void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M,
+                 int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+  auto& tc = thread_cache();
+  const int64_t na = batch_a * M * K, nb = batch_b * K * N, chunk = int64_t(1) << 16;
+  const bool native = cpu_features().bf16_gemm_native;
+  if (native) {
+    if (tc.a16.size() < size_t(na)) tc.a16.resize(size_t(na));
+    if (tc.b16.size() < size_t(nb)) tc.b16.resize(size_t(nb));
+  } else {
+    if (tc.a32.size() < size_t(na)) tc.a32.resize(size_t(na));
+    if (tc.b32.size() < size_t(nb)) tc.b32.resize(size_t(nb));
+  }
+  auto round = [native, chunk](const float* src, int64_t n, uint16_t* dst16, float* dst32) {
+#pragma omp parallel for schedule(static) if (n > chunk)
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      if (native)
+        f32_to_bf16_n(src + begin, dst16 + begin, std::min(chunk, n - begin));
+      else
+        f32_round_to_bf16_n(src + begin, dst32 + begin, std::min(chunk, n - begin));
+    }
+  };
+  round(a, na, tc.a16.data(), tc.a32.data());
+  round(b, nb, tc.b16.data(), tc.b32.data());
+  if (native)
+    run_onednn(MatmulDType::bf16_f32, tc.a16.data(), tc.b16.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
+               accumulate);
+  else
+    run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
+               accumulate);
+}
+
 }  // namespace
 
 size_t matmul_cache_size() {
@@ -369,7 +409,7 @@ void matmul(MatmulDType dtype,
             bool trans_a, bool trans_b, bool accumulate) {
   const PlanKey requested{dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate};
   MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ||
-               dtype == MatmulDType::bf16_f32,
+               dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16,
            "[matmul] invalid dtype ", int(dtype));
   MT_CHECK(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "[matmul] negative size: ",
            describe(requested));
@@ -384,7 +424,10 @@ void matmul(MatmulDType dtype,
   }
   MT_CHECK(a != nullptr && b != nullptr, "[matmul] null input pointer: ", describe(requested));
 
-  if (runs_natively(dtype))
+  if (dtype == MatmulDType::f32_as_bf16)
+    run_as_bf16(static_cast<const float*>(a), static_cast<const float*>(b), c, batch, batch_a, batch_b, M, N, K, trans_a,
+                trans_b, accumulate);
+  else if (runs_natively(dtype))
     run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
   else
     run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);

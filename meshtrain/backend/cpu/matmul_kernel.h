@@ -6,13 +6,15 @@
 
 namespace mt::cpu {
 
-// bf16_f32: bf16 inputs, f32 output (mixed precision: the product of bf16-rounded operands,
-// accumulated and stored in f32).
-enum class MatmulDType { f32, bf16, f16, bf16_f32 };
+// bf16_f32: bf16 inputs, f32 output (the product of bf16 operands, accumulated and stored
+// in f32). f32_as_bf16: f32 inputs and output, each operand rounded to bf16 first (the
+// MatmulPrecision::bf16 mixed precision; the rounding happens in the kernel's staging
+// buffers, never in the caller's arrays).
+enum class MatmulDType { f32, bf16, f16, bf16_f32, f32_as_bf16 };
 
 // C[b] = op(A[b]) @ op(B[b]), op transposing when trans_* is set. All buffers are dense
 // row-major; bf16/f16 buffers hold raw 16-bit patterns. Accumulation is in f32 and the
-// output has the inputs' dtype (f32 for bf16_f32). batch_a / batch_b are each 1 (broadcast) or batch.
+// output has the inputs' dtype (f32 for bf16_f32 and f32_as_bf16). batch_a / batch_b are each 1 (broadcast) or batch.
 // accumulate adds into c (beta = 1) instead of overwriting it.
 // Throws mt::Error (a std::runtime_error) starting with "[matmul]" on bad arguments or
 // oneDNN failures. Safe to call concurrently from several threads.
