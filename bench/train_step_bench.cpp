@@ -111,6 +111,8 @@ int main(int argc, char** argv) {
   const int threads = omp_get_max_threads();
   const bool bf16_native = cpu::cpu_features().bf16_gemm_native;
   std::printf("%s\n", cpu::cpu_summary().c_str());
+  if (!cpu::cpu_features().cap.empty())
+    std::printf("(the cap applies to meshtrain only: PyTorch runs on the processor's own ISA)\n");
   const double peak_f32 = gemm_peak_gflops(DType::f32), peak_bf16 = bf16_native ? gemm_peak_gflops(DType::bf16) : 0;
   std::printf("GEMM peak (mt::matmul 2048^3, %d threads): f32 %.1f GFLOP/s, bf16 ", threads, peak_f32);
   if (bf16_native)
