@@ -104,7 +104,7 @@ void run(const EvalOptions& o) {
                                       : models::from_pretrained(o.model, po);
   train::ShardingPlan plan = make_plan(deployer, model.params, model.param_roles(), o.run);
   Params params = plan.shard(model.params);
-  json result = model.model_type == "bert" ? eval_glue(deployer, model, params, o) : eval_decoder(deployer, model, params, o);
+  json result = model.is_causal_lm() ? eval_decoder(deployer, model, params, o) : eval_glue(deployer, model, params, o);
   result["model"] = o.model;
   if (!deployer.is_main()) return;
   std::cout << result.dump(2) << "\n";

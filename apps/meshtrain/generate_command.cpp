@@ -58,7 +58,7 @@ void run(const GenerateOptions& o) {
                                   ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
                                   : models::from_pretrained(o.model, po);
   MT_CHECK(m.is_causal_lm(), "[generate] ", o.model, ": model_type '", m.model_type,
-           "' cannot generate (use gpt2, llama or minigpt)");
+           "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), ")");
   std::shared_ptr<tokenizers::Tokenizer> tok = m.tokenizer;
   if (!o.tokenizer.empty()) tok = tokenizers::load_tokenizer(o.tokenizer);
 

@@ -90,7 +90,7 @@ Array glue_logits(const models::PretrainedModel& model, const Params& p, const t
   in.input_ids = b["input_ids"];
   in.token_type_ids = b["token_type_ids"];
   in.attention_mask = b["attention_mask"];
-  return models::bert_apply(std::get<models::BertConfig>(model.config), p, in, key, training).logits;
+  return models::bert_apply(model.config.as<models::BertConfig>(), p, in, key, training).logits;
 }
 
 }  // namespace

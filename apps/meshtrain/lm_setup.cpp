@@ -91,21 +91,10 @@ LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, cons
 json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size, int64_t seq_len,
                     std::optional<int64_t> eos_id) {
   const int64_t vocab = (vocab_size + 63) / 64 * 64;
-  const int64_t eos = eos_id.value_or(0);
-  json c;
-  if (model_type == "minigpt") {
-    c = {{"model_type", "minigpt"}, {"vocab_size", vocab}, {"maxlen", seq_len}, {"embed_dim", 128},
-         {"num_heads", 4}, {"feed_forward_dim", 512}, {"num_transformer_blocks", 4}, {"dropout_rate", 0.1}};
-  } else if (model_type == "gpt2") {
-    c = {{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", seq_len}, {"n_embd", 128}, {"n_layer", 4},
-         {"n_head", 4}, {"bos_token_id", eos}, {"eos_token_id", eos}};
-  } else if (model_type == "llama") {
-    c = {{"model_type", "llama"}, {"vocab_size", vocab}, {"max_position_embeddings", seq_len}, {"hidden_size", 128},
-         {"intermediate_size", 352}, {"num_hidden_layers", 4}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-         {"bos_token_id", eos}, {"eos_token_id", eos}};
-  } else {
-    throw Error(detail::concat("[pretrain] unknown model '", model_type, "' (use minigpt, gpt2 or llama)"));
-  }
+  const models::ModelSpec& spec = models::model_spec(model_type);
+  MT_CHECK(spec.small_config != nullptr, "[pretrain] model '", model_type, "' is not a decoder (use ",
+           models::model_types_text(models::ModelKind::decoder), ")");
+  json c = spec.small_config(vocab, seq_len, eos_id.value_or(0));
   if (!config_file.empty()) {
     json user = io::read_json_file(config_file);
     MT_CHECK(user.is_object(), "[pretrain] ", config_file, ": a config must be a JSON object");

@@ -138,11 +138,15 @@ void run(const PretrainOptions& o) {
 void add_pretrain_command(CLI::App& app) {
   auto o = std::make_shared<PretrainOptions>();
   o->run.output_dir = "runs/pretrain";
-  CLI::App* cmd = app.add_subcommand("pretrain", "train a decoder language model (miniGPT, GPT-2, LLaMA) on text");
+  std::string names;
+  for (const models::ModelSpec* spec : models::model_specs(models::ModelKind::decoder))
+    names += (names.empty() ? "" : ", ") + spec->display_name;
+  CLI::App* cmd = app.add_subcommand("pretrain", "train a decoder language model (" + names + ") on text");
   add_lm_data_flags(cmd, o->data);
-  cmd->add_option("--model", o->model, "architecture: minigpt, gpt2 or llama (a small default size)")
+  cmd->add_option("--model", o->model,
+                  "architecture: " + models::model_types_text(models::ModelKind::decoder) + " (a small default size)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"minigpt", "gpt2", "llama"}));
+      ->check(CLI::IsMember(models::model_types(models::ModelKind::decoder)));
   cmd->add_option("--config", o->config, "config.json whose keys override the default size (e.g. n_layer)")
       ->check(CLI::ExistingFile);
   auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");

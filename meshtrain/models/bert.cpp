@@ -1,5 +1,7 @@
 #include "meshtrain/models/bert.h"
 
+#include "meshtrain/models/model_spec.h"
+#include "meshtrain/models/pretrained.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -213,6 +215,28 @@ BertOutputs bert_apply(const BertConfig& c, const Params& p, const BertInputs& i
     out.logits = bert_mlm_logits(c, p, out.last_hidden_state);
   }
   return out;
+}
+
+ModelSpec bert_model_spec() {
+  ModelSpec s;
+  s.model_type = "bert";
+  s.kind = ModelKind::encoder;
+  s.display_name = "BERT";
+  s.base_prefix = "bert.";
+  s.parse_config = [](const nlohmann::json& j, const PretrainedOptions& o) -> ModelConfig {
+    BertConfig c = BertConfig::from_json(j);
+    if (o.num_labels) c.num_labels = *o.num_labels;
+    if (o.bert_head) c = c.with_head(*o.bert_head);
+    c.validate();
+    return c;
+  };
+  s.config_json = [](const ModelConfig& c) { return c.as<BertConfig>().to_json(); };
+  s.architecture = [](const ModelConfig& c) -> std::string { return bert_architecture(c.as<BertConfig>().head); };
+  s.param_defs = [](const ModelConfig& c) { return bert_param_defs(c.as<BertConfig>()); };
+  s.ignored_keys = [](const ModelConfig&) {
+    return std::vector<std::string>{R"(cls\.predictions\.decoder\.(weight|bias))", R"(bert\.embeddings\.position_ids)"};
+  };
+  return s;
 }
 
 }  // namespace mt::models

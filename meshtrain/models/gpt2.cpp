@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -141,6 +142,30 @@ Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, 
                  KvCache* cache) {
   Array x = gpt2_hidden(c, p, in, dropout_key, train, cache);
   return matmul(x, p["transformer.wte.weight"], false, true);  // tied head: x @ wteᵀ
+}
+
+ModelSpec gpt2_model_spec() {
+  ModelSpec s;
+  s.model_type = "gpt2";
+  s.kind = ModelKind::decoder;
+  s.display_name = "GPT-2";
+  s.base_prefix = "transformer.";
+  s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return Gpt2Config::from_json(j); };
+  s.config_json = [](const ModelConfig& c) { return c.as<Gpt2Config>().to_json(); };
+  s.architecture = [](const ModelConfig&) -> std::string { return "GPT2LMHeadModel"; };
+  s.param_defs = [](const ModelConfig& c) { return gpt2_param_defs(c.as<Gpt2Config>()); };
+  s.ignored_keys = [](const ModelConfig&) {
+    return std::vector<std::string>{R"(lm_head\.weight)", R"(transformer\.h\.\d+\.attn\.(masked_)?bias)"};
+  };
+  s.causal_lm = [](const ModelConfig& c, const Params& p) { return gpt2_causal_lm(c.as<Gpt2Config>(), p); };
+  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return gpt2_apply(c.as<Gpt2Config>(), p, in, key, train);
+  };
+  s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
+    return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", context}, {"n_embd", 128},
+                          {"n_layer", 4},         {"n_head", 4},         {"bos_token_id", eos},  {"eos_token_id", eos}};
+  };
+  return s;
 }
 
 }  // namespace mt::models

@@ -1,5 +1,6 @@
 #include "meshtrain/models/llama.h"
 
+#include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -149,6 +150,34 @@ Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in
   if (c.tie_word_embeddings && !p.contains("lm_head.weight"))
     return matmul(x, p["model.embed_tokens.weight"], false, true);
   return linear(x, p["lm_head.weight"]);
+}
+
+ModelSpec llama_model_spec() {
+  ModelSpec s;
+  s.model_type = "llama";
+  s.kind = ModelKind::decoder;
+  s.display_name = "LLaMA";
+  s.base_prefix = "model.";
+  s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return LlamaConfig::from_json(j); };
+  s.config_json = [](const ModelConfig& c) { return c.as<LlamaConfig>().to_json(); };
+  s.architecture = [](const ModelConfig&) -> std::string { return "LlamaForCausalLM"; };
+  s.param_defs = [](const ModelConfig& c) { return llama_param_defs(c.as<LlamaConfig>()); };
+  s.ignored_keys = [](const ModelConfig& c) {
+    std::vector<std::string> v = {R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
+    if (c.as<LlamaConfig>().tie_word_embeddings) v.push_back(R"(lm_head\.weight)");
+    return v;
+  };
+  s.causal_lm = [](const ModelConfig& c, const Params& p) { return llama_causal_lm(c.as<LlamaConfig>(), p); };
+  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return llama_apply(c.as<LlamaConfig>(), p, in, key, train);
+  };
+  s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
+    return nlohmann::json{{"model_type", "llama"},      {"vocab_size", vocab},     {"max_position_embeddings", context},
+                          {"hidden_size", 128},         {"intermediate_size", 352}, {"num_hidden_layers", 4},
+                          {"num_attention_heads", 4},   {"num_key_value_heads", 2}, {"bos_token_id", eos},
+                          {"eos_token_id", eos}};
+  };
+  return s;
 }
 
 }  // namespace mt::models

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -108,6 +109,30 @@ Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs
                    c.layer_norm_epsilon);
   }
   return linear(x, p["output_layer.weight"]);
+}
+
+ModelSpec minigpt_model_spec() {
+  ModelSpec s;
+  s.model_type = "minigpt";
+  s.kind = ModelKind::decoder;
+  s.display_name = "miniGPT";
+  s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig {
+    return MiniGptConfig::from_json(j);
+  };
+  s.config_json = [](const ModelConfig& c) { return c.as<MiniGptConfig>().to_json(); };
+  s.architecture = [](const ModelConfig&) -> std::string { return "MiniGPT"; };
+  s.param_defs = [](const ModelConfig& c) { return minigpt_param_defs(c.as<MiniGptConfig>()); };
+  s.ignored_keys = [](const ModelConfig&) { return std::vector<std::string>{}; };
+  s.causal_lm = [](const ModelConfig& c, const Params& p) { return minigpt_causal_lm(c.as<MiniGptConfig>(), p); };
+  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return minigpt_apply(c.as<MiniGptConfig>(), p, in, key, train);
+  };
+  s.small_config = [](int64_t vocab, int64_t context, int64_t) {
+    return nlohmann::json{{"model_type", "minigpt"},  {"vocab_size", vocab},      {"maxlen", context},
+                          {"embed_dim", 128},         {"num_heads", 4},           {"feed_forward_dim", 512},
+                          {"num_transformer_blocks", 4}, {"dropout_rate", 0.1}};
+  };
+  return s;
 }
 
 }  // namespace mt::models

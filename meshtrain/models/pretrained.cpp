@@ -26,29 +26,9 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Tied copies and non-parameter buffers that checkpoints may carry.
-std::vector<std::string> ignored_patterns(const std::string& model_type, const ModelConfig& config) {
-  if (model_type == "gpt2") return {R"(lm_head\.weight)", R"(transformer\.h\.\d+\.attn\.(masked_)?bias)"};
-  if (model_type == "bert")
-    return {R"(cls\.predictions\.decoder\.(weight|bias))", R"(bert\.embeddings\.position_ids)"};
-  if (model_type == "llama") {
-    std::vector<std::string> v = {R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
-    if (std::get<LlamaConfig>(config).tie_word_embeddings) v.push_back(R"(lm_head\.weight)");
-    return v;
-  }
-  return {};
-}
-
-const char* base_prefix(const std::string& model_type) {
-  if (model_type == "bert") return "bert.";
-  if (model_type == "gpt2") return "transformer.";
-  if (model_type == "llama") return "model.";
-  return "";
-}
-
 // Runs `fn`, prefixing any mt::Error with the file it concerns.
 template <class F>
-auto with_source(const std::string& source, F fn) {
+decltype(auto) with_source(const std::string& source, F fn) {
   try {
     return fn();
   } catch (const Error& e) {
@@ -56,30 +36,14 @@ auto with_source(const std::string& source, F fn) {
   }
 }
 
-std::string architecture_of(const std::string& model_type, const ModelConfig& config) {
-  if (model_type == "bert") return bert_architecture(std::get<BertConfig>(config).head);
-  if (model_type == "gpt2") return "GPT2LMHeadModel";
-  if (model_type == "llama") return "LlamaForCausalLM";
-  return "MiniGPT";
-}
-
-ModelConfig parse_config(const nlohmann::json& j, const PretrainedOptions& o, std::string& model_type) {
+const ModelSpec& spec_of_config(const nlohmann::json& j) {
   MT_CHECK(j.is_object(), "[config] config must be a JSON object");
-  MT_CHECK(j.contains("model_type") && j["model_type"].is_string(),
-           "[config] missing key 'model_type' (expected bert, gpt2, llama or minigpt)");
-  model_type = j["model_type"].get<std::string>();
-  if (model_type == "bert") {
-    BertConfig c = BertConfig::from_json(j);
-    if (o.num_labels) c.num_labels = *o.num_labels;
-    if (o.bert_head) c = c.with_head(*o.bert_head);
-    c.validate();
-    return c;
-  }
-  if (model_type == "gpt2") return Gpt2Config::from_json(j);
-  if (model_type == "llama") return LlamaConfig::from_json(j);
-  if (model_type == "minigpt") return MiniGptConfig::from_json(j);
-  throw Error(detail::concat("[config] unknown model_type '", model_type,
-                             "' (supported: bert, gpt2, llama, minigpt)"));
+  MT_CHECK(j.contains("model_type") && j["model_type"].is_string(), "[config] missing key 'model_type' (expected ",
+           model_types_text(), ")");
+  const std::string type = j["model_type"].get<std::string>();
+  for (const ModelSpec* s : model_specs())
+    if (s->model_type == type) return *s;
+  throw Error(detail::concat("[config] unknown model_type '", type, "' (supported: ", model_types_text(), ")"));
 }
 
 bool has_tokenizer_files(const fs::path& dir) {
@@ -108,42 +72,27 @@ std::string LoadReport::str(const std::string& architecture, const std::string& 
 }
 
 CausalLm PretrainedModel::causal_lm() const {
-  if (model_type == "gpt2") return gpt2_causal_lm(std::get<Gpt2Config>(config), params);
-  if (model_type == "llama") {
-    CausalLm lm = llama_causal_lm(std::get<LlamaConfig>(config), params);
-    if (!stop_tokens.empty()) lm.stop_tokens = stop_tokens;
-    return lm;
-  }
-  if (model_type == "minigpt") return minigpt_causal_lm(std::get<MiniGptConfig>(config), params);
-  throw Error(detail::concat("[from_pretrained] ", source, ": model_type '", model_type,
-                             "' is not a causal language model (no generation)"));
+  const ModelSpec& s = spec();
+  MT_CHECK(s.causal_lm != nullptr, "[from_pretrained] ", source, ": model_type '", model_type,
+           "' is not a causal language model (no generation)");
+  CausalLm lm = s.causal_lm(config, params);
+  if (!stop_tokens.empty()) lm.stop_tokens = stop_tokens;
+  return lm;
 }
 
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                                       bool train) const {
-  if (model_type == "gpt2") return gpt2_apply(std::get<Gpt2Config>(config), p, in, dropout_key, train);
-  if (model_type == "llama") return llama_apply(std::get<LlamaConfig>(config), p, in, dropout_key, train);
-  if (model_type == "minigpt") return minigpt_apply(std::get<MiniGptConfig>(config), p, in, dropout_key, train);
-  throw Error(detail::concat("[model] ", source, ": model_type '", model_type, "' is not a decoder language model"));
+  const ModelSpec& s = spec();
+  MT_CHECK(s.decoder_logits != nullptr, "[model] ", source, ": model_type '", model_type,
+           "' is not a decoder language model");
+  return s.decoder_logits(config, p, in, dropout_key, train);
 }
 
-std::vector<ParamDef> PretrainedModel::param_defs() const {
-  return std::visit(
-      [](const auto& c) -> std::vector<ParamDef> {
-        using C = std::decay_t<decltype(c)>;
-        if constexpr (std::is_same_v<C, BertConfig>) return bert_param_defs(c);
-        else if constexpr (std::is_same_v<C, Gpt2Config>) return gpt2_param_defs(c);
-        else if constexpr (std::is_same_v<C, LlamaConfig>) return llama_param_defs(c);
-        else return minigpt_param_defs(c);
-      },
-      config);
-}
+std::vector<ParamDef> PretrainedModel::param_defs() const { return spec().param_defs(config); }
 
 ParamRoles PretrainedModel::param_roles() const { return roles_of(param_defs()); }
 
-nlohmann::json PretrainedModel::config_json() const {
-  return std::visit([](const auto& c) { return c.to_json(); }, config);
-}
+nlohmann::json PretrainedModel::config_json() const { return spec().config_json(config); }
 
 Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, const RngKey& init_key,
                         const std::vector<std::string>& ignore, const std::string& base_prefix, DType dtype,
@@ -203,10 +152,12 @@ PretrainedModel build_model(const nlohmann::json& config, Params checkpoint, con
                             const std::string& config_source, const PretrainedOptions& o) {
   PretrainedModel m;
   m.source = source;
-  m.config = with_source(config_source, [&] { return parse_config(config, o, m.model_type); });
-  m.architecture = architecture_of(m.model_type, m.config);
-  m.params = match_checkpoint(m.param_defs(), std::move(checkpoint), o.init_key, ignored_patterns(m.model_type, m.config),
-                              base_prefix(m.model_type), o.dtype, source, m.report);
+  const ModelSpec& spec = with_source(config_source, [&]() -> const ModelSpec& { return spec_of_config(config); });
+  m.model_type = spec.model_type;
+  m.config = with_source(config_source, [&] { return spec.parse_config(config, o); });
+  m.architecture = spec.architecture(m.config);
+  m.params = match_checkpoint(m.param_defs(), std::move(checkpoint), o.init_key, spec.ignored_keys(m.config),
+                              spec.base_prefix, o.dtype, source, m.report);
   return m;
 }
 

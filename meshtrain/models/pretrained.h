@@ -4,7 +4,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +13,8 @@
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"
 #include "meshtrain/models/minigpt.h"
+#include "meshtrain/models/model_config.h"
+#include "meshtrain/models/model_spec.h"
 
 namespace mt::tokenizers {
 class Tokenizer;
@@ -43,19 +44,18 @@ struct PretrainedOptions {
   bool print_report = true;  // print missing/unexpected keys to stderr
 };
 
-using ModelConfig = std::variant<BertConfig, Gpt2Config, LlamaConfig, MiniGptConfig>;
-
 struct PretrainedModel {
-  std::string model_type;    // "bert", "gpt2", "llama", "minigpt"
+  std::string model_type;    // a registered model_type (model_spec.h): "bert", "gpt2", "llama", "minigpt"
   std::string architecture;  // "BertForSequenceClassification", "GPT2LMHeadModel", ...
   std::string source;        // the directory or file it came from
-  ModelConfig config;
+  ModelConfig config;        // config.as<Gpt2Config>() etc.
   Params params;
   std::shared_ptr<tokenizers::Tokenizer> tokenizer;  // null when the directory has none
   LoadReport report;
   std::vector<int64_t> stop_tokens;  // overrides the config's eos for generation (llama2.c: BOS = 1)
 
-  bool is_causal_lm() const { return model_type != "bert"; }
+  const ModelSpec& spec() const { return model_spec(model_type); }
+  bool is_causal_lm() const { return spec().kind == ModelKind::decoder; }
   // The decoder for generation; throws mt::Error for BERT.
   CausalLm causal_lm() const;
   // Logits (B, T, V) of a decoder with any parameters of this model's layout (sharded ones
@@ -66,8 +66,8 @@ struct PretrainedModel {
   nlohmann::json config_json() const;
 };
 
-// `path`: a Hugging Face model directory (config.json with model_type bert, gpt2, llama or
-// minigpt; model.safetensors or a sharded model.safetensors.index.json; a tokenizer when
+// `path`: a Hugging Face model directory (config.json with a registered model_type;
+// model.safetensors or a sharded model.safetensors.index.json; a tokenizer when
 // present), or a llama2.c `.bin` checkpoint file. Missing parameters are initialized and
 // reported, unexpected ones reported; a shape mismatch throws mt::Error naming the key and
 // both shapes; an unknown model_type throws naming it.

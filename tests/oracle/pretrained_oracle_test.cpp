@@ -51,7 +51,7 @@ TEST(PretrainedOracle, TinyBertLoadsEveryKeyAndMatchesTwin) {
   EXPECT_TRUE(m.report.unexpected.empty()) << m.report.str(m.architecture, m.source);
   EXPECT_EQ(m.params.size(), 26u);
   ASSERT_TRUE(m.tokenizer);
-  const BertConfig& c = std::get<BertConfig>(m.config);
+  const BertConfig& c = m.config.as<BertConfig>();
   auto [ids, mask] = encode_batch(*m.tokenizer, {"Hello world, this is a tiny BERT test.", "Short one."}, false);
   BertInputs in{.input_ids = ids, .attention_mask = mask};
   check_twin("hf-tiny-bert mlm on text", m.params, {ids, mask},
@@ -77,7 +77,7 @@ TEST(PretrainedOracle, TinyBertAsClassifierReportsNewAndUnusedKeys) {
   EXPECT_GT(amax, 0.0);
   EXPECT_LT(amax, 0.1);
   for (float v : m.params["classifier.bias"].to_floats()) EXPECT_EQ(v, 0.0f);
-  const BertConfig& c = std::get<BertConfig>(m.config);
+  const BertConfig& c = m.config.as<BertConfig>();
   auto [ids, mask] = encode_batch(*m.tokenizer, {"A pair of", "sentences to classify, padded."}, false);
   BertInputs in{.input_ids = ids, .attention_mask = mask};
   check_twin("hf-tiny-bert classifier on text", m.params, {ids, mask},
@@ -91,7 +91,7 @@ TEST(PretrainedOracle, TinyGpt2LoadsEveryKeyAndMatchesTwin) {
   EXPECT_TRUE(m.report.complete()) << m.report.str(m.architecture, m.source);
   EXPECT_EQ(m.params.size(), 16u);
   ASSERT_TRUE(m.tokenizer);
-  const Gpt2Config& c = std::get<Gpt2Config>(m.config);
+  const Gpt2Config& c = m.config.as<Gpt2Config>();
   auto [ids, mask] = encode_batch(*m.tokenizer, {"Hello world, this is a tiny GPT-2 test.", "Left padded<|endoftext|>"},
                                   true);
   check_twin("hf-tiny-gpt2 on text (left-padded batch)", m.params, {ids, mask},
@@ -113,7 +113,7 @@ TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   PretrainedModel m = from_pretrained(kModels + "stories260K/stories260K.bin");
   EXPECT_EQ(m.model_type, "llama");
   EXPECT_TRUE(m.report.complete()) << m.report.str(m.architecture, m.source);
-  const LlamaConfig& c = std::get<LlamaConfig>(m.config);
+  const LlamaConfig& c = m.config.as<LlamaConfig>();
   EXPECT_TRUE(c.rope_interleaved);
   EXPECT_EQ(c.num_key_value_heads, 4);
   EXPECT_EQ(c.num_attention_heads, 8);

@@ -1,0 +1,36 @@
+#pragma once
+// A model's configuration whatever its architecture (BertConfig, Gpt2Config, ...): the
+// ModelSpec that parsed it knows the type, and `as<C>()` reads it back, naming both types
+// when they differ. Immutable and cheap to copy (shared).
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::models {
+
+class ModelConfig {
+ public:
+  ModelConfig() = default;
+  template <class C>
+  ModelConfig(C config)  // NOLINT: implicit, so a parse function can return its config type
+      : value_(std::make_shared<const C>(std::move(config))), type_(&typeid(C)) {}
+
+  bool has_value() const { return value_ != nullptr; }
+  template <class C>
+  bool holds() const {
+    return type_ && *type_ == typeid(C);
+  }
+  template <class C>
+  const C& as() const {
+    MT_CHECK(holds<C>(), "[model] the config is a ", type_ ? type_->name() : "(none)", ", not a ", typeid(C).name());
+    return *static_cast<const C*>(value_.get());
+  }
+
+ private:
+  std::shared_ptr<const void> value_;
+  const std::type_info* type_ = nullptr;
+};
+
+}  // namespace mt::models

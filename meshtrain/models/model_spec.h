@@ -1,0 +1,71 @@
+#pragma once
+// The model registry: one ModelSpec per config.json `model_type`, holding everything that
+// differs between architectures (config parsing, parameter table, Hugging Face names,
+// forward functions, what the model can do). from_pretrained, checkpoints and the CLI
+// (choices, help texts, errors) read it; nothing else switches on model_type strings.
+// Adding a model: its folder of files with a `<name>_model_spec()`, listed once in
+// model_spec.cpp.
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/rng.h"
+#include "meshtrain/models/causal_lm.h"
+#include "meshtrain/models/common.h"
+#include "meshtrain/models/model_config.h"
+
+namespace mt::models {
+
+struct PretrainedOptions;
+
+// What a model is for: an encoder (BERT: classification heads over a sequence) or a decoder
+// language model (generation, pretraining on text).
+enum class ModelKind { encoder, decoder };
+
+struct ModelSpec {
+  std::string model_type;  // config.json's "model_type"
+  ModelKind kind = ModelKind::decoder;
+  std::string display_name;  // "GPT-2", for help texts
+  // Checkpoints of the base model carry no head prefix; loading one into a head model adds
+  // it (HF loads a BertModel into BertForSequenceClassification): "bert.", "model.", ...
+  std::string base_prefix;
+
+  // config.json -> config; options may adjust it (BERT: head class, number of labels).
+  std::function<ModelConfig(const nlohmann::json&, const PretrainedOptions&)> parse_config;
+  std::function<nlohmann::json(const ModelConfig&)> config_json;
+  // The Hugging Face class name for load reports ("GPT2LMHeadModel").
+  std::function<std::string(const ModelConfig&)> architecture;
+  // Every parameter: path, shape, initializer, sharding role.
+  std::function<std::vector<ParamDef>(const ModelConfig&)> param_defs;
+  // Checkpoint keys that are tied copies or buffers, dropped without a report (regexes).
+  std::function<std::vector<std::string>(const ModelConfig&)> ignored_keys;
+
+  // Decoders only (null for encoders).
+  std::function<CausalLm(const ModelConfig&, const Params&)> causal_lm;
+  // Logits (B, T, V) with dropout keyed by `dropout_key` when training.
+  std::function<Array(const ModelConfig&, const Params&, const DecoderInputs&, const RngKey& dropout_key, bool train)>
+      decoder_logits;
+  // The config `pretrain --model <type>` starts from: a small model for this vocabulary,
+  // context and end-of-text id.
+  std::function<nlohmann::json(int64_t vocab_size, int64_t context, int64_t eos_id)> small_config;
+};
+
+// The spec of `model_type`; throws mt::Error naming it and the known types.
+const ModelSpec& model_spec(const std::string& model_type);
+// Every registered spec (of one kind when given), in registration order.
+std::vector<const ModelSpec*> model_specs(std::optional<ModelKind> kind = std::nullopt);
+// Their model_types, e.g. {"minigpt", "gpt2", "llama"}.
+std::vector<std::string> model_types(std::optional<ModelKind> kind = std::nullopt);
+// "minigpt, gpt2 or llama": for help texts and errors.
+std::string model_types_text(std::optional<ModelKind> kind = std::nullopt);
+
+// The built-in models' specs (defined beside each model).
+ModelSpec bert_model_spec();
+ModelSpec gpt2_model_spec();
+ModelSpec llama_model_spec();
+ModelSpec minigpt_model_spec();
+
+}  // namespace mt::models
