@@ -70,13 +70,10 @@ void print_cpu_line() {
 std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision) {
   const MatmulPrecision p = matmul_precision_from_name(precision, "--precision");
   print_cpu_line();
-  if (dist::world().rank() == 0) {
-    const cpu::CpuFeatures& f = cpu::cpu_features();
-    if (p == MatmulPrecision::bf16 && !f.bf16_gemm_native)
-      std::cerr << "meshtrain: --precision bf16 is emulated on this CPU (" << f.isa
-                << ": no native bf16 GEMM below AVX-512): operands are rounded to bf16 and multiplied by the f32 GEMM, so "
-                   "results are bf16's but there is no speed-up over f32\n";
-  }
+  if (p == MatmulPrecision::bf16 && !cpu::cpu_features().bf16_gemm_native && dist::world().rank() == 0)
+    std::cerr << "meshtrain: --precision bf16 is emulated on this CPU (" << cpu::cpu_features().isa
+              << ": no native bf16 GEMM below AVX-512): operands are rounded to bf16 and multiplied by the f32 GEMM, so "
+                 "results are bf16's but there is no speed-up over f32\n";
   return std::make_unique<MatmulPrecisionScope>(p);
 }
 

@@ -40,10 +40,7 @@ const ModelSpec& spec_of_config(const nlohmann::json& j) {
   MT_CHECK(j.is_object(), "[config] config must be a JSON object");
   MT_CHECK(j.contains("model_type") && j["model_type"].is_string(), "[config] missing key 'model_type' (expected ",
            model_types_text(), ")");
-  const std::string type = j["model_type"].get<std::string>();
-  for (const ModelSpec* s : model_specs())
-    if (s->model_type == type) return *s;
-  throw Error(detail::concat("[config] unknown model_type '", type, "' (supported: ", model_types_text(), ")"));
+  return model_spec(j["model_type"].get<std::string>());
 }
 
 bool has_tokenizer_files(const fs::path& dir) {

@@ -27,7 +27,10 @@ inline CliRun run_command(const std::string& command, const std::string& shown) 
   if (fd < 0) return r;
   close(fd);
   FILE* p = popen((command + " 2>" + err_path).c_str(), "r");
-  if (!p) return r;
+  if (!p) {
+    unlink(err_path);
+    return r;
+  }
   std::array<char, 4096> buf;
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.std_out.append(buf.data(), n);

@@ -284,36 +284,33 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
   }
 }
 
+// fn(begin, count) over [0, n) in chunks of 64Ki elements, on the OpenMP threads when there
+// is more than one chunk.
+template <class Fn>
+void for_chunks(int64_t n, Fn&& fn) {
+  const int64_t chunk = int64_t(1) << 16;
+#pragma omp parallel for schedule(static) if (n > chunk)
+  for (int64_t begin = 0; begin < n; begin += chunk) fn(begin, std::min(chunk, n - begin));
+}
+
 // 16-bit floats to f32 (exact for both bf16 and f16).
 void widen(MatmulDType dtype, const void* src, std::vector<float>& dst, size_t n) {
   if (dst.size() < n) dst.resize(n);
   const auto* s = static_cast<const uint16_t*>(src);
   float* d = dst.data();
-  const int64_t chunk = int64_t(1) << 16;
-#pragma omp parallel for schedule(static) if (int64_t(n) > chunk)
-  for (int64_t begin = 0; begin < int64_t(n); begin += chunk) {
-    const int64_t count = std::min(chunk, int64_t(n) - begin);
-    if (dtype == MatmulDType::f16) {
-      for (int64_t i = begin; i < begin + count; ++i) d[i] = f16_to_f32(f16{s[i]});
-    } else {
-      bf16_to_f32_n(s + begin, d + begin, count);
-    }
-  }
+  for_chunks(int64_t(n), [&](int64_t begin, int64_t count) {
+    if (dtype != MatmulDType::f16) return bf16_to_f32_n(s + begin, d + begin, count);
+    for (int64_t i = begin; i < begin + count; ++i) d[i] = f16_to_f32(f16{s[i]});
+  });
 }
 
 // f32 back to 16-bit floats, rounding to nearest even.
 void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
   auto* d = static_cast<uint16_t*>(dst);
-  const int64_t chunk = int64_t(1) << 16;
-#pragma omp parallel for schedule(static) if (int64_t(n) > chunk)
-  for (int64_t begin = 0; begin < int64_t(n); begin += chunk) {
-    const int64_t count = std::min(chunk, int64_t(n) - begin);
-    if (dtype == MatmulDType::f16) {
-      for (int64_t i = begin; i < begin + count; ++i) d[i] = f32_to_f16(src[i]).bits;
-    } else {
-      f32_to_bf16_n(src + begin, d + begin, count);
-    }
-  }
+  for_chunks(int64_t(n), [&](int64_t begin, int64_t count) {
+    if (dtype != MatmulDType::f16) return f32_to_bf16_n(src + begin, d + begin, count);
+    for (int64_t i = begin; i < begin + count; ++i) d[i] = f32_to_f16(src[i]).bits;
+  });
 }
 
 bool runs_natively(MatmulDType dtype) {
@@ -358,32 +355,22 @@ void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64
 void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M,
                  int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
   auto& tc = thread_cache();
-  const int64_t na = batch_a * M * K, nb = batch_b * K * N, chunk = int64_t(1) << 16;
-  const bool native = cpu_features().bf16_gemm_native;
-  if (native) {
-    if (tc.a16.size() < size_t(na)) tc.a16.resize(size_t(na));
-    if (tc.b16.size() < size_t(nb)) tc.b16.resize(size_t(nb));
-  } else {
-    if (tc.a32.size() < size_t(na)) tc.a32.resize(size_t(na));
-    if (tc.b32.size() < size_t(nb)) tc.b32.resize(size_t(nb));
-  }
-  auto round = [native, chunk](const float* src, int64_t n, uint16_t* dst16, float* dst32) {
-#pragma omp parallel for schedule(static) if (n > chunk)
-    for (int64_t begin = 0; begin < n; begin += chunk) {
-      if (native)
-        f32_to_bf16_n(src + begin, dst16 + begin, std::min(chunk, n - begin));
-      else
-        f32_round_to_bf16_n(src + begin, dst32 + begin, std::min(chunk, n - begin));
-    }
-  };
-  round(a, na, tc.a16.data(), tc.a32.data());
-  round(b, nb, tc.b16.data(), tc.b32.data());
-  if (native)
+  const size_t na = size_t(batch_a * M * K), nb = size_t(batch_b * K * N);
+  if (cpu_features().bf16_gemm_native) {
+    if (tc.a16.size() < na) tc.a16.resize(na);
+    if (tc.b16.size() < nb) tc.b16.resize(nb);
+    for_chunks(int64_t(na), [&](int64_t i, int64_t count) { f32_to_bf16_n(a + i, tc.a16.data() + i, count); });
+    for_chunks(int64_t(nb), [&](int64_t i, int64_t count) { f32_to_bf16_n(b + i, tc.b16.data() + i, count); });
     run_onednn(MatmulDType::bf16_f32, tc.a16.data(), tc.b16.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
                accumulate);
-  else
-    run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
-               accumulate);
+    return;
+  }
+  if (tc.a32.size() < na) tc.a32.resize(na);
+  if (tc.b32.size() < nb) tc.b32.resize(nb);
+  for_chunks(int64_t(na), [&](int64_t i, int64_t count) { f32_round_to_bf16_n(a + i, tc.a32.data() + i, count); });
+  for_chunks(int64_t(nb), [&](int64_t i, int64_t count) { f32_round_to_bf16_n(b + i, tc.b32.data() + i, count); });
+  run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
+             accumulate);
 }
 
 }  // namespace
