@@ -1,4 +1,6 @@
 #pragma once
+// The tape: grad mode, trace depth and the nodes ops record. It sits right above the core so
+// that the dispatcher can record; the reverse pass over it is in backward.h.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,14 +71,5 @@ class TraceScope {
 // A traced handle of `x` to differentiate with respect to: a fresh leaf, or an identity
 // of `x` when an outer trace already follows x (so outer gradients flow through it).
 Array make_leaf(const Array& x);
-
-// Cotangents of `output` with respect to each target (leaves made by make_leaf).
-// With create_graph the backward pass is itself recorded (for higher-order gradients).
-// on_final(i, g), when given, is called as soon as target i's cotangent is complete (all
-// its consumers processed), so its reduction can start while the pass goes on; every target
-// is reported exactly once (g undefined when nothing reached it).
-using FinalFn = std::function<void(size_t, const Array&)>;
-std::vector<Array> backward(const Array& output, const Array& cotangent, const std::vector<Array>& targets,
-                            bool create_graph, const FinalFn& on_final = {});
 
 }  // namespace mt::autodiff

@@ -1,11 +1,21 @@
 #include "meshtrain/autodiff/value_and_grad.h"
 
-#include "meshtrain/dist/grad_reducer.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/autodiff/backward.h"
+#include "meshtrain/autodiff/gradient_reduction.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 namespace autodiff {
+
+namespace {
+GradientReductionFactory g_reduction_factory;
+}  // namespace
+
+void install_gradient_reduction(GradientReductionFactory factory) { g_reduction_factory = std::move(factory); }
+std::unique_ptr<GradientReduction> make_gradient_reduction() {
+  return g_reduction_factory ? g_reduction_factory() : nullptr;
+}
 
 Params make_leaves(const Params& params) {
   Params leaves;
@@ -27,27 +37,21 @@ Params gradients(const Array& value, const Params& leaves, const Params& primals
   // parallelism) are reduced as soon as each gradient is final, in buckets that overlap the
   // rest of the backward pass. Nested traces keep everything differentiable instead.
   const bool nested = trace_depth() > 1;
-  dist::GradReducer reducer;
+  std::unique_ptr<GradientReduction> reduction = make_gradient_reduction();
+  auto distributed = [](const Array& g, const Array& primal) { return g.distributed() || primal.distributed(); };
   auto on_final = [&](size_t i, const Array& g) {
-    const Array& primal = *primal_list[i];
-    if (!g.defined() || !(dist::is_sharded(g) || dist::is_sharded(primal))) return;
-    const dist::Sharding* ps = dist::sharding_of(primal);
-    const dist::Mesh& mesh = ps ? ps->mesh : dist::sharding_of(g)->mesh;
-    reducer.add(i, g, mesh, ps ? ps->spec.without_partial() : dist::PartitionSpec{});
+    if (g.defined() && distributed(g, *primal_list[i])) reduction->add(i, g, *primal_list[i]);
   };
-  std::vector<Array> g = backward(value, seed, targets, nested, nested ? FinalFn() : FinalFn(on_final));
-  std::vector<Array> reduced = nested ? std::vector<Array>(g.size()) : reducer.finish(g.size());
+  const bool overlap = !nested && reduction;
+  std::vector<Array> g = backward(value, seed, targets, nested, overlap ? FinalFn(on_final) : FinalFn());
+  std::vector<Array> reduced = overlap ? reduction->finish(g.size()) : std::vector<Array>(g.size());
   Params grads;
   const std::vector<std::string> paths = primals.paths();
   for (size_t i = 0; i < primal_list.size(); ++i) {
     const Array& primal = *primal_list[i];
     Array gi = reduced[i].defined() ? reduced[i] : g[i];
     if (!gi.defined()) gi = zeros_like(primal);
-    if (nested && (dist::is_sharded(gi) || dist::is_sharded(primal))) {
-      const dist::Sharding* ps = dist::sharding_of(primal);
-      const dist::Mesh& mesh = ps ? ps->mesh : dist::sharding_of(gi)->mesh;
-      gi = dist::redistribute(gi, mesh, ps ? ps->spec.without_partial() : dist::PartitionSpec{});
-    }
+    if (nested && reduction && distributed(gi, primal)) gi = reduction->to_layout_of(gi, primal);
     grads.set(paths[i], gi);
   }
   return grads;
@@ -59,8 +63,8 @@ void detach_outputs(Array& a) {
 
 Array resolve_value(const Array& value) {
   // A loss summed over a sharded batch is a partial sum: every rank gets the total.
-  if (!dist::is_sharded(value)) return value;
-  return dist::redistribute(value, dist::PartitionSpec{});
+  if (!value.distributed()) return value;
+  return prim::distributed_executor()->gather(value);
 }
 void detach_outputs(Params& p) {
   for (auto& [path, a] : p) detach_outputs(a);

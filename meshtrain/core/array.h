@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/core/layout.h"
 #include "meshtrain/core/shape.h"
 
 namespace mt {
@@ -12,20 +13,17 @@ namespace mt {
 namespace autodiff {
 struct Node;
 }
-namespace dist {
-struct Sharding;
-}
 
 // The state behind an Array handle. Several handles (and reshape views) may share
 // `storage`; `node` is set when the array is traced by an enclosing value_and_grad.
-// With a `sharding`, `shape` is the global shape and `storage` holds this rank's block.
+// With a `layout`, `shape` is the global shape and `storage` holds this rank's block.
 struct ArrayImpl {
   Shape shape;
   DType dtype = DType::f32;
   std::shared_ptr<void> storage;
   size_t offset_bytes = 0;
   std::shared_ptr<autodiff::Node> node;
-  std::shared_ptr<const dist::Sharding> sharding;
+  std::shared_ptr<const Layout> layout;
 };
 
 // A cheap shared handle to a row-major, contiguous n-d array.
@@ -48,7 +46,9 @@ class Array {
 
   bool defined() const { return impl_ != nullptr; }
   // Distributed over a mesh (shape() is then global; the buffer holds this rank's block).
-  bool sharded() const { return impl_ && impl_->sharding != nullptr; }
+  bool sharded() const { return impl_ && impl_->layout != nullptr; }
+  // Distributed over more than one rank in a non-trivial layout (split or partial).
+  bool distributed() const { return sharded() && !impl_->layout->is_trivial(); }
   const Shape& shape() const { return impl_->shape; }
   int ndim() const { return impl_->shape.ndim(); }
   int64_t numel() const { return impl_->shape.numel(); }

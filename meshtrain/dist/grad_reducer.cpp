@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "meshtrain/autodiff/gradient_reduction.h"
 #include "meshtrain/core/error.h"
 
 namespace mt::dist {
@@ -70,6 +71,41 @@ std::vector<Array> GradReducer::finish(size_t count) {
   done_.clear();
   g_last_stats = {buckets_issued_, during_backward};
   return out;
+}
+
+}  // namespace mt::dist
+
+namespace mt::dist {
+
+namespace {
+
+// value_and_grad's view of the reducer: each gradient goes to its parameter's layout
+// (a plain parameter: replicated) on the mesh of whichever of the two is distributed.
+class BucketedGradientReduction : public autodiff::GradientReduction {
+ public:
+  void add(size_t index, const Array& grad, const Array& primal) override {
+    auto [mesh, target] = destination(grad, primal);
+    reducer_.add(index, grad, mesh, target);
+  }
+  std::vector<Array> finish(size_t count) override { return reducer_.finish(count); }
+  Array to_layout_of(const Array& grad, const Array& primal) override {
+    auto [mesh, target] = destination(grad, primal);
+    return redistribute(grad, mesh, target);
+  }
+
+ private:
+  static std::pair<Mesh, PartitionSpec> destination(const Array& grad, const Array& primal) {
+    const Sharding* ps = sharding_of(primal);
+    if (ps) return {ps->mesh, ps->spec.without_partial()};
+    return {sharding_of(grad)->mesh, PartitionSpec{}};
+  }
+  GradReducer reducer_;
+};
+
+}  // namespace
+
+void install_gradient_reduction() {
+  autodiff::install_gradient_reduction([] { return std::make_unique<BucketedGradientReduction>(); });
 }
 
 }  // namespace mt::dist

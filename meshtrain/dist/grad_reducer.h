@@ -27,6 +27,9 @@ struct GradReductionStats {
 };
 GradReductionStats last_grad_reduction();
 
+// Makes value_and_grad reduce gradients with a GradReducer (called by install_spmd).
+void install_gradient_reduction();
+
 class GradReducer {
  public:
   explicit GradReducer(size_t bucket_bytes = grad_bucket_bytes()) : bucket_bytes_(bucket_bytes) {}

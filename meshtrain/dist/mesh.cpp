@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/local_communicator.h"
+#include "meshtrain/dist/spmd.h"
 
 namespace mt::dist {
 
@@ -48,6 +49,7 @@ Mesh Mesh::single() {
 
 Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
     : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
+  install_spmd();  // arrays on this mesh run through the distributed executor
   // Row-major coordinates of this rank: the last axis varies fastest.
   coords_.assign(names_.size(), 0);
   int rest = comm.rank();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "meshtrain/dist/communicator.h"
+#include "meshtrain/layout/mesh_shape.h"
 
 namespace mt::dist {
 
@@ -33,6 +34,7 @@ class Mesh {
   Communicator& axis_comm(const std::string& axis) const;  // ranks that differ only along `axis`
   Communicator& comm() const;                              // all ranks of the mesh
   std::string str() const;                                 // "data=2,model=2"; "single" for no axes
+  layout::MeshShape shape() const { return {names_, sizes_}; }  // axes and sizes, for sharding rules
   bool operator==(const Mesh& other) const;                // same axes and sizes
   bool operator!=(const Mesh& other) const { return !(*this == other); }
 

@@ -4,8 +4,10 @@
 #include <numeric>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/dist/collective_ops.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/collective_ops.h"
+#include "meshtrain/dist/grad_reducer.h"
+#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -13,9 +15,12 @@ namespace mt::dist {
 
 using Grads = std::vector<Array>;
 
-bool is_sharded(const Array& x) { return x.defined() && x.sharded() && !x.impl()->sharding->is_trivial(); }
+bool is_sharded(const Array& x) { return x.defined() && x.distributed(); }
 
-const Sharding* sharding_of(const Array& x) { return x.defined() ? x.impl()->sharding.get() : nullptr; }
+// dist::Sharding is the only Layout implementation.
+const Sharding* sharding_of(const Array& x) {
+  return x.defined() ? static_cast<const Sharding*>(x.impl()->layout.get()) : nullptr;
+}
 
 namespace {
 
@@ -32,16 +37,16 @@ Array wrap_global(const Array& local, const Sharding& sharding) {
   auto impl = std::make_shared<ArrayImpl>(*local.impl());
   impl->shape = Shape(dims);
   impl->node = nullptr;
-  impl->sharding = std::make_shared<Sharding>(sharding);
+  impl->layout = std::make_shared<Sharding>(sharding);
   return Array(std::move(impl));
 }
 
 // This rank's block of x as a plain array sharing storage (no history).
 Array unwrap_local(const Array& x) {
   auto impl = std::make_shared<ArrayImpl>(*x.impl());
-  impl->shape = x.impl()->sharding->local_shape(x.shape());
+  impl->shape = sharding_of(x)->local_shape(x.shape());
   impl->node = nullptr;
-  impl->sharding = nullptr;
+  impl->layout = nullptr;
   return Array(std::move(impl));
 }
 
@@ -111,7 +116,7 @@ Array enter_local(const Array& x, const Mesh& mesh, const PartitionSpec& spec, c
 Array local_view(const Array& x) {
   if (!is_sharded(x)) return x;
   Array out = unwrap_local(x);
-  Sharding grad_sharding{x.impl()->sharding->mesh, x.impl()->sharding->spec.without_partial()};
+  Sharding grad_sharding{sharding_of(x)->mesh, sharding_of(x)->spec.without_partial()};
   autodiff::record(out, "local_view", {x}, [grad_sharding](const Array& g) {
     return Grads{global_view(g, grad_sharding)};
   });
@@ -185,51 +190,76 @@ Array to_host(const Array& x) {
 
 Array full_like(const Array& a, double value) {
   if (!is_sharded(a)) return Array::full(a.shape(), value, a.dtype());
-  Sharding s{a.impl()->sharding->mesh, a.impl()->sharding->spec.without_partial()};
+  Sharding s{sharding_of(a)->mesh, sharding_of(a)->spec.without_partial()};
   return global_view(Array::full(s.local_shape(a.shape()), value, a.dtype()), s);
 }
 
-bool any_sharded(const std::vector<Array>& inputs) {
-  for (const Array& a : inputs)
-    if (is_sharded(a)) return true;
-  return false;
-}
+namespace {
 
-Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule, const LocalFn& local_fn) {
-  return spmd_call(op, inputs, rule, LocalFnWithLayout([&](const std::vector<Array>& l, const Sharding&) {
-                     return local_fn(l);
-                   }));
-}
-
-Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule,
-                const LocalFnWithLayout& local_fn) {
-  const Mesh* mesh = nullptr;
-  for (const Array& a : inputs) {
-    if (!is_sharded(a)) continue;
-    const Mesh& m = a.impl()->sharding->mesh;
-    if (!mesh) mesh = &m;
-    MT_CHECK(*mesh == m, "[", op, "] inputs live on different meshes: ", mesh->str(), " and ", m.str());
-  }
-  MT_CHECK(mesh, "[", op, "] spmd_call without sharded inputs");
-  std::vector<ArgInfo> infos;
-  for (const Array& a : inputs)
-    infos.push_back(a.defined() ? ArgInfo{a.shape(), spec_of(a), a.dtype(), true} : ArgInfo{{}, {}, DType::f32, false});
-  RuleResult r = rule(infos, *mesh);
-  MT_CHECK(r.inputs.size() == inputs.size(), "[", op, "] sharding rule returned ", r.inputs.size(), " layouts for ",
-           inputs.size(), " inputs");
-  std::vector<Array> locals;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      locals.emplace_back();
-      continue;
+// Runs primitives on global arrays: the primitive's sharding rule says which layout to
+// compute in, inputs are redistributed to it, and every rank applies the localized primitive
+// to its blocks. The blocks enter and leave through recorded local/global views, so
+// gradients flow back through the same communication.
+class SpmdExecutor : public prim::DistributedExecutor {
+ public:
+  Array apply(const prim::PrimitivePtr& p, const std::vector<Array>& inputs) const override {
+    const Mesh* mesh = nullptr;
+    for (const Array& a : inputs) {
+      if (!is_sharded(a)) continue;
+      const Mesh& m = sharding_of(a)->mesh;
+      if (!mesh) mesh = &m;
+      MT_CHECK(*mesh == m, "[", p->name(), "] inputs live on different meshes: ", mesh->str(), " and ", m.str());
     }
-    Array x = inputs[i];
-    if (spec_of(x) != r.inputs[i]) x = redistribute(x, *mesh, r.inputs[i]);
-    locals.push_back(enter_local(x, *mesh, r.inputs[i], r.output.used_axes()));
+    const layout::MeshShape mesh_shape = mesh->shape();
+    std::vector<layout::ArgInfo> infos;
+    for (const Array& a : inputs)
+      infos.push_back(a.defined() ? layout::ArgInfo{a.shape(), spec_of(a), a.dtype(), true}
+                                  : layout::ArgInfo{{}, {}, DType::f32, false});
+    layout::RuleResult r = p->sharding(infos, mesh_shape);
+    MT_CHECK(r.inputs.size() == inputs.size(), "[", p->name(), "] sharding rule returned ", r.inputs.size(),
+             " layouts for ", inputs.size(), " inputs");
+    prim::LocalContext ctx;
+    ctx.mesh = mesh_shape;
+    std::vector<Array> locals;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ctx.input_specs.push_back(r.inputs[i]);
+      if (!inputs[i].defined()) {
+        locals.emplace_back();
+        ctx.input_global.emplace_back();
+        ctx.input_offsets.emplace_back();
+        continue;
+      }
+      Array x = inputs[i];
+      if (spec_of(x) != r.inputs[i]) x = redistribute(x, *mesh, r.inputs[i]);
+      ctx.input_global.push_back(x.shape());
+      ctx.input_offsets.push_back(Sharding{*mesh, r.inputs[i]}.local_offsets(x.shape()));
+      locals.push_back(enter_local(x, *mesh, r.inputs[i], r.output.used_axes()));
+    }
+    Sharding out{*mesh, r.output};
+    ctx.output_spec = r.output;
+    const prim::OutputInfo global = p->infer(inputs);
+    ctx.output_global = global.shape;
+    ctx.output_local = out.local_shape(global.shape);
+    ctx.output_offsets = out.local_offsets(global.shape);
+    Array out_local = prim::apply(p->localize(ctx, p), locals);
+    return global_view(out_local, out);
   }
-  Sharding out{*mesh, r.output};
-  Array out_local = local_fn(locals, out);
-  return global_view(out_local, out);
+
+  Array gather(const Array& x) const override { return to_host(x); }
+  layout::PartitionSpec spec_of(const Array& x) const override { return dist::spec_of(x); }
+  layout::MeshShape mesh_shape_of(const Array& x) const override { return sharding_of(x)->mesh.shape(); }
+};
+
+}  // namespace
+
+void install_spmd() {
+  static const SpmdExecutor executor;
+  static const bool installed = [] {
+    prim::install_distributed_executor(&executor);
+    install_gradient_reduction();
+    return true;
+  }();
+  (void)installed;
 }
 
 }  // namespace mt::dist

@@ -1,8 +1,8 @@
 #pragma once
 // Global arrays over a mesh. Every rank runs the same program on global arrays; an array's
-// Sharding says which block each rank stores, and ops insert the communication their
-// inputs' shardings require (see rules.h). A one-device mesh never shards anything.
-#include <functional>
+// Sharding says which block each rank stores, and the dispatcher inserts the communication
+// each primitive's sharding rule requires (layout/rules.h). A one-device mesh never shards
+// anything.
 #include <string>
 #include <vector>
 
@@ -39,28 +39,9 @@ Array global_view(const Array& local, const Sharding& sharding);
 // An array of `value` laid out like a (without its partial sums).
 Array full_like(const Array& a, double value);
 
-// ---- op dispatch ---------------------------------------------------------------------
-struct ArgInfo {
-  Shape shape;  // global
-  PartitionSpec spec;
-  DType dtype;
-  bool defined = true;
-};
-struct RuleResult {
-  std::vector<PartitionSpec> inputs;  // the layout each input must be brought to
-  PartitionSpec output;
-};
-// A sharding rule: from the inputs' layouts, the layouts to compute in (inserting
-// redistributions where they differ) and the resulting output layout.
-using Rule = std::function<RuleResult(const std::vector<ArgInfo>&, const Mesh&)>;
-using LocalFn = std::function<Array(const std::vector<Array>&)>;
-// For ops whose local computation needs the output layout (e.g. the local target shape).
-using LocalFnWithLayout = std::function<Array(const std::vector<Array>&, const Sharding& out)>;
-
-bool any_sharded(const std::vector<Array>& inputs);
-// Runs `local_fn` on the inputs' local blocks after redistributing them as `rule` says;
-// undefined inputs pass through as undefined.
-Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule, const LocalFn& local_fn);
-Array spmd_call(const char* op, const std::vector<Array>& inputs, const Rule& rule, const LocalFnWithLayout& local_fn);
+// Plugs the distributed layer into the dispatcher (prim::apply runs primitives on global
+// arrays through the sharding rules) and into value_and_grad (bucketed gradient reduction).
+// Every Mesh calls it; idempotent.
+void install_spmd();
 
 }  // namespace mt::dist

@@ -3,17 +3,15 @@
 #include <cmath>
 #include <limits>
 
-#include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/random.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
@@ -25,26 +23,56 @@ Array causal_mask(int64_t tq, int64_t tk) {
   return m;
 }
 
-Array causal_softmax(const Array& scores, double scale) {
-  MT_CHECK(scores.defined() && is_floating(scores.dtype()) && scores.ndim() >= 2, "[causal_softmax] expects floating (..., Tq, Tk) scores, got ",
-           scores.defined() ? scores.str() : std::string("undefined"));
-  const int nd = scores.ndim();
-  const int64_t tq = scores.dim(-2), tk = scores.dim(-1);
-  MT_CHECK(tq <= tk, "[causal_softmax] more queries (", tq, ") than keys (", tk, ") in ", scores.str());
-  // The mask depends on the query's position: both attention axes must be whole on each rank.
-  if (dist::is_sharded(scores))
-    return dist::spmd_call("causal_softmax", {scores}, dist::rules::gather_dims({nd - 2, nd - 1}),
-                           [&](const std::vector<Array>& l) { return causal_softmax(l[0], scale); });
-  Array y = Array::empty(scores.shape(), scores.dtype());
-  if (scores.numel() > 0) cpu::causal_softmax_forward(scores, y, scores.numel() / (tq * tk), tq, tk, float(scale));
-  autodiff::record(y, "causal_softmax", {scores}, [scores, scale, o = y.detach()](const Array& g) {
-    // Masked probabilities are 0, so their gradient vanishes with them.
-    Array yf = cast(autodiff::grad_enabled() ? causal_softmax(scores, scale) : o, DType::f32);
+namespace {
+
+// softmax(scale · scores) over the last axis with keys after each query's position masked
+// (the bottom-right-aligned causal mask when Tq < Tk), fused in one pass.
+class CausalSoftmaxPrimitive final : public prim::Primitive {
+ public:
+  explicit CausalSoftmaxPrimitive(double scale) : scale_(scale) {}
+  const char* name() const override { return "causal_softmax"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    const Array& scores = in[0];
+    MT_CHECK(is_floating(scores.dtype()) && scores.ndim() >= 2,
+             "[causal_softmax] expects floating (..., Tq, Tk) scores, got ", scores.str());
+    MT_CHECK(scores.dim(-2) <= scores.dim(-1), "[causal_softmax] more queries (", scores.dim(-2), ") than keys (",
+             scores.dim(-1), ") in ", scores.str());
+    return {scores.shape(), scores.dtype()};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
+    const Array& scores = in[0];
+    const int64_t tq = scores.dim(-2), tk = scores.dim(-1);
+    Array y = Array::empty(o.shape, o.dtype);
+    if (scores.numel() > 0)
+      cpu::causal_softmax_forward(scores, y, scores.numel() / (tq * tk), tq, tk, float(scale_));
+    return y;
+  }
+  bool keeps_output() const override { return true; }
+  // Masked probabilities are 0, so their gradient vanishes with them.
+  std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    Array yf = cast(s.output_for_vjp(), DType::f32);
     Array gf = cast(g, DType::f32);
-    Array dx = mul(mul(yf, sub(gf, sum(mul(gf, yf), {-1}, true))), scale);
-    return std::vector<Array>{cast(dx, scores.dtype())};
-  });
-  return y;
+    Array dx = mul(mul(yf, sub(gf, sum(mul(gf, yf), {-1}, true))), scale_);
+    return {cast(dx, s.dtypes[0])};
+  }
+  // The mask depends on the query's position: both attention axes must be whole on each rank.
+  layout::RuleResult sharding(const std::vector<layout::ArgInfo>& in, const layout::MeshShape& mesh) const override {
+    const int nd = in[0].shape.ndim();
+    return layout::rules::gather_dims(in, mesh, {nd - 2, nd - 1});
+  }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo& o) const override {
+    return {5.0 * double(o.shape.numel()), 2.0 * double(o.shape.numel()) * double(dtype_size(o.dtype))};
+  }
+
+ private:
+  double scale_;
+};
+
+}  // namespace
+
+Array causal_softmax(const Array& scores, double scale) {
+  MT_CHECK(scores.defined(), "[causal_softmax] expects floating (..., Tq, Tk) scores, got undefined");
+  return prim::apply(std::make_shared<CausalSoftmaxPrimitive>(scale), {scores});
 }
 
 namespace {

@@ -1,17 +1,25 @@
+// Indexing primitives: take / scatter_add (along an axis with an index array), their
+// elementwise-along-axis forms, embedding (with its vocabulary-parallel local form),
+// one_hot and top_k's indices. Index values are validated in the kernels, on the data each
+// rank holds; layouts without a dedicated rule are gathered (correct, not fast).
 #include "meshtrain/ops/indexing.h"
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/indexing_kernels.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
-#include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
-using autodiff::record;
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 namespace {
 
@@ -48,72 +56,250 @@ void check_along_axis_shapes(const Shape& x, const Array& idx, int axis, const c
              " in dimension ", d, " (only axis ", axis, " may differ freely)");
 }
 
+
+// The value differentiates; the indices (input 1) only steer.
+class IndexPrimitive : public prim::Primitive {
+ public:
+  explicit IndexPrimitive(int axis) : axis_(axis) {}
+  uint32_t keeps_inputs() const override { return 2u; }
+
+ protected:
+  int axis_;
+};
+
+class TakePrimitive final : public IndexPrimitive {
+ public:
+  using IndexPrimitive::IndexPrimitive;
+  const char* name() const override { return "take"; }
+  OutputInfo infer(const Inputs& in) const override {
+    return {splice(in[0].shape(), axis_, in[1].shape()), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array &x = in[0], &indices = in[1];
+    cpu::check_indices(indices, x.shape()[axis_], "take", detail::concat("x ", x.str(), ", axis ", axis_));
+    int64_t outer, inner;
+    split_at(x.shape(), axis_, outer, inner);
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::take(x, indices, out, outer, x.shape()[axis_], inner);
+    return out;
+  }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    return {scatter_add(s.shapes[0], s.inputs[1], g, axis_), Array()};
+  }
+};
+
+// Inputs (updates, indices): zeros of `shape` with updates summed in at the indices.
+class ScatterAddPrimitive final : public IndexPrimitive {
+ public:
+  ScatterAddPrimitive(Shape shape, int axis) : IndexPrimitive(axis), shape_(std::move(shape)) {}
+  const char* name() const override { return "scatter_add"; }
+  OutputInfo infer(const Inputs& in) const override {
+    const Array &updates = in[0], &indices = in[1];
+    Shape expected = splice(shape_, axis_, indices.shape());
+    MT_CHECK(updates.shape() == expected, "[scatter_add] updates ", updates.str(), " must have shape ",
+             expected.str(), " to scatter indices ", indices.shape().str(), " into ", shape_.str(), " along axis ",
+             axis_);
+    return {shape_, updates.dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    cpu::check_indices(in[1], shape_[axis_], "scatter_add", detail::concat("target shape ", shape_.str(), ", axis ", axis_));
+    int64_t outer, inner;
+    split_at(shape_, axis_, outer, inner);
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::scatter_add(in[0], in[1], out, outer, shape_[axis_], inner);
+    return out;
+  }
+  Grads vjp(const Saved& s, const Array& g) const override { return {take(g, s.inputs[1], axis_), Array()}; }
+
+ private:
+  Shape shape_;
+};
+
+class TakeAlongAxisPrimitive final : public IndexPrimitive {
+ public:
+  using IndexPrimitive::IndexPrimitive;
+  const char* name() const override { return "take_along_axis"; }
+  OutputInfo infer(const Inputs& in) const override {
+    check_along_axis_shapes(in[0].shape(), in[1], axis_, "take_along_axis");
+    return {in[1].shape(), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array &x = in[0], &indices = in[1];
+    cpu::check_indices(indices, x.shape()[axis_], "take_along_axis", detail::concat("x ", x.str(), ", axis ", axis_));
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::take_along_axis(x, indices, out, axis_);
+    return out;
+  }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    return {scatter_add_along_axis(s.shapes[0], s.inputs[1], g, axis_), Array()};
+  }
+};
+
+class ScatterAddAlongAxisPrimitive final : public IndexPrimitive {
+ public:
+  ScatterAddAlongAxisPrimitive(Shape shape, int axis) : IndexPrimitive(axis), shape_(std::move(shape)) {}
+  const char* name() const override { return "scatter_add_along_axis"; }
+  OutputInfo infer(const Inputs& in) const override {
+    const Array &updates = in[0], &indices = in[1];
+    MT_CHECK(updates.shape() == indices.shape(), "[scatter_add_along_axis] updates ", updates.str(), " and indices ",
+             indices.str(), " must have the same shape");
+    check_along_axis_shapes(shape_, indices, axis_, "scatter_add_along_axis");
+    return {shape_, updates.dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    cpu::check_indices(in[1], shape_[axis_], "scatter_add_along_axis",
+                       detail::concat("target shape ", shape_.str(), ", axis ", axis_));
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::scatter_add_along_axis(in[0], in[1], out, axis_);
+    return out;
+  }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    return {take_along_axis(g, s.inputs[1], axis_), Array()};
+  }
+
+ private:
+  Shape shape_;
+};
+
+// embedding(table (V, D), ids) -> ids.shape + (D,). On a rank holding rows
+// [row_offset, row_offset + V_local) of a vocabulary-split table, ids outside that range
+// give zero rows (the consumer sums the partial results: one all-reduce).
+class EmbeddingPrimitive final : public prim::Primitive {
+ public:
+  EmbeddingPrimitive() = default;
+  EmbeddingPrimitive(int64_t row_offset, int64_t vocab) : row_offset_(row_offset), vocab_(vocab), masked_(true) {}
+  const char* name() const override { return "embedding"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[1].shape().dims();
+    dims.push_back(in[0].dim(1));
+    return {Shape(dims), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs& aux) const override {
+    const Array &table = in[0], &ids = in[1];
+    const int64_t v = table.dim(0), d = table.dim(1);
+    Array out = Array::empty(o.shape, o.dtype);
+    if (!masked_) {
+      cpu::check_indices(ids, v, "embedding", detail::concat("table ", table.str()));
+      cpu::take(table, ids, out, 1, v, d);
+      return out;
+    }
+    cpu::check_indices(ids, vocab_, "embedding", detail::concat("table (", vocab_, ", ", d, ")"));
+    // Local row of each id (0 where another rank holds it) and whether this rank holds it.
+    std::vector<int64_t> all = ids.to_ints(), local(all.size());
+    std::vector<float> held(all.size());
+    for (size_t i = 0; i < all.size(); ++i) {
+      const int64_t r = all[i] - row_offset_;
+      held[i] = r >= 0 && r < v ? 1.f : 0.f;
+      local[i] = held[i] != 0.f ? r : 0;
+    }
+    Array local_ids = Array::from_vector(local, ids.shape());
+    Array mask = Array::from_vector(held, ids.shape(), table.dtype());
+    cpu::take(table, local_ids, out, 1, v, d);
+    autodiff::NoGradGuard no_grad;
+    out = mul(out, expand_dims(mask, -1));
+    aux = {local_ids, mask};
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return masked_ ? 0u : 2u; }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    // Row-owned scatter (see cpu::scatter_add): safe and deterministic under OpenMP.
+    if (!masked_) return {scatter_add(s.shapes[0], s.inputs[1], g, 0), Array()};
+    return {scatter_add(s.shapes[0], s.aux[0], mul(g, expand_dims(s.aux[1], -1)), 0), Array()};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::embedding(in, mesh);
+  }
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr& self) const override {
+    if (ctx.input_specs[0].axes_of(0).empty()) return self;
+    return std::make_shared<EmbeddingPrimitive>(ctx.input_offsets[0][0], ctx.input_global[0][0]);
+  }
+
+ private:
+  int64_t row_offset_ = 0, vocab_ = 0;
+  bool masked_ = false;
+};
+
+class OneHotPrimitive final : public prim::Primitive {
+ public:
+  OneHotPrimitive(int64_t num_classes, DType dtype) : num_classes_(num_classes), dtype_(dtype) {}
+  const char* name() const override { return "one_hot"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[0].shape().dims();
+    dims.push_back(num_classes_);
+    return {Shape(dims), dtype_};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    cpu::check_indices(in[0], num_classes_, "one_hot", detail::concat("num_classes ", num_classes_));
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::one_hot(in[0], out, num_classes_);
+    return out;
+  }
+  bool differentiable(const Inputs&, const OutputInfo&) const override { return false; }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {});
+  }
+
+ private:
+  int64_t num_classes_;
+  DType dtype_;
+};
+
+// The indices of the k largest values along `axis`, largest first (ties: lower index first).
+class TopKIndicesPrimitive final : public prim::Primitive {
+ public:
+  TopKIndicesPrimitive(int64_t k, int axis) : k_(k), axis_(axis) {}
+  const char* name() const override { return "top_k"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[0].shape().dims();
+    dims[size_t(axis_)] = k_;
+    return {Shape(dims), DType::i64};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    int64_t outer, inner;
+    split_at(x.shape(), axis_, outer, inner);
+    Array values = Array::empty(o.shape, x.dtype());
+    Array indices = Array::empty(o.shape, DType::i64);
+    cpu::top_k(x, values, indices, outer, x.shape()[axis_], inner, k_);
+    return indices;
+  }
+
+ private:
+  int64_t k_;
+  int axis_;
+};
+
 }  // namespace
 
 Array take(const Array& x, const Array& indices, int axis) {
-  // No layout-aware rule yet: gather to every rank (correct, not fast).
-  if (dist::any_sharded({x, indices})) return take(dist::to_host(x), dist::to_host(indices), axis);
   check_defined(x, "take", "input");
   check_defined(indices, "take", "indices");
   MT_CHECK(x.ndim() >= 1, "[take] cannot index a 0-d array ", x.str());
   check_index_dtype(indices, "take");
   axis = x.shape().axis(axis, "take");
-  cpu::check_indices(indices, x.shape()[axis], "take", detail::concat("x ", x.str(), ", axis ", axis));
-  int64_t outer, inner;
-  split_at(x.shape(), axis, outer, inner);
-  Array out = Array::empty(splice(x.shape(), axis, indices.shape()), x.dtype());
-  cpu::take(x, indices, out, outer, x.shape()[axis], inner);
-  if (is_floating(x.dtype()))
-    record(out, "take", {x},
-           [indices, s = x.shape(), axis](const Array& g) { return Grads{scatter_add(s, indices, g, axis)}; });
-  return out;
+  return prim::apply(std::make_shared<TakePrimitive>(axis), {x, indices});
 }
 
 Array scatter_add(const Shape& shape, const Array& indices, const Array& updates, int axis) {
-  // No layout-aware rule yet: gather to every rank (correct, not fast).
-  if (dist::any_sharded({indices, updates})) return scatter_add(shape, dist::to_host(indices), dist::to_host(updates), axis);
   check_defined(indices, "scatter_add", "indices");
   check_defined(updates, "scatter_add", "updates");
   MT_CHECK(shape.ndim() >= 1, "[scatter_add] cannot scatter into a 0-d shape ", shape.str());
   MT_CHECK(updates.dtype() != DType::boolean, "[scatter_add] cannot sum bool updates ", updates.str());
   check_index_dtype(indices, "scatter_add");
   axis = shape.axis(axis, "scatter_add");
-  Shape expected = splice(shape, axis, indices.shape());
-  MT_CHECK(updates.shape() == expected, "[scatter_add] updates ", updates.str(), " must have shape ", expected.str(),
-           " to scatter indices ", indices.shape().str(), " into ", shape.str(), " along axis ", axis);
-  cpu::check_indices(indices, shape[axis], "scatter_add",
-                     detail::concat("target shape ", shape.str(), ", axis ", axis));
-  int64_t outer, inner;
-  split_at(shape, axis, outer, inner);
-  Array out = Array::empty(shape, updates.dtype());
-  cpu::scatter_add(updates, indices, out, outer, shape[axis], inner);
-  if (is_floating(out.dtype()))
-    record(out, "scatter_add", {updates}, [indices, axis](const Array& g) { return Grads{take(g, indices, axis)}; });
-  return out;
+  return prim::apply(std::make_shared<ScatterAddPrimitive>(shape, axis), {updates, indices});
 }
 
 Array take_along_axis(const Array& x, const Array& indices, int axis) {
-  // No layout-aware rule yet: gather to every rank (correct, not fast).
-  if (dist::any_sharded({x, indices})) return take_along_axis(dist::to_host(x), dist::to_host(indices), axis);
   check_defined(x, "take_along_axis", "input");
   check_defined(indices, "take_along_axis", "indices");
   MT_CHECK(x.ndim() >= 1, "[take_along_axis] cannot index a 0-d array ", x.str());
   check_index_dtype(indices, "take_along_axis");
   axis = x.shape().axis(axis, "take_along_axis");
-  check_along_axis_shapes(x.shape(), indices, axis, "take_along_axis");
-  cpu::check_indices(indices, x.shape()[axis], "take_along_axis", detail::concat("x ", x.str(), ", axis ", axis));
-  Array out = Array::empty(indices.shape(), x.dtype());
-  cpu::take_along_axis(x, indices, out, axis);
-  if (is_floating(x.dtype()))
-    record(out, "take_along_axis", {x}, [indices, s = x.shape(), axis](const Array& g) {
-      return Grads{scatter_add_along_axis(s, indices, g, axis)};
-    });
-  return out;
+  return prim::apply(std::make_shared<TakeAlongAxisPrimitive>(axis), {x, indices});
 }
 
 Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Array& updates, int axis) {
-  // No layout-aware rule yet: gather to every rank (correct, not fast).
-  if (dist::any_sharded({indices, updates})) return scatter_add_along_axis(shape, dist::to_host(indices), dist::to_host(updates), axis);
   const char* op = "scatter_add_along_axis";
   check_defined(indices, op, "indices");
   check_defined(updates, op, "updates");
@@ -121,91 +307,34 @@ Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Arr
   MT_CHECK(updates.dtype() != DType::boolean, "[", op, "] cannot sum bool updates ", updates.str());
   check_index_dtype(indices, op);
   axis = shape.axis(axis, op);
-  MT_CHECK(updates.shape() == indices.shape(), "[", op, "] updates ", updates.str(), " and indices ", indices.str(),
-           " must have the same shape");
-  check_along_axis_shapes(shape, indices, axis, op);
-  cpu::check_indices(indices, shape[axis], op, detail::concat("target shape ", shape.str(), ", axis ", axis));
-  Array out = Array::empty(shape, updates.dtype());
-  cpu::scatter_add_along_axis(updates, indices, out, axis);
-  if (is_floating(out.dtype()))
-    record(out, op, {updates}, [indices, axis](const Array& g) { return Grads{take_along_axis(g, indices, axis)}; });
-  return out;
+  return prim::apply(std::make_shared<ScatterAddAlongAxisPrimitive>(shape, axis), {updates, indices});
 }
-
-namespace {
-// A table split over its vocabulary: each rank looks up the ids it holds rows for (others
-// give zero rows) and the partial results are summed by the consumer (one all-reduce).
-Array vocab_parallel_embedding(const Array& table, const Array& ids) {
-  const dist::Sharding* ts = dist::sharding_of(table);
-  int64_t row_offset = 0;
-  if (ts && dist::is_sharded(table) && !ts->spec.axes_of(0).empty())
-    row_offset = ts->block_index(0) * (table.dim(0) / ts->num_blocks(0));
-  return dist::spmd_call("embedding", {table, ids}, dist::rules::embedding(), [&](const std::vector<Array>& l) {
-    const Array& tl = l[0];
-    if (tl.dim(0) == table.dim(0)) return embedding(tl, l[1]);
-    Array shifted = sub(l[1], Array::scalar(double(row_offset), l[1].dtype()));
-    Array valid = logical_and(ge(shifted, zeros_like(shifted)), lt(shifted, Array::scalar(double(tl.dim(0)), l[1].dtype())));
-    Array safe = where(valid, shifted, zeros_like(shifted));
-    return mul(embedding(tl, safe), expand_dims(cast(valid, tl.dtype()), -1));
-  });
-}
-}  // namespace
 
 Array embedding(const Array& table, const Array& ids) {
   check_defined(table, "embedding", "table");
   check_defined(ids, "embedding", "ids");
   MT_CHECK(table.ndim() == 2, "[embedding] table must be (V, D), got ", table.str());
-  if (dist::any_sharded({table, ids})) return vocab_parallel_embedding(table, ids);
   check_index_dtype(ids, "embedding");
-  const int64_t v = table.shape()[0], d = table.shape()[1];
-  cpu::check_indices(ids, v, "embedding", detail::concat("table ", table.str()));
-  std::vector<int64_t> dims = ids.shape().dims();
-  dims.push_back(d);
-  Array out = Array::empty(Shape(std::move(dims)), table.dtype());
-  cpu::take(table, ids, out, 1, v, d);
-  if (is_floating(table.dtype()))
-    record(out, "embedding", {table}, [ids, s = table.shape()](const Array& g) {
-      // Row-owned scatter (see cpu::scatter_add): safe and deterministic under OpenMP.
-      return Grads{scatter_add(s, ids, g, 0)};
-    });
-  return out;
+  return prim::apply(prim::instance<EmbeddingPrimitive>(), {table, ids});
 }
 
 Array one_hot(const Array& ids, int64_t num_classes, DType dtype) {
   check_defined(ids, "one_hot", "ids");
-  if (dist::is_sharded(ids))
-    return dist::spmd_call("one_hot", {ids}, dist::rules::gather_dims({}),
-                           [&](const std::vector<Array>& l) { return one_hot(l[0], num_classes, dtype); });
   check_index_dtype(ids, "one_hot");
   MT_CHECK(num_classes > 0, "[one_hot] num_classes must be positive, got ", num_classes);
-  cpu::check_indices(ids, num_classes, "one_hot", detail::concat("num_classes ", num_classes));
-  std::vector<int64_t> dims = ids.shape().dims();
-  dims.push_back(num_classes);
-  Array out = Array::empty(Shape(std::move(dims)), dtype);
-  cpu::one_hot(ids, out, num_classes);
-  return out;
+  return prim::apply(std::make_shared<OneHotPrimitive>(num_classes, dtype), {ids});
 }
 
 std::pair<Array, Array> top_k(const Array& x, int64_t k, int axis) {
   check_defined(x, "top_k", "input");
-  if (dist::is_sharded(x)) return top_k(dist::to_host(x), k, axis);
   MT_CHECK(x.ndim() >= 1, "[top_k] expects rank >= 1, got ", x.str());
   MT_CHECK(x.dtype() != DType::boolean, "[top_k] cannot rank bool array ", x.str());
   axis = x.shape().axis(axis, "top_k");
   const int64_t a = x.shape()[axis];
   MT_CHECK(k >= 0 && k <= a, "[top_k] k = ", k, " out of range [0, ", a, "] for axis ", axis, " of ", x.str());
-  int64_t outer, inner;
-  split_at(x.shape(), axis, outer, inner);
-  std::vector<int64_t> dims = x.shape().dims();
-  dims[size_t(axis)] = k;
-  Array values = Array::empty(Shape(dims), x.dtype());
-  Array indices = Array::empty(Shape(dims), DType::i64);
-  cpu::top_k(x, values, indices, outer, a, inner, k);
-  if (is_floating(x.dtype()))
-    record(values, "top_k", {x}, [indices, s = x.shape(), axis](const Array& g) {
-      return Grads{scatter_add_along_axis(s, indices, g, axis)};
-    });
-  return {values, indices};
+  Array indices = prim::apply(std::make_shared<TopKIndicesPrimitive>(k, axis), {x});
+  // The values are a gather of x, so they differentiate through take_along_axis.
+  return {take_along_axis(x, indices, axis), indices};
 }
 
 }  // namespace mt

@@ -7,17 +7,21 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/loss_kernels.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
-#include "meshtrain/dist/mesh.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 namespace {
 
@@ -27,9 +31,8 @@ struct CeShape {
   int64_t count = 0;  // targets not equal to ignore_index
 };
 
-// Validates shapes, dtypes, smoothing and every label; counts the non-ignored targets.
-CeShape check_cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double smoothing,
-                            const char* op) {
+// Validates shapes, dtypes and smoothing (no data is read: the arrays may be distributed).
+void check_cross_entropy_shapes(const Array& logits, const Array& labels, double smoothing, const char* op) {
   MT_CHECK(logits.defined() && labels.defined(), "[", op, "] undefined logits or labels array");
   MT_CHECK(is_floating(logits.dtype()), "[", op, "] logits must be floating, got ", logits.str());
   MT_CHECK(logits.ndim() >= 1, "[", op, "] logits must have a class axis, got ", logits.str());
@@ -39,9 +42,15 @@ CeShape check_cross_entropy(const Array& logits, const Array& labels, int64_t ig
   MT_CHECK(labels.shape() == Shape(lead), "[", op, "] labels ", labels.str(), " must have shape ", Shape(lead).str(),
            " for logits ", logits.str(), " (classes on the last axis)");
   MT_CHECK(smoothing >= 0.0 && smoothing <= 1.0, "[", op, "] label_smoothing ", smoothing, " outside [0, 1]");
+  MT_CHECK(logits.shape()[logits.ndim() - 1] > 0, "[", op, "] logits ", logits.str(), " have no classes");
+}
+
+// Checks every label of plain arrays; counts the non-ignored targets.
+CeShape check_cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double smoothing,
+                            const char* op) {
+  check_cross_entropy_shapes(logits, labels, smoothing, op);
   CeShape s;
   s.classes = logits.shape()[logits.ndim() - 1];
-  MT_CHECK(s.classes > 0, "[", op, "] logits ", logits.str(), " have no classes");
   s.rows = labels.numel();
   std::vector<int64_t> ys = labels.to_ints();
   for (size_t j = 0; j < ys.size(); ++j) {
@@ -82,41 +91,155 @@ Array row_scales(const Array& g, Reduction reduction, int64_t rows, int64_t coun
   return Array::full(Shape{rows}, v, DType::f32);
 }
 
-}  // namespace
+// Fused cross-entropy: one pass computes each row's loss and log-sum-exp; the backward
+// pass is one more from the saved log-sum-exp. Inputs (logits (..., C), labels (...)).
+class CrossEntropyPrimitive final : public prim::Primitive {
+ public:
+  CrossEntropyPrimitive(int64_t ignore_index, double smoothing, Reduction reduction)
+      : ignore_index_(ignore_index), smoothing_(smoothing), reduction_(reduction) {}
+  const char* name() const override { return "cross_entropy"; }
+  OutputInfo infer(const Inputs& in) const override {
+    check_cross_entropy_shapes(in[0], in[1], smoothing_, "cross_entropy");
+    return {reduction_ == Reduction::none ? in[1].shape() : Shape{}, DType::f32};
+  }
+  Array run(const Inputs& in, const OutputInfo&, Inputs& aux) const override {
+    const Array &logits = in[0], &labels = in[1];
+    const CeShape s = check_cross_entropy(logits, labels, ignore_index_, smoothing_, "cross_entropy");
+    Array rows = Array::empty(Shape{s.rows}, DType::f32);
+    Array lse = Array::empty(Shape{s.rows}, DType::f32);
+    cpu::cross_entropy_forward(logits, labels, ignore_index_, float(smoothing_), rows, lse);
+    aux = {lse, Array::scalar(double(s.count), DType::i64)};
+    if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
+    double total = 0.0;
+    const float* pr = rows.data<float>();
+    for (int64_t i = 0; i < s.rows; ++i) total += double(pr[i]);
+    if (reduction_ == Reduction::mean)
+      total = s.count > 0 ? total / double(s.count) : std::numeric_limits<double>::quiet_NaN();
+    return Array::scalar(total, DType::f32);
+  }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    const Array &logits = s.inputs[0], &labels = s.inputs[1];
+    const int64_t classes = logits.dim(-1), rows = labels.numel();
+    const int64_t count = int64_t(s.aux[1].item());
+    // Under nested differentiation the backward pass must itself be recorded.
+    if (autodiff::grad_enabled())
+      return {composed_grad(logits, labels, g, ignore_index_, smoothing_, reduction_, classes, count), Array()};
+    Array scale = row_scales(g, reduction_, rows, count);
+    Array grad = Array::empty(logits.shape(), logits.dtype());
+    cpu::cross_entropy_backward(logits, labels, s.aux[0], scale, ignore_index_, float(smoothing_), grad);
+    return {grad, Array()};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::cross_entropy(in, mesh, reduction_ == Reduction::sum);
+  }
 
-namespace {
+ private:
+  int64_t ignore_index_;
+  double smoothing_;
+  Reduction reduction_;
+};
 
-// Cross-entropy with the classes split over mesh axes, without gathering the logits. Each
-// rank computes, for its slice of classes and shifted by the global row max (a constant):
-// Σ exp(z), the target's z when the label falls in its slice, and Σ z. These are partial
-// sums over the class axes; the loss combines their totals:
+// Vocabulary-parallel cross-entropy's per-row statistics on one rank's slice of classes
+// [offset, offset + C_local), shifted by the global row max M (a constant): Σ exp(z), the
+// target's z when the label falls in the slice (else 0), and Σ z, with z = x − M.
+// Inputs (logits (..., C), labels (...), M (..., 1)); output (..., 3) f32, partial over the
+// class axes.
+class VocabStatisticsPrimitive final : public prim::Primitive {
+ public:
+  explicit VocabStatisticsPrimitive(int64_t offset = 0) : offset_(offset) {}
+  const char* name() const override { return "vocab_parallel_statistics"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[1].shape().dims();
+    dims.push_back(3);
+    return {Shape(dims), DType::f32};
+  }
+  Array run(const Inputs& in, const OutputInfo&, Inputs&) const override {
+    autodiff::NoGradGuard no_grad;
+    Array z = sub(cast(in[0], DType::f32), in[2]);
+    auto [in_slice, safe] = local_targets(in[1], z.dim(-1));
+    Array target = mul(squeeze(take_along_axis(z, expand_dims(safe, -1), -1), -1), cast(in_slice, DType::f32));
+    return stack({sum(exp(z), {-1}), target, sum(z, {-1})}, -1);
+  }
+  // d/dx: g0 · exp(z) + g1 · [class == label] + g2.
+  Grads vjp(const Saved& s, const Array& g) const override {
+    const Array& logits = s.inputs[0];
+    Array z = sub(cast(logits, DType::f32), s.inputs[2]);
+    auto [in_slice, safe] = local_targets(s.inputs[1], z.dim(-1));
+    Array hit = mul(one_hot(safe, z.dim(-1), DType::f32), expand_dims(cast(in_slice, DType::f32), -1));
+    auto part = [&](int64_t i) { return slice(g, -1, i, i + 1); };
+    Array dx = add(add(mul(part(0), exp(z)), mul(part(1), hit)), part(2));
+    return {cast(dx, logits.dtype()), Array(), Array()};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::vocab_parallel_statistics(in, mesh);
+  }
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    return std::make_shared<VocabStatisticsPrimitive>(ctx.input_offsets[0].back());
+  }
+
+ private:
+  // Whether each label falls in this slice, and its index in the slice (0 where it does not).
+  std::pair<Array, Array> local_targets(const Array& labels, int64_t local_classes) const {
+    Array shifted = sub(labels, Array::scalar(double(offset_), labels.dtype()));
+    Array in_slice = logical_and(ge(shifted, zeros_like(shifted)),
+                                 lt(shifted, Array::scalar(double(local_classes), labels.dtype())));
+    return {in_slice, where(in_slice, shifted, zeros_like(shifted))};
+  }
+  int64_t offset_;
+};
+
+// Each row's max over one rank's slice of classes, placed in that slice's slot of a
+// (..., slices) array that is zero elsewhere: a partial sum over the class axes, so one small
+// all-reduce gives every rank every slice's max. Input logits (..., C), output f32.
+class SliceMaxPrimitive final : public prim::Primitive {
+ public:
+  SliceMaxPrimitive(int64_t slices, int64_t slot = 0) : slices_(slices), slot_(slot) {}
+  const char* name() const override { return "vocab_parallel_slice_max"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[0].shape().dims();
+    dims.back() = slices_;
+    return {Shape(dims), DType::f32};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    autodiff::NoGradGuard no_grad;
+    Array m = cast(max(in[0], {-1}, true), DType::f32);
+    std::vector<int64_t> dims = o.shape.dims();
+    dims.back() = slices_;
+    return pad_into(m, Shape(dims), -1, slot_);
+  }
+  bool differentiable(const Inputs&, const OutputInfo&) const override { return false; }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape&) const override {
+    const int n = in[0].shape.ndim();
+    layout::PartitionSpec logits = in[0].spec.without_partial().padded(n);
+    layout::PartitionSpec out = logits;
+    out.dims.back().clear();
+    return {{logits}, out.with_partial(logits.dims.back())};
+  }
+  // The local output keeps every slot (the output's class dim is whole).
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    const int64_t local_classes = ctx.input_global[0].dims().back() / slices_;
+    return std::make_shared<SliceMaxPrimitive>(slices_, ctx.input_offsets[0].back() / local_classes);
+  }
+
+ private:
+  int64_t slices_, slot_;
+};
+
+// Cross-entropy with the classes split over mesh axes, without gathering the logits. The row
+// max comes from each slice's max (one small all-reduce); the statistics are partial sums over
+// the class axes, and the loss combines their totals:
 //   loss = log Σ exp(z) − (1 − ε) z_target − ε mean_c z   (the max cancels).
 Array vocab_parallel_cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double smoothing,
                                    Reduction reduction) {
-  const dist::Sharding& ls = *dist::sharding_of(logits);
   const int last = logits.ndim() - 1;
   const int64_t classes = logits.dim(-1);
-  const int64_t offset = ls.block_index(last) * (classes / ls.num_blocks(last));
-  const std::vector<std::string> class_axes = ls.spec.axes_of(last);
-  Array stats = dist::spmd_call(
-      "cross_entropy", {logits, labels}, dist::rules::vocab_parallel_statistics(),
-      [&](const std::vector<Array>& l, const dist::Sharding& out) {
-        Array x = cast(l[0], DType::f32);
-        Array row_max;
-        {
-          autodiff::NoGradGuard no_grad;
-          row_max = max(x.detach(), {-1}, true);
-          for (const std::string& axis : class_axes)
-            out.mesh.axis_comm(axis).all_reduce(row_max.raw(), row_max.numel(), DType::f32, dist::ReduceOp::max);
-        }
-        Array z = sub(x, row_max);
-        Array shifted = sub(l[1], Array::scalar(double(offset), l[1].dtype()));
-        Array in_slice = logical_and(ge(shifted, zeros_like(shifted)),
-                                     lt(shifted, Array::scalar(double(x.dim(-1)), l[1].dtype())));
-        Array safe = where(in_slice, shifted, zeros_like(shifted));
-        Array target = mul(squeeze(take_along_axis(z, expand_dims(safe, -1), -1), -1), cast(in_slice, DType::f32));
-        return stack({sum(exp(z), {-1}), target, sum(z, {-1})}, -1);
-      });
+  const int64_t slices = prim::mesh_shape_of(logits).blocks(prim::spec_of(logits).axes_of(last));
+  Array row_max;
+  {
+    autodiff::NoGradGuard no_grad;
+    row_max = max(prim::apply(std::make_shared<SliceMaxPrimitive>(slices), {logits.detach()}), {-1}, true);
+  }
+  Array stats = prim::apply(std::make_shared<VocabStatisticsPrimitive>(), {logits, labels, row_max});
   const int64_t k = stats.ndim() - 1;
   auto stat = [&](int64_t i) { return squeeze(slice(stats, int(k), i, i + 1), int(k)); };
   Array per = sub(log(stat(0)), stat(1));
@@ -134,53 +257,18 @@ Array vocab_parallel_cross_entropy(const Array& logits, const Array& labels, int
 
 Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,
                     Reduction reduction) {
-  if (dist::is_sharded(logits) && !dist::sharding_of(logits)->spec.axes_of(logits.ndim() - 1).empty()) {
-    MT_CHECK(labels.defined() && labels.ndim() == logits.ndim() - 1, "[cross_entropy] logits ", logits.str(),
-             " and labels ", labels.str(), " do not match");
+  check_cross_entropy_shapes(logits, labels, label_smoothing, "cross_entropy");
+  if (logits.distributed() && !prim::spec_of(logits).axes_of(logits.ndim() - 1).empty())
     return vocab_parallel_cross_entropy(logits, labels, ignore_index, label_smoothing, reduction);
+  if (reduction == Reduction::mean && (logits.distributed() || labels.distributed())) {
+    // The mean over a batch split across ranks: the summed loss over the count of the
+    // targets that are not ignored, both totals over all ranks.
+    Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
+    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype())), DType::f32));
+    return div(total, count);
   }
-  if (dist::any_sharded({logits, labels})) {
-    MT_CHECK(logits.defined() && labels.defined() && logits.ndim() >= 1 && labels.ndim() == logits.ndim() - 1,
-             "[cross_entropy] logits ", logits.str(), " and labels ", labels.str(), " do not match");
-    if (reduction == Reduction::mean) {
-      // The mean over a batch split across ranks: the summed loss over the count of the
-      // targets that are not ignored, both totals over all ranks.
-      Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
-      Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype())), DType::f32));
-      return div(total, count);
-    }
-    return dist::spmd_call("cross_entropy", {logits, labels}, dist::rules::cross_entropy(reduction == Reduction::sum),
-                           [&](const std::vector<Array>& l) {
-                             return cross_entropy(l[0], l[1], ignore_index, label_smoothing, reduction);
-                           });
-  }
-  const CeShape s = check_cross_entropy(logits, labels, ignore_index, label_smoothing, "cross_entropy");
-  Array rows = Array::empty(Shape{s.rows}, DType::f32);
-  Array lse = Array::empty(Shape{s.rows}, DType::f32);
-  cpu::cross_entropy_forward(logits, labels, ignore_index, float(label_smoothing), rows, lse);
-  Array out;
-  if (reduction == Reduction::none) {
-    out = rows.view_as_shape(labels.shape());
-  } else {
-    double total = 0.0;
-    const float* pr = rows.data<float>();
-    for (int64_t i = 0; i < s.rows; ++i) total += double(pr[i]);
-    if (reduction == Reduction::mean)
-      total = s.count > 0 ? total / double(s.count) : std::numeric_limits<double>::quiet_NaN();
-    out = Array::scalar(total, DType::f32);
-  }
-  autodiff::record(
-      out, "cross_entropy", {logits},
-      [logits, labels, lse, ignore_index, label_smoothing, reduction, s](const Array& g) {
-        // Under nested differentiation the backward pass must itself be recorded.
-        if (autodiff::grad_enabled())
-          return Grads{composed_grad(logits, labels, g, ignore_index, label_smoothing, reduction, s.classes, s.count)};
-        Array scale = row_scales(g, reduction, s.rows, s.count);
-        Array grad = Array::empty(logits.shape(), logits.dtype());
-        cpu::cross_entropy_backward(logits, labels, lse, scale, ignore_index, float(label_smoothing), grad);
-        return Grads{grad};
-      });
-  return out;
+  return prim::apply(std::make_shared<CrossEntropyPrimitive>(ignore_index, label_smoothing, reduction),
+                     {logits, labels});
 }
 
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,

@@ -5,14 +5,18 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
-using autodiff::record;
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 namespace {
 
@@ -26,44 +30,101 @@ cpu::MatmulDType matmul_dtype(DType d) {
   }
 }
 
-Shape batch_shape(const Array& x) {
-  std::vector<int64_t> d(x.shape().dims().begin(), x.shape().dims().end() - 2);
+Shape batch_shape(const Shape& x) {
+  std::vector<int64_t> d(x.dims().begin(), x.dims().end() - 2);
   return Shape(d);
 }
 
-// The product of two arrays whose batch dims are either the full broadcast batch or all 1.
-Array matmul_core(const Array& a, const Array& b, bool ta, bool tb, const Shape& batch) {
-  const int64_t M = ta ? a.dim(-1) : a.dim(-2), K = ta ? a.dim(-2) : a.dim(-1);
-  const int64_t N = tb ? b.dim(-2) : b.dim(-1);
-  std::vector<int64_t> out_dims = batch.dims();
-  out_dims.push_back(M);
-  out_dims.push_back(N);
-  Array out = Array::empty(Shape(out_dims), a.dtype());
-  const int64_t nb = batch.numel();
-  const int64_t ba = batch_shape(a).numel(), bb = batch_shape(b).numel();
-  const MatmulPrecision precision = current_precision;
-  // Under bf16 precision the kernel rounds f32 operands to bf16 in its own staging buffers.
-  const cpu::MatmulDType kernel_dtype = a.dtype() == DType::f32 && precision == MatmulPrecision::bf16
-                                            ? cpu::MatmulDType::f32_as_bf16
-                                            : matmul_dtype(a.dtype());
-  cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta, tb);
-  record(out, "matmul", {a, b}, [a, b, ta, tb, precision](const Array& g) {
-    MatmulPrecisionScope scope(precision);
+// A batch of activations times one weight matrix: the batch folds into M, one large GEMM.
+bool folds_into_rows(const Shape& a, const Shape& b, bool ta) { return b.ndim() == 2 && a.ndim() > 2 && !ta; }
+
+// a (..., M, K) @ b (..., K, N), either stored transposed; batch dims broadcast.
+class MatmulPrimitive final : public prim::Primitive {
+ public:
+  MatmulPrimitive(bool ta, bool tb, MatmulPrecision precision) : ta_(ta), tb_(tb), precision_(precision) {}
+  const char* name() const override { return "matmul"; }
+
+  OutputInfo infer(const Inputs& in) const override {
+    const Array &a = in[0], &b = in[1];
+    MT_CHECK(a.defined() && b.defined(), "[matmul] undefined input array");
+    MT_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "[matmul] expects arrays of rank >= 2, got ", a.str(), " and ", b.str());
+    MT_CHECK(a.dtype() == b.dtype(), "[matmul] dtype mismatch: ", a.str(), " vs ", b.str());
+    MT_CHECK(is_floating(a.dtype()), "[matmul] expects floating arrays, got ", a.str(), " and ", b.str());
+    const int64_t ka = ta_ ? a.dim(-2) : a.dim(-1);
+    const int64_t kb = tb_ ? b.dim(-1) : b.dim(-2);
+    MT_CHECK(ka == kb, "[matmul] contraction mismatch: ", a.str(), (ta_ ? "^T" : ""), " @ ", b.str(),
+             (tb_ ? "^T" : ""), " (", ka, " vs ", kb, ")");
+    std::vector<int64_t> dims = broadcast_shapes(batch_shape(a.shape()), batch_shape(b.shape()), "matmul").dims();
+    dims.push_back(ta_ ? a.dim(-1) : a.dim(-2));
+    dims.push_back(tb_ ? b.dim(-2) : b.dim(-1));
+    return {Shape(dims), a.dtype()};
+  }
+
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& b = fit_batch(in[1], o.shape);
+    const Array& a = fit_batch(in[0], o.shape);
+    const int64_t K = ta_ ? a.dim(-2) : a.dim(-1), N = o.shape[o.shape.ndim() - 1];
+    int64_t M = o.shape[o.shape.ndim() - 2];
+    int64_t nb = batch_shape(o.shape).numel(), ba = batch_shape(a.shape()).numel(), bb = batch_shape(b.shape()).numel();
+    if (folds_into_rows(a.shape(), b.shape(), ta_)) {
+      M *= nb;
+      nb = ba = bb = 1;
+    }
+    Array out = Array::empty(o.shape, o.dtype);
+    // Under bf16 precision the kernel rounds f32 operands to bf16 in its own staging buffers.
+    const cpu::MatmulDType kernel_dtype = a.dtype() == DType::f32 && precision_ == MatmulPrecision::bf16
+                                              ? cpu::MatmulDType::f32_as_bf16
+                                              : matmul_dtype(a.dtype());
+    cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
+    return out;
+  }
+
+  // Each input's cotangent is a product of g with the other input, in the layout (transposed
+  // or not) the input is stored in; broadcast batch dims are summed away.
+  Grads vjp(const Saved& s, const Array& g) const override {
+    MatmulPrecisionScope scope(precision_);
+    const Array &a = s.inputs[0], &b = s.inputs[1];
     Array ga, gb;
-    // Each input's cotangent is a product of g with the other input, in the layout
-    // (transposed or not) the input is stored in; broadcast batch dims are summed away.
-    if (a.traced()) {
-      ga = ta ? matmul(b, g, tb, true) : matmul(g, b, false, !tb);
-      ga = sum_to(ga, a.shape());
+    if (s.wants(0)) ga = sum_to(ta_ ? matmul(b, g, tb_, true) : matmul(g, b, false, !tb_), a.shape());
+    if (s.wants(1)) {
+      if (folds_into_rows(a.shape(), b.shape(), ta_)) {
+        // One GEMM over all rows, not a batch of GEMMs summed afterwards.
+        Array a2 = reshape(a, {-1, a.dim(-1)}), g2 = reshape(g, {-1, g.dim(-1)});
+        gb = tb_ ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+      } else {
+        gb = sum_to(tb_ ? matmul(g, a, true, ta_) : matmul(a, g, !ta_, false), b.shape());
+      }
     }
-    if (b.traced()) {
-      gb = tb ? matmul(g, a, true, ta) : matmul(a, g, !ta, false);
-      gb = sum_to(gb, b.shape());
-    }
-    return Grads{ga, gb};
-  });
-  return out;
-}
+    return {ga, gb};
+  }
+
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::matmul(in, mesh, ta_, tb_);
+  }
+
+  prim::Cost cost(const Inputs& in, const OutputInfo& o) const override {
+    const int64_t K = ta_ ? in[0].dim(-2) : in[0].dim(-1);
+    prim::Cost c = Primitive::cost(in, o);
+    c.flops = 2.0 * double(o.shape.numel()) * double(K);
+    return c;
+  }
+
+ private:
+  // x with the output's batch dims, unless they are all 1 or already full (the kernel
+  // broadcasts those itself).
+  static Array fit_batch(const Array& x, const Shape& out) {
+    const Shape batch = batch_shape(out), xb = batch_shape(x.shape());
+    if (xb == batch || xb.numel() == 1) return x;
+    std::vector<int64_t> dims = batch.dims();
+    dims.push_back(x.dim(-2));
+    dims.push_back(x.dim(-1));
+    autodiff::NoGradGuard no_grad;
+    return broadcast_to(x, Shape(dims));
+  }
+
+  bool ta_, tb_;
+  MatmulPrecision precision_;
+};
 
 }  // namespace
 
@@ -81,36 +142,7 @@ MatmulPrecisionScope::MatmulPrecisionScope(MatmulPrecision p) : saved_(current_p
 MatmulPrecisionScope::~MatmulPrecisionScope() { current_precision = saved_; }
 
 Array matmul(const Array& a, const Array& b, bool trans_a, bool trans_b) {
-  MT_CHECK(a.defined() && b.defined(), "[matmul] undefined input array");
-  MT_CHECK(a.ndim() >= 2 && b.ndim() >= 2, "[matmul] expects arrays of rank >= 2, got ", a.str(), " and ", b.str());
-  MT_CHECK(a.dtype() == b.dtype(), "[matmul] dtype mismatch: ", a.str(), " vs ", b.str());
-  MT_CHECK(is_floating(a.dtype()), "[matmul] expects floating arrays, got ", a.str(), " and ", b.str());
-  const int64_t ka = trans_a ? a.dim(-2) : a.dim(-1);
-  const int64_t kb = trans_b ? b.dim(-1) : b.dim(-2);
-  MT_CHECK(ka == kb, "[matmul] contraction mismatch: ", a.str(), (trans_a ? "^T" : ""), " @ ", b.str(),
-           (trans_b ? "^T" : ""), " (", ka, " vs ", kb, ")");
-
-  if (dist::any_sharded({a, b}))
-    return dist::spmd_call("matmul", {a, b}, dist::rules::matmul(trans_a, trans_b),
-                           [&](const std::vector<Array>& l) { return matmul(l[0], l[1], trans_a, trans_b); });
-  // A batch of activations times one weight matrix is a single large GEMM.
-  if (b.ndim() == 2 && a.ndim() > 2 && !trans_a) {
-    std::vector<int64_t> out_dims(a.shape().dims().begin(), a.shape().dims().end() - 1);
-    out_dims.push_back(trans_b ? b.dim(0) : b.dim(1));
-    Array flat = reshape(a, {-1, ka});
-    return reshape(matmul_core(flat, b, false, trans_b, Shape{}), out_dims);
-  }
-
-  Shape batch = broadcast_shapes(batch_shape(a), batch_shape(b), "matmul");
-  auto fit_batch = [&](const Array& x) {
-    Shape xb = batch_shape(x);
-    if (xb == batch || xb.numel() == 1) return x;
-    std::vector<int64_t> dims = batch.dims();
-    dims.push_back(x.dim(-2));
-    dims.push_back(x.dim(-1));
-    return broadcast_to(x, Shape(dims));
-  };
-  return matmul_core(fit_batch(a), fit_batch(b), trans_a, trans_b, batch);
+  return prim::apply(std::make_shared<MatmulPrimitive>(trans_a, trans_b, current_precision), {a, b});
 }
 
 }  // namespace mt

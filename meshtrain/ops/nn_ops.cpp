@@ -6,59 +6,68 @@
 #include "meshtrain/backend/cpu/norm_kernels.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
-using autodiff::record;
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 namespace {
-
-// The op's output inside its VJP: the saved value in a first-order pass, recomputed with
-// history when the backward pass is itself being differentiated.
-template <class Recompute>
-Array saved_output(const Array& detached_out, Recompute&& recompute) {
-  return autodiff::grad_enabled() ? recompute() : detached_out;
-}
 
 Array to_f32(const Array& a) { return cast(a, DType::f32); }
 
 // ---- softmax ---------------------------------------------------------------------
 
+class SoftmaxPrimitive final : public prim::Primitive {
+ public:
+  SoftmaxPrimitive(int axis, bool log) : axis_(axis), log_(log) {}
+  const char* name() const override { return log_ ? "log_softmax" : "softmax"; }
+  OutputInfo infer(const Inputs& in) const override {
+    MT_CHECK(is_floating(in[0].dtype()), "[", name(), "] expects a floating array, got ", in[0].str());
+    return {in[0].shape(), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis_; ++i) outer *= x.shape()[i];
+    for (int i = axis_ + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
+    Array y = Array::empty(o.shape, o.dtype);
+    if (x.numel() > 0) cpu::softmax_forward(x, y, outer, x.shape()[axis_], inner, log_);
+    return y;
+  }
+  bool keeps_output() const override { return true; }
+  // In f32: bf16 products and row sums would lose the small differences the VJP relies on.
+  Grads vjp(const Saved& s, const Array& g) const override {
+    Array gf = to_f32(g);
+    Array yf = to_f32(s.output_for_vjp());
+    Array dx = log_ ? sub(gf, mul(exp(yf), sum(gf, {axis_}, true))) : mul(yf, sub(gf, sum(mul(gf, yf), {axis_}, true)));
+    return {cast(dx, s.dtypes[0])};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {axis_});
+  }
+  prim::Cost cost(const Inputs& in, const OutputInfo& o) const override {
+    return {5.0 * double(o.shape.numel()), 2.0 * double(o.shape.numel()) * double(dtype_size(o.dtype))};
+  }
+
+ private:
+  int axis_;
+  bool log_;
+};
+
 Array softmax_impl(const Array& x, int axis, bool log) {
-  const char* op = log ? "log_softmax" : "softmax";
-  MT_CHECK(x.defined(), "[", op, "] undefined input array");
-  MT_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating array, got ", x.str());
-  axis = x.shape().axis(axis, op);
-  if (dist::is_sharded(x))
-    return dist::spmd_call(op, {x}, dist::rules::gather_dims({axis}),
-                           [&](const std::vector<Array>& l) { return softmax_impl(l[0], axis, log); });
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < axis; ++i) outer *= x.shape()[i];
-  for (int i = axis + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
-  Array y = Array::empty(x.shape(), x.dtype());
-  if (x.numel() > 0) cpu::softmax_forward(x, y, outer, x.shape()[axis], inner, log);
-  // VJPs in f32 (bf16 products and row sums would lose the small differences they rely on).
-  if (log)
-    record(y, op, {x}, [x, axis, o = y.detach()](const Array& g) {
-      Array yv = saved_output(o, [&] { return softmax_impl(x, axis, true); });
-      Array gf = to_f32(g);
-      Array dx = sub(gf, mul(exp(to_f32(yv)), sum(gf, {axis}, true)));
-      return Grads{cast(dx, x.dtype())};
-    });
-  else
-    record(y, op, {x}, [x, axis, o = y.detach()](const Array& g) {
-      Array yf = to_f32(saved_output(o, [&] { return softmax_impl(x, axis, false); }));
-      Array gf = to_f32(g);
-      Array dx = mul(yf, sub(gf, sum(mul(gf, yf), {axis}, true)));
-      return Grads{cast(dx, x.dtype())};
-    });
-  return y;
+  MT_CHECK(x.defined(), "[", log ? "log_softmax" : "softmax", "] undefined input array");
+  axis = x.shape().axis(axis, log ? "log_softmax" : "softmax");
+  return prim::apply(std::make_shared<SoftmaxPrimitive>(axis, log), {x});
 }
 
 // ---- layer norm / RMS norm ---------------------------------------------------------
@@ -98,29 +107,53 @@ Grads norm_vjp_composed(bool center, const Array& x, const Array& weight, const 
   return out;
 }
 
-Array norm_impl(bool center, const Array& x, const Array& weight, const Array& bias, double eps) {
-  const char* op = center ? "layer_norm" : "rms_norm";
-  check_norm_inputs(op, x, weight, bias, eps);
-  if (dist::any_sharded({x, weight, bias}))
-    return dist::spmd_call(op, {x, weight, bias}, dist::rules::gather_dims({x.ndim() - 1}),
-                           [&](const std::vector<Array>& l) { return norm_impl(center, l[0], l[1], l[2], eps); });
-  const int64_t rows = x.numel() / x.dim(-1);
-  Array y = Array::empty(x.shape(), x.dtype());
-  Array mean_saved = Array::empty({rows}, DType::f32), rstd_saved = Array::empty({rows}, DType::f32);
-  cpu::norm_forward(center, x, weight, bias, eps, y, mean_saved, rstd_saved);
-  record(y, op, {x, weight, bias}, [center, x, weight, bias, eps, mean_saved, rstd_saved](const Array& g) -> Grads {
-    if (autodiff::grad_enabled()) return norm_vjp_composed(center, x, weight, bias, eps, g);
+// layer_norm(x, weight, bias) / rms_norm(x, weight): inputs x, weight, bias (either may be
+// undefined); the kernel saves each row's mean and 1/std for the fused backward.
+class NormPrimitive final : public prim::Primitive {
+ public:
+  NormPrimitive(bool center, double eps) : center_(center), eps_(eps) {}
+  const char* name() const override { return center_ ? "layer_norm" : "rms_norm"; }
+  OutputInfo infer(const Inputs& in) const override {
+    check_norm_inputs(name(), in[0], in[1], in[2], eps_);
+    return {in[0].shape(), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs& aux) const override {
+    const Array& x = in[0];
+    const int64_t rows = x.numel() / x.dim(-1);
+    Array y = Array::empty(o.shape, o.dtype);
+    Array mean_saved = Array::empty({rows}, DType::f32), rstd_saved = Array::empty({rows}, DType::f32);
+    cpu::norm_forward(center_, x, in[1], in[2], eps_, y, mean_saved, rstd_saved);
+    aux = {mean_saved, rstd_saved};
+    return y;
+  }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    const Array &x = s.inputs[0], &weight = s.inputs[1], &bias = s.inputs[2];
+    if (autodiff::grad_enabled()) return norm_vjp_composed(center_, x, weight, bias, eps_, g);
     // First order: one fused pass from the saved statistics.
     Array gx = g.dtype() == x.dtype() ? g : cast(g, x.dtype());
     Array dx = Array::empty(x.shape(), x.dtype());
     Array dw, db;
-    if (weight.defined() && weight.traced()) dw = Array::empty(weight.shape(), weight.dtype());
-    if (bias.defined() && bias.traced()) db = Array::empty(bias.shape(), bias.dtype());
-    cpu::norm_backward(center, gx, x, weight, mean_saved, rstd_saved, dx, dw.defined() ? &dw : nullptr,
+    if (weight.defined() && s.wants(1)) dw = Array::empty(weight.shape(), weight.dtype());
+    if (bias.defined() && s.wants(2)) db = Array::empty(bias.shape(), bias.dtype());
+    cpu::norm_backward(center_, gx, x, weight, s.aux[0], s.aux[1], dx, dw.defined() ? &dw : nullptr,
                        db.defined() ? &db : nullptr);
-    return Grads{dx, dw, db};
-  });
-  return y;
+    return {dx, dw, db};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {in[0].shape.ndim() - 1});
+  }
+  prim::Cost cost(const Inputs& in, const OutputInfo& o) const override {
+    return {8.0 * double(o.shape.numel()), 2.0 * double(o.shape.numel()) * double(dtype_size(o.dtype))};
+  }
+
+ private:
+  bool center_;
+  double eps_;
+};
+
+Array norm_impl(bool center, const Array& x, const Array& weight, const Array& bias, double eps) {
+  MT_CHECK(x.defined(), "[", center ? "layer_norm" : "rms_norm", "] undefined input array");
+  return prim::apply(std::make_shared<NormPrimitive>(center, eps), {x, weight, bias});
 }
 
 }  // namespace

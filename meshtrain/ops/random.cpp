@@ -2,11 +2,9 @@
 
 #include <cmath>
 
-#include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
@@ -46,32 +44,46 @@ Array bernoulli(const RngKey& key, const Shape& shape, double p) {
   return out;
 }
 
+namespace {
+
+// Inverted dropout with the mask drawn from `key` at each element's global position, so a
+// block of a distributed array masks exactly like the whole array would. Linear in x: its
+// VJP is itself (the same mask).
+class DropoutPrimitive final : public prim::Primitive {
+ public:
+  DropoutPrimitive(double rate, RngKey key, cpu::StreamBlock block = {})
+      : rate_(rate), key_(key), block_(std::move(block)) {}
+  const char* name() const override { return "dropout"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override { return {in[0].shape(), in[0].dtype()}; }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::dropout(in[0], out, key_, rate_, block_);
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const prim::Saved& s, const Array& g) const override { return {prim::apply(s.primitive, {g})}; }
+  // The mask depends only on position, so any layout (partial sums included) is kept.
+  layout::RuleResult sharding(const std::vector<layout::ArgInfo>& in, const layout::MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {}, true);
+  }
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    return std::make_shared<DropoutPrimitive>(rate_, key_, cpu::StreamBlock{ctx.input_global[0].dims(), ctx.input_offsets[0]});
+  }
+
+ private:
+  double rate_;
+  RngKey key_;
+  cpu::StreamBlock block_;
+};
+
+}  // namespace
+
 Array dropout(const Array& x, double rate, const RngKey& key, bool train) {
   MT_CHECK(x.defined(), "[dropout] undefined input array");
   MT_CHECK(is_floating(x.dtype()), "[dropout] expects a floating array, got ", x.str());
   MT_CHECK(rate >= 0.0 && rate <= 1.0, "[dropout] rate ", rate, " outside [0, 1] for ", x.str());
   if (!train || rate == 0.0) return x;
-  if (dist::is_sharded(x)) {
-    // Each rank masks its block with the stream elements of its global positions. The mask
-    // depends only on position, so partial sums stay partial sums.
-    const dist::Sharding& s = *dist::sharding_of(x);
-    cpu::StreamBlock block{x.shape().dims(), s.local_offsets(x.shape())};
-    return dist::spmd_call("dropout", {x}, dist::rules::gather_dims({}, true), [=](const std::vector<Array>& l) {
-      Array out = Array::empty(l[0].shape(), l[0].dtype());
-      cpu::dropout(l[0], out, key, rate, block);
-      autodiff::record(out, "dropout", {l[0]}, [rate, key, block](const Array& g) {
-        Array dg = Array::empty(g.shape(), g.dtype());
-        cpu::dropout(g, dg, key, rate, block);
-        return Grads{dg};
-      });
-      return out;
-    });
-  }
-  Array out = Array::empty(x.shape(), x.dtype());
-  cpu::dropout(x, out, key, rate);
-  // Dropout is linear in x, so its VJP is itself with the same key (the same mask).
-  autodiff::record(out, "dropout", {x}, [rate, key](const Array& g) { return Grads{dropout(g, rate, key, true)}; });
-  return out;
+  return prim::apply(std::make_shared<DropoutPrimitive>(rate, key), {x});
 }
 
 }  // namespace mt

@@ -4,18 +4,22 @@
 #include <cmath>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/autodiff/value_and_grad.h"
+#include "meshtrain/backend/cpu/elementwise.h"
 #include "meshtrain/backend/cpu/reduce.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
-using autodiff::record;
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 std::vector<int> normalize_axes(const Shape& shape, std::vector<int> axes, const char* op) {
   if (axes.empty()) {
@@ -80,22 +84,105 @@ Array reduce_via(const Array& x, const std::vector<int>& axes, bool keepdims, DT
 
 }  // namespace
 
+namespace {
+
+class SumPrimitive final : public prim::Primitive {
+ public:
+  SumPrimitive(std::vector<int> axes, bool keepdims) : axes_(std::move(axes)), keepdims_(keepdims) {}
+  const char* name() const override { return "sum"; }
+  // Integers and bools sum in i64, as torch.sum does.
+  OutputInfo infer(const Inputs& in) const override {
+    const DType dt = in[0].dtype();
+    return {reduced_shape(in[0].shape(), axes_, keepdims_),
+            dt == DType::boolean || dt == DType::i32 ? DType::i64 : dt};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    Array src = in[0];
+    if (src.dtype() != o.dtype) {
+      src = Array::empty(in[0].shape(), o.dtype);
+      cpu::cast(in[0], src);
+    }
+    return reduce_via(src, axes_, keepdims_, o.dtype, [](const Array& a, Array& out, int64_t outer, int64_t r,
+                                                           int64_t inner) {
+      cpu::reduce(cpu::ReduceOp::sum, a, out, outer, r, inner);
+    });
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    const Shape& shape = s.shapes[0];
+    return {broadcast_to(reshape(g, kept_shape(shape, axes_).dims()), shape)};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::reduce_sum(in, mesh, axes_, keepdims_);
+  }
+
+ private:
+  std::vector<int> axes_;
+  bool keepdims_;
+};
+
+// max / min over axes; ties share the gradient evenly.
+class ExtremumPrimitive final : public prim::Primitive {
+ public:
+  ExtremumPrimitive(cpu::ReduceOp op, std::vector<int> axes, bool keepdims)
+      : op_(op), axes_(std::move(axes)), keepdims_(keepdims) {}
+  const char* name() const override { return op_ == cpu::ReduceOp::max ? "max" : "min"; }
+  OutputInfo infer(const Inputs& in) const override {
+    for (int a : axes_) MT_CHECK(in[0].shape()[a] > 0, "[", name(), "] reduction over empty axis of ", in[0].str());
+    return {reduced_shape(in[0].shape(), axes_, keepdims_), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const cpu::ReduceOp op = op_;
+    return reduce_via(in[0], axes_, keepdims_, o.dtype, [op](const Array& a, Array& out, int64_t outer, int64_t r,
+                                                              int64_t inner) { cpu::reduce(op, a, out, outer, r, inner); });
+  }
+  bool keeps_output() const override { return true; }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    const Array& x = s.inputs[0];
+    Shape ks = kept_shape(x.shape(), axes_);
+    Array hit = cast(eq(x, reshape(s.output, ks.dims())), x.dtype());
+    Array count = sum(hit, axes_, true);
+    return {div(mul(hit, reshape(g, ks.dims())), count)};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::reduce_gathered(in, mesh, axes_, keepdims_);
+  }
+
+ private:
+  cpu::ReduceOp op_;
+  std::vector<int> axes_;
+  bool keepdims_;
+};
+
+class ArgmaxPrimitive final : public prim::Primitive {
+ public:
+  ArgmaxPrimitive(int axis, bool keepdims) : axis_(axis), keepdims_(keepdims) {}
+  const char* name() const override { return "argmax"; }
+  OutputInfo infer(const Inputs& in) const override {
+    MT_CHECK(in[0].shape()[axis_] > 0, "[argmax] empty axis of ", in[0].str());
+    return {reduced_shape(in[0].shape(), {axis_}, keepdims_), DType::i64};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    return reduce_via(in[0], {axis_}, keepdims_, DType::i64, [](const Array& a, Array& out, int64_t outer,
+                                                                 int64_t r, int64_t inner) {
+      cpu::argmax(a, out, outer, r, inner);
+    });
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::reduce_gathered(in, mesh, {axis_}, keepdims_);
+  }
+
+ private:
+  int axis_;
+  bool keepdims_;
+};
+
+}  // namespace
+
 Array sum(const Array& x, std::vector<int> axes, bool keepdims) {
   MT_CHECK(x.defined(), "[sum] undefined input array");
   axes = normalize_axes(x.shape(), axes, "sum");
-  if (dist::is_sharded(x))
-    return dist::spmd_call("sum", {x}, dist::rules::reduce_sum(axes, keepdims),
-                           [&](const std::vector<Array>& l) { return sum(l[0], axes, keepdims); });
-  DType dt = x.dtype() == DType::boolean || x.dtype() == DType::i32 ? DType::i64 : x.dtype();
-  Array src = dt == x.dtype() ? x : cast(x, dt);
-  Array out = reduce_via(src, axes, keepdims, dt, [](const Array& a, Array& o, int64_t outer, int64_t r, int64_t in) {
-    cpu::reduce(cpu::ReduceOp::sum, a, o, outer, r, in);
-  });
-  if (is_floating(dt))
-    record(out, "sum", {x}, [s = x.shape(), axes](const Array& g) {
-      return Grads{broadcast_to(reshape(g, kept_shape(s, axes).dims()), s)};
-    });
-  return out;
+  return prim::apply(std::make_shared<SumPrimitive>(std::move(axes), keepdims), {x});
 }
 
 Array mean(const Array& x, std::vector<int> axes, bool keepdims) {
@@ -110,21 +197,7 @@ namespace {
 Array extremum(const Array& x, std::vector<int> axes, bool keepdims, cpu::ReduceOp op, const char* name) {
   MT_CHECK(x.defined(), "[", name, "] undefined input array");
   axes = normalize_axes(x.shape(), axes, name);
-  if (dist::is_sharded(x))
-    return dist::spmd_call(name, {x}, dist::rules::reduce_gathered(axes, keepdims), [&](const std::vector<Array>& l) {
-      return extremum(l[0], axes, keepdims, op, name);
-    });
-  for (int a : axes) MT_CHECK(x.shape()[a] > 0, "[", name, "] reduction over empty axis of ", x.str());
-  Array out = reduce_via(x, axes, keepdims, x.dtype(), [op](const Array& a, Array& o, int64_t outer, int64_t r,
-                                                            int64_t in) { cpu::reduce(op, a, o, outer, r, in); });
-  if (is_floating(x.dtype()))
-    record(out, name, {x}, [x, axes, o = out.detach()](const Array& g) {
-      Shape ks = kept_shape(x.shape(), axes);
-      Array hit = cast(eq(x, reshape(o, ks.dims())), x.dtype());
-      Array count = sum(hit, axes, true);
-      return Grads{div(mul(hit, reshape(g, ks.dims())), count)};
-    });
-  return out;
+  return prim::apply(std::make_shared<ExtremumPrimitive>(op, std::move(axes), keepdims), {x});
 }
 }  // namespace
 
@@ -139,7 +212,7 @@ Array logsumexp(const Array& x, std::vector<int> axes, bool keepdims) {
   MT_CHECK(x.defined() && is_floating(x.dtype()), "[logsumexp] expects a floating array, got ", x.str());
   axes = normalize_axes(x.shape(), axes, "logsumexp");
   // Shifting by the (constant) max keeps exp in range; the gradient does not depend on it.
-  Array m = stop_gradient(max(x, axes, true));
+  Array m = max(x, axes, true).detach();
   m = where(eq(m, m), m, zeros_like(m));  // all-NaN rows
   Array inf_mask = eq(abs(m), scalar_like(m, INFINITY));
   m = where(inf_mask, zeros_like(m), m);
@@ -151,13 +224,7 @@ Array logsumexp(const Array& x, std::vector<int> axes, bool keepdims) {
 Array argmax(const Array& x, int axis, bool keepdims) {
   MT_CHECK(x.defined(), "[argmax] undefined input array");
   std::vector<int> axes = normalize_axes(x.shape(), {axis}, "argmax");
-  if (dist::is_sharded(x))
-    return dist::spmd_call("argmax", {x}, dist::rules::reduce_gathered(axes, keepdims),
-                           [&](const std::vector<Array>& l) { return argmax(l[0], axes[0], keepdims); });
-  MT_CHECK(x.shape()[axes[0]] > 0, "[argmax] empty axis of ", x.str());
-  return reduce_via(x, axes, keepdims, DType::i64, [](const Array& a, Array& o, int64_t outer, int64_t r, int64_t in) {
-    cpu::argmax(a, o, outer, r, in);
-  });
+  return prim::apply(std::make_shared<ArgmaxPrimitive>(axes[0], keepdims), {x});
 }
 
 }  // namespace mt

@@ -1,27 +1,248 @@
+// Shape primitives: reshape (a view), transpose, slice and its adjoint pad_into,
+// concatenate, broadcast_to. split, stack, expand_dims, squeeze and sum_to compose them.
 #include "meshtrain/ops/shape_ops.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/strided_copy.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/rules.h"
-#include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt {
 
-using autodiff::record;
+using layout::ArgInfo;
+using layout::MeshShape;
+using layout::RuleResult;
+using prim::OutputInfo;
+using prim::Saved;
 using Grads = std::vector<Array>;
+using Inputs = std::vector<Array>;
 
 namespace {
-bool differentiable(const Array& a) { return is_floating(a.dtype()); }
+
+void check_defined(const Array& x, const char* op) { MT_CHECK(x.defined(), "[", op, "] undefined input array"); }
+
+// Shape primitives move data without arithmetic: no flops, every byte read and written.
+prim::Cost copy_cost(const OutputInfo& o) { return {0, 2.0 * double(o.shape.numel()) * double(dtype_size(o.dtype))}; }
+
+class ReshapePrimitive final : public prim::Primitive {
+ public:
+  explicit ReshapePrimitive(Shape target) : target_(std::move(target)) {}
+  const char* name() const override { return "reshape"; }
+  OutputInfo infer(const Inputs& in) const override {
+    MT_CHECK(target_.numel() == in[0].numel(), "[reshape] cannot reshape ", in[0].str(), " to ", target_.str());
+    return {target_, in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override { return in[0].view_as_shape(o.shape); }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override { return {reshape(g, s.shapes[0].dims())}; }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::reshape(in, mesh, target_);
+  }
+  // Each rank reshapes its block to its block of the target.
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    return std::make_shared<ReshapePrimitive>(ctx.output_local);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo&) const override { return {}; }
+
+ private:
+  Shape target_;
+};
+
+class TransposePrimitive final : public prim::Primitive {
+ public:
+  explicit TransposePrimitive(std::vector<int> perm) : perm_(std::move(perm)) {}
+  const char* name() const override { return "transpose"; }
+  OutputInfo infer(const Inputs& in) const override {
+    const Array& x = in[0];
+    std::vector<int64_t> dims;
+    for (int p : perm_) dims.push_back(x.shape()[p]);
+    return {Shape(dims), x.dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    std::vector<int64_t> src_strides(perm_.size());
+    std::vector<int64_t> xs = x.shape().strides();
+    for (size_t i = 0; i < perm_.size(); ++i) src_strides[i] = xs[size_t(perm_[i])];
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::strided_copy(x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved&, const Array& g) const override {
+    std::vector<int> inverse(perm_.size());
+    for (size_t i = 0; i < perm_.size(); ++i) inverse[size_t(perm_[i])] = int(i);
+    return {transpose(g, inverse)};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::transpose(in, mesh, perm_);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo& o) const override { return copy_cost(o); }
+
+ private:
+  std::vector<int> perm_;
+};
+
+// x[..., start:stop, ...] along `axis` (start and stop already clamped to the axis).
+class SlicePrimitive final : public prim::Primitive {
+ public:
+  SlicePrimitive(int axis, int64_t start, int64_t stop) : axis_(axis), start_(start), stop_(stop) {}
+  const char* name() const override { return "slice"; }
+  OutputInfo infer(const Inputs& in) const override {
+    std::vector<int64_t> dims = in[0].shape().dims();
+    dims[size_t(axis_)] = stop_ - start_;
+    return {Shape(dims), in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    Array out = Array::empty(o.shape, o.dtype);
+    std::vector<int64_t> xs = x.shape().strides();
+    const char* src = static_cast<const char*>(x.raw()) + size_t(start_ * xs[size_t(axis_)]) * dtype_size(x.dtype());
+    cpu::strided_copy(src, xs, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override { return {pad_into(g, s.shapes[0], axis_, start_)}; }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {axis_}, true);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo& o) const override { return copy_cost(o); }
+
+ private:
+  int axis_;
+  int64_t start_, stop_;
+};
+
+// Zeros of shape `full` with x placed at `start` along `axis` (the adjoint of slice).
+class PadIntoPrimitive final : public prim::Primitive {
+ public:
+  PadIntoPrimitive(Shape full, int axis, int64_t start) : full_(std::move(full)), axis_(axis), start_(start) {}
+  const char* name() const override { return "pad_into"; }
+  OutputInfo infer(const Inputs& in) const override {
+    const Array& x = in[0];
+    MT_CHECK(x.ndim() == full_.ndim(), "[pad_into] rank mismatch: ", x.str(), " into ", full_.str());
+    // The copy writes raw memory: a block that does not fit must be an error, not corruption.
+    bool fits = start_ >= 0 && start_ + x.shape()[axis_] <= full_[axis_];
+    for (int d = 0; d < full_.ndim(); ++d) fits = fits && (d == axis_ || x.shape()[d] == full_[d]);
+    MT_CHECK(fits, "[pad_into] cannot place ", x.str(), " into ", full_.str(), " at ", start_, " along axis ", axis_);
+    return {full_, x.dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    Array out = Array::zeros(o.shape, o.dtype);
+    std::vector<int64_t> fs = o.shape.strides();
+    char* dst = static_cast<char*>(out.raw()) + size_t(start_ * fs[size_t(axis_)]) * dtype_size(x.dtype());
+    cpu::strided_copy(x.raw(), x.shape().strides(), dst, fs, x.shape().dims(), dtype_size(x.dtype()));
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    return {slice(g, axis_, start_, start_ + s.shapes[0][axis_])};
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::gather_dims(in, mesh, {axis_}, true);
+  }
+  // Other dims keep their split: each rank pads its block to its block of `full`.
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    return std::make_shared<PadIntoPrimitive>(ctx.output_local, axis_, start_);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo& o) const override { return copy_cost(o); }
+
+ private:
+  Shape full_;
+  int axis_;
+  int64_t start_;
+};
+
+class ConcatenatePrimitive final : public prim::Primitive {
+ public:
+  explicit ConcatenatePrimitive(int axis) : axis_(axis) {}
+  const char* name() const override { return "concatenate"; }
+  OutputInfo infer(const Inputs& xs) const override {
+    const Array& first = xs[0];
+    std::vector<int64_t> dims = first.shape().dims();
+    int64_t total = 0;
+    for (const Array& x : xs) {
+      check_defined(x, "concatenate");
+      MT_CHECK(x.dtype() == first.dtype(), "[concatenate] dtype mismatch: ", first.str(), " vs ", x.str());
+      MT_CHECK(x.ndim() == first.ndim(), "[concatenate] rank mismatch: ", first.str(), " vs ", x.str());
+      for (int d = 0; d < x.ndim(); ++d)
+        MT_CHECK(d == axis_ || x.shape()[d] == first.shape()[d], "[concatenate] shapes ", first.shape().str(),
+                 " and ", x.shape().str(), " differ outside axis ", axis_);
+      total += x.shape()[axis_];
+    }
+    dims[size_t(axis_)] = total;
+    return {Shape(dims), first.dtype()};
+  }
+  Array run(const Inputs& xs, const OutputInfo& o, Inputs&) const override {
+    Array out = Array::empty(o.shape, o.dtype);
+    std::vector<int64_t> os = o.shape.strides();
+    int64_t offset = 0;
+    for (const Array& x : xs) {
+      char* dst = static_cast<char*>(out.raw()) + size_t(offset * os[size_t(axis_)]) * dtype_size(x.dtype());
+      cpu::strided_copy(x.raw(), x.shape().strides(), dst, os, x.shape().dims(), dtype_size(x.dtype()));
+      offset += x.shape()[axis_];
+    }
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override {
+    std::vector<int64_t> sizes;
+    for (const Shape& sh : s.shapes) sizes.push_back(sh[axis_]);
+    return split(g, sizes, axis_);
+  }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::concatenate(in, mesh, axis_);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo& o) const override { return copy_cost(o); }
+
+ private:
+  int axis_;
+};
+
+class BroadcastToPrimitive final : public prim::Primitive {
+ public:
+  explicit BroadcastToPrimitive(Shape shape) : shape_(std::move(shape)) {}
+  const char* name() const override { return "broadcast_to"; }
+  OutputInfo infer(const Inputs& in) const override {
+    Shape b = broadcast_shapes(in[0].shape(), shape_, "broadcast_to");
+    MT_CHECK(b == shape_, "[broadcast_to] cannot broadcast ", in[0].str(), " to ", shape_.str());
+    return {shape_, in[0].dtype()};
+  }
+  Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
+    const Array& x = in[0];
+    const int n = o.shape.ndim();
+    std::vector<int64_t> src_strides(size_t(n), 0);
+    std::vector<int64_t> xs = x.shape().strides();
+    for (int i = 0; i < x.ndim(); ++i) {
+      int d = n - x.ndim() + i;
+      src_strides[size_t(d)] = x.shape()[i] == 1 ? 0 : xs[size_t(i)];
+    }
+    Array out = Array::empty(o.shape, o.dtype);
+    cpu::strided_copy(x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    return out;
+  }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override { return {sum_to(g, s.shapes[0])}; }
+  RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
+    return layout::rules::broadcast_to(in, mesh, shape_);
+  }
+  prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
+    return std::make_shared<BroadcastToPrimitive>(ctx.output_local);
+  }
+  prim::Cost cost(const Inputs&, const OutputInfo& o) const override { return copy_cost(o); }
+
+ private:
+  Shape shape_;
+};
+
 }  // namespace
 
 Array reshape(const Array& x, std::vector<int64_t> shape) {
-  MT_CHECK(x.defined(), "[reshape] undefined input array");
+  check_defined(x, "reshape");
   int infer = -1;
   int64_t known = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -37,48 +258,19 @@ Array reshape(const Array& x, std::vector<int64_t> shape) {
     MT_CHECK(known > 0 && x.numel() % known == 0, "[reshape] cannot infer -1 reshaping ", x.str());
     shape[size_t(infer)] = x.numel() / known;
   }
-  Shape target(shape);
-  MT_CHECK(target.numel() == x.numel(), "[reshape] cannot reshape ", x.str(), " to ", target.str());
-  if (dist::is_sharded(x))
-    return dist::spmd_call("reshape", {x}, dist::rules::reshape(target),
-                           [&](const std::vector<Array>& l, const dist::Sharding& out) {
-                             return reshape(l[0], out.local_shape(target).dims());
-                           });
-  Array out = x.view_as_shape(target);
-  if (differentiable(out))
-    record(out, "reshape", {x}, [s = x.shape()](const Array& g) { return Grads{reshape(g, s.dims())}; });
-  return out;
+  return prim::apply(std::make_shared<ReshapePrimitive>(Shape(shape)), {x});
 }
 
 Array transpose(const Array& x, std::vector<int> perm) {
-  MT_CHECK(x.defined(), "[transpose] undefined input array");
+  check_defined(x, "transpose");
   MT_CHECK(int(perm.size()) == x.ndim(), "[transpose] permutation of length ", perm.size(), " for ", x.str());
-  if (dist::is_sharded(x)) {
-    for (int& p : perm) p = x.shape().axis(p, "transpose");
-    return dist::spmd_call("transpose", {x}, dist::rules::transpose(perm),
-                           [&](const std::vector<Array>& l) { return transpose(l[0], perm); });
-  }
   std::vector<bool> seen(perm.size(), false);
   for (int& p : perm) {
     p = x.shape().axis(p, "transpose");
     MT_CHECK(!seen[size_t(p)], "[transpose] repeated axis in permutation for ", x.str());
     seen[size_t(p)] = true;
   }
-  std::vector<int64_t> dims(perm.size()), src_strides(perm.size());
-  std::vector<int64_t> xs = x.shape().strides();
-  for (size_t i = 0; i < perm.size(); ++i) {
-    dims[i] = x.shape()[perm[i]];
-    src_strides[i] = xs[size_t(perm[i])];
-  }
-  Array out = Array::empty(Shape(dims), x.dtype());
-  cpu::strided_copy(x.raw(), src_strides, out.raw(), out.shape().strides(), dims, dtype_size(x.dtype()));
-  if (differentiable(out))
-    record(out, "transpose", {x}, [perm](const Array& g) {
-      std::vector<int> inverse(perm.size());
-      for (size_t i = 0; i < perm.size(); ++i) inverse[size_t(perm[i])] = int(i);
-      return Grads{transpose(g, inverse)};
-    });
-  return out;
+  return prim::apply(std::make_shared<TransposePrimitive>(std::move(perm)), {x});
 }
 
 Array swap_axes(const Array& x, int a, int b) {
@@ -90,87 +282,28 @@ Array swap_axes(const Array& x, int a, int b) {
 }
 
 Array slice(const Array& x, int axis, int64_t start, int64_t stop) {
-  MT_CHECK(x.defined(), "[slice] undefined input array");
+  check_defined(x, "slice");
   axis = x.shape().axis(axis, "slice");
-  if (dist::is_sharded(x))
-    return dist::spmd_call("slice", {x}, dist::rules::gather_dims({axis}, true),
-                           [&](const std::vector<Array>& l) { return slice(l[0], axis, start, stop); });
   const int64_t n = x.shape()[axis];
   if (start < 0) start += n;
   if (stop < 0) stop += n;
   start = std::clamp<int64_t>(start, 0, n);
   stop = std::clamp<int64_t>(stop, start, n);
-  std::vector<int64_t> dims = x.shape().dims();
-  dims[size_t(axis)] = stop - start;
-  Array out = Array::empty(Shape(dims), x.dtype());
-  std::vector<int64_t> xs = x.shape().strides();
-  const char* src = static_cast<const char*>(x.raw()) + size_t(start * xs[size_t(axis)]) * dtype_size(x.dtype());
-  cpu::strided_copy(src, xs, out.raw(), out.shape().strides(), dims, dtype_size(x.dtype()));
-  if (differentiable(out))
-    record(out, "slice", {x}, [full = x.shape(), axis, start](const Array& g) {
-      return Grads{pad_into(g, full, axis, start)};
-    });
-  return out;
+  return prim::apply(std::make_shared<SlicePrimitive>(axis, start, stop), {x});
 }
 
 Array pad_into(const Array& x, const Shape& full, int axis, int64_t start) {
-  MT_CHECK(x.defined(), "[pad_into] undefined input array");
+  check_defined(x, "pad_into");
   MT_CHECK(x.ndim() == full.ndim(), "[pad_into] rank mismatch: ", x.str(), " into ", full.str());
   axis = full.axis(axis, "pad_into");
-  if (dist::is_sharded(x))
-    return dist::spmd_call("pad_into", {x}, dist::rules::gather_dims({axis}, true), [&](const std::vector<Array>& l) {
-      std::vector<int64_t> dims = l[0].shape().dims();
-      dims[size_t(axis)] = full[axis];
-      return pad_into(l[0], Shape(dims), axis, start);
-    });
-  // The copy below writes raw memory: a block that does not fit must be an error, not corruption.
-  bool fits = start >= 0 && start + x.shape()[axis] <= full[axis];
-  for (int d = 0; d < full.ndim(); ++d) fits = fits && (d == axis || x.shape()[d] == full[d]);
-  MT_CHECK(fits, "[pad_into] cannot place ", x.str(), " into ", full.str(), " at ", start, " along axis ", axis);
-  Array out = Array::zeros(full, x.dtype());
-  std::vector<int64_t> fs = full.strides();
-  char* dst = static_cast<char*>(out.raw()) + size_t(start * fs[size_t(axis)]) * dtype_size(x.dtype());
-  cpu::strided_copy(x.raw(), x.shape().strides(), dst, fs, x.shape().dims(), dtype_size(x.dtype()));
-  if (differentiable(out))
-    record(out, "pad_into", {x}, [axis, start, len = x.shape()[axis]](const Array& g) {
-      return Grads{slice(g, axis, start, start + len)};
-    });
-  return out;
+  return prim::apply(std::make_shared<PadIntoPrimitive>(full, axis, start), {x});
 }
 
 Array concatenate(const std::vector<Array>& xs, int axis) {
   MT_CHECK(!xs.empty(), "[concatenate] no arrays given");
-  const Array& first = xs[0];
-  MT_CHECK(first.defined(), "[concatenate] undefined input array");
-  axis = first.shape().axis(axis, "concatenate");
-  if (dist::any_sharded(xs))
-    return dist::spmd_call("concatenate", xs, dist::rules::concatenate(axis),
-                           [&](const std::vector<Array>& l) { return concatenate(l, axis); });
-  std::vector<int64_t> dims = first.shape().dims();
-  int64_t total = 0;
-  for (const Array& x : xs) {
-    MT_CHECK(x.defined(), "[concatenate] undefined input array");
-    MT_CHECK(x.dtype() == first.dtype(), "[concatenate] dtype mismatch: ", first.str(), " vs ", x.str());
-    MT_CHECK(x.ndim() == first.ndim(), "[concatenate] rank mismatch: ", first.str(), " vs ", x.str());
-    for (int d = 0; d < x.ndim(); ++d)
-      MT_CHECK(d == axis || x.shape()[d] == first.shape()[d], "[concatenate] shapes ", first.shape().str(), " and ",
-               x.shape().str(), " differ outside axis ", axis);
-    total += x.shape()[axis];
-  }
-  dims[size_t(axis)] = total;
-  Array out = Array::empty(Shape(dims), first.dtype());
-  std::vector<int64_t> os = out.shape().strides();
-  int64_t offset = 0;
-  std::vector<int64_t> sizes;
-  for (const Array& x : xs) {
-    char* dst = static_cast<char*>(out.raw()) + size_t(offset * os[size_t(axis)]) * dtype_size(x.dtype());
-    cpu::strided_copy(x.raw(), x.shape().strides(), dst, os, x.shape().dims(), dtype_size(x.dtype()));
-    offset += x.shape()[axis];
-    sizes.push_back(x.shape()[axis]);
-  }
-  if (differentiable(out))
-    record(out, "concatenate", xs, [sizes, axis](const Array& g) { return split(g, sizes, axis); });
-  return out;
+  check_defined(xs[0], "concatenate");
+  axis = xs[0].shape().axis(axis, "concatenate");
+  return prim::apply(std::make_shared<ConcatenatePrimitive>(axis), xs);
 }
 
 std::vector<Array> split(const Array& x, const std::vector<int64_t>& sizes, int axis) {
@@ -223,27 +356,9 @@ Array squeeze(const Array& x, int axis) {
 }
 
 Array broadcast_to(const Array& x, const Shape& shape) {
-  MT_CHECK(x.defined(), "[broadcast_to] undefined input array");
+  check_defined(x, "broadcast_to");
   if (x.shape() == shape) return x;
-  Shape b = broadcast_shapes(x.shape(), shape, "broadcast_to");
-  MT_CHECK(b == shape, "[broadcast_to] cannot broadcast ", x.str(), " to ", shape.str());
-  if (dist::is_sharded(x))
-    return dist::spmd_call("broadcast_to", {x}, dist::rules::broadcast_to(shape),
-                           [&](const std::vector<Array>& l, const dist::Sharding& out) {
-                             return broadcast_to(l[0], out.local_shape(shape));
-                           });
-  const int n = shape.ndim();
-  std::vector<int64_t> src_strides(size_t(n), 0);
-  std::vector<int64_t> xs = x.shape().strides();
-  for (int i = 0; i < x.ndim(); ++i) {
-    int o = n - x.ndim() + i;
-    src_strides[size_t(o)] = x.shape()[i] == 1 ? 0 : xs[size_t(i)];
-  }
-  Array out = Array::empty(shape, x.dtype());
-  cpu::strided_copy(x.raw(), src_strides, out.raw(), shape.strides(), shape.dims(), dtype_size(x.dtype()));
-  if (differentiable(out))
-    record(out, "broadcast_to", {x}, [s = x.shape()](const Array& g) { return Grads{sum_to(g, s)}; });
-  return out;
+  return prim::apply(std::make_shared<BroadcastToPrimitive>(shape), {x});
 }
 
 Array sum_to(const Array& x, const Shape& shape) {

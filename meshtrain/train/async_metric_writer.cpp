@@ -39,7 +39,7 @@ void AsyncMetricWriter::push(MetricRecord record) {
       // Dropping the autodiff history here keeps the step's graph from living on in the
       // queue. Collectives must stay on the training thread, in program order on all ranks.
       Array v = a->detach();
-      if (v.sharded()) v = v.impl()->sharding->is_trivial() ? dist::local_view(v).detach() : dist::to_host(v);
+      if (v.sharded()) v = !v.distributed() ? dist::local_view(v).detach() : dist::to_host(v);
       value = v;
     }
   }

@@ -14,7 +14,7 @@
 
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/partition_spec.h"
+#include "meshtrain/dist/sharding.h"
 
 namespace mt::train {
 

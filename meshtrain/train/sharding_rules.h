@@ -9,7 +9,7 @@
 
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/partition_spec.h"
+#include "meshtrain/dist/sharding.h"
 #include "meshtrain/models/param_roles.h"
 
 namespace mt::train {

@@ -386,7 +386,7 @@ TEST_F(SafetensorsTest, CorruptFilesGiveClearErrors) {
 
 TEST_F(SafetensorsTest, SaveRejectsBadInput) {
   Array sharded = Array::zeros({4});
-  sharded.impl()->sharding = std::make_shared<dist::Sharding>();
+  sharded.impl()->layout = std::make_shared<dist::Sharding>();
   expect_error([&] { io::save_safetensors(file("s.safetensors"), Params{{"w", sharded}}); },
                {file("s.safetensors"), "'w'", "sharded", "dist::to_host"});
   expect_error([&] { io::save_safetensors(file("s.safetensors"), Params{{"__metadata__", Array::zeros({1})}}); },

@@ -12,14 +12,20 @@
 namespace mt::cpu {
 
 const char* unary_name(UnaryOp op) {
-  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "abs", "sign", "relu", "sigmoid",
-                                "silu", "gelu", "gelu_tanh", "erf", "sin", "cos", "square", "reciprocal", "logical_not"};
+#define MT_NAME(e, name, ...) name,
+  static const char* names[] = {MT_UNARY_OPS(MT_NAME)};
   return names[int(op)];
 }
 const char* binary_name(BinaryOp op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq",
-                                "ne",  "lt",  "le",  "gt",  "ge",  "logical_and", "logical_or"};
+  static const char* names[] = {MT_BINARY_OPS(MT_NAME)};
+#undef MT_NAME
   return names[int(op)];
+}
+bool unary_accepts_integers(UnaryOp op) {
+#define MT_INTEGER_OK(e, name, integer_ok) integer_ok,
+  static const bool ok[] = {MT_UNARY_OPS(MT_INTEGER_OK)};
+#undef MT_INTEGER_OK
+  return ok[int(op)];
 }
 bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
 
@@ -37,6 +43,7 @@ inline C apply_unary(C x) {
     case UnaryOp::sign: return C((x > C(0)) - (x < C(0)));
     case UnaryOp::relu: return x > C(0) ? x : C(0);
     case UnaryOp::square: return x * x;
+    case UnaryOp::logical_not: return C(x == C(0));
     default: break;
   }
   if constexpr (std::is_floating_point_v<C>) {
@@ -111,19 +118,19 @@ void dispatch_op(Enum op, F&& f) {
   if (!found) throw Error("[elementwise] unknown op");
 }
 
+#define MT_ENUM_VALUE(e, ...) , Enum::e
 template <class F>
 void dispatch_unary(UnaryOp op, F&& f) {
-  using U = UnaryOp;
-  dispatch_op<U, U::neg, U::exp, U::log, U::sqrt, U::rsqrt, U::tanh, U::abs, U::sign, U::relu, U::sigmoid, U::silu,
-              U::gelu_erf, U::gelu_tanh, U::erf, U::sin, U::cos, U::square, U::reciprocal>(op, f);
+  using Enum = UnaryOp;
+  dispatch_op<Enum MT_UNARY_OPS(MT_ENUM_VALUE)>(op, f);
 }
 
 template <class F>
 void dispatch_binary(BinaryOp op, F&& f) {
-  using B = BinaryOp;
-  dispatch_op<B, B::add, B::sub, B::mul, B::div, B::pow, B::maximum, B::minimum, B::eq, B::ne, B::lt, B::le, B::gt,
-              B::ge, B::logical_and, B::logical_or>(op, f);
+  using Enum = BinaryOp;
+  dispatch_op<Enum MT_BINARY_OPS(MT_ENUM_VALUE)>(op, f);
 }
+#undef MT_ENUM_VALUE
 
 }  // namespace
 

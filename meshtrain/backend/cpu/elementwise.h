@@ -3,12 +3,29 @@
 
 namespace mt::cpu {
 
-enum class UnaryOp { neg, exp, log, sqrt, rsqrt, tanh, abs, sign, relu, sigmoid, silu, gelu_erf, gelu_tanh, erf, sin, cos, square, reciprocal, logical_not };
-enum class BinaryOp { add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge, logical_and, logical_or };
+// Every unary op once: X(enumerator, op name, accepts integer inputs). The enum, the names,
+// the kernel dispatch and the dtype check are all generated from this list.
+#define MT_UNARY_OPS(X)                                                                                  \
+  X(neg, "neg", true) X(exp, "exp", false) X(log, "log", false) X(sqrt, "sqrt", false)                  \
+  X(rsqrt, "rsqrt", false) X(tanh, "tanh", false) X(abs, "abs", true) X(sign, "sign", true)            \
+  X(relu, "relu", true) X(sigmoid, "sigmoid", false) X(silu, "silu", false) X(gelu_erf, "gelu", false) \
+  X(gelu_tanh, "gelu_tanh", false) X(erf, "erf", false) X(sin, "sin", false) X(cos, "cos", false)      \
+  X(square, "square", true) X(reciprocal, "reciprocal", false) X(logical_not, "logical_not", true)
+// Every binary op once: X(enumerator, op name). Comparisons (eq and after) return bool.
+#define MT_BINARY_OPS(X)                                                                               \
+  X(add, "add") X(sub, "sub") X(mul, "mul") X(div, "div") X(pow, "pow") X(maximum, "maximum")         \
+  X(minimum, "minimum") X(eq, "eq") X(ne, "ne") X(lt, "lt") X(le, "le") X(gt, "gt") X(ge, "ge")       \
+  X(logical_and, "logical_and") X(logical_or, "logical_or")
+
+#define MT_ENUMERATOR(e, ...) e,
+enum class UnaryOp { MT_UNARY_OPS(MT_ENUMERATOR) };
+enum class BinaryOp { MT_BINARY_OPS(MT_ENUMERATOR) };
+#undef MT_ENUMERATOR
 
 const char* unary_name(UnaryOp op);
 const char* binary_name(BinaryOp op);
-bool is_comparison(BinaryOp op);
+bool unary_accepts_integers(UnaryOp op);
+bool is_comparison(BinaryOp op);  // eq, ne, lt, le, gt, ge, logical_and, logical_or: bool results
 
 // out = op(x); out: same shape, same dtype (bool for logical_not).
 void unary(UnaryOp op, const Array& x, Array& out);

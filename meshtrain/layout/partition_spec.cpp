@@ -1,11 +1,11 @@
-#include "meshtrain/dist/partition_spec.h"
+#include "meshtrain/layout/partition_spec.h"
 
 #include <algorithm>
 #include <sstream>
 
 #include "meshtrain/core/error.h"
 
-namespace mt::dist {
+namespace mt::layout {
 
 namespace {
 std::string trim(const std::string& s) {
@@ -119,4 +119,4 @@ bool PartitionSpec::operator==(const PartitionSpec& o) const {
   return a.dims == b.dims && pa == pb;
 }
 
-}  // namespace mt::dist
+}  // namespace mt::layout

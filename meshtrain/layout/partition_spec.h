@@ -2,7 +2,7 @@
 #include <string>
 #include <vector>
 
-namespace mt::dist {
+namespace mt::layout {
 
 // How an array is laid out over the named axes of a mesh: for each array dimension, the
 // mesh axes splitting it (major first; empty = not split), and the axes over which each
@@ -38,4 +38,4 @@ struct PartitionSpec {
   bool operator!=(const PartitionSpec& o) const { return !(*this == o); }
 };
 
-}  // namespace mt::dist
+}  // namespace mt::layout

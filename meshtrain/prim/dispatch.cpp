@@ -1,0 +1,86 @@
+#include "meshtrain/prim/dispatch.h"
+
+#include <chrono>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/error.h"
+
+namespace mt::prim {
+
+namespace {
+
+const DistributedExecutor* g_executor = nullptr;
+OpObserver g_observer;
+
+bool any_distributed(const std::vector<Array>& inputs) {
+  for (const Array& a : inputs)
+    if (a.defined() && a.distributed()) return true;
+  return false;
+}
+
+// The VJP closure keeps only what the primitive asked for; shapes and dtypes always.
+autodiff::VjpFn make_vjp(const PrimitivePtr& p, const std::vector<Array>& inputs, const Array& out,
+                         std::vector<Array>&& aux) {
+  auto saved = std::make_shared<Saved>();
+  saved->primitive = p;
+  const uint32_t keep = p->keeps_inputs();
+  saved->inputs.resize(inputs.size());
+  saved->shapes.reserve(inputs.size());
+  saved->dtypes.reserve(inputs.size());
+  saved->traced.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Array& a = inputs[i];
+    if (a.defined() && i < 32 && (keep >> i & 1u)) saved->inputs[i] = a;
+    saved->shapes.push_back(a.defined() ? a.shape() : Shape{});
+    saved->dtypes.push_back(a.defined() ? a.dtype() : DType::f32);
+    saved->traced.push_back(a.defined() && a.traced());
+  }
+  if (p->keeps_output()) saved->output = out.detach();
+  saved->aux = std::move(aux);
+  return [saved](const Array& g) { return saved->primitive->vjp(*saved, g); };
+}
+
+}  // namespace
+
+Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
+  if (any_distributed(inputs)) {
+    p->infer(inputs);  // global checks first, with global shapes in the messages
+    MT_CHECK(g_executor, "[", p->name(), "] distributed input but no distributed executor installed");
+    return g_executor->apply(p, inputs);
+  }
+  const OutputInfo info = p->infer(inputs);
+  std::vector<Array> aux;
+  Array out;
+  if (g_observer) {
+    auto t0 = std::chrono::steady_clock::now();
+    out = p->run(inputs, info, aux);
+    std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    g_observer(OpEvent{*p, inputs, out, info, dt.count()});
+  } else {
+    out = p->run(inputs, info, aux);
+  }
+  if (autodiff::should_record(inputs) && p->differentiable(inputs, info)) {
+    for (const Array& a : inputs)
+      MT_CHECK(!a.defined() || a.impl() != out.impl(), "[", p->name(), "] kernel returned its input handle");
+    autodiff::record(out, p->name(), inputs, make_vjp(p, inputs, out, std::move(aux)));
+  }
+  return out;
+}
+
+void install_distributed_executor(const DistributedExecutor* executor) { g_executor = executor; }
+const DistributedExecutor* distributed_executor() { return g_executor; }
+
+layout::PartitionSpec spec_of(const Array& x) {
+  return x.defined() && x.distributed() ? g_executor->spec_of(x) : layout::PartitionSpec{};
+}
+layout::MeshShape mesh_shape_of(const Array& x) {
+  return x.defined() && x.distributed() ? g_executor->mesh_shape_of(x) : layout::MeshShape{};
+}
+
+OpObserver set_op_observer(OpObserver observer) {
+  OpObserver previous = std::move(g_observer);
+  g_observer = std::move(observer);
+  return previous;
+}
+
+}  // namespace mt::prim

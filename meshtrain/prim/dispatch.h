@@ -1,0 +1,51 @@
+#pragma once
+// The one path every op takes: check → (sharding rule → redistribution → local kernel) →
+// record for autodiff → observe. See docs/architecture.md, "The dispatcher".
+#include <functional>
+#include <vector>
+
+#include "meshtrain/prim/primitive.h"
+
+namespace mt::prim {
+
+// Applies `p` to `inputs`: infers (and checks) the output; if an input is distributed hands
+// the call to the distributed executor; otherwise runs the kernel, records the VJP when an
+// input is traced and grad mode is on, and reports the call to the op observer.
+Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs);
+
+// The distributed layer plugs in here from above: it runs a primitive on global arrays
+// (sharding rule, redistribution, then apply() of the localized primitive on the blocks)
+// and gathers a global array whole. Installed by dist when the first mesh is made.
+class DistributedExecutor {
+ public:
+  virtual ~DistributedExecutor() = default;
+  virtual Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) const = 0;
+  // The whole value of a distributed array as a plain array on every rank (differentiable).
+  virtual Array gather(const Array& x) const = 0;
+  // A distributed array's layout and its mesh's axes.
+  virtual layout::PartitionSpec spec_of(const Array& x) const = 0;
+  virtual layout::MeshShape mesh_shape_of(const Array& x) const = 0;
+};
+void install_distributed_executor(const DistributedExecutor* executor);
+// Null until a mesh exists.
+const DistributedExecutor* distributed_executor();
+
+// Layout queries for builders that pick an algorithm by layout (vocabulary-parallel
+// cross-entropy): a plain array is replicated on a mesh without axes.
+layout::PartitionSpec spec_of(const Array& x);
+layout::MeshShape mesh_shape_of(const Array& x);
+
+// Every kernel call on this process, for profilers and op counters. `seconds` is the
+// kernel's wall time.
+struct OpEvent {
+  const Primitive& primitive;
+  const std::vector<Array>& inputs;
+  const Array& output;
+  const OutputInfo& info;
+  double seconds;
+};
+using OpObserver = std::function<void(const OpEvent&)>;
+// Replaces the observer (an empty function turns observation off); returns the previous one.
+OpObserver set_op_observer(OpObserver observer);
+
+}  // namespace mt::prim
