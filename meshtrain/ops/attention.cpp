@@ -12,8 +12,11 @@
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("attention", {"causal_softmax"});
 
 Array causal_mask(int64_t tq, int64_t tk) {
   Array m = Array::empty({tq, tk}, DType::boolean);

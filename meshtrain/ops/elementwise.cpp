@@ -11,6 +11,7 @@
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
 
@@ -318,6 +319,10 @@ const prim::PrimitivePtr& binary_primitive(BinaryOp op) {
 
 Array unary(UnaryOp op, const Array& x) { return prim::apply(unary_primitive(op), {x}); }
 Array binary(BinaryOp op, const Array& a, const Array& b) { return prim::apply(binary_primitive(op), {a, b}); }
+
+#define MT_NAME(e, name, ...) name,
+MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NAME) "where", "cast", "fill_like"});
+#undef MT_NAME
 
 }  // namespace
 

@@ -10,8 +10,11 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("indexing", {"take", "scatter_add", "take_along_axis", "scatter_add_along_axis", "embedding", "one_hot", "top_k"});
 
 using layout::ArgInfo;
 using layout::MeshShape;

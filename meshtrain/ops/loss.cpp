@@ -12,8 +12,11 @@
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("loss", {"cross_entropy", "vocab_parallel_statistics", "vocab_parallel_slice_max"});
 
 using layout::ArgInfo;
 using layout::MeshShape;

@@ -7,8 +7,11 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("matmul", {"matmul"});
 
 using layout::ArgInfo;
 using layout::MeshShape;

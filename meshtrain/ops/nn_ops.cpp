@@ -10,8 +10,11 @@
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("nn", {"softmax", "log_softmax", "layer_norm", "rms_norm"});
 
 using layout::ArgInfo;
 using layout::MeshShape;

@@ -5,8 +5,11 @@
 #include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("random", {"dropout"});
 
 using Grads = std::vector<Array>;
 

@@ -10,8 +10,11 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("reduce", {"sum", "max", "min", "argmax"});
 
 using layout::ArgInfo;
 using layout::MeshShape;

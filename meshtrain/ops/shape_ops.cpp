@@ -10,8 +10,11 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
 
 namespace mt {
+
+MT_REGISTER_PRIMITIVES("shape", {"reshape", "transpose", "slice", "pad_into", "concatenate", "broadcast_to"});
 
 using layout::ArgInfo;
 using layout::MeshShape;
