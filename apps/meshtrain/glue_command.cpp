@@ -80,10 +80,12 @@ void run(const GlueOptions& o) {
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   const int64_t global_batch = o.per_device_train_batch_size * deployer.data_size();
-  const int64_t steps_per_epoch = train_set->size() / global_batch;
-  MT_CHECK(steps_per_epoch > 0, "[glue] ", train_set->size(), " training rows make no batch of ", global_batch);
-  int64_t total = steps_per_epoch * o.num_train_epochs;
-  if (o.max_steps > 0) total = std::min(total, o.max_steps);
+  // The schedule's length is the Trainer's own step count.
+  train::FitOptions f;
+  f.per_device_batch_size = o.per_device_train_batch_size;
+  f.epochs = o.num_train_epochs;
+  f.max_steps = o.max_steps > 0 ? o.max_steps : -1;
+  const int64_t total = train::plan_steps(train_set->size(), f, deployer).total_steps;
   optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, std::min(o.warmup_steps, total - 1), total);
   optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
   deployer.log("glue " + task.name + ": " + std::to_string(train_set->size()) + " train / " +
@@ -93,11 +95,7 @@ void run(const GlueOptions& o) {
   train::Trainer trainer(deployer, collate, glue_loss(model, task), model->params, opt, plan);
 
   const std::string primary = glue_primary_metric(task);
-  train::FitOptions f;
-  f.per_device_batch_size = o.per_device_train_batch_size;
   f.per_device_eval_batch_size = o.per_device_eval_batch_size;
-  f.epochs = o.num_train_epochs;
-  f.max_steps = total;
   f.eval_every = o.eval_steps;
   f.eval_fn = [&](const Params& p) {
     return glue_evaluate(deployer, *model, p, task, collate, eval_set, o.per_device_eval_batch_size);

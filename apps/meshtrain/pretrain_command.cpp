@@ -82,11 +82,18 @@ void run(const PretrainOptions& o) {
   MT_CHECK(eval_set == nullptr || eval_set->size() >= global_batch, "[pretrain] the held-out ", n_eval,
            " sequences (--eval-fraction ", o.eval_fraction, ") make no global batch of ", global_batch,
            ": raise --eval-fraction or pass 0");
-  const int64_t steps_per_epoch = train_set->size() / global_batch / o.grad_accum;
-  MT_CHECK(steps_per_epoch > 0, "[pretrain] ", train_set->size(), " training sequences make no step of ", global_batch,
-           " x ", o.grad_accum, " sequences");
-  const int64_t total = o.steps > 0 ? o.steps : steps_per_epoch * o.epochs;
-  const int64_t epochs = o.steps > 0 ? (o.steps + steps_per_epoch - 1) / steps_per_epoch : o.epochs;
+  // The schedule's length is the Trainer's own step count.
+  train::FitOptions f;
+  f.per_device_batch_size = o.per_device_batch_size;
+  f.grad_accum_steps = o.grad_accum;
+  f.epochs = o.epochs;
+  f.max_steps = o.steps > 0 ? o.steps : -1;
+  train::StepPlan steps = train::plan_steps(train_set->size(), f, deployer);
+  if (o.steps > 0) {  // as many epochs as the requested steps need
+    f.epochs = (o.steps + steps.steps_per_epoch - 1) / steps.steps_per_epoch;
+    steps = train::plan_steps(train_set->size(), f, deployer);
+  }
+  const int64_t total = steps.total_steps;
 
   deployer.log("pretrain: " + model->model_type + " (" + std::to_string(model->params.total_elements()) +
                " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
@@ -101,11 +108,6 @@ void run(const PretrainOptions& o) {
                                        optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay)});
   train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
 
-  train::FitOptions f;
-  f.per_device_batch_size = o.per_device_batch_size;
-  f.epochs = epochs;
-  f.max_steps = total;
-  f.grad_accum_steps = o.grad_accum;
   f.eval_data = eval_set;
   f.eval_every = o.eval_steps;
   f.save_every = o.save_steps;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "meshtrain/core/parallel_grain.h"
+
 namespace mt {
 
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
@@ -106,7 +108,7 @@ void fill_uniform(const RngKey& key, uint64_t offset, int64_t n, float* out) {
   }
   one_by_one(offset, first_group * 64);
   const int64_t groups = int64_t(end_group - first_group);
-#pragma omp parallel for if (n > 65536) schedule(static)
+#pragma omp parallel for if (n > grain::copy) schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     uint32_t w[4][16];
     const uint64_t block0 = (first_group + uint64_t(g)) * 16;
@@ -122,7 +124,7 @@ void fill_normal(const RngKey& key, uint64_t offset, int64_t n, float* out) {
   if (n <= 0) return;
   const uint64_t first = offset / 2, end = offset + uint64_t(n);
   const int64_t blocks = int64_t((end - 1) / 2 - first + 1);
-#pragma omp parallel for if (n > 32768) schedule(static)
+#pragma omp parallel for if (n > grain::compute) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const uint64_t block = first + uint64_t(b);
     const auto w = key.block(block);

@@ -109,22 +109,30 @@ std::string CheckpointManager::save(const CheckpointState& state, const dist::Me
   return path;
 }
 
-bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const std::string& metric,
-                                  double value, const std::string& mode) {
-  MT_CHECK(mode == "max" || mode == "min", "[checkpoint] best-by mode must be 'max' or 'min', got '", mode, "'");
+BestMetric BestMetric::parse(const std::string& spec) {
+  const bool max = spec.rfind("max:", 0) == 0, min = spec.rfind("min:", 0) == 0;
+  MT_CHECK((max || min) && spec.size() > 4, "[trainer] save_best_by must look like 'max:accuracy' or 'min:eval_loss', got '",
+           spec, "'");
+  return {spec.substr(4), max ? Mode::max : Mode::min};
+}
+
+bool BestMetric::improves(double value, double previous) const {
+  return mode == Mode::max ? value > previous : value < previous;
+}
+
+bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const BestMetric& metric,
+                                  double value) {
   // A NaN or infinite metric (a diverged run, a constant prediction's correlation) is never
   // the best; JSON would store it as null.
   if (!std::isfinite(value)) return false;
   const fs::path meta_path = fs::path(dir_) / "best" / "meta.json";
   if (fs::exists(meta_path)) {
     json old = io::read_json_file(meta_path.string());
-    if (old.contains("best") && old["best"].value("metric", "") == metric && old["best"].contains("value") &&
-        old["best"]["value"].is_number()) {
-      double prev = old["best"]["value"].get<double>();
-      if ((mode == "max" && !(value > prev)) || (mode == "min" && !(value < prev))) return false;
-    }
+    if (old.contains("best") && old["best"].value("metric", "") == metric.name && old["best"].contains("value") &&
+        old["best"]["value"].is_number() && !metric.improves(value, old["best"]["value"].get<double>()))
+      return false;
   }
-  write(state, mesh, "best", {{"best", {{"metric", metric}, {"value", value}, {"mode", mode}}}});
+  write(state, mesh, "best", {{"best", {{"metric", metric.name}, {"value", value}, {"mode", metric.mode_name()}}}});
   return true;
 }
 

@@ -29,6 +29,18 @@ struct CheckpointState {
 // The layout to restore each array into (by path); nullptr means replicated.
 using SpecFn = std::function<dist::PartitionSpec(const std::string& group, const std::string& path)>;
 
+// The metric a "best" checkpoint is kept by, parsed once from "max:<metric>" / "min:<metric>".
+struct BestMetric {
+  enum class Mode { max, min };
+  std::string name;
+  Mode mode = Mode::max;
+  // Throws naming `spec` unless it is "max:<name>" or "min:<name>".
+  static BestMetric parse(const std::string& spec);
+  // Whether `value` beats `previous` (NaN never does).
+  bool improves(double value, double previous) const;
+  const char* mode_name() const { return mode == Mode::max ? "max" : "min"; }
+};
+
 class CheckpointManager {
  public:
   // Checkpoints live in `dir`/step_<N>; the newest `keep_last` are kept (0 keeps all).
@@ -36,10 +48,9 @@ class CheckpointManager {
 
   // Collective: every rank of `mesh` calls it with the same state. Returns the directory.
   std::string save(const CheckpointState& state, const dist::Mesh& mesh);
-  // Like save, into `dir`/best, replaced only when `value` beats the stored one for `mode`
-  // ("max" or "min"); returns whether it was saved.
-  bool save_best(const CheckpointState& state, const dist::Mesh& mesh, const std::string& metric, double value,
-                 const std::string& mode);
+  // Like save, into `dir`/best, replaced only when `value` beats the stored one; returns
+  // whether it was saved.
+  bool save_best(const CheckpointState& state, const dist::Mesh& mesh, const BestMetric& metric, double value);
 
   // Newest complete checkpoint directory (meta.json present), if any.
   std::optional<std::string> latest() const;

@@ -13,15 +13,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/data/example.h"
 #include "meshtrain/optim/transform.h"
 #include "meshtrain/train/deployer.h"
+#include "meshtrain/train/async_metric_writer.h"
 
 namespace mt::train {
 
 class ProgressBar;
 class AsyncMetricWriter;
+struct BestMetric;
 
 // This process's examples -> its slice of the batch (host arrays, first dim = examples).
 using CollateFn = std::function<Batch(const std::vector<data::Example>&)>;
@@ -81,6 +84,17 @@ struct FitOptions {
   bool epoch_summary = true;
 };
 
+// How many optimizer steps fit will run: an epoch is the full global batches of the dataset
+// (per-device batch x data ranks) divided into steps of grad_accum_steps micro-batches, and
+// max_steps (when >= 0) caps the total. Learning-rate schedules are built from total_steps.
+struct StepPlan {
+  int64_t batches_per_epoch = 0;
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+};
+// Throws naming the sizes when an epoch makes no step.
+StepPlan plan_steps(int64_t dataset_size, const FitOptions& options, const Deployer& deployer);
+
 struct EpochSummary {
   int64_t epoch = 0;  // 1-based
   int64_t step = 0;
@@ -126,13 +140,35 @@ class Trainer {
   Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
           std::optional<ShardingPlan> plan, int);
   double default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
-  void save_checkpoint(const std::string& kind, const nlohmann::json& data_state, const nlohmann::json& extra,
-                       int keep_last, const std::string& metric = "", double value = 0, const std::string& mode = "");
-  // Restores the newest checkpoint (after checking it belongs to this model) and returns its
-  // extra state (data position, epoch progress, ...) plus "checkpoint": its path; nullopt
-  // when there is none.
-  std::optional<nlohmann::json> restore_latest(const nlohmann::json& expected_extra);
-  dist::PartitionSpec spec_for(const std::string& group, const std::string& path) const;
+
+  // The current epoch's losses so far; checkpoints carry them so that the epoch's train loss
+  // after a resume covers the steps run before the interruption too.
+  struct EpochProgress {
+    double loss_sum = 0;
+    int64_t steps = 0;
+  };
+  // What a checkpoint restores beyond parameters and optimizer state.
+  struct ResumeState {
+    std::string checkpoint;                   // its directory
+    nlohmann::json data;                      // the data loader's position (null if none)
+    EpochProgress epoch;
+  };
+  enum class CheckpointKind { step, best };
+
+  // The sampler of this process's share of each global batch.
+  data::SamplerOptions sampler_options(int64_t per_device_batch_size, bool shuffle, int64_t epochs) const;
+  void save_checkpoint(CheckpointKind kind, const nlohmann::json& data_state, const EpochProgress& epoch,
+                       const FitOptions& o, const BestMetric* best = nullptr, double value = 0);
+  // Restores the newest checkpoint (after checking it belongs to this model), laying every
+  // array out like the live parameters and optimizer state; nullopt when there is none.
+  std::optional<ResumeState> restore_latest(const nlohmann::json& expected_extra);
+  // fit's pieces: the resume, the metric sinks, one step's log record, an epoch's line, the
+  // final summary.
+  EpochProgress resume_into(data::DataLoader<Batch>& loader, const FitOptions& o);
+  std::vector<std::shared_ptr<MetricSink>> open_metric_sinks(const FitOptions& o, int64_t total_steps);
+  std::map<std::string, MetricValue> step_record(double loss, double lr, double seconds, const FitOptions& o) const;
+  void print_epoch(const EpochSummary& summary);
+  void print_fit_summary(const FitResult& result, double seconds, const FitOptions& o);
 
   Deployer& deployer_;
   CollateFn collate_;

@@ -99,15 +99,6 @@ TEST(PretrainedOracle, TinyGpt2LoadsEveryKeyAndMatchesTwin) {
              "gpt2_twin(P, X[0], X[1], 1, 1, 1e-5)");
 }
 
-// The twin's greedy decoding by full recomputation, returning the new ids.
-const char* kGreedyTwin = R"PY(
-def greedy_twin(P, prompt, n, L, H, Hkv, eps, theta, interleaved):
-    ids = prompt.clone()
-    for _ in range(n):
-        logits = llama_twin(P, ids, None, L, H, Hkv, eps, theta, interleaved)
-        ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], 1)
-    return ids[:, prompt.shape[1]:].double()
-)PY";
 
 TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   PretrainedModel m = from_pretrained(kModels + "stories260K/stories260K.bin");
@@ -134,7 +125,7 @@ TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   std::string names = "names = [";
   for (const auto& [path, value] : m.params) names += "'" + path + "', ", inputs.push_back(to_oracle(value));
   inputs.push_back(to_oracle(ids));
-  std::string code = std::string(kTwinLib) + kGreedyTwin + names +
+  std::string code = twin_library() + names +
                      "]\nP = dict(zip(names, xs[:len(names)]))\nout = greedy_twin(P, xs[-1], " + std::to_string(n) +
                      ", 5, 8, 4, 1e-5, 10000.0, True)\n";
   OracleResult ref = TorchOracle::instance().run(code, inputs);

@@ -110,11 +110,11 @@ TEST(Checkpoint, KeepLastBestAndCorruption) {
   EXPECT_EQ(fs::path(*manager.latest()).filename().string(), "step_00000003");
   // Best by metric: replaced only by a better value; NaN (a diverged run) is never better
   // and does not break later comparisons.
-  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", std::nan(""), "max"));
-  EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.5, "max"));
-  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", std::nan(""), "max"));
-  EXPECT_FALSE(manager.save_best(state, mesh, "accuracy", 0.4, "max"));
-  EXPECT_TRUE(manager.save_best(state, mesh, "accuracy", 0.7, "max"));
+  EXPECT_FALSE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), std::nan("")));
+  EXPECT_TRUE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), 0.5));
+  EXPECT_FALSE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), std::nan("")));
+  EXPECT_FALSE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), 0.4));
+  EXPECT_TRUE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), 0.7));
   // Corrupt the newest: refused with the file named; the previous one still loads.
   if (dist::world().rank() == 0) {
     fs::path f = fs::path(kept.back()) / "rank_0.safetensors";

@@ -10,6 +10,7 @@
 
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
+#include "meshtrain/dist/layout_tree.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/train/tensorboard_reader.h"
 #include "meshtrain/train/trainer.h"
@@ -181,6 +182,40 @@ TEST(Trainer, EpochLossAfterAMidEpochResumeCoversTheWholeEpoch) {
 // A custom train step (here plain SGD written by hand over micro-batches) replaces the
 // default one: it sees the step's micro-batches and key and its updates are what fit trains.
 // It must equal the default step with optim::sgd, and the training flag must reach the loss.
+// Optimizer slots are restored in the layout of their own parameter, read from the live state,
+// even when a slot's path ends with another parameter's path ("1.mu.w" vs the parameter
+// "mu.w"): the old suffix match took mu.w's replicated layout for w's split slot.
+TEST(Trainer, RestoredOptimizerSlotsKeepTheirParametersLayouts) {
+  const int n = dist::world().size();
+  const std::string dir = workdir("slots");
+  Params host{{"w", random_normal({8 * n, 4}, 31)}, {"mu.w", random_normal({4}, 32)}};
+  auto run = [&](int64_t steps, bool resume) {
+    train::Deployer deployer({.seed = 2, .mesh = "model=" + std::to_string(n), .workdir = dir, .verbose = false});
+    train::ShardingOptions so;
+    so.overrides = {{"w", dist::PartitionSpec{"model", ""}}, {"mu\\.w", dist::PartitionSpec{}}};
+    train::ShardingPlan plan = deployer.sharding_rules(host, {}, so);
+    auto loss = [](const Params& p, const train::Batch&, const RngKey&) {
+      return add(sum(square(p["w"])), sum(square(p["mu.w"])));
+    };
+    train::Trainer trainer(deployer, collate(), loss, host,
+                           optim::chain({optim::clip_by_global_norm(1.0), optim::adam(optim::constant_schedule(0.1))}),
+                           plan);
+    const dist::LayoutTree fresh = dist::layout_tree(trainer.opt_state());
+    train::FitOptions o;
+    o.per_device_batch_size = 2;
+    o.max_steps = steps;
+    o.resume = resume;
+    o.progress = false;
+    o.eval_at_end = false;
+    trainer.fit(shakespeare(8, 20000), o);
+    EXPECT_EQ(dist::layout_tree(trainer.opt_state()), fresh);
+    return trainer.opt_state();
+  };
+  run(2, false);
+  Params resumed = run(3, true);
+  if (n > 1) EXPECT_EQ(dist::sharding_of(resumed["1.mu.w"])->spec, (dist::PartitionSpec{"model", ""}));
+}
+
 TEST(Trainer, CustomTrainStepReplacesTheDefault) {
   const TinyGptConfig c = config();
   const int n = dist::world().size();

@@ -8,6 +8,7 @@
 #include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -148,7 +149,7 @@ void unary(UnaryOp op, const Array& x, Array& out) {
     T* po = out.data<T>();
     dispatch_unary(op, [&](auto op_tag) {
       constexpr UnaryOp kOp = decltype(op_tag)::value;
-#pragma omp parallel for if (n > 32768) schedule(static)
+#pragma omp parallel for if (n > grain::compute) schedule(static)
       for (int64_t i = 0; i < n; ++i) po[i] = store<T>(apply_unary<kOp, C>(load(px[i])));
     });
   });
@@ -181,13 +182,13 @@ void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
         }
       };
       if (rows == 1) {
-        const int64_t chunk = 16384;
+        const int64_t chunk = grain::row;
 #pragma omp parallel for if (len > 2 * chunk) schedule(static)
         for (int64_t c = 0; c < (len + chunk - 1) / chunk; ++c)
           row(pa, pb, po, c * chunk, std::min(len, (c + 1) * chunk));
         return;
       }
-#pragma omp parallel for if (rows * len > 32768) schedule(static)
+#pragma omp parallel for if (rows * len > grain::compute) schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         int64_t off[2];
         plan.row_offsets(r, off);
@@ -215,7 +216,7 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
     // ReLU/scalar cases) get loops with compile-time strides, which vectorize.
     auto rows_with = [&](auto csa, auto csb) {
       constexpr int64_t ka = decltype(csa)::value, kb = decltype(csb)::value;
-#pragma omp parallel for if (rows * len > 32768 && rows > 1) schedule(static)
+#pragma omp parallel for if (rows * len > grain::compute && rows > 1) schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         int64_t off[3];
         plan.row_offsets(r, off);
@@ -250,7 +251,7 @@ void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out)
     T* po = out.data<T>();
     if (approximate) {
       constexpr float c = 0.044715f;
-#pragma omp parallel for if (n > 32768) schedule(static)
+#pragma omp parallel for if (n > grain::compute) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const float v = load_f32(px[i]);
         const float t = fast_tanh(kSqrt2OverPi * (v + c * v * v * v));
@@ -259,7 +260,7 @@ void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out)
       }
     } else {
       constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
-#pragma omp parallel for if (n > 32768) schedule(static)
+#pragma omp parallel for if (n > grain::compute) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const float v = load_f32(px[i]);
         const float d = 0.5f * (1.0f + std::erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
@@ -277,7 +278,7 @@ void cast(const Array& x, Array& out) {
       using O = decltype(out_tag);
       const I* px = x.data<I>();
       O* po = out.data<O>();
-#pragma omp parallel for if (n > 65536) schedule(static)
+#pragma omp parallel for if (n > grain::copy) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         if constexpr (std::is_same_v<I, O>) po[i] = px[i];
         else if constexpr (std::is_same_v<O, bool>) po[i] = to_double(px[i]) != 0.0;

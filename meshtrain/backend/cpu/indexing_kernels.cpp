@@ -9,6 +9,7 @@
 
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -87,7 +88,7 @@ void take(const Array& x, const Array& idx, Array& out, int64_t outer, int64_t a
   const char* px = static_cast<const char*>(x.raw());
   char* po = static_cast<char*>(out.raw());
   dispatch_index(idx, [&](const auto* pi) {
-#pragma omp parallel for collapse(2) if (outer * n * inner > 65536) schedule(static)
+#pragma omp parallel for collapse(2) if (outer * n * inner > grain::copy) schedule(static)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t j = 0; j < n; ++j)
         copy_elems(po + size_t((o * n + j) * inner) * es, px + size_t((o * a + int64_t(pi[j])) * inner) * es, inner,
@@ -116,7 +117,7 @@ void scatter_add(const Array& upd, const Array& idx, Array& out, int64_t outer, 
       constexpr int64_t kChunk = 2048;
       const int64_t chunks = std::max<int64_t>(1, (inner + kChunk - 1) / kChunk);
       const int64_t tasks = inner == 0 ? 0 : outer * a * chunks;
-#pragma omp parallel if (outer * a * inner + n * inner > 65536)
+#pragma omp parallel if (outer * a * inner + n * inner > grain::copy)
       {
         std::vector<Acc<T>> acc(size_t(std::min(inner, kChunk)));
 #pragma omp for schedule(dynamic, 16)
@@ -147,7 +148,7 @@ void take_along_axis(const Array& x, const Array& idx, Array& out, int axis) {
   const char* px = static_cast<const char*>(x.raw());
   char* po = static_cast<char*>(out.raw());
   dispatch_index(idx, [&](const auto* pi) {
-#pragma omp parallel for collapse(2) if (outer * n * inner > 65536) schedule(static)
+#pragma omp parallel for collapse(2) if (outer * n * inner > grain::copy) schedule(static)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t j = 0; j < n; ++j) {
         const int64_t p0 = (o * n + j) * inner;
@@ -186,7 +187,7 @@ void scatter_add_along_axis(const Array& upd, const Array& idx, Array& out, int 
       const int64_t chunks = std::max<int64_t>(1, (inner + kChunk - 1) / kChunk);
       const int64_t tasks = inner == 0 ? 0 : outer * chunks;
       dispatch_index(idx, [&](const auto* pi) {
-#pragma omp parallel for if (outer * n * inner > 65536) schedule(static)
+#pragma omp parallel for if (outer * n * inner > grain::copy) schedule(static)
         for (int64_t t = 0; t < tasks; ++t) {
           const int64_t o = t / chunks, r0 = (t % chunks) * kChunk, r1 = std::min(inner, r0 + kChunk);
           for (int64_t j = 0; j < n; ++j) {
@@ -199,7 +200,7 @@ void scatter_add_along_axis(const Array& upd, const Array& idx, Array& out, int 
       if constexpr (!std::is_same_v<T, A>) {
         T* po = out.data<T>();
         const int64_t total = out.numel();
-#pragma omp parallel for if (total > 65536) schedule(static)
+#pragma omp parallel for if (total > grain::copy) schedule(static)
         for (int64_t i = 0; i < total; ++i) po[i] = from_acc<T>(acc[i]);
       }
     }
@@ -214,7 +215,7 @@ void top_k(const Array& x, Array& values, Array& indices, int64_t outer, int64_t
     T* pv = values.data<T>();
     int64_t* pi = indices.data<int64_t>();
     const int64_t lines = outer * inner;
-#pragma omp parallel if (lines * a > 32768 && lines > 1)
+#pragma omp parallel if (lines * a > grain::compute && lines > 1)
     {
       std::vector<Key> line(static_cast<size_t>(a));
       std::vector<int64_t> order(static_cast<size_t>(a));
@@ -257,7 +258,7 @@ void one_hot(const Array& ids, Array& out, int64_t num_classes) {
     T* po = out.data<T>();
     const T one = from_double<T>(1.0);
     dispatch_index(ids, [&](const auto* pi) {
-#pragma omp parallel for if (n > 65536) schedule(static)
+#pragma omp parallel for if (n > grain::copy) schedule(static)
       for (int64_t j = 0; j < n; ++j) po[j * num_classes + int64_t(pi[j])] = one;
     });
   });

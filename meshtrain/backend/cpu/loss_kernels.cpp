@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -33,7 +34,7 @@ void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ign
   dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     const T* px = logits.data<T>();
-#pragma omp parallel if (n * c > 32768 && n > 1)
+#pragma omp parallel if (n * c > grain::compute && n > 1)
     {
       std::vector<float> buf(std::is_same_v<T, float> ? 0 : size_t(c));
 #pragma omp for schedule(static)
@@ -81,7 +82,7 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
     using T = decltype(tag);
     const T* px = logits.data<T>();
     T* pg = grad.data<T>();
-#pragma omp parallel if (n * c > 32768 && n > 1)
+#pragma omp parallel if (n * c > grain::compute && n > 1)
     {
       std::vector<float> in_buf(std::is_same_v<T, float> ? 0 : size_t(c));
       std::vector<float> out_buf(std::is_same_v<T, float> ? 0 : size_t(c));

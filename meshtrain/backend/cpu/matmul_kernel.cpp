@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -288,7 +289,7 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
 // is more than one chunk.
 template <class Fn>
 void for_chunks(int64_t n, Fn&& fn) {
-  const int64_t chunk = int64_t(1) << 16;
+  const int64_t chunk = grain::copy;
 #pragma omp parallel for schedule(static) if (n > chunk)
   for (int64_t begin = 0; begin < n; begin += chunk) fn(begin, std::min(chunk, n - begin));
 }

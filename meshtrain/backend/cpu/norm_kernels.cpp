@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -53,7 +54,7 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
     std::vector<float> wf(static_cast<size_t>(c), 1.0f), bf(static_cast<size_t>(c), 0.0f);
     if (pw) load_row(pw, wf.data(), c);
     if (pb) load_row(pb, bf.data(), c);
-#pragma omp parallel if (n * c > 16384 && n > 1)
+#pragma omp parallel if (n * c > grain::row && n > 1)
     {
       std::vector<float> row(static_cast<size_t>(c));
 #pragma omp for schedule(static)
@@ -105,7 +106,7 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
     const bool want_w = dweight != nullptr, want_b = dbias != nullptr;
     // Per-chunk partial sums of g * xhat (weight) and g (bias), reduced in chunk order below.
     std::vector<double> part_w(want_w ? size_t(chunks * c) : 0), part_b(want_b ? size_t(chunks * c) : 0);
-#pragma omp parallel if (n * c > 16384 && chunks > 1)
+#pragma omp parallel if (n * c > grain::row && chunks > 1)
     {
       std::vector<float> xhat(static_cast<size_t>(c)), gr(xhat.size()), gy(xhat.size());
 #pragma omp for schedule(static)
@@ -148,7 +149,7 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
       dispatch_float(out.dtype(), op, [&](auto ot) {
         using O = decltype(ot);
         O* po = out.data<O>();
-#pragma omp parallel for if (chunks * c > 65536) schedule(static)
+#pragma omp parallel for if (chunks * c > grain::copy) schedule(static)
         for (int64_t i = 0; i < c; ++i) {
           double s = 0;
           for (int64_t ch = 0; ch < chunks; ++ch) s += part[size_t(ch * c + i)];

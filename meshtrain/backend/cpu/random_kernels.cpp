@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -34,7 +35,7 @@ void for_each_chunk(const RngKey& key, const Shape& local, const StreamBlock& bl
   };
   const int64_t chunks_per_run = (run_len + kChunk - 1) / kChunk;
   const int64_t work = runs * chunks_per_run;
-#pragma omp parallel for if (total > 32768) schedule(static)
+#pragma omp parallel for if (total > grain::compute) schedule(static)
   for (int64_t w = 0; w < work; ++w) {
     float buf[kChunk];
     const int64_t run = w / chunks_per_run, c = w % chunks_per_run;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -30,7 +31,7 @@ void reduce(ReduceOp op, const Array& x, Array& out, int64_t outer, int64_t r, i
       return op == ReduceOp::max ? (v > a ? v : a) : (v < a ? v : a);
     };
     const bool by_outer = outer >= inner;
-#pragma omp parallel for if (outer * r * inner > 32768 && by_outer && outer > 1) schedule(static)
+#pragma omp parallel for if (outer * r * inner > grain::compute && by_outer && outer > 1) schedule(static)
     for (int64_t o = 0; o < outer; ++o) {
       const T* base = px + o * r * inner;
       if (inner == 1) {
@@ -54,7 +55,7 @@ void argmax(const Array& x, Array& out, int64_t outer, int64_t r, int64_t inner)
     using T = decltype(tag);
     const T* px = x.data<T>();
     int64_t* po = out.data<int64_t>();
-#pragma omp parallel for if (outer * r * inner > 32768 && outer > 1) schedule(static)
+#pragma omp parallel for if (outer * r * inner > grain::compute && outer > 1) schedule(static)
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t i = 0; i < inner; ++i) {
         int64_t best = 0;

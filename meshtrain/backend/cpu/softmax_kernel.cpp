@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -110,7 +111,7 @@ void causal_softmax_forward(const Array& x, Array& y, int64_t blocks, int64_t tq
     const T* px = x.data<T>();
     T* py = y.data<T>();
     const int64_t rows = blocks * tq;
-#pragma omp parallel if (rows * tk > 16384)
+#pragma omp parallel if (rows * tk > grain::row)
     {
       std::vector<float> scratch(static_cast<size_t>(tk));
 #pragma omp for schedule(static)
@@ -127,7 +128,7 @@ void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    const bool parallel = outer * r * inner > 16384;
+    const bool parallel = outer * r * inner > grain::row;
     if (inner == 1) {
 #pragma omp parallel if (parallel && outer > 1)
       {

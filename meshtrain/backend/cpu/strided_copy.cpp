@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
 
@@ -14,7 +15,7 @@ void copy_rows(const Word* src, const std::vector<int64_t>& ss, Word* dst, const
   int64_t rows = 1;
   for (int i = 0; i + 1 < n; ++i) rows *= dims[size_t(i)];
   const int64_t len = dims.back(), s_in = ss.back(), d_in = ds.back();
-#pragma omp parallel for if (rows * len > 65536 && rows > 1) schedule(static)
+#pragma omp parallel for if (rows * len > grain::copy && rows > 1) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t so = 0, dof = 0, rem = r;
     for (int d = n - 2; d >= 0; --d) {

@@ -1,0 +1,159 @@
+"""PyTorch twins of the models in meshtrain/models, written with torch.nn.functional over a
+dict P of Hugging Face parameter names. The C++ tests (tests/support/model_twins.h) run a
+model and its twin on the same weights through the torch oracle and compare logits and
+every parameter's gradient.
+
+Masks: True = attend; a masked score gets the lowest finite value (as HF's additive
+finfo.min), so padding rows stay finite. Positions of left-padded rows follow HF generate:
+cumsum(mask) - 1, 1 at padding.
+"""
+import torch
+import torch.nn.functional as F
+
+def twin_attention(q, k, v, allowed, scale):
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
+    return torch.softmax(s, dim=-1) @ v
+
+def twin_allowed(amask, B, T, causal):
+    allowed = torch.ones(B, 1, T, T, dtype=torch.bool)
+    if causal:
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    if amask is not None:
+        allowed = allowed & (amask != 0)[:, None, None, :]
+    return allowed
+
+def twin_positions(amask, T):
+    if amask is None:
+        return torch.arange(T)
+    pos = amask.long().cumsum(-1) - 1
+    return pos.masked_fill(amask == 0, 1)
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+def gpt2_twin(P, ids, amask, L, H, eps):
+    B, T = ids.shape
+    wte = P['transformer.wte.weight']
+    E = wte.shape[1]
+    D = E // H
+    x = wte[ids] + P['transformer.wpe.weight'][twin_positions(amask, T)]
+    allowed = twin_allowed(amask, B, T, True)
+    def heads(t):
+        return t.reshape(B, T, H, D).transpose(1, 2)
+    for l in range(L):
+        b = 'transformer.h.%d.' % l
+        h = F.layer_norm(x, (E,), P[b + 'ln_1.weight'], P[b + 'ln_1.bias'], eps)
+        # meshtrain keeps c_attn as [in, 3, out]; HF's [in, 3*out] is the same data
+        q, k, v = (h @ P[b + 'attn.c_attn.weight'].reshape(E, 3 * E) + P[b + 'attn.c_attn.bias'].reshape(3 * E)).split(E, -1)
+        a = twin_attention(heads(q), heads(k), heads(v), allowed, 1.0 / math.sqrt(D))
+        a = a.transpose(1, 2).reshape(B, T, E)
+        x = x + (a @ P[b + 'attn.c_proj.weight'] + P[b + 'attn.c_proj.bias'])
+        h = F.layer_norm(x, (E,), P[b + 'ln_2.weight'], P[b + 'ln_2.bias'], eps)
+        m = gelu_new(h @ P[b + 'mlp.c_fc.weight'] + P[b + 'mlp.c_fc.bias'])
+        x = x + (m @ P[b + 'mlp.c_proj.weight'] + P[b + 'mlp.c_proj.bias'])
+    x = F.layer_norm(x, (E,), P['transformer.ln_f.weight'], P['transformer.ln_f.bias'], eps)
+    return x @ wte.t()
+
+def bert_twin(P, ids, amask, tt, L, H, eps, head):
+    B, T = ids.shape
+    we = P['bert.embeddings.word_embeddings.weight']
+    E = we.shape[1]
+    D = E // H
+    x = (we[ids] + P['bert.embeddings.token_type_embeddings.weight'][tt]
+         + P['bert.embeddings.position_embeddings.weight'][torch.arange(T)])
+    x = F.layer_norm(x, (E,), P['bert.embeddings.LayerNorm.weight'], P['bert.embeddings.LayerNorm.bias'], eps)
+    allowed = twin_allowed(amask, B, T, False)
+    def lin(t, n):
+        return F.linear(t, P[n + '.weight'], P[n + '.bias'])
+    def heads(t):
+        return t.reshape(B, T, H, D).transpose(1, 2)
+    for l in range(L):
+        b = 'bert.encoder.layer.%d.' % l
+        a = twin_attention(heads(lin(x, b + 'attention.self.query')), heads(lin(x, b + 'attention.self.key')),
+                           heads(lin(x, b + 'attention.self.value')), allowed, 1.0 / math.sqrt(D))
+        a = lin(a.transpose(1, 2).reshape(B, T, E), b + 'attention.output.dense')
+        x = F.layer_norm(a + x, (E,), P[b + 'attention.output.LayerNorm.weight'],
+                         P[b + 'attention.output.LayerNorm.bias'], eps)
+        m = lin(F.gelu(lin(x, b + 'intermediate.dense')), b + 'output.dense')
+        x = F.layer_norm(m + x, (E,), P[b + 'output.LayerNorm.weight'], P[b + 'output.LayerNorm.bias'], eps)
+    if head == 'cls':
+        return lin(torch.tanh(lin(x[:, 0], 'bert.pooler.dense')), 'classifier')
+    if head == 'mlm':
+        t = F.gelu(lin(x, 'cls.predictions.transform.dense'))
+        t = F.layer_norm(t, (E,), P['cls.predictions.transform.LayerNorm.weight'],
+                         P['cls.predictions.transform.LayerNorm.bias'], eps)
+        return t @ we.t() + P['cls.predictions.bias']
+    return x
+
+def twin_rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+def twin_rope(x, pos, theta, interleaved):
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2).float() / d))
+    ang = pos.float()[..., None] * inv
+    cos, sin = ang.cos(), ang.sin()
+    if pos.dim() == 2:
+        cos, sin = cos[:, None], sin[:, None]
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2)
+    cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+def llama_twin(P, ids, amask, L, H, Hkv, eps, theta, interleaved):
+    B, T = ids.shape
+    emb = P['model.embed_tokens.weight']
+    pos = twin_positions(amask, T)
+    allowed = twin_allowed(amask, B, T, True)
+    x = emb[ids]
+    for l in range(L):
+        b = 'model.layers.%d.' % l
+        h = twin_rms(x, P[b + 'input_layernorm.weight'], eps)
+        q = F.linear(h, P[b + 'self_attn.q_proj.weight'])
+        D = q.shape[-1] // H
+        q = q.reshape(B, T, H, D).transpose(1, 2)
+        k = F.linear(h, P[b + 'self_attn.k_proj.weight']).reshape(B, T, Hkv, D).transpose(1, 2)
+        v = F.linear(h, P[b + 'self_attn.v_proj.weight']).reshape(B, T, Hkv, D).transpose(1, 2)
+        q, k = twin_rope(q, pos, theta, interleaved), twin_rope(k, pos, theta, interleaved)
+        a = twin_attention(q, k, v, allowed, 1.0 / math.sqrt(D)).transpose(1, 2).reshape(B, T, H * D)
+        x = x + F.linear(a, P[b + 'self_attn.o_proj.weight'])
+        h = twin_rms(x, P[b + 'post_attention_layernorm.weight'], eps)
+        x = x + F.linear(F.silu(F.linear(h, P[b + 'mlp.gate_proj.weight'])) * F.linear(h, P[b + 'mlp.up_proj.weight']),
+                         P[b + 'mlp.down_proj.weight'])
+    x = twin_rms(x, P['model.norm.weight'], eps)
+    return F.linear(x, P['lm_head.weight']) if 'lm_head.weight' in P else x @ emb.t()
+
+def minigpt_twin(P, ids, amask, L, H, eps):
+    B, T = ids.shape
+    E = P['embedding.token_emb.weight'].shape[1]
+    D = E // H
+    x = P['embedding.token_emb.weight'][ids] + P['embedding.pos_emb.weight'][twin_positions(amask, T)]
+    allowed = twin_allowed(amask, B, T, True)
+    def lin(t, n):
+        return F.linear(t, P[n + '.weight'], P[n + '.bias'])
+    def heads(t):
+        return t.reshape(B, T, H, D).transpose(1, 2)
+    for l in range(L):
+        b = 'blocks.%d.' % l
+        a = twin_attention(heads(lin(x, b + 'attn.query')), heads(lin(x, b + 'attn.key')),
+                           heads(lin(x, b + 'attn.value')), allowed, 1.0 / math.sqrt(D))
+        a = lin(a.transpose(1, 2).reshape(B, T, E), b + 'attn.out')
+        x = F.layer_norm(x + a, (E,), P[b + 'ln1.weight'], P[b + 'ln1.bias'], eps)
+        m = lin(F.relu(lin(x, b + 'ffn.linear1')), b + 'ffn.linear2')
+        x = F.layer_norm(x + m, (E,), P[b + 'ln2.weight'], P[b + 'ln2.bias'], eps)
+    return F.linear(x, P['output_layer.weight'])
+
+
+# Greedy decoding by full recomputation (no KV cache), returning the new ids.
+def greedy_twin(P, prompt, n, L, H, Hkv, eps, theta, interleaved):
+    ids = prompt.clone()
+    for _ in range(n):
+        logits = llama_twin(P, ids, None, L, H, Hkv, eps, theta, interleaved)
+        ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[:, prompt.shape[1]:].double()
