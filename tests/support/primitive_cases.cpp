@@ -1,0 +1,147 @@
+#include "tests/support/primitive_cases.h"
+
+namespace mt::testing {
+
+namespace {
+Array rn(const Shape& s, uint64_t seed) { return random_normal(s, seed); }
+Array ru(const Shape& s, uint64_t seed, double lo, double hi) { return random_uniform(s, seed, lo, hi); }
+Array mask(const Shape& s, uint64_t seed) { return gt(rn(s, seed), zeros_like(rn(s, seed))); }
+}  // namespace
+
+std::vector<PrimitiveCase> primitive_cases() {
+  std::vector<PrimitiveCase> c;
+  auto unary = [&](const char* name, Array (*f)(const Array&), const char* torch, double lo, double hi) {
+    c.push_back({name, {ru({4, 7}, 10, lo, hi)}, [f](const std::vector<Array>& in) { return f(in[0]); }, torch});
+  };
+  unary("neg", neg, "out = -x0", -3, 3);
+  unary("exp", exp, "out = torch.exp(x0)", -3, 3);
+  unary("log", log, "out = torch.log(x0)", 0.2, 4);
+  unary("sqrt", sqrt, "out = torch.sqrt(x0)", 0.2, 4);
+  unary("rsqrt", rsqrt, "out = torch.rsqrt(x0)", 0.2, 4);
+  unary("tanh", tanh, "out = torch.tanh(x0)", -3, 3);
+  unary("abs", abs, "out = torch.abs(x0)", 0.3, 3);    // away from the kink for finite differences
+  unary("sign", sign, "out = torch.sign(x0)", 0.3, 3);
+  unary("relu", relu, "out = torch.relu(x0)", 0.3, 3);
+  unary("sigmoid", sigmoid, "out = torch.sigmoid(x0)", -4, 4);
+  unary("silu", silu, "out = F.silu(x0)", -4, 4);
+  unary("gelu", [](const Array& x) { return gelu(x, false); }, "out = F.gelu(x0)", -3, 3);
+  unary("gelu_tanh", [](const Array& x) { return gelu(x, true); }, "out = F.gelu(x0, approximate='tanh')", -3, 3);
+  unary("erf", erf, "out = torch.erf(x0)", -2, 2);
+  unary("sin", sin, "out = torch.sin(x0)", -3, 3);
+  unary("cos", cos, "out = torch.cos(x0)", -3, 3);
+  unary("square", square, "out = torch.square(x0)", -3, 3);
+  unary("reciprocal", reciprocal, "out = torch.reciprocal(x0)", 0.3, 3);
+  c.push_back({"logical_not", {mask({4, 7}, 11)}, [](const std::vector<Array>& in) { return logical_not(in[0]); },
+               "out = torch.logical_not(x0)", false});
+
+  auto binary = [&](const char* name, Array (*f)(const Array&, const Array&), const char* torch, double lo, double hi,
+                    bool grads = true) {
+    c.push_back({name, {ru({4, 1, 5}, 20, lo, hi), ru({3, 5}, 21, lo, hi)},
+                 [f](const std::vector<Array>& in) { return f(in[0], in[1]); }, torch, grads});
+  };
+  binary("add", add, "out = x0 + x1", -3, 3);
+  binary("sub", sub, "out = x0 - x1", -3, 3);
+  binary("mul", mul, "out = x0 * x1", -3, 3);
+  binary("div", div, "out = x0 / x1", 0.5, 3);
+  binary("pow", pow, "out = torch.pow(x0, x1)", 0.5, 2);
+  binary("maximum", maximum, "out = torch.maximum(x0, x1)", -3, 3);
+  binary("minimum", minimum, "out = torch.minimum(x0, x1)", -3, 3);
+  // Comparisons on a few integer-valued floats, so that ties occur.
+  auto compare = [&](const char* name, Array (*f)(const Array&, const Array&), const char* torch) {
+    c.push_back({name, {cast(random_ints({4, 1, 5}, 22, 0, 3), DType::f32), cast(random_ints({3, 5}, 23, 0, 3), DType::f32)},
+                 [f](const std::vector<Array>& in) { return f(in[0], in[1]); }, torch, false});
+  };
+  compare("eq", eq, "out = x0 == x1");
+  compare("ne", ne, "out = x0 != x1");
+  compare("lt", lt, "out = x0 < x1");
+  compare("le", le, "out = x0 <= x1");
+  compare("gt", gt, "out = x0 > x1");
+  compare("ge", ge, "out = x0 >= x1");
+  c.push_back({"logical_and", {mask({4, 1, 5}, 24), mask({3, 5}, 25)},
+               [](const std::vector<Array>& in) { return logical_and(in[0], in[1]); }, "out = x0 & x1", false});
+  c.push_back({"logical_or", {mask({4, 1, 5}, 26), mask({3, 5}, 27)},
+               [](const std::vector<Array>& in) { return logical_or(in[0], in[1]); }, "out = x0 | x1", false});
+  c.push_back({"where", {mask({4, 5}, 28), rn({4, 5}, 29), rn({1, 5}, 30)},
+               [](const std::vector<Array>& in) { return where(in[0], in[1], in[2]); }, "out = torch.where(x0, x1, x2)"});
+  c.push_back({"cast", {rn({4, 5}, 31)}, [](const std::vector<Array>& in) { return cast(cast(in[0], DType::bf16), DType::f32); },
+               "out = x0.to(torch.bfloat16).float()", true, {1e-6, 1e-6}});
+  c.push_back({"fill_like", {rn({4, 5}, 32)}, [](const std::vector<Array>& in) { return ones_like(in[0]); },
+               "out = torch.ones_like(x0)", false});
+
+  c.push_back({"reshape", {rn({4, 3, 5}, 40)}, [](const std::vector<Array>& in) { return reshape(in[0], {4, 15}); },
+               "out = x0.reshape(4, 15)"});
+  c.push_back({"transpose", {rn({4, 3, 5}, 41)}, [](const std::vector<Array>& in) { return transpose(in[0], {2, 0, 1}); },
+               "out = x0.permute(2, 0, 1)"});
+  c.push_back({"slice", {rn({4, 5, 3}, 42)}, [](const std::vector<Array>& in) { return slice(in[0], 1, 1, 4); },
+               "out = x0[:, 1:4]"});
+  c.push_back({"pad_into", {rn({4, 2, 3}, 43)},
+               [](const std::vector<Array>& in) { return pad_into(in[0], Shape{4, 5, 3}, 1, 1); },
+               "out = F.pad(x0, (0, 0, 1, 2))"});
+  c.push_back({"concatenate", {rn({4, 2, 3}, 44), rn({4, 4, 3}, 45)},
+               [](const std::vector<Array>& in) { return concatenate({in[0], in[1]}, 1); }, "out = torch.cat([x0, x1], 1)"});
+  c.push_back({"broadcast_to", {rn({4, 1}, 46)},
+               [](const std::vector<Array>& in) { return broadcast_to(in[0], Shape{2, 4, 3}); }, "out = x0.expand(2, 4, 3)"});
+
+  c.push_back({"sum", {rn({3, 4, 5}, 50)}, [](const std::vector<Array>& in) { return sum(in[0], {0, 2}); },
+               "out = x0.sum(dim=(0, 2))"});
+  c.push_back({"max", {rn({3, 4, 5}, 51)}, [](const std::vector<Array>& in) { return max(in[0], {1}); },
+               "out = x0.amax(dim=1)"});
+  c.push_back({"min", {rn({3, 4, 5}, 52)}, [](const std::vector<Array>& in) { return min(in[0], {0, 2}, true); },
+               "out = x0.amin(dim=(0, 2), keepdim=True)"});
+  c.push_back({"argmax", {rn({3, 4, 5}, 53)}, [](const std::vector<Array>& in) { return argmax(in[0], 1); },
+               "out = x0.argmax(dim=1)", false});
+
+  c.push_back({"softmax", {rn({4, 6}, 60)}, [](const std::vector<Array>& in) { return softmax(in[0], -1); },
+               "out = torch.softmax(x0, -1)"});
+  c.push_back({"log_softmax", {rn({4, 6}, 61)}, [](const std::vector<Array>& in) { return log_softmax(in[0], 0); },
+               "out = torch.log_softmax(x0, 0)"});
+  c.push_back({"layer_norm", {rn({4, 8}, 62), rn({8}, 63), rn({8}, 64)},
+               [](const std::vector<Array>& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+               "out = F.layer_norm(x0, (8,), x1, x2, 1e-5)"});
+  c.push_back({"rms_norm", {rn({4, 8}, 65), rn({8}, 66)},
+               [](const std::vector<Array>& in) { return rms_norm(in[0], in[1], 1e-6); },
+               "out = x0 * torch.rsqrt(x0.pow(2).mean(-1, keepdim=True) + 1e-6) * x1"});
+  c.push_back({"matmul", {rn({4, 3, 4}, 70), rn({5, 4}, 71)},
+               [](const std::vector<Array>& in) { return matmul(in[0], in[1], false, true); }, "out = x0 @ x1.T"});
+
+  c.push_back({"take", {rn({8, 4}, 80), random_ints({4}, 81, 0, 8)},
+               [](const std::vector<Array>& in) { return take(in[0], in[1], 0); }, "out = torch.index_select(x0, 0, x1)"});
+  c.push_back({"scatter_add", {rn({4, 4}, 82), random_ints({4}, 83, 0, 6)},
+               [](const std::vector<Array>& in) { return scatter_add({6, 4}, in[1], in[0], 0); },
+               "out = torch.zeros(6, 4, dtype=x0.dtype).index_add(0, x1, x0)"});
+  c.push_back({"take_along_axis", {rn({4, 6}, 84), random_ints({4, 3}, 85, 0, 6)},
+               [](const std::vector<Array>& in) { return take_along_axis(in[0], in[1], 1); },
+               "out = torch.gather(x0, 1, x1)"});
+  c.push_back({"scatter_add_along_axis", {rn({4, 3}, 86), random_ints({4, 3}, 87, 0, 6)},
+               [](const std::vector<Array>& in) { return scatter_add_along_axis({4, 6}, in[1], in[0], 1); },
+               "out = torch.zeros(4, 6, dtype=x0.dtype).scatter_add(1, x1, x0)"});
+  c.push_back({"embedding", {rn({12, 4}, 88), random_ints({4, 3}, 89, 0, 12)},
+               [](const std::vector<Array>& in) { return embedding(in[0], in[1]); }, "out = F.embedding(x1, x0)"});
+  c.push_back({"one_hot", {random_ints({4, 3}, 90, 0, 5)},
+               [](const std::vector<Array>& in) { return one_hot(in[0], 5, DType::f32); },
+               "out = F.one_hot(x0, 5).float()", false});
+  c.push_back({"top_k", {rn({4, 7}, 91)}, [](const std::vector<Array>& in) { return top_k(in[0], 3, -1).second; },
+               "out = torch.topk(x0, 3, -1).indices", false});
+  // The mask comes from meshtrain's counter-based stream; torch is handed the same mask.
+  const RngKey key{7, 0};
+  c.push_back({"dropout", {rn({4, 6}, 92), ne(dropout(Array::ones({4, 6}), 0.25, key, true), Array::zeros({4, 6}))},
+               [key](const std::vector<Array>& in) { return dropout(in[0], 0.25, key, true); },
+               "out = x0 * x1 / 0.75"});
+  c.push_back({"cross_entropy", {rn({8, 7}, 93), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8})},
+               [](const std::vector<Array>& in) { return cross_entropy(in[0], in[1], -100, 0.1); },
+               "out = F.cross_entropy(x0, x1, ignore_index=-100, label_smoothing=0.1)"});
+  c.push_back({"causal_softmax", {rn({4, 3, 5}, 94)},
+               [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.5); },
+               "m = torch.ones(3, 5).tril(2).bool()\nout = torch.softmax((x0 * 0.5).masked_fill(~m, float('-inf')), -1)"});
+  return c;
+}
+
+const std::vector<DistributedOnly>& distributed_only_primitives() {
+  static const std::vector<DistributedOnly> all = {
+    {"vocab_parallel_statistics", "spmd_train_test: SpmdTrain.VocabParallelEmbeddingAndLossNeverGatherLogits"},
+    {"vocab_parallel_slice_max", "spmd_train_test: SpmdTrain.VocabParallelEmbeddingAndLossNeverGatherLogits"},
+  };
+  return all;
+}
+
+}  // namespace mt::testing

@@ -1,0 +1,31 @@
+#pragma once
+// One case per registered primitive (inputs, a call, a PyTorch expression): shared by the
+// registry-driven harnesses — against PyTorch (tests/oracle/primitive_coverage_test.cpp)
+// and sharded against one device (tests/spmd/primitive_sharding_test.cpp).
+#include <string>
+#include <vector>
+
+#include "tests/support/op_check.h"
+
+namespace mt::testing {
+
+struct PrimitiveCase {
+  std::string primitive;
+  std::vector<Array> inputs;
+  OpFn fn;
+  std::string torch;  // x0, x1, ... are the inputs; sets `out`
+  bool grads = true;  // compare VJPs with torch and with finite differences
+  Tolerance tol{};
+};
+
+struct DistributedOnly {
+  std::string primitive;
+  std::string covered_by;
+};
+
+// Every case, in registry order (inputs are deterministic).
+std::vector<PrimitiveCase> primitive_cases();
+// Registered primitives that only run on distributed arrays, with the test that covers them.
+const std::vector<DistributedOnly>& distributed_only_primitives();
+
+}  // namespace mt::testing
