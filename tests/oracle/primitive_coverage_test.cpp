@@ -23,7 +23,16 @@ TEST(PrimitiveCoverage, EveryRegisteredPrimitiveAgainstTorch) {
   for (const PrimitiveCase& c : primitive_cases()) {
     ++cases[c.primitive];
     check_against_torch(c.primitive, c.fn, c.torch, c.inputs, c.tol, c.grads);
-    if (c.grads) check_finite_differences(c.primitive, c.fn, c.inputs);
+    if (!c.grads) continue;
+    check_finite_differences(c.primitive, c.fn, c.inputs);
+    // Second order: the VJP (itself recorded under a nested trace) against finite
+    // differences of the first input's cotangent.
+    if (is_floating(c.inputs[0].dtype()) && c.inputs[0].dtype() == DType::f32) {
+      Array probe = c.fn(c.inputs);
+      Array cot = random_normal(probe.shape(), 777, probe.dtype());
+      OpFn first_grad = [&](const std::vector<Array>& in) { return vjp(c.fn, in, cot).second[0]; };
+      check_finite_differences(c.primitive + " (second order)", first_grad, c.inputs);
+    }
   }
   prim::set_op_observer(previous);
 
