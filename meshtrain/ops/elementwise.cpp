@@ -299,26 +299,23 @@ constexpr int kUnaryOps = 0 MT_UNARY_OPS(MT_COUNT);
 constexpr int kBinaryOps = 0 MT_BINARY_OPS(MT_COUNT);
 #undef MT_COUNT
 
-const prim::PrimitivePtr& unary_primitive(UnaryOp op) {
+// One shared instance per op of a primitive type parameterized by an op enum.
+template <class P, class Op, int kCount>
+const prim::PrimitivePtr& primitive_for(Op op) {
   static const std::vector<prim::PrimitivePtr> all = [] {
     std::vector<prim::PrimitivePtr> v;
-    for (int i = 0; i < kUnaryOps; ++i) v.push_back(std::make_shared<UnaryPrimitive>(UnaryOp(i)));
+    for (int i = 0; i < kCount; ++i) v.push_back(std::make_shared<P>(Op(i)));
     return v;
   }();
   return all[size_t(op)];
 }
 
-const prim::PrimitivePtr& binary_primitive(BinaryOp op) {
-  static const std::vector<prim::PrimitivePtr> all = [] {
-    std::vector<prim::PrimitivePtr> v;
-    for (int i = 0; i < kBinaryOps; ++i) v.push_back(std::make_shared<BinaryPrimitive>(BinaryOp(i)));
-    return v;
-  }();
-  return all[size_t(op)];
+Array unary(UnaryOp op, const Array& x) {
+  return prim::apply(primitive_for<UnaryPrimitive, UnaryOp, kUnaryOps>(op), {x});
 }
-
-Array unary(UnaryOp op, const Array& x) { return prim::apply(unary_primitive(op), {x}); }
-Array binary(BinaryOp op, const Array& a, const Array& b) { return prim::apply(binary_primitive(op), {a, b}); }
+Array binary(BinaryOp op, const Array& a, const Array& b) {
+  return prim::apply(primitive_for<BinaryPrimitive, BinaryOp, kBinaryOps>(op), {a, b});
+}
 
 #define MT_NAME(e, name, ...) name,
 MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NAME) "where", "cast", "fill_like"});

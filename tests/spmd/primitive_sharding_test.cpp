@@ -17,14 +17,6 @@ namespace {
 using dist::Mesh;
 using dist::PartitionSpec;
 
-double max_diff(const Array& a, const Array& b) {
-  auto x = a.to_doubles(), y = b.to_doubles();
-  EXPECT_EQ(x.size(), y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
-
 // x split along its first dim `axis` divides; replicated when none does.
 Array split_first_divisible(const Array& x, const Mesh& mesh, const std::string& axis, int& split_dims) {
   const int n = mesh.axis_size(axis);
@@ -66,9 +58,9 @@ TEST(PrimitiveSharding, EveryPrimitiveEqualsOneDevice) {
       std::vector<Array> g;
       if (grads) std::tie(out, g) = vjp(c.fn, sharded, cot);
       else out = c.fn(sharded);
-      double err = max_diff(dist::to_host(out), ref_out);
+      double err = max_abs_diff(dist::to_host(out), ref_out);
       for (size_t i = 0; i < g.size(); ++i)
-        if (is_floating(c.inputs[i].dtype())) err = std::max(err, max_diff(dist::to_host(g[i]), ref_grads[i]));
+        if (is_floating(c.inputs[i].dtype())) err = std::max(err, max_abs_diff(dist::to_host(g[i]), ref_grads[i]));
       EXPECT_LE(err, 1e-5) << label;
       if (err > worst) worst = err, worst_label = label;
     }

@@ -37,14 +37,6 @@ bool fits(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
   return true;
 }
 
-double max_diff(const Array& a, const Array& b) {
-  auto x = a.to_doubles(), y = b.to_doubles();
-  EXPECT_EQ(x.size(), y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
-
 // Runs fn on host inputs and on inputs sharded by `specs` (one per input); compares the
 // output and the VJP of a fixed cotangent.
 void check_sharded(const std::string& label, const OpFn& fn, const std::vector<Array>& host,
@@ -72,9 +64,9 @@ void check_sharded(const std::string& label, const OpFn& fn, const std::vector<A
     } else {
       out = fn(sharded);
     }
-    double err = max_diff(dist::to_host(out), ref_out);
+    double err = max_abs_diff(dist::to_host(out), ref_out);
     for (size_t i = 0; i < g.size(); ++i)
-      if (is_floating(host[i].dtype())) err = std::max(err, max_diff(dist::to_host(g[i]), ref_grads[i]));
+      if (is_floating(host[i].dtype())) err = std::max(err, max_abs_diff(dist::to_host(g[i]), ref_grads[i]));
     if (dist::world().rank() == 0) std::cout << "  [max err] " << where << ": " << err << "\n";
     EXPECT_LE(err, tol) << where;
   }
@@ -181,7 +173,7 @@ TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
       PartitionSpec spec = PartitionSpec::parse(s);
       if (!fits(mesh, spec, Shape{8, 12})) continue;
       Array sharded = dist::random_normal(key, {8, 12}, dist::Sharding{mesh, spec});
-      EXPECT_EQ(max_diff(dist::to_host(sharded), random_normal(key, {8, 12})), 0.0) << s << " on " << mesh.str();
+      EXPECT_EQ(max_abs_diff(dist::to_host(sharded), random_normal(key, {8, 12})), 0.0) << s << " on " << mesh.str();
     }
 }
 
@@ -210,19 +202,19 @@ TEST(SpmdOps, DifferentiableCollectivesOnLocalBlocks) {
   auto [y, g] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::all_gather(in[0], mesh, "data", 0), mul(w, double(r + 1)))); },
                     {x}, Array::scalar(1.0));
   Array expected = mul(slice(w, 0, 2 * r, 2 * r + 2), double(n * (n + 1) / 2));
-  EXPECT_LE(max_diff(g[0], expected), 1e-5);
+  EXPECT_LE(max_abs_diff(g[0], expected), 1e-5);
   // all_reduce -> identity.
   Array v = random_normal({2, 3}, 60);
   auto [z, h] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::all_reduce(in[0], mesh, "data"), v)); }, {x},
                     Array::scalar(1.0));
-  EXPECT_LE(max_diff(h[0], v), 1e-6);
+  EXPECT_LE(max_abs_diff(h[0], v), 1e-6);
   // reduce_scatter -> all_gather.
   Array big = random_normal({2 * n, 3}, 70 + uint64_t(r));
   auto [rs, k] = vjp([&](const std::vector<Array>& in) { return sum(mul(dist::reduce_scatter(in[0], mesh, "data", 0), mul(v, double(r + 1)))); },
                      {big}, Array::scalar(1.0));
   Array all_v;
   for (int q = 0; q < n; ++q) all_v = all_v.defined() ? concatenate({all_v, mul(v, double(q + 1))}, 0) : mul(v, double(q + 1));
-  EXPECT_LE(max_diff(k[0], all_v), 1e-5);
+  EXPECT_LE(max_abs_diff(k[0], all_v), 1e-5);
   if (n > 1)
     expect_error([&] { dist::reduce_scatter(Array::zeros({2 * n + 1, 3}), mesh, "data", 0); },
                  {"[reduce_scatter]", "not divisible"});

@@ -140,6 +140,14 @@ void check_against_torch(const std::string& label, const OpFn& fn, const std::st
   }
 }
 
+double max_abs_diff(const Array& a, const Array& b) {
+  auto x = a.to_doubles(), y = b.to_doubles();
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles) {
   try {
     fn();

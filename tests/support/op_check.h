@@ -41,6 +41,9 @@ double expect_close(const Array& ours, const Array& ref, Tolerance tol, const st
 void check_against_torch(const std::string& label, const OpFn& fn, const std::string& torch_code,
                          const std::vector<Array>& inputs, Tolerance tol = {}, bool check_grads = true);
 
+// max |a - b| over two arrays of the same size (host values; gather sharded arrays first).
+double max_abs_diff(const Array& a, const Array& b);
+
 // Runs fn and expects an mt::Error whose message contains every needle (prints it).
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& needles);
 
