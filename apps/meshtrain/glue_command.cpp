@@ -103,6 +103,7 @@ void run(const GlueOptions& o) {
   f.save_every = o.save_steps;
   f.save_best_by = "max:" + primary;
   f.resume = o.run.resume;
+  f.profile_steps = o.run.profile;
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
   f.learning_rate = lr;
   f.tokens_per_example = o.max_seq_length;

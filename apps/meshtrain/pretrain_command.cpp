@@ -113,6 +113,7 @@ void run(const PretrainOptions& o) {
   f.save_every = o.save_steps;
   f.keep_last = o.keep_checkpoints;
   f.resume = o.run.resume;
+  f.profile_steps = o.run.profile;
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;

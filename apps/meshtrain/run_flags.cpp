@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/communicator.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/profiler.h"
 
 namespace mt::cli {
 
@@ -47,6 +48,17 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
+  cmd->add_option("--profile", f.profile,
+                  "profile optimizer steps START:END (from 1, inclusive) into <output-dir>/profile: trace.json "
+                  "(Perfetto), ops.txt, ops.json")
+      ->check([](const std::string& text) {
+        try {
+          train::ProfileRange::parse(text);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
 }
 
 train::Deployer make_deployer(const RunFlags& f) {

@@ -21,6 +21,7 @@ struct RunFlags {
   bool resume = false;
   bool overwrite = false;
   std::string precision = "f32";  // matmul precision: f32 or bf16 (see mt::MatmulPrecision)
+  std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);

@@ -1,10 +1,12 @@
 #include "meshtrain/autodiff/backward.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/prim/dispatch.h"
 
@@ -94,7 +96,10 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
     // Sharded consumers of a plain (replicated) value hand back partial or split cotangents;
     // the plain op's VJP (kernels included) needs the whole value.
     if (!node->global_output && g.distributed()) g = prim::distributed_executor()->gather(g);
+    std::optional<trace::Span> span;  // the VJP's span, named after its forward op
+    if (trace::enabled()) span.emplace("vjp", node->op);
     std::vector<Array> input_grads = node->vjp(g);
+    span.reset();
     MT_CHECK(input_grads.size() == node->inputs.size(), "[backward] vjp of ", node->op, " returned ",
              input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
     for (size_t i = 0; i < node->inputs.size(); ++i) {

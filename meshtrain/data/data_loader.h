@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/data/index_sampler.h"
 
@@ -129,6 +130,8 @@ class DataLoader {
     std::vector<Example> examples;
     examples.reserve(info.indices.size());
     const char* stage = "reading examples";
+    std::optional<trace::Span> span;  // on the loader's thread when it prefetches
+    if (trace::enabled()) span.emplace("data", "load_batch", trace::arg("examples", double(info.indices.size())));
     try {
       for (int64_t index : info.indices) examples.push_back(dataset_->get(index));
       stage = "collate";
@@ -149,6 +152,7 @@ class DataLoader {
   }
 
   void run(IndexSampler sampler) {
+    trace::name_this_thread("data loader");
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mutex_);

@@ -1,6 +1,9 @@
 #include "meshtrain/dist/comm_handle.h"
 
+#include <optional>
+
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 
 namespace mt::dist {
 
@@ -37,7 +40,10 @@ CommHandle CommHandle::completed() {
 
 void CommHandle::wait() const {
   MT_CHECK(owner_, "[comm] wait() on an empty CommHandle (default-constructed, not returned by a collective)");
+  std::optional<trace::Span> span;  // time the caller waits: communication not overlapped
+  if (trace::enabled() && !owner_->state->done()) span.emplace("comm_wait", "comm_wait");
   const std::string& error = owner_->state->wait();
+  span.reset();
   if (!error.empty()) throw Error(error);
 }
 

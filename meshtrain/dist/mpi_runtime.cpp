@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 
 namespace mt::dist::internal {
 
@@ -71,6 +73,7 @@ void MpiRuntime::start() {
 }
 
 void MpiRuntime::thread_main() {
+  trace::name_this_thread("communication");
   int provided = 0;
   const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   {
@@ -104,6 +107,8 @@ void MpiRuntime::thread_main() {
     }
     set_busy(&task.what);
     std::string error;
+    std::optional<trace::Span> span;  // the collective as it runs on this thread
+    if (trace::enabled()) span.emplace("collective", task.what.substr(0, task.what.find_first_of("( ")), trace::arg("what", task.what));
     try {
       task.work();
     } catch (const std::exception& e) {
@@ -111,6 +116,7 @@ void MpiRuntime::thread_main() {
     } catch (...) {
       error = "[comm] " + task.what + " failed with an unknown exception";
     }
+    span.reset();
     set_busy(nullptr);
     if (task.state) task.state->finish(std::move(error));
   }

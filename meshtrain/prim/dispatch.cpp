@@ -51,19 +51,18 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   const OutputInfo info = p->infer(inputs);
   std::vector<Array> aux;
   Array out;
-  if (g_observer) {
-    auto t0 = std::chrono::steady_clock::now();
-    out = p->run(inputs, info, aux);
-    std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-    g_observer(OpEvent{*p, inputs, out, info, dt.count()});
-  } else {
-    out = p->run(inputs, info, aux);
-  }
-  if (autodiff::should_record(inputs) && p->differentiable(inputs, info)) {
+  std::chrono::steady_clock::time_point t0;
+  if (g_observer) t0 = std::chrono::steady_clock::now();
+  out = p->run(inputs, info, aux);
+  double seconds = 0;
+  if (g_observer) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool recorded = autodiff::should_record(inputs) && p->differentiable(inputs, info);
+  if (recorded) {
     for (const Array& a : inputs)
       MT_CHECK(!a.defined() || a.impl() != out.impl(), "[", p->name(), "] kernel returned its input handle");
     autodiff::record(out, p->name(), inputs, make_vjp(p, inputs, out, std::move(aux)));
   }
+  if (g_observer) g_observer(OpEvent{*p, inputs, out, info, seconds, recorded});
   return out;
 }
 

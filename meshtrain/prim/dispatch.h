@@ -36,13 +36,14 @@ layout::PartitionSpec spec_of(const Array& x);
 layout::MeshShape mesh_shape_of(const Array& x);
 
 // Every kernel call on this process, for profilers and op counters. `seconds` is the
-// kernel's wall time.
+// kernel's wall time (it ended just now); `recorded` says whether a VJP was recorded.
 struct OpEvent {
   const Primitive& primitive;
   const std::vector<Array>& inputs;
   const Array& output;
   const OutputInfo& info;
   double seconds;
+  bool recorded;
 };
 using OpObserver = std::function<void(const OpEvent&)>;
 // Replaces the observer (an empty function turns observation off); returns the previous one.

@@ -7,6 +7,7 @@
 
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/dist/layout_tree.h"
 #include "meshtrain/dist/spmd.h"
@@ -14,6 +15,7 @@
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/jsonl_logger.h"
+#include "meshtrain/train/profiler.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/tensorboard.h"
 
@@ -50,7 +52,13 @@ StepPlan plan_steps(int64_t dataset_size, const FitOptions& o, const Deployer& d
 double Trainer::train(const std::vector<Batch>& micro_batches) {
   MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   const RngKey key = deployer_.step_key(step_);
-  const double loss = custom_step_ ? custom_step_(params_, opt_state_, micro_batches, key) : default_step(micro_batches, key);
+  double loss;
+  if (custom_step_) {
+    trace::Span span("phase", "custom_step");
+    loss = custom_step_(params_, opt_state_, micro_batches, key);
+  } else {
+    loss = default_step(micro_batches, key);
+  }
   ++step_;
   return loss;
 }
@@ -65,6 +73,8 @@ void Trainer::print(const std::string& text) {
 double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   Params grads;
   double loss_total = 0;
+  std::optional<trace::Span> span;
+  if (trace::enabled()) span.emplace("phase", "forward_backward");
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Batch& batch = micro_batches[m];
     const RngKey micro_key = key.fold_in(m);
@@ -78,6 +88,8 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   }
   if (micro_batches.size() > 1)
     for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
+  span.reset();
+  if (trace::enabled()) span.emplace("phase", "optimizer");
   params_ = optim::apply_updates(params_, optimizer_.update(grads, opt_state_, params_));
   return loss_total / double(micro_batches.size());
 }
@@ -96,6 +108,7 @@ data::SamplerOptions Trainer::sampler_options(int64_t per_device_batch_size, boo
 
 double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t per_device_batch_size) {
   MT_CHECK(dataset != nullptr, "[trainer] eval_loss needs a dataset");
+  trace::Span span("phase", "eval_loss");
   const data::SamplerOptions so = sampler_options(per_device_batch_size, false, 1);
   MT_CHECK(dataset->size() >= so.batch_size, "[trainer] the eval set has ", dataset->size(),
            " examples, fewer than one global batch of ", so.batch_size);
@@ -113,6 +126,7 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
 
 void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const EpochProgress& epoch,
                               const FitOptions& o, const BestMetric* best, double value) {
+  trace::Span span("phase", "checkpoint");
   json meta = o.checkpoint_extra.is_object() ? o.checkpoint_extra : json::object();
   meta["epoch_progress"] = {{"loss_sum", epoch.loss_sum}, {"steps", epoch.steps}};
   meta["data"] = data_state;
@@ -230,6 +244,10 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   data::DataLoader<Batch> loader(train, data::IndexSampler(train->size(), sampler_options(o.per_device_batch_size, o.shuffle, o.epochs)),
                                  collate_, 2);
   EpochProgress epoch = o.resume ? resume_into(loader, o) : EpochProgress{};
+  std::optional<Profiler> profiler;
+  if (!o.profile_steps.empty())
+    profiler.emplace(ProfileRange::parse(o.profile_steps), step_, steps.total_steps,
+                     (fs::path(deployer_.workdir()) / "profile").string(), [this](const std::string& s) { print(s); });
 
   std::vector<std::shared_ptr<MetricSink>> sinks = open_metric_sinks(o, steps.total_steps);
   AsyncMetricWriter writer(sinks);
@@ -242,6 +260,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
 
   FitResult result;
   auto evaluate = [&] {
+    trace::Span span("phase", "eval");
     std::map<std::string, double> metrics;
     if (o.eval_data)
       metrics["eval_loss"] = eval_loss(o.eval_data, o.per_device_eval_batch_size > 0 ? o.per_device_eval_batch_size
@@ -263,10 +282,16 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   auto last_time = fit_start;
   int64_t evaluated_at = -1;
   while (step_ < steps.total_steps) {
+    if (profiler) profiler->step_begin(step_ + 1);
     std::vector<Batch> micro;
     for (int m = 0; m < o.grad_accum_steps; ++m) {
-      std::optional<data::LoadedBatch<Batch>> b = loader.next();
+      std::optional<data::LoadedBatch<Batch>> b;
+      {
+        trace::Span span("data", "data_wait");
+        b = loader.next();
+      }
       if (!b) break;
+      trace::Span span("data", "batch_assembly");
       micro.push_back(deployer_.shard_batch(b->data));
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
@@ -276,7 +301,10 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     epoch.loss_sum += loss;
     ++epoch.steps;
     const auto now = std::chrono::steady_clock::now();
-    writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(), o));
+    {
+      trace::Span span("phase", "log");
+      writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(), o));
+    }
     last_time = now;
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
@@ -286,7 +314,10 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     const double epoch_train_loss = epoch_end ? epoch.loss_sum / double(epoch.steps) : 0.0;
     if (epoch_end) epoch = {};
     if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
-    if (o.on_step) o.on_step(step_, params_);
+    if (o.on_step) {
+      trace::Span span("phase", "on_step");
+      o.on_step(step_, params_);
+    }
     std::map<std::string, double> metrics;
     if ((o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end) {
       metrics = evaluate();
@@ -296,7 +327,9 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       result.epochs.push_back({(step_ + steps.steps_per_epoch - 1) / steps.steps_per_epoch, step_, epoch_train_loss, metrics});
       if (o.epoch_summary) print_epoch(result.epochs.back());
     }
+    if (profiler) profiler->step_end(step_);
   }
+  if (profiler) profiler->finish();  // the data ran out inside the range
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
   if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0))
     save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);

@@ -82,6 +82,9 @@ struct FitOptions {
   std::function<void(int64_t step, const Params& params)> on_step{};
   // At each epoch's end, rank 0 prints "epoch N | train loss L | <eval metrics>".
   bool epoch_summary = true;
+  // "START:END": profile those optimizer steps (from 1, inclusive) into <workdir>/profile
+  // (trace.json, ops.txt, ops.json; see profiler.h). Empty: off.
+  std::string profile_steps{};
 };
 
 // How many optimizer steps fit will run: an epoch is the full global batches of the dataset

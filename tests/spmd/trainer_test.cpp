@@ -7,11 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
 #include "meshtrain/dist/layout_tree.h"
 #include "meshtrain/dist/spmd.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/train/profiler.h"
 #include "meshtrain/train/tensorboard_reader.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/support/op_check.h"
@@ -213,7 +217,9 @@ TEST(Trainer, RestoredOptimizerSlotsKeepTheirParametersLayouts) {
   };
   run(2, false);
   Params resumed = run(3, true);
-  if (n > 1) EXPECT_EQ(dist::sharding_of(resumed["1.mu.w"])->spec, (dist::PartitionSpec{"model", ""}));
+  if (n > 1) {
+    EXPECT_EQ(dist::sharding_of(resumed["1.mu.w"])->spec, (dist::PartitionSpec{"model", ""}));
+  }
 }
 
 TEST(Trainer, CustomTrainStepReplacesTheDefault) {
@@ -263,6 +269,152 @@ TEST(Trainer, CustomTrainStepReplacesTheDefault) {
   for (size_t i = 0; i < 8; ++i) err = std::max(err, std::abs(hooked[i] - reference[i]));
   if (dist::world().rank() == 0) std::cout << "  [max err] custom SGD step vs optim::sgd: " << err << "\n";
   EXPECT_LE(err, 1e-6);
+}
+
+}  // namespace
+}  // namespace mt::testing
+
+namespace mt::testing {
+namespace {
+
+using nlohmann::json;
+
+struct Span {
+  std::string name, cat;
+  double ts, end;
+  int pid, tid;
+  json args;
+};
+
+std::vector<Span> spans_of(const json& trace) {
+  std::vector<Span> out;
+  for (const json& e : trace["traceEvents"])
+    if (e["ph"] == "X")
+      out.push_back({e["name"], e["cat"], e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>(),
+                     e["pid"], e["tid"], e.value("args", json::object())});
+  return out;
+}
+
+// --profile on a data-parallel run: the merged trace parses, its spans nest on every thread,
+// the spans inside each step cover it, every recorded forward op has its VJP span, every rank
+// has its tracks and the same collectives, and ops.json adds up to the trace.
+TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
+  const int n = dist::world().size();
+  const TinyGptConfig c = config();
+  const std::string dir = workdir("profile");
+  train::Deployer deployer({.seed = 4, .mesh = "data=" + std::to_string(n), .workdir = dir, .verbose = false});
+  Params host = tiny_gpt_init(c, "single", nullptr);
+  train::Trainer trainer(
+      deployer, collate(),
+      [c](const Params& p, const train::Batch& b, const RngKey& key) {
+        return tiny_gpt_loss(c, p, b["ids"], b["labels"], key.stream);
+      },
+      host, optim::adamw(optim::constant_schedule(1e-3)), deployer.sharding_rules(host, tiny_gpt_roles(c)));
+  train::FitOptions o;
+  o.per_device_batch_size = c.batch / deployer.data_size();
+  o.max_steps = 5;
+  o.profile_steps = "2:3";
+  o.eval_at_end = false;
+  trainer.fit(shakespeare(c.time, 20000), o);
+  dist::world().barrier();
+
+  const json trace = io::read_json_file(dir + "/profile/trace.json");
+  const std::vector<Span> spans = spans_of(trace);
+  ASSERT_FALSE(spans.empty());
+  const double eps = 1.0;  // µs: spans are timed at their ends, a little apart
+  // Nesting: on each (pid, tid) track, sorted by start, a span lies inside or after the open ones.
+  std::map<std::pair<int, int>, std::vector<const Span*>> tracks;
+  for (const Span& s : spans) tracks[{s.pid, s.tid}].push_back(&s);
+  int overlaps = 0;
+  for (auto& [track, list] : tracks) {
+    std::sort(list.begin(), list.end(), [](const Span* a, const Span* b) {
+      return a->ts < b->ts || (a->ts == b->ts && a->end > b->end);
+    });
+    std::vector<const Span*> open;
+    for (const Span* s : list) {
+      while (!open.empty() && s->ts >= open.back()->end - eps) open.pop_back();
+      if (!open.empty() && s->end > open.back()->end + eps) {
+        if (++overlaps <= 3)
+          ADD_FAILURE() << s->name << " [" << s->ts << ", " << s->end << "] overlaps " << open.back()->name << " ["
+                        << open.back()->ts << ", " << open.back()->end << "] on pid " << track.first << " tid "
+                        << track.second;
+      }
+      open.push_back(s);
+    }
+  }
+  EXPECT_EQ(overlaps, 0);
+  // Coverage: the spans directly inside each step cover >= 90 % of it.
+  int steps = 0;
+  for (const Span& step : spans) {
+    if (step.cat != "step") continue;
+    ++steps;
+    std::vector<const Span*> inside;
+    for (const Span& s : spans)
+      if (&s != &step && s.pid == step.pid && s.tid == step.tid && s.ts >= step.ts - eps && s.end <= step.end + eps)
+        inside.push_back(&s);
+    std::sort(inside.begin(), inside.end(), [](const Span* a, const Span* b) { return a->ts < b->ts; });
+    double covered = 0, reach = step.ts;
+    for (const Span* s : inside) {
+      if (s->end <= reach) continue;  // nested in one already counted
+      covered += s->end - std::max(s->ts, reach);
+      reach = s->end;
+    }
+    const double share = covered / (step.end - step.ts);
+    if (step.pid == 0 && dist::world().rank() == 0) std::cout << "  " << step.name << ": spans cover " << 100 * share << "% of " << (step.end - step.ts) / 1000 << " ms\n";
+    EXPECT_GE(share, 0.9) << step.name << " on rank " << step.pid;
+  }
+  EXPECT_EQ(steps, 2 * n);
+  // Every recorded forward op has a VJP span of the same name; every rank has its process.
+  std::set<std::string> recorded, vjps;
+  std::map<int, int> collectives;
+  std::set<int> pids;
+  for (const Span& s : spans) {
+    pids.insert(s.pid);
+    if (s.cat == "op" && s.args.value("recorded", 0.0) == 1.0) recorded.insert(s.name);
+    if (s.cat == "vjp") vjps.insert(s.name);
+    if (s.cat == "collective") ++collectives[s.pid];
+  }
+  EXPECT_FALSE(recorded.empty());
+  for (const std::string& op : recorded) EXPECT_TRUE(vjps.count(op)) << "no VJP span for recorded op " << op;
+  EXPECT_EQ(int(pids.size()), n);
+  if (n > 1) {
+    EXPECT_GT(collectives[0], 0);
+    for (int r = 1; r < n; ++r) EXPECT_EQ(collectives[r], collectives[0]) << "rank " << r;
+  }
+  // ops.json: rank 0's totals by (phase, op) equal the trace's sums.
+  const json ops = io::read_json_file(dir + "/profile/ops.json");
+  std::map<std::pair<std::string, std::string>, double> sums;
+  for (const Span& s : spans) {
+    if (s.pid != 0) continue;
+    const std::string phase = s.cat == "op" ? "forward" : s.cat == "op_backward" ? "backward" : s.cat == "collective" ? "collective" : "";
+    if (!phase.empty()) sums[{phase, s.name}] += (s.end - s.ts) / 1000;
+  }
+  ASSERT_EQ(ops["rows"].size(), sums.size());
+  double worst = 0;
+  for (const json& r : ops["rows"])
+    worst = std::max(worst, std::abs(r["total_ms"].get<double>() - sums[{r["phase"], r["name"]}]));
+  if (dist::world().rank() == 0) std::cout << "  [max err] ops.json totals vs trace sums: " << worst << " ms\n";
+  EXPECT_LE(worst, 1e-6);
+}
+
+TEST(Profiler, BadRangesAreErrorsBeforeTraining) {
+  expect_error([] { train::ProfileRange::parse("5:3"); }, {"'5:3' ends before it starts"});
+  expect_error([] { train::ProfileRange::parse("x"); }, {"START:END", "'x'"});
+  expect_error([] { train::ProfileRange::parse("0:2"); }, {"numbered from 1"});
+  const TinyGptConfig c = config();
+  train::Deployer deployer({.seed = 4, .mesh = "data=" + std::to_string(dist::world().size()), .workdir = workdir("profile_bad"), .verbose = false});
+  Params host = tiny_gpt_init(c, "single", nullptr);
+  train::Trainer trainer(
+      deployer, collate(),
+      [c](const Params& p, const train::Batch& b, const RngKey& key) { return tiny_gpt_loss(c, p, b["ids"], b["labels"], key.stream); },
+      host, optim::sgd(optim::constant_schedule(0.1)));
+  train::FitOptions o;
+  o.per_device_batch_size = c.batch / deployer.data_size();
+  o.max_steps = 4;
+  o.profile_steps = "3:9";
+  o.progress = false;
+  expect_error([&] { trainer.fit(shakespeare(c.time, 20000), o); }, {"steps 3:9 are outside this run", "1 to 4"});
+  EXPECT_EQ(trainer.step(), 0);
 }
 
 }  // namespace

@@ -1,0 +1,259 @@
+#include "meshtrain/train/profiler.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/allocator.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/communicator.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/mapped_file.h"
+#include "meshtrain/prim/dispatch.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+ProfileRange ProfileRange::parse(const std::string& text) {
+  static const std::regex form(R"(\s*(\d+)\s*(?::\s*(\d+)\s*)?)");
+  std::smatch m;
+  MT_CHECK(std::regex_match(text, m, form), "[profile] expected --profile START:END (optimizer steps from 1, e.g. 10:12), got '",
+           text, "'");
+  ProfileRange r;
+  r.first = std::stoll(m[1].str());
+  r.last = m[2].matched ? std::stoll(m[2].str()) : r.first;
+  MT_CHECK(r.first >= 1, "[profile] steps are numbered from 1, got '", text, "'");
+  MT_CHECK(r.last >= r.first, "[profile] the range '", text, "' ends before it starts");
+  return r;
+}
+
+namespace {
+
+double rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * double(sysconf(_SC_PAGESIZE));
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string shapes_of(const std::vector<Array>& inputs) {
+  std::string s;
+  for (const Array& a : inputs) s += (s.empty() ? "" : ", ") + (a.defined() ? a.str() : std::string("-"));
+  return s;
+}
+
+// Each kernel call as a span on the calling thread, ending now.
+void record_op(const prim::OpEvent& e) {
+  if (!trace::enabled()) return;
+  const double end = trace::now_us(), dur = e.seconds * 1e6;
+  const prim::Cost c = e.primitive.cost(e.inputs, e.info);
+  std::string args = trace::arg("inputs", shapes_of(e.inputs)) + ", " + trace::arg("output", e.output.str()) + ", " +
+                     trace::arg("flops", c.flops) + ", " + trace::arg("bytes", c.bytes) + ", " +
+                     trace::arg("recorded", e.recorded ? 1.0 : 0.0) + ", " + trace::arg("phase", trace::current_phase());
+  trace::complete(e.primitive.name(), trace::in_backward() ? "op_backward" : "op", end - dur, dur, std::move(args));
+}
+
+json args_of(const trace::Event& e) {
+  if (e.args.empty()) return json::object();
+  return json::parse("{" + e.args + "}");
+}
+
+json to_json(const trace::Event& e, int pid) {
+  json j = {{"name", e.name}, {"cat", e.category}, {"ph", std::string(1, e.phase)}, {"ts", e.ts_us}, {"pid", pid},
+            {"tid", e.tid}, {"args", args_of(e)}};
+  if (e.phase == 'X') j["dur"] = e.dur_us;
+  return j;
+}
+
+// Bytes per rank of a collective from its description ("all_reduce(sum) of 1024 f32 on ...").
+double collective_bytes(const std::string& what) {
+  static const std::regex count_dtype(R"( of (\d+) (\w+) )");
+  std::smatch m;
+  if (!std::regex_search(what, m, count_dtype)) return 0;
+  const std::string dt = m[2].str();
+  const double size = dt == "f64" || dt == "i64" ? 8 : dt == "bf16" || dt == "f16" ? 2 : dt == "bool" ? 1 : 4;
+  return std::stod(m[1].str()) * size;
+}
+
+}  // namespace
+
+OpProfile summarize(const trace::Recording& recording) {
+  OpProfile p;
+  std::map<std::pair<std::string, std::string>, OpRow> rows;
+  double gemm = 0, attention = 0, other_ops = 0, optimizer = 0, comm_wait = 0, data_wait = 0;
+  for (const trace::Event& e : recording.events) {
+    if (e.phase != 'X') continue;
+    const double ms = e.dur_us / 1000;
+    if (e.category == "step") {
+      ++p.steps;
+      p.step_ms += ms;
+    } else if (e.category == "op" || e.category == "op_backward" || e.category == "collective") {
+      const std::string phase = e.category == "op" ? "forward" : e.category == "op_backward" ? "backward" : "collective";
+      OpRow& r = rows[{phase, e.name}];
+      r.name = e.name;
+      r.phase = phase;
+      ++r.calls;
+      r.total_ms += ms;
+      const json a = args_of(e);
+      if (phase == "collective") {
+        r.bytes += collective_bytes(a.value("what", std::string()));
+        continue;
+      }
+      r.flops += a.value("flops", 0.0);
+      if (a.value("phase", std::string()) == "optimizer") continue;  // counted in the optimizer's span
+      if (e.name == "matmul") gemm += ms;
+      else if (e.name == "causal_softmax" || e.name == "softmax") attention += ms;
+      else other_ops += ms;
+    } else if (e.category == "phase" && e.name == "optimizer") {
+      optimizer += ms;
+    } else if (e.category == "comm_wait") {
+      comm_wait += ms;
+    } else if (e.category == "data" && e.name == "data_wait") {
+      data_wait += ms;
+    }
+  }
+  for (auto& [key, row] : rows) {
+    // Achieved FLOP rates for the GEMM and attention kernels; elementwise "flops" are nominal.
+    if (row.phase != "collective" && row.name != "matmul" && row.name != "causal_softmax") row.flops = 0;
+    p.rows.push_back(row);
+  }
+  std::sort(p.rows.begin(), p.rows.end(), [](const OpRow& a, const OpRow& b) { return a.total_ms > b.total_ms; });
+  auto pct = [&](double ms) { return p.step_ms > 0 ? 100.0 * ms / p.step_ms : 0.0; };
+  const double known = gemm + attention + other_ops + optimizer + comm_wait + data_wait;
+  p.breakdown = {{"gemm", pct(gemm)},
+                 {"attention", pct(attention)},
+                 {"elementwise_norm", pct(other_ops)},
+                 {"optimizer", pct(optimizer)},
+                 {"communication_exposed", pct(comm_wait)},
+                 {"data_wait", pct(data_wait)},
+                 {"other", std::max(0.0, pct(p.step_ms - known))}};
+  return p;
+}
+
+std::string format_op_table(const OpProfile& p) {
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "op profile: %lld step(s), %.1f ms\nstep breakdown:", (long long)p.steps, p.step_ms);
+  out << line;
+  for (size_t i = 0; i < p.breakdown.size(); ++i) {
+    std::string name = p.breakdown[i].first;
+    std::replace(name.begin(), name.end(), '_', ' ');
+    if (name == "elementwise norm") name = "elementwise/norm";
+    std::snprintf(line, sizeof line, "%s %s %.1f%%", i ? " |" : "", name.c_str(), p.breakdown[i].second);
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "\n%-10s %-24s %7s %10s %7s %10s %10s\n", "phase", "op", "calls", "total ms", "% step",
+                "mean us", "GFLOP/s");
+  out << line;
+  for (const OpRow& r : p.rows) {
+    const double pct = p.step_ms > 0 ? 100.0 * r.total_ms / p.step_ms : 0.0;
+    const double mean_us = r.calls ? 1000.0 * r.total_ms / double(r.calls) : 0.0;
+    std::string rate = "";
+    if (r.phase == "collective" && r.bytes > 0 && r.total_ms > 0) {
+      std::snprintf(line, sizeof line, "%.2f GB/s", r.bytes / (r.total_ms * 1e6));
+      rate = line;
+    } else if (r.flops > 0 && r.total_ms > 0) {
+      std::snprintf(line, sizeof line, "%.1f", r.flops / (r.total_ms * 1e6));
+      rate = line;
+    }
+    std::snprintf(line, sizeof line, "%-10s %-24s %7lld %10.3f %7.2f %10.1f %10s\n", r.phase.c_str(), r.name.c_str(),
+                  (long long)r.calls, r.total_ms, pct, mean_us, rate.c_str());
+    out << line;
+  }
+  return out.str();
+}
+
+Profiler::Profiler(ProfileRange range, int64_t done_steps, int64_t total_steps, std::string dir,
+                   std::function<void(const std::string&)> print)
+    : range_(range), dir_(std::move(dir)), print_(std::move(print)) {
+  MT_CHECK(range.first > done_steps && range.last <= total_steps, "[profile] steps ", range.first, ":", range.last,
+           " are outside this run, which takes steps ", done_steps + 1, " to ", total_steps);
+}
+
+Profiler::~Profiler() {
+  if (!recording_) return;
+  prim::set_op_observer({});
+  trace::stop();
+}
+
+void Profiler::start() {
+  // A barrier first: every rank's time base starts together (within the barrier's skew).
+  dist::world().barrier();
+  trace::start();
+  trace::name_this_thread("compute");
+  prim::set_op_observer(record_op);
+  recording_ = true;
+}
+
+void Profiler::step_begin(int64_t step) {
+  if (step == range_.first) start();
+  if (recording_) step_span_.emplace("step", "step " + std::to_string(step));
+}
+
+void Profiler::step_end(int64_t step) {
+  if (!recording_) return;
+  trace::counter("memory", trace::arg("live_bytes", double(CachingAllocator::instance().stats().bytes_in_use)) + ", " +
+                               trace::arg("rss_bytes", rss_bytes()));
+  step_span_.reset();
+  if (step >= range_.last) finish();
+}
+
+void Profiler::finish() {
+  if (!recording_) return;
+  step_span_.reset();
+  prim::set_op_observer({});
+  recording_ = false;
+  trace::Recording rec = trace::stop();
+  dist::Communicator& world = dist::world();
+  const int rank = world.rank();
+  fs::create_directories(dir_);
+  json part = {{"rank", rank}, {"host", host_name()}, {"threads", rec.threads}, {"events", json::array()}};
+  for (const trace::Event& e : rec.events) part["events"].push_back(to_json(e, rank));
+  const fs::path part_path = fs::path(dir_) / ("trace.rank" + std::to_string(rank) + ".json");
+  io::write_file_atomic(part_path.string(), part.dump());
+  world.barrier();
+  if (rank == 0) {
+    json events = json::array();
+    for (int r = 0; r < world.size(); ++r) {
+      const fs::path p = fs::path(dir_) / ("trace.rank" + std::to_string(r) + ".json");
+      json other = io::read_json_file(p.string());
+      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r},
+                        {"args", {{"name", "rank " + std::to_string(r) + " (" + other.value("host", "") + ")"}}}});
+      for (const auto& t : other["threads"])
+        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r}, {"tid", t[0]}, {"args", {{"name", t[1]}}}});
+      for (auto& e : other["events"]) events.push_back(std::move(e));
+      fs::remove(p);
+    }
+    io::write_file_atomic((fs::path(dir_) / "trace.json").string(),
+                          json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump());
+    const OpProfile profile = summarize(rec);
+    json ops = {{"steps", profile.steps}, {"step_ms", profile.step_ms}, {"rank", 0}, {"rows", json::array()}};
+    for (const OpRow& r : profile.rows)
+      ops["rows"].push_back({{"name", r.name}, {"phase", r.phase}, {"calls", r.calls}, {"total_ms", r.total_ms},
+                             {"flops", r.flops}, {"bytes", r.bytes}});
+    for (const auto& [k, v] : profile.breakdown) ops["breakdown"][k] = v;
+    const std::string table = format_op_table(profile);
+    io::write_file_atomic((fs::path(dir_) / "ops.json").string(), ops.dump(2) + "\n");
+    io::write_file_atomic((fs::path(dir_) / "ops.txt").string(), table);
+    if (print_) print_(table + "trace: " + (fs::path(dir_) / "trace.json").string() + " (open it in ui.perfetto.dev)");
+  }
+  world.barrier();
+}
+
+}  // namespace mt::train
