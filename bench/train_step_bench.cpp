@@ -5,6 +5,7 @@
 // (mt::matmul on 2048³ f32 arrays, and on bf16 arrays).
 // On a CPU without native bf16 GEMMs (AVX2) the bf16 peak is n/a: bf16 rows run the
 // widened-to-f32 path and their MFU is taken against the f32 peak.
+// Then the profiler's overhead: the same f32 steps with the --profile recorder on.
 // Usage: train_step_bench [--quick]   (the demo's model and a wider one)
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/minigpt.h"
+#include "meshtrain/train/profiler.h"
 
 namespace {
 
@@ -56,7 +58,8 @@ double step_flops(const Config& c) {
   return 6.0 * weights * tokens + 12.0 * double(c.L) * double(c.T) * double(c.C) * tokens;
 }
 
-double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrecision precision) {
+// `profiled`: with the --profile recorder on (op spans, VJP spans), to measure its overhead.
+double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrecision precision, bool profiled = false) {
   MatmulPrecisionScope scope(precision);
   models::MiniGptConfig mc;
   mc.vocab_size = c.V;
@@ -76,6 +79,10 @@ double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrec
   }
   Array ids = Array::from_vector(x, {c.B, c.T}), labels = Array::from_vector(y, {c.B, c.T});
   std::vector<double> times;
+  if (profiled) {
+    trace::start();
+    prim::set_op_observer(train::record_op_span);
+  }
   for (int s = 0; s < warmup + steps; ++s) {
     auto t0 = clock_type::now();
     auto [loss, grads] = value_and_grad([&](const Params& p) {
@@ -84,6 +91,10 @@ double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrec
     params = optim::apply_updates(params, opt.update(grads, state, params));
     loss.item();
     if (s >= warmup) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  if (profiled) {
+    prim::set_op_observer({});
+    trace::stop();
   }
   return median(times);
 }
@@ -140,6 +151,15 @@ int main(int argc, char** argv) {
       }
       std::printf("%-6s %-26s %-5s %-10s %9.2fx\n", c.name, shape, prec, "speedup", theirs / ours);
     }
+  }
+  // The profiler's cost: the same f32 step with --profile's recorder on, against off.
+  std::printf("\nprofiler overhead (f32, recorder on vs off, median s/step)\n");
+  for (const Config& c : configs) {
+    const double off = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32);
+    const double on = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32, true);
+    const double off2 = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32);
+    std::printf("%-6s off %.4f / %.4f   on %.4f   overhead %+.1f%%\n", c.name, off, off2, on,
+                100.0 * (on / std::min(off, off2) - 1.0));
   }
   return 0;
 }

@@ -14,6 +14,8 @@ packages=(
   # (~5 GFLOP/s), which would make the PyTorch side of bench/ meaningless.
   libopenblas0-pthread
   fortunes
+  # rsvg-convert: the tests render the curves.svg pictures
+  librsvg2-bin
 )
 
 missing=()

@@ -10,5 +10,6 @@ void add_tokenize_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
 void add_glue_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_plot_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
     mt::cli::add_pretrain_command(app);
     mt::cli::add_glue_command(app);
     mt::cli::add_eval_command(app);
+    mt::cli::add_plot_command(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

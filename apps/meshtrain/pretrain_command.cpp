@@ -133,7 +133,7 @@ void run(const PretrainOptions& o) {
     deployer.log("eval perplexity " + std::to_string(train::perplexity(r.evals.back().at("eval_loss"))));
   print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples, trainer);
   deployer.log("checkpoints in " + (out / "checkpoints").string() + ", model in " + model_dir.string() +
-               ", metrics in " + (out / "metrics.jsonl").string());
+               ", metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
 }
 
 }  // namespace

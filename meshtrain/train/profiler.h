@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshtrain/core/trace.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt::train {
 
@@ -44,6 +45,9 @@ struct OpProfile {
   std::vector<std::pair<std::string, double>> breakdown;
 };
 OpProfile summarize(const trace::Recording& recording);
+// The op observer the profiler installs: each kernel call becomes an "op" span (or
+// "op_backward" inside a VJP) with its shapes, FLOPs and bytes.
+void record_op_span(const prim::OpEvent& event);
 std::string format_op_table(const OpProfile& profile);
 
 class Profiler {

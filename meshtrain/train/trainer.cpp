@@ -14,6 +14,7 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/curves_svg.h"
 #include "meshtrain/train/jsonl_logger.h"
 #include "meshtrain/train/profiler.h"
 #include "meshtrain/train/progress.h"
@@ -212,6 +213,14 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   return logged;
 }
 
+void Trainer::refresh_curves(AsyncMetricWriter& writer) {
+  // The picture is drawn from metrics.jsonl, which only rank 0 writes (with progress on).
+  if (!deployer_.is_main() || !fs::exists(fs::path(deployer_.workdir()) / "metrics.jsonl")) return;
+  trace::Span span("phase", "curves");
+  writer.flush();
+  write_run_curves(deployer_.workdir());
+}
+
 void Trainer::print_epoch(const EpochSummary& summary) {
   std::ostringstream line;
   line << "epoch " << summary.epoch << " | train loss " << std::fixed << std::setprecision(4) << summary.train_loss;
@@ -270,6 +279,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (metrics.empty()) return metrics;
     result.evals.push_back(metrics);
     writer.push(step_, "eval", std::map<std::string, MetricValue>(metrics.begin(), metrics.end()));
+    refresh_curves(writer);
     if (best) {
       auto it = metrics.find(best->name);
       MT_CHECK(it != metrics.end(), "[trainer] save_best_by names '", best->name, "' but evaluation produced no such metric");
@@ -305,7 +315,6 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       trace::Span span("phase", "log");
       writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(), o));
     }
-    last_time = now;
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
     const bool epoch_end = step_ % steps.steps_per_epoch == 0;
@@ -328,12 +337,15 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       if (o.epoch_summary) print_epoch(result.epochs.back());
     }
     if (profiler) profiler->step_end(step_);
+    // Throughput counts data, step and logging, not the evaluation, checkpoints or hooks above.
+    last_time = std::chrono::steady_clock::now();
   }
   if (profiler) profiler->finish();  // the data ran out inside the range
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
   if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0))
     save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
   writer.close();
+  refresh_curves(writer);
   result.steps = step_;
   if (!result.losses.empty())
     print_fit_summary(result, std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count(), o);

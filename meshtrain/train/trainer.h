@@ -171,6 +171,8 @@ class Trainer {
   std::vector<std::shared_ptr<MetricSink>> open_metric_sinks(const FitOptions& o, int64_t total_steps);
   std::map<std::string, MetricValue> step_record(double loss, double lr, double seconds, const FitOptions& o) const;
   void print_epoch(const EpochSummary& summary);
+  // Redraws <workdir>/curves.svg from metrics.jsonl (rank 0, after the writer caught up).
+  void refresh_curves(AsyncMetricWriter& writer);
   void print_fit_summary(const FitResult& result, double seconds, const FitOptions& o);
 
   Deployer& deployer_;

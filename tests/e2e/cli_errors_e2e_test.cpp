@@ -36,10 +36,33 @@ TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("glue --task rte --data-dir " + kGlue, {"pass --model DIR (pretrained) or --config small|FILE"});
   expect_failure("eval", {"--model is required"});
   expect_failure("pretrain --precision fp8", {"--precision", "fp8", "f32,bf16"});
+  expect_failure("pretrain --profile 5:3", {"--profile", "'5:3' ends before it starts"});
+  expect_failure("pretrain --profile x", {"--profile", "START:END", "'x'"});
+  expect_failure("pretrain --steps 4 --profile 3:9 --output-dir " + (dir_ / "profiled").string(),
+                 {"steps 3:9 are outside this run, which takes steps 1 to 4"});
+  EXPECT_FALSE(fs::exists(dir_ / "profiled" / "metrics.jsonl"));  // refused before the first step
+  expect_failure("plot " + (dir_ / "no_run").string(), {"cannot read", "no_run", "metrics.jsonl"});
   expect_failure("generate --model x --prompt-ids 1 --precision tf32", {"--precision", "tf32"});
   CliRun help = run_cli("pretrain --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--per-device-batch-size"), std::string::npos);
+}
+
+TEST_F(CliErrors, PlotOverlaysRuns) {
+  for (const char* run : {"a", "b"}) {
+    fs::create_directories(dir_ / run);
+    write(std::string(run) + "/metrics.jsonl",
+          "{\"step\":1,\"split\":\"train\",\"loss\":3.0}\n{\"step\":2,\"split\":\"train\",\"loss\":2.5}\n"
+          "{\"step\":2,\"split\":\"eval\",\"eval_loss\":2.7}\n");
+  }
+  const std::string svg = (dir_ / "both.svg").string();
+  CliRun r = run_cli("plot " + (dir_ / "a").string() + " " + (dir_ / "b").string() + " --metric loss -o " + svg);
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::ifstream in(svg);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("data-series=\"a/train/loss\" data-points=\"2\""), std::string::npos) << text;
+  EXPECT_NE(text.find("data-series=\"b/train/loss\" data-points=\"2\""), std::string::npos);
+  expect_failure("plot " + (dir_ / "a").string() + " --metric nope -o " + svg, {"no run logged a metric named 'nope'"});
 }
 
 TEST_F(CliErrors, MissingAndMalformedFilesAreNamed) {

@@ -1,0 +1,47 @@
+// `meshtrain plot RUN_DIR... [--metric NAME] [-o out.svg]`: overlays the curves of several
+// runs (their metrics.jsonl) in one SVG, e.g. 1 process against 4, or f32 against bf16.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/meshtrain/commands.h"
+#include "meshtrain/io/mapped_file.h"
+#include "meshtrain/train/curves_svg.h"
+
+namespace mt::cli {
+namespace {
+
+struct PlotOptions {
+  std::vector<std::string> runs;
+  std::string metric;
+  std::string output = "curves.svg";
+};
+
+void run_plot(const PlotOptions& o) {
+  std::vector<train::RunMetrics> runs;
+  for (const std::string& dir : o.runs) {
+    std::string label = std::filesystem::path(dir).lexically_normal().filename().string();
+    if (label.empty() || label == ".") label = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+    runs.push_back(train::read_run_metrics(dir, label.empty() ? dir : label));
+  }
+  train::CurvesOptions co;
+  co.metric = o.metric;
+  co.title = o.metric.empty() ? "training curves" : o.metric;
+  io::write_file_atomic(o.output, train::render_curves_svg(runs, co));
+  std::cout << "wrote " << o.output << " (" << runs.size() << " run" << (runs.size() == 1 ? "" : "s") << ")\n";
+}
+
+}  // namespace
+
+void add_plot_command(CLI::App& app) {
+  auto o = std::make_shared<PlotOptions>();
+  CLI::App* cmd = app.add_subcommand("plot", "draw the curves of one or more runs (their metrics.jsonl) as one SVG");
+  cmd->add_option("runs", o->runs, "run directories (or metrics.jsonl files) to overlay")->required();
+  cmd->add_option("--metric", o->metric, "only this metric, e.g. eval_loss, loss, lr, accuracy (default: every panel)");
+  cmd->add_option("-o,--output", o->output, "the SVG to write")->capture_default_str();
+  cmd->callback([o] { run_plot(*o); });
+}
+
+}  // namespace mt::cli
