@@ -114,6 +114,8 @@ void run(const PretrainOptions& o) {
   f.keep_last = o.keep_checkpoints;
   f.resume = o.run.resume;
   f.profile_steps = o.run.profile;
+  f.log_mfu = true;
+  f.peak_gflops = o.run.peak_gflops;
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;

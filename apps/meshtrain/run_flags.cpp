@@ -48,6 +48,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
+  cmd->add_option("--peak-gflops", f.peak_gflops,
+                  "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--profile", f.profile,
                   "profile optimizer steps START:END (from 1, inclusive) into <output-dir>/profile: trace.json "
                   "(Perfetto), ops.txt, ops.json")

@@ -22,6 +22,7 @@ struct RunFlags {
   bool overwrite = false;
   std::string precision = "f32";  // matmul precision: f32 or bf16 (see mt::MatmulPrecision)
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
+  double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);

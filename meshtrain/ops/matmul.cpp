@@ -105,6 +105,7 @@ class MatmulPrimitive final : public prim::Primitive {
     return layout::rules::matmul(in, mesh, ta_, tb_);
   }
 
+  bool counts_model_flops() const override { return true; }
   prim::Cost cost(const Inputs& in, const OutputInfo& o) const override {
     const int64_t K = ta_ ? in[0].dim(-2) : in[0].dim(-1);
     prim::Cost c = Primitive::cost(in, o);

@@ -1,5 +1,6 @@
 #include "meshtrain/prim/dispatch.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "meshtrain/autodiff/node.h"
@@ -11,6 +12,8 @@ namespace {
 
 const DistributedExecutor* g_executor = nullptr;
 OpObserver g_observer;
+// Kernels run on the training thread, but data-loader threads may apply ops too.
+std::atomic<double> g_model_flops{0};
 
 bool any_distributed(const std::vector<Array>& inputs) {
   for (const Array& a : inputs)
@@ -54,6 +57,7 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   std::chrono::steady_clock::time_point t0;
   if (g_observer) t0 = std::chrono::steady_clock::now();
   out = p->run(inputs, info, aux);
+  if (p->counts_model_flops()) g_model_flops.fetch_add(p->cost(inputs, info).flops, std::memory_order_relaxed);
   double seconds = 0;
   if (g_observer) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool recorded = autodiff::should_record(inputs) && p->differentiable(inputs, info);
@@ -65,6 +69,8 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   if (g_observer) g_observer(OpEvent{*p, inputs, out, info, seconds, recorded});
   return out;
 }
+
+double model_flops() { return g_model_flops.load(std::memory_order_relaxed); }
 
 void install_distributed_executor(const DistributedExecutor* executor) { g_executor = executor; }
 const DistributedExecutor* distributed_executor() { return g_executor; }

@@ -30,6 +30,10 @@ void install_distributed_executor(const DistributedExecutor* executor);
 // Null until a mesh exists.
 const DistributedExecutor* distributed_executor();
 
+// Model FLOPs (primitives with counts_model_flops: the GEMMs, attention's included) executed
+// by this process so far, forward and backward. Trainers log the difference over a step.
+double model_flops();
+
 // Layout queries for builders that pick an algorithm by layout (vocabulary-parallel
 // cross-entropy): a plain array is replicated on a mesh without axes.
 layout::PartitionSpec spec_of(const Array& x);

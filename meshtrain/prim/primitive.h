@@ -89,6 +89,8 @@ class Primitive {
   // ---- cost ----
   // Default: one flop per output element, every input and the output moved once.
   virtual Cost cost(const std::vector<Array>& inputs, const OutputInfo& out) const;
+  // Whether this primitive's FLOPs are model FLOPs (GEMMs: the numerator of MFU).
+  virtual bool counts_model_flops() const { return false; }
 };
 
 // A shared instance of a primitive type without attributes.

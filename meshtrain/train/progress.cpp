@@ -179,6 +179,7 @@ void ProgressBar::write(const ScalarRecord& record) {
     else if (name == "lr" || name == "learning_rate") stats.lr = v;
     else if (name == "tokens_per_s") stats.tokens_per_s = v;
     else if (name == "mfu") stats.mfu = v;
+    else if (name == "model_flops_per_s") continue;  // the bar shows MFU instead
     else stats.extra[name] = v;
   }
   update(record.step, stats);

@@ -6,15 +6,19 @@
 #include <sstream>
 
 #include "meshtrain/autodiff/value_and_grad.h"
+#include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/dist/layout_tree.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/curves_svg.h"
+#include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/jsonl_logger.h"
 #include "meshtrain/train/profiler.h"
 #include "meshtrain/train/progress.h"
@@ -203,13 +207,17 @@ std::vector<std::shared_ptr<MetricSink>> Trainer::open_metric_sinks(const FitOpt
   return sinks;
 }
 
-std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, double seconds,
-                                                        const FitOptions& o) const {
+std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, double seconds, double model_flops,
+                                                        double peak_gflops, const FitOptions& o) const {
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   std::map<std::string, MetricValue> logged{{"loss", loss}};
   if (o.learning_rate) logged["lr"] = lr;
   if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / seconds;
   else logged["examples_per_s"] = double(examples_per_step) / seconds;
+  if (peak_gflops > 0) {
+    logged["model_flops_per_s"] = model_flops * double(dist::world().size()) / seconds;
+    logged["mfu"] = model_flops / seconds / (peak_gflops * 1e9);
+  }
   return logged;
 }
 
@@ -288,6 +296,18 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     return metrics;
   };
 
+  // The roof MFU is measured against: given, or probed once on rank 0 (cached per machine).
+  double peak_gflops = 0;
+  if (o.log_mfu) {
+    peak_gflops = o.peak_gflops;
+    if (peak_gflops <= 0) {
+      const DType dtype = matmul_precision() == MatmulPrecision::bf16 && cpu::cpu_features().bf16_gemm_native
+                              ? DType::bf16 : DType::f32;
+      float peak = dist::world().rank() == 0 ? float(gemm_peak_gflops(dtype)) : 0.f;
+      dist::world().broadcast(&peak, 1, DType::f32, 0);
+      peak_gflops = peak;
+    }
+  }
   const auto fit_start = std::chrono::steady_clock::now();
   auto last_time = fit_start;
   int64_t evaluated_at = -1;
@@ -306,14 +326,17 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
     const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;
+    const double flops_before = prim::model_flops();
     const double loss = this->train(micro);
+    const double step_flops = prim::model_flops() - flops_before;
     result.losses.push_back(loss);
     epoch.loss_sum += loss;
     ++epoch.steps;
     const auto now = std::chrono::steady_clock::now();
     {
       trace::Span span("phase", "log");
-      writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(), o));
+      writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(),
+                                             step_flops, peak_gflops, o));
     }
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.

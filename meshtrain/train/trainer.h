@@ -82,6 +82,11 @@ struct FitOptions {
   std::function<void(int64_t step, const Params& params)> on_step{};
   // At each epoch's end, rank 0 prints "epoch N | train loss L | <eval metrics>".
   bool epoch_summary = true;
+  // Log each step's model FLOPs per second (GEMMs counted as they run, summed over ranks
+  // assuming they are balanced) and MFU against the GEMM peak: peak_gflops, or when 0 this
+  // machine's measured peak for the matmul precision in use (train/gemm_peak.h).
+  bool log_mfu = false;
+  double peak_gflops = 0;
   // "START:END": profile those optimizer steps (from 1, inclusive) into <workdir>/profile
   // (trace.json, ops.txt, ops.json; see profiler.h). Empty: off.
   std::string profile_steps{};
@@ -169,7 +174,8 @@ class Trainer {
   // final summary.
   EpochProgress resume_into(data::DataLoader<Batch>& loader, const FitOptions& o);
   std::vector<std::shared_ptr<MetricSink>> open_metric_sinks(const FitOptions& o, int64_t total_steps);
-  std::map<std::string, MetricValue> step_record(double loss, double lr, double seconds, const FitOptions& o) const;
+  std::map<std::string, MetricValue> step_record(double loss, double lr, double seconds, double model_flops,
+                                                 double peak_gflops, const FitOptions& o) const;
   void print_epoch(const EpochSummary& summary);
   // Redraws <workdir>/curves.svg from metrics.jsonl (rank 0, after the writer caught up).
   void refresh_curves(AsyncMetricWriter& writer);

@@ -1,0 +1,89 @@
+#include "meshtrain/train/gemm_peak.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/backend/cpu/cpu_features.h"
+#include "meshtrain/core/rng.h"
+#include "meshtrain/io/mapped_file.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/random.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "unknown cpu";
+}
+
+double probe(DType dtype) {
+  autodiff::NoGradGuard no_grad;
+  const int64_t n = 1024;
+  Array a = random_normal(RngKey{11, 0}, {n, n}, dtype), b = random_normal(RngKey{12, 0}, {n, n}, dtype);
+  matmul(a, b);  // warm-up: kernel creation, page faults, thread pool
+  double best = 0, spent = 0;
+  for (int i = 0; i < 50 && spent < 0.4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Array c = matmul(a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += s;
+    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string gemm_peak_cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home && *home ? home : "/tmp") / ".cache";
+  return (base / "meshtrain" / "gemm_peak.json").string();
+}
+
+std::string gemm_peak_key(DType dtype) {
+  return cpu_model() + " | " + cpu::cpu_features().isa + " | " + std::to_string(omp_get_max_threads()) + " threads | " +
+         dtype_name(dtype);
+}
+
+double gemm_peak_gflops(DType dtype, bool use_cache) {
+  const std::string path = gemm_peak_cache_path(), key = gemm_peak_key(dtype);
+  json cache = json::object();
+  try {
+    if (fs::exists(path)) cache = json::parse(std::ifstream(path));
+  } catch (const std::exception&) {
+    cache = json::object();  // a damaged cache is re-measured, never an error
+  }
+  if (use_cache && cache.is_object() && cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0)
+    return cache[key].get<double>();
+  const double peak = probe(dtype);
+  try {
+    if (!cache.is_object()) cache = json::object();
+    cache[key] = peak;
+    fs::create_directories(fs::path(path).parent_path());
+    io::write_file_atomic(path, cache.dump(2) + "\n");
+  } catch (const std::exception&) {
+    // A read-only home still gets the measured peak, just not cached.
+  }
+  return peak;
+}
+
+}  // namespace mt::train
