@@ -133,19 +133,32 @@ void Communicator::reset_stats() {
   stats_ = CommStats{};
 }
 
+namespace {
+thread_local bool t_blocking = false;
+}  // namespace
+
+Communicator::BlockingCall::BlockingCall() : previous_(t_blocking) { t_blocking = true; }
+Communicator::BlockingCall::~BlockingCall() { t_blocking = previous_; }
+bool Communicator::in_blocking_call() { return t_blocking; }
+
 void Communicator::all_reduce(void* data, int64_t count, DType dtype, ReduceOp op) {
+  BlockingCall blocking;
   all_reduce_async(data, count, dtype, op).wait();
 }
 void Communicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
+  BlockingCall blocking;
   all_gather_async(send, recv, count, dtype).wait();
 }
 void Communicator::reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) {
+  BlockingCall blocking;
   reduce_scatter_async(send, recv, count, dtype, op).wait();
 }
 void Communicator::all_to_all(const void* send, void* recv, int64_t count, DType dtype) {
+  BlockingCall blocking;
   all_to_all_async(send, recv, count, dtype).wait();
 }
 void Communicator::broadcast(void* data, int64_t count, DType dtype, int root) {
+  BlockingCall blocking;
   broadcast_async(data, count, dtype, root).wait();
 }
 

@@ -82,12 +82,20 @@ class Communicator {
   void reset_stats();
 
  protected:
+  // True while a blocking convenience (all_reduce, ...) issues its collective: traces tag
+  // collectives "sync" or "async".
+  static bool in_blocking_call();
   // Validates the arguments of a collective (throws mt::Error "[comm] ...") and counts it.
   // Every backend calls it first in every collective, so checks and stats are uniform.
   void check_and_count(CollectiveKind kind, const void* send, const void* recv, int64_t count,
                        DType dtype, int root = 0);
 
  private:
+  struct BlockingCall {  // marks this thread as inside a blocking convenience
+    BlockingCall();
+    ~BlockingCall();
+    bool previous_;
+  };
   std::string name_;
   mutable std::mutex stats_mu_;
   CommStats stats_;

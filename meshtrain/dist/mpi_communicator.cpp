@@ -187,7 +187,9 @@ class MpiCommunicator final : public Communicator {
                                 dtype_name(dtype), " on '", name(), "' (size ", size_, ")");
   }
 
+  // `what` names the collective on the communication thread (trace spans, the watchdog).
   CommHandle submit(std::string what, std::function<void()> work) {
+    what += in_blocking_call() ? " [sync]" : " [async]";
     return CommHandle(internal::MpiRuntime::instance().submit(std::move(what), std::move(work)));
   }
 

@@ -2,14 +2,16 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/trace.h"
 #include "meshtrain/dist/collective_ops.h"
 #include "meshtrain/dist/grad_reducer.h"
-#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt::dist {
 
@@ -241,7 +243,16 @@ class SpmdExecutor : public prim::DistributedExecutor {
     ctx.output_global = global.shape;
     ctx.output_local = out.local_shape(global.shape);
     ctx.output_offsets = out.local_offsets(global.shape);
+    std::optional<trace::Span> span;  // the op on global arrays, with its layouts, around the kernel
+    if (trace::enabled()) {
+      std::string in_specs;
+      for (const layout::PartitionSpec& spec : r.inputs) in_specs += (in_specs.empty() ? "" : ", ") + spec.str();
+      span.emplace("spmd", p->name(),
+                   trace::arg("inputs", in_specs) + ", " + trace::arg("output", r.output.str()) + ", " +
+                       trace::arg("mesh", mesh->str()));
+    }
     Array out_local = prim::apply(p->localize(ctx, p), locals);
+    span.reset();
     return global_view(out_local, out);
   }
 

@@ -48,6 +48,22 @@ TEST_F(CliErrors, FlagsAreChecked) {
   EXPECT_NE(help.out.find("--per-device-batch-size"), std::string::npos);
 }
 
+// The success path of --profile through the CLI: the files, the printed table and the picture.
+TEST_F(CliErrors, ProfileWritesTraceTableAndCurves) {
+  const fs::path run = dir_ / "profiled_run";
+  CliRun r = run_cli("pretrain --steps 3 --seq-len 32 --profile 2:3 --sample-every 0 --peak-gflops 100 --output-dir " +
+                     run.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("op profile: 2 step(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
+  for (const char* f : {"profile/trace.json", "profile/ops.txt", "profile/ops.json", "curves.svg"})
+    EXPECT_TRUE(fs::exists(run / f)) << f;
+  std::ifstream jl(run / "metrics.jsonl");
+  std::string first;
+  std::getline(jl, first);
+  EXPECT_NE(first.find("\"mfu\""), std::string::npos) << first;
+}
+
 TEST_F(CliErrors, PlotOverlaysRuns) {
   for (const char* run : {"a", "b"}) {
     fs::create_directories(dir_ / run);

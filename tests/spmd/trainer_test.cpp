@@ -378,6 +378,18 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
   for (const std::string& op : recorded) EXPECT_TRUE(vjps.count(op)) << "no VJP span for recorded op " << op;
   EXPECT_EQ(int(pids.size()), n);
   if (n > 1) {
+    // Collectives name their kind, size, axis and whether the caller blocked on them;
+    // ops on global arrays carry their layouts around the kernel.
+    int tagged = 0, spmd = 0, all_collectives = 0;
+    for (const Span& s : spans) {
+      all_collectives += s.cat == "collective";
+      const std::string what = s.args.value("what", std::string());
+      if (s.cat == "collective" && (what.find("[sync]") != std::string::npos || what.find("[async]") != std::string::npos))
+        ++tagged;
+      if (s.cat == "spmd" && s.args.contains("output") && s.args.contains("mesh")) ++spmd;
+    }
+    EXPECT_EQ(tagged, all_collectives);
+    EXPECT_GT(spmd, 0);
     EXPECT_GT(collectives[0], 0);
     for (int r = 1; r < n; ++r) EXPECT_EQ(collectives[r], collectives[0]) << "rank " << r;
   }
