@@ -92,7 +92,14 @@ Grads UnaryPrimitive::vjp(const Saved& s, const Array& g) const {
       Array y = s.output_for_vjp();
       return {mul(g, mul(y, sub(ones_like(y), y)))};
     }
-    case UnaryOp::relu: return {where(gt(x, zeros_like(x)), g, zeros_like(g))};
+    case UnaryOp::relu:
+      if (!autodiff::grad_enabled() && g.shape() == x.shape() && g.dtype() == x.dtype()) {
+        // First order: one fused pass. A recorded backward (second order) composes ops.
+        Array dx = Array::empty(x.shape(), x.dtype());
+        cpu::relu_backward(x, g, dx);
+        return {dx};
+      }
+      return {where(gt(x, zeros_like(x)), g, zeros_like(g))};
     case UnaryOp::silu: {
       // d/dx x·σ(x) = σ(x)·(1 + x·(1 − σ(x)))
       Array sg = sigmoid(x);

@@ -132,6 +132,47 @@ OpProfile summarize(const trace::Recording& recording) {
       data_wait += ms;
     }
   }
+  // A VJP's own time (fused backward kernels it calls directly, bookkeeping) is its span
+  // minus the op spans inside it: a "(vjp self)" row, so the table accounts for every VJP.
+  std::map<int, std::vector<const trace::Event*>> by_thread;
+  for (const trace::Event& e : recording.events)
+    if (e.phase == 'X' && (e.category == "vjp" || e.category == "op_backward" || e.category == "op"))
+      by_thread[e.tid].push_back(&e);
+  for (auto& [tid, list] : by_thread) {
+    std::sort(list.begin(), list.end(), [](const trace::Event* a, const trace::Event* b) {
+      return a->ts_us < b->ts_us || (a->ts_us == b->ts_us && a->dur_us > b->dur_us);
+    });
+    struct Open {
+      const trace::Event* vjp;
+      double children_us;
+    };
+    std::vector<Open> open;
+    auto close = [&](const Open& o) {
+      const double self_ms = std::max(0.0, o.vjp->dur_us - o.children_us) / 1000;
+      OpRow& r = rows[{"backward", o.vjp->name + " (vjp self)"}];
+      r.name = o.vjp->name + " (vjp self)";
+      r.phase = "backward";
+      ++r.calls;
+      r.total_ms += self_ms;
+      other_ops += self_ms;
+    };
+    for (const trace::Event* e : list) {
+      while (!open.empty() && e->ts_us >= open.back().vjp->ts_us + open.back().vjp->dur_us) {
+        close(open.back());
+        open.pop_back();
+      }
+      if (e->category == "vjp") {
+        if (!open.empty()) open.back().children_us += e->dur_us;
+        open.push_back({e, 0});
+      } else if (!open.empty()) {
+        open.back().children_us += e->dur_us;
+      }
+    }
+    while (!open.empty()) {
+      close(open.back());
+      open.pop_back();
+    }
+  }
   for (auto& [key, row] : rows) {
     // Achieved FLOP rates for the GEMMs (attention's included); other ops' "flops" are nominal.
     if (row.phase != "collective" && row.name != "matmul") row.flops = 0;

@@ -401,10 +401,15 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
     const std::string phase = s.cat == "op" ? "forward" : s.cat == "op_backward" ? "backward" : s.cat == "collective" ? "collective" : "";
     if (!phase.empty()) sums[{phase, s.name}] += (s.end - s.ts) / 1000;
   }
-  ASSERT_EQ(ops["rows"].size(), sums.size());
+  size_t kernel_rows = 0;
   double worst = 0;
-  for (const json& r : ops["rows"])
-    worst = std::max(worst, std::abs(r["total_ms"].get<double>() - sums[{r["phase"], r["name"]}]));
+  for (const json& r : ops["rows"]) {
+    const std::string name = r["name"];
+    if (name.size() > 11 && name.substr(name.size() - 11) == " (vjp self)") continue;  // VJP spans minus their ops
+    ++kernel_rows;
+    worst = std::max(worst, std::abs(r["total_ms"].get<double>() - sums[{r["phase"], name}]));
+  }
+  EXPECT_EQ(kernel_rows, sums.size());
   if (dist::world().rank() == 0) std::cout << "  [max err] ops.json totals vs trace sums: " << worst << " ms\n";
   EXPECT_LE(worst, 1e-6);
 }

@@ -214,10 +214,15 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
     T* po = out.data<T>();
     // Rows whose operands are contiguous or constant along the row (the usual masks and
     // ReLU/scalar cases) get loops with compile-time strides, which vectorize.
+    // Work is split into pieces of at most grain::row elements of one row, so that a single
+    // long row (same-shape operands coalesce to one) runs on every thread too.
+    const int64_t pieces_per_row = std::max<int64_t>(1, (len + grain::row - 1) / grain::row);
     auto rows_with = [&](auto csa, auto csb) {
       constexpr int64_t ka = decltype(csa)::value, kb = decltype(csb)::value;
-#pragma omp parallel for if (rows * len > grain::compute && rows > 1) schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
+#pragma omp parallel for if (rows * len > grain::compute && rows * pieces_per_row > 1) schedule(static)
+      for (int64_t piece = 0; piece < rows * pieces_per_row; ++piece) {
+        const int64_t r = piece / pieces_per_row, from = (piece % pieces_per_row) * grain::row;
+        const int64_t to = std::min(len, from + grain::row);
         int64_t off[3];
         plan.row_offsets(r, off);
         const bool* rc = pc + off[0];
@@ -226,9 +231,9 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
         T* ro = po + r * len;
         if constexpr (ka >= 0 && kb >= 0) {
 #pragma omp simd
-          for (int64_t i = 0; i < len; ++i) ro[i] = rc[i] ? ra[i * ka] : rb[i * kb];
+          for (int64_t i = from; i < to; ++i) ro[i] = rc[i] ? ra[i * ka] : rb[i * kb];
         } else {
-          for (int64_t i = 0; i < len; ++i) ro[i] = rc[i * sc] ? ra[i * sa] : rb[i * sb];
+          for (int64_t i = from; i < to; ++i) ro[i] = rc[i * sc] ? ra[i * sa] : rb[i * sb];
         }
       }
     };
@@ -239,6 +244,22 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
     else if (sc == 1 && sa == 1 && sb == 0) rows_with(C1{}, C0{});
     else if (sc == 1 && sa == 0 && sb == 1) rows_with(C0{}, C1{});
     else rows_with(Any{}, Any{});
+  });
+}
+
+void relu_backward(const Array& x, const Array& g, Array& out) {
+  const int64_t n = x.numel();
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      throw Error("[relu] no gradient for bool arrays");
+    } else {
+      const T* px = x.data<T>();
+      const T* pg = g.data<T>();
+      T* po = out.data<T>();
+#pragma omp parallel for if (n > grain::compute) schedule(static)
+      for (int64_t i = 0; i < n; ++i) po[i] = load(px[i]) > compute_t<T>(0) ? pg[i] : store<T>(compute_t<T>(0));
+    }
   });
 }
 

@@ -33,6 +33,8 @@ void unary(UnaryOp op, const Array& x, Array& out);
 void binary(BinaryOp op, const Array& a, const Array& b, Array& out);
 // out = cond ? a : b, all three broadcast to out's shape.
 void where(const Array& cond, const Array& a, const Array& b, Array& out);
+// out = x > 0 ? g : 0 (ReLU's first-order VJP in one pass); all the same shape and dtype.
+void relu_backward(const Array& x, const Array& g, Array& out);
 // out = g · gelu'(x) (erf form, or the tanh form when approximate); all the same shape.
 void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out);
 // out = x converted to out's dtype (same shape).
