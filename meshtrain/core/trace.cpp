@@ -1,6 +1,8 @@
 #include "meshtrain/core/trace.h"
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 
@@ -98,9 +100,12 @@ void counter(std::string name, std::string args) {
 }
 
 std::string arg(const std::string& key, double value) {
+  // Shortest round-trip form (to_chars is several times faster than printf's %.17g, and
+  // this runs for every recorded op). JSON has no NaN or infinity: they become null.
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", value);
-  return "\"" + escape(key) + "\": " + buf;
+  if (!std::isfinite(value)) return "\"" + escape(key) + "\": null";
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  return "\"" + escape(key) + "\": " + std::string(buf, ec == std::errc() ? end : buf);
 }
 
 std::string arg(const std::string& key, const std::string& value) {
