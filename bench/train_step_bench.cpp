@@ -152,14 +152,19 @@ int main(int argc, char** argv) {
       std::printf("%-6s %-26s %-5s %-10s %9.2fx\n", c.name, shape, prec, "speedup", theirs / ours);
     }
   }
-  // The profiler's cost: the same f32 step with --profile's recorder on, against off.
-  std::printf("\nprofiler overhead (f32, recorder on vs off, median s/step)\n");
+  // The profiler's cost: the same f32 steps with the --profile recorder on and off, alternated
+  // three times each (run-to-run noise is of the same order), medians compared.
+  std::printf("\nprofiler overhead (f32, recorder on vs off, median s/step of 3 alternated runs each)\n");
   for (const Config& c : configs) {
-    const double off = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32);
-    const double on = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32, true);
-    const double off2 = meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32);
-    std::printf("%-6s off %.4f / %.4f   on %.4f   overhead %+.1f%%\n", c.name, off, off2, on,
-                100.0 * (on / std::min(off, off2) - 1.0));
+    std::vector<double> off, on;
+    for (int r = 0; r < 3; ++r) {
+      off.push_back(meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32));
+      on.push_back(meshtrain_step_seconds(c, warmup, steps, MatmulPrecision::f32, true));
+    }
+    std::printf("%-6s off %.4f   on %.4f   overhead %+.1f%%   (off %.4f..%.4f, on %.4f..%.4f)\n", c.name, median(off),
+                median(on), 100.0 * (median(on) / median(off) - 1.0), *std::min_element(off.begin(), off.end()),
+                *std::max_element(off.begin(), off.end()), *std::min_element(on.begin(), on.end()),
+                *std::max_element(on.begin(), on.end()));
   }
   return 0;
 }

@@ -1,10 +1,13 @@
 #include "meshtrain/core/trace.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <mutex>
+#include <set>
 
 namespace mt::trace {
 
@@ -16,10 +19,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Recorder {
-  std::mutex mu;
-  Clock::time_point t0 = Clock::now();
+// One buffer per thread that ever recorded; owned by the recorder for the process's life,
+// so a thread's exit never loses or dangles what it recorded.
+struct ThreadBuffer {
+  std::mutex mu;  // taken by its own thread per event (uncontended) and by start/stop
   std::vector<Event> events;
+  int tid = 0;
+};
+
+struct Recorder {
+  std::mutex mu;  // guards buffers, threads, next_tid
+  Clock::time_point t0 = Clock::now();
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers;
   std::vector<std::pair<int, std::string>> threads;
   int next_tid = 1;
 };
@@ -28,16 +39,35 @@ Recorder& recorder() {
   return r;
 }
 
-thread_local int t_tid = 0;
+thread_local ThreadBuffer* t_buffer = nullptr;
 thread_local const char* t_phase = "";
 thread_local int t_backward_depth = 0;
 
-int this_tid(Recorder& r) {  // r.mu held
-  if (t_tid == 0) {
-    t_tid = r.next_tid++;
-    r.threads.emplace_back(t_tid, "thread " + std::to_string(t_tid));
+ThreadBuffer& this_buffer() {
+  if (!t_buffer) {
+    Recorder& r = recorder();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.buffers.push_back(std::make_unique<ThreadBuffer>());
+    t_buffer = r.buffers.back().get();
+    t_buffer->tid = r.next_tid++;
+    r.threads.emplace_back(t_buffer->tid, "thread " + std::to_string(t_buffer->tid));
   }
-  return t_tid;
+  return *t_buffer;
+}
+
+// Phase names live as long as the process, so events may point at them.
+const char* intern(const std::string& name) {
+  static std::mutex mu;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  return names.insert(name).first->c_str();
+}
+
+void append(Event&& e) {
+  ThreadBuffer& b = this_buffer();
+  e.tid = b.tid;
+  std::lock_guard<std::mutex> lock(b.mu);
+  b.events.push_back(std::move(e));
 }
 
 std::string escape(const std::string& s) {
@@ -58,7 +88,10 @@ std::string escape(const std::string& s) {
 void start() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.events.clear();
+  for (auto& b : r.buffers) {
+    std::lock_guard<std::mutex> buffer_lock(b->mu);
+    b->events.clear();
+  }
   r.t0 = Clock::now();
   detail::g_on.store(true, std::memory_order_relaxed);
 }
@@ -67,8 +100,15 @@ Recording stop() {
   Recorder& r = recorder();
   detail::g_on.store(false, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(r.mu);
-  Recording out{std::move(r.events), r.threads};
-  r.events.clear();
+  Recording out;
+  out.threads = r.threads;
+  for (auto& b : r.buffers) {
+    std::lock_guard<std::mutex> buffer_lock(b->mu);
+    for (Event& e : b->events) out.events.push_back(std::move(e));
+    b->events.clear();
+  }
+  std::stable_sort(out.events.begin(), out.events.end(),
+                   [](const Event& a, const Event& b) { return a.ts_us < b.ts_us; });
   return out;
 }
 
@@ -77,26 +117,65 @@ double now_us() {
 }
 
 void name_this_thread(const std::string& name) {
+  const int tid = this_buffer().tid;
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
-  const int tid = this_tid(r);
   for (auto& [id, n] : r.threads)
     if (id == tid) n = name;
 }
 
 void complete(std::string name, std::string category, double start_us, double dur_us, std::string args) {
   if (!enabled()) return;
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back({'X', std::move(name), std::move(category), start_us, dur_us, this_tid(r), std::move(args)});
+  Event e;
+  e.name = std::move(name);
+  e.category = std::move(category);
+  e.ts_us = start_us;
+  e.dur_us = dur_us;
+  e.args = std::move(args);
+  append(std::move(e));
+}
+
+void complete_op(const char* name, const char* category, double start_us, double dur_us, OpDetails details) {
+  if (!enabled()) return;
+  Event e;
+  e.name = name;
+  e.category = category;
+  e.ts_us = start_us;
+  e.dur_us = dur_us;
+  e.op = std::move(details);
+  append(std::move(e));
 }
 
 void counter(std::string name, std::string args) {
   if (!enabled()) return;
-  const double ts = now_us();
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.events.push_back({'C', std::move(name), "counter", ts, 0, this_tid(r), std::move(args)});
+  Event e;
+  e.phase = 'C';
+  e.name = std::move(name);
+  e.category = "counter";
+  e.ts_us = now_us();
+  e.args = std::move(args);
+  append(std::move(e));
+}
+
+std::string render_args(const Event& e) {
+  if (e.category != "op" && e.category != "op_backward") return e.args;
+  // Shapes as "f32(2, 3)"-like strings: inputs (dtype unknown here, dims only) and output.
+  auto shape_at = [&](size_t& i) {
+    const int64_t rank = e.op.shapes[i++];
+    if (rank < 0) return std::string("-");
+    std::string s = "(";
+    for (int64_t d = 0; d < rank; ++d) s += (d ? ", " : "") + std::to_string(e.op.shapes[i++]);
+    return s + (rank == 1 ? ",)" : ")");
+  };
+  std::vector<std::string> shapes;
+  for (size_t i = 0; i < e.op.shapes.size();) shapes.push_back(shape_at(i));
+  std::string inputs;
+  for (size_t k = 0; k + 1 < shapes.size(); ++k) inputs += (k ? ", " : "") + shapes[k];
+  std::string out = arg("inputs", inputs) + ", " + arg("output", std::string(e.op.dtype) + (shapes.empty() ? "" : shapes.back())) +
+                    ", " + arg("flops", e.op.flops) + ", " + arg("bytes", e.op.bytes) + ", " +
+                    arg("recorded", e.op.recorded ? 1.0 : 0.0) + ", " + arg("phase", e.op.phase);
+  if (!e.args.empty()) out += ", " + e.args;
+  return out;
 }
 
 std::string arg(const std::string& key, double value) {
@@ -120,8 +199,7 @@ Span::Span(std::string category, std::string name, std::string args) {
   args_ = std::move(args);
   if (category_ == "phase") {
     saved_phase_ = t_phase;
-    phase_storage_ = name_;
-    t_phase = phase_storage_.c_str();
+    t_phase = intern(name_);  // op events keep the pointer past this span's end
   }
   if (category_ == "vjp") ++t_backward_depth;
   start_us_ = now_us();

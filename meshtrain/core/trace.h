@@ -2,13 +2,24 @@
 // The trace recorder behind --profile: timed spans and counters from every layer (op kernels
 // and their VJPs, collectives on the communication thread, data loading, the Trainer's
 // phases), kept in memory while recording and written as a Chrome trace by train/profiler.
-// When not recording, every entry point costs one relaxed atomic load.
+// When not recording, every entry point costs one relaxed atomic load; when recording, each
+// thread appends to its own buffer (an uncontended lock), so threads never wait on each other.
 #include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mt::trace {
+
+// What an op kernel's span carries, kept raw while recording and rendered when the trace is
+// written (formatting it per call would cost more than small kernels take).
+struct OpDetails {
+  std::vector<int64_t> shapes;  // per input then the output: rank, dims... (rank -1: undefined)
+  const char* dtype = "";       // the output's
+  double flops = 0, bytes = 0;
+  bool recorded = false;        // a VJP was recorded
+  const char* phase = "";       // current_phase() at the call
+};
 
 struct Event {
   char phase = 'X';  // 'X': a complete span, 'C': a counter sample
@@ -18,7 +29,10 @@ struct Event {
   double dur_us = 0;
   int tid = 0;           // this process's thread track
   std::string args;      // a JSON object's members, already rendered ("\"k\": 1, ...") or empty
+  OpDetails op{};        // op spans only
 };
+// The members of an event's args object: `args` plus its op details, rendered.
+std::string render_args(const Event& e);
 
 struct Recording {
   std::vector<Event> events;
@@ -42,6 +56,7 @@ double now_us();
 void name_this_thread(const std::string& name);
 
 void complete(std::string name, std::string category, double start_us, double dur_us, std::string args = {});
+void complete_op(const char* name, const char* category, double start_us, double dur_us, OpDetails details);
 void counter(std::string name, std::string args);
 
 // "\"key\": value" pieces for Event::args.
@@ -63,7 +78,6 @@ class Span {
   double start_us_ = 0;
   std::string category_, name_, args_;
   const char* saved_phase_ = nullptr;
-  std::string phase_storage_;
 };
 
 // The name of the innermost enclosing "phase" span on this thread (e.g. "optimizer"), or "".

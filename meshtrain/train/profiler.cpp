@@ -52,30 +52,39 @@ std::string host_name() {
   return buf;
 }
 
-std::string shapes_of(const std::vector<Array>& inputs) {
-  std::string s;
-  for (const Array& a : inputs) s += (s.empty() ? "" : ", ") + (a.defined() ? a.str() : std::string("-"));
-  return s;
-}
-
 }  // namespace
 
-// Each kernel call as a span on the calling thread, ending now.
+// Each kernel call as a span on the calling thread, ending now. The details stay raw here
+// (rank and dims per array) and are rendered when the trace is written.
 void record_op_span(const prim::OpEvent& e) {
   if (!trace::enabled()) return;
   const double end = trace::now_us(), dur = e.seconds * 1e6;
   const prim::Cost c = e.primitive.cost(e.inputs, e.info);
-  std::string args = trace::arg("inputs", shapes_of(e.inputs)) + ", " + trace::arg("output", e.output.str()) + ", " +
-                     trace::arg("flops", c.flops) + ", " + trace::arg("bytes", c.bytes) + ", " +
-                     trace::arg("recorded", e.recorded ? 1.0 : 0.0) + ", " + trace::arg("phase", trace::current_phase());
-  trace::complete(e.primitive.name(), trace::in_backward() ? "op_backward" : "op", end - dur, dur, std::move(args));
+  trace::OpDetails d;
+  size_t n = 0;
+  for (const Array& a : e.inputs) n += 1 + (a.defined() ? size_t(a.ndim()) : 0);
+  d.shapes.reserve(n + 1 + size_t(e.info.shape.ndim()));
+  auto push = [&](bool defined, const Shape& s) {
+    d.shapes.push_back(defined ? s.ndim() : -1);
+    if (defined)
+      for (int64_t x : s) d.shapes.push_back(x);
+  };
+  for (const Array& a : e.inputs) push(a.defined(), a.defined() ? a.shape() : Shape{});
+  push(true, e.info.shape);
+  d.dtype = dtype_name(e.info.dtype);
+  d.flops = c.flops;
+  d.bytes = c.bytes;
+  d.recorded = e.recorded;
+  d.phase = trace::current_phase();
+  trace::complete_op(e.primitive.name(), trace::in_backward() ? "op_backward" : "op", end - dur, dur, std::move(d));
 }
 
 namespace {
 
 json args_of(const trace::Event& e) {
-  if (e.args.empty()) return json::object();
-  return json::parse("{" + e.args + "}");
+  const std::string members = trace::render_args(e);
+  if (members.empty()) return json::object();
+  return json::parse("{" + members + "}");
 }
 
 json to_json(const trace::Event& e, int pid) {
@@ -114,13 +123,12 @@ OpProfile summarize(const trace::Recording& recording) {
       r.phase = phase;
       ++r.calls;
       r.total_ms += ms;
-      const json a = args_of(e);
       if (phase == "collective") {
-        r.bytes += collective_bytes(a.value("what", std::string()));
+        r.bytes += collective_bytes(args_of(e).value("what", std::string()));
         continue;
       }
-      r.flops += a.value("flops", 0.0);
-      if (a.value("phase", std::string()) == "optimizer") continue;  // counted in the optimizer's span
+      r.flops += e.op.flops;
+      if (std::string(e.op.phase) == "optimizer") continue;  // counted in the optimizer's span
       if (e.name == "matmul") gemm += ms;
       else if (e.name == "causal_softmax" || e.name == "softmax") attention += ms;
       else other_ops += ms;
