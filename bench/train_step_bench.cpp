@@ -19,6 +19,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/minigpt.h"
+#include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/profiler.h"
 
 namespace {
@@ -36,19 +37,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Best-of GFLOP/s of a square matmul in `dtype`: the roof the MFU is measured against.
-double gemm_peak_gflops(DType dtype) {
-  const int64_t n = 2048;
-  Array a = random_normal(RngKey{1, 0}, {n, n}, dtype), b = random_normal(RngKey{2, 0}, {n, n}, dtype);
-  double best = 0;
-  for (int i = 0; i < 5; ++i) {
-    auto t0 = clock_type::now();
-    Array c = matmul(a, b);
-    const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    best = std::max(best, 2.0 * double(n * n * n) / s / 1e9);
-  }
-  return best;
-}
+// Best-of-5 GFLOP/s of a 2048³ matmul in `dtype`: the roof the MFU is measured against.
+double gemm_peak_gflops(DType dtype) { return train::measure_gemm_gflops(dtype, 2048, 5, 1e9); }
 
 // Matmul FLOPs of a step: 6 per weight per token (forward + two backward GEMMs) plus the
 // attention scores and weighted sums (causal mask not discounted), as in the PaLM paper.

@@ -6,6 +6,7 @@
 namespace mt {
 
 enum class DType : uint8_t { f32, bf16, f16, i32, i64, boolean };
+inline constexpr int kNumDTypes = int(DType::boolean) + 1;  // keep boolean last
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

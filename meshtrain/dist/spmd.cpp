@@ -190,12 +190,6 @@ Array to_host(const Array& x) {
   return local_view(redistribute(x, PartitionSpec{}));
 }
 
-Array full_like(const Array& a, double value) {
-  if (!is_sharded(a)) return Array::full(a.shape(), value, a.dtype());
-  Sharding s{sharding_of(a)->mesh, sharding_of(a)->spec.without_partial()};
-  return global_view(Array::full(s.local_shape(a.shape()), value, a.dtype()), s);
-}
-
 namespace {
 
 // Runs primitives on global arrays: the primitive's sharding rule says which layout to
@@ -204,7 +198,8 @@ namespace {
 // gradients flow back through the same communication.
 class SpmdExecutor : public prim::DistributedExecutor {
  public:
-  Array apply(const prim::PrimitivePtr& p, const std::vector<Array>& inputs) const override {
+  Array apply(const prim::PrimitivePtr& p, const std::vector<Array>& inputs,
+              const prim::OutputInfo& global) const override {
     const Mesh* mesh = nullptr;
     for (const Array& a : inputs) {
       if (!is_sharded(a)) continue;
@@ -239,7 +234,6 @@ class SpmdExecutor : public prim::DistributedExecutor {
     }
     Sharding out{*mesh, r.output};
     ctx.output_spec = r.output;
-    const prim::OutputInfo global = p->infer(inputs);
     ctx.output_global = global.shape;
     ctx.output_local = out.local_shape(global.shape);
     ctx.output_offsets = out.local_offsets(global.shape);

@@ -36,9 +36,6 @@ Array with_sharding_constraint(const Array& x, const Mesh& mesh, const Partition
 Array local_view(const Array& x);
 Array global_view(const Array& local, const Sharding& sharding);
 
-// An array of `value` laid out like a (without its partial sums).
-Array full_like(const Array& a, double value);
-
 // Plugs the distributed layer into the dispatcher (prim::apply runs primitives on global
 // arrays through the sharding rules) and into value_and_grad (bucketed gradient reduction).
 // Every Mesh calls it; idempotent.

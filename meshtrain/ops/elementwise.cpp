@@ -373,7 +373,7 @@ Array where(const Array& cond, const Array& a, const Array& b) {
 Array cast(const Array& x, DType dtype) {
   check_defined(x, "cast");
   if (x.dtype() == dtype) return x;
-  return prim::apply(std::make_shared<CastPrimitive>(dtype), {x});
+  return prim::apply(primitive_for<CastPrimitive, DType, kNumDTypes>(dtype), {x});
 }
 
 Array scalar_like(const Array& a, double value) { return Array::full(Shape{}, value, a.dtype()); }

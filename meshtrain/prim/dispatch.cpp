@@ -47,9 +47,9 @@ autodiff::VjpFn make_vjp(const PrimitivePtr& p, const std::vector<Array>& inputs
 
 Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   if (any_distributed(inputs)) {
-    p->infer(inputs);  // global checks first, with global shapes in the messages
+    const OutputInfo global = p->infer(inputs);  // global checks first, with global shapes in the messages
     MT_CHECK(g_executor, "[", p->name(), "] distributed input but no distributed executor installed");
-    return g_executor->apply(p, inputs);
+    return g_executor->apply(p, inputs, global);
   }
   const OutputInfo info = p->infer(inputs);
   std::vector<Array> aux;

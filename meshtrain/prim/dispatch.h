@@ -19,7 +19,8 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs);
 class DistributedExecutor {
  public:
   virtual ~DistributedExecutor() = default;
-  virtual Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) const = 0;
+  // `global` is p's output for the global inputs (the dispatcher has already inferred it).
+  virtual Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs, const OutputInfo& global) const = 0;
   // The whole value of a distributed array as a plain array on every rank (differentiable).
   virtual Array gather(const Array& x) const = 0;
   // A distributed array's layout and its mesh's axes.

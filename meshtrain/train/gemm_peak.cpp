@@ -34,13 +34,14 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
-double probe(DType dtype) {
+}  // namespace
+
+double measure_gemm_gflops(DType dtype, int64_t n, int max_runs, double budget_s) {
   autodiff::NoGradGuard no_grad;
-  const int64_t n = 1024;
   Array a = random_normal(RngKey{11, 0}, {n, n}, dtype), b = random_normal(RngKey{12, 0}, {n, n}, dtype);
   matmul(a, b);  // warm-up: kernel creation, page faults, thread pool
   double best = 0, spent = 0;
-  for (int i = 0; i < 50 && spent < 0.4; ++i) {
+  for (int i = 0; i < max_runs && spent < budget_s; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     Array c = matmul(a, b);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -49,8 +50,6 @@ double probe(DType dtype) {
   }
   return best;
 }
-
-}  // namespace
 
 std::string gemm_peak_cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -74,7 +73,7 @@ double gemm_peak_gflops(DType dtype, bool use_cache) {
   }
   if (use_cache && cache.is_object() && cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0)
     return cache[key].get<double>();
-  const double peak = probe(dtype);
+  const double peak = measure_gemm_gflops(dtype, 1024, 50, 0.4);
   try {
     if (!cache.is_object()) cache = json::object();
     cache[key] = peak;

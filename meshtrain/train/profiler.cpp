@@ -18,6 +18,7 @@
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/train/host_name.h"
 
 namespace mt::train {
 
@@ -44,12 +45,6 @@ double rss_bytes() {
   double pages = 0, resident = 0;
   statm >> pages >> resident;
   return resident * double(sysconf(_SC_PAGESIZE));
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
 }
 
 }  // namespace

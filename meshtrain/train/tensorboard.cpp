@@ -11,6 +11,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/crc32c.h"
+#include "meshtrain/train/host_name.h"
 
 namespace mt::train {
 
@@ -68,12 +69,6 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
@@ -81,7 +76,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
   std::filesystem::create_directories(log_dir, ec);
   MT_CHECK(!ec, "[TensorBoardWriter] cannot create log dir '", log_dir, "': ", ec.message());
   std::string base = (std::filesystem::path(log_dir) /
-                      ("events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + hostname()))
+                      ("events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + host_name()))
                          .string();
   // "x" (exclusive create) so two writers never share a file; TensorBoard reads every
   // file whose name contains "tfevents".

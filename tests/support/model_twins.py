@@ -7,6 +7,8 @@ Masks: True = attend; a masked score gets the lowest finite value (as HF's addit
 finfo.min), so padding rows stay finite. Positions of left-padded rows follow HF generate:
 cumsum(mask) - 1, 1 at padding.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
