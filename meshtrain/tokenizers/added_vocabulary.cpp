@@ -57,6 +57,11 @@ std::optional<int32_t> AddedVocabulary::token_to_id(std::string_view content) co
   return tokens_[it->second].id;
 }
 
+const std::string& AddedVocabulary::token_string(int32_t id) const {
+  const size_t i = by_id_.at(id);
+  return tokens_[i].normalized ? normalized_patterns_[i] : tokens_[i].content;
+}
+
 const AddedToken* AddedVocabulary::find_id(int32_t id) const {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : &tokens_[it->second];

@@ -41,6 +41,9 @@ class AddedVocabulary {
 
   std::optional<int32_t> token_to_id(std::string_view content) const;
   const AddedToken* find_id(int32_t id) const;
+  // The token's string as HF reports it (id_to_token, decode, encoding tokens): the content
+  // after the normalizer for normalized tokens, else the content. Requires a known id.
+  const std::string& token_string(int32_t id) const;
   bool is_special_id(int32_t id) const { return special_ids_.count(id) > 0; }
 
   // Splits `text` on the tokens matched on raw (normalized=false) or normalized text.

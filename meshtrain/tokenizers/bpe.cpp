@@ -121,70 +121,15 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(Vocab vocab, const std::vector<BpeM
     char_byte_[cps[b]] = uint8_t(b);
     byte_id_[b] = vocab_.find(byte_char_[b]).value_or(-1);
   }
-  merges_.reserve(merges.size());
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& m = merges[rank];
-    const std::string where = m.line ? detail::concat(" line ", m.line) : detail::concat(" merge #", rank);
-    auto a = vocab_.find(m.left), b = vocab_.find(m.right), ab = vocab_.find(m.left + m.right);
-    MT_CHECK(a && b, "[tokenizer] ", options_.source, where, ": merge '", m.left, " ", m.right,
-             "' uses a token missing from the vocabulary");
-    MT_CHECK(ab.has_value(), "[tokenizer] ", options_.source, where, ": merged token '", m.left + m.right,
-             "' is missing from the vocabulary");
-    merges_.emplace(uint64_t(uint32_t(*a)) << 32 | uint32_t(*b), std::pair<int32_t, int32_t>{int32_t(rank), *ab});
-  }
+  merges_ = BpeMergeTable(vocab_, merges, options_.source);
 }
 
 void ByteLevelBpeTokenizer::bpe(std::string_view piece, Word& out) const {
-  struct Sym {
-    int32_t id, prev, next;
-    uint32_t len;
-  };
-  thread_local std::vector<Sym> syms;
-  syms.clear();
   for (size_t i = 0; i < piece.size(); ++i) {
     const int32_t id = byte_id_[uint8_t(piece[i])];
-    if (id < 0) continue;  // a byte the vocabulary lacks produces no token (no unk in byte-level BPE)
-    syms.push_back({id, int32_t(syms.size()) - 1, int32_t(syms.size()) + 1, 1});
+    if (id >= 0) out.emplace_back(id, 1u);  // a byte the vocabulary lacks produces no token (no unk in byte-level BPE)
   }
-  if (syms.empty()) return;
-  syms.back().next = -1;
-  // Min-heap on (rank, position): the lowest-ranked pair merges first, leftmost on ties.
-  struct Cand {
-    int32_t rank, pos, new_id;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  thread_local std::vector<Cand> heap;  // reused across calls: no allocation per word
-  heap.clear();
-  auto push = [&](Cand c) {
-    heap.push_back(c);
-    std::push_heap(heap.begin(), heap.end(), std::greater<Cand>{});
-  };
-  auto lookup = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
-    auto it = merges_.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
-  for (size_t i = 0; i + 1 < syms.size(); ++i)
-    if (auto m = lookup(syms[i].id, syms[i + 1].id)) push({m->first, int32_t(i), m->second});
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<Cand>{});
-    const Cand top = heap.back();
-    heap.pop_back();
-    Sym& left = syms[size_t(top.pos)];
-    if (left.len == 0 || left.next < 0) continue;
-    Sym& right = syms[size_t(left.next)];
-    auto m = lookup(left.id, right.id);
-    if (!m || m->second != top.new_id) continue;  // stale: a neighbour merged meanwhile
-    left.id = top.new_id;
-    left.len += right.len;
-    right.len = 0;
-    left.next = right.next;
-    if (left.next >= 0) syms[size_t(left.next)].prev = top.pos;
-    if (left.prev >= 0)
-      if (auto p = lookup(syms[size_t(left.prev)].id, left.id)) push({p->first, left.prev, p->second});
-    if (left.next >= 0)
-      if (auto p = lookup(left.id, syms[size_t(left.next)].id)) push({p->first, top.pos, p->second});
-  }
-  for (int32_t i = 0; i >= 0; i = syms[size_t(i)].next) out.emplace_back(syms[size_t(i)].id, syms[size_t(i)].len);
+  merges_.apply(out);
 }
 
 void ByteLevelBpeTokenizer::encode_piece(std::string_view piece, Word& out) const {

@@ -10,15 +10,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "meshtrain/tokenizers/bpe_merges.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/tokenizers/vocab.h"
 
 namespace mt::tokenizers {
-
-struct BpeMerge {
-  std::string left, right;
-  size_t line = 0;  // where it came from, for error messages (0: unknown)
-};
 
 struct BpeOptions {
   bool add_prefix_space = false;  // prepend a space to each segment that lacks one
@@ -51,13 +47,10 @@ class ByteLevelBpeTokenizer : public Tokenizer {
   int64_t model_vocab_size() const override { return int64_t(vocab_.size()); }
 
  private:
-  using Word = std::vector<std::pair<int32_t, uint32_t>>;  // (token id, byte length)
+  using Word = BpeWord;
   void bpe(std::string_view piece, Word& out) const;
   void encode_piece(std::string_view piece, Word& out) const;
 
-  struct PairHash {
-    size_t operator()(uint64_t k) const noexcept { return size_t((k * 0x9E3779B97F4A7C15ull) >> 17); }
-  };
   struct CacheShard {
     mutable std::shared_mutex mutex;
     std::unordered_map<std::string, Word, StringHash, std::equal_to<>> words;
@@ -68,7 +61,7 @@ class ByteLevelBpeTokenizer : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};              // id of each byte's symbol (-1: not in vocab)
   std::array<std::string, 256> byte_char_;          // each byte's printable stand-in (UTF-8)
   std::unordered_map<uint32_t, uint8_t> char_byte_; // and back
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges_;  // (a,b) -> (rank, merged id)
+  BpeMergeTable merges_;
   mutable std::array<CacheShard, 64> cache_;
 };
 

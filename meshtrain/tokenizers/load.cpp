@@ -8,6 +8,8 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/tokenizers/bpe.h"
+#include "meshtrain/tokenizers/json_reader.h"
+#include "meshtrain/tokenizers/metaspace_bpe.h"
 #include "meshtrain/tokenizers/sentencepiece.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/tokenizers/wordpiece.h"
@@ -27,36 +29,6 @@ json read_json(const std::string& path) {
     throw Error(detail::concat("[tokenizer] ", path, ": bad JSON: ", e.what()));
   }
 }
-
-// Typed access to tokenizer.json keys with errors that name the file and the key path.
-struct Reader {
-  std::string path;
-
-  [[noreturn]] void fail(std::string what) const {
-    if (what.rfind("[tokenizer] ", 0) == 0) what = what.substr(12);  // rethrown from a constructor
-    throw Error(detail::concat("[tokenizer] ", path, ": ", what));
-  }
-  const json& at(const json& obj, const std::string& key, const std::string& where) const {
-    if (!obj.is_object() || !obj.contains(key)) fail(detail::concat("missing key '", where, key, "'"));
-    return obj.at(key);
-  }
-  template <class T>
-  T get(const json& obj, const std::string& key, const std::string& where, T fallback) const {
-    if (!obj.is_object() || !obj.contains(key) || obj.at(key).is_null()) return fallback;
-    return as<T>(obj.at(key), where + key);
-  }
-  template <class T>
-  T as(const json& v, const std::string& name) const {
-    try {
-      return v.get<T>();
-    } catch (const json::exception&) {
-      fail(detail::concat("key '", name, "' has the wrong type (", v.type_name(), ")"));
-    }
-  }
-  std::string type_of(const json& obj, const std::string& where) const {
-    return as<std::string>(at(obj, "type", where), where + "type");
-  }
-};
 
 Vocab read_vocab_object(const Reader& r, const json& v, const std::string& name) {
   if (!v.is_object()) r.fail(detail::concat("key '", name, "' should be an object mapping tokens to ids"));
@@ -236,30 +208,33 @@ std::shared_ptr<Tokenizer> load_tokenizer_json(const std::string& path, const js
       r.fail(e.what());
     }
   } else if (type == "BPE") {
-    BpeOptions o;
-    o.source = path;
-    if (!normalizer.is_null())
-      r.fail(detail::concat("unsupported normalizer type '", r.type_of(normalizer, "normalizer."),
-                            "' for BPE (byte-level BPE takes none)"));
-    if (pre.is_null() || r.type_of(pre, "pre_tokenizer.") != "ByteLevel")
-      r.fail("unsupported pre_tokenizer for BPE (supported: ByteLevel)");
-    o.add_prefix_space = r.get<bool>(pre, "add_prefix_space", "pre_tokenizer.", true);
-    o.use_regex = r.get<bool>(pre, "use_regex", "pre_tokenizer.", true);
     if (!r.get<std::string>(model, "continuing_subword_prefix", "model.", "").empty() ||
         !r.get<std::string>(model, "end_of_word_suffix", "model.", "").empty())
       r.fail("BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
     if (model.contains("dropout") && !model.at("dropout").is_null())
       r.fail("BPE dropout is not supported (deterministic encoding only)");
-    if (r.get<bool>(model, "byte_fallback", "model.", false)) r.fail("BPE byte_fallback is not supported");
-    if (decoder.is_null()) {
-      o.decoder = false;
-    } else {
-      const std::string dt = r.type_of(decoder, "decoder.");
-      if (dt != "ByteLevel") r.fail(detail::concat("unsupported decoder type '", dt, "' for byte-level BPE"));
-    }
     Vocab vocab = read_vocab_object(r, r.at(model, "vocab", "model."), "model.vocab");
     const auto merges = read_merges_array(r, r.at(model, "merges", "model."));
-    tok = std::make_shared<ByteLevelBpeTokenizer>(std::move(vocab), merges, o);
+    const bool byte_level = !pre.is_null() && r.type_of(pre, "pre_tokenizer.") == "ByteLevel";
+    if (byte_level) {  // GPT-2, RoBERTa
+      BpeOptions o;
+      o.source = path;
+      if (!normalizer.is_null())
+        r.fail(detail::concat("unsupported normalizer type '", r.type_of(normalizer, "normalizer."),
+                              "' for byte-level BPE (it takes none)"));
+      o.add_prefix_space = r.get<bool>(pre, "add_prefix_space", "pre_tokenizer.", true);
+      o.use_regex = r.get<bool>(pre, "use_regex", "pre_tokenizer.", true);
+      if (r.get<bool>(model, "byte_fallback", "model.", false)) r.fail("byte_fallback with a ByteLevel pre_tokenizer is not supported");
+      if (decoder.is_null()) {
+        o.decoder = false;
+      } else {
+        const std::string dt = r.type_of(decoder, "decoder.");
+        if (dt != "ByteLevel") r.fail(detail::concat("unsupported decoder type '", dt, "' for byte-level BPE"));
+      }
+      tok = std::make_shared<ByteLevelBpeTokenizer>(std::move(vocab), merges, o);
+    } else {  // LLaMA, Mistral: SentencePiece-style text with byte fallback
+      tok = metaspace_bpe_from_json(path, model, normalizer, pre, decoder, std::move(vocab), merges);
+    }
   } else if (type == "Unigram" || type == "WordLevel") {
     r.fail(detail::concat("model type '", type, "' is not supported (supported: WordPiece, BPE; use a .model file for SentencePiece)"));
   } else {

@@ -18,7 +18,7 @@ Encoding Tokenizer::encode_sequence(std::string_view text, int32_t type_id, int3
   added_.split(text, false, splits);
   for (const auto& s : splits) {
     if (s.id >= 0) {
-      out.push_back(s.id, added_.find_id(s.id)->content, {int64_t(s.begin), int64_t(s.end)}, type_id, sequence_id,
+      out.push_back(s.id, added_.token_string(s.id), {int64_t(s.begin), int64_t(s.end)}, type_id, sequence_id,
                     false);
     } else {
       tokenize_segment(text.substr(s.begin, s.end - s.begin), int64_t(s.begin), type_id, sequence_id, out);
@@ -113,7 +113,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (const AddedToken* t = added_.find_id(id)) {
       if (skip_special_tokens && t->special) continue;
       kept.push_back(id);
-      tokens.push_back(t->content);
+      tokens.push_back(added_.token_string(id));
       continue;
     }
     const std::string* tok = model_id_to_token(id);
@@ -131,7 +131,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
-  if (const AddedToken* t = added_.find_id(id)) return t->content;
+  if (added_.find_id(id)) return added_.token_string(id);
   if (const std::string* t = model_id_to_token(id)) return *t;
   return std::nullopt;
 }

@@ -156,7 +156,7 @@ void WordPieceTokenizer::tokenize_segment(std::string_view text, int64_t base, i
     }
     uint32_t cp;
     const int64_t b = src[s.begin], e = src[s.end - 1] + int64_t(unicode::decode_utf8(text, src[s.end - 1], cp));
-    out.push_back(s.id, added_.find_id(s.id)->content, {base + b, base + e}, type_id, sequence_id, false);
+    out.push_back(s.id, added_.token_string(s.id), {base + b, base + e}, type_id, sequence_id, false);
   }
 }
 

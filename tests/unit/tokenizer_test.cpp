@@ -281,6 +281,26 @@ TEST(Tokenizer, MalformedFilesNameTheFileAndProblem) {
       "bad_merge.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a"]}, "pre_tokenizer": {"type": "ByteLevel"}})");
   expect_error([&] { load_tokenizer(bad_merge); }, {bad_merge, "model.merges[0] = 'a'"});
 
+  // LLaMA-family pipelines: what is outside it is named with its key path.
+  auto llama = [&](const std::string& name, const std::string& normalizer, const std::string& pre,
+                   const std::string& decoder, const std::string& model_extra) {
+    return dir.write(name, R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "\u2581": 1, "a": 2}, "merges": [])" +
+                               model_extra + "}, \"normalizer\": " + normalizer + ", \"pre_tokenizer\": " + pre +
+                               ", \"decoder\": " + decoder + "}");
+  };
+  const auto nfkc = llama("nfkc.json", R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "x"}, {"type": "NFKC"}]})", "null", "null", "");
+  expect_error([&] { load_tokenizer(nfkc); }, {nfkc, "unsupported normalizer type 'NFKC'", "normalizer.normalizers[1]."});
+  const auto regex = llama("regex.json", R"({"type": "Replace", "pattern": {"Regex": " +"}, "content": "x"})", "null", "null", "");
+  expect_error([&] { load_tokenizer(regex); }, {regex, "'normalizer.pattern' is a Regex"});
+  const auto scheme = llama("scheme.json", "null", R"({"type": "Metaspace", "replacement": "x", "prepend_scheme": "sometimes"})", "null", "");
+  expect_error([&] { load_tokenizer(scheme); }, {scheme, "pre_tokenizer.prepend_scheme", "'sometimes'"});
+  const auto two_chars = llama("two_chars.json", "null", R"({"type": "Metaspace", "replacement": "xy"})", "null", "");
+  expect_error([&] { load_tokenizer(two_chars); }, {two_chars, "replacement 'xy' must be one character"});
+  const auto bad_decoder = llama("bad_decoder.json", "null", "null", R"({"type": "Sequence", "decoders": [{"type": "Fuse"}, {"type": "CTC"}]})", "");
+  expect_error([&] { load_tokenizer(bad_decoder); }, {bad_decoder, "unsupported decoder type 'CTC'", "decoder.decoders[1]."});
+  const auto no_unk_bpe = llama("no_unk_bpe.json", "null", "null", "null", R"(, "unk_token": "<missing>")");
+  expect_error([&] { load_tokenizer(no_unk_bpe); }, {no_unk_bpe, "unk_token '<missing>' is not in model.vocab"});
+
   // vocab.json + merges.txt: a bad line is reported with its number.
   TempDir bpe;
   bpe.write("vocab.json", R"({"a": 0, "b": 1, "ab": 2, "c": 3})");
