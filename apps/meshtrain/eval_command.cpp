@@ -29,6 +29,7 @@ struct EvalOptions {
   int64_t per_device_batch_size = 8;
   int64_t max_eval_samples = -1;
   std::string output;
+  bool allow_new_heads = false;
   RunFlags run;
   EvalOptions() { data.seq_len = 0; }  // 0: the model's context
 };
@@ -99,6 +100,7 @@ void run(const EvalOptions& o) {
   const auto precision = precision_scope(o.run.precision);
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
+  if (o.allow_new_heads) po.new_params = models::NewParams::all;
   models::PretrainedModel model = train::is_checkpoint_path(o.model)
                                       ? train::load_checkpoint_model(o.model, deployer.mesh(), po)
                                       : models::from_pretrained(o.model, po);
@@ -119,6 +121,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "meshtrain run/checkpoint directory or Hugging Face model directory")
       ->required()
       ->check(CLI::ExistingPath);
+  add_allow_new_heads_flag(cmd, o->allow_new_heads);
   cmd->add_option("--data", o->data.data, "decoders: text file or directory scored by loss and perplexity")
       ->capture_default_str();
   cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence (default: the model's context)")

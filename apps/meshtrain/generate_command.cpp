@@ -28,6 +28,7 @@ struct GenerateOptions {
   double length_penalty = 1.0;
   uint64_t seed = 0;
   bool no_stop = false;
+  bool allow_new_heads = false;
   std::string precision = "f32";
 };
 
@@ -53,6 +54,7 @@ void run(const GenerateOptions& o) {
   const auto precision = precision_scope(o.precision);
   models::PretrainedOptions po;
   po.load_tokenizer = o.prompt_ids.empty() || !o.tokenizer.empty();
+  if (o.allow_new_heads) po.new_params = models::NewParams::all;
   // A meshtrain run or checkpoint directory, else a Hugging Face directory or llama2.c file.
   models::PretrainedModel m = train::is_checkpoint_path(o.model)
                                   ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
@@ -121,6 +123,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--stop-ids", o->stop_ids, "token ids that end generation (default: the model's end token)");
   cmd->add_flag("--no-stop", o->no_stop, "ignore the model's end token (generate max-new-tokens)");
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  add_allow_new_heads_flag(cmd, o->allow_new_heads);
   add_precision_flag(cmd, o->precision);
   cmd->callback([o] {
     MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");

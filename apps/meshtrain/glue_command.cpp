@@ -36,6 +36,7 @@ struct GlueOptions {
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;
   int64_t max_train_samples = -1, max_eval_samples = -1;
+  bool allow_new_heads = false;
   RunFlags run;
 };
 
@@ -65,11 +66,12 @@ void run(const GlueOptions& o) {
   po.init_key = deployer.init_key();
   po.load_tokenizer = false;
   po.print_report = deployer.is_main();
+  // The classifier (and a pooler a masked-LM checkpoint lacks) start new; anything else
+  // missing is an error unless --allow-new-heads.
+  po.new_params = o.allow_new_heads ? models::NewParams::all : models::NewParams::heads;
   auto model = std::make_shared<models::PretrainedModel>(
-      o.model.empty()
-          ? models::model_from_checkpoint(small_bert_config(o.config, task, tok->vocab_size(), o.max_seq_length), {}, "init",
-                                          [&] { auto q = po; q.print_report = false; return q; }())
-          : models::from_pretrained(o.model, po));
+      o.model.empty() ? models::init_model(small_bert_config(o.config, task, tok->vocab_size(), o.max_seq_length), po)
+                      : models::from_pretrained(o.model, po));
   MT_CHECK(model->model_type == "bert", "[glue] ", o.model, " is a ", model->model_type, " model; glue fine-tunes BERT");
   tok->set_truncation(tokenizers::TruncationParams{size_t(o.max_seq_length)});
   tokenizers::PaddingParams pad;
@@ -143,6 +145,7 @@ void add_glue_command(CLI::App& app) {
   auto* config = cmd->add_option("--config", o->config, "train from scratch: 'small' or a BERT config.json");
   model->excludes(config);
   config->excludes(model);
+  add_allow_new_heads_flag(cmd, o->allow_new_heads);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model's)");
   cmd->add_option("--max-seq-length", o->max_seq_length, "tokens per example after truncation and padding")
       ->capture_default_str()

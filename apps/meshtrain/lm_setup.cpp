@@ -36,8 +36,11 @@ std::shared_ptr<tokenizers::Tokenizer> tokenizer_into(const std::string& spec, c
     // Another run's tokenizer files would shadow this one's (load_tokenizer looks for
     // tokenizer.json first): the folder keeps only this tokenizer. Files that are the
     // source itself (--tokenizer <output>/model) stay.
-    const bool in_place = fs::exists(spec) && fs::exists(model_dir) &&
-                          fs::equivalent(fs::is_directory(spec) ? fs::path(spec) : fs::path(spec).parent_path(), model_dir);
+    // (A bare file name's folder is the working directory: absolute() first, since its
+    // parent_path() is empty and equivalent() fails on an empty path.)
+    std::error_code ec;
+    const fs::path source_dir = fs::is_directory(spec) ? fs::path(spec) : fs::absolute(spec).parent_path();
+    const bool in_place = fs::exists(spec) && fs::exists(model_dir) && fs::equivalent(source_dir, model_dir, ec);
     if (!in_place)
       for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                                "merges.txt", "encoder.json", "vocab.bpe", "spiece.model", "tokenizer.model",

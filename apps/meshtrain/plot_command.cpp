@@ -22,8 +22,11 @@ struct PlotOptions {
 void run_plot(const PlotOptions& o) {
   std::vector<train::RunMetrics> runs;
   for (const std::string& dir : o.runs) {
-    std::string label = std::filesystem::path(dir).lexically_normal().filename().string();
-    if (label.empty() || label == ".") label = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+    // The folder's own name, also for ".", "./" and "../run/" (resolved against the working directory).
+    std::error_code ec;
+    std::filesystem::path full = std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec);
+    if (!full.has_filename()) full = full.parent_path();
+    std::string label = full.filename().string();
     runs.push_back(train::read_run_metrics(dir, label.empty() ? dir : label));
   }
   train::CurvesOptions co;

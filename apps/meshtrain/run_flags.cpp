@@ -26,6 +26,11 @@ CLI::Validator positive() {
       "POSITIVE");
 }
 
+void add_allow_new_heads_flag(CLI::App* cmd, bool& allow) {
+  cmd->add_flag("--allow-new-heads", allow,
+                "initialize the parameters the model checkpoint lacks (listed in the load report) instead of failing");
+}
+
 void add_precision_flag(CLI::App* cmd, std::string& precision) {
   cmd->add_option("--precision", precision,
                   "matmul precision: f32, or bf16 (operands rounded to bf16, f32 accumulation; parameters, gradients "

@@ -28,6 +28,9 @@ struct RunFlags {
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
 // --precision f32|bf16 (part of the run flags; generate takes it alone).
 void add_precision_flag(CLI::App* cmd, std::string& precision);
+// --allow-new-heads: parameters a model checkpoint lacks are initialized (and reported)
+// instead of refused.
+void add_allow_new_heads_flag(CLI::App* cmd, bool& allow);
 
 // Integers >= 1 (CLI11's PositiveNumber would print a 300-digit range on failure).
 CLI::Validator positive();

@@ -236,6 +236,15 @@ ModelSpec bert_model_spec() {
   s.ignored_keys = [](const ModelConfig&) {
     return std::vector<std::string>{R"(cls\.predictions\.decoder\.(weight|bias))", R"(bert\.embeddings\.position_ids)"};
   };
+  // The masked-LM decoder is the word embedding, and its bias cls.predictions.bias.
+  s.tied_keys = [](const ModelConfig&) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"},
+        {"cls.predictions.bias", "cls.predictions.decoder.bias"}};
+  };
+  s.head_keys = [](const ModelConfig&) {
+    return std::vector<std::string>{R"(classifier\..*)", R"(bert\.pooler\..*)"};
+  };
   return s;
 }
 

@@ -155,7 +155,10 @@ ModelSpec gpt2_model_spec() {
   s.architecture = [](const ModelConfig&) -> std::string { return "GPT2LMHeadModel"; };
   s.param_defs = [](const ModelConfig& c) { return gpt2_param_defs(c.as<Gpt2Config>()); };
   s.ignored_keys = [](const ModelConfig&) {
-    return std::vector<std::string>{R"(lm_head\.weight)", R"(transformer\.h\.\d+\.attn\.(masked_)?bias)"};
+    return std::vector<std::string>{R"(transformer\.h\.\d+\.attn\.(masked_)?bias)"};
+  };
+  s.tied_keys = [](const ModelConfig&) {  // GPT-2's head is always the token embedding
+    return std::vector<std::pair<std::string, std::string>>{{"transformer.wte.weight", "lm_head.weight"}};
   };
   s.causal_lm = [](const ModelConfig& c, const Params& p) { return gpt2_causal_lm(c.as<Gpt2Config>(), p); };
   s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {

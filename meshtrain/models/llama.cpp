@@ -162,9 +162,12 @@ ModelSpec llama_model_spec() {
   s.config_json = [](const ModelConfig& c) { return c.as<LlamaConfig>().to_json(); };
   s.architecture = [](const ModelConfig&) -> std::string { return "LlamaForCausalLM"; };
   s.param_defs = [](const ModelConfig& c) { return llama_param_defs(c.as<LlamaConfig>()); };
-  s.ignored_keys = [](const ModelConfig& c) {
-    std::vector<std::string> v = {R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
-    if (c.as<LlamaConfig>().tie_word_embeddings) v.push_back(R"(lm_head\.weight)");
+  s.ignored_keys = [](const ModelConfig&) {
+    return std::vector<std::string>{R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
+  };
+  s.tied_keys = [](const ModelConfig& c) {
+    std::vector<std::pair<std::string, std::string>> v;
+    if (c.as<LlamaConfig>().tie_word_embeddings) v.emplace_back("model.embed_tokens.weight", "lm_head.weight");
     return v;
   };
   s.causal_lm = [](const ModelConfig& c, const Params& p) { return llama_causal_lm(c.as<LlamaConfig>(), p); };

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +43,13 @@ struct ModelSpec {
   std::function<std::vector<ParamDef>(const ModelConfig&)> param_defs;
   // Checkpoint keys that are tied copies or buffers, dropped without a report (regexes).
   std::function<std::vector<std::string>(const ModelConfig&)> ignored_keys;
+  // Tied weights: (parameter, other checkpoint key) pairs. A checkpoint that stores the
+  // matrix only under the other key (the Hub's LLaMA with tie_word_embeddings keeps
+  // lm_head.weight) fills the parameter from it; when both are stored the other is ignored.
+  std::function<std::vector<std::pair<std::string, std::string>>(const ModelConfig&)> tied_keys;
+  // Task-head parameters a base checkpoint cannot have (regexes): NewParams::heads lets them
+  // be newly initialized (BERT's classifier and pooler for GLUE).
+  std::function<std::vector<std::string>(const ModelConfig&)> head_keys;
 
   // Decoders only (null for encoders).
   std::function<CausalLm(const ModelConfig&, const Params&)> causal_lm;

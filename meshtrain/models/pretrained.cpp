@@ -52,7 +52,8 @@ bool has_tokenizer_files(const fs::path& dir) {
 }
 
 void finish(PretrainedModel& m, const PretrainedOptions& o) {
-  if (o.print_report && !m.report.complete()) std::cerr << m.report.str(m.architecture, m.source);
+  if (o.print_report && (!m.report.complete() || !m.report.renamed.empty()))
+    std::cerr << m.report.str(m.architecture, m.source);
 }
 
 }  // namespace
@@ -65,6 +66,7 @@ std::string LoadReport::str(const std::string& architecture, const std::string& 
   if (!missing.empty())
     os << "Some weights of " << architecture << " were not initialized from the model checkpoint at " << source
        << " and are newly initialized: [" << join(missing) << "]\n";
+  for (const auto& [from, to] : renamed) os << "Loaded " << to << " of " << architecture << " from " << from << " (" << source << ")\n";
   return os.str();
 }
 
@@ -91,12 +93,27 @@ ParamRoles PretrainedModel::param_roles() const { return roles_of(param_defs());
 
 nlohmann::json PretrainedModel::config_json() const { return spec().config_json(config); }
 
-Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, const RngKey& init_key,
-                        const std::vector<std::string>& ignore, const std::string& base_prefix, DType dtype,
-                        const std::string& source, LoadReport& report) {
+namespace {
+
+bool matches_any(const std::string& key, const std::vector<std::regex>& patterns) {
+  for (const auto& re : patterns)
+    if (std::regex_match(key, re)) return true;
+  return false;
+}
+
+std::vector<std::regex> regexes(const std::vector<std::string>& patterns) {
+  return std::vector<std::regex>(patterns.begin(), patterns.end());
+}
+
+}  // namespace
+
+Params match_checkpoint(const ModelSpec& spec, const ModelConfig& config, Params checkpoint,
+                        const PretrainedOptions& o, const std::string& source, LoadReport& report) {
+  const std::vector<ParamDef> defs = spec.param_defs(config);
   std::set<std::string> expected;
   for (const ParamDef& d : defs) expected.insert(d.path);
   auto starts = [](const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; };
+  const std::string& base_prefix = spec.base_prefix;
   if (!base_prefix.empty()) {
     bool ckpt_has = false, defs_have = false;
     for (const auto& [k, v] : checkpoint) ckpt_has |= starts(k, base_prefix);
@@ -107,13 +124,21 @@ Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, co
       checkpoint = std::move(renamed);
     }
   }
-  std::vector<std::regex> ignore_re;
-  for (const std::string& p : ignore) ignore_re.emplace_back(p);
+  if (spec.tied_keys)
+    for (const auto& [param, other] : spec.tied_keys(config)) {
+      if (!expected.count(param) || !checkpoint.contains(other)) continue;
+      if (!checkpoint.contains(param)) {
+        checkpoint.set(param, checkpoint[other]);
+        report.renamed.emplace_back(other, param);
+      } else {
+        report.ignored.push_back(other);
+      }
+      checkpoint.erase(other);
+    }
+  const auto ignore_re = regexes(spec.ignored_keys ? spec.ignored_keys(config) : std::vector<std::string>{});
   for (const auto& [k, v] : checkpoint) {
     if (expected.count(k)) continue;
-    bool ign = false;
-    for (const auto& re : ignore_re) ign |= std::regex_match(k, re);
-    (ign ? report.ignored : report.unexpected).push_back(k);
+    (matches_any(k, ignore_re) ? report.ignored : report.unexpected).push_back(k);
   }
   Params out;
   std::vector<ParamDef> missing;
@@ -129,10 +154,21 @@ Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, co
              a.shape().str(), " in the checkpoint, but the model expects ", d.shape.str());
     MT_CHECK(is_floating(a.dtype()), "[from_pretrained] ", source, ": parameter '", d.path, "' has dtype ",
              dtype_name(a.dtype()), ", expected a floating dtype");
-    out.set(d.path, a.dtype() == dtype ? a : cast(a, dtype));
+    out.set(d.path, a.dtype() == o.dtype ? a : cast(a, o.dtype));
+  }
+  if (o.new_params != NewParams::all) {
+    const auto head_re = regexes(o.new_params == NewParams::heads && spec.head_keys ? spec.head_keys(config)
+                                                                                    : std::vector<std::string>{});
+    std::vector<std::string> refused;
+    for (const ParamDef& d : missing)
+      if (!matches_any(d.path, head_re)) refused.push_back(d.path);
+    MT_CHECK(refused.empty(), "[from_pretrained] ", source, ": the checkpoint has no weights for ", refused.size(), " of the ",
+             defs.size(), " parameters of ", spec.architecture(config), ": [", join(refused),
+             "]; a model does not run on random weights unless asked: pass --allow-new-heads "
+             "(PretrainedOptions::new_params) to initialize them");
   }
   if (!missing.empty()) {
-    Params init = init_params(missing, init_key, dtype);
+    Params init = init_params(missing, o.init_key, o.dtype);
     for (const auto& [k, v] : init) out.set(k, v);
     // Keep the defs' order (the checkpoint order is the defs' order too).
     Params ordered;
@@ -153,8 +189,7 @@ PretrainedModel build_model(const nlohmann::json& config, Params checkpoint, con
   m.model_type = spec.model_type;
   m.config = with_source(config_source, [&] { return spec.parse_config(config, o); });
   m.architecture = spec.architecture(m.config);
-  m.params = match_checkpoint(m.param_defs(), std::move(checkpoint), o.init_key, spec.ignored_keys(m.config),
-                              spec.base_prefix, o.dtype, source, m.report);
+  m.params = match_checkpoint(spec, m.config, std::move(checkpoint), o, source, m.report);
   return m;
 }
 
@@ -163,6 +198,14 @@ PretrainedModel build_model(const nlohmann::json& config, Params checkpoint, con
 PretrainedModel model_from_checkpoint(const nlohmann::json& config, Params checkpoint, const std::string& source,
                                       const PretrainedOptions& o) {
   return build_model(config, std::move(checkpoint), source, source + " config", o);
+}
+
+PretrainedModel init_model(const nlohmann::json& config, const PretrainedOptions& options) {
+  PretrainedOptions o = options;
+  o.new_params = NewParams::all;
+  PretrainedModel m = build_model(config, {}, "init", "config", o);
+  m.report = {};  // every parameter is new by design: nothing to report
+  return m;
 }
 
 PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOptions& o) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,12 +25,24 @@ namespace mt::models {
 
 // How a checkpoint's tensors matched the model's parameters.
 struct LoadReport {
-  std::vector<std::string> missing;     // expected but absent: newly initialized
+  std::vector<std::string> missing;     // expected but absent: newly initialized (when allowed)
   std::vector<std::string> unexpected;  // present but unused by the model
   std::vector<std::string> ignored;     // tied copies and buffers (lm_head.weight, attn.bias, ...)
+  // (checkpoint key, parameter) pairs loaded under another name: a tied weight stored only
+  // under its other key (a LLaMA's lm_head.weight filling model.embed_tokens.weight).
+  std::vector<std::pair<std::string, std::string>> renamed;
   bool complete() const { return missing.empty() && unexpected.empty(); }
-  // HF-style warnings naming every missing and unexpected key ("" when complete).
+  // HF-style warnings naming every missing and unexpected key, and the renamed ones ("" when
+  // complete and nothing was renamed).
   std::string str(const std::string& architecture, const std::string& source) const;
+};
+
+// Which parameters a checkpoint may lack. A model must not run on random weights by
+// accident, so by default a missing parameter is an error naming it.
+enum class NewParams {
+  none,   // every parameter comes from the checkpoint
+  heads,  // task heads the checkpoint cannot have (BERT's classifier and pooler) are initialized
+  all,    // anything missing is initialized (--allow-new-heads; training from scratch)
 };
 
 struct PretrainedOptions {
@@ -39,6 +52,7 @@ struct PretrainedOptions {
   std::optional<BertHead> bert_head{};
   std::optional<int64_t> num_labels;
   RngKey init_key{0, 0};  // for newly initialized parameters
+  NewParams new_params = NewParams::none;
   DType dtype = DType::f32;  // checkpoint tensors of another float dtype are converted
   bool load_tokenizer = true;
   bool print_report = true;  // print missing/unexpected keys to stderr
@@ -68,9 +82,11 @@ struct PretrainedModel {
 
 // `path`: a Hugging Face model directory (config.json with a registered model_type;
 // model.safetensors or a sharded model.safetensors.index.json; a tokenizer when
-// present), or a llama2.c `.bin` checkpoint file. Missing parameters are initialized and
-// reported, unexpected ones reported; a shape mismatch throws mt::Error naming the key and
-// both shapes; an unknown model_type throws naming it.
+// present), or a llama2.c `.bin` checkpoint file. A tied weight stored under either of its
+// keys fills the parameter. Missing parameters throw mt::Error naming them unless
+// options.new_params allows them (then they are initialized and reported); unexpected ones
+// are reported; a shape mismatch throws naming the key and both shapes; an unknown
+// model_type throws naming it.
 PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions& options = {});
 
 // A model from an already parsed config (config.json's content) and checkpoint tensors:
@@ -78,19 +94,24 @@ PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions
 PretrainedModel model_from_checkpoint(const nlohmann::json& config, Params checkpoint, const std::string& source,
                                       const PretrainedOptions& options = {});
 
+// A model with freshly initialized parameters (training from scratch), from a config.json's
+// content; nothing is reported.
+PretrainedModel init_model(const nlohmann::json& config, const PretrainedOptions& options = {});
+
 // llama2.c checkpoint -> LLaMA with interleaved rotary pairs (llama2.c's q/k layout).
 PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOptions& options = {});
 
 // Writes config.json and model.safetensors into `dir` (created if needed).
 void save_pretrained(const PretrainedModel& model, const std::string& dir);
 
-// The matching itself: parameters for `defs` from `checkpoint`; missing ones are
-// initialized from their defs with `init_key` (the values init would give them); tensors
-// whose path matches an `ignore` regex are dropped silently. When no checkpoint key carries
-// `base_prefix` ("bert.", "transformer.", "model.") but the defs do, the checkpoint is a
-// base model's and the prefix is added (as HF loads a BertModel into a head model).
-Params match_checkpoint(const std::vector<ParamDef>& defs, Params checkpoint, const RngKey& init_key,
-                        const std::vector<std::string>& ignore, const std::string& base_prefix, DType dtype,
-                        const std::string& source, LoadReport& report);
+// The matching itself: the parameters of `spec`'s model with `config` from `checkpoint`.
+// When no checkpoint key carries the spec's base_prefix ("bert.", "transformer.", "model.")
+// but the parameters do, the checkpoint is a base model's and the prefix is added (as HF
+// loads a BertModel into a head model). Tied weights are filled from whichever key holds
+// them; keys matching the spec's ignored_keys are dropped silently; missing parameters that
+// options.new_params allows are initialized from their defs with options.init_key (the values
+// init would give them), any other missing parameter throws naming them and `source`.
+Params match_checkpoint(const ModelSpec& spec, const ModelConfig& config, Params checkpoint,
+                        const PretrainedOptions& options, const std::string& source, LoadReport& report);
 
 }  // namespace mt::models

@@ -63,6 +63,9 @@ TEST(PretrainedOracle, TinyBertAsClassifierReportsNewAndUnusedKeys) {
   PretrainedOptions o;
   o.bert_head = BertHead::sequence_classification;
   o.num_labels = 3;
+  // The new head is refused unless asked for (glue asks for task heads).
+  EXPECT_THROW(from_pretrained(kModels + "hf-tiny-bert", o), Error);
+  o.new_params = NewParams::heads;
   PretrainedModel m = from_pretrained(kModels + "hf-tiny-bert", o);
   const std::vector<std::string> missing = {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight",
                                             "classifier.bias"};

@@ -471,12 +471,17 @@ TEST(ModelsPretrained, SaveLoadRoundTripAndKeyErrors) {
   EXPECT_TRUE(from_shards.report.complete());
   for (const auto& [k, v] : m.params) expect_close(from_shards.params[k], v, {0, 0}, "sharded " + k);
 
-  // A missing key is reported by name and newly initialized (HF init values).
+  // A missing key is an error naming it; allowed, it is reported by name and newly
+  // initialized (HF init values).
   Params ck = m.params;
   ck.erase("transformer.h.1.ln_2.weight");
   ck.set("transformer.extra.weight", Array::zeros({2}));
   ck.set("lm_head.weight", m.params["transformer.wte.weight"]);  // tied copy: ignored silently
-  PretrainedModel loaded = model_from_checkpoint(g.to_json(), ck, "memory");
+  expect_error([&] { model_from_checkpoint(g.to_json(), ck, "memory"); },
+               {"[from_pretrained] memory", "no weights for 1 of the", "[transformer.h.1.ln_2.weight]", "--allow-new-heads"});
+  PretrainedOptions allow;
+  allow.new_params = NewParams::all;
+  PretrainedModel loaded = model_from_checkpoint(g.to_json(), ck, "memory", allow);
   EXPECT_EQ(loaded.report.missing, std::vector<std::string>{"transformer.h.1.ln_2.weight"});
   EXPECT_EQ(loaded.report.unexpected, std::vector<std::string>{"transformer.extra.weight"});
   EXPECT_EQ(loaded.report.ignored, std::vector<std::string>{"lm_head.weight"});
@@ -490,6 +495,18 @@ TEST(ModelsPretrained, SaveLoadRoundTripAndKeyErrors) {
   Params base;
   for (const auto& [k, v] : m.params) base.set(k.substr(std::string("transformer.").size()), v);
   EXPECT_TRUE(model_from_checkpoint(g.to_json(), base, "memory").report.complete());
+
+  // The tied head stored only as lm_head.weight fills the token embedding.
+  Params head_only = m.params;
+  head_only.erase("transformer.wte.weight");
+  head_only.set("lm_head.weight", m.params["transformer.wte.weight"]);
+  PretrainedModel tied = model_from_checkpoint(g.to_json(), head_only, "memory");
+  EXPECT_TRUE(tied.report.complete());
+  ASSERT_EQ(tied.report.renamed.size(), 1u);
+  EXPECT_EQ(tied.report.renamed[0], std::make_pair(std::string("lm_head.weight"), std::string("transformer.wte.weight")));
+  expect_close(tied.params["transformer.wte.weight"], m.params["transformer.wte.weight"], {0, 0}, "tied wte");
+  EXPECT_NE(tied.report.str(tied.architecture, "memory").find("Loaded transformer.wte.weight of GPT2LMHeadModel from lm_head.weight"),
+            std::string::npos);
 
   // Wrong shape: an error naming the key and both shapes.
   Params bad = m.params;
