@@ -42,19 +42,20 @@ TEST_F(RelativePathsE2E, EveryCommandFromAnotherWorkingDirectory) {
   fs::create_directories(dir_ / "runs" / "lm" / "model");  // an output folder whose model/ exists
   std::ofstream(dir_ / "tok" / "tokenizer.json") << test::llama_tokenizer_json(text, {.name = "rel"}, 300).dump();
   std::ofstream(dir_ / "data" / "text.txt") << text.substr(0, 40000);
+  std::ofstream(dir_ / "data" / "llama.json") << R"({"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128})";
   const std::string lm = "--model llama --seq-len 32 --per-device-batch-size 4 --eval-fraction 0.05 --warmup-steps 1 ";
 
-  CliRun first = run_in(dir_ / "tok", "pretrain " + lm + "--tokenizer tokenizer.json --data ../data/text.txt --output-dir ../runs/lm --steps 2");
+  CliRun first = run_in(dir_ / "tok", "pretrain " + lm + "--config ../data/llama.json --tokenizer tokenizer.json --data ../data/text.txt --output-dir ../runs/lm --steps 2");
   ASSERT_EQ(first.code, 0);
   EXPECT_TRUE(fs::exists(dir_ / "runs" / "lm" / "model" / "tokenizer.json"));
   // Resume from the project-less root with ./ paths, the tokenizer now being the run's own copy.
-  CliRun resumed = run_in(dir_, "pretrain " + lm + "--tokenizer ./runs/lm/model --data ./data/text.txt --output-dir ./runs/lm --steps 3 --resume");
+  CliRun resumed = run_in(dir_, "pretrain " + lm + "--config ./data/llama.json --tokenizer ./runs/lm/model --data ./data/text.txt --output-dir ./runs/lm --steps 3 --resume");
   ASSERT_EQ(resumed.code, 0);
   EXPECT_TRUE(fs::exists(dir_ / "runs" / "lm" / "checkpoints" / "step_00000003" / "meta.json"));
   // From inside the run's model/ folder, the tokenizer by its bare name is the run's own file:
   // it must be recognized as such (an empty parent path), not deleted before being copied.
   CliRun inside = run_in(dir_ / "runs" / "lm" / "model",
-                         "pretrain " + lm + "--tokenizer tokenizer.json --data ../../../data/text.txt --output-dir .. --steps 4 --resume");
+                         "pretrain " + lm + "--config ../../../data/llama.json --tokenizer tokenizer.json --data ../../../data/text.txt --output-dir .. --steps 4 --resume");
   ASSERT_EQ(inside.code, 0);
   EXPECT_TRUE(fs::exists(dir_ / "runs" / "lm" / "model" / "tokenizer.json"));
 
