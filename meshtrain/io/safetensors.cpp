@@ -1,4 +1,5 @@
 #include "meshtrain/io/safetensors.h"
+#include "meshtrain/io/sharded_index.h"
 
 #include <algorithm>
 #include <bit>
@@ -121,6 +122,17 @@ Array convert_copy(const uint8_t* src, const FileDType& fd, const Shape& shape, 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
 }  // namespace
+
+Array tensor_from_bytes(const uint8_t* src, const std::string& dtype, const Shape& shape, const std::string& where) {
+  const FileDType* fd = find_file_dtype(dtype);
+  MT_CHECK(fd != nullptr, "[safetensors] ", where, ": unknown dtype '", dtype, "' (known: ", known_dtype_list(), ")");
+  return convert_copy(src, *fd, shape, where);
+}
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  const FileDType* fd = find_file_dtype(dtype);
+  return fd ? fd->size : 0;
+}
 
 const char* safetensors_dtype_name(DType dtype) {
   switch (dtype) {
@@ -385,47 +397,7 @@ std::vector<std::string> save_safetensors_sharded(const std::string& dir, const 
 
 namespace {
 
-Params load_index(const std::string& index_path) {
-  ordered_json index = read_ordered_json_file(index_path);
-  auto err = [&](const auto&... parts) { return Error(detail::concat("[safetensors] ", index_path, ": ", parts...)); };
-  if (!index.is_object() || !index.contains("weight_map")) throw err("missing key '/weight_map'");
-  const ordered_json& wm = index["weight_map"];
-  if (!wm.is_object()) throw err("/weight_map must be an object of tensor name -> shard file, got ", wm.type_name());
-  fs::path dir = fs::path(index_path).parent_path();
-
-  std::map<std::string, SafetensorsFile> files;
-  std::vector<std::pair<std::string, std::string>> order;  // (tensor, shard) in weight_map order
-  for (auto it = wm.begin(); it != wm.end(); ++it) {
-    if (!it->is_string()) throw err("/weight_map/", it.key(), " must be a shard file name, got ", it->type_name());
-    std::string shard = it->get<std::string>();
-    fs::path rel(shard);
-    bool escapes = rel.is_absolute() || shard.empty();
-    for (const auto& part : rel) escapes = escapes || part == "..";
-    if (escapes) throw err("shard '", shard, "' for tensor '", it.key(), "' must be a relative path inside ", dir.string());
-    order.emplace_back(it.key(), shard);
-    if (files.count(shard)) continue;
-    fs::path shard_path = dir / rel;
-    if (!fs::is_regular_file(shard_path))
-      throw err("shard file '", shard_path.string(), "' (holding tensor '", it.key(), "') is missing");
-    files.emplace(shard, SafetensorsFile::open(shard_path.string()));
-  }
-  std::map<std::string, std::string> mapped(order.begin(), order.end());
-  for (const auto& [shard, f] : files) {
-    for (const std::string& k : f.keys()) {
-      auto m = mapped.find(k);
-      if (m == mapped.end() || m->second != shard)
-        throw err("tensor '", k, "' in shard '", f.path(), "' is ",
-                  m == mapped.end() ? std::string("not listed in the weight_map") : "mapped to shard '" + m->second + "'");
-    }
-  }
-  Params out;
-  for (const auto& [key, shard] : order) {
-    const SafetensorsFile& f = files.at(shard);
-    if (!f.contains(key)) throw err("weight_map maps tensor '", key, "' to shard '", f.path(), "', which does not hold it");
-    out.set(key, f.get(key));
-  }
-  return out;
-}
+Params read_safetensors_file(const std::string& path) { return SafetensorsFile::open(path).get_all(); }
 
 }  // namespace
 
@@ -437,11 +409,12 @@ Params load_safetensors(const std::string& path) {
     fs::path single = fs::path(path) / "model.safetensors";
     fs::path index = fs::path(path) / "model.safetensors.index.json";
     if (fs::exists(single)) return SafetensorsFile::open(single.string()).get_all();
-    if (fs::exists(index)) return load_index(index.string());
+    if (fs::exists(index)) return load_sharded_checkpoint(index.string(), read_safetensors_file, "safetensors");
     throw Error(detail::concat("[safetensors] ", path, ": the directory holds neither model.safetensors nor ",
                                "model.safetensors.index.json"));
   }
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return load_index(path);
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0)
+    return load_sharded_checkpoint(path, read_safetensors_file, "safetensors");
   return SafetensorsFile::open(path).get_all();
 }
 

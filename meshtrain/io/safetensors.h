@@ -75,5 +75,11 @@ Params load_safetensors(const std::string& path);
 
 // safetensors dtype string <-> engine dtype for the dtypes the engine has.
 const char* safetensors_dtype_name(DType dtype);
+// A fresh array from `shape.numel()` elements of safetensors dtype `dtype` ("F32", "F64",
+// "I8", ...) at `src` (any alignment), converted as load_safetensors converts; `where`
+// names the tensor in errors. Other readers of raw tensor bytes (PyTorch .bin) share it.
+Array tensor_from_bytes(const uint8_t* src, const std::string& dtype, const Shape& shape, const std::string& where);
+// Bytes per element of a safetensors dtype, 0 when unknown.
+size_t safetensors_dtype_size(const std::string& dtype);
 
 }  // namespace mt::io

@@ -10,6 +10,7 @@
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/llama2c.h"
 #include "meshtrain/io/safetensors.h"
+#include "meshtrain/io/torch_checkpoint.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"
@@ -113,6 +114,22 @@ Params match_checkpoint(const ModelSpec& spec, const ModelConfig& config, Params
   std::set<std::string> expected;
   for (const ParamDef& d : defs) expected.insert(d.path);
   auto starts = [](const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; };
+  // Legacy names (TF-era BERT checkpoints): LayerNorm.gamma / .beta are .weight / .bias.
+  {
+    Params renamed;
+    bool any = false;
+    for (const auto& [k, v] : checkpoint) {
+      std::string name = k;
+      for (const auto& [old_suffix, new_suffix] : {std::pair<std::string, std::string>{".gamma", ".weight"}, {".beta", ".bias"}})
+        if (k.size() > old_suffix.size() && k.compare(k.size() - old_suffix.size(), old_suffix.size(), old_suffix) == 0) {
+          const std::string candidate = k.substr(0, k.size() - old_suffix.size()) + new_suffix;
+          if (expected.count(candidate) || expected.count(spec.base_prefix + candidate)) name = candidate;
+        }
+      if (name != k) report.renamed.emplace_back(k, name), any = true;
+      renamed.set(name, v);
+    }
+    if (any) checkpoint = std::move(renamed);
+  }
   const std::string& base_prefix = spec.base_prefix;
   if (!base_prefix.empty()) {
     bool ckpt_has = false, defs_have = false;
@@ -228,10 +245,13 @@ PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions
   const fs::path dir(path);
   MT_CHECK(fs::exists(dir / "config.json"), "[from_pretrained] ", path, ": no config.json in the model directory");
   nlohmann::json config = io::read_json_file((dir / "config.json").string());
-  MT_CHECK(fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json"),
-           "[from_pretrained] ", path, ": no model.safetensors or model.safetensors.index.json (pytorch_model.bin "
-           "checkpoints are not supported: convert them to safetensors)");
-  Params checkpoint = io::load_safetensors(path);
+  const bool safetensors = fs::exists(dir / "model.safetensors") || fs::exists(dir / "model.safetensors.index.json");
+  MT_CHECK(safetensors || fs::exists(dir / "pytorch_model.bin") || fs::exists(dir / "pytorch_model.bin.index.json"),
+           "[from_pretrained] ", path,
+           ": no weights (looked for model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+           "pytorch_model.bin.index.json)");
+  // safetensors first, as transformers prefers it when a folder has both.
+  Params checkpoint = safetensors ? io::load_safetensors(path) : io::load_torch_checkpoint_dir(path);
   PretrainedModel m = build_model(config, std::move(checkpoint), path, (dir / "config.json").string(), o);
   if (o.load_tokenizer && has_tokenizer_files(dir)) m.tokenizer = tokenizers::load_tokenizer(path);
   finish(m, o);

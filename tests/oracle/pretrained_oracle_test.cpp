@@ -4,12 +4,16 @@
 // greedily like the twin.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "meshtrain/models/generate.h"
+#include "meshtrain/io/torch_checkpoint.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "tests/support/model_twins.h"
+#include "tests/support/temp_dir.h"
 
 namespace mt::testing {
 namespace {
@@ -139,6 +143,78 @@ TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   for (int64_t t : twin) std::cout << " " << t;
   std::cout << "\n";
   EXPECT_EQ(ours.tokens[0], twin);
+}
+
+
+// pytorch_model.bin as the Hub ships it, written by the Debian PyTorch: torch.save's zip
+// format and the pre-1.6 legacy format, TF-era LayerNorm.gamma/.beta names, with and without
+// the "bert." prefix, a strided (transposed) tensor, and shards with an index. Each loads
+// every key and equals the safetensors form bit for bit; a pickle that would run code is
+// refused, naming its global, and runs nothing.
+class HubFormats : public TempDir {};
+
+TEST_F(HubFormats, PytorchBinLoadsLikeSafetensorsAndMaliciousPicklesAreRefused) {
+  PretrainedOptions no_tok;
+  no_tok.load_tokenizer = false;
+  const PretrainedModel base = from_pretrained(kModels + "hf-tiny-bert", no_tok);
+  std::vector<OracleTensor> inputs;
+  std::string names = "names = [";
+  for (const auto& [path, value] : base.params) names += "'" + path + "', ", inputs.push_back(to_oracle(value));
+  names += "]\n";
+  struct Variant {
+    std::string name, code;
+  };
+  const std::string legacy_sd =
+      "import collections\n"
+      "def legacy(n):\n"
+      "    return n.replace('LayerNorm.weight', 'LayerNorm.gamma').replace('LayerNorm.bias', 'LayerNorm.beta')\n"
+      "sd = collections.OrderedDict((legacy(n), x.clone()) for n, x in zip(names, xs))\n"
+      "w = 'bert.encoder.layer.0.intermediate.dense.weight'\n"
+      "sd[w] = sd[w].t().contiguous().t()  # saved as a strided view\n"
+      "assert not sd[w].is_contiguous()\n";
+  for (const Variant& v :
+       {Variant{"zip", "torch.save(sd, d + '/pytorch_model.bin')\n"},
+        Variant{"legacy", "torch.save(sd, d + '/pytorch_model.bin', _use_new_zipfile_serialization=False)\n"},
+        Variant{"unprefixed", "sd = collections.OrderedDict((k[5:] if k.startswith('bert.') else k, x) for k, x in sd.items())\n"
+                              "torch.save(sd, d + '/pytorch_model.bin')\n"},
+        Variant{"sharded", "import json\nks = list(sd)\nh = len(ks) // 2\n"
+                           "torch.save({k: sd[k] for k in ks[:h]}, d + '/pytorch_model-00001-of-00002.bin')\n"
+                           "torch.save({k: sd[k] for k in ks[h:]}, d + '/pytorch_model-00002-of-00002.bin', "
+                           "_use_new_zipfile_serialization=False)\n"
+                           "json.dump({'metadata': {}, 'weight_map': {k: 'pytorch_model-0000%d-of-00002.bin' % (1 if i < h else 2) "
+                           "for i, k in enumerate(ks)}}, open(d + '/pytorch_model.bin.index.json', 'w'))\n"}}) {
+    const std::filesystem::path d = dir_ / v.name;
+    std::filesystem::create_directories(d);
+    std::filesystem::copy_file(kModels + "hf-tiny-bert/config.json", d / "config.json");
+    TorchOracle::instance().run(names + legacy_sd + "d = '" + d.string() + "'\n" + v.code + "out = torch.zeros(1)\n", inputs);
+    const PretrainedModel m = from_pretrained(d.string(), no_tok);
+    EXPECT_TRUE(m.report.complete()) << v.name << ": " << m.report.str(m.architecture, m.source);
+    size_t legacy_names = 0;
+    for (const auto& [from, to] : m.report.renamed) legacy_names += from.find("LayerNorm.gamma") != std::string::npos ||
+                                                                     from.find("LayerNorm.beta") != std::string::npos;
+    EXPECT_EQ(legacy_names, 8u) << v.name << ": every LayerNorm parameter is renamed and reported";
+    ASSERT_EQ(m.params.size(), base.params.size());
+    for (const auto& [k, value] : base.params) expect_close(m.params[k], value, {0, 0}, v.name + " " + k);
+  }
+
+  // Pickles that would execute code under torch.load: refused before anything runs.
+  const std::filesystem::path marker = dir_ / "pwned";
+  const std::string evil =
+      "import os, pickle, zipfile\n"
+      "class Evil:\n"
+      "    def __reduce__(self):\n"
+      "        return (os.system, ('touch " + marker.string() + "',))\n"
+      "data = pickle.dumps({'w': Evil()}, protocol=2)\n"
+      "with zipfile.ZipFile('" + (dir_ / "evil_zip.bin").string() + "', 'w', zipfile.ZIP_STORED) as z:\n"
+      "    z.writestr('archive/data.pkl', data)\n"
+      "open('" + (dir_ / "evil_legacy.bin").string() + "', 'wb').write(data)\n"
+      "out = torch.zeros(1)\n";
+  TorchOracle::instance().run(evil, {});
+  for (const char* f : {"evil_zip.bin", "evil_legacy.bin"}) {
+    const std::string path = (dir_ / f).string();
+    expect_error([&] { io::load_torch_checkpoint(path); }, {path, "refuses global 'posix.system'"});
+  }
+  EXPECT_FALSE(std::filesystem::exists(marker));
 }
 
 }  // namespace
