@@ -133,37 +133,38 @@ void run(const GlueOptions& o) {
 void add_glue_command(CLI::App& app) {
   auto o = std::make_shared<GlueOptions>();
   o->run.seed = 42;
+  // HF run_flax_glue's underscore spellings are accepted as aliases of each option.
   CLI::App* cmd = app.add_subcommand("glue", "fine-tune BERT on a GLUE task (options of HF run_flax_glue)");
   std::vector<std::string> names;
   for (const auto& t : data::all_glue_tasks()) names.push_back(t.name);
-  cmd->add_option("--task", o->task, "GLUE task")->required()->transform(CLI::IsMember(names, CLI::ignore_case));
+  cmd->add_option("--task,--task_name", o->task, "GLUE task")->required()->transform(CLI::IsMember(names, CLI::ignore_case));
   cmd->add_option("--data-dir", o->data_dir, "GLUE root (with CoLA/, SST-2/, ...) or the task's directory")
       ->required()
       ->check(CLI::ExistingDirectory);
-  auto* model = cmd->add_option("--model", o->model, "pretrained BERT directory (config.json + safetensors + vocab)")
+  auto* model = cmd->add_option("--model,--model_name_or_path", o->model, "pretrained BERT directory (config.json + safetensors + vocab)")
                     ->check(CLI::ExistingDirectory);
   auto* config = cmd->add_option("--config", o->config, "train from scratch: 'small' or a BERT config.json");
   model->excludes(config);
   config->excludes(model);
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model's)");
-  cmd->add_option("--max-seq-length", o->max_seq_length, "tokens per example after truncation and padding")
+  cmd->add_option("--max-seq-length,--max_seq_length", o->max_seq_length, "tokens per example after truncation and padding")
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate")->capture_default_str();
-  cmd->add_option("--num-train-epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(positive());
-  cmd->add_option("--max-steps", o->max_steps, "stop after this many steps (default: all epochs)");
-  cmd->add_option("--per-device-train-batch-size", o->per_device_train_batch_size, "examples per data-parallel rank")
+  cmd->add_option("--learning-rate,--learning_rate", o->learning_rate, "peak learning rate")->capture_default_str();
+  cmd->add_option("--num-train-epochs,--num_train_epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(positive());
+  cmd->add_option("--max-steps,--max_steps", o->max_steps, "stop after this many steps (default: all epochs)");
+  cmd->add_option("--per-device-train-batch-size,--per_device_train_batch_size", o->per_device_train_batch_size, "examples per data-parallel rank")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_option("--per-device-eval-batch-size", o->per_device_eval_batch_size, "eval examples per rank")
+  cmd->add_option("--per-device-eval-batch-size,--per_device_eval_batch_size", o->per_device_eval_batch_size, "eval examples per rank")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: last and best only)")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and LayerNorm)")
+  cmd->add_option("--eval-steps,--eval_steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--save-steps,--save_steps", o->save_steps, "checkpoint every N steps (0: last and best only)")->capture_default_str();
+  cmd->add_option("--weight-decay,--weight_decay", o->weight_decay, "AdamW weight decay (not on biases and LayerNorm)")
       ->capture_default_str();
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_option("--warmup-steps,--warmup_steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--max-train-samples", o->max_train_samples, "use the first N training rows");
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "use the first N dev rows");
   o->run.output_dir = "runs/glue";

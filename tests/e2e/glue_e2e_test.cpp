@@ -84,8 +84,11 @@ TEST_F(GlueE2E, StsbRegressionLossFalls) {
 // is reported unused and the pooler and classifier newly initialized, as HF reports them.
 TEST_F(GlueE2E, MrpcFromAPretrainedDirectory) {
   const std::string out = (dir_ / "mrpc").string();
-  CliRun r = run_cli("glue --task mrpc --model " + std::string(MT_DATA_DIR) + "/models/hf-tiny-bert --data-dir " + kGlue +
-                     " --max-train-samples 64 --max-eval-samples 32 --num-train-epochs 1 --output-dir " + out);
+  // Spelled as for HF's run_flax_glue.py (underscore aliases).
+  CliRun r = run_cli("glue --task_name mrpc --model_name_or_path " + std::string(MT_DATA_DIR) + "/models/hf-tiny-bert --data-dir " +
+                     kGlue + " --max-train-samples 64 --max-eval-samples 32 --num_train_epochs 1 --max_seq_length 128 "
+                     "--per_device_train_batch_size 8 --per_device_eval_batch_size 8 --learning_rate 5e-5 --weight_decay 0.0 "
+                     "--warmup_steps 0 --eval_steps 0 --seed 42 --output_dir " + out);
   ASSERT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("were not used when initializing BertForSequenceClassification: [cls.predictions.bias"),
             std::string::npos);
