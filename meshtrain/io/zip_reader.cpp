@@ -75,6 +75,7 @@ ZipReader::ZipReader(const std::string& path) : file_(MappedFile::open(path, "zi
       }
       x += 4 + len;
     }
+    index_.emplace(name, names_.size());
     names_.push_back(std::move(name));
     entries_.push_back(e);
     at += 46 + name_len + extra_len + comment_len;
@@ -82,22 +83,20 @@ ZipReader::ZipReader(const std::string& path) : file_(MappedFile::open(path, "zi
 }
 
 std::optional<std::string_view> ZipReader::find(const std::string& name) const {
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] != name) continue;
-    const Entry& e = entries_[i];
-    const uint8_t* d = file_->data();
-    const uint64_t n = file_->size();
-    MT_CHECK(e.method == 0, "[zip] ", path(), ": entry '", name, "' is compressed (method ", e.method,
-             "); torch.save writes stored entries only");
-    MT_CHECK(e.local_offset + 30 <= n && read_le<uint32_t>(d + e.local_offset) == kLocalHeader, "[zip] ", path(),
-             ": entry '", name, "' has no local header at offset ", e.local_offset);
-    const uint64_t data = e.local_offset + 30 + read_le<uint16_t>(d + e.local_offset + 26) +
-                          read_le<uint16_t>(d + e.local_offset + 28);
-    MT_CHECK(data <= n && e.size <= n - data, "[zip] ", path(), ": entry '", name, "' (", e.size,
-             " bytes) runs past the end of the file (truncated?)");
-    return std::string_view(reinterpret_cast<const char*>(d + data), e.size);
-  }
-  return std::nullopt;
+  const auto it = index_.find(name);
+  if (it == index_.end()) return std::nullopt;
+  const Entry& e = entries_[it->second];
+  const uint8_t* d = file_->data();
+  const uint64_t n = file_->size();
+  MT_CHECK(e.method == 0, "[zip] ", path(), ": entry '", name, "' is compressed (method ", e.method,
+           "); torch.save writes stored entries only");
+  MT_CHECK(e.local_offset + 30 <= n && read_le<uint32_t>(d + e.local_offset) == kLocalHeader, "[zip] ", path(),
+           ": entry '", name, "' has no local header at offset ", e.local_offset);
+  const uint64_t data = e.local_offset + 30 + read_le<uint16_t>(d + e.local_offset + 26) +
+                        read_le<uint16_t>(d + e.local_offset + 28);
+  MT_CHECK(data <= n && e.size <= n - data, "[zip] ", path(), ": entry '", name, "' (", e.size,
+           " bytes) runs past the end of the file (truncated?)");
+  return std::string_view(reinterpret_cast<const char*>(d + data), e.size);
 }
 
 }  // namespace mt::io

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "meshtrain/io/mapped_file.h"
@@ -34,6 +35,7 @@ class ZipReader {
   std::shared_ptr<MappedFile> file_;
   std::vector<std::string> names_;
   std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> index_;  // name -> position (a checkpoint looks up every storage)
 };
 
 }  // namespace mt::io

@@ -14,18 +14,6 @@ int hex_digit(char c) {
   return -1;
 }
 
-std::string replace_all(std::string_view s, std::string_view pattern, std::string_view content) {
-  if (pattern.empty()) return std::string(s);
-  std::string out;
-  for (size_t i = 0;;) {
-    const size_t at = s.find(pattern, i);
-    out.append(s.substr(i, at == std::string_view::npos ? std::string_view::npos : at - i));
-    if (at == std::string_view::npos) return out;
-    out.append(content);
-    i = at + pattern.size();
-  }
-}
-
 // Consecutive byte tokens become the text they spell; bytes that are not valid UTF-8
 // become one U+FFFD each (not one per invalid sequence), as HF's ByteFallback does.
 std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
@@ -54,9 +42,10 @@ std::vector<std::string> byte_fallback(std::vector<std::string> tokens) {
 std::string strip(const std::string& token, uint32_t ch, size_t start, size_t stop) {
   std::vector<std::pair<size_t, uint32_t>> chars;  // (byte offset, code point)
   uint32_t cp;
-  for (size_t i = 0; i < token.size(); i += unicode::decode_utf8(token, i, cp)) {
-    unicode::decode_utf8(token, i, cp);
+  for (size_t i = 0; i < token.size();) {
+    const size_t len = unicode::decode_utf8(token, i, cp);
     chars.emplace_back(i, cp);
+    i += len;
   }
   size_t first = 0, last = chars.size();
   while (first < std::min(start, chars.size()) && chars[first].second == ch) ++first;
@@ -119,7 +108,7 @@ std::string DecoderChain::decode(const std::vector<std::string_view>& in) const 
   for (const DecodeStep& s : steps_) {
     switch (s.kind) {
       case DecodeStep::Kind::replace:
-        for (auto& t : tokens) t = replace_all(t, s.pattern, s.content);
+        for (auto& t : tokens) unicode::replace_all(t, s.pattern, s.content);
         break;
       case DecodeStep::Kind::byte_fallback:
         tokens = byte_fallback(std::move(tokens));
@@ -136,7 +125,7 @@ std::string DecoderChain::decode(const std::vector<std::string_view>& in) const 
       case DecodeStep::Kind::metaspace:
         // Every replacement character in the first token is dropped, not only a leading one.
         for (size_t i = 0; i < tokens.size(); ++i)
-          tokens[i] = replace_all(tokens[i], s.replacement, i == 0 && s.drop_first_replacement ? "" : " ");
+          unicode::replace_all(tokens[i], s.replacement, i == 0 && s.drop_first_replacement ? "" : " ");
         break;
     }
   }

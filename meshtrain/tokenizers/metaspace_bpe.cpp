@@ -30,40 +30,43 @@ MetaspaceBpeTokenizer::MetaspaceBpeTokenizer(Vocab vocab, const std::vector<BpeM
              ": Metaspace replacement '", options_.metaspace->replacement, "' must be one character");
 }
 
+void MetaspaceBpeTokenizer::Aligned::prepend(std::string_view s) {
+  text.insert(0, s);
+  const uint32_t b = begin[0], e = end[0];
+  begin.insert(begin.begin(), s.size(), b);
+  end.insert(end.begin(), s.size(), e);
+}
+
+void MetaspaceBpeTokenizer::Aligned::replace(std::string_view pattern, std::string_view content) {
+  if (pattern.empty() || text.find(pattern) == std::string::npos) return;
+  Aligned next;
+  next.text.reserve(text.size() + text.size() / 4);
+  auto emit = [&](std::string_view s, uint32_t b, uint32_t e) {
+    next.text.append(s);
+    next.begin.insert(next.begin.end(), s.size(), b);
+    next.end.insert(next.end.end(), s.size(), e);
+  };
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, pattern.size(), pattern) == 0) {
+      emit(content, begin[i], end[i + pattern.size() - 1]);
+      i += pattern.size();
+    } else {
+      emit(std::string_view(text).substr(i, 1), begin[i], end[i]);
+      ++i;
+    }
+  }
+  *this = std::move(next);
+}
+
 void MetaspaceBpeTokenizer::normalize(std::string_view text, Aligned& out) const {
   out.text.assign(text);
   out.begin.resize(text.size());
   out.end.resize(text.size());
   for (uint32_t i = 0; i < text.size(); ++i) out.begin[i] = i, out.end[i] = i + 1;
-  Aligned next;
   for (const NormalizeStep& step : options_.normalizer) {
     if (out.text.empty()) return;  // Prepend leaves an empty string empty; Replace has nothing to do
-    next.text.clear();
-    next.begin.clear();
-    next.end.clear();
-    auto emit = [&](std::string_view s, uint32_t b, uint32_t e) {
-      next.text.append(s);
-      next.begin.insert(next.begin.end(), s.size(), b);
-      next.end.insert(next.end.end(), s.size(), e);
-    };
-    if (step.prepend) {
-      emit(step.content, out.begin[0], out.end[0]);  // the prefix aligns with the first character
-      next.text.append(out.text);
-      next.begin.insert(next.begin.end(), out.begin.begin(), out.begin.end());
-      next.end.insert(next.end.end(), out.end.begin(), out.end.end());
-    } else {
-      const std::string& s = out.text;
-      for (size_t i = 0; i < s.size();) {
-        if (!step.pattern.empty() && s.compare(i, step.pattern.size(), step.pattern) == 0) {
-          emit(step.content, out.begin[i], out.end[i + step.pattern.size() - 1]);
-          i += step.pattern.size();
-        } else {
-          emit(std::string_view(s).substr(i, 1), out.begin[i], out.end[i]);
-          ++i;
-        }
-      }
-    }
-    std::swap(out, next);
+    if (step.prepend) out.prepend(step.content);
+    else out.replace(step.pattern, step.content);
   }
 }
 
@@ -122,24 +125,12 @@ void MetaspaceBpeTokenizer::encode_piece(const Aligned& norm, size_t from, size_
   std::vector<size_t> word_starts{0};
   if (options_.metaspace) {
     const MetaspaceOptions& m = *options_.metaspace;
-    Aligned replaced;
-    replaced.text.reserve(piece.text.size() + 8);
-    for (size_t i = 0; i < piece.text.size(); ++i) {
-      const bool space = piece.text[i] == ' ';
-      const std::string_view s = space ? std::string_view(m.replacement) : std::string_view(piece.text).substr(i, 1);
-      replaced.text.append(s);
-      replaced.begin.insert(replaced.begin.end(), s.size(), piece.begin[i]);
-      replaced.end.insert(replaced.end.end(), s.size(), piece.end[i]);
-    }
+    piece.replace(" ", m.replacement);
     // "first" prepends only to the piece that starts the input (not after an added token).
-    const bool starts_input = base + int64_t(replaced.begin[0]) == 0;
-    if (replaced.text.compare(0, m.replacement.size(), m.replacement) != 0 &&
-        (m.prepend_scheme == PrependScheme::always || (m.prepend_scheme == PrependScheme::first && starts_input))) {
-      replaced.text.insert(0, m.replacement);
-      replaced.begin.insert(replaced.begin.begin(), m.replacement.size(), replaced.begin[0]);
-      replaced.end.insert(replaced.end.begin(), m.replacement.size(), replaced.end[0]);
-    }
-    piece = std::move(replaced);
+    const bool starts_input = base + int64_t(piece.begin[0]) == 0;
+    if (piece.text.compare(0, m.replacement.size(), m.replacement) != 0 &&
+        (m.prepend_scheme == PrependScheme::always || (m.prepend_scheme == PrependScheme::first && starts_input)))
+      piece.prepend(m.replacement);
     if (m.split)  // each replacement character starts a word (merged with what follows it)
       for (size_t at = piece.text.find(m.replacement, 1); at != std::string::npos;
            at = piece.text.find(m.replacement, at + 1))

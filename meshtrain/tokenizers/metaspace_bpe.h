@@ -70,6 +70,8 @@ class MetaspaceBpeTokenizer : public Tokenizer {
   struct Aligned {
     std::string text;
     std::vector<uint32_t> begin, end;
+    void prepend(std::string_view s);  // aligned with the first character
+    void replace(std::string_view pattern, std::string_view content);  // aligned with what it replaces
   };
   void normalize(std::string_view text, Aligned& out) const;
   // Pre-tokenizes and encodes norm.text[from, to) (a piece free of added tokens).

@@ -4,6 +4,20 @@
 
 namespace mt::tokenizers::unicode {
 
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty() || s.find(from) == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0;;) {
+    const size_t at = s.find(from, i);
+    out.append(s, i, at == std::string::npos ? std::string::npos : at - i);
+    if (at == std::string::npos) break;
+    out.append(to);
+    i = at + from.size();
+  }
+  s = std::move(out);
+}
+
 size_t char_count(std::string_view text) {
   size_t count = 0;
   uint32_t cp;

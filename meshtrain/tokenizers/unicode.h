@@ -51,6 +51,10 @@ inline void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+// Replaces every non-overlapping `from` in `s` with `to`, left to right (nothing when
+// `from` is empty).
+void replace_all(std::string& s, std::string_view from, std::string_view to);
+
 // Number of code points (invalid bytes count one each, as decode_utf8 does).
 size_t char_count(std::string_view text);
 

@@ -23,14 +23,6 @@ const AsciiClass kAscii;
 
 bool is_bert_punctuation(uint32_t cp) { return cp < 128 ? kAscii.cls[cp] == 2 : unicode::is_punctuation(cp); }
 
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  size_t pos = 0;
-  while ((pos = s.find(from, pos)) != std::string::npos) {
-    s.replace(pos, from.size(), to);
-    pos += to.size();
-  }
-}
-
 }  // namespace
 
 WordPieceTokenizer::WordPieceTokenizer(Vocab vocab, WordPieceOptions options)
@@ -259,17 +251,17 @@ std::string WordPieceTokenizer::decode_tokens(const std::vector<int32_t>&,
     }
     if (options_.decoder_cleanup) {
       // Applied per token, as Hugging Face's decoder does.
-      replace_all(piece, " .", ".");
-      replace_all(piece, " ?", "?");
-      replace_all(piece, " !", "!");
-      replace_all(piece, " ,", ",");
-      replace_all(piece, " ' ", "'");
-      replace_all(piece, " n't", "n't");
-      replace_all(piece, " 'm", "'m");
-      replace_all(piece, " do not", " don't");
-      replace_all(piece, " 's", "'s");
-      replace_all(piece, " 've", "'ve");
-      replace_all(piece, " 're", "'re");
+      unicode::replace_all(piece, " .", ".");
+      unicode::replace_all(piece, " ?", "?");
+      unicode::replace_all(piece, " !", "!");
+      unicode::replace_all(piece, " ,", ",");
+      unicode::replace_all(piece, " ' ", "'");
+      unicode::replace_all(piece, " n't", "n't");
+      unicode::replace_all(piece, " 'm", "'m");
+      unicode::replace_all(piece, " do not", " don't");
+      unicode::replace_all(piece, " 's", "'s");
+      unicode::replace_all(piece, " 've", "'ve");
+      unicode::replace_all(piece, " 're", "'re");
     }
     out += piece;
   }

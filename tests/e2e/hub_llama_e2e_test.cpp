@@ -28,13 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string shakespeare(size_t bytes) {
-  std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str().substr(0, bytes);
-}
-
 struct HubFolder {
   json config;
   Params params;  // as the model holds them (the tied matrix as model.embed_tokens.weight)
@@ -44,7 +37,7 @@ struct HubFolder {
 // `tied_key`, or left out when empty) and tokenizer.json into `dir`.
 HubFolder write_hub_llama(const fs::path& dir, const std::string& tied_key) {
   fs::create_directories(dir);
-  const json tok = test::llama_tokenizer_json(shakespeare(300000), {.name = "hub"}, 600);
+  const json tok = test::llama_tokenizer_json(test::shakespeare_prefix(300000), {.name = "hub"}, 600);
   std::ofstream(dir / "tokenizer.json") << tok.dump(2);
   HubFolder f;
   f.config = {{"architectures", {"LlamaForCausalLM"}},

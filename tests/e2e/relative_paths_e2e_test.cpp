@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "tests/support/cli_run.h"
 #include "tests/support/llama_tokenizer_fixture.h"
@@ -17,13 +16,6 @@ namespace mt::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_prefix(const std::string& path, size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str().substr(0, bytes);
-}
 
 class RelativePathsE2E : public TempDir {
  protected:
@@ -36,7 +28,7 @@ class RelativePathsE2E : public TempDir {
 
 TEST_F(RelativePathsE2E, EveryCommandFromAnotherWorkingDirectory) {
   const std::string data = std::string(MT_DATA_DIR);
-  const std::string text = read_prefix(data + "/text/tinyshakespeare.txt", 300000);
+  const std::string text = test::shakespeare_prefix(300000);
   fs::create_directories(dir_ / "tok");
   fs::create_directories(dir_ / "data");
   fs::create_directories(dir_ / "runs" / "lm" / "model");  // an output folder whose model/ exists

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/tokenizers/tokenizer.h"
@@ -25,12 +24,7 @@ using test::LlamaTokenizerStyle;
 using test::TextInput;
 
 const std::string& corpus() {
-  static const std::string text = [] {
-    std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str().substr(0, 300000);
-  }();
+  static const std::string text = test::shakespeare_prefix(300000);
   return text;
 }
 

@@ -1,11 +1,15 @@
 #include "tests/support/llama_tokenizer_fixture.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <cstdint>
 #include <map>
 #include <set>
 #include <unordered_map>
 #include <vector>
+
+#include "meshtrain/tokenizers/unicode.h"
 
 namespace mt::test {
 namespace {
@@ -13,12 +17,11 @@ namespace {
 using json = nlohmann::json;
 const std::string kSpace = "\xE2\x96\x81";  // ▁
 
-size_t utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-
 std::vector<std::string> chars_of(const std::string& w) {
   std::vector<std::string> out;
+  uint32_t cp;
   for (size_t i = 0; i < w.size();) {
-    const size_t n = std::min(utf8_len(uint8_t(w[i])), w.size() - i);
+    const size_t n = tokenizers::unicode::decode_utf8(w, i, cp);
     out.push_back(w.substr(i, n));
     i += n;
   }
@@ -35,6 +38,13 @@ json replace_step(const std::string& from, const std::string& to) {
 }
 
 }  // namespace
+
+std::string shakespeare_prefix(size_t bytes) {
+  std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str().substr(0, bytes);
+}
 
 json llama_tokenizer_json(const std::string& corpus, const LlamaTokenizerStyle& s, size_t num_merges) {
   // Words as SentencePiece sees them: "▁" + each space-separated word of each line.

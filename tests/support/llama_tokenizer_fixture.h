@@ -22,6 +22,9 @@ struct LlamaTokenizerStyle {
   bool chat_tokens = false;        // added tokens <|user|> (raw) and <|bot|> (normalized), not special
 };
 
+// The first `bytes` of Tiny Shakespeare (../shared/data), the corpus the fixtures train on.
+std::string shakespeare_prefix(size_t bytes);
+
 // Trains `num_merges` merges on the words of `corpus` and returns the tokenizer.json.
 nlohmann::json llama_tokenizer_json(const std::string& corpus, const LlamaTokenizerStyle& style, size_t num_merges);
 
