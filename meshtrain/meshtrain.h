@@ -23,6 +23,7 @@
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/dist/communicator.h"
 #include "meshtrain/dist/grad_reducer.h"
+#include "meshtrain/optim/partition.h"
 #include "meshtrain/optim/transform.h"
 #include "meshtrain/train/sharding_rules.h"
 #include "meshtrain/io/mapped_file.h"

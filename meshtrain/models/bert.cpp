@@ -1,5 +1,6 @@
 #include "meshtrain/models/bert.h"
 
+#include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/ops/attention.h"
@@ -169,10 +170,11 @@ Array bert_encoder(const BertConfig& c, const Params& p, const BertInputs& in, c
   x = layer_norm(x, p["bert.embeddings.LayerNorm.weight"], p["bert.embeddings.LayerNorm.bias"], c.layer_norm_eps);
   x = dropout(x, c.hidden_dropout_prob, dropout_key.fold_in(0), train);
   Array mask = padding_mask(in.attention_mask, "bert");
+  const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "bert.encoder.layer." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
-    auto lin = [&](const Array& h, const std::string& n) { return linear(h, p[pre + n + ".weight"], p[pre + n + ".bias"]); };
+    auto lin = [&](const Array& h, const std::string& n) { return adapted_linear(h, p, pre + n, p[pre + n + ".bias"], ac); };
     Array q = split_heads(lin(x, "attention.self.query"), c.num_attention_heads);
     Array k = split_heads(lin(x, "attention.self.key"), c.num_attention_heads);
     Array v = split_heads(lin(x, "attention.self.value"), c.num_attention_heads);
@@ -222,6 +224,7 @@ ModelSpec bert_model_spec() {
   s.model_type = "bert";
   s.kind = ModelKind::encoder;
   s.display_name = "BERT";
+  s.lora_targets = R"(encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)$)";
   s.base_prefix = "bert.";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions& o) -> ModelConfig {
     BertConfig c = BertConfig::from_json(j);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/common.h"
+#include "meshtrain/models/lora_options.h"
 
 namespace mt::models {
 
@@ -28,6 +29,7 @@ enum class BertHead {
 };
 
 struct BertConfig {
+  LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
   int64_t vocab_size = 30522;
   int64_t hidden_size = 768;
   int64_t num_hidden_layers = 12;

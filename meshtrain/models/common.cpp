@@ -22,6 +22,8 @@ const char* param_kind_name(ParamKind kind) {
     case ParamKind::dense: return "dense";
     case ParamKind::norm: return "norm";
     case ParamKind::bias: return "bias";
+    case ParamKind::lora_a: return "lora_a";
+    case ParamKind::lora_b: return "lora_b";
     case ParamKind::other: return "other";
   }
   return "other";
@@ -54,6 +56,12 @@ Params init_params(const std::vector<ParamDef>& defs, const RngKey& key, DType d
         // Glorot: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)).
         MT_CHECK(d.shape.ndim() == 2, "[init] xavier_uniform needs a matrix, got ", d.shape.str(), " for ", d.path);
         double a = std::sqrt(6.0 / double(d.shape[0] + d.shape[1]));
+        v = random_uniform(k, d.shape, dtype, -a, a);
+        break;
+      }
+      case InitKind::kaiming_uniform: {
+        MT_CHECK(d.shape.ndim() == 2, "[init] kaiming_uniform needs a matrix, got ", d.shape.str(), " for ", d.path);
+        double a = 1.0 / std::sqrt(double(d.shape[1]));
         v = random_uniform(k, d.shape, dtype, -a, a);
         break;
       }

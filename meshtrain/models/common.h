@@ -19,7 +19,9 @@ namespace mt::models {
 
 // ---------------------------------------------------------------- parameter tables
 
-enum class InitKind { normal, zeros, ones, xavier_uniform };
+// kaiming_uniform: torch's kaiming_uniform_(a = sqrt(5)) on a [out, in] matrix, i.e.
+// U(-1/sqrt(in), 1/sqrt(in)) — nn.Linear's default and PEFT's init of LoRA's A.
+enum class InitKind { normal, zeros, ones, xavier_uniform, kaiming_uniform };
 
 // One parameter of a model: its Hugging Face path, shape, random init and sharding role.
 struct ParamDef {

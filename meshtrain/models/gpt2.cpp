@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
@@ -111,15 +112,23 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
   const int64_t e = c.n_embd, hd = e / c.n_head;
   Array x = add(embedding(p["transformer.wte.weight"], r.ids), embedding(p["transformer.wpe.weight"], r.positions));
   x = dropout(x, c.embd_pdrop, dropout_key.fold_in(0), train);
+  const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "transformer.h." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
     Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
-    // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim).
+    // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
+    // a c_attn adapter shares A(x) and slices its B [3, out, r] the same way.
+    Array down = lora_down(h, p, b + "attn.c_attn", ac);
     auto project = [&](int64_t s) {
       Array w = reshape(slice(p[b + "attn.c_attn.weight"], 1, s, s + 1), {e, e});
       Array bias = reshape(slice(p[b + "attn.c_attn.bias"], 0, s, s + 1), {e});
-      return split_heads(conv1d(h, w, bias), c.n_head);
+      Array y = conv1d(h, w, bias);
+      if (down.defined()) {
+        const Array& lb = p[lora_b_path(b + "attn.c_attn")];
+        y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
+      }
+      return split_heads(y, c.n_head);
     };
     Array q = project(0), k = project(1), v = project(2);
     if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
@@ -128,11 +137,11 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
     AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
                          .train = train};
     Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
-    a = conv1d(a, p[b + "attn.c_proj.weight"], p[b + "attn.c_proj.bias"]);
+    a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
     x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
     h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
-    Array m = activation(conv1d(h, p[b + "mlp.c_fc.weight"], p[b + "mlp.c_fc.bias"]), c.activation_function);
-    m = conv1d(m, p[b + "mlp.c_proj.weight"], p[b + "mlp.c_proj.bias"]);
+    Array m = activation(adapted_conv1d(h, p, b + "mlp.c_fc", p[b + "mlp.c_fc.bias"], ac), c.activation_function);
+    m = adapted_conv1d(m, p, b + "mlp.c_proj", p[b + "mlp.c_proj.bias"], ac);
     x = add(x, dropout(m, c.resid_pdrop, lk.fold_in(2), train));
   }
   return layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], c.layer_norm_epsilon);
@@ -149,6 +158,7 @@ ModelSpec gpt2_model_spec() {
   s.model_type = "gpt2";
   s.kind = ModelKind::decoder;
   s.display_name = "GPT-2";
+  s.lora_targets = R"(\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)$)";
   s.base_prefix = "transformer.";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return Gpt2Config::from_json(j); };
   s.config_json = [](const ModelConfig& c) { return c.as<Gpt2Config>().to_json(); };

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/common.h"
+#include "meshtrain/models/lora_options.h"
 
 namespace mt::models {
 
 struct Gpt2Config {
+  LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
   int64_t vocab_size = 50257;
   int64_t n_positions = 1024;
   int64_t n_embd = 768;

@@ -1,5 +1,6 @@
 #include "meshtrain/models/llama.h"
 
+#include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
@@ -118,13 +119,17 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
   ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, 0, "llama");
   const int64_t hd = c.dim_per_head();
   auto opt_bias = [&](const std::string& path) { return c.attention_bias ? p[path] : Array(); };
+  const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
+  auto dense = [&](const Array& h, const std::string& module, bool bias) {
+    return adapted_linear(h, p, module, bias ? opt_bias(module + ".bias") : Array(), ac);
+  };
   Array x = embedding(p["model.embed_tokens.weight"], r.ids);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = "model.layers." + std::to_string(l) + ".";
     Array h = rms_norm(x, p[b + "input_layernorm.weight"], c.rms_norm_eps);
     auto proj = [&](const char* n, int64_t heads) {
       std::string w = b + "self_attn." + n;
-      return split_heads(linear(h, p[w + ".weight"], opt_bias(w + ".bias")), heads);
+      return split_heads(dense(h, w, true), heads);
     };
     Array q = proj("q_proj", c.num_attention_heads);
     Array k = proj("k_proj", c.num_key_value_heads), v = proj("v_proj", c.num_key_value_heads);
@@ -135,11 +140,11 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
     AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout,
                          .dropout_key = dropout_key.fold_in(uint64_t(l)), .train = train};
     Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
-    x = add(x, linear(a, p[b + "self_attn.o_proj.weight"], opt_bias(b + "self_attn.o_proj.bias")));
+    x = add(x, dense(a, b + "self_attn.o_proj", true));
     h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
-    Array g = activation(linear(h, p[b + "mlp.gate_proj.weight"]), c.hidden_act);
-    Array u = linear(h, p[b + "mlp.up_proj.weight"]);
-    x = add(x, linear(mul(g, u), p[b + "mlp.down_proj.weight"]));
+    Array g = activation(dense(h, b + "mlp.gate_proj", false), c.hidden_act);
+    Array u = dense(h, b + "mlp.up_proj", false);
+    x = add(x, dense(mul(g, u), b + "mlp.down_proj", false));
   }
   return rms_norm(x, p["model.norm.weight"], c.rms_norm_eps);
 }
@@ -149,7 +154,7 @@ Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in
   Array x = llama_hidden(c, p, in, dropout_key, train, cache);
   if (c.tie_word_embeddings && !p.contains("lm_head.weight"))
     return matmul(x, p["model.embed_tokens.weight"], false, true);
-  return linear(x, p["lm_head.weight"]);
+  return adapted_linear(x, p, "lm_head", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
 }
 
 ModelSpec llama_model_spec() {
@@ -157,6 +162,7 @@ ModelSpec llama_model_spec() {
   s.model_type = "llama";
   s.kind = ModelKind::decoder;
   s.display_name = "LLaMA";
+  s.lora_targets = R"(\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)$)";
   s.base_prefix = "model.";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return LlamaConfig::from_json(j); };
   s.config_json = [](const ModelConfig& c) { return c.as<LlamaConfig>().to_json(); };

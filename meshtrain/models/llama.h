@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/common.h"
+#include "meshtrain/models/lora_options.h"
 
 namespace mt::models {
 
 struct LlamaConfig {
+  LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;

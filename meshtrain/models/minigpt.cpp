@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
@@ -90,25 +91,27 @@ Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs
   c.validate();
   ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, c.maxlen, "minigpt");
   Array x = add(embedding(p["embedding.token_emb.weight"], r.ids), embedding(p["embedding.pos_emb.weight"], r.positions));
+  const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
+  auto dense = [&](const Array& h, const std::string& module) {
+    return adapted_linear(h, p, module, p[module + ".bias"], ac);
+  };
   for (int64_t l = 0; l < c.num_transformer_blocks; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l));
-    auto proj = [&](const char* n) {
-      return linear(x, p[b + "attn." + n + ".weight"], p[b + "attn." + n + ".bias"]);
-    };
+    auto proj = [&](const char* n) { return dense(x, b + "attn." + n); };
     Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
           v = split_heads(proj("value"), c.num_heads);
     if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
     Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, {.causal = true}));
-    a = linear(a, p[b + "attn.out.weight"], p[b + "attn.out.bias"]);
+    a = dense(a, b + "attn.out");
     x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
                    c.layer_norm_epsilon);
-    Array m = relu(linear(x, p[b + "ffn.linear1.weight"], p[b + "ffn.linear1.bias"]));
-    m = linear(m, p[b + "ffn.linear2.weight"], p[b + "ffn.linear2.bias"]);
+    Array m = relu(dense(x, b + "ffn.linear1"));
+    m = dense(m, b + "ffn.linear2");
     x = layer_norm(add(x, dropout(m, c.dropout_rate, lk.fold_in(1), train)), p[b + "ln2.weight"], p[b + "ln2.bias"],
                    c.layer_norm_epsilon);
   }
-  return linear(x, p["output_layer.weight"]);
+  return adapted_linear(x, p, "output_layer", Array(), ac);
 }
 
 ModelSpec minigpt_model_spec() {
@@ -116,6 +119,7 @@ ModelSpec minigpt_model_spec() {
   s.model_type = "minigpt";
   s.kind = ModelKind::decoder;
   s.display_name = "miniGPT";
+  s.lora_targets = R"(\.(attn\.(query|key|value|out)|ffn\.linear1|ffn\.linear2)$)";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig {
     return MiniGptConfig::from_json(j);
   };

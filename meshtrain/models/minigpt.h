@@ -14,10 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/common.h"
+#include "meshtrain/models/lora_options.h"
 
 namespace mt::models {
 
 struct MiniGptConfig {
+  LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
   int64_t vocab_size = 50257;
   int64_t maxlen = 256;
   int64_t embed_dim = 256;

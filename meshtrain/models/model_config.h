@@ -7,6 +7,7 @@
 #include <typeinfo>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/models/lora_options.h"
 
 namespace mt::models {
 
@@ -15,7 +16,25 @@ class ModelConfig {
   ModelConfig() = default;
   template <class C>
   ModelConfig(C config)  // NOLINT: implicit, so a parse function can return its config type
-      : value_(std::make_shared<const C>(std::move(config))), type_(&typeid(C)) {}
+      : value_(std::make_shared<const C>(std::move(config))),
+        type_(&typeid(C)),
+        lora_([](const void* v) -> const LoraOptions& { return static_cast<const C*>(v)->lora; }),
+        with_lora_([](const void* v, const LoraOptions& lora) {
+          C copy = *static_cast<const C*>(v);
+          copy.lora = lora;
+          return ModelConfig(std::move(copy));
+        }) {}
+
+  // The LoRA adapters the model's parameters carry (rank 0: none).
+  const LoraOptions& lora() const {
+    static const LoraOptions none;
+    return value_ ? lora_(value_.get()) : none;
+  }
+  // A copy of this config whose model carries `lora` adapters.
+  ModelConfig with_lora(const LoraOptions& lora) const {
+    MT_CHECK(value_ != nullptr, "[model] with_lora on an empty config");
+    return with_lora_(value_.get(), lora);
+  }
 
   bool has_value() const { return value_ != nullptr; }
   template <class C>
@@ -31,6 +50,8 @@ class ModelConfig {
  private:
   std::shared_ptr<const void> value_;
   const std::type_info* type_ = nullptr;
+  const LoraOptions& (*lora_)(const void*) = nullptr;
+  ModelConfig (*with_lora_)(const void*, const LoraOptions&) = nullptr;
 };
 
 }  // namespace mt::models

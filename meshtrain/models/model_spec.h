@@ -50,6 +50,9 @@ struct ModelSpec {
   // Task-head parameters a base checkpoint cannot have (regexes): NewParams::heads lets them
   // be newly initialized (BERT's classifier and pooler for GLUE).
   std::function<std::vector<std::string>(const ModelConfig&)> head_keys;
+  // The dense layers LoRA adapts by default (a regex searched in module paths, lora.h):
+  // attention and MLP projections.
+  std::string lora_targets;
 
   // Decoders only (null for encoders).
   std::function<CausalLm(const ModelConfig&, const Params&)> causal_lm;

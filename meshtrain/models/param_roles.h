@@ -17,6 +17,8 @@ enum class ParamKind {
   dense,          // any other matrix (pooler, classifier, MLM transform, ...)
   norm,           // LayerNorm / RMSNorm scales and shifts
   bias,           // biases of dense layers
+  lora_a,         // LoRA down-projection A [r, in]: laid out like its base weight's input features
+  lora_b,         // LoRA up-projection B [out..., r]: laid out like its base weight's outputs
   other,
 };
 

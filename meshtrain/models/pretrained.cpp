@@ -11,6 +11,7 @@
 #include "meshtrain/io/llama2c.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/torch_checkpoint.h"
+#include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"
@@ -88,7 +89,12 @@ Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, 
   return s.decoder_logits(config, p, in, dropout_key, train);
 }
 
-std::vector<ParamDef> PretrainedModel::param_defs() const { return spec().param_defs(config); }
+std::vector<ParamDef> PretrainedModel::param_defs() const {
+  std::vector<ParamDef> defs = spec().param_defs(config);
+  if (config.lora().enabled())
+    for (ParamDef& d : lora_param_defs(defs, config.lora(), spec().lora_targets)) defs.push_back(std::move(d));
+  return defs;
+}
 
 ParamRoles PretrainedModel::param_roles() const { return roles_of(param_defs()); }
 
@@ -259,6 +265,10 @@ PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions
 }
 
 void save_pretrained(const PretrainedModel& model, const std::string& dir) {
+  if (model.config.lora().enabled()) {  // the saved model computes what this one does
+    save_pretrained(merge_lora(model), dir);
+    return;
+  }
   fs::create_directories(dir);
   {
     std::ofstream out(fs::path(dir) / "config.json");

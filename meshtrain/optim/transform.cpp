@@ -145,12 +145,39 @@ Transform clip_by_global_norm(double max_norm) {
   return t;
 }
 
+bool is_frozen(const Transform& t, const std::string& path) { return t.frozen && t.frozen(path); }
+
+std::pair<Params, Params> split_frozen(const Transform& t, const Params& params) {
+  std::pair<Params, Params> out;
+  for (const auto& [path, p] : params) (is_frozen(t, path) ? out.second : out.first).set(path, p);
+  return out;
+}
+
+namespace {
+// A parameter is frozen for a composite when any part freezes it.
+std::function<bool(const std::string&)> any_frozen(const std::vector<Transform>& parts) {
+  bool some = false;
+  for (const Transform& t : parts) some = some || bool(t.frozen);
+  if (!some) return {};
+  return [parts](const std::string& path) {
+    for (const Transform& t : parts)
+      if (is_frozen(t, path)) return true;
+    return false;
+  };
+}
+}  // namespace
+
 Transform chain(std::vector<Transform> transforms) {
   Transform t;
-  t.init = [transforms](const Params& params) {
+  t.frozen = any_frozen(transforms);
+  t.init = [transforms, frozen = t.frozen](const Params& params) {
+    // No transform of the chain keeps state for a parameter any of them freezes.
+    Transform filter;
+    filter.frozen = frozen;
+    const Params trainable = split_frozen(filter, params).first;
     Params s;
     for (size_t i = 0; i < transforms.size(); ++i)
-      for (const auto& [path, v] : transforms[i].init(params)) s.set(std::to_string(i) + "." + path, v);
+      for (const auto& [path, v] : transforms[i].init(trainable)) s.set(std::to_string(i) + "." + path, v);
     return s;
   };
   t.update = [transforms](const Params& updates, Params& state, const Params& params) {
@@ -169,8 +196,9 @@ Transform chain(std::vector<Transform> transforms) {
 Transform multi_steps(Transform inner, int every_k) {
   MT_CHECK(every_k >= 1, "[multi_steps] every_k must be >= 1, got ", every_k);
   Transform t;
+  t.frozen = inner.frozen;
   t.init = [inner](const Params& params) {
-    Params s = zero_slots(params, "acc.");
+    Params s = zero_slots(split_frozen(inner, params).first, "acc.");
     for (const auto& [path, v] : inner.init(params)) s.set("inner." + path, v);
     s.set("mini_step", Array::scalar(0.0, DType::i64));
     return s;

@@ -5,6 +5,7 @@
 #include <functional>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/autodiff/params.h"
@@ -18,7 +19,16 @@ struct Transform {
   // Turns incoming updates (gradients, or the previous transform's output) into outgoing
   // updates, advancing `state`. `params` are the current parameters.
   std::function<Params(const Params& updates, Params& state, const Params& params)> update;
+  // Parameters this transform never updates (optim::freeze inside a partition): they get no
+  // optimizer state, the Trainer computes no gradients for them and `update` receives none.
+  // Null: every parameter is trainable.
+  std::function<bool(const std::string& path)> frozen{};
 };
+
+// True when `t` freezes `path`.
+bool is_frozen(const Transform& t, const std::string& path);
+// The parameters `t` trains and the ones it freezes, each in params' order.
+std::pair<Params, Params> split_frozen(const Transform& t, const Params& params);
 
 // Which parameters get weight decay. The default decays matrices and embeddings and spares
 // biases and norm scales (every parameter of rank < 2).

@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/sharding.h"
 #include "meshtrain/dist/spmd.h"
+#include "meshtrain/models/lora.h"
 
 namespace mt::train {
 
@@ -49,6 +50,45 @@ namespace {
 
 bool divisible(const Shape& s, int dim, int64_t n) { return dim >= 0 && dim < s.ndim() && n > 0 && s[dim] % n == 0; }
 
+// A LoRA adapter takes its base weight's layout: A [r, in] splits its input features as the
+// weight does, B [out..., r] its output features, so the adapter's matmuls split with the
+// base layer's (column-parallel: B split, row-parallel: A split and one reduction).
+void lay_out_adapter(PlanEntry& e, const std::vector<PlanEntry>& entries, const models::ParamRoles& roles,
+                     const dist::Mesh& mesh, const std::vector<std::pair<std::regex, PartitionSpec>>& overrides,
+                     const ShardingOptions& options) {
+  e.spec.dims.assign(size_t(e.shape.ndim()), {});
+  for (size_t i = 0; i < overrides.size(); ++i)
+    if (std::regex_match(e.path, overrides[i].first)) {
+      e.spec = overrides[i].second;
+      e.reason = "override '" + options.overrides[i].first + "'";
+      break;
+    }
+  if (e.reason.empty()) {
+    const std::string base = models::lora_base_weight_path(e.path);
+    const PlanEntry* w = nullptr;
+    for (const PlanEntry& b : entries)
+      if (b.path == base) w = &b;
+    auto role_it = roles.find(base);
+    if (w == nullptr || role_it == roles.end()) {
+      e.reason = "LoRA adapter: replicated (no base weight " + base + ")";
+    } else {
+      const models::ParamRole& role = role_it->second;
+      const bool is_a = roles.at(e.path).kind == ParamKind::lora_a;
+      if (is_a) {
+        e.spec.dims[1] = w->spec.dims[size_t(role.in_dim)];
+      } else {
+        size_t j = 0;
+        for (int d = 0; d < w->shape.ndim(); ++d)
+          if (d != role.in_dim) e.spec.dims[j++] = w->spec.dims[size_t(d)];
+      }
+      e.reason = std::string("LoRA ") + (is_a ? "A: input features" : "B: output features") + " as " + base;
+    }
+  }
+  dist::Sharding sharding{mesh, e.spec};
+  sharding.validate(e.shape, e.path);
+  e.bytes_per_rank = sharding.local_shape(e.shape).numel() * int64_t(dtype_size(e.dtype));
+}
+
 }  // namespace
 
 ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, const models::ParamRoles& roles,
@@ -68,8 +108,16 @@ ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, c
   bool next_dense_out = true;  // "other" dense layers alternate column / row parallel
 
   std::vector<PlanEntry> entries;
+  std::vector<size_t> adapters;  // entries laid out after their base weights
   for (const auto& [path, value] : params) {
     PlanEntry e{path, value.shape(), value.dtype(), {}, 0, ""};
+    auto role_it = roles.find(path);
+    const ParamKind kind = role_it != roles.end() ? role_it->second.kind : ParamKind::other;
+    if (kind == ParamKind::lora_a || kind == ParamKind::lora_b) {
+      adapters.push_back(entries.size());
+      entries.push_back(std::move(e));
+      continue;
+    }
     bool overridden = false;
     for (size_t i = 0; i < overrides.size(); ++i)
       if (std::regex_match(path, overrides[i].first)) {
@@ -141,6 +189,7 @@ ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, c
     e.bytes_per_rank = sharding.local_shape(value.shape()).numel() * int64_t(dtype_size(value.dtype()));
     entries.push_back(std::move(e));
   }
+  for (size_t i : adapters) lay_out_adapter(entries[i], entries, roles, mesh, overrides, options);
   return ShardingPlan(mesh, std::move(entries));
 }
 

@@ -80,10 +80,18 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   double loss_total = 0;
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "forward_backward");
+  // Frozen parameters enter the loss as constants: no gradient is computed for them.
+  auto [trainable, frozen] = optim::split_frozen(optimizer_, params_);
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Batch& batch = micro_batches[m];
     const RngKey micro_key = key.fold_in(m);
-    auto [loss, g] = value_and_grad([&](const Params& p) { return loss_(p, batch, micro_key, true); })(params_);
+    auto loss_of_trainable = [&](const Params& p) {
+      if (frozen.empty()) return loss_(p, batch, micro_key, true);
+      Params all = frozen;
+      for (const auto& [path, v] : p) all.set(path, v);
+      return loss_(all, batch, micro_key, true);
+    };
+    auto [loss, g] = value_and_grad(loss_of_trainable)(trainable);
     loss_total += dist::to_host(loss).item();
     if (grads.empty()) {
       grads = std::move(g);

@@ -159,3 +159,16 @@ def greedy_twin(P, prompt, n, L, H, Hkv, eps, theta, interleaved):
         logits = llama_twin(P, ids, None, L, H, Hkv, eps, theta, interleaved)
         ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], 1)
     return ids[:, prompt.shape[1]:].double()
+
+def lora_weights(P, scale, conv):
+    # Each adapted weight as W + s·(B A): the merged form of W x + s·B(A x), differentiable in
+    # W, A and B. conv: the weights are HF Conv1D [in, out...] (GPT-2), else nn.Linear [out, in].
+    Q = dict(P)
+    for k in P:
+        if not k.endswith('.lora_A.weight'):
+            continue
+        m = k[:-len('.lora_A.weight')]
+        A, Bm, W = P[k], P[m + '.lora_B.weight'], P[m + '.weight']
+        d = scale * (Bm.reshape(-1, Bm.shape[-1]) @ A)
+        Q[m + '.weight'] = W + (d.t().reshape(W.shape) if conv else d.reshape(W.shape))
+    return Q

@@ -1,0 +1,227 @@
+#include "meshtrain/models/peft_adapter.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/io/safetensors.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::models {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kPeftPrefix = "base_model.model.";
+
+std::string regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string(".^$|()[]{}*+?\\").find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// The last `n` dot-separated components of a module path ("attn.c_proj" for n = 2).
+std::string tail_components(const std::string& path, int n) {
+  size_t pos = path.size();
+  for (int i = 0; i < n; ++i) {
+    size_t dot = pos == 0 ? std::string::npos : path.rfind('.', pos - 1);
+    if (dot == std::string::npos) return path;
+    pos = dot;
+  }
+  return path.substr(pos + 1);
+}
+
+// PEFT's list form of target_modules: a module matches a name when it is the name or ends
+// with "." + name.
+bool suffix_match(const std::string& module, const std::set<std::string>& names) {
+  for (const std::string& n : names)
+    if (module == n || (module.size() > n.size() && module.compare(module.size() - n.size(), n.size(), n) == 0 &&
+                        module[module.size() - n.size() - 1] == '.'))
+      return true;
+  return false;
+}
+
+// target_modules as PEFT writes it: the shortest list of module-name suffixes that picks
+// exactly the adapted modules, or (when no list does) a regex PEFT full-matches.
+json target_modules_json(const std::vector<ParamDef>& base_defs, const LoraOptions& o) {
+  const std::vector<LoraModule> all = lora_candidates(base_defs);
+  std::set<std::string> targeted;
+  for (const LoraModule& m : lora_targets(base_defs, o, "")) targeted.insert(m.path);
+  for (int n = 1; n <= 3; ++n) {
+    std::set<std::string> names;
+    for (const std::string& t : targeted) names.insert(tail_components(t, n));
+    bool exact = true;
+    for (const LoraModule& m : all) exact = exact && suffix_match(m.path, names) == (targeted.count(m.path) > 0);
+    if (exact) return json(std::vector<std::string>(names.begin(), names.end()));
+  }
+  std::string regex = ".*(?:";
+  regex.append(o.targets).append(").*");
+  return regex;
+}
+
+// target_modules back to our targets regex (searched in module paths).
+std::string targets_from_json(const json& t, const std::string& where) {
+  std::string regex = "^(?:";
+  if (t.is_string()) return regex.append(t.get<std::string>()).append(")$");
+  MT_CHECK(t.is_array() && !t.empty(), "[adapter] ", where, ": target_modules must be a string or a non-empty list");
+  std::string alternatives;
+  for (const json& n : t) {
+    MT_CHECK(n.is_string(), "[adapter] ", where, ": target_modules holds a non-string ", n.dump());
+    alternatives += (alternatives.empty() ? "" : "|") + regex_escape(n.get<std::string>());
+  }
+  regex = "(^|\\.)(?:";
+  return regex.append(alternatives).append(")$");
+}
+
+template <class T>
+T field(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  MT_CHECK(it != j.end() && !it->is_null(), "[adapter] ", where, ": missing '", key, "'");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw Error("[adapter] " + where + ": '" + key + "' has the wrong type (" + it->type_name() + ")");
+  }
+}
+
+}  // namespace
+
+std::string lora_parameter_pattern() { return R"(.*\.lora_[AB]\.weight)"; }
+
+void add_lora(PretrainedModel& model, LoraOptions options, const RngKey& key) {
+  MT_CHECK(!model.config.lora().enabled(), "[lora] ", model.source, " already carries LoRA adapters");
+  if (options.targets.empty()) options.targets = model.spec().lora_targets;
+  const std::vector<ParamDef> base = model.param_defs();
+  const std::vector<ParamDef> defs = lora_param_defs(base, options, model.spec().lora_targets);
+  DType dtype = DType::f32;
+  for (const ParamDef& d : base)
+    if (model.params.contains(d.path) && is_floating(model.params[d.path].dtype())) {
+      dtype = model.params[d.path].dtype();
+      break;
+    }
+  for (const auto& [path, value] : init_params(defs, key, dtype)) model.params.set(path, value);
+  model.config = model.config.with_lora(options);
+}
+
+PretrainedModel merge_lora(const PretrainedModel& model) {
+  PretrainedModel merged = model;
+  const LoraOptions lora = model.config.lora();
+  merged.config = model.config.with_lora(LoraOptions{});
+  if (!lora.enabled()) return merged;
+  Params host;
+  for (const auto& [path, a] : model.params) host.set(path, dist::to_host(a));
+  merged.params = merge_lora(host, merged.param_defs(), lora);
+  return merged;
+}
+
+bool is_adapter_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "adapter_config.json"); }
+
+void save_adapter(const PretrainedModel& model, const std::string& dir, const std::string& base_model) {
+  const LoraOptions& o = model.config.lora();
+  MT_CHECK(o.enabled(), "[adapter] the model has no LoRA adapters to save to ", dir);
+  PretrainedModel base = model;
+  base.config = model.config.with_lora(LoraOptions{});
+  const std::vector<ParamDef> base_defs = base.param_defs();
+  Params tensors;
+  for (const ParamDef& d : lora_param_defs(base_defs, o, model.spec().lora_targets)) {
+    Array a = dist::to_host(model.params[d.path]);
+    if (d.file_shape) a = reshape(a, d.file_shape->dims());
+    tensors.set(kPeftPrefix + d.path, a);
+  }
+  const ModelKind kind = model.spec().kind;
+  json config = {
+      {"peft_type", "LORA"},
+      {"task_type", kind == ModelKind::decoder ? json("CAUSAL_LM")
+                    : model.architecture == "BertForSequenceClassification" ? json("SEQ_CLS")
+                                                                            : json(nullptr)},
+      {"base_model_name_or_path", base_model},
+      {"r", o.rank},
+      {"lora_alpha", o.alpha},
+      {"lora_dropout", o.dropout},
+      {"use_rslora", o.use_rslora},
+      {"target_modules", target_modules_json(base_defs, o)},
+      // Conv1D stores [in, out]: PEFT transposes B·A when merging into such a weight.
+      {"fan_in_fan_out", model.model_type == "gpt2"},
+      {"bias", "none"},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+  };
+  fs::create_directories(dir);
+  io::save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  const fs::path cfg = fs::path(dir) / "adapter_config.json", tmp = cfg.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    MT_CHECK(out.good(), "[adapter] cannot write ", tmp.string());
+    out << config.dump(2) << "\n";
+  }
+  fs::rename(tmp, cfg);
+}
+
+void load_adapter(PretrainedModel& model, const std::string& dir) {
+  const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
+  const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
+  MT_CHECK(fs::is_regular_file(cfg_path), "[adapter] ", dir, " is not a PEFT adapter directory (no adapter_config.json)");
+  MT_CHECK(fs::is_regular_file(st_path), "[adapter] ", dir, " has no adapter_model.safetensors");
+  MT_CHECK(!model.config.lora().enabled(), "[adapter] ", model.source, " already carries LoRA adapters");
+  const json c = io::read_json_file(cfg_path);
+  MT_CHECK(c.is_object(), "[adapter] ", cfg_path, ": not a JSON object");
+  const std::string peft_type = field<std::string>(c, "peft_type", cfg_path);
+  MT_CHECK(peft_type == "LORA", "[adapter] ", cfg_path, ": peft_type '", peft_type, "' is not supported (only LORA)");
+  LoraOptions o;
+  o.rank = field<int64_t>(c, "r", cfg_path);
+  o.alpha = field<double>(c, "lora_alpha", cfg_path);
+  o.dropout = c.value("lora_dropout", 0.0);
+  o.use_rslora = c.contains("use_rslora") && c["use_rslora"].is_boolean() && c["use_rslora"].get<bool>();
+  MT_CHECK(c.contains("target_modules"), "[adapter] ", cfg_path, ": missing 'target_modules'");
+  o.targets = targets_from_json(c["target_modules"], cfg_path);
+  const std::string base_name = c.value("base_model_name_or_path", std::string("(unnamed)"));
+  auto mismatch = [&](const std::string& what) {
+    return Error("[adapter] " + dir + " (for base '" + base_name + "') does not fit " + model.source + " (" +
+                 model.architecture + "): " + what);
+  };
+
+  Params file = io::load_safetensors(st_path);
+  std::set<std::string> unused;
+  for (const auto& [key, v] : file) unused.insert(key);
+  std::vector<ParamDef> defs;
+  try {
+    defs = lora_param_defs(model.param_defs(), o, "");
+  } catch (const Error& e) {
+    throw mismatch(e.what());
+  }
+  DType dtype = DType::f32;
+  for (const auto& [path, v] : model.params)
+    if (is_floating(v.dtype())) {
+      dtype = v.dtype();
+      break;
+    }
+  Params adapters;
+  for (const ParamDef& d : defs) {
+    const std::string key = kPeftPrefix + d.path;
+    if (!file.contains(key)) throw mismatch("no tensor '" + key + "' in " + st_path + " for targeted module");
+    Array a = file[key];
+    const Shape want = d.file_shape ? *d.file_shape : d.shape;
+    if (a.shape() != want)
+      throw mismatch("'" + key + "' has shape " + a.shape().str() + ", the model needs " + want.str());
+    if (d.file_shape) a = reshape(a, d.shape.dims());
+    adapters.set(d.path, a.dtype() == dtype ? a : cast(a, dtype));
+    unused.erase(key);
+  }
+  if (!unused.empty())
+    throw mismatch("'" + *unused.begin() + "' names no adapted module of this model (" + std::to_string(unused.size()) +
+                   " such keys)");
+  for (const auto& [path, v] : adapters) model.params.set(path, v);
+  model.config = model.config.with_lora(o);
+}
+
+}  // namespace mt::models

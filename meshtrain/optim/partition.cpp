@@ -1,0 +1,81 @@
+#include "meshtrain/optim/partition.h"
+
+#include <memory>
+#include <regex>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::optim {
+
+namespace {
+
+struct CompiledRules {
+  std::vector<std::regex> patterns;
+  std::vector<PartitionRule> rules;
+  // The index of the rule that owns `path`; throws naming it when none matches.
+  size_t owner(const std::string& path) const {
+    for (size_t i = 0; i < patterns.size(); ++i)
+      if (std::regex_match(path, patterns[i])) return i;
+    std::string all;
+    for (const PartitionRule& r : rules) all += (all.empty() ? "'" : ", '") + r.pattern + "'";
+    throw Error("[partition] parameter '" + path + "' matches no rule (" + all + ")");
+  }
+};
+
+}  // namespace
+
+Transform freeze() {
+  Transform t;
+  t.init = [](const Params&) { return Params{}; };
+  t.update = [](const Params&, Params&, const Params&) { return Params{}; };
+  t.frozen = [](const std::string&) { return true; };
+  return t;
+}
+
+Transform partition(std::vector<PartitionRule> rules) {
+  MT_CHECK(!rules.empty(), "[partition] needs at least one rule");
+  auto compiled = std::make_shared<CompiledRules>();
+  for (const PartitionRule& r : rules) {
+    try {
+      compiled->patterns.emplace_back(r.pattern);
+    } catch (const std::regex_error& e) {
+      throw Error("[partition] invalid regex '" + r.pattern + "': " + e.what());
+    }
+  }
+  compiled->rules = std::move(rules);
+  // Params split by owning rule, each in the tree's order.
+  auto split = [compiled](const Params& tree) {
+    std::vector<Params> parts(compiled->rules.size());
+    for (const auto& [path, v] : tree) parts[compiled->owner(path)].set(path, v);
+    return parts;
+  };
+  Transform t;
+  t.frozen = [compiled](const std::string& path) {
+    const Transform& owner = compiled->rules[compiled->owner(path)].transform;
+    return is_frozen(owner, path);
+  };
+  t.init = [compiled, split](const Params& params) {
+    std::vector<Params> parts = split(params);
+    Params s;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].empty()) continue;
+      for (const auto& [path, v] : compiled->rules[i].transform.init(parts[i])) s.set(std::to_string(i) + "." + path, v);
+    }
+    return s;
+  };
+  t.update = [compiled, split](const Params& updates, Params& state, const Params& params) {
+    std::vector<Params> parts = split(updates);
+    Params out;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (parts[i].empty()) continue;
+      const std::string prefix = std::to_string(i);
+      Params inner = state.subtree(prefix);
+      for (const auto& [path, u] : compiled->rules[i].transform.update(parts[i], inner, params)) out.set(path, u);
+      for (const auto& [path, v] : inner) state.set(prefix + "." + path, v);
+    }
+    return out;
+  };
+  return t;
+}
+
+}  // namespace mt::optim
