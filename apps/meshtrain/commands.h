@@ -8,6 +8,7 @@ namespace mt::cli {
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
+void add_finetune_command(CLI::App& app);
 void add_glue_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_plot_command(CLI::App& app);

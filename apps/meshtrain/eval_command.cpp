@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/glue_setup.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
@@ -30,6 +31,7 @@ struct EvalOptions {
   int64_t max_eval_samples = -1;
   std::string output;
   bool allow_new_heads = false;
+  std::string adapter;
   RunFlags run;
   EvalOptions() { data.seq_len = 0; }  // 0: the model's context
 };
@@ -104,6 +106,7 @@ void run(const EvalOptions& o) {
   models::PretrainedModel model = train::is_checkpoint_path(o.model)
                                       ? train::load_checkpoint_model(o.model, deployer.mesh(), po)
                                       : models::from_pretrained(o.model, po);
+  apply_adapter(model, o.adapter, deployer.is_main());
   train::ShardingPlan plan = make_plan(deployer, model.params, model.param_roles(), o.run);
   Params params = plan.shard(model.params);
   json result = model.is_causal_lm() ? eval_decoder(deployer, model, params, o) : eval_glue(deployer, model, params, o);
@@ -122,6 +125,7 @@ void add_eval_command(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingPath);
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
+  add_adapter_flag(cmd, o->adapter);
   cmd->add_option("--data", o->data.data, "decoders: text file or directory scored by loss and perplexity")
       ->capture_default_str();
   cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence (default: the model's context)")

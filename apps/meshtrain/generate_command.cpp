@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/models/generate.h"
@@ -29,6 +30,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool no_stop = false;
   bool allow_new_heads = false;
+  std::string adapter;
   std::string precision = "f32";
 };
 
@@ -59,6 +61,7 @@ void run(const GenerateOptions& o) {
   models::PretrainedModel m = train::is_checkpoint_path(o.model)
                                   ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
                                   : models::from_pretrained(o.model, po);
+  apply_adapter(m, o.adapter, true);
   MT_CHECK(m.is_causal_lm(), "[generate] ", o.model, ": model_type '", m.model_type,
            "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), ")");
   std::shared_ptr<tokenizers::Tokenizer> tok = m.tokenizer;
@@ -124,6 +127,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--no-stop", o->no_stop, "ignore the model's end token (generate max-new-tokens)");
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
+  add_adapter_flag(cmd, o->adapter);
   add_precision_flag(cmd, o->precision);
   cmd->callback([o] {
     MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");

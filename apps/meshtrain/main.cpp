@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
     mt::cli::add_generate_command(app);
     mt::cli::add_tokenize_command(app);
     mt::cli::add_pretrain_command(app);
+    mt::cli::add_finetune_command(app);
     mt::cli::add_glue_command(app);
     mt::cli::add_eval_command(app);
     mt::cli::add_plot_command(app);

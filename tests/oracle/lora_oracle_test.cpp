@@ -18,6 +18,7 @@
 #include "meshtrain/models/lora.h"
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/models/pretrained.h"
+#include "meshtrain/ops/loss.h"
 #include "meshtrain/optim/partition.h"
 #include "tests/support/model_twins.h"
 #include "tests/support/temp_dir.h"
@@ -179,6 +180,39 @@ TEST(LoraOracle, FreshAdaptersLeaveLogitsBitForBitAndMergeMatches) {
   for (const auto& [path, w] : base.params) unmerge_err = std::max(unmerge_err, max_abs_diff(back[path], w));
   std::cout << "  unmerge(merge(W)) vs W: max |diff| " << unmerge_err << "\n";
   EXPECT_LE(unmerge_err, 1e-6);
+}
+
+// The Trainer differentiates only the trainable parameters (the frozen base enters as
+// constants): the adapters' gradients must be those of differentiating everything.
+TEST(LoraOracle, GradientsWithAFrozenBaseEqualFullGradients) {
+  for (const char* type : {"gpt2", "llama"}) {
+    nlohmann::json config = std::string(type) == "gpt2"
+                                ? tiny_gpt2_json()
+                                : nlohmann::json{{"model_type", "llama"}, {"vocab_size", 50}, {"hidden_size", 16},
+                                                 {"intermediate_size", 32}, {"num_hidden_layers", 2},
+                                                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}};
+    PretrainedModel m = init_model(config, seeded(1));
+    add_lora(m, lora(4, 8.0), RngKey{2, 0});
+    for (auto& [path, v] : m.params)
+      if (path.find("lora_B") != std::string::npos) v = random_normal(v.shape(), 5, DType::f32, 0.1);
+    Array ids = random_ints({2, 8}, 4, 0, 50), labels = random_ints({2, 8}, 6, 0, 50);
+    auto loss_of = [&](const Params& p) { return cross_entropy(m.decoder_logits(p, {.input_ids = ids}, RngKey{0, 0}, true), labels); };
+    auto [l_all, g_all] = value_and_grad(loss_of)(m.params);
+    optim::Transform opt = optim::partition({{lora_parameter_pattern(), optim::sgd(optim::constant_schedule(0.1))},
+                                             {".*", optim::freeze()}});
+    auto [trainable, frozen] = optim::split_frozen(opt, m.params);
+    auto [l_split, g_split] = value_and_grad([&](const Params& t) {
+      Params all = frozen;
+      for (const auto& [path, v] : t) all.set(path, v);
+      return loss_of(all);
+    })(trainable);
+    double err = std::abs(l_all.item() - l_split.item());
+    for (const auto& [path, g] : g_split) err = std::max(err, max_abs_diff(g, g_all[path]));
+    std::cout << "  " << type << ": adapter gradients with the base frozen vs all leaves: max |diff| " << err << " over "
+              << g_split.size() << " adapters\n";
+    EXPECT_EQ(g_split.size(), trainable.size());
+    EXPECT_LE(err, 1e-6);
+  }
 }
 
 TEST(LoraOracle, OptimizerStateIsUnderTwoPercentOfFullFineTuning) {

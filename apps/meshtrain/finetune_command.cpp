@@ -1,0 +1,226 @@
+// `meshtrain finetune`: a pretrained decoder (Hugging Face directory, meshtrain run or
+// llama2.c file) fine-tuned on a user's rows — causal LM on a text field, or supervised
+// fine-tuning on prompt/response pairs with the loss on responses only — fully or with LoRA
+// adapters on the frozen model. It reports the held-out loss and the held-out responses the
+// model reproduces exactly (greedy) before and after, and writes the adapter as a PEFT
+// directory and/or the full model as a Hugging Face directory.
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/lora_flags.h"
+#include "apps/meshtrain/run_flags.h"
+#include "apps/meshtrain/sft_data.h"
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct FinetuneOptions {
+  std::string model;
+  std::string tokenizer;
+  SftFlags data;
+  LoraFlags lora;
+  int64_t steps = 0;
+  int64_t epochs = 3;
+  int64_t per_device_batch_size = 8;
+  int grad_accum = 1;
+  double learning_rate = 0;  // 0: 1e-3 with LoRA, 5e-5 for all weights
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 0;
+  int64_t check_rows = 32;  // held-out rows whose greedy answers are compared
+  int64_t sample_tokens = 32;
+  RunFlags run;
+};
+
+// Greedy continuation of one prompt (special tokens as in training), decoded without it.
+std::string complete(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
+                     const std::string& prompt, int64_t new_tokens, std::optional<int64_t> eos) {
+  tokenizers::Encoding e = tok.encode(prompt, true);
+  std::vector<int64_t> ids(e.ids.begin(), e.ids.end());
+  models::PretrainedModel m = model;
+  m.params = params;
+  models::GenerationConfig g;
+  g.max_new_tokens = new_tokens;
+  if (eos) g.stop_tokens = {*eos};
+  models::CausalLm lm = m.causal_lm();
+  models::GenerationResult r = models::generate(models::restrict_vocab(lm, std::min(lm.vocab_size, tok.vocab_size())), {ids}, g);
+  std::vector<int32_t> out;
+  for (int64_t t : r.tokens[0])
+    if (!eos || t != *eos) out.push_back(int32_t(t));
+  return tok.decode(out, true);
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// How many held-out responses the model reproduces exactly; prints the first few.
+int64_t exact_answers(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
+                      const SftCorpus& c, const FinetuneOptions& o, std::optional<int64_t> eos, const std::string& when,
+                      const train::Deployer& deployer) {
+  const int64_t n = std::min<int64_t>(o.check_rows, int64_t(c.eval_prompts.size()));
+  int64_t right = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string prompt = prompt_text(o.data.template_text, c.eval_prompts[size_t(i)]);
+    const std::string got = complete(model, params, tok, prompt, o.sample_tokens, eos);
+    const bool ok = trim(got) == trim(c.eval_responses[size_t(i)]);
+    right += ok;
+    if (i < 3) deployer.log("  [" + when + "] " + json(prompt).dump() + " -> " + json(got).dump() + (ok ? "  (right)" : ""));
+  }
+  deployer.log("held-out answers " + when + ": " + std::to_string(right) + "/" + std::to_string(n) + " exact");
+  return right;
+}
+
+void run(const FinetuneOptions& o) {
+  check_output_dir(o.run, "finetune");
+  train::Deployer deployer = make_deployer(o.run);
+  const auto precision = precision_scope(o.run.precision);
+  const fs::path out = o.run.output_dir;
+  models::PretrainedOptions po;
+  po.print_report = deployer.is_main();
+  po.load_tokenizer = o.tokenizer.empty();
+  auto model = std::make_shared<models::PretrainedModel>(
+      train::is_checkpoint_path(o.model) ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
+                                         : models::from_pretrained(o.model, po));
+  MT_CHECK(model->is_causal_lm(), "[finetune] ", o.model, ": model_type '", model->model_type,
+           "' is not a decoder (use glue for BERT)");
+  std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
+  MT_CHECK(tok != nullptr, "[finetune] ", o.model, " has no tokenizer: pass --tokenizer PATH");
+  const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
+  std::optional<int64_t> eos = end_of_text_id(*tok);
+  if (!eos && !model->causal_lm().stop_tokens.empty()) eos = model->causal_lm().stop_tokens[0];
+
+  // Everything that can be wrong with the data or the LoRA settings fails here, before a
+  // file is written.
+  SftCorpus corpus = make_sft_corpus(o.data, *tok, eos);
+  if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
+  const int64_t global_batch = o.per_device_batch_size * deployer.data_size();
+  MT_CHECK(corpus.eval == nullptr || corpus.eval->size() >= global_batch, "[finetune] the ", corpus.eval_rows,
+           " held-out rows make ", corpus.eval ? corpus.eval->size() : 0, " sequences, fewer than one global batch of ",
+           global_batch, ": raise --eval-fraction or lower --per-device-batch-size");
+  train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
+
+  train::FitOptions f;
+  f.per_device_batch_size = o.per_device_batch_size;
+  f.grad_accum_steps = o.grad_accum;
+  f.epochs = o.epochs;
+  f.max_steps = o.steps > 0 ? o.steps : -1;
+  train::StepPlan steps = train::plan_steps(corpus.train->size(), f, deployer);
+  if (o.steps > 0) {
+    f.epochs = (o.steps + steps.steps_per_epoch - 1) / steps.steps_per_epoch;
+    steps = train::plan_steps(corpus.train->size(), f, deployer);
+  }
+  const int64_t total = steps.total_steps;
+  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-3 : 5e-5;
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, std::min(o.warmup_steps, total - 1), total,
+                                                           lr_peak * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
+  optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
+                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  int64_t trainable = 0;
+  for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
+  std::ostringstream intro;
+  intro << "finetune: " << model->model_type << " from " << o.model << " ("
+        << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string("all weights, "))
+        << trainable << " of " << model->params.total_elements() << " parameters trained) on " << o.data.data << ": "
+        << corpus.rows - corpus.eval_rows << " train / " << corpus.eval_rows << " eval rows ("
+        << (corpus.supervised ? "prompt/response, loss on responses" : "text") << ", " << corpus.target_tokens
+        << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.grad_accum
+        << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
+  deployer.log(intro.str());
+
+  train::Trainer trainer(deployer, sft_collate(), lm_loss(model), model->params, opt, plan);
+  std::optional<double> eval_before;
+  if (corpus.eval) {
+    eval_before = trainer.eval_loss(corpus.eval, o.per_device_batch_size);
+    deployer.log("eval loss before fine-tuning " + std::to_string(*eval_before));
+  }
+  if (corpus.supervised) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "before", deployer);
+
+  f.eval_data = corpus.eval;
+  f.eval_every = o.eval_steps;
+  f.save_every = o.save_steps;
+  f.resume = o.run.resume;
+  f.profile_steps = o.run.profile;
+  f.log_mfu = true;
+  f.peak_gflops = o.run.peak_gflops;
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.learning_rate = lr;
+  f.tokens_per_example = o.data.seq_len;
+  train::FitResult r = trainer.fit(corpus.train, f);
+
+  if (eval_before && !r.evals.empty() && r.evals.back().count("eval_loss")) {
+    const double after = r.evals.back().at("eval_loss");
+    std::ostringstream line;
+    line << "eval loss " << std::setprecision(6) << *eval_before << " -> " << after << " ("
+         << std::setprecision(3) << 100.0 * (1.0 - after / *eval_before) << " % lower)";
+    deployer.log(line.str());
+  }
+  if (corpus.supervised) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "after", deployer);
+
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  model->params = host;
+  const fs::path model_dir = out / "model", adapter_dir = out / "adapter";
+  if (deployer.is_main()) {
+    if (o.lora.enabled()) {
+      models::save_adapter(*model, adapter_dir.string(), o.model);
+      deployer.log("adapter in " + adapter_dir.string() + " (PEFT layout; apply with --adapter)");
+    }
+    if (!o.lora.enabled() || o.lora.merge) {
+      models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
+      tokenizers::copy_tokenizer_files(tokenizer_source, model_dir.string());
+      deployer.log("model in " + model_dir.string() + (o.lora.enabled() ? " (adapters merged)" : ""));
+    }
+  }
+  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+}
+
+}  // namespace
+
+void add_finetune_command(CLI::App& app) {
+  auto o = std::make_shared<FinetuneOptions>();
+  o->run.output_dir = "runs/finetune";
+  CLI::App* cmd = app.add_subcommand(
+      "finetune", "fine-tune a pretrained decoder on text or prompt/response rows (all weights or LoRA adapters)");
+  cmd->add_option("--model", o->model, "model directory (Hugging Face or meshtrain run/checkpoint) or llama2.c .bin")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  add_sft_data_flags(cmd, o->data);
+  add_lora_flags(cmd, o->lora);
+  auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
+  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
+  steps->excludes(epochs)->check(positive());
+  epochs->excludes(steps)->check(positive());
+  cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "sequences per step on each data-parallel rank")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());
+  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 1e-3 with LoRA, 5e-5 otherwise)");
+  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
+  cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  cmd->add_option("--check-rows", o->check_rows, "held-out prompts answered greedily before and after (SFT)")
+      ->capture_default_str();
+  cmd->add_option("--sample-tokens", o->sample_tokens, "tokens generated per held-out prompt")->capture_default_str();
+  add_run_flags(cmd, o->run, true);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,51 @@
+#include "apps/meshtrain/lora_flags.h"
+
+#include <iostream>
+
+#include "meshtrain/optim/partition.h"
+
+namespace mt::cli {
+
+models::LoraOptions LoraFlags::options() const {
+  models::LoraOptions o;
+  o.rank = rank;
+  o.alpha = alpha;
+  o.dropout = dropout;
+  o.targets = targets;
+  o.use_rslora = rslora;
+  return o;
+}
+
+void add_lora_flags(CLI::App* cmd, LoraFlags& f) {
+  cmd->add_option("--lora-rank", f.rank, "train LoRA adapters of this rank on a frozen model (0: all weights)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lora-alpha", f.alpha, "LoRA scale numerator: updates are scaled by alpha / rank")
+      ->capture_default_str();
+  cmd->add_option("--lora-dropout", f.dropout, "dropout on the adapters' input while training")->capture_default_str();
+  cmd->add_option("--lora-targets", f.targets,
+                  "regex searched in module paths (e.g. 'q_proj|v_proj'; default: attention and MLP projections)");
+  cmd->add_flag("--use-rslora", f.rslora, "rank-stabilized LoRA: scale by alpha / sqrt(rank)");
+  cmd->add_flag("--merge-lora", f.merge, "also export the model with the adapters merged into its weights");
+}
+
+void add_adapter_flag(CLI::App* cmd, std::string& adapter) {
+  cmd->add_option("--adapter", adapter, "a PEFT LoRA adapter directory (adapter_config.json) applied to --model")
+      ->check(CLI::ExistingDirectory);
+}
+
+void apply_adapter(models::PretrainedModel& model, const std::string& adapter, bool log) {
+  if (adapter.empty()) return;
+  models::load_adapter(model, adapter);
+  if (log)
+    std::cerr << "meshtrain: LoRA adapter " << adapter << " (rank " << model.config.lora().rank << ", alpha "
+              << model.config.lora().alpha << ") on " << model.source << "\n";
+}
+
+optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_train) {
+  std::string trainable = models::lora_parameter_pattern();
+  if (!also_train.empty()) trainable = "(?:" + trainable + ")|(?:" + also_train + ")";
+  return optim::partition({{trainable, std::move(inner)}, {".*", optim::freeze()}});
+}
+
+}  // namespace mt::cli

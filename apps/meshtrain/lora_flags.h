@@ -1,0 +1,36 @@
+#pragma once
+// LoRA on the command line: --lora-rank R (0: full fine-tuning) --lora-alpha --lora-dropout
+// --lora-targets REGEX --use-rslora --merge-lora for the training commands, --adapter DIR
+// for the commands that run a model.
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "meshtrain/models/peft_adapter.h"
+#include "meshtrain/optim/transform.h"
+
+namespace mt::cli {
+
+struct LoraFlags {
+  int64_t rank = 0;
+  double alpha = 16.0;
+  double dropout = 0.05;
+  std::string targets;  // empty: the model family's attention and MLP projections
+  bool rslora = false;
+  bool merge = false;   // export the merged model instead of the adapter alone
+
+  bool enabled() const { return rank > 0; }
+  models::LoraOptions options() const;
+};
+
+void add_lora_flags(CLI::App* cmd, LoraFlags& flags);
+// --adapter DIR: a PEFT LoRA directory applied on top of --model.
+void add_adapter_flag(CLI::App* cmd, std::string& adapter);
+// Loads `adapter` (if not empty) onto the model, logging what it did.
+void apply_adapter(models::PretrainedModel& model, const std::string& adapter, bool log);
+
+// The optimizer LoRA trains with: `inner` on the adapters (and on parameters matching
+// `also_train`, e.g. a task head; empty: none), every other parameter frozen.
+optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_train = "");
+
+}  // namespace mt::cli

@@ -1,0 +1,136 @@
+// `meshtrain finetune` end to end: a small GPT-2 pretrained on the default corpus, then LoRA
+// rank 8 on an instruction set generated here ("<word><n> counts to 4" -> "5", the loss on
+// the responses only): the held-out loss falls by at least half, the merged export answers
+// held-out prompts the base cannot, the PEFT adapter on the base generates what the merged
+// model does; bad rows, targets and ranks are clear errors that write nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/cli_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kShakespeare = std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt";
+
+struct Row {
+  std::string prompt, response;
+};
+
+// "<word><n> counts to <d>" -> "<d + 1>": the filler makes every prompt new, the answer
+// depends on the last digit only.
+std::vector<Row> counting_rows(int n, uint32_t seed) {
+  static const char* words[] = {"apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pixel", "ember", "lunar",
+                                "frost", "cedar", "amber", "delta", "sigma", "noble", "quiet", "rapid", "solar", "vivid"};
+  std::mt19937 rng(seed);
+  std::vector<Row> rows;
+  for (int i = 0; i < n; ++i) {
+    const int d = int(rng() % 9);
+    const std::string w = std::string(words[rng() % 20]) + std::to_string(rng() % 100);
+    rows.push_back({w + " counts to " + std::to_string(d), std::to_string(d + 1)});
+  }
+  return rows;
+}
+
+void write_jsonl(const fs::path& path, const std::vector<Row>& rows) {
+  std::ofstream out(path);
+  for (const Row& r : rows) out << nlohmann::json{{"instruction", r.prompt}, {"output", r.response}}.dump() << "\n";
+}
+
+double number_after(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(text, m, std::regex(pattern))) << pattern << " not in:\n" << text;
+  return m.empty() ? -1 : std::stod(m[1].str());
+}
+
+class FinetuneE2E : public TempDir {};
+
+TEST_F(FinetuneE2E, LoraOnInstructionsHalvesHeldOutLossAndAnswersHeldOutPrompts) {
+  const fs::path base = dir_ / "base", run = dir_ / "lora", data = dir_ / "count.jsonl";
+  // The default corpus (fortunes): a base with some sense of short lines, not yet of counting.
+  CliRun pre = run_cli("pretrain --model gpt2 --seq-len 64 --steps 150 --output-dir " + base.string());
+  ASSERT_EQ(pre.code, 0) << pre.out;
+  write_jsonl(data, counting_rows(600, 7));
+  const std::string ft = "finetune --model " + (base / "model").string() + " --data " + data.string() +
+                         " --prompt-field instruction --response-field output --seq-len 32 --lora-rank 8 "
+                         "--learning-rate 3e-3 --epochs 8 --merge-lora --output-dir " + run.string();
+  CliRun r = run_cli(ft);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::cout << r.out.substr(0, r.out.find('\n')) << "\n";
+  const double before = number_after(r.out, R"(eval loss before fine-tuning ([0-9.]+))");
+  const double drop = number_after(r.out, R"(eval loss [0-9.]+ -> [0-9.]+ \(([0-9.]+) % lower\))");
+  const double right_before = number_after(r.out, R"(held-out answers before: (\d+)/)");
+  const double right_after = number_after(r.out, R"(held-out answers after: (\d+)/)");
+  std::cout << "  held-out response loss " << before << ", " << drop << " % lower after LoRA; exact answers "
+            << right_before << " -> " << right_after << " of 32\n";
+  EXPECT_GE(drop, 50.0);
+  EXPECT_GT(right_after, right_before);
+  // LoRA trains only the adapters: the intro says how many parameters that is.
+  EXPECT_NE(r.out.find("LoRA rank 8"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(run / "adapter/adapter_config.json"));
+  ASSERT_TRUE(fs::exists(run / "adapter/adapter_model.safetensors"));
+  ASSERT_TRUE(fs::exists(run / "model/config.json"));
+
+  // Held-out prompts (a new seed): the merged export answers more of them than the base, and
+  // base + adapter generates exactly what the merged model does.
+  int merged_right = 0, base_right = 0;
+  for (const Row& row : counting_rows(6, 99)) {
+    const std::string gen = " --prompt \"" + row.prompt + "\" --max-new-tokens 4";
+    CliRun merged = run_cli("generate --model " + (run / "model").string() + gen);
+    CliRun plain = run_cli("generate --model " + (base / "model").string() + gen);
+    CliRun adapter = run_cli("generate --model " + (base / "model").string() + " --adapter " + (run / "adapter").string() + gen);
+    ASSERT_EQ(merged.code, 0) << merged.out;
+    ASSERT_EQ(adapter.code, 0) << adapter.out;
+    EXPECT_EQ(adapter.std_out, merged.std_out) << row.prompt;
+    merged_right += merged.std_out == row.prompt + row.response + "\n";
+    base_right += plain.std_out == row.prompt + row.response + "\n";
+    std::cout << "  " << row.prompt << " -> merged " << merged.std_out.substr(row.prompt.size()) ;
+  }
+  std::cout << "  held-out prompts answered: merged " << merged_right << "/6, base " << base_right << "/6\n";
+  EXPECT_GT(merged_right, base_right);
+}
+
+TEST_F(FinetuneE2E, BadRowsTargetsAndRanksFailBeforeWritingAnything) {
+  const fs::path base = dir_ / "base";
+  CliRun pre = run_cli("pretrain --model llama --data " + kShakespeare + " --seq-len 32 --steps 2 --eval-fraction 0.005 "
+                       "--output-dir " + base.string());
+  ASSERT_EQ(pre.code, 0) << pre.out;
+  const fs::path data = dir_ / "rows.jsonl";
+  {
+    std::ofstream out(data);
+    out << R"({"instruction": "a", "output": "b"})" << "\n" << R"({"instruction": "c", "answer": "d"})" << "\n";
+  }
+  const std::string model = " --model " + (base / "model").string();
+  auto expect_error = [&](const std::string& args, const std::string& needle) {
+    const fs::path out = dir_ / "out";
+    CliRun r = run_cli("finetune" + model + " --output-dir " + out.string() + " " + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.out.find(needle), std::string::npos) << "'" << needle << "' not in:\n" << r.out;
+    EXPECT_FALSE(fs::exists(out / "adapter")) << args;
+    EXPECT_FALSE(fs::exists(out / "model")) << args;
+    EXPECT_FALSE(fs::exists(out / "checkpoints")) << args;
+  };
+  // A row without the named field: the file and its line.
+  expect_error("--data " + data.string() + " --prompt-field instruction --response-field output",
+               data.string() + ":2");
+  write_jsonl(dir_ / "ok.jsonl", counting_rows(40, 1));
+  const std::string ok = "--data " + (dir_ / "ok.jsonl").string() + " --prompt-field instruction --response-field output ";
+  expect_error(ok + "--lora-rank 4 --lora-targets c_attn", "matches no dense layer");
+  expect_error(ok + "--lora-rank 1000", "rank 1000 exceeds");
+  expect_error(ok + "--template \"{prompt}\"", "--template must contain {response}");
+  // An adapter for another base is refused by generate too.
+  CliRun g = run_cli("generate" + model + " --adapter " + (dir_ / "missing").string() + " --prompt x");
+  EXPECT_NE(g.code, 0);
+}
+
+}  // namespace
+}  // namespace mt::testing
