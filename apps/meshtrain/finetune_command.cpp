@@ -158,7 +158,7 @@ void run(const FinetuneOptions& o) {
   f.profile_steps = o.run.profile;
   f.log_mfu = true;
   f.peak_gflops = o.run.peak_gflops;
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/glue_setup.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
@@ -37,6 +38,7 @@ struct GlueOptions {
   int64_t warmup_steps = 0;
   int64_t max_train_samples = -1, max_eval_samples = -1;
   bool allow_new_heads = false;
+  LoraFlags lora;
   RunFlags run;
 };
 
@@ -73,6 +75,7 @@ void run(const GlueOptions& o) {
       o.model.empty() ? models::init_model(small_bert_config(o.config, task, tok->vocab_size(), o.max_seq_length), po)
                       : models::from_pretrained(o.model, po));
   MT_CHECK(model->model_type == "bert", "[glue] ", o.model, " is a ", model->model_type, " model; glue fine-tunes BERT");
+  if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   tok->set_truncation(tokenizers::TruncationParams{size_t(o.max_seq_length)});
   tokenizers::PaddingParams pad;
   pad.length = size_t(o.max_seq_length);
@@ -90,6 +93,8 @@ void run(const GlueOptions& o) {
   const int64_t total = train::plan_steps(train_set->size(), f, deployer).total_steps;
   optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, std::min(o.warmup_steps, total - 1), total);
   optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
+  // LoRA: the adapters and the new task head (classifier, pooler) train, the encoder is frozen.
+  if (o.lora.enabled()) opt = lora_optimizer(opt, R"((classifier|bert\.pooler)\..*)");
   deployer.log("glue " + task.name + ": " + std::to_string(train_set->size()) + " train / " +
                std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
                " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
@@ -108,7 +113,7 @@ void run(const GlueOptions& o) {
   f.profile_steps = o.run.profile;
   f.log_mfu = true;
   f.peak_gflops = o.run.peak_gflops;
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.max_seq_length;
   train::FitResult r = trainer.fit(train_set, f);
@@ -147,6 +152,7 @@ void add_glue_command(CLI::App& app) {
   model->excludes(config);
   config->excludes(model);
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
+  add_lora_flags(cmd, o->lora);
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model's)");
   cmd->add_option("--max-seq-length,--max_seq_length", o->max_seq_length, "tokens per example after truncation and padding")
       ->capture_default_str()

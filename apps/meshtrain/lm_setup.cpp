@@ -148,6 +148,9 @@ std::string sample_text(const models::PretrainedModel& model, const tokenizers::
   g.top_k = top_k;
   g.seed = seed;
   models::CausalLm lm = model.causal_lm();
+  // A sample ends at the end of its document: the tokenizer's end-of-text or the model's own.
+  g.stop_tokens = lm.stop_tokens;
+  if (auto eot = end_of_text_id(tok)) g.stop_tokens.push_back(*eot);
   models::GenerationResult r = models::generate(models::restrict_vocab(lm, std::min(lm.vocab_size, tok.vocab_size())), {ids}, g);
   std::vector<int32_t> all(ids.begin(), ids.end());
   all.insert(all.end(), r.tokens[0].begin(), r.tokens[0].end());

@@ -12,6 +12,7 @@
 
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/generate.h"
@@ -28,6 +29,9 @@ struct PretrainOptions {
   LmDataFlags data;
   std::string model = "minigpt";
   std::string config;
+  std::string init_from;        // continue from this model instead of fresh weights
+  bool tokenizer_given = false;  // --tokenizer on the command line (else --init-from's own)
+  LoraFlags lora;
   int64_t steps = 0;
   int64_t epochs = 1;
   int64_t per_device_batch_size = 16;
@@ -65,12 +69,34 @@ void run(const PretrainOptions& o) {
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
-  LmCorpus corpus = load_lm_corpus(o.data, model_dir.string(), "pretrain");
-  json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);
   models::PretrainedOptions po;
   po.init_key = deployer.init_key();
   po.load_tokenizer = false;
-  auto model = std::make_shared<models::PretrainedModel>(models::init_model(config, po));
+  po.print_report = deployer.is_main();
+  std::shared_ptr<models::PretrainedModel> model;
+  if (!o.init_from.empty()) {  // before any file is written: a bad model fails here
+    model = std::make_shared<models::PretrainedModel>(
+        train::is_checkpoint_path(o.init_from) ? train::load_checkpoint_model(o.init_from, dist::Mesh::single(), po)
+                                               : models::from_pretrained(o.init_from, po));
+    MT_CHECK(model->is_causal_lm(), "[pretrain] --init-from ", o.init_from, ": model_type '", model->model_type,
+             "' is not a decoder");
+    if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
+  } else {
+    MT_CHECK(!o.lora.enabled(), "[pretrain] LoRA adapts a trained model: pass --init-from DIR with --lora-rank");
+  }
+  LmDataFlags data = o.data;
+  if (!o.init_from.empty() && !o.tokenizer_given) data.tokenizer = o.init_from;  // the model's own tokenizer
+  LmCorpus corpus = load_lm_corpus(data, model_dir.string(), "pretrain");
+  if (model) {
+    const models::CausalLm lm = model->causal_lm();
+    MT_CHECK(lm.vocab_size >= corpus.tokenizer->vocab_size(), "[pretrain] --init-from ", o.init_from, " has ",
+             lm.vocab_size, " token ids, fewer than the tokenizer's ", corpus.tokenizer->vocab_size());
+    MT_CHECK(lm.max_positions == 0 || lm.max_positions >= o.data.seq_len, "[pretrain] --seq-len ", o.data.seq_len,
+             " exceeds the ", lm.max_positions, " positions of ", o.init_from);
+  } else {
+    json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);
+    model = std::make_shared<models::PretrainedModel>(models::init_model(config, po));
+  }
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   const int64_t n_eval = o.eval_fraction > 0 ? std::max<int64_t>(1, int64_t(double(corpus.dataset->size()) * o.eval_fraction)) : 0;
@@ -94,8 +120,9 @@ void run(const PretrainOptions& o) {
   }
   const int64_t total = steps.total_steps;
 
-  deployer.log("pretrain: " + model->model_type + " (" + std::to_string(model->params.total_elements()) +
-               " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
+  deployer.log("pretrain: " + model->model_type + (o.init_from.empty() ? "" : " from " + o.init_from) +
+               (o.lora.enabled() ? " with LoRA rank " + std::to_string(o.lora.rank) : "") + " (" +
+               std::to_string(model->params.total_elements()) + " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
                std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
                std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
@@ -103,8 +130,9 @@ void run(const PretrainOptions& o) {
 
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
                                                            o.learning_rate * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
-                                       optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay)});
+                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
   train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
 
   f.eval_data = eval_set;
@@ -115,7 +143,7 @@ void run(const PretrainOptions& o) {
   f.profile_steps = o.run.profile;
   f.log_mfu = true;
   f.peak_gflops = o.run.peak_gflops;
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model");
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   const fs::path samples = out / "samples.txt";
@@ -123,13 +151,19 @@ void run(const PretrainOptions& o) {
     f.on_step = [&](int64_t step, const Params& p) {
       if (step % o.sample_every == 0 && step < total) print_sample(*model, p, *corpus.tokenizer, o, step, samples, trainer);
     };
+  // One sample before training shows where the model starts (fresh: noise; --init-from:
+  // the model's own text).
+  if (!o.run.resume) print_sample(*model, trainer.params(), *corpus.tokenizer, o, 0, samples, trainer);
   train::FitResult r = trainer.fit(train_set, f);
 
   // The final model as a Hugging Face-style directory beside the tokenizer files.
   Params host;
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
-  if (deployer.is_main()) models::save_pretrained(*model, model_dir.string());
+  if (deployer.is_main()) {
+    models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
+    if (o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);
+  }
   if (!r.evals.empty() && r.evals.back().count("eval_loss"))
     deployer.log("eval perplexity " + std::to_string(train::perplexity(r.evals.back().at("eval_loss"))));
   print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples, trainer);
@@ -153,6 +187,10 @@ void add_pretrain_command(CLI::App& app) {
       ->check(CLI::IsMember(models::model_types(models::ModelKind::decoder)));
   cmd->add_option("--config", o->config, "config.json whose keys override the default size (e.g. n_layer)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--init-from", o->init_from,
+                  "continue training this model (HF directory, meshtrain run/checkpoint or llama2.c .bin); its "
+                  "tokenizer unless --tokenizer");
+  add_lora_flags(cmd, o->lora);
   auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
   auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
   steps->excludes(epochs)->check(positive());
@@ -180,7 +218,12 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--temperature", o->temperature, "sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
   add_run_flags(cmd, o->run, true);
-  cmd->callback([o] { run(*o); });
+  cmd->callback([o, cmd] {
+    o->tokenizer_given = cmd->get_option("--tokenizer")->count() > 0;
+    MT_CHECK(o->init_from.empty() || (cmd->get_option("--model")->count() == 0 && o->config.empty()),
+             "[pretrain] --init-from takes the model's own architecture and size: drop --model/--config");
+    run(*o);
+  });
 }
 
 }  // namespace mt::cli

@@ -23,7 +23,9 @@ bool is_checkpoint_path(const std::string& path);
 // What a checkpoint's meta.json says about its model: {"model_config": ..., "tokenizer": path};
 // a relative tokenizer path is taken from the checkpoint directory (so a run directory can
 // move: "../../model" is the run's model/ folder).
-nlohmann::json checkpoint_model_extra(const nlohmann::json& model_config, const std::string& tokenizer_path);
+// A LoRA model's adapter options are kept too (`lora`), so its checkpoints load with adapters.
+nlohmann::json checkpoint_model_extra(const nlohmann::json& model_config, const std::string& tokenizer_path,
+                                      const models::LoraOptions& lora = {});
 
 // Collective over `mesh`: the checkpoint's parameters (laid out replicated) as a model, its
 // tokenizer loaded when options.load_tokenizer and the checkpoint names one.
