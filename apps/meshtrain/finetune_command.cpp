@@ -30,10 +30,7 @@ struct FinetuneOptions {
   std::string tokenizer;
   SftFlags data;
   LoraFlags lora;
-  int64_t steps = 0;
-  int64_t epochs = 3;
-  int64_t per_device_batch_size = 8;
-  int grad_accum = 1;
+  StepFlags length{0, 3, 8, 1};
   double learning_rate = 0;  // 0: 1e-3 with LoRA, 5e-5 for all weights
   int64_t warmup_steps = 10;
   double weight_decay = 0.0;
@@ -108,23 +105,14 @@ void run(const FinetuneOptions& o) {
   // file is written.
   SftCorpus corpus = make_sft_corpus(o.data, *tok, eos);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
-  const int64_t global_batch = o.per_device_batch_size * deployer.data_size();
+  const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
   MT_CHECK(corpus.eval == nullptr || corpus.eval->size() >= global_batch, "[finetune] the ", corpus.eval_rows,
            " held-out rows make ", corpus.eval ? corpus.eval->size() : 0, " sequences, fewer than one global batch of ",
            global_batch, ": raise --eval-fraction or lower --per-device-batch-size");
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   train::FitOptions f;
-  f.per_device_batch_size = o.per_device_batch_size;
-  f.grad_accum_steps = o.grad_accum;
-  f.epochs = o.epochs;
-  f.max_steps = o.steps > 0 ? o.steps : -1;
-  train::StepPlan steps = train::plan_steps(corpus.train->size(), f, deployer);
-  if (o.steps > 0) {
-    f.epochs = (o.steps + steps.steps_per_epoch - 1) / steps.steps_per_epoch;
-    steps = train::plan_steps(corpus.train->size(), f, deployer);
-  }
-  const int64_t total = steps.total_steps;
+  const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
   const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-3 : 5e-5;
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, std::min(o.warmup_steps, total - 1), total,
                                                            lr_peak * 0.1);
@@ -139,14 +127,14 @@ void run(const FinetuneOptions& o) {
         << trainable << " of " << model->params.total_elements() << " parameters trained) on " << o.data.data << ": "
         << corpus.rows - corpus.eval_rows << " train / " << corpus.eval_rows << " eval rows ("
         << (corpus.supervised ? "prompt/response, loss on responses" : "text") << ", " << corpus.target_tokens
-        << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.grad_accum
+        << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.length.grad_accum
         << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
-  train::Trainer trainer(deployer, sft_collate(), lm_loss(model), model->params, opt, plan);
+  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
   std::optional<double> eval_before;
   if (corpus.eval) {
-    eval_before = trainer.eval_loss(corpus.eval, o.per_device_batch_size);
+    eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);
     deployer.log("eval loss before fine-tuning " + std::to_string(*eval_before));
   }
   if (corpus.supervised) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "before", deployer);
@@ -154,10 +142,7 @@ void run(const FinetuneOptions& o) {
   f.eval_data = corpus.eval;
   f.eval_every = o.eval_steps;
   f.save_every = o.save_steps;
-  f.resume = o.run.resume;
-  f.profile_steps = o.run.profile;
-  f.log_mfu = true;
-  f.peak_gflops = o.run.peak_gflops;
+  apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
@@ -202,14 +187,7 @@ void add_finetune_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
   add_sft_data_flags(cmd, o->data);
   add_lora_flags(cmd, o->lora);
-  auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
-  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
-  steps->excludes(epochs)->check(positive());
-  epochs->excludes(steps)->check(positive());
-  cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "sequences per step on each data-parallel rank")
-      ->capture_default_str()
-      ->check(positive());
-  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());
+  add_step_flags(cmd, o->length);
   cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 1e-3 with LoRA, 5e-5 otherwise)");
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();

@@ -109,10 +109,7 @@ void run(const GlueOptions& o) {
   };
   f.save_every = o.save_steps;
   f.save_best_by = "max:" + primary;
-  f.resume = o.run.resume;
-  f.profile_steps = o.run.profile;
-  f.log_mfu = true;
-  f.peak_gflops = o.run.peak_gflops;
+  apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.max_seq_length;

@@ -120,9 +120,15 @@ train::CollateFn lm_collate() {
     for (const data::Example& e : examples) {
       const std::vector<int64_t>& tok = e.tokens("tokens");
       MT_CHECK(int64_t(tok.size()) == t + 1, "[collate] sequences of different lengths: ", tok.size(), " and ", t + 1);
+      ids.insert(ids.end(), tok.begin(), tok.end() - 1);
+      if (e.contains("targets")) {  // examples that say which tokens are targets (finetune's prompts are not)
+        const std::vector<int64_t>& tgt = e.tokens("targets");
+        MT_CHECK(tgt.size() == tok.size(), "[collate] ", tgt.size(), " targets for ", tok.size(), " tokens");
+        labels.insert(labels.end(), tgt.begin() + 1, tgt.end());
+        continue;
+      }
       // Padded documents: a position is a target only while the next token is real.
       const int64_t real = e.contains("length") ? e.as_int("length") : t + 1;
-      ids.insert(ids.end(), tok.begin(), tok.end() - 1);
       for (int64_t i = 1; i <= t; ++i) labels.push_back(i < real ? tok[size_t(i)] : -100);
     }
     return train::Batch{{"input_ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};

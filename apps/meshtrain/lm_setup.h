@@ -48,7 +48,8 @@ LmCorpus load_lm_corpus(const LmDataFlags& flags, const std::string& model_dir, 
 nlohmann::json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size,
                               int64_t seq_len, std::optional<int64_t> eos_id);
 
-// {"input_ids", "labels"} from sequences of seq_len + 1 tokens (padding labelled -100).
+// {"input_ids", "labels"} from sequences of seq_len + 1 tokens: labels are the next tokens, or the
+// next position's "targets" when examples carry them; -100 (padding, prompts) is no target.
 train::CollateFn lm_collate();
 // Mean next-token cross-entropy of the decoder.
 train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model);

@@ -32,10 +32,7 @@ struct PretrainOptions {
   std::string init_from;        // continue from this model instead of fresh weights
   bool tokenizer_given = false;  // --tokenizer on the command line (else --init-from's own)
   LoraFlags lora;
-  int64_t steps = 0;
-  int64_t epochs = 1;
-  int64_t per_device_batch_size = 16;
-  int grad_accum = 1;
+  StepFlags length{0, 1, 16, 1};
   double learning_rate = 2e-3;
   int64_t warmup_steps = 50;
   double weight_decay = 0.01;
@@ -103,29 +100,20 @@ void run(const PretrainOptions& o) {
   auto train_set = std::make_shared<data::SubsetDataset>(corpus.dataset, 0, corpus.dataset->size() - n_eval);
   std::shared_ptr<const data::Dataset> eval_set;
   if (n_eval > 0) eval_set = std::make_shared<data::SubsetDataset>(corpus.dataset, corpus.dataset->size() - n_eval, corpus.dataset->size());
-  const int64_t global_batch = o.per_device_batch_size * deployer.data_size();
+  const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
   MT_CHECK(eval_set == nullptr || eval_set->size() >= global_batch, "[pretrain] the held-out ", n_eval,
            " sequences (--eval-fraction ", o.eval_fraction, ") make no global batch of ", global_batch,
            ": raise --eval-fraction or pass 0");
   // The schedule's length is the Trainer's own step count.
   train::FitOptions f;
-  f.per_device_batch_size = o.per_device_batch_size;
-  f.grad_accum_steps = o.grad_accum;
-  f.epochs = o.epochs;
-  f.max_steps = o.steps > 0 ? o.steps : -1;
-  train::StepPlan steps = train::plan_steps(train_set->size(), f, deployer);
-  if (o.steps > 0) {  // as many epochs as the requested steps need
-    f.epochs = (o.steps + steps.steps_per_epoch - 1) / steps.steps_per_epoch;
-    steps = train::plan_steps(train_set->size(), f, deployer);
-  }
-  const int64_t total = steps.total_steps;
+  const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
 
   deployer.log("pretrain: " + model->model_type + (o.init_from.empty() ? "" : " from " + o.init_from) +
                (o.lora.enabled() ? " with LoRA rank " + std::to_string(o.lora.rank) : "") + " (" +
                std::to_string(model->params.total_elements()) + " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
                std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
-               std::to_string(global_batch * o.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
+               std::to_string(global_batch * o.length.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
                o.run.precision + " matmuls");
 
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
@@ -139,10 +127,7 @@ void run(const PretrainOptions& o) {
   f.eval_every = o.eval_steps;
   f.save_every = o.save_steps;
   f.keep_last = o.keep_checkpoints;
-  f.resume = o.run.resume;
-  f.profile_steps = o.run.profile;
-  f.log_mfu = true;
-  f.peak_gflops = o.run.peak_gflops;
+  apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
@@ -191,14 +176,7 @@ void add_pretrain_command(CLI::App& app) {
                   "continue training this model (HF directory, meshtrain run/checkpoint or llama2.c .bin); its "
                   "tokenizer unless --tokenizer");
   add_lora_flags(cmd, o->lora);
-  auto* steps = cmd->add_option("--steps", o->steps, "optimizer steps (default: --epochs over the data)");
-  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the data")->capture_default_str();
-  steps->excludes(epochs)->check(positive());
-  epochs->excludes(steps)->check(positive());
-  cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "sequences per step on each data-parallel rank")
-      ->capture_default_str()
-      ->check(positive());
-  cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());
+  add_step_flags(cmd, o->length);
   cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (AdamW, warmup then cosine to 10%)")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();

@@ -124,4 +124,35 @@ void check_output_dir(const RunFlags& f, const char* command) {
   dist::world().barrier();
 }
 
+void add_step_flags(CLI::App* cmd, StepFlags& f) {
+  auto* steps = cmd->add_option("--steps", f.steps, "optimizer steps (default: --epochs over the data)");
+  auto* epochs = cmd->add_option("--epochs", f.epochs, "passes over the data")->capture_default_str();
+  steps->excludes(epochs)->check(positive());
+  epochs->excludes(steps)->check(positive());
+  cmd->add_option("--per-device-batch-size", f.per_device_batch_size, "sequences per step on each data-parallel rank")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());
+}
+
+int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deployer& deployer, train::FitOptions& f) {
+  f.per_device_batch_size = flags.per_device_batch_size;
+  f.grad_accum_steps = flags.grad_accum;
+  f.epochs = flags.epochs;
+  f.max_steps = flags.steps > 0 ? flags.steps : -1;
+  train::StepPlan plan = train::plan_steps(train_size, f, deployer);
+  if (flags.steps > 0) {  // as many epochs as the requested steps need
+    f.epochs = (flags.steps + plan.steps_per_epoch - 1) / plan.steps_per_epoch;
+    plan = train::plan_steps(train_size, f, deployer);
+  }
+  return plan.total_steps;
+}
+
+void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
+  f.resume = flags.resume;
+  f.profile_steps = flags.profile;
+  f.log_mfu = true;
+  f.peak_gflops = flags.peak_gflops;
+}
+
 }  // namespace mt::cli

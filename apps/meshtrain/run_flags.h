@@ -8,6 +8,7 @@
 
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/train/deployer.h"
+#include "meshtrain/train/trainer.h"
 
 namespace mt::cli {
 
@@ -31,6 +32,22 @@ void add_precision_flag(CLI::App* cmd, std::string& precision);
 // --allow-new-heads: parameters a model checkpoint lacks are initialized (and reported)
 // instead of refused.
 void add_allow_new_heads_flag(CLI::App* cmd, bool& allow);
+
+// How long a training command runs: --steps or --epochs, --per-device-batch-size and
+// --grad-accum (each command sets its own defaults before adding them).
+struct StepFlags {
+  int64_t steps = 0;  // 0: run `epochs`
+  int64_t epochs = 1;
+  int64_t per_device_batch_size = 8;
+  int grad_accum = 1;
+};
+void add_step_flags(CLI::App* cmd, StepFlags& flags);
+// Fills f's batch, accumulation and length from the flags (--steps runs as many epochs as it
+// needs) and returns the total optimizer steps, which learning-rate schedules span.
+int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deployer& deployer, train::FitOptions& f);
+
+// The run flags' part of a fit: --resume, --profile, MFU logging against --peak-gflops.
+void apply_run_flags(const RunFlags& flags, train::FitOptions& f);
 
 // Integers >= 1 (CLI11's PositiveNumber would print a 300-digit range on failure).
 CLI::Validator positive();

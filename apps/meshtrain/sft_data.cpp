@@ -179,22 +179,4 @@ SftCorpus make_sft_corpus(const SftFlags& f, const tokenizers::Tokenizer& tok, s
   return c;
 }
 
-train::CollateFn sft_collate() {
-  return [](const std::vector<data::Example>& examples) {
-    const int64_t n = int64_t(examples.size());
-    const int64_t t = int64_t(examples.at(0).tokens("tokens").size()) - 1;
-    std::vector<int64_t> ids, labels;
-    ids.reserve(size_t(n * t));
-    labels.reserve(size_t(n * t));
-    for (const data::Example& e : examples) {
-      const std::vector<int64_t>& tok = e.tokens("tokens");
-      const std::vector<int64_t>& tgt = e.tokens("targets");
-      MT_CHECK(int64_t(tok.size()) == t + 1 && tgt.size() == tok.size(), "[collate] sequences of different lengths");
-      ids.insert(ids.end(), tok.begin(), tok.end() - 1);
-      labels.insert(labels.end(), tgt.begin() + 1, tgt.end());
-    }
-    return train::Batch{{"input_ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
-  };
-}
-
 }  // namespace mt::cli

@@ -12,7 +12,6 @@
 
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/tokenizers/tokenizer.h"
-#include "meshtrain/train/trainer.h"
 
 namespace mt::cli {
 
@@ -49,9 +48,6 @@ struct SftCorpus {
 // naming the file, the line and the field; an empty file or template without {response}
 // (in SFT) is an error too.
 SftCorpus make_sft_corpus(const SftFlags& flags, const tokenizers::Tokenizer& tok, std::optional<int64_t> eos_id);
-
-// {"input_ids", "labels"}: labels are the next position's targets (-100 where none).
-train::CollateFn sft_collate();
 
 // The template's text before the response, with the prompt filled in ("Q: 2+3\nA: ").
 std::string prompt_text(const std::string& template_text, const std::string& prompt);

@@ -93,6 +93,13 @@ T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
+// The dtype adapters take: the model's (first floating) parameters'.
+DType float_dtype(const Params& params) {
+  for (const auto& [path, v] : params)
+    if (is_floating(v.dtype())) return v.dtype();
+  return DType::f32;
+}
+
 }  // namespace
 
 std::string lora_parameter_pattern() { return R"(.*\.lora_[AB]\.weight)"; }
@@ -102,13 +109,7 @@ void add_lora(PretrainedModel& model, LoraOptions options, const RngKey& key) {
   if (options.targets.empty()) options.targets = model.spec().lora_targets;
   const std::vector<ParamDef> base = model.param_defs();
   const std::vector<ParamDef> defs = lora_param_defs(base, options, model.spec().lora_targets);
-  DType dtype = DType::f32;
-  for (const ParamDef& d : base)
-    if (model.params.contains(d.path) && is_floating(model.params[d.path].dtype())) {
-      dtype = model.params[d.path].dtype();
-      break;
-    }
-  for (const auto& [path, value] : init_params(defs, key, dtype)) model.params.set(path, value);
+  for (const auto& [path, value] : init_params(defs, key, float_dtype(model.params))) model.params.set(path, value);
   model.config = model.config.with_lora(options);
 }
 
@@ -199,12 +200,7 @@ void load_adapter(PretrainedModel& model, const std::string& dir) {
   } catch (const Error& e) {
     throw mismatch(e.what());
   }
-  DType dtype = DType::f32;
-  for (const auto& [path, v] : model.params)
-    if (is_floating(v.dtype())) {
-      dtype = v.dtype();
-      break;
-    }
+  const DType dtype = float_dtype(model.params);
   Params adapters;
   for (const ParamDef& d : defs) {
     const std::string key = kPeftPrefix + d.path;

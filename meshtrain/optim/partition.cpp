@@ -1,7 +1,9 @@
 #include "meshtrain/optim/partition.h"
 
 #include <memory>
+#include <mutex>
 #include <regex>
+#include <unordered_map>
 
 #include "meshtrain/core/error.h"
 
@@ -12,10 +14,21 @@ namespace {
 struct CompiledRules {
   std::vector<std::regex> patterns;
   std::vector<PartitionRule> rules;
+  // Owners already resolved: each step asks for every parameter, and regexes are slow.
+  mutable std::mutex mutex;
+  mutable std::unordered_map<std::string, size_t> owners;
   // The index of the rule that owns `path`; throws naming it when none matches.
   size_t owner(const std::string& path) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (auto it = owners.find(path); it != owners.end()) return it->second;
+    }
     for (size_t i = 0; i < patterns.size(); ++i)
-      if (std::regex_match(path, patterns[i])) return i;
+      if (std::regex_match(path, patterns[i])) {
+        std::lock_guard<std::mutex> lock(mutex);
+        owners.emplace(path, i);
+        return i;
+      }
     std::string all;
     for (const PartitionRule& r : rules) all += (all.empty() ? "'" : ", '") + r.pattern + "'";
     throw Error("[partition] parameter '" + path + "' matches no rule (" + all + ")");

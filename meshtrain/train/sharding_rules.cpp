@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <regex>
 #include <sstream>
+#include <unordered_map>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/sharding.h"
@@ -53,7 +54,7 @@ bool divisible(const Shape& s, int dim, int64_t n) { return dim >= 0 && dim < s.
 // A LoRA adapter takes its base weight's layout: A [r, in] splits its input features as the
 // weight does, B [out..., r] its output features, so the adapter's matmuls split with the
 // base layer's (column-parallel: B split, row-parallel: A split and one reduction).
-void lay_out_adapter(PlanEntry& e, const std::vector<PlanEntry>& entries, const models::ParamRoles& roles,
+void lay_out_adapter(PlanEntry& e, const PlanEntry* w, const models::ParamRoles& roles,
                      const dist::Mesh& mesh, const std::vector<std::pair<std::regex, PartitionSpec>>& overrides,
                      const ShardingOptions& options) {
   e.spec.dims.assign(size_t(e.shape.ndim()), {});
@@ -65,9 +66,6 @@ void lay_out_adapter(PlanEntry& e, const std::vector<PlanEntry>& entries, const 
     }
   if (e.reason.empty()) {
     const std::string base = models::lora_base_weight_path(e.path);
-    const PlanEntry* w = nullptr;
-    for (const PlanEntry& b : entries)
-      if (b.path == base) w = &b;
     auto role_it = roles.find(base);
     if (w == nullptr || role_it == roles.end()) {
       e.reason = "LoRA adapter: replicated (no base weight " + base + ")";
@@ -189,7 +187,12 @@ ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, c
     e.bytes_per_rank = sharding.local_shape(value.shape()).numel() * int64_t(dtype_size(value.dtype()));
     entries.push_back(std::move(e));
   }
-  for (size_t i : adapters) lay_out_adapter(entries[i], entries, roles, mesh, overrides, options);
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < entries.size(); ++i) index[entries[i].path] = i;
+  for (size_t i : adapters) {
+    auto base = index.find(models::lora_base_weight_path(entries[i].path));
+    lay_out_adapter(entries[i], base == index.end() ? nullptr : &entries[base->second], roles, mesh, overrides, options);
+  }
   return ShardingPlan(mesh, std::move(entries));
 }
 

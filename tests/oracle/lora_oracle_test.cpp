@@ -30,17 +30,10 @@ using namespace mt::models;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// Random weights (norm scales around 1) for base and adapters alike: B != 0 so the adapter
-// path carries signal in both directions.
+// Random weights for base and adapters alike (B != 0, so the adapter path carries signal
+// in both directions).
 Params randomize(const std::vector<ParamDef>& defs, uint64_t seed, double scale = 0.3) {
-  Params p;
-  for (size_t i = 0; i < defs.size(); ++i) {
-    const ParamDef& d = defs[i];
-    Array v = random_normal(d.shape, seed + i, DType::f32, d.role.kind == ParamKind::norm ? 0.1 : scale);
-    if (d.role.kind == ParamKind::norm && d.init == InitKind::ones) v = add(v, 1.0);
-    p.set(d.path, v);
-  }
-  return p;
+  return random_model_params(defs, seed, scale);
 }
 
 std::vector<ParamDef> with_adapters(std::vector<ParamDef> base, const LoraOptions& o, const std::string& targets) {

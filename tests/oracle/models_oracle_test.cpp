@@ -16,17 +16,8 @@ namespace {
 
 using namespace mt::models;
 
-// Random weights of unit-ish scale (HF's 0.02 init would make every logit nearly equal and
-// every gradient tiny, which tests little); norm scales around 1.
 Params randomize(const std::vector<ParamDef>& defs, uint64_t seed, double scale = 0.3) {
-  Params p;
-  for (size_t i = 0; i < defs.size(); ++i) {
-    const ParamDef& d = defs[i];
-    Array v = random_normal(d.shape, seed + i, DType::f32, d.role.kind == ParamKind::norm ? 0.1 : scale);
-    if (d.role.kind == ParamKind::norm && d.init == InitKind::ones) v = add(v, 1.0);
-    p.set(d.path, v);
-  }
-  return p;
+  return random_model_params(defs, seed, scale);
 }
 
 Array ids_array(const std::vector<int64_t>& v, int64_t b, int64_t t) { return Array::from_vector(v, Shape{b, t}); }

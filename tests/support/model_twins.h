@@ -28,6 +28,20 @@ inline const std::string& twin_library() {
   return text;
 }
 
+// Random weights of unit-ish scale (HF's 0.02 init would make every logit nearly equal and
+// every gradient tiny, which tests little); norm scales around 1.
+inline Params random_model_params(const std::vector<models::ParamDef>& defs, uint64_t seed, double scale = 0.3) {
+  Params p;
+  for (size_t i = 0; i < defs.size(); ++i) {
+    const models::ParamDef& d = defs[i];
+    const bool norm = d.role.kind == models::ParamKind::norm;
+    Array v = random_normal(d.shape, seed + i, DType::f32, norm ? 0.1 : scale);
+    if (norm && d.init == models::InitKind::ones) v = add(v, 1.0);
+    p.set(d.path, v);
+  }
+  return p;
+}
+
 struct TwinErrors {
   double logits = 0, grads = 0;
 };
