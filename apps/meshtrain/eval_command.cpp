@@ -11,6 +11,7 @@
 #include "apps/meshtrain/glue_setup.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
+#include "meshtrain/data/classification_files.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/reduce.h"
@@ -26,6 +27,7 @@ struct EvalOptions {
   std::string model;
   LmDataFlags data;
   std::string task, data_dir, split;
+  std::string validation_file;  // a classifier trained on `glue --train-file` data
   int64_t max_seq_length = 128;
   int64_t per_device_batch_size = 8;
   int64_t max_eval_samples = -1;
@@ -77,11 +79,24 @@ json eval_decoder(train::Deployer& deployer, const models::PretrainedModel& mode
 
 json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, const Params& params,
                const EvalOptions& o) {
-  MT_CHECK(!o.task.empty() && !o.data_dir.empty(), "[eval] a BERT classifier is evaluated on a GLUE task: pass --task and --data-dir");
   MT_CHECK(model.tokenizer != nullptr, "[eval] ", o.model, " has no tokenizer");
-  const data::GlueTask& task = data::glue_task(o.task);
-  const std::string split = o.split.empty() ? task.dev_split : o.split;
-  std::vector<data::Example> rows = data::read_glue_split(o.data_dir, task, split);
+  data::GlueTask task;
+  std::vector<data::Example> rows;
+  if (!o.validation_file.empty()) {
+    // The classes are the model's id2label (numbered 0..n-1 when it has only placeholders).
+    const models::BertConfig& c = model.config.as<models::BertConfig>();
+    std::vector<std::string> classes = c.label_names;
+    if (classes.empty() && c.num_labels > 1)
+      for (int64_t i = 0; i < c.num_labels; ++i) classes.push_back(std::to_string(i));
+    task = data::classification_task(o.validation_file, classes);
+    rows = data::read_classification_rows(o.validation_file, task);
+  } else {
+    MT_CHECK(!o.task.empty() && !o.data_dir.empty(), "[eval] a BERT classifier is evaluated on a GLUE task (--task and "
+             "--data-dir) or on your rows (--validation-file)");
+    task = data::glue_task(o.task);
+    rows = data::read_glue_split(o.data_dir, task, o.split.empty() ? task.dev_split : o.split);
+  }
+  const std::string split = o.validation_file.empty() ? (o.split.empty() ? task.dev_split : o.split) : o.validation_file;
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   auto dataset = data::make_dataset(std::move(rows));
   auto tok = model.tokenizer;
@@ -103,6 +118,7 @@ void run(const EvalOptions& o) {
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
   if (o.allow_new_heads) po.new_params = models::NewParams::all;
+  if (!o.adapter.empty()) models::adapter_base_options(o.adapter, po);  // a classifier adapter makes a classifier
   models::PretrainedModel model = train::is_checkpoint_path(o.model)
                                       ? train::load_checkpoint_model(o.model, deployer.mesh(), po)
                                       : models::from_pretrained(o.model, po);
@@ -133,6 +149,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--task", o->task, "BERT classifiers: GLUE task");
   cmd->add_option("--data-dir", o->data_dir, "BERT classifiers: GLUE root or task directory");
   cmd->add_option("--split", o->split, "GLUE split (default: dev, dev_matched for MNLI)");
+  cmd->add_option("--validation-file,--validation_file", o->validation_file,
+                  "BERT classifiers: your CSV / JSON-lines rows (as glue --validation-file), classes from the model's id2label")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "BERT classifiers: use the first N rows");
   cmd->add_option("--max-seq-length", o->max_seq_length, "BERT classifiers: tokens per example")->capture_default_str();
   cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "examples per data-parallel rank")

@@ -11,6 +11,7 @@
 #include "apps/meshtrain/glue_setup.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
+#include "meshtrain/data/classification_files.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
@@ -26,6 +27,7 @@ using json = nlohmann::json;
 
 struct GlueOptions {
   std::string task, model, config, tokenizer, data_dir;
+  std::string train_file, validation_file;  // a user's own data instead of a GLUE task
   int64_t max_seq_length = 128;
   double learning_rate = 5e-5;
   int64_t num_train_epochs = 3;
@@ -42,22 +44,43 @@ struct GlueOptions {
   RunFlags run;
 };
 
-std::shared_ptr<const data::Dataset> glue_split(const GlueOptions& o, const data::GlueTask& task, const std::string& split,
-                                                int64_t limit) {
-  std::vector<data::Example> rows = data::read_glue_split(o.data_dir, task, split);
+std::shared_ptr<const data::Dataset> limited(std::vector<data::Example> rows, int64_t limit, const std::string& what) {
   if (limit >= 0 && int64_t(rows.size()) > limit) rows.resize(size_t(limit));
-  MT_CHECK(!rows.empty(), "[glue] ", task.name, " ", split, " has no rows");
+  MT_CHECK(!rows.empty(), "[glue] ", what, " has no rows");
   return data::make_dataset(std::move(rows));
 }
 
+struct GlueData {
+  data::GlueTask task;
+  std::shared_ptr<const data::Dataset> train, eval;
+};
+
+// A GLUE task's train and dev splits, or the user's --train_file / --validation_file.
+GlueData load_data(const GlueOptions& o) {
+  GlueData d;
+  if (!o.train_file.empty()) {
+    data::ClassificationFiles files = data::read_classification_files(o.train_file, o.validation_file);
+    d.task = files.task;
+    d.train = limited(std::move(files.train), o.max_train_samples, o.train_file);
+    d.eval = limited(std::move(files.validation), o.max_eval_samples, o.validation_file);
+    return d;
+  }
+  d.task = data::glue_task(o.task);
+  d.train = limited(data::read_glue_split(o.data_dir, d.task, "train"), o.max_train_samples, d.task.name + " train");
+  d.eval = limited(data::read_glue_split(o.data_dir, d.task, d.task.dev_split), o.max_eval_samples,
+                   d.task.name + " " + d.task.dev_split);
+  return d;
+}
+
 void run(const GlueOptions& o) {
-  const data::GlueTask& task = data::glue_task(o.task);
   check_output_dir(o.run, "glue");
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";
-  auto train_set = glue_split(o, task, "train", o.max_train_samples);
-  auto eval_set = glue_split(o, task, task.dev_split, o.max_eval_samples);
+  const GlueData glue_data = load_data(o);
+  const data::GlueTask& task = glue_data.task;
+  const auto& train_set = glue_data.train;
+  const auto& eval_set = glue_data.eval;
 
   // The model and its tokenizer (kept in <output-dir>/model so checkpoints carry it).
   MT_CHECK(!o.model.empty() || !o.tokenizer.empty(), "[glue] training from --config needs --tokenizer (e.g. a BERT vocab.txt)");
@@ -65,6 +88,7 @@ void run(const GlueOptions& o) {
   models::PretrainedOptions po;
   po.bert_head = models::BertHead::sequence_classification;
   po.num_labels = task.num_labels();
+  if (task.name == "custom") po.label_names = task.label_names;  // config.json's id2label
   po.init_key = deployer.init_key();
   po.load_tokenizer = false;
   po.print_report = deployer.is_main();
@@ -94,8 +118,8 @@ void run(const GlueOptions& o) {
   optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, std::min(o.warmup_steps, total - 1), total);
   optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
   // LoRA: the adapters and the new task head (classifier, pooler) train, the encoder is frozen.
-  if (o.lora.enabled()) opt = lora_optimizer(opt, R"((classifier|bert\.pooler)\..*)");
-  deployer.log("glue " + task.name + ": " + std::to_string(train_set->size()) + " train / " +
+  if (o.lora.enabled()) opt = lora_optimizer(opt, R"((classifier|bert\.pooler)\..*)");  // = adapter's modules_to_save
+  deployer.log("glue " + (o.train_file.empty() ? task.name : o.train_file) + ": " + std::to_string(train_set->size()) + " train / " +
                std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
                " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
                deployer.mesh().str() + ", " + o.run.precision + " matmuls");
@@ -119,7 +143,11 @@ void run(const GlueOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (!deployer.is_main()) return;
-  models::save_pretrained(*model, model_dir.string());
+  models::save_pretrained(*model, model_dir.string());  // adapters merged
+  // LoRA: the adapter with the task head it trained, as PEFT saves a SEQ_CLS adapter.
+  if (o.lora.enabled())
+    models::save_adapter(*model, (out / "adapter").string(), o.model.empty() ? "(trained from --config)" : o.model,
+                         {"classifier", "pooler"});
   json results = {{"task", task.name}, {"step", trainer.step()}};
   if (!r.evals.empty())
     for (const auto& [k, v] : r.evals.back()) results["eval_" + k] = v;
@@ -139,10 +167,21 @@ void add_glue_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("glue", "fine-tune BERT on a GLUE task (options of HF run_flax_glue)");
   std::vector<std::string> names;
   for (const auto& t : data::all_glue_tasks()) names.push_back(t.name);
-  cmd->add_option("--task,--task_name", o->task, "GLUE task")->required()->transform(CLI::IsMember(names, CLI::ignore_case));
-  cmd->add_option("--data-dir", o->data_dir, "GLUE root (with CoLA/, SST-2/, ...) or the task's directory")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+  auto* task = cmd->add_option("--task,--task_name", o->task, "GLUE task")->transform(CLI::IsMember(names, CLI::ignore_case));
+  auto* data_dir = cmd->add_option("--data-dir", o->data_dir, "GLUE root (with CoLA/, SST-2/, ...) or the task's directory")
+                       ->check(CLI::ExistingDirectory);
+  auto* train_file = cmd->add_option("--train-file,--train_file", o->train_file,
+                                     "your own data instead of a GLUE task: CSV or JSON lines with 'label' and "
+                                     "sentence1/sentence2 (else the first one or two other columns)")
+                         ->check(CLI::ExistingFile);
+  auto* validation_file =
+      cmd->add_option("--validation-file,--validation_file", o->validation_file, "the held-out rows of --train-file")
+          ->check(CLI::ExistingFile);
+  task->excludes(train_file);
+  train_file->excludes(task)->needs(validation_file);
+  validation_file->needs(train_file);
+  data_dir->needs(task);
+  task->needs(data_dir);
   auto* model = cmd->add_option("--model,--model_name_or_path", o->model, "pretrained BERT directory (config.json + safetensors + vocab)")
                     ->check(CLI::ExistingDirectory);
   auto* config = cmd->add_option("--config", o->config, "train from scratch: 'small' or a BERT config.json");
@@ -174,6 +213,8 @@ void add_glue_command(CLI::App& app) {
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] {
     MT_CHECK(!o->model.empty() || !o->config.empty(), "[glue] pass --model DIR (pretrained) or --config small|FILE");
+    MT_CHECK(!o->task.empty() || !o->train_file.empty(),
+             "[glue] pass --task NAME --data-dir DIR (a GLUE task) or --train-file F --validation-file F (your data)");
     run(*o);
   });
 }

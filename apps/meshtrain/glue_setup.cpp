@@ -14,9 +14,10 @@ namespace mt::cli {
 using json = nlohmann::json;
 
 std::string glue_primary_metric(const data::GlueTask& task) {
-  if (task.name == "cola") return "matthews_correlation";
-  if (task.name == "stsb") return "pearson";
-  if (task.name == "mrpc" || task.name == "qqp") return "f1";
+  const std::string& t = task.metric_task();
+  if (t == "cola") return "matthews_correlation";
+  if (t == "stsb") return "pearson";
+  if (t == "mrpc" || t == "qqp") return "f1";
   return "accuracy";
 }
 
@@ -119,9 +120,9 @@ std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const mod
   std::vector<double> predictions = predictor.predict(params, dataset, per_device_batch_size);
   std::vector<double> labels;
   for (int64_t i = 0; i < dataset->size(); ++i) labels.push_back(dataset->get(i).as_float("label"));
-  if (regression) return train::glue_metrics(task.name, predictions, labels);
+  if (regression) return train::glue_metrics(task.metric_task(), predictions, labels);
   std::vector<int64_t> p(predictions.begin(), predictions.end()), l(labels.begin(), labels.end());
-  return train::glue_metrics(task.name, p, l);
+  return train::glue_metrics(task.metric_task(), p, l);
 }
 
 }  // namespace mt::cli

@@ -36,10 +36,12 @@ void add_adapter_flag(CLI::App* cmd, std::string& adapter) {
 
 void apply_adapter(models::PretrainedModel& model, const std::string& adapter, bool log) {
   if (adapter.empty()) return;
-  models::load_adapter(model, adapter);
-  if (log)
-    std::cerr << "meshtrain: LoRA adapter " << adapter << " (rank " << model.config.lora().rank << ", alpha "
-              << model.config.lora().alpha << ") on " << model.source << "\n";
+  const std::vector<std::string> replaced = models::load_adapter(model, adapter);
+  if (!log) return;
+  std::cerr << "meshtrain: LoRA adapter " << adapter << " (rank " << model.config.lora().rank << ", alpha "
+            << model.config.lora().alpha << ") on " << model.source << "\n";
+  if (!replaced.empty())
+    std::cerr << "meshtrain: the adapter's trained modules replace the model's [" << detail::join(replaced) << "]\n";
 }
 
 optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_train) {

@@ -2,6 +2,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mt {
 
@@ -18,6 +19,12 @@ std::string concat(const Parts&... parts) {
   std::ostringstream os;
   (os << ... << parts);
   return os.str();
+}
+// "a, b, c": lists of names in error messages.
+inline std::string join(const std::vector<std::string>& items, const std::string& separator = ", ") {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out.append(i ? separator : "").append(items[i]);
+  return out;
 }
 }  // namespace detail
 

@@ -21,6 +21,12 @@ const std::vector<GlueTask>& all_glue_tasks() {
     t.push_back({"qqp", "QQP", true, "question1", "question2", "is_duplicate", -1, -1, {"0", "1"}});
     t.push_back({"mnli", "MNLI", true, "sentence1", "sentence2", "gold_label", -1, -1,
                  {"entailment", "neutral", "contradiction"}, "dev_matched"});
+    // HF's names for MNLI scored on one of its two dev sets.
+    for (const char* dev : {"dev_matched", "dev_mismatched"}) {
+      t.push_back(t.back());
+      t.back().name = std::string("mnli_") + (dev + 4);
+      t.back().dev_split = dev;
+    }
     t.push_back({"qnli", "QNLI", true, "question", "sentence", "label", -1, -1, {"entailment", "not_entailment"}});
     t.push_back({"rte", "RTE", true, "sentence1", "sentence2", "label", -1, -1, {"entailment", "not_entailment"}});
     t.push_back({"wnli", "WNLI", true, "sentence1", "sentence2", "label", -1, -1, {"0", "1"}});
@@ -44,7 +50,7 @@ const GlueTask& glue_task(const std::string& name) {
   const std::string n = normalized(name);
   std::string names;
   for (const GlueTask& t : all_glue_tasks()) {
-    if (t.name == n) return t;
+    if (normalized(t.name) == n) return t;
     names += (names.empty() ? "" : ", ") + t.name;
   }
   throw Error(detail::concat("[glue] unknown task '", name, "' (tasks: ", names, ")"));

@@ -21,12 +21,16 @@ struct GlueTask {
   int text_a_index = -1, label_index = -1;
   std::vector<std::string> label_names;  // label i's spelling in the file; empty: regression
   std::string dev_split = "dev";         // MNLI: dev_matched
+  std::string metrics = "";              // the GLUE task whose metrics score it (empty: name)
 
+  const std::string& metric_task() const { return metrics.empty() ? name : metrics; }
   bool is_regression() const { return label_names.empty(); }
   int64_t num_labels() const { return is_regression() ? 1 : int64_t(label_names.size()); }
 };
 
-// The task by name (case and '-' insensitive: "SST-2", "sst2", "STS-B"); throws mt::Error
+// The task by name (case, '-' and '_' insensitive: "SST-2", "sst2", "STS-B",
+// "mnli_mismatched"); "mnli" and "mnli_matched" evaluate on dev_matched, "mnli_mismatched"
+// on dev_mismatched, as HF's glue dataset splits them; throws mt::Error
 // listing the tasks for an unknown one.
 const GlueTask& glue_task(const std::string& name);
 const std::vector<GlueTask>& all_glue_tasks();

@@ -24,12 +24,6 @@ bool is_identifier(const std::string& s) {
   return true;
 }
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 std::string format(const std::vector<std::string>& names, const std::vector<int>& sizes) {
   std::string out;
   for (size_t i = 0; i < names.size(); ++i) out += (i ? "," : "") + names[i] + "=" + std::to_string(sizes[i]);
@@ -147,7 +141,7 @@ int Mesh::axis_position(const std::string& axis) const {
   for (size_t i = 0; i < names_.size(); ++i)
     if (names_[i] == axis) return int(i);
   throw Error(::mt::detail::concat("[mesh] unknown axis '", axis, "'; mesh '", str(), "' has ",
-                                   names_.empty() ? "no axes" : "axes " + join(names_)));
+                                   names_.empty() ? "no axes" : "axes " + detail::join(names_)));
 }
 
 bool Mesh::has_axis(const std::string& axis) const {

@@ -51,6 +51,21 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
   MT_CHECK(pos == "absolute", "[", w, "] position_embedding_type '", pos, "' is not supported (only 'absolute')");
   if (j.contains("num_labels")) c.num_labels = config_get<int64_t>(j, "num_labels", w);
   else if (j.contains("id2label") && j["id2label"].is_object()) c.num_labels = int64_t(j["id2label"].size());
+  if (j.contains("id2label") && j["id2label"].is_object() && int64_t(j["id2label"].size()) == c.num_labels) {
+    std::vector<std::string> names(size_t(c.num_labels));
+    bool complete = true;
+    for (const auto& [id, name] : j["id2label"].items()) {
+      int64_t i = -1;
+      try {
+        i = std::stoll(id);
+      } catch (const std::exception&) {
+      }
+      complete = complete && i >= 0 && i < c.num_labels && name.is_string() && names[size_t(i)].empty();
+      if (complete) names[size_t(i)] = name.get<std::string>();
+    }
+    // HF's placeholder names carry nothing; keep the default.
+    if (complete && !(names[0] == "LABEL_0")) c.label_names = std::move(names);
+  }
   std::string arch = "BertModel";
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     arch = j["architectures"][0].get<std::string>();
@@ -63,8 +78,13 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json BertConfig::to_json() const {
-  nlohmann::json id2label = nlohmann::json::object();
-  for (int64_t i = 0; i < num_labels; ++i) id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+  nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+  const bool named = int64_t(label_names.size()) == num_labels;
+  for (int64_t i = 0; i < num_labels; ++i) {
+    const std::string name = named ? label_names[size_t(i)] : "LABEL_" + std::to_string(i);
+    id2label[std::to_string(i)] = name;
+    label2id[name] = i;
+  }
   return {{"model_type", "bert"},
           {"architectures", {bert_architecture(head)}},
           {"vocab_size", vocab_size},
@@ -83,7 +103,8 @@ nlohmann::json BertConfig::to_json() const {
           {"pad_token_id", pad_token_id},
           {"is_decoder", is_decoder},
           {"position_embedding_type", "absolute"},
-          {"id2label", id2label}};
+          {"id2label", id2label},
+          {"label2id", label2id}};
 }
 
 void BertConfig::validate() const {
@@ -229,6 +250,8 @@ ModelSpec bert_model_spec() {
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions& o) -> ModelConfig {
     BertConfig c = BertConfig::from_json(j);
     if (o.num_labels) c.num_labels = *o.num_labels;
+    if (!o.label_names.empty()) c.label_names = o.label_names, c.num_labels = int64_t(o.label_names.size());
+    if (int64_t(c.label_names.size()) != c.num_labels) c.label_names.clear();
     if (o.bert_head) c = c.with_head(*o.bert_head);
     c.validate();
     return c;

@@ -46,6 +46,8 @@ struct BertConfig {
   int64_t pad_token_id = 0;
   bool is_decoder = false;  // causal self-attention (BertLMHeadModel as a decoder)
   int64_t num_labels = 2;   // from num_labels or the size of id2label
+  // The classes' names in id order, from id2label (empty: HF's default LABEL_i).
+  std::vector<std::string> label_names;
   BertHead head = BertHead::none;
   bool add_pooling_layer = true;
 

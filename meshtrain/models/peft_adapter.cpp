@@ -100,6 +100,32 @@ DType float_dtype(const Params& params) {
   return DType::f32;
 }
 
+// The model's parameters inside a module PEFT's modules_to_save names pick.
+std::vector<std::string> saved_module_params(const Params& params, const std::set<std::string>& names) {
+  std::vector<std::string> out;
+  for (const auto& [path, v] : params)
+    for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1))
+      if (suffix_match(path.substr(0, dot), names)) {
+        out.push_back(path);
+        break;
+      }
+  return out;
+}
+
+std::set<std::string> modules_to_save_of(const json& c, const std::string& where) {
+  std::set<std::string> names;
+  auto it = c.find("modules_to_save");
+  if (it == c.end() || it->is_null()) return names;
+  MT_CHECK(it->is_array(), "[adapter] ", where, ": modules_to_save must be a list or null");
+  for (const json& n : *it) {
+    MT_CHECK(n.is_string(), "[adapter] ", where, ": modules_to_save holds a non-string ", n.dump());
+    names.insert(n.get<std::string>());
+  }
+  return names;
+}
+
+const std::string kClassifierKey = kPeftPrefix + "classifier.weight";
+
 }  // namespace
 
 std::string lora_parameter_pattern() { return R"(.*\.lora_[AB]\.weight)"; }
@@ -126,7 +152,8 @@ PretrainedModel merge_lora(const PretrainedModel& model) {
 
 bool is_adapter_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / "adapter_config.json"); }
 
-void save_adapter(const PretrainedModel& model, const std::string& dir, const std::string& base_model) {
+void save_adapter(const PretrainedModel& model, const std::string& dir, const std::string& base_model,
+                  const std::vector<std::string>& modules_to_save) {
   const LoraOptions& o = model.config.lora();
   MT_CHECK(o.enabled(), "[adapter] the model has no LoRA adapters to save to ", dir);
   PretrainedModel base = model;
@@ -138,6 +165,11 @@ void save_adapter(const PretrainedModel& model, const std::string& dir, const st
     if (d.file_shape) a = reshape(a, d.file_shape->dims());
     tensors.set(kPeftPrefix + d.path, a);
   }
+  const std::set<std::string> saved(modules_to_save.begin(), modules_to_save.end());
+  const std::vector<std::string> saved_params = saved_module_params(model.params, saved);
+  MT_CHECK(saved.empty() || !saved_params.empty(), "[adapter] modules_to_save [", detail::join(modules_to_save),
+           "] names no module of ", model.source);
+  for (const std::string& path : saved_params) tensors.set(kPeftPrefix + path, dist::to_host(model.params[path]));
   const ModelKind kind = model.spec().kind;
   json config = {
       {"peft_type", "LORA"},
@@ -155,7 +187,7 @@ void save_adapter(const PretrainedModel& model, const std::string& dir, const st
       {"bias", "none"},
       {"inference_mode", true},
       {"init_lora_weights", true},
-      {"modules_to_save", nullptr},
+      {"modules_to_save", saved.empty() ? json(nullptr) : json(modules_to_save)},
   };
   fs::create_directories(dir);
   io::save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
@@ -168,7 +200,21 @@ void save_adapter(const PretrainedModel& model, const std::string& dir, const st
   fs::rename(tmp, cfg);
 }
 
-void load_adapter(PretrainedModel& model, const std::string& dir) {
+void adapter_base_options(const std::string& dir, PretrainedOptions& options) {
+  const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
+  const json c = io::read_json_file(cfg_path);
+  if (!c.is_object() || !c.value("task_type", json()).is_string() || c["task_type"] != "SEQ_CLS") return;
+  const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
+  const Params file = io::load_safetensors(st_path);
+  MT_CHECK(file.contains(kClassifierKey) && file[kClassifierKey].ndim() == 2, "[adapter] ", st_path,
+           ": a sequence-classification adapter needs its classifier '", kClassifierKey, "' [num_labels, hidden]");
+  options.bert_head = BertHead::sequence_classification;
+  options.num_labels = file[kClassifierKey].dim(0);
+  // The head the base lacks comes from the adapter (load_adapter checks it is there).
+  if (options.new_params == NewParams::none) options.new_params = NewParams::heads;
+}
+
+std::vector<std::string> load_adapter(PretrainedModel& model, const std::string& dir) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
   const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
   MT_CHECK(fs::is_regular_file(cfg_path), "[adapter] ", dir, " is not a PEFT adapter directory (no adapter_config.json)");
@@ -213,11 +259,27 @@ void load_adapter(PretrainedModel& model, const std::string& dir) {
     adapters.set(d.path, a.dtype() == dtype ? a : cast(a, dtype));
     unused.erase(key);
   }
+  // Modules trained in full beside the adapters (a task head) replace the model's.
+  const std::set<std::string> saved = modules_to_save_of(c, cfg_path);
+  std::vector<std::string> replaced;
+  for (const std::string& path : saved_module_params(model.params, saved)) {
+    const std::string key = kPeftPrefix + path;
+    if (!file.contains(key)) continue;
+    const Array& a = file[key];
+    if (a.shape() != model.params[path].shape())
+      throw mismatch("'" + key + "' has shape " + a.shape().str() + ", the model needs " + model.params[path].shape().str());
+    adapters.set(path, a.dtype() == dtype ? a : cast(a, dtype));
+    unused.erase(key);
+    replaced.push_back(path);
+  }
+  if (c.value("task_type", json()).is_string() && c["task_type"] == "SEQ_CLS" && !file.contains(kClassifierKey))
+    throw mismatch("a sequence-classification adapter without its trained classifier ('" + kClassifierKey + "')");
   if (!unused.empty())
     throw mismatch("'" + *unused.begin() + "' names no adapted module of this model (" + std::to_string(unused.size()) +
                    " such keys)");
   for (const auto& [path, v] : adapters) model.params.set(path, v);
   model.config = model.config.with_lora(o);
+  return replaced;
 }
 
 }  // namespace mt::models

@@ -23,12 +23,22 @@ std::string lora_parameter_pattern();
 // True when `dir` holds adapter_config.json.
 bool is_adapter_dir(const std::string& dir);
 // Writes the model's adapters (host arrays) as a PEFT directory; `base_model` is recorded as
-// base_model_name_or_path. Throws when the model has no adapters.
-void save_adapter(const PretrainedModel& model, const std::string& dir, const std::string& base_model);
+// base_model_name_or_path. `modules_to_save` names modules trained in full beside the
+// adapters (a task head: "classifier", "pooler"), matched as PEFT matches them (the module
+// or a suffix of its path); their parameters are saved under
+// "base_model.model.<parameter path>" as PEFT stores them. Throws when the model has no
+// adapters.
+void save_adapter(const PretrainedModel& model, const std::string& dir, const std::string& base_model,
+                  const std::vector<std::string>& modules_to_save = {});
+// The options the base model must be loaded with for the adapter in `dir` to fit: a
+// sequence-classification adapter (task_type SEQ_CLS) makes a BERT a classifier with as
+// many labels as the adapter's saved classifier, its head then coming from the adapter.
+void adapter_base_options(const std::string& dir, PretrainedOptions& options);
 // Loads a PEFT LoRA directory onto a model without adapters. An adapter for another base (a
 // module the model lacks, a shape that differs, adapters missing for a targeted module) is an
 // error naming the key, the shapes and both sources; so are a non-LORA peft_type and
-// malformed files.
-void load_adapter(PretrainedModel& model, const std::string& dir);
+// malformed files. Saved modules_to_save parameters replace the model's; a SEQ_CLS adapter
+// without its classifier is refused. Returns the paths of the parameters it replaced.
+std::vector<std::string> load_adapter(PretrainedModel& model, const std::string& dir);
 
 }  // namespace mt::models

@@ -22,12 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
-}
-
 // Runs `fn`, prefixing any mt::Error with the file it concerns.
 template <class F>
 decltype(auto) with_source(const std::string& source, F fn) {
@@ -64,10 +58,10 @@ std::string LoadReport::str(const std::string& architecture, const std::string& 
   std::ostringstream os;
   if (!unexpected.empty())
     os << "Some weights of the model checkpoint at " << source << " were not used when initializing " << architecture
-       << ": [" << join(unexpected) << "]\n";
+       << ": [" << detail::join(unexpected) << "]\n";
   if (!missing.empty())
     os << "Some weights of " << architecture << " were not initialized from the model checkpoint at " << source
-       << " and are newly initialized: [" << join(missing) << "]\n";
+       << " and are newly initialized: [" << detail::join(missing) << "]\n";
   for (const auto& [from, to] : renamed) os << "Loaded " << to << " of " << architecture << " from " << from << " (" << source << ")\n";
   return os.str();
 }
@@ -186,7 +180,7 @@ Params match_checkpoint(const ModelSpec& spec, const ModelConfig& config, Params
     for (const ParamDef& d : missing)
       if (!matches_any(d.path, head_re)) refused.push_back(d.path);
     MT_CHECK(refused.empty(), "[from_pretrained] ", source, ": the checkpoint has no weights for ", refused.size(), " of the ",
-             defs.size(), " parameters of ", spec.architecture(config), ": [", join(refused),
+             defs.size(), " parameters of ", spec.architecture(config), ": [", detail::join(refused),
              "]; a model does not run on random weights unless asked: pass --allow-new-heads "
              "(PretrainedOptions::new_params) to initialize them");
   }

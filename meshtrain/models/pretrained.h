@@ -51,6 +51,9 @@ struct PretrainedOptions {
   // newly initialized and cls.predictions.* unexpected, as in HF).
   std::optional<BertHead> bert_head{};
   std::optional<int64_t> num_labels;
+  // BERT classifiers: the classes' names in id order (config.json's id2label/label2id);
+  // sets num_labels to their count.
+  std::vector<std::string> label_names{};
   RngKey init_key{0, 0};  // for newly initialized parameters
   NewParams new_params = NewParams::none;
   DType dtype = DType::f32;  // checkpoint tensors of another float dtype are converted

@@ -31,7 +31,8 @@ TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("pretrain --no-such-flag", {"--no-such-flag"});
   expect_failure("pretrain --steps -3", {"--steps", "must be a positive integer, got '-3'"});
   expect_failure("pretrain --model bert", {"--model", "bert"});
-  expect_failure("glue --data-dir " + kGlue, {"--task is required"});
+  expect_failure("glue --data-dir " + kGlue, {"--data-dir requires --task"});
+  expect_failure("glue --config small", {"pass --task NAME --data-dir DIR (a GLUE task) or --train-file F --validation-file F"});
   expect_failure("glue --task nope --config small --data-dir " + kGlue, {"nope"});
   expect_failure("glue --task rte --data-dir " + kGlue, {"pass --model DIR (pretrained) or --config small|FILE"});
   expect_failure("eval", {"--model is required"});

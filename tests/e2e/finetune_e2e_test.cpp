@@ -97,6 +97,39 @@ TEST_F(FinetuneE2E, LoraOnInstructionsHalvesHeldOutLossAndAnswersHeldOutPrompts)
   }
   std::cout << "  held-out prompts answered: merged " << merged_right << "/6, base " << base_right << "/6\n";
   EXPECT_GT(merged_right, base_right);
+
+  // pretrain --init-from continues the base (its tokenizer, its weights: the first loss is
+  // the base's last, not a fresh model's), prints a sample before the first step, and with
+  // LoRA flags writes an adapter for that base.
+  const fs::path cont = dir_ / "continued";
+  CliRun c = run_cli("pretrain --init-from " + (base / "model").string() +
+                     " --seq-len 64 --steps 10 --sample-every 5 --sample-tokens 16 --lora-rank 4 --output-dir " +
+                     cont.string());
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_NE(c.out.find("--- sample at step 0 ---"), std::string::npos) << c.out;
+  auto train_losses = [](const fs::path& metrics) {
+    std::vector<double> losses;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("split", "") == "train") losses.push_back(j["loss"].get<double>());
+    }
+    return losses;
+  };
+  const std::vector<double> base_losses = train_losses(base / "metrics.jsonl"), cont_losses = train_losses(cont / "metrics.jsonl");
+  ASSERT_FALSE(base_losses.empty());
+  ASSERT_FALSE(cont_losses.empty());
+  std::cout << "  pretrain --init-from: first loss " << cont_losses.front() << " (base: first " << base_losses.front()
+            << ", last " << base_losses.back() << ")\n";
+  EXPECT_NEAR(cont_losses.front(), base_losses.back(), 0.6);
+  EXPECT_LT(cont_losses.front(), base_losses.front() - 1.0);
+  std::ifstream samples(cont / "samples.txt");
+  std::string first_line;
+  std::getline(samples, first_line);
+  EXPECT_EQ(first_line, "=== step 0");
+  nlohmann::json adapter = nlohmann::json::parse(std::ifstream(cont / "adapter/adapter_config.json"));
+  EXPECT_EQ(adapter["base_model_name_or_path"], (base / "model").string());
+  EXPECT_EQ(adapter["r"], 4);
 }
 
 TEST_F(FinetuneE2E, BadRowsTargetsAndRanksFailBeforeWritingAnything) {

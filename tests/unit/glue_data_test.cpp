@@ -68,6 +68,19 @@ TEST_F(GlueFiles, MnliAndQqpLayoutsAndErrors) {
   EXPECT_EQ(mnli[0].as_int("label"), 1);  // entailment 0, neutral 1, contradiction 2
   EXPECT_EQ(mnli[1].as_int("label"), 2);
   EXPECT_EQ(data::glue_task("mnli").dev_split, "dev_matched");
+  // HF's names for MNLI on either dev set.
+  EXPECT_EQ(data::glue_task("mnli_matched").dev_split, "dev_matched");
+  EXPECT_EQ(data::glue_task("MNLI-mismatched").dev_split, "dev_mismatched");
+  EXPECT_EQ(data::glue_task("mnli_mismatched").name, "mnli_mismatched");
+  write("MNLI/dev_mismatched.tsv",
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\t"
+        "sentence1\tsentence2\tlabel1\tgold_label\n"
+        "0\t1\t1e\tletters\t( x )\t( y )\t(ROOT x)\t(ROOT y)\tOther genre.\tIts hypothesis.\tentailment\tentailment\n");
+  const data::GlueTask& mm = data::glue_task("mnli_mismatched");
+  std::vector<data::Example> mism = data::read_glue_split(dir_.string(), mm, mm.dev_split);
+  ASSERT_EQ(mism.size(), 1u);
+  EXPECT_EQ(mism[0].str("text_a"), "Other genre.");
+  EXPECT_EQ(mism[0].as_int("label"), 0);
   std::vector<data::Example> qqp = data::read_glue_split(dir_.string(), data::glue_task("qqp"), "train");
   ASSERT_EQ(qqp.size(), 1u);
   EXPECT_EQ(qqp[0].str("text_a"), "How?");
