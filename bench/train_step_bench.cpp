@@ -90,16 +90,23 @@ double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrec
 }
 
 double torch_step_seconds(const Config& c, int warmup, int steps, int threads, MatmulPrecision precision) {
-  const std::string cmd = "/usr/bin/python3 " MT_SOURCE_DIR "/bench/torch_minigpt_step.py " + std::to_string(c.V) + " " +
-                          std::to_string(c.T) + " " + std::to_string(c.C) + " " + std::to_string(c.H) + " " +
-                          std::to_string(c.FF) + " " + std::to_string(c.L) + " " + std::to_string(c.B) + " " +
-                          std::to_string(warmup) + " " + std::to_string(steps) + " " + std::to_string(threads) + " " +
-                          matmul_precision_name(precision);
+  const std::string cmd = "/usr/bin/python3 " MT_SOURCE_DIR "/bench/torch_model_step.py minigpt " + std::to_string(c.B) +
+                          " " + std::to_string(c.T) + " " + std::to_string(warmup) + " " + std::to_string(steps) + " " +
+                          std::to_string(threads) + " " + matmul_precision_name(precision) + " " + std::to_string(c.V) +
+                          "," + std::to_string(c.C) + "," + std::to_string(c.H) + "," + std::to_string(c.FF) + "," +
+                          std::to_string(c.L);
   FILE* p = popen(cmd.c_str(), "r");
   double s = -1;
   if (p) {
-    if (fscanf(p, "%lf", &s) != 1) s = -1;
+    char line[4096];
+    std::string out;
+    while (fgets(line, sizeof line, p)) out += line;
     pclose(p);
+    try {
+      s = nlohmann::json::parse(out).at("step_s").get<double>();
+    } catch (const std::exception&) {
+      s = -1;
+    }
   }
   return s;
 }

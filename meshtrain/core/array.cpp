@@ -101,6 +101,16 @@ Array Array::view_as_shape(const Shape& shape) const {
   return Array(std::move(impl));
 }
 
+Array Array::view_row(int64_t i) const {
+  MT_CHECK(ndim() >= 1 && i >= 0 && i < dim(0), "[view_row] row ", i, " outside ", str());
+  MT_CHECK(!sharded(), "[view_row] ", str(), " is sharded: views apply to local blocks");
+  auto impl = std::make_shared<ArrayImpl>(*impl_);
+  impl->shape = Shape(std::vector<int64_t>(shape().dims().begin() + 1, shape().dims().end()));
+  impl->offset_bytes += size_t(i) * (nbytes() / size_t(dim(0)));
+  impl->node = nullptr;
+  return Array(std::move(impl));
+}
+
 std::string Array::str() const {
   if (!defined()) return "<undefined>";
   return std::string(dtype_name(dtype())) + shape().str();

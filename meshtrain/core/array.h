@@ -77,6 +77,9 @@ class Array {
   // A view with another shape of the same numel; does not record autodiff history
   // (ops::reshape does).
   Array view_as_shape(const Shape& shape) const;
+  // x[i] along the first dim as a view of the same storage (no history, not sharded): for
+  // kernels that write several results into one buffer (optimizer moments).
+  Array view_row(int64_t i) const;
   bool shares_storage(const Array& o) const { return impl_->storage == o.impl_->storage; }
 
   const std::shared_ptr<ArrayImpl>& impl() const { return impl_; }

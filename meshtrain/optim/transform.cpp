@@ -1,5 +1,7 @@
 #include "meshtrain/optim/transform.h"
 
+#include "meshtrain/ops/optimizer_ops.h"
+
 #include <cmath>
 
 #include "meshtrain/autodiff/node.h"
@@ -76,6 +78,14 @@ Transform sgd(Schedule lr, double momentum, bool nesterov, double weight_decay) 
 }
 
 namespace {
+// The fused optimizer kernels take plain f32 arrays of one shape; distributed arrays go
+// through the composed ops, whose sharding rules place them.
+bool fusable(std::initializer_list<Array> arrays) {
+  for (const Array& a : arrays)
+    if (a.sharded() || a.dtype() != DType::f32 || a.shape() != arrays.begin()->shape()) return false;
+  return true;
+}
+
 Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight_decay, DecayMask mask) {
   MT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "[adam] betas must be in [0, 1), got ", b1, ", ", b2);
   MT_CHECK(eps >= 0, "[adam] eps must be >= 0, got ", eps);
@@ -95,13 +105,25 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     const double step_size = rate / bc1, sqrt_bc2 = std::sqrt(bc2);
     Params out;
     for (const auto& [path, g] : grads) {
+      const Array &m0 = state["mu." + path], &v0 = state["nu." + path], &p = params[path];
+      const bool decays = weight_decay != 0.0 && mask(path, p);
+      if (fusable({g, m0, v0, p})) {
+        // Two memory passes instead of a dozen; the same roundings as below.
+        AdamStep s{b1, b2, step_size, sqrt_bc2, eps, decays ? rate * weight_decay : 0.0};
+        Array moments = adam_moments(g, m0, v0, s);
+        Array m = moments.view_row(0), v = moments.view_row(1);
+        state.set("mu." + path, m);
+        state.set("nu." + path, v);
+        out.set(path, adam_direction(m, v, p, s));
+        continue;
+      }
       Array m = add(mul(state["mu." + path], b1), mul(g, 1 - b1));
       Array v = add(mul(state["nu." + path], b2), mul(square(g), 1 - b2));
       state.set("mu." + path, m);
       state.set("nu." + path, v);
       // torch's order of operations: m / (sqrt(v) / sqrt(bc2) + eps) · lr / bc1.
       Array u = mul(div(m, add(div(sqrt(v), sqrt_bc2), eps)), -step_size);
-      if (weight_decay != 0.0 && mask(path, params[path])) u = sub(u, mul(params[path], rate * weight_decay));
+      if (decays) u = sub(u, mul(params[path], rate * weight_decay));
       out.set(path, u);
     }
     write_count(state, count);

@@ -1,5 +1,9 @@
 #include "tests/support/primitive_cases.h"
 
+#include <cmath>
+
+#include "meshtrain/ops/optimizer_ops.h"
+
 namespace mt::testing {
 
 namespace {
@@ -133,6 +137,20 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"causal_softmax", {rn({4, 3, 5}, 94)},
                [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.5); },
                "m = torch.ones(3, 5).tril(2).bool()\nout = torch.softmax((x0 * 0.5).masked_fill(~m, float('-inf')), -1)"});
+  // One AdamW step at step 3 (bias corrections), as torch.optim.AdamW computes it: m', v',
+  // then the update (p decayed by lr·wd).
+  AdamStep adam;
+  adam.step_size = 1e-3 / (1 - std::pow(0.9, 3));
+  adam.sqrt_bc2 = std::sqrt(1 - std::pow(0.999, 3));
+  adam.decay = 1e-3 * 0.01;
+  const Array v0 = mul(square(rn({5, 6}, 97)), 0.01);
+  c.push_back({"adam_moments", {rn({5, 6}, 95), rn({5, 6}, 96), v0},
+               [adam](const std::vector<Array>& in) { return adam_moments(in[0], in[1], in[2], adam); },
+               "out = torch.stack([x1 * 0.9 + x0 * (1 - 0.9), x2 * 0.999 + x0 * x0 * (1 - 0.999)])", false});
+  c.push_back({"adam_direction", {rn({5, 6}, 98), v0, rn({5, 6}, 99)},
+               [adam](const std::vector<Array>& in) { return adam_direction(in[0], in[1], in[2], adam); },
+               "import math\nbc1, bc2 = 1 - 0.9 ** 3, 1 - 0.999 ** 3\n"
+               "out = -(x0 / (x1.sqrt() / math.sqrt(bc2) + 1e-8)) * (1e-3 / bc1) - x2 * (1e-3 * 0.01)", false});
   return c;
 }
 

@@ -1,0 +1,173 @@
+// The meshtrain side of bench/compare_pytorch.py: training steps (forward, backward, AdamW)
+// of one workload on random tokens, reported as one JSON line — median seconds per step,
+// the AdamW update's share, model FLOPs per step, minor page faults per step after step 3, peak RSS — so the driver can
+// put it beside the PyTorch twin run in its own process.
+// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16]
+//        model_step_bench peak      (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s)
+//   WORKLOAD: minigpt (the seed tutorial's 8-block config), gpt2 (124M), bert (base, 2-class
+//   sequence classifier); SEQ tokens per example.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "meshtrain/backend/cpu/cpu_features.h"
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/minigpt.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/train/gemm_peak.h"
+
+namespace {
+
+using namespace mt;
+using json = nlohmann::json;
+
+struct Workload {
+  std::function<Array(const Params&, const RngKey&)> loss;
+  Params params;
+  double flops_per_step = 0;
+};
+
+// 6 FLOPs per weight per token plus attention (12·L·T·C per token), as PaLM counts them.
+double transformer_flops(double matmul_weights, double layers, double T, double C, double tokens) {
+  return 6.0 * matmul_weights * tokens + 12.0 * layers * T * C * tokens;
+}
+
+std::vector<int64_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> v(n);
+  for (auto& x : v) x = int64_t(rng() % uint64_t(vocab));
+  return v;
+}
+
+Workload make_workload(const std::string& name, int64_t B, int64_t T) {
+  Workload w;
+  if (name == "minigpt") {
+    auto mc = std::make_shared<models::MiniGptConfig>();
+    mc->vocab_size = 50257, mc->maxlen = T, mc->embed_dim = 256, mc->num_heads = 8, mc->feed_forward_dim = 256;
+    mc->num_transformer_blocks = 8;
+    w.params = models::minigpt_init(*mc, RngKey{0, 0});
+    Array ids = Array::from_vector(random_ids(size_t(B * T), mc->vocab_size, 1), {B, T});
+    Array labels = Array::from_vector(random_ids(size_t(B * T), mc->vocab_size, 2), {B, T});
+    w.loss = [mc, ids, labels](const Params& p, const RngKey& key) {
+      return cross_entropy(models::minigpt_apply(*mc, p, {ids}, key, true), labels);
+    };
+    const double C = 256, FF = 256, L = 8;
+    w.flops_per_step = transformer_flops(L * (4 * C * C + 2 * C * FF) + 50257 * C, L, double(T), C, double(B * T));
+    return w;
+  }
+  if (name == "gpt2") {
+    json config = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 50257},
+                   {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}};
+    auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
+    w.params = model->params;
+    model->params = Params{};
+    Array ids = Array::from_vector(random_ids(size_t(B * T), 50257, 1), {B, T});
+    Array labels = Array::from_vector(random_ids(size_t(B * T), 50257, 2), {B, T});
+    w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
+      models::DecoderInputs in;
+      in.input_ids = ids;
+      return cross_entropy(model->decoder_logits(p, in, key, true), labels);
+    };
+    const double C = 768, L = 12;
+    w.flops_per_step = transformer_flops(L * 12 * C * C + 50257 * C, L, double(T), C, double(B * T));
+    return w;
+  }
+  if (name == "bert") {
+    json config = {{"model_type", "bert"}, {"architectures", {"BertForSequenceClassification"}}, {"vocab_size", 30522},
+                   {"hidden_size", 768}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},
+                   {"intermediate_size", 3072}, {"num_labels", 2}};
+    auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
+    w.params = model->params;
+    model->params = Params{};
+    models::BertInputs in;
+    in.input_ids = Array::from_vector(random_ids(size_t(B * T), 30522, 1), {B, T});
+    in.attention_mask = Array::ones({B, T}, DType::i64);
+    in.token_type_ids = Array::zeros({B, T}, DType::i64);
+    Array labels = Array::from_vector(random_ids(size_t(B), 2, 2), {B});
+    const models::BertConfig c = model->config.as<models::BertConfig>();
+    w.loss = [c, in, labels](const Params& p, const RngKey& key) {
+      return cross_entropy(models::bert_apply(c, p, in, key, true).logits, labels);
+    };
+    const double C = 768, L = 12;
+    // Encoder weights plus the pooler; the classifier's 2 outputs are negligible.
+    w.flops_per_step = transformer_flops(L * 12 * C * C + C * C, L, double(T), C, double(B * T));
+    return w;
+  }
+  throw Error("[model_step_bench] unknown workload '" + name + "' (minigpt, gpt2, bert)");
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "peak") {
+    // Best of 5 2048^3 matmuls; bf16 only where the CPU multiplies bf16 natively.
+    const bool bf16 = cpu::cpu_features().bf16_gemm_native;
+    json out = {{"cpu", cpu::cpu_summary()},
+                {"gemm_f32_gflops", train::measure_gemm_gflops(DType::f32, 2048, 5, 1e9)},
+                {"gemm_bf16_gflops", bf16 ? json(train::measure_gemm_gflops(DType::bf16, 2048, 5, 1e9)) : json(nullptr)}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16]\n");
+    return 2;
+  }
+  try {
+    const std::string name = argv[1];
+    const int64_t B = std::stoll(argv[2]), T = std::stoll(argv[3]);
+    const int warmup = std::stoi(argv[4]), steps = std::stoi(argv[5]);
+    const std::string precision = argc > 6 ? argv[6] : "f32";
+    MatmulPrecisionScope scope(matmul_precision_from_name(precision));
+    Workload w = make_workload(name, B, T);
+    optim::Transform opt = optim::adamw(optim::constant_schedule(1e-4), 0.9, 0.999, 1e-8, 0.01);
+    Params params = w.params, state = opt.init(params);
+    w.params = Params{};
+    std::vector<double> times, optimizer_times;
+    long faults_before = 0;
+    double loss_first = 0, loss_last = 0;
+    for (int s = 0; s < warmup + steps; ++s) {
+      if (s == std::max(warmup, 3)) faults_before = minor_faults();
+      const auto t0 = std::chrono::steady_clock::now();
+      auto [loss, grads] = value_and_grad([&](const Params& p) { return w.loss(p, RngKey{5, uint64_t(s)}); })(params);
+      const double l = loss.item();
+      const auto t1 = std::chrono::steady_clock::now();
+      params = optim::apply_updates(params, opt.update(grads, state, params));
+      if (s >= warmup)
+        optimizer_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+      if (s == 0) loss_first = l;
+      loss_last = l;
+      if (s >= warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const int counted = warmup + steps - std::max(warmup, 3);
+    std::sort(times.begin(), times.end());
+    std::sort(optimizer_times.begin(), optimizer_times.end());
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    json out = {{"side", "meshtrain"},
+                {"workload", name},
+                {"precision", precision},
+                {"step_s", times[times.size() / 2]},
+                {"optimizer_s", optimizer_times[optimizer_times.size() / 2]},
+                {"flops_per_step", w.flops_per_step},
+                {"minor_faults_per_step", counted > 0 ? double(minor_faults() - faults_before) / counted : 0.0},
+                {"peak_rss_mb", double(u.ru_maxrss) / 1024.0},
+                {"loss_first", loss_first},
+                {"loss_last", loss_last}};
+    std::printf("%s\n", out.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "model_step_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

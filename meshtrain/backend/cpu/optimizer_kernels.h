@@ -1,0 +1,26 @@
+#pragma once
+// Optimizer updates in few passes over a parameter's elements (the role of PyTorch's
+// foreach/fused AdamW): the moments in one pass that reads g, m, v once and writes m', v'
+// once, the update in a second, instead of one memory pass per elementwise op.
+#include <cstdint>
+
+#include "meshtrain/core/array.h"
+
+namespace mt::cpu {
+
+struct AdamHyper {
+  float b1, b2;  // moment decay rates
+  float one_minus_b1, one_minus_b2;
+  float step_size;  // lr / (1 - b1^t)
+  float sqrt_bc2;   // sqrt(1 - b2^t)
+  float eps;
+  float decay;  // lr · weight_decay (0: none)
+};
+
+// out [2, n] f32 = (m', v') for f32 g, m, v: m' = b1·m + (1-b1)·g, v' = b2·v + (1-b2)·g².
+void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHyper& h, Array& out);
+// out f32 = -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p (p read when decay != 0),
+// torch's order of operations.
+void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, Array& out);
+
+}  // namespace mt::cpu

@@ -1,0 +1,22 @@
+#pragma once
+// Optimizer steps as fused primitives: a few memory passes per parameter instead of one per
+// elementwise op (optim::adam uses them for f32 parameters that are not distributed).
+#include "meshtrain/core/array.h"
+
+namespace mt {
+
+struct AdamStep {
+  double b1 = 0.9, b2 = 0.999;
+  double step_size = 0;  // lr / (1 - b1^t)
+  double sqrt_bc2 = 1;   // sqrt(1 - b2^t)
+  double eps = 1e-8;
+  double decay = 0;      // lr · weight_decay, applied to p (AdamW); 0: p is not read
+};
+
+// Adam's moments for f32 arrays of one shape: [2, ...g.shape] = (m', v') with
+// m' = b1·m + (1-b1)·g and v' = b2·v + (1-b2)·g², rounded as the composed ops and torch round.
+Array adam_moments(const Array& g, const Array& m, const Array& v, const AdamStep& step);
+// The update from the new moments: -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p.
+Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step);
+
+}  // namespace mt
