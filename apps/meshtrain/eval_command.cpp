@@ -82,6 +82,7 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
   MT_CHECK(model.tokenizer != nullptr, "[eval] ", o.model, " has no tokenizer");
   data::GlueTask task;
   std::vector<data::Example> rows;
+  std::string split = o.validation_file;
   if (!o.validation_file.empty()) {
     // The classes are the model's id2label (numbered 0..n-1 when it has only placeholders).
     const models::BertConfig& c = model.config.as<models::BertConfig>();
@@ -94,17 +95,13 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
     MT_CHECK(!o.task.empty() && !o.data_dir.empty(), "[eval] a BERT classifier is evaluated on a GLUE task (--task and "
              "--data-dir) or on your rows (--validation-file)");
     task = data::glue_task(o.task);
-    rows = data::read_glue_split(o.data_dir, task, o.split.empty() ? task.dev_split : o.split);
+    split = o.split.empty() ? task.dev_split : o.split;
+    rows = data::read_glue_split(o.data_dir, task, split);
   }
-  const std::string split = o.validation_file.empty() ? (o.split.empty() ? task.dev_split : o.split) : o.validation_file;
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   auto dataset = data::make_dataset(std::move(rows));
   auto tok = model.tokenizer;
-  tok->set_truncation(tokenizers::TruncationParams{size_t(o.max_seq_length)});
-  tokenizers::PaddingParams pad;
-  pad.length = size_t(o.max_seq_length);
-  if (auto id = tok->token_to_id("[PAD]")) pad.pad_id = *id;
-  tok->set_padding(pad);
+  glue_fixed_length(*tok, o.max_seq_length);
   json result = {{"task", task.name}, {"split", split}, {"examples", dataset->size()}};
   for (const auto& [k, v] : glue_evaluate(deployer, model, params, task, glue_collate(tok, task, o.max_seq_length), dataset,
                                           o.per_device_batch_size))

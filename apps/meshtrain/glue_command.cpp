@@ -100,11 +100,7 @@ void run(const GlueOptions& o) {
                       : models::from_pretrained(o.model, po));
   MT_CHECK(model->model_type == "bert", "[glue] ", o.model, " is a ", model->model_type, " model; glue fine-tunes BERT");
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
-  tok->set_truncation(tokenizers::TruncationParams{size_t(o.max_seq_length)});
-  tokenizers::PaddingParams pad;
-  pad.length = size_t(o.max_seq_length);
-  if (auto id = tok->token_to_id("[PAD]")) pad.pad_id = *id;
-  tok->set_padding(pad);
+  glue_fixed_length(*tok, o.max_seq_length);
   train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 

@@ -44,6 +44,14 @@ json small_bert_config(const std::string& config, const data::GlueTask& task, in
   return c;
 }
 
+void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len) {
+  tok.set_truncation(tokenizers::TruncationParams{size_t(max_len)});
+  tokenizers::PaddingParams pad;
+  pad.length = size_t(max_len);
+  if (auto id = tok.token_to_id("[PAD]")) pad.pad_id = *id;
+  tok.set_padding(pad);
+}
+
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
                               int64_t max_len) {
   MT_CHECK(tok->truncation() && tok->padding() && tok->padding()->length == size_t(max_len),

@@ -23,6 +23,9 @@ std::string glue_primary_metric(const data::GlueTask& task);
 nlohmann::json small_bert_config(const std::string& config, const data::GlueTask& task, int64_t vocab_size,
                                  int64_t max_seq_length);
 
+// Sets `tok` to truncate and pad (with [PAD]) every encoding to max_len, as glue_collate needs.
+void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len);
+
 // Tokenizes {"text_a", ["text_b",] "label"} examples to max_len (truncated, padded):
 // input_ids, token_type_ids, attention_mask, labels (i64, or f32 for regression).
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,

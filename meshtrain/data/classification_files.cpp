@@ -104,11 +104,12 @@ std::vector<Example> to_examples(const RawFile& f, const GlueTask& task) {
     const Value& label = label_of(f, r);
     if (task.is_regression()) {
       double v = 0;
-      const auto* s = std::get_if<std::string>(&label);
-      const bool ok = s ? parse_float64(*s, v)
-                        : std::holds_alternative<double>(label) || std::holds_alternative<int64_t>(label);
+      bool ok = true;
+      if (const auto* s = std::get_if<std::string>(&label)) ok = parse_float64(*s, v);
+      else if (const auto* d = std::get_if<double>(&label)) v = *d;
+      else if (const auto* i = std::get_if<int64_t>(&label)) v = double(*i);
+      else ok = false;
       MT_CHECK(ok, "[glue] ", where(f, r), ": label ", describe(label), " is not a number (the task is regression)");
-      if (!s) v = std::holds_alternative<double>(label) ? std::get<double>(label) : double(std::get<int64_t>(label));
       e.set("label", v);
     } else {
       const std::string name = class_name(label, where(f, r));

@@ -64,7 +64,7 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
       if (complete) names[size_t(i)] = name.get<std::string>();
     }
     // HF's placeholder names carry nothing; keep the default.
-    if (complete && !(names[0] == "LABEL_0")) c.label_names = std::move(names);
+    if (complete && names[0] != "LABEL_0") c.label_names = std::move(names);
   }
   std::string arch = "BertModel";
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
@@ -250,7 +250,10 @@ ModelSpec bert_model_spec() {
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions& o) -> ModelConfig {
     BertConfig c = BertConfig::from_json(j);
     if (o.num_labels) c.num_labels = *o.num_labels;
-    if (!o.label_names.empty()) c.label_names = o.label_names, c.num_labels = int64_t(o.label_names.size());
+    if (!o.label_names.empty()) {
+      c.label_names = o.label_names;
+      c.num_labels = int64_t(o.label_names.size());
+    }
     if (int64_t(c.label_names.size()) != c.num_labels) c.label_names.clear();
     if (o.bert_head) c = c.with_head(*o.bert_head);
     c.validate();

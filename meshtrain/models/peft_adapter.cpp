@@ -205,11 +205,12 @@ void adapter_base_options(const std::string& dir, PretrainedOptions& options) {
   const json c = io::read_json_file(cfg_path);
   if (!c.is_object() || !c.value("task_type", json()).is_string() || c["task_type"] != "SEQ_CLS") return;
   const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
-  const Params file = io::load_safetensors(st_path);
-  MT_CHECK(file.contains(kClassifierKey) && file[kClassifierKey].ndim() == 2, "[adapter] ", st_path,
+  // The header alone says the head's size; load_adapter reads the tensors.
+  const io::SafetensorsFile file = io::SafetensorsFile::open(st_path);
+  MT_CHECK(file.contains(kClassifierKey) && file.info(kClassifierKey).shape.ndim() == 2, "[adapter] ", st_path,
            ": a sequence-classification adapter needs its classifier '", kClassifierKey, "' [num_labels, hidden]");
   options.bert_head = BertHead::sequence_classification;
-  options.num_labels = file[kClassifierKey].dim(0);
+  options.num_labels = file.info(kClassifierKey).shape.dim(0);
   // The head the base lacks comes from the adapter (load_adapter checks it is there).
   if (options.new_params == NewParams::none) options.new_params = NewParams::heads;
 }

@@ -117,13 +117,13 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
         out.set(path, adam_direction(m, v, p, s));
         continue;
       }
-      Array m = add(mul(state["mu." + path], b1), mul(g, 1 - b1));
-      Array v = add(mul(state["nu." + path], b2), mul(square(g), 1 - b2));
+      Array m = add(mul(m0, b1), mul(g, 1 - b1));
+      Array v = add(mul(v0, b2), mul(square(g), 1 - b2));
       state.set("mu." + path, m);
       state.set("nu." + path, v);
       // torch's order of operations: m / (sqrt(v) / sqrt(bc2) + eps) · lr / bc1.
       Array u = mul(div(m, add(div(sqrt(v), sqrt_bc2), eps)), -step_size);
-      if (decays) u = sub(u, mul(params[path], rate * weight_decay));
+      if (decays) u = sub(u, mul(p, rate * weight_decay));
       out.set(path, u);
     }
     write_count(state, count);
