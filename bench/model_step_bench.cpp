@@ -2,10 +2,11 @@
 // of one workload on random tokens, reported as one JSON line — median seconds per step,
 // the AdamW update's share, model FLOPs per step, minor page faults per step after step 3, peak RSS — so the driver can
 // put it beside the PyTorch twin run in its own process.
-// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16]
+// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16] [none|block|full]
 //        model_step_bench peak      (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s)
 //   WORKLOAD: minigpt (the seed tutorial's 8-block config), gpt2 (124M), bert (base, 2-class
-//   sequence classifier); SEQ tokens per example.
+//   sequence classifier); SEQ tokens per example; the last argument is --remat (what the
+//   backward pass recomputes instead of storing).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -44,17 +45,20 @@ std::vector<int64_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
   return v;
 }
 
-Workload make_workload(const std::string& name, int64_t B, int64_t T) {
+Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat remat) {
   Workload w;
   if (name == "minigpt") {
     auto mc = std::make_shared<models::MiniGptConfig>();
     mc->vocab_size = 50257, mc->maxlen = T, mc->embed_dim = 256, mc->num_heads = 8, mc->feed_forward_dim = 256;
     mc->num_transformer_blocks = 8;
+    mc->remat = remat;
     w.params = models::minigpt_init(*mc, RngKey{0, 0});
+    auto model = std::make_shared<models::PretrainedModel>();
+    model->model_type = "minigpt", model->config = *mc;
     Array ids = Array::from_vector(random_ids(size_t(B * T), mc->vocab_size, 1), {B, T});
     Array labels = Array::from_vector(random_ids(size_t(B * T), mc->vocab_size, 2), {B, T});
-    w.loss = [mc, ids, labels](const Params& p, const RngKey& key) {
-      return cross_entropy(models::minigpt_apply(*mc, p, {ids}, key, true), labels);
+    w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
+      return model->decoder_loss(p, {.input_ids = ids}, labels, key, true);
     };
     const double C = 256, FF = 256, L = 8;
     w.flops_per_step = transformer_flops(L * (4 * C * C + 2 * C * FF) + 50257 * C, L, double(T), C, double(B * T));
@@ -64,6 +68,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T) {
     json config = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 50257},
                    {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}};
     auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
+    model->config = model->config.with_remat(remat);
     w.params = model->params;
     model->params = Params{};
     Array ids = Array::from_vector(random_ids(size_t(B * T), 50257, 1), {B, T});
@@ -71,7 +76,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T) {
     w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
       models::DecoderInputs in;
       in.input_ids = ids;
-      return cross_entropy(model->decoder_logits(p, in, key, true), labels);
+      return model->decoder_loss(p, in, labels, key, true);
     };
     const double C = 768, L = 12;
     w.flops_per_step = transformer_flops(L * 12 * C * C + 50257 * C, L, double(T), C, double(B * T));
@@ -89,7 +94,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T) {
     in.attention_mask = Array::ones({B, T}, DType::i64);
     in.token_type_ids = Array::zeros({B, T}, DType::i64);
     Array labels = Array::from_vector(random_ids(size_t(B), 2, 2), {B});
-    const models::BertConfig c = model->config.as<models::BertConfig>();
+    const models::BertConfig c = model->config.with_remat(remat).as<models::BertConfig>();
     w.loss = [c, in, labels](const Params& p, const RngKey& key) {
       return cross_entropy(models::bert_apply(c, p, in, key, true).logits, labels);
     };
@@ -120,7 +125,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc < 6) {
-    std::fprintf(stderr, "usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16]\n");
+    std::fprintf(stderr, "usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16] [none|block|full]\n");
     return 2;
   }
   try {
@@ -128,8 +133,9 @@ int main(int argc, char** argv) {
     const int64_t B = std::stoll(argv[2]), T = std::stoll(argv[3]);
     const int warmup = std::stoi(argv[4]), steps = std::stoi(argv[5]);
     const std::string precision = argc > 6 ? argv[6] : "f32";
+    const Remat remat = parse_remat(argc > 7 ? argv[7] : "none");
     MatmulPrecisionScope scope(matmul_precision_from_name(precision));
-    Workload w = make_workload(name, B, T);
+    Workload w = make_workload(name, B, T, remat);
     optim::Transform opt = optim::adamw(optim::constant_schedule(1e-4), 0.9, 0.999, 1e-8, 0.01);
     Params params = w.params, state = opt.init(params);
     w.params = Params{};
@@ -157,6 +163,7 @@ int main(int argc, char** argv) {
     json out = {{"side", "meshtrain"},
                 {"workload", name},
                 {"precision", precision},
+                {"remat", remat_name(remat)},
                 {"step_s", times[times.size() / 2]},
                 {"optimizer_s", optimizer_times[optimizer_times.size() / 2]},
                 {"flops_per_step", w.flops_per_step},

@@ -109,6 +109,7 @@ void run(const FinetuneOptions& o) {
   MT_CHECK(corpus.eval == nullptr || corpus.eval->size() >= global_batch, "[finetune] the ", corpus.eval_rows,
            " held-out rows make ", corpus.eval ? corpus.eval->size() : 0, " sequences, fewer than one global batch of ",
            global_batch, ": raise --eval-fraction or lower --per-device-batch-size");
+  apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   train::FitOptions f;

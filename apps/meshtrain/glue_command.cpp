@@ -102,6 +102,7 @@ void run(const GlueOptions& o) {
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   glue_fixed_length(*tok, o.max_seq_length);
   train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);
+  apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   const int64_t global_batch = o.per_device_train_batch_size * deployer.data_size();

@@ -139,7 +139,7 @@ train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model) {
   return [model](const Params& p, const train::Batch& b, const RngKey& key, bool training) {
     models::DecoderInputs in;
     in.input_ids = b["input_ids"];
-    return cross_entropy(model->decoder_logits(p, in, key, training), b["labels"]);
+    return model->decoder_loss(p, in, b["labels"], key, training);
   };
 }
 

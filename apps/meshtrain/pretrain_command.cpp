@@ -94,6 +94,7 @@ void run(const PretrainOptions& o) {
     json config = decoder_config(o.model, o.config, corpus.tokenizer->vocab_size(), o.data.seq_len, corpus.eos_id);
     model = std::make_shared<models::PretrainedModel>(models::init_model(config, po));
   }
+  apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
   const int64_t n_eval = o.eval_fraction > 0 ? std::max<int64_t>(1, int64_t(double(corpus.dataset->size()) * o.eval_fraction)) : 0;

@@ -51,6 +51,12 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_precision_flag(cmd, f.precision);
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
+  cmd->add_option("--remat", f.remat,
+                  "activation checkpointing: none (store every activation), block (keep each transformer block's "
+                  "input, recompute the block in backward), full (block, and the output head's logits in recomputed "
+                  "chunks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "block", "full"}));
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
@@ -153,6 +159,10 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.profile_steps = flags.profile;
   f.log_mfu = true;
   f.peak_gflops = flags.peak_gflops;
+}
+
+void apply_remat(const RunFlags& flags, models::PretrainedModel& model) {
+  model.config = model.config.with_remat(parse_remat(flags.remat));
 }
 
 }  // namespace mt::cli

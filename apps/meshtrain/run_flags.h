@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "meshtrain/models/pretrained.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/trainer.h"
@@ -24,6 +25,7 @@ struct RunFlags {
   std::string precision = "f32";  // matmul precision: f32 or bf16 (see mt::MatmulPrecision)
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
+  std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
@@ -61,6 +63,9 @@ void print_cpu_line();
 // The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags.precision);`.
 // Also prints the start-up line (print_cpu_line), and says when bf16 is emulated.
 std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision);
+
+// The model as --remat asks it to train (its config's recomputation policy).
+void apply_remat(const RunFlags& flags, models::PretrainedModel& model);
 
 // The automatic sharding plan (printed as a table on rank 0 with --print-plan).
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

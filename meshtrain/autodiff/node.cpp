@@ -18,6 +18,8 @@ NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 EnableGradGuard::EnableGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = true; }
 EnableGradGuard::~EnableGradGuard() { g_grad_enabled = previous_; }
 
+uint64_t next_node_id() { return g_next_node_id.load(); }
+
 int trace_depth() { return g_trace_depth; }
 TraceScope::TraceScope() { ++g_trace_depth; }
 TraceScope::~TraceScope() { --g_trace_depth; }

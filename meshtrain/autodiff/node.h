@@ -58,6 +58,9 @@ bool should_record(const std::vector<Array>& inputs);
 // (use out.detach()), so the graph holds no reference cycle.
 void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn vjp);
 
+// The id the next recorded node will get: nodes recorded from now on have ids >= it.
+uint64_t next_node_id();
+
 // How many value_and_grad traces enclose the current code; > 1 means nested.
 int trace_depth();
 class TraceScope {

@@ -51,6 +51,13 @@ int64_t Params::total_elements() const {
   return n;
 }
 
+Params Params::with_prefix(const std::string& prefix) const {
+  Params out;
+  for (const auto& [path, value] : entries_)
+    if (path.compare(0, prefix.size(), prefix) == 0) out.set(path, value);
+  return out;
+}
+
 Params Params::subtree(const std::string& prefix) const {
   Params out;
   std::string p = prefix + ".";

@@ -35,6 +35,8 @@ class Params {
   std::vector<std::string> paths() const;
   int64_t total_elements() const;
 
+  // Params whose paths start with `prefix` (a string prefix, e.g. "h.3."), paths kept whole.
+  Params with_prefix(const std::string& prefix) const;
   // Params whose paths start with `prefix.` with the prefix removed (a sub-module's tree).
   Params subtree(const std::string& prefix) const;
 

@@ -50,6 +50,7 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       s->stats.os_allocations++;
     }
     s->stats.bytes_in_use += size;
+    if (s->stats.bytes_in_use > s->stats.peak_bytes_in_use) s->stats.peak_bytes_in_use = s->stats.bytes_in_use;
   }
   if (!ptr) {
     ptr = std::aligned_alloc(kAlignment, size);
@@ -81,6 +82,12 @@ void CachingAllocator::release_cached() {
     blocks.clear();
   }
   s->stats.bytes_cached = 0;
+}
+
+void CachingAllocator::reset_peak() {
+  Impl* s = impl();
+  std::lock_guard<std::mutex> lock(s->mutex);
+  s->stats.peak_bytes_in_use = s->stats.bytes_in_use;
 }
 
 }  // namespace mt

@@ -12,6 +12,7 @@ struct AllocatorStats {
   uint64_t cache_hits = 0;
   size_t bytes_in_use = 0;
   size_t bytes_cached = 0;
+  size_t peak_bytes_in_use = 0;  // the most bytes_in_use has been since reset_peak()
 };
 
 // Size-bucketed caching allocator with 64-byte alignment. Freed blocks return to a
@@ -23,6 +24,7 @@ class CachingAllocator {
   std::shared_ptr<void> allocate(size_t bytes);
   AllocatorStats stats() const;
   void release_cached();  // gives every cached block back to the OS
+  void reset_peak();      // peak_bytes_in_use = bytes_in_use
 
   static constexpr size_t kAlignment = 64;
   static size_t bucket_size(size_t bytes);  // the size actually reserved for a request

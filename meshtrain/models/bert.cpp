@@ -195,19 +195,23 @@ Array bert_encoder(const BertConfig& c, const Params& p, const BertInputs& in, c
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "bert.encoder.layer." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
-    auto lin = [&](const Array& h, const std::string& n) { return adapted_linear(h, p, pre + n, p[pre + n + ".bias"], ac); };
-    Array q = split_heads(lin(x, "attention.self.query"), c.num_attention_heads);
-    Array k = split_heads(lin(x, "attention.self.key"), c.num_attention_heads);
-    Array v = split_heads(lin(x, "attention.self.value"), c.num_attention_heads);
-    AttentionOptions opt{.causal = c.is_decoder, .scale = 0, .dropout_rate = c.attention_probs_dropout_prob,
-                         .dropout_key = lk.fold_in(0), .train = train};
-    Array a = lin(merge_heads(scaled_dot_product_attention(q, k, v, mask, opt)), "attention.output.dense");
-    x = layer_norm(add(dropout(a, c.hidden_dropout_prob, lk.fold_in(1), train), x),
-                   p[pre + "attention.output.LayerNorm.weight"], p[pre + "attention.output.LayerNorm.bias"],
-                   c.layer_norm_eps);
-    Array m = lin(activation(lin(x, "intermediate.dense"), c.hidden_act), "output.dense");
-    x = layer_norm(add(dropout(m, c.hidden_dropout_prob, lk.fold_in(2), train), x), p[pre + "output.LayerNorm.weight"],
-                   p[pre + "output.LayerNorm.bias"], c.layer_norm_eps);
+    // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
+    auto block = [c, pre, lk, mask, ac, train](const Params& p, Array x) {
+      auto lin = [&](const Array& h, const std::string& n) { return adapted_linear(h, p, pre + n, p[pre + n + ".bias"], ac); };
+      Array q = split_heads(lin(x, "attention.self.query"), c.num_attention_heads);
+      Array k = split_heads(lin(x, "attention.self.key"), c.num_attention_heads);
+      Array v = split_heads(lin(x, "attention.self.value"), c.num_attention_heads);
+      AttentionOptions opt{.causal = c.is_decoder, .scale = 0, .dropout_rate = c.attention_probs_dropout_prob,
+                           .dropout_key = lk.fold_in(0), .train = train};
+      Array a = lin(merge_heads(scaled_dot_product_attention(q, k, v, mask, opt)), "attention.output.dense");
+      x = layer_norm(add(dropout(a, c.hidden_dropout_prob, lk.fold_in(1), train), x),
+                     p[pre + "attention.output.LayerNorm.weight"], p[pre + "attention.output.LayerNorm.bias"],
+                     c.layer_norm_eps);
+      Array m = lin(activation(lin(x, "intermediate.dense"), c.hidden_act), "output.dense");
+      return layer_norm(add(dropout(m, c.hidden_dropout_prob, lk.fold_in(2), train), x), p[pre + "output.LayerNorm.weight"],
+                        p[pre + "output.LayerNorm.bias"], c.layer_norm_eps);
+    };
+    x = transformer_block(c.remat, p, pre, x, block);
   }
   return x;
 }

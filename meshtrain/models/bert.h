@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -30,6 +31,7 @@ enum class BertHead {
 
 struct BertConfig {
   LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
+  Remat remat = Remat::none;  // what training recomputes in backward (--remat); not part of config.json
   int64_t vocab_size = 30522;
   int64_t hidden_size = 768;
   int64_t num_hidden_layers = 12;

@@ -226,4 +226,10 @@ ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCa
   return r;
 }
 
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const Array& x, const BlockFn& body) {
+  if (remat == Remat::none) return body(p, x);
+  return checkpoint([body](const Params& bp, const std::vector<Array>& xs) { return body(bp, xs[0]); },
+                    p.with_prefix(prefix), {x});
+}
+
 }  // namespace mt::models

@@ -3,6 +3,7 @@
 // sharding role), config.json accessors whose errors name the missing key, dense layers in
 // both storage conventions, attention masks, position ids and the KV cache.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/params.h"
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/array.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
@@ -131,5 +133,12 @@ struct ResolvedDecoderInputs {
 };
 ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCache* cache, int64_t max_positions,
                                              const char* what);
+
+// One transformer block, x -> body(bp, x), where bp holds the parameters whose paths start
+// with `prefix` (the block's weights and their adapters). With remat != none the block keeps
+// only x for the backward pass and is rerun there (mt::checkpoint), so body must read its
+// weights from bp, not from the whole tree.
+using BlockFn = std::function<Array(const Params& bp, const Array& x)>;
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const Array& x, const BlockFn& body);
 
 }  // namespace mt::models

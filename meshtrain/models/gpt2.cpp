@@ -113,44 +113,52 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
   Array x = add(embedding(p["transformer.wte.weight"], r.ids), embedding(p["transformer.wpe.weight"], r.positions));
   x = dropout(x, c.embd_pdrop, dropout_key.fold_in(0), train);
   const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
+  const Array mask = r.mask;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "transformer.h." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
-    Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
-    // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
-    // a c_attn adapter shares A(x) and slices its B [3, out, r] the same way.
-    Array down = lora_down(h, p, b + "attn.c_attn", ac);
-    auto project = [&](int64_t s) {
-      Array w = reshape(slice(p[b + "attn.c_attn.weight"], 1, s, s + 1), {e, e});
-      Array bias = reshape(slice(p[b + "attn.c_attn.bias"], 0, s, s + 1), {e});
-      Array y = conv1d(h, w, bias);
-      if (down.defined()) {
-        const Array& lb = p[lora_b_path(b + "attn.c_attn")];
-        y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
-      }
-      return split_heads(y, c.n_head);
-    };
-    Array q = project(0), k = project(1), v = project(2);
-    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
     double scale = c.scale_attn_weights ? 1.0 / std::sqrt(double(hd)) : 1.0;
     if (c.scale_attn_by_inverse_layer_idx) scale /= double(l + 1);
-    AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
-                         .train = train};
-    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
-    a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
-    x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
-    h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
-    Array m = activation(adapted_conv1d(h, p, b + "mlp.c_fc", p[b + "mlp.c_fc.bias"], ac), c.activation_function);
-    m = adapted_conv1d(m, p, b + "mlp.c_proj", p[b + "mlp.c_proj.bias"], ac);
-    x = add(x, dropout(m, c.resid_pdrop, lk.fold_in(2), train));
+    // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
+    auto block = [c, b, lk, scale, mask, ac, e, train, cache, l](const Params& p, Array x) {
+      Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
+      // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
+      // a c_attn adapter shares A(x) and slices its B [3, out, r] the same way.
+      Array down = lora_down(h, p, b + "attn.c_attn", ac);
+      auto project = [&](int64_t s) {
+        Array w = reshape(slice(p[b + "attn.c_attn.weight"], 1, s, s + 1), {e, e});
+        Array bias = reshape(slice(p[b + "attn.c_attn.bias"], 0, s, s + 1), {e});
+        Array y = conv1d(h, w, bias);
+        if (down.defined()) {
+          const Array& lb = p[lora_b_path(b + "attn.c_attn")];
+          y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
+        }
+        return split_heads(y, c.n_head);
+      };
+      Array q = project(0), k = project(1), v = project(2);
+      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+      AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
+                           .train = train};
+      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, opt));
+      a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
+      x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
+      h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
+      Array m = activation(adapted_conv1d(h, p, b + "mlp.c_fc", p[b + "mlp.c_fc.bias"], ac), c.activation_function);
+      m = adapted_conv1d(m, p, b + "mlp.c_proj", p[b + "mlp.c_proj.bias"], ac);
+      return add(x, dropout(m, c.resid_pdrop, lk.fold_in(2), train));
+    };
+    x = transformer_block(c.remat, p, b, x, block);
   }
   return layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], c.layer_norm_epsilon);
 }
 
 Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
                  KvCache* cache) {
-  Array x = gpt2_hidden(c, p, in, dropout_key, train, cache);
-  return matmul(x, p["transformer.wte.weight"], false, true);  // tied head: x @ wteᵀ
+  return gpt2_head(c, p, gpt2_hidden(c, p, in, dropout_key, train, cache));
+}
+
+Array gpt2_head(const Gpt2Config&, const Params& p, const Array& hidden) {
+  return matmul(hidden, p["transformer.wte.weight"], false, true);
 }
 
 ModelSpec gpt2_model_spec() {
@@ -171,9 +179,13 @@ ModelSpec gpt2_model_spec() {
     return std::vector<std::pair<std::string, std::string>>{{"transformer.wte.weight", "lm_head.weight"}};
   };
   s.causal_lm = [](const ModelConfig& c, const Params& p) { return gpt2_causal_lm(c.as<Gpt2Config>(), p); };
-  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
-    return gpt2_apply(c.as<Gpt2Config>(), p, in, key, train);
+  s.decoder_hidden = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return gpt2_hidden(c.as<Gpt2Config>(), p, in, key, train);
   };
+  s.decoder_head = [](const ModelConfig& c, const Params& p, const Array& hidden, const RngKey&, bool) {
+    return gpt2_head(c.as<Gpt2Config>(), p, hidden);
+  };
+  s.head_prefixes = {"transformer.wte."};
   s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
     return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", context}, {"n_embd", 128},
                           {"n_layer", 4},         {"n_head", 4},         {"bos_token_id", eos},  {"eos_token_id", eos}};

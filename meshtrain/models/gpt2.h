@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -16,6 +17,7 @@ namespace mt::models {
 
 struct Gpt2Config {
   LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
+  Remat remat = Remat::none;  // what training recomputes in backward (--remat); not part of config.json
   int64_t vocab_size = 50257;
   int64_t n_positions = 1024;
   int64_t n_embd = 768;
@@ -49,6 +51,8 @@ Params gpt2_init(const Gpt2Config& c, const RngKey& key, DType dtype = DType::f3
 // training; `cache` (optional) receives this call's keys and values.
 Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                   bool train = false, KvCache* cache = nullptr);
+// The tied LM head on hidden states: hidden @ wteᵀ.
+Array gpt2_head(const Gpt2Config& c, const Params& p, const Array& hidden);
 // Logits (B, T, V) of the tied LM head.
 Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                  bool train = false, KvCache* cache = nullptr);

@@ -118,43 +118,48 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
   // Rotary positions have no table to run off, so there is no hard position limit here.
   ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, 0, "llama");
   const int64_t hd = c.dim_per_head();
-  auto opt_bias = [&](const std::string& path) { return c.attention_bias ? p[path] : Array(); };
   const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
-  auto dense = [&](const Array& h, const std::string& module, bool bias) {
-    return adapted_linear(h, p, module, bias ? opt_bias(module + ".bias") : Array(), ac);
-  };
   Array x = embedding(p["model.embed_tokens.weight"], r.ids);
+  const Array mask = r.mask, positions = r.positions;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = "model.layers." + std::to_string(l) + ".";
-    Array h = rms_norm(x, p[b + "input_layernorm.weight"], c.rms_norm_eps);
-    auto proj = [&](const char* n, int64_t heads) {
-      std::string w = b + "self_attn." + n;
-      return split_heads(dense(h, w, true), heads);
+    const RngKey lk = dropout_key.fold_in(uint64_t(l));
+    // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
+    auto block = [c, b, lk, mask, positions, ac, hd, train, cache, l](const Params& p, Array x) {
+      auto dense = [&](const Array& h, const std::string& module, bool bias) {
+        return adapted_linear(h, p, module, bias && c.attention_bias ? p[module + ".bias"] : Array(), ac);
+      };
+      Array h = rms_norm(x, p[b + "input_layernorm.weight"], c.rms_norm_eps);
+      auto proj = [&](const char* n, int64_t heads) { return split_heads(dense(h, b + "self_attn." + n, true), heads); };
+      Array q = proj("q_proj", c.num_attention_heads);
+      Array k = proj("k_proj", c.num_key_value_heads), v = proj("v_proj", c.num_key_value_heads);
+      MT_CHECK(q.dim(3) == hd, "[llama] q_proj gives head dim ", q.dim(3), ", config says ", hd);
+      q = rotary_embedding(q, positions, c.rope_theta, c.rope_interleaved);
+      k = rotary_embedding(k, positions, c.rope_theta, c.rope_interleaved);
+      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+      AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout, .dropout_key = lk,
+                           .train = train};
+      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, opt));
+      x = add(x, dense(a, b + "self_attn.o_proj", true));
+      h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
+      Array g = activation(dense(h, b + "mlp.gate_proj", false), c.hidden_act);
+      Array u = dense(h, b + "mlp.up_proj", false);
+      return add(x, dense(mul(g, u), b + "mlp.down_proj", false));
     };
-    Array q = proj("q_proj", c.num_attention_heads);
-    Array k = proj("k_proj", c.num_key_value_heads), v = proj("v_proj", c.num_key_value_heads);
-    MT_CHECK(q.dim(3) == hd, "[llama] q_proj gives head dim ", q.dim(3), ", config says ", hd);
-    q = rotary_embedding(q, r.positions, c.rope_theta, c.rope_interleaved);
-    k = rotary_embedding(k, r.positions, c.rope_theta, c.rope_interleaved);
-    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
-    AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout,
-                         .dropout_key = dropout_key.fold_in(uint64_t(l)), .train = train};
-    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, opt));
-    x = add(x, dense(a, b + "self_attn.o_proj", true));
-    h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
-    Array g = activation(dense(h, b + "mlp.gate_proj", false), c.hidden_act);
-    Array u = dense(h, b + "mlp.up_proj", false);
-    x = add(x, dense(mul(g, u), b + "mlp.down_proj", false));
+    x = transformer_block(c.remat, p, b, x, block);
   }
   return rms_norm(x, p["model.norm.weight"], c.rms_norm_eps);
 }
 
 Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
                   KvCache* cache) {
-  Array x = llama_hidden(c, p, in, dropout_key, train, cache);
+  return llama_head(c, p, llama_hidden(c, p, in, dropout_key, train, cache), dropout_key, train);
+}
+
+Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key, bool train) {
   if (c.tie_word_embeddings && !p.contains("lm_head.weight"))
-    return matmul(x, p["model.embed_tokens.weight"], false, true);
-  return adapted_linear(x, p, "lm_head", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
+    return matmul(hidden, p["model.embed_tokens.weight"], false, true);
+  return adapted_linear(hidden, p, "lm_head", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
 }
 
 ModelSpec llama_model_spec() {
@@ -177,9 +182,13 @@ ModelSpec llama_model_spec() {
     return v;
   };
   s.causal_lm = [](const ModelConfig& c, const Params& p) { return llama_causal_lm(c.as<LlamaConfig>(), p); };
-  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
-    return llama_apply(c.as<LlamaConfig>(), p, in, key, train);
+  s.decoder_hidden = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return llama_hidden(c.as<LlamaConfig>(), p, in, key, train);
   };
+  s.decoder_head = [](const ModelConfig& c, const Params& p, const Array& hidden, const RngKey& key, bool train) {
+    return llama_head(c.as<LlamaConfig>(), p, hidden, key, train);
+  };
+  s.head_prefixes = {"lm_head.", "model.embed_tokens."};
   s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
     return nlohmann::json{{"model_type", "llama"},      {"vocab_size", vocab},     {"max_position_embeddings", context},
                           {"hidden_size", 128},         {"intermediate_size", 352}, {"num_hidden_layers", 4},

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -18,6 +19,7 @@ namespace mt::models {
 
 struct LlamaConfig {
   LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
+  Remat remat = Remat::none;  // what training recomputes in backward (--remat); not part of config.json
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -55,6 +57,9 @@ Params llama_init(const LlamaConfig& c, const RngKey& key, DType dtype = DType::
 // Final hidden states (B, T, C) after model.norm.
 Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                    bool train = false, KvCache* cache = nullptr);
+// lm_head (with its adapter) on hidden states, or the embedding when tied and p has no lm_head.
+Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key = {},
+                 bool train = false);
 // Logits (B, T, V) from lm_head (or the embedding when tied).
 Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                   bool train = false, KvCache* cache = nullptr);

@@ -88,30 +88,44 @@ Params minigpt_init(const MiniGptConfig& c, const RngKey& key, DType dtype) {
 
 Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                     bool train, KvCache* cache) {
+  return minigpt_head(c, p, minigpt_hidden(c, p, in, dropout_key, train, cache), dropout_key, train);
+}
+
+Array minigpt_head(const MiniGptConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key, bool train) {
+  return adapted_linear(hidden, p, "output_layer", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
+}
+
+Array minigpt_hidden(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
+                     bool train, KvCache* cache) {
   c.validate();
   ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, c.maxlen, "minigpt");
   Array x = add(embedding(p["embedding.token_emb.weight"], r.ids), embedding(p["embedding.pos_emb.weight"], r.positions));
   const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
-  auto dense = [&](const Array& h, const std::string& module) {
-    return adapted_linear(h, p, module, p[module + ".bias"], ac);
-  };
+  const Array mask = r.mask;
   for (int64_t l = 0; l < c.num_transformer_blocks; ++l) {
     const std::string b = "blocks." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l));
-    auto proj = [&](const char* n) { return dense(x, b + "attn." + n); };
-    Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
-          v = split_heads(proj("value"), c.num_heads);
-    if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
-    Array a = merge_heads(scaled_dot_product_attention(q, k, v, r.mask, {.causal = true}));
-    a = dense(a, b + "attn.out");
-    x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
-                   c.layer_norm_epsilon);
-    Array m = relu(dense(x, b + "ffn.linear1"));
-    m = dense(m, b + "ffn.linear2");
-    x = layer_norm(add(x, dropout(m, c.dropout_rate, lk.fold_in(1), train)), p[b + "ln2.weight"], p[b + "ln2.bias"],
-                   c.layer_norm_epsilon);
+    // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
+    auto block = [c, b, lk, mask, ac, train, cache, l](const Params& p, Array x) {
+      auto dense = [&](const Array& h, const std::string& module) {
+        return adapted_linear(h, p, module, p[module + ".bias"], ac);
+      };
+      auto proj = [&](const char* n) { return dense(x, b + "attn." + n); };
+      Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
+            v = split_heads(proj("value"), c.num_heads);
+      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
+      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, {.causal = true}));
+      a = dense(a, b + "attn.out");
+      x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
+                     c.layer_norm_epsilon);
+      Array m = relu(dense(x, b + "ffn.linear1"));
+      m = dense(m, b + "ffn.linear2");
+      return layer_norm(add(x, dropout(m, c.dropout_rate, lk.fold_in(1), train)), p[b + "ln2.weight"],
+                        p[b + "ln2.bias"], c.layer_norm_epsilon);
+    };
+    x = transformer_block(c.remat, p, b, x, block);
   }
-  return adapted_linear(x, p, "output_layer", Array(), ac);
+  return x;
 }
 
 ModelSpec minigpt_model_spec() {
@@ -128,9 +142,13 @@ ModelSpec minigpt_model_spec() {
   s.param_defs = [](const ModelConfig& c) { return minigpt_param_defs(c.as<MiniGptConfig>()); };
   s.ignored_keys = [](const ModelConfig&) { return std::vector<std::string>{}; };
   s.causal_lm = [](const ModelConfig& c, const Params& p) { return minigpt_causal_lm(c.as<MiniGptConfig>(), p); };
-  s.decoder_logits = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
-    return minigpt_apply(c.as<MiniGptConfig>(), p, in, key, train);
+  s.decoder_hidden = [](const ModelConfig& c, const Params& p, const DecoderInputs& in, const RngKey& key, bool train) {
+    return minigpt_hidden(c.as<MiniGptConfig>(), p, in, key, train);
   };
+  s.decoder_head = [](const ModelConfig& c, const Params& p, const Array& hidden, const RngKey& key, bool train) {
+    return minigpt_head(c.as<MiniGptConfig>(), p, hidden, key, train);
+  };
+  s.head_prefixes = {"output_layer."};
   s.small_config = [](int64_t vocab, int64_t context, int64_t) {
     return nlohmann::json{{"model_type", "minigpt"},  {"vocab_size", vocab},      {"maxlen", context},
                           {"embed_dim", 128},         {"num_heads", 4},           {"feed_forward_dim", 512},

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -20,6 +21,7 @@ namespace mt::models {
 
 struct MiniGptConfig {
   LoraOptions lora{};  // adapters the parameters carry (lora.h); not part of config.json
+  Remat remat = Remat::none;  // what training recomputes in backward (--remat); not part of config.json
   int64_t vocab_size = 50257;
   int64_t maxlen = 256;
   int64_t embed_dim = 256;
@@ -41,7 +43,14 @@ ParamRoles minigpt_param_roles(const MiniGptConfig& c);
 // embeddings normal(0, 1/sqrt(embed_dim)) (flax nnx.Embed's default).
 Params minigpt_init(const MiniGptConfig& c, const RngKey& key, DType dtype = DType::f32);
 
-// Logits (B, T, V). Dropout after attention and after the feed-forward, in training only.
+// Hidden states (B, T, C) after the last block. Dropout after attention and after the
+// feed-forward, in training only.
+Array minigpt_hidden(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
+                     bool train = false, KvCache* cache = nullptr);
+// output_layer (with its adapter) on hidden states.
+Array minigpt_head(const MiniGptConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key = {},
+                   bool train = false);
+// Logits (B, T, V).
 Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                     bool train = false, KvCache* cache = nullptr);
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -23,6 +24,12 @@ class ModelConfig {
           C copy = *static_cast<const C*>(v);
           copy.lora = lora;
           return ModelConfig(std::move(copy));
+        }),
+        remat_([](const void* v) { return static_cast<const C*>(v)->remat; }),
+        with_remat_([](const void* v, Remat remat) {
+          C copy = *static_cast<const C*>(v);
+          copy.remat = remat;
+          return ModelConfig(std::move(copy));
         }) {}
 
   // The LoRA adapters the model's parameters carry (rank 0: none).
@@ -34,6 +41,13 @@ class ModelConfig {
   ModelConfig with_lora(const LoraOptions& lora) const {
     MT_CHECK(value_ != nullptr, "[model] with_lora on an empty config");
     return with_lora_(value_.get(), lora);
+  }
+
+  // What the training forward recomputes in backward (none unless --remat asks).
+  Remat remat() const { return value_ ? remat_(value_.get()) : Remat::none; }
+  ModelConfig with_remat(Remat remat) const {
+    MT_CHECK(value_ != nullptr, "[model] with_remat on an empty config");
+    return with_remat_(value_.get(), remat);
   }
 
   bool has_value() const { return value_ != nullptr; }
@@ -52,6 +66,8 @@ class ModelConfig {
   const std::type_info* type_ = nullptr;
   const LoraOptions& (*lora_)(const void*) = nullptr;
   ModelConfig (*with_lora_)(const void*, const LoraOptions&) = nullptr;
+  Remat (*remat_)(const void*) = nullptr;
+  ModelConfig (*with_remat_)(const void*, Remat) = nullptr;
 };
 
 }  // namespace mt::models

@@ -56,9 +56,15 @@ struct ModelSpec {
 
   // Decoders only (null for encoders).
   std::function<CausalLm(const ModelConfig&, const Params&)> causal_lm;
-  // Logits (B, T, V) with dropout keyed by `dropout_key` when training.
+  // The training forward in two parts, logits = decoder_head(decoder_hidden(inputs)): final
+  // hidden states (B, T, C) with dropout keyed by `dropout_key` when training, and the output
+  // head, which reads only parameters under `head_prefixes` (so it can be recomputed in
+  // chunks, --remat full).
   std::function<Array(const ModelConfig&, const Params&, const DecoderInputs&, const RngKey& dropout_key, bool train)>
-      decoder_logits;
+      decoder_hidden;
+  std::function<Array(const ModelConfig&, const Params&, const Array& hidden, const RngKey& dropout_key, bool train)>
+      decoder_head;
+  std::vector<std::string> head_prefixes;
   // The config `pretrain --model <type>` starts from: a small model for this vocabulary,
   // context and end-of-text id.
   std::function<nlohmann::json(int64_t vocab_size, int64_t context, int64_t eos_id)> small_config;

@@ -11,8 +11,10 @@
 #include "meshtrain/io/llama2c.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/torch_checkpoint.h"
+#include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 
@@ -78,9 +80,23 @@ CausalLm PretrainedModel::causal_lm() const {
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                                       bool train) const {
   const ModelSpec& s = spec();
-  MT_CHECK(s.decoder_logits != nullptr, "[model] ", source, ": model_type '", model_type,
+  MT_CHECK(s.decoder_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
            "' is not a decoder language model");
-  return s.decoder_logits(config, p, in, dropout_key, train);
+  return s.decoder_head(config, p, s.decoder_hidden(config, p, in, dropout_key, train), dropout_key, train);
+}
+
+Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,
+                                    const RngKey& dropout_key, bool train) const {
+  if (config.remat() != Remat::full) return cross_entropy(decoder_logits(p, in, dropout_key, train), labels);
+  const ModelSpec& s = spec();
+  Params head_params;
+  for (const std::string& prefix : s.head_prefixes)
+    for (const auto& [path, value] : p.with_prefix(prefix)) head_params.set(path, value);
+  const ModelConfig c = config;
+  HeadFn head = [c, dropout_key, train, &s](const Params& hp, const Array& hidden) {
+    return s.decoder_head(c, hp, hidden, dropout_key, train);
+  };
+  return chunked_lm_loss(s.decoder_hidden(config, p, in, dropout_key, train), labels, head, head_params);
 }
 
 std::vector<ParamDef> PretrainedModel::param_defs() const {

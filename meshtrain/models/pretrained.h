@@ -78,6 +78,10 @@ struct PretrainedModel {
   // Logits (B, T, V) of a decoder with any parameters of this model's layout (sharded ones
   // too), with dropout keyed by `dropout_key` when `train`; throws mt::Error for BERT.
   Array decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train) const;
+  // The mean next-token cross-entropy of those logits against labels (B, T) (-100 ignored);
+  // with config.remat() == full the head runs in recomputed chunks (chunked_lm_loss.h).
+  Array decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels, const RngKey& dropout_key,
+                     bool train) const;
   ParamRoles param_roles() const;
   std::vector<ParamDef> param_defs() const;
   nlohmann::json config_json() const;

@@ -2,7 +2,8 @@
 // like the weight's input features, B like its outputs: column-parallel q/k/v and MLP-in
 // split B, row-parallel out-projections split A), and three Trainer steps of a LoRA GPT-2
 // and LLaMA (base frozen by optim::partition, adapter dropout on) give the one-process
-// run's losses and adapters, with the base weights bit for bit unchanged.
+// run's losses and adapters, with the base weights bit for bit unchanged, with and without
+// blocks and the head recomputed in backward.
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -125,9 +126,11 @@ TEST(LoraSpmd, TrainerStepsEqualOneProcessAndLeaveTheBaseUntouched) {
     std::vector<train::Batch> batches(3, global_batch(10));  // one batch thrice: its loss must fall
     ReferenceRun ref = reference(*m, deployer, batches);
     // Tensor parallel alone, and with FSDP splitting base weights and adapters over data
-    // too (threshold lowered so this small model's matrices qualify).
-    for (bool fsdp : {false, true}) {
-    SCOPED_TRACE(fsdp ? "fsdp" : "tp");
+    // too (threshold lowered so this small model's matrices qualify); each also with every
+    // block recomputed in backward (--remat block), and the head's logits too, in chunks (full).
+    for (bool fsdp : {false, true})
+    for (Remat remat : {Remat::none, Remat::block, Remat::full}) {
+    SCOPED_TRACE(std::string(fsdp ? "fsdp" : "tp") + " remat " + remat_name(remat));
     train::ShardingOptions so;
     so.fsdp = fsdp;
     so.fsdp_min_elements = 64;
@@ -137,8 +140,10 @@ TEST(LoraSpmd, TrainerStepsEqualOneProcessAndLeaveTheBaseUntouched) {
       if (models::is_lora_path(path))
         fsdp_adapters += plan.spec(path).dim_of("data") >= 0;
     if (fsdp && deployer.data_size() > 1) EXPECT_GT(fsdp_adapters, 0) << "no adapter is split over data under FSDP";
-    auto loss = [m](const Params& p, const train::Batch& b, const RngKey& key) {
-      return cross_entropy(m->decoder_logits(p, {.input_ids = b["ids"]}, key, true), b["labels"]);
+    auto rm = std::make_shared<models::PretrainedModel>(*m);
+    rm->config = m->config.with_remat(remat);
+    auto loss = [rm](const Params& p, const train::Batch& b, const RngKey& key) {
+      return rm->decoder_loss(p, {.input_ids = b["ids"]}, b["labels"], key, true);
     };
     auto unused_collate = [](const std::vector<data::Example>&) -> train::Batch { return {}; };  // batches come ready
     train::Trainer trainer(deployer, unused_collate, loss, m->params, lora_optimizer(), plan);
@@ -163,7 +168,7 @@ TEST(LoraSpmd, TrainerStepsEqualOneProcessAndLeaveTheBaseUntouched) {
       }
     }
     if (dist::world().rank() == 0)
-      std::cout << "  [max err] LoRA " << m->model_type << " on " << test_mesh() << (fsdp ? " with FSDP" : "")
+      std::cout << "  [max err] LoRA " << m->model_type << " on " << test_mesh() << (fsdp ? " with FSDP" : "") << (remat == Remat::none ? "" : std::string(", remat ") + remat_name(remat))
                 << " vs one process (losses "
                 << ref.losses[0] << " -> " << ref.losses.back() << "): " << err << ", adapters moved " << moved << "\n";
     EXPECT_LE(err, 2e-5);

@@ -49,7 +49,7 @@ TEST(ModelRegistry, DecodersRunForwardAndGenerationFromTheirSmallConfig) {
   EXPECT_EQ(model_types(ModelKind::decoder), (std::vector<std::string>{"minigpt", "gpt2", "llama"}));
   for (const ModelSpec* spec : decoders) {
     SCOPED_TRACE(spec->model_type);
-    ASSERT_TRUE(spec->causal_lm && spec->decoder_logits && spec->small_config);
+    ASSERT_TRUE(spec->causal_lm && spec->decoder_hidden && spec->decoder_head && !spec->head_prefixes.empty() && spec->small_config);
     PretrainedOptions po;
     po.print_report = false;
     const nlohmann::json j = spec->small_config(64, 16, 0);
@@ -62,7 +62,7 @@ TEST(ModelRegistry, DecodersRunForwardAndGenerationFromTheirSmallConfig) {
   }
   for (const ModelSpec* spec : model_specs(ModelKind::encoder)) {
     SCOPED_TRACE(spec->model_type);
-    EXPECT_FALSE(spec->causal_lm || spec->decoder_logits || spec->small_config);
+    EXPECT_FALSE(spec->causal_lm || spec->decoder_hidden || spec->decoder_head || spec->small_config);
   }
 }
 

@@ -1,0 +1,23 @@
+#pragma once
+// The language-model loss with the output head recomputed in chunks (--remat full): the
+// (B, T, vocab) logits, usually the largest activation of a small-width model with a big
+// vocabulary, never exist whole, in the forward or the backward pass.
+#include <functional>
+
+#include "meshtrain/autodiff/params.h"
+#include "meshtrain/core/array.h"
+
+namespace mt::models {
+
+// logits = head(head_params, hidden) for hidden states (B, Tc, C).
+using HeadFn = std::function<Array(const Params& head_params, const Array& hidden)>;
+
+// Mean cross-entropy of head(hidden) against labels (B, T) (label -100 = ignored), computed
+// over chunks of at most `chunk_logits` logits (whole positions of every row, the vocab
+// taken as the first dim of the widest head matrix) and at least 4 chunks; each
+// chunk is checkpointed, so its logits are recomputed in backward and freed at once. Equal to
+// cross_entropy(head(hidden), labels) up to the order of the f32 sums.
+Array chunked_lm_loss(const Array& hidden, const Array& labels, const HeadFn& head, const Params& head_params,
+                      int64_t chunk_logits = int64_t(1) << 22);
+
+}  // namespace mt::models
