@@ -5,7 +5,10 @@
 # in its own process (bench/model_step_bench and bench/torch_model_step.py). Prints the CPU,
 # the GEMM peak measured in this run, and per workload: throughput, ratio, MFU, peak RSS and
 # minor page faults per step after step 3. A benchmark: nothing here is asserted.
+# With --remat, meshtrain also runs with activation checkpointing (PyTorch stores everything,
+# its default), one row per policy against the same PyTorch run.
 # Usage: bench/compare_pytorch.py [--build build] [--quick] [--bf16] [--workloads minigpt,gpt2,bert]
+#                                 [--remat none,block,full]
 import argparse
 import json
 import os
@@ -29,6 +32,7 @@ def main():
     ap.add_argument("--bf16", action="store_true", help="also bf16 rows (meshtrain --precision bf16, torch autocast)")
     ap.add_argument("--workloads", default="minigpt,gpt2,bert")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--remat", default="none", help="meshtrain's activation checkpointing policies, e.g. none,full")
     args = ap.parse_args()
     bench = os.path.join(args.build, "bench", "model_step_bench")
     warmup, steps = (2, 3) if args.quick else (3, 7)
@@ -45,17 +49,19 @@ def main():
         batch, seq, unit = WORKLOADS[name]
         for precision in precisions:
             common = [name, str(batch), str(seq), str(warmup), str(steps)]
-            mt = run_json([bench] + common + [precision])
             pt = run_json(["/usr/bin/python3", os.path.join(HERE, "torch_model_step.py")] + common +
                           [str(args.threads), precision])
-            per_step = batch * seq if unit == "tok/s" else batch
-            gemm = (bf16_peak or peak["gemm_f32_gflops"]) if precision == "bf16" else peak["gemm_f32_gflops"]
-            mfu = lambda r: mt["flops_per_step"] / r["step_s"] / (gemm * 1e9)
-            rows.append((f"{name} B{batch} T{seq} {precision}", per_step / mt["step_s"], per_step / pt["step_s"], unit,
-                         mfu(mt), mfu(pt), mt["peak_rss_mb"], pt["peak_rss_mb"], mt["minor_faults_per_step"],
-                         pt["minor_faults_per_step"]))
-            print(f"  {rows[-1][0]}: meshtrain {mt['step_s']:.3f} s/step, PyTorch {pt['step_s']:.3f} s/step "
-                  f"(torch {pt['torch']})", file=sys.stderr)
+            for remat in args.remat.split(","):
+                mt = run_json([bench] + common + [precision, remat])
+                per_step = batch * seq if unit == "tok/s" else batch
+                gemm = (bf16_peak or peak["gemm_f32_gflops"]) if precision == "bf16" else peak["gemm_f32_gflops"]
+                mfu = lambda r: mt["flops_per_step"] / r["step_s"] / (gemm * 1e9)
+                label = f"{name} B{batch} T{seq} {precision}" + ("" if remat == "none" else f", remat {remat}")
+                rows.append((label, per_step / mt["step_s"], per_step / pt["step_s"], unit, mfu(mt), mfu(pt),
+                             mt["peak_rss_mb"], pt["peak_rss_mb"], mt["minor_faults_per_step"],
+                             pt["minor_faults_per_step"]))
+                print(f"  {rows[-1][0]}: meshtrain {mt['step_s']:.3f} s/step, PyTorch {pt['step_s']:.3f} s/step "
+                      f"(torch {pt['torch']})", file=sys.stderr)
     print()
     print("| workload | meshtrain | PyTorch | ratio | MFU meshtrain / PyTorch | peak RSS meshtrain / PyTorch | "
           "minor faults per step meshtrain / PyTorch |")

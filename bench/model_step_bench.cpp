@@ -142,13 +142,20 @@ int main(int argc, char** argv) {
     std::vector<double> times, optimizer_times;
     long faults_before = 0;
     double loss_first = 0, loss_last = 0;
+    // The allocator's peak bytes in use during the forward + backward and during the update.
+    size_t peak_grad = 0, peak_update = 0;
+    CachingAllocator& alloc = CachingAllocator::instance();
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == std::max(warmup, 3)) faults_before = minor_faults();
       const auto t0 = std::chrono::steady_clock::now();
+      alloc.reset_peak();
       auto [loss, grads] = value_and_grad([&](const Params& p) { return w.loss(p, RngKey{5, uint64_t(s)}); })(params);
       const double l = loss.item();
       const auto t1 = std::chrono::steady_clock::now();
+      peak_grad = std::max(peak_grad, alloc.stats().peak_bytes_in_use);
+      alloc.reset_peak();
       params = optim::apply_updates(params, opt.update(grads, state, params));
+      peak_update = std::max(peak_update, alloc.stats().peak_bytes_in_use);
       if (s >= warmup)
         optimizer_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
       if (s == 0) loss_first = l;
@@ -169,6 +176,8 @@ int main(int argc, char** argv) {
                 {"flops_per_step", w.flops_per_step},
                 {"minor_faults_per_step", counted > 0 ? double(minor_faults() - faults_before) / counted : 0.0},
                 {"peak_rss_mb", double(u.ru_maxrss) / 1024.0},
+                {"peak_allocated_grad_mb", double(peak_grad) / (1 << 20)},
+                {"peak_allocated_update_mb", double(peak_update) / (1 << 20)},
                 {"loss_first", loss_first},
                 {"loss_last", loss_last}};
     std::printf("%s\n", out.dump().c_str());
