@@ -19,6 +19,7 @@ const char* param_kind_name(ParamKind kind) {
     case ParamKind::mlp_in: return "mlp_in";
     case ParamKind::mlp_out: return "mlp_out";
     case ParamKind::lm_head: return "lm_head";
+    case ParamKind::position_bias: return "position_bias";
     case ParamKind::dense: return "dense";
     case ParamKind::norm: return "norm";
     case ParamKind::bias: return "bias";
@@ -230,6 +231,24 @@ Array transformer_block(Remat remat, const Params& p, const std::string& prefix,
   if (remat == Remat::none) return body(p, x);
   return checkpoint([body](const Params& bp, const std::vector<Array>& xs) { return body(bp, xs[0]); },
                     p.with_prefix(prefix), {x});
+}
+
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const std::vector<Array>& inputs,
+                        const MultiInputBlockFn& body) {
+  if (remat == Remat::none) return body(p, inputs);
+  // Undefined inputs (no mask, no bias) stay out of the checkpoint's traced inputs.
+  std::vector<Array> defined;
+  std::vector<int> where;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined()) where.push_back(int(i)), defined.push_back(inputs[i]);
+  const size_t n = inputs.size();
+  return checkpoint(
+      [body, where, n](const Params& bp, const std::vector<Array>& xs) {
+        std::vector<Array> all(n);
+        for (size_t i = 0; i < where.size(); ++i) all[size_t(where[i])] = xs[i];
+        return body(bp, all);
+      },
+      p.with_prefix(prefix), defined);
 }
 
 }  // namespace mt::models

@@ -140,5 +140,11 @@ ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCa
 // weights from bp, not from the whole tree.
 using BlockFn = std::function<Array(const Params& bp, const Array& x)>;
 Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const Array& x, const BlockFn& body);
+// The same for a block that reads more traced arrays than its input (an encoder's output for
+// cross-attention, a position bias computed from parameters outside the block): all of them
+// come in through `inputs`, inputs[0] being the residual stream.
+using MultiInputBlockFn = std::function<Array(const Params& bp, const std::vector<Array>& inputs)>;
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const std::vector<Array>& inputs,
+                        const MultiInputBlockFn& body);
 
 }  // namespace mt::models

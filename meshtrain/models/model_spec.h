@@ -17,14 +17,16 @@
 #include "meshtrain/models/causal_lm.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/model_config.h"
+#include "meshtrain/models/seq2seq.h"
 
 namespace mt::models {
 
 struct PretrainedOptions;
 
-// What a model is for: an encoder (BERT: classification heads over a sequence) or a decoder
-// language model (generation, pretraining on text).
-enum class ModelKind { encoder, decoder };
+// What a model is for: an encoder (BERT: classification heads over a sequence), a decoder
+// language model (generation, pretraining on text) or an encoder-decoder (T5, BART:
+// sequence-to-sequence tasks).
+enum class ModelKind { encoder, decoder, seq2seq };
 
 struct ModelSpec {
   std::string model_type;  // config.json's "model_type"
@@ -50,6 +52,9 @@ struct ModelSpec {
   // Task-head parameters a base checkpoint cannot have (regexes): NewParams::heads lets them
   // be newly initialized (BERT's classifier and pooler for GLUE).
   std::function<std::vector<std::string>(const ModelConfig&)> head_keys;
+  // Parameters that are buffers in Hugging Face (saved with the model, never trained: BART's
+  // final_logits_bias), as regexes; training freezes them.
+  std::vector<std::string> buffers;
   // The dense layers LoRA adapts by default (a regex searched in module paths, lora.h):
   // attention and MLP projections.
   std::string lora_targets;
@@ -65,6 +70,14 @@ struct ModelSpec {
   std::function<Array(const ModelConfig&, const Params&, const Array& hidden, const RngKey& dropout_key, bool train)>
       decoder_head;
   std::vector<std::string> head_prefixes;
+  // Encoder-decoders only (null otherwise): the model for generation, and the teacher-forced
+  // training forward, logits (B, T, V) with dropout keyed by `dropout_key` when training.
+  std::function<Seq2SeqLm(const ModelConfig&, const Params&)> seq2seq_lm;
+  std::function<Array(const ModelConfig&, const Params&, const Seq2SeqInputs&, const RngKey& dropout_key, bool train)>
+      seq2seq_logits;
+  // The config `seq2seq --config small-<type>` starts from: a small model for this
+  // vocabulary and these pad / end-of-sequence ids.
+  std::function<nlohmann::json(int64_t vocab_size, int64_t pad_id, int64_t eos_id)> small_seq2seq_config;
   // The config `pretrain --model <type>` starts from: a small model for this vocabulary,
   // context and end-of-text id.
   std::function<nlohmann::json(int64_t vocab_size, int64_t context, int64_t eos_id)> small_config;
@@ -80,9 +93,11 @@ std::vector<std::string> model_types(std::optional<ModelKind> kind = std::nullop
 std::string model_types_text(std::optional<ModelKind> kind = std::nullopt);
 
 // The built-in models' specs (defined beside each model).
+ModelSpec bart_model_spec();
 ModelSpec bert_model_spec();
 ModelSpec gpt2_model_spec();
 ModelSpec llama_model_spec();
 ModelSpec minigpt_model_spec();
+ModelSpec t5_model_spec();
 
 }  // namespace mt::models

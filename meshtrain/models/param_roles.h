@@ -14,6 +14,7 @@ enum class ParamKind {
   mlp_in,         // MLP up/gate/in projections
   mlp_out,        // MLP down/out projection
   lm_head,        // projection to the vocabulary
+  position_bias,  // per-head attention score bias table (T5's relative buckets [buckets, heads]): split by heads
   dense,          // any other matrix (pooler, classifier, MLM transform, ...)
   norm,           // LayerNorm / RMSNorm scales and shifts
   bias,           // biases of dense layers

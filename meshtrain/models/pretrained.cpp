@@ -77,6 +77,26 @@ CausalLm PretrainedModel::causal_lm() const {
   return lm;
 }
 
+Seq2SeqLm PretrainedModel::seq2seq_lm() const {
+  const ModelSpec& s = spec();
+  MT_CHECK(s.seq2seq_lm != nullptr, "[model] ", source, ": model_type '", model_type,
+           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  return s.seq2seq_lm(config, params);
+}
+
+Array PretrainedModel::seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,
+                                      bool train) const {
+  const ModelSpec& s = spec();
+  MT_CHECK(s.seq2seq_logits != nullptr, "[model] ", source, ": model_type '", model_type,
+           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  return s.seq2seq_logits(config, p, in, dropout_key, train);
+}
+
+Array PretrainedModel::seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels,
+                                    const RngKey& dropout_key, bool train) const {
+  return cross_entropy(seq2seq_logits(p, in, dropout_key, train), labels);
+}
+
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                                       bool train) const {
   const ModelSpec& s = spec();

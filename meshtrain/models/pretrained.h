@@ -16,6 +16,9 @@
 #include "meshtrain/models/minigpt.h"
 #include "meshtrain/models/model_config.h"
 #include "meshtrain/models/model_spec.h"
+#include "meshtrain/models/seq2seq.h"
+#include "meshtrain/models/t5.h"
+#include "meshtrain/models/bart.h"
 
 namespace mt::tokenizers {
 class Tokenizer;
@@ -81,6 +84,14 @@ struct PretrainedModel {
   // The mean next-token cross-entropy of those logits against labels (B, T) (-100 ignored);
   // with config.remat() == full the head runs in recomputed chunks (chunked_lm_loss.h).
   Array decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels, const RngKey& dropout_key,
+                     bool train) const;
+  bool is_seq2seq() const { return spec().kind == ModelKind::seq2seq; }
+  // The encoder-decoder for generation; throws mt::Error for other kinds.
+  Seq2SeqLm seq2seq_lm() const;
+  // Teacher-forced logits (B, T, V) of an encoder-decoder with any parameters of this
+  // model's layout, and their mean cross-entropy against labels (B, T) (-100 ignored).
+  Array seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) const;
+  Array seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels, const RngKey& dropout_key,
                      bool train) const;
   ParamRoles param_roles() const;
   std::vector<ParamDef> param_defs() const;

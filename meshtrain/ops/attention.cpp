@@ -125,10 +125,16 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
 
   Array raw = matmul(q, repeat_heads(k, rep), false, true);  // (B, H, Tq, Tk)
   Array probs;
-  if (o.causal && !mask.defined() && tq <= tk) {
+  if (o.causal && !mask.defined() && !o.bias.defined() && tq <= tk) {
     probs = causal_softmax(raw, scale);  // the common decoder case, fused
   } else {
-    probs = masked_softmax(mul(raw, scale), mask, o.causal, tq, tk);
+    Array scores = scale == 1.0 ? raw : mul(raw, scale);
+    if (o.bias.defined()) {
+      MT_CHECK(is_floating(o.bias.dtype()), "[attention] bias must be floating, got ", o.bias.str());
+      broadcast_shapes(o.bias.shape(), raw.shape(), "attention bias");
+      scores = add(scores, o.bias.dtype() == scores.dtype() ? o.bias : cast(o.bias, scores.dtype()));
+    }
+    probs = masked_softmax(scores, mask, o.causal, tq, tk);
   }
   if (o.train && o.dropout_rate > 0) probs = dropout(probs, o.dropout_rate, o.dropout_key, true);
   return matmul(probs, repeat_heads(v, rep));  // (B, H, Tq, Dv)

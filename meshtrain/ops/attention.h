@@ -12,9 +12,12 @@ struct AttentionOptions {
   double dropout_rate = 0;  // on the attention probabilities, in training only
   RngKey dropout_key{};
   bool train = false;
+  // Added to the scaled scores before the mask (T5's relative position bias), float and
+  // broadcastable to (B, H, Tq, Tk); undefined = none.
+  Array bias{};
 };
 
-// softmax(q kᵀ · scale + mask) v over heads.
+// softmax(q kᵀ · scale + bias + mask) v over heads.
 // q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv) with H a multiple of Hkv
 // (grouped-query attention). mask: bool, broadcastable to (B, H, Tq, Tk), true = attend
 // (e.g. a padding mask of shape (B, 1, 1, Tk)); undefined = no mask. Masked scores get the

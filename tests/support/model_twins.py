@@ -172,3 +172,116 @@ def lora_weights(P, scale, conv):
         d = scale * (Bm.reshape(-1, Bm.shape[-1]) @ A)
         Q[m + '.weight'] = W + (d.t().reshape(W.shape) if conv else d.reshape(W.shape))
     return Q
+
+
+# ---------------------------------------------------------------- encoder-decoders
+
+def t5_bucket(rel, bidirectional, num_buckets, max_distance):
+    # T5's relative position buckets, in the f32 arithmetic transformers uses.
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (rel > 0).long() * num_buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(rel < max_exact, rel, large)
+
+def t5_bias(table, q_len, k_len, bidirectional, num_buckets, max_distance):
+    rel = torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]
+    return table[t5_bucket(rel, bidirectional, num_buckets, max_distance)].permute(2, 0, 1)[None]
+
+def t5_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+def t5_twin(P, ids, amask, dec, L, Ld, H, eps, num_buckets, max_distance, gated, tied):
+    # T5ForConditionalGeneration's logits for source ids (mask amask) and decoder inputs dec.
+    E = P['shared.weight'].shape[1]
+    lowest = torch.finfo(torch.float32).min
+    def attention(x, kv, m, bias, allowed):
+        B, Tq, Tk = x.shape[0], x.shape[1], kv.shape[1]
+        q = (x @ P[m + '.q.weight'].t()).reshape(B, Tq, H, -1).transpose(1, 2)
+        k = (kv @ P[m + '.k.weight'].t()).reshape(B, Tk, H, -1).transpose(1, 2)
+        v = (kv @ P[m + '.v.weight'].t()).reshape(B, Tk, H, -1).transpose(1, 2)
+        s = q @ k.transpose(-1, -2)
+        if bias is not None:
+            s = s + bias
+        s = s.masked_fill(~allowed, lowest)
+        a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, Tq, -1)
+        return a @ P[m + '.o.weight'].t()
+    def mlp(x, m):
+        if gated:
+            h = gelu_new(x @ P[m + '.wi_0.weight'].t()) * (x @ P[m + '.wi_1.weight'].t())
+        else:
+            h = F.relu(x @ P[m + '.wi.weight'].t())
+        return h @ P[m + '.wo.weight'].t()
+    B, S = ids.shape
+    T = dec.shape[1]
+    src_allowed = torch.ones(B, 1, 1, S, dtype=torch.bool) if amask is None else (amask != 0)[:, None, None, :]
+    x = P['shared.weight'][ids]
+    bias = t5_bias(P['encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight'], S, S, True,
+                   num_buckets, max_distance)
+    for l in range(L):
+        b = 'encoder.block.%d.layer.' % l
+        x = x + attention(t5_norm(x, P[b + '0.layer_norm.weight'], eps), t5_norm(x, P[b + '0.layer_norm.weight'], eps),
+                          b + '0.SelfAttention', bias, src_allowed)
+        x = x + mlp(t5_norm(x, P[b + '1.layer_norm.weight'], eps), b + '1.DenseReluDense')
+    enc = t5_norm(x, P['encoder.final_layer_norm.weight'], eps)
+    y = P['shared.weight'][dec]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    bias = t5_bias(P['decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight'], T, T, False,
+                   num_buckets, max_distance)
+    for l in range(Ld):
+        b = 'decoder.block.%d.layer.' % l
+        h = t5_norm(y, P[b + '0.layer_norm.weight'], eps)
+        y = y + attention(h, h, b + '0.SelfAttention', bias, causal)
+        y = y + attention(t5_norm(y, P[b + '1.layer_norm.weight'], eps), enc, b + '1.EncDecAttention', None,
+                          src_allowed)
+        y = y + mlp(t5_norm(y, P[b + '2.layer_norm.weight'], eps), b + '2.DenseReluDense')
+    y = t5_norm(y, P['decoder.final_layer_norm.weight'], eps)
+    if tied:
+        return (y * E ** -0.5) @ P['shared.weight'].t()
+    return y @ P['lm_head.weight'].t()
+
+def bart_twin(P, ids, amask, dec, L, Ld, H, Hd, scale_embedding, act):
+    # BartForConditionalGeneration's logits (tied head plus final_logits_bias).
+    W = P['model.shared.weight']
+    E = W.shape[1]
+    lowest = torch.finfo(torch.float32).min
+    scale = math.sqrt(E) if scale_embedding else 1.0
+    def lin(x, m):
+        return F.linear(x, P[m + '.weight'], P[m + '.bias'])
+    def norm(x, m):
+        return F.layer_norm(x, (E,), P[m + '.weight'], P[m + '.bias'], 1e-5)
+    def attention(x, kv, m, heads, allowed):
+        B, Tq, Tk = x.shape[0], x.shape[1], kv.shape[1]
+        D = E // heads
+        q = (lin(x, m + '.q_proj') * D ** -0.5).reshape(B, Tq, heads, D).transpose(1, 2)
+        k = lin(kv, m + '.k_proj').reshape(B, Tk, heads, D).transpose(1, 2)
+        v = lin(kv, m + '.v_proj').reshape(B, Tk, heads, D).transpose(1, 2)
+        s = (q @ k.transpose(-1, -2)).masked_fill(~allowed, lowest)
+        return lin((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, Tq, E), m + '.out_proj')
+    def activation(x):
+        return F.gelu(x) if act == 'gelu' else F.relu(x) if act == 'relu' else gelu_new(x)
+    B, S = ids.shape
+    T = dec.shape[1]
+    src_allowed = torch.ones(B, 1, 1, S, dtype=torch.bool) if amask is None else (amask != 0)[:, None, None, :]
+    x = W[ids] * scale + P['model.encoder.embed_positions.weight'][torch.arange(S) + 2]
+    x = norm(x, 'model.encoder.layernorm_embedding')
+    for l in range(L):
+        b = 'model.encoder.layers.%d.' % l
+        x = norm(x + attention(x, x, b + 'self_attn', H, src_allowed), b + 'self_attn_layer_norm')
+        x = norm(x + lin(activation(lin(x, b + 'fc1')), b + 'fc2'), b + 'final_layer_norm')
+    y = W[dec] * scale + P['model.decoder.embed_positions.weight'][torch.arange(T) + 2]
+    y = norm(y, 'model.decoder.layernorm_embedding')
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    for l in range(Ld):
+        b = 'model.decoder.layers.%d.' % l
+        y = norm(y + attention(y, y, b + 'self_attn', Hd, causal), b + 'self_attn_layer_norm')
+        y = norm(y + attention(y, x, b + 'encoder_attn', Hd, src_allowed), b + 'encoder_attn_layer_norm')
+        y = norm(y + lin(activation(lin(y, b + 'fc1')), b + 'fc2'), b + 'final_layer_norm')
+    return y @ W.t() + P['final_logits_bias']

@@ -12,9 +12,11 @@ namespace {
 
 using namespace mt::models;
 
-// A small config of every model: decoders from their own small_config, BERT from its keys.
+// A small config of every model: decoders and encoder-decoders from their own small
+// configs, BERT from its keys.
 nlohmann::json small_config(const ModelSpec& spec) {
   if (spec.small_config) return spec.small_config(64, 16, 0);
+  if (spec.small_seq2seq_config) return spec.small_seq2seq_config(64, 0, 1);
   return {{"model_type", spec.model_type}, {"vocab_size", 64},         {"hidden_size", 32},
           {"num_hidden_layers", 2},        {"num_attention_heads", 4}, {"intermediate_size", 64},
           {"max_position_embeddings", 16}, {"type_vocab_size", 2}};
@@ -63,11 +65,36 @@ TEST(ModelRegistry, DecodersRunForwardAndGenerationFromTheirSmallConfig) {
   for (const ModelSpec* spec : model_specs(ModelKind::encoder)) {
     SCOPED_TRACE(spec->model_type);
     EXPECT_FALSE(spec->causal_lm || spec->decoder_hidden || spec->decoder_head || spec->small_config);
+    EXPECT_FALSE(spec->seq2seq_lm || spec->seq2seq_logits || spec->small_seq2seq_config);
+  }
+}
+
+TEST(ModelRegistry, EncoderDecodersRunTeacherForcingAndStepwiseDecodingFromTheirSmallConfig) {
+  EXPECT_EQ(model_types(ModelKind::seq2seq), (std::vector<std::string>{"t5", "bart"}));
+  for (const ModelSpec* spec : model_specs(ModelKind::seq2seq)) {
+    SCOPED_TRACE(spec->model_type);
+    ASSERT_TRUE(spec->seq2seq_lm && spec->seq2seq_logits && spec->small_seq2seq_config);
+    EXPECT_FALSE(spec->causal_lm || spec->decoder_hidden || spec->small_config);
+    PretrainedOptions po;
+    po.print_report = false;
+    const nlohmann::json j = spec->small_seq2seq_config(64, 0, 1);
+    PretrainedModel m = model_from_checkpoint(j, init_params(spec->param_defs(spec->parse_config(j, po)), {2, 0}), "memory", po);
+    EXPECT_TRUE(m.is_seq2seq());
+    Array src = Array::from_vector(std::vector<int64_t>{5, 6, 7, 1, 8, 9, 1, 0}, {2, 4});
+    Array mask = Array::from_vector(std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 0}, {2, 4});
+    Array dec = Array::from_vector(std::vector<int64_t>{0, 3, 4, 0, 5, 6}, {2, 3});
+    Array logits = m.seq2seq_logits(m.params, {.input_ids = src, .attention_mask = mask, .decoder_input_ids = dec}, {}, false);
+    EXPECT_EQ(logits.shape(), Shape({2, 3, 64}));
+    // The generation closures see the same model.
+    const Seq2SeqLm lm = m.seq2seq_lm();
+    expect_close(lm.decode(dec, lm.encode(src, mask), nullptr), logits, {0, 0}, spec->model_type + " seq2seq_lm");
+    expect_error([&] { m.causal_lm(); }, {"not a causal language model"});
   }
 }
 
 TEST(ModelRegistry, UnknownTypesNameTheKnownOnes) {
-  expect_error([] { model_spec("t5"); }, {"unknown model_type 't5'", "minigpt, gpt2, llama or bert"});
+  expect_error([] { model_spec("mbart"); }, {"unknown model_type 'mbart'", "minigpt, gpt2, llama, bert, t5 or bart"});
+  EXPECT_EQ(model_types_text(ModelKind::seq2seq), "t5 or bart");
   EXPECT_EQ(model_types_text(ModelKind::decoder), "minigpt, gpt2 or llama");
 }
 
