@@ -1,5 +1,7 @@
 #include "meshtrain/models/generate.h"
 
+#include "meshtrain/models/decoding.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,19 +20,6 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The rows' next-token logits: the last position of (rows, T, V), as host floats.
-std::vector<float> last_logits(const Array& logits, int64_t rows, int64_t vocab, GenerationResult* keep) {
-  MT_CHECK(logits.ndim() == 3 && logits.dim(0) == rows && logits.dim(2) == vocab, "[generate] model returned logits ",
-           logits.str(), ", expected (", rows, ", T, ", vocab, ")");
-  Array last = reshape(slice(logits, 1, logits.dim(1) - 1, logits.dim(1)), {rows, vocab});
-  last = cast(last, DType::f32);
-  // With vocab-parallel weights the logits are split over ranks: every rank gathers them
-  // and chooses the same tokens.
-  std::vector<float> host = dist::to_host(last).to_floats();
-  if (keep) keep->step_logits.push_back(Array::from_vector(host, Shape{rows, vocab}));
-  return host;
-}
-
 double log_sum_exp(const float* x, int64_t n) {
   double m = kNegInf;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
@@ -40,69 +29,63 @@ double log_sum_exp(const float* x, int64_t n) {
   return m + std::log(s);
 }
 
-// A sequence batch on the host: rows of ids and their 0/1 mask, all of one length.
-struct HostBatch {
-  std::vector<std::vector<int64_t>> ids, mask;
-  int64_t rows() const { return int64_t(ids.size()); }
-  int64_t length() const { return ids.empty() ? 0 : int64_t(ids[0].size()); }
-  Array ids_array(int64_t last_n) const {
-    std::vector<int64_t> v;
-    for (const auto& r : ids) v.insert(v.end(), r.end() - last_n, r.end());
-    return Array::from_vector(v, Shape{rows(), last_n});
+// A decoder over left-padded prompts: the host rows (ids and 0/1 mask, all one length) and
+// the KV cache of what the model has seen.
+class CausalState final : public DecodingState {
+ public:
+  CausalState(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& c)
+      : lm_(lm), use_cache_(c.use_cache) {
+    auto [ids0, mask0] = left_pad(prompts, c.pad_token_id);
+    std::vector<int64_t> ids = ids0.to_ints(), mask = mask0.to_ints();
+    const int64_t t = ids0.dim(1);
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      ids_.emplace_back(ids.begin() + int64_t(r) * t, ids.begin() + int64_t(r + 1) * t);
+      mask_.emplace_back(mask.begin() + int64_t(r) * t, mask.begin() + int64_t(r + 1) * t);
+    }
   }
-  Array mask_array() const {
-    std::vector<int64_t> v;
-    for (const auto& r : mask) v.insert(v.end(), r.begin(), r.end());
-    return Array::from_vector(v, Shape{rows(), length()});
+  int64_t rows() const override { return int64_t(ids_.size()); }
+  int64_t vocab_size() const override { return lm_.vocab_size; }
+  const std::vector<int64_t>& sequence(int64_t row) const override { return ids_[size_t(row)]; }
+
+  // The whole sequence without a cache (or on the first step), else only the newest token
+  // against the cache.
+  std::vector<float> next_logits() override {
+    const bool incremental = use_cache_ && !first_;
+    const int64_t n = incremental ? 1 : length();
+    std::vector<int64_t> ids, mask;
+    for (size_t r = 0; r < ids_.size(); ++r) {
+      ids.insert(ids.end(), ids_[r].end() - n, ids_[r].end());
+      mask.insert(mask.end(), mask_[r].begin(), mask_[r].end());
+    }
+    DecoderInputs in;
+    in.input_ids = Array::from_vector(ids, Shape{rows(), n});
+    in.attention_mask = Array::from_vector(mask, Shape{rows(), length()});
+    first_ = false;
+    return last_logits(lm_.forward(in, use_cache_ ? &cache_ : nullptr), rows(), lm_.vocab_size);
   }
-  void append(const std::vector<int64_t>& tokens) {
-    for (size_t r = 0; r < ids.size(); ++r) ids[r].push_back(tokens[r]), mask[r].push_back(1);
+  void append(const std::vector<int64_t>& tokens) override {
+    for (size_t r = 0; r < ids_.size(); ++r) ids_[r].push_back(tokens[r]), mask_[r].push_back(1);
   }
-  void select_rows(const std::vector<int64_t>& src) {
-    HostBatch n;
-    for (int64_t s : src) n.ids.push_back(ids[size_t(s)]), n.mask.push_back(mask[size_t(s)]);
-    *this = std::move(n);
+  void select_rows(const std::vector<int64_t>& src) override {
+    std::vector<std::vector<int64_t>> ids, mask;
+    for (int64_t s : src) ids.push_back(ids_[size_t(s)]), mask.push_back(mask_[size_t(s)]);
+    ids_ = std::move(ids), mask_ = std::move(mask);
+    if (use_cache_) cache_.select_rows(src);
   }
+
+ private:
+  int64_t length() const { return ids_.empty() ? 0 : int64_t(ids_[0].size()); }
+  const CausalLm& lm_;
+  bool use_cache_;
+  std::vector<std::vector<int64_t>> ids_, mask_;
+  KvCache cache_;
+  bool first_ = true;
 };
 
-// The prompts left-padded into per-row host vectors (ids and attention mask).
-HostBatch left_padded_batch(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_token_id) {
-  auto [ids0, mask0] = left_pad(prompts, pad_token_id);
-  HostBatch batch;
-  std::vector<int64_t> ids = ids0.to_ints(), mask = mask0.to_ints();
-  const int64_t t = ids0.dim(1);
-  for (size_t r = 0; r < prompts.size(); ++r) {
-    batch.ids.emplace_back(ids.begin() + int64_t(r) * t, ids.begin() + int64_t(r + 1) * t);
-    batch.mask.emplace_back(mask.begin() + int64_t(r) * t, mask.begin() + int64_t(r + 1) * t);
-  }
-  return batch;
-}
-
-// One forward step: the whole sequence without a cache (or on the first step), else only
-// the newest token against the cache.
-std::vector<float> step_logits(const CausalLm& lm, const HostBatch& batch, KvCache* cache, bool first,
-                               GenerationResult* keep) {
-  DecoderInputs in;
-  const bool incremental = cache && !first;
-  in.input_ids = batch.ids_array(incremental ? 1 : batch.length());
-  in.attention_mask = batch.mask_array();
-  if (cache && first) cache->clear();
-  Array logits = lm.forward(in, cache);
-  return last_logits(logits, batch.rows(), lm.vocab_size, keep);
-}
-
-void check_config(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& c) {
+void check_prompts(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts, const GenerationConfig& c) {
   MT_CHECK(lm.forward, "[generate] the model has no forward function");
-  MT_CHECK(lm.vocab_size > 0, "[generate] the model's vocab_size is ", lm.vocab_size);
+  check_generation_config(c, lm.vocab_size);
   MT_CHECK(!prompts.empty(), "[generate] no prompts");
-  MT_CHECK(c.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", c.max_new_tokens);
-  MT_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "[generate] temperature must be >= 0, got ",
-           c.temperature);
-  MT_CHECK(c.top_k >= 0, "[generate] top_k must be >= 0, got ", c.top_k);
-  MT_CHECK(c.top_p > 0 && c.top_p <= 1, "[generate] top_p must be in (0, 1], got ", c.top_p);
-  MT_CHECK(c.num_beams >= 1, "[generate] num_beams must be >= 1, got ", c.num_beams);
-  MT_CHECK(c.pad_token_id >= 0 && c.pad_token_id < lm.vocab_size, "[generate] pad_token_id ", c.pad_token_id,
-           " is outside the vocabulary of ", lm.vocab_size);
   for (size_t i = 0; i < prompts.size(); ++i) {
     MT_CHECK(!prompts[i].empty(), "[generate] prompt ", i, " is empty");
     for (int64_t t : prompts[i])
@@ -116,15 +99,25 @@ struct Hypothesis {
   double score;
 };
 
-GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts,
-                                 const GenerationConfig& c, const std::vector<int64_t>& stops, int64_t budget) {
-  const int64_t nb = c.num_beams, b = int64_t(prompts.size()), v = lm.vocab_size, rows = b * nb;
+bool is_stop(const std::vector<int64_t>& stops, int64_t tok) {
+  return std::find(stops.begin(), stops.end(), tok) != stops.end();
+}
+
+// Row r's log-probabilities with the logit rules applied.
+std::vector<float> rule_log_probs(const float* row, int64_t v, const std::vector<int64_t>& sequence, int64_t new_tokens,
+                                  const GenerationConfig& c, const std::vector<int64_t>& stops) {
+  const double lse = log_sum_exp(row, v);
+  std::vector<float> lp(static_cast<size_t>(v));
+  for (int64_t t = 0; t < v; ++t) lp[size_t(t)] = float(double(row[t]) - lse);
+  apply_logit_rules(lp, sequence, new_tokens, c, stops);
+  return lp;
+}
+
+GenerationResult run_beam_search(DecodingState& state, const GenerationConfig& c, const std::vector<int64_t>& stops,
+                                 int64_t budget) {
+  const int64_t nb = c.num_beams, b = state.rows(), v = state.vocab_size(), rows = b * nb;
   GenerationResult res;
-  GenerationResult* keep = c.return_logits ? &res : nullptr;
-  HostBatch batch = left_padded_batch(prompts, c.pad_token_id);
   auto penalized = [&](double sum_logprobs, int64_t len) { return sum_logprobs / std::pow(double(len), c.length_penalty); };
-  KvCache cache;
-  KvCache* cp = c.use_cache ? &cache : nullptr;
   std::vector<double> beam_scores(size_t(rows), kNegInf);
   for (int64_t i = 0; i < b; ++i) beam_scores[size_t(i * nb)] = 0;  // first step expands beam 0 only
   std::vector<std::vector<int64_t>> beam_tokens(static_cast<size_t>(rows));
@@ -132,13 +125,13 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
   std::vector<bool> done(size_t(b), false);
 
   for (int64_t step = 0; step < budget; ++step) {
-    std::vector<float> logits = step_logits(lm, batch, cp, step == 0, keep);
+    std::vector<float> logits = state.next_logits();
+    if (c.return_logits) res.step_logits.push_back(Array::from_vector(logits, Shape{state.rows(), v}));
     if (step == 0) {
       // Every beam of a prompt starts from the prompt's single forward pass.
       std::vector<int64_t> expand;
       for (int64_t r = 0; r < rows; ++r) expand.push_back(r / nb);
-      batch.select_rows(expand);
-      if (cp) cache.select_rows(expand);
+      state.select_rows(expand);
       std::vector<float> e(size_t(rows * v));
       for (int64_t r = 0; r < rows; ++r)
         std::copy_n(logits.begin() + (r / nb) * v, v, e.begin() + r * v);
@@ -163,10 +156,10 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
       for (int64_t j = 0; j < nb; ++j) {
         const int64_t r = i * nb + j;
         if (beam_scores[size_t(r)] == kNegInf) continue;
-        const float* row = logits.data() + r * v;
-        const double lse = log_sum_exp(row, v);
+        const std::vector<float> lp = rule_log_probs(logits.data() + r * v, v, state.sequence(r), step, c, stops);
         for (int64_t t = 0; t < v; ++t) {
-          Cand cand{beam_scores[size_t(r)] + double(row[t]) - lse, j * v + t};
+          if (lp[size_t(t)] == -std::numeric_limits<float>::infinity()) continue;
+          Cand cand{beam_scores[size_t(r)] + double(lp[size_t(t)]), j * v + t};
           if (top.size() < want) {
             top.push_back(cand);
             std::push_heap(top.begin(), top.end(), better);  // heap front = worst kept
@@ -181,7 +174,7 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
       int64_t filled = 0;
       for (size_t rank = 0; rank < top.size() && filled < nb; ++rank) {
         const int64_t j = top[rank].second / v, tok = top[rank].second % v, from = i * nb + j;
-        if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+        if (is_stop(stops, tok)) {
           // A stop token ranked below the first nb candidates does not finish a hypothesis (HF).
           if (int64_t(rank) >= nb) continue;
           std::vector<int64_t> h = beam_tokens[size_t(from)];
@@ -197,7 +190,7 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
         src[r] = i * nb, next[r] = c.pad_token_id, next_scores[r] = kNegInf;
       }
       auto& hs = hyps[size_t(i)];
-      std::sort(hs.begin(), hs.end(), [](const Hypothesis& a, const Hypothesis& o) { return a.score > o.score; });
+      std::stable_sort(hs.begin(), hs.end(), [](const Hypothesis& a, const Hypothesis& o) { return a.score > o.score; });
       if (int64_t(hs.size()) > nb) hs.resize(static_cast<size_t>(nb));
       if (int64_t(hs.size()) >= nb) {
         const double best_running = next_scores[size_t(i * nb)];
@@ -212,9 +205,8 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
     }
     beam_tokens = std::move(tokens);
     beam_scores = next_scores;
-    batch.select_rows(src);
-    if (cp) cache.select_rows(src);
-    batch.append(next);
+    state.select_rows(src);
+    state.append(next);
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
   }
   for (int64_t i = 0; i < b; ++i) {
@@ -230,6 +222,37 @@ GenerationResult run_beam_search(const CausalLm& lm, const std::vector<std::vect
     });
     res.tokens.push_back(best == hs.end() ? std::vector<int64_t>{} : best->tokens);
     res.scores.push_back(best == hs.end() ? 0.0 : best->score);
+  }
+  return res;
+}
+
+GenerationResult run_greedy_or_sampling(DecodingState& state, const GenerationConfig& c,
+                                        const std::vector<int64_t>& stops, int64_t budget) {
+  const int64_t b = state.rows(), v = state.vocab_size();
+  GenerationResult res;
+  res.tokens.resize(static_cast<size_t>(b));
+  res.scores.assign(size_t(b), 0.0);
+  std::vector<bool> done(size_t(b), false);
+  const RngKey key{c.seed, 0x67656e};  // "gen": generation's own stream of the seed
+  for (int64_t step = 0; step < budget; ++step) {
+    std::vector<float> logits = state.next_logits();
+    if (c.return_logits) res.step_logits.push_back(Array::from_vector(logits, Shape{b, v}));
+    std::vector<int64_t> next(size_t(b), c.pad_token_id);
+    for (int64_t r = 0; r < b; ++r) {
+      if (done[size_t(r)]) continue;
+      std::vector<float> row(logits.begin() + r * v, logits.begin() + (r + 1) * v);
+      const double lse = log_sum_exp(row.data(), v);
+      std::vector<float> ruled = row;
+      apply_logit_rules(ruled, state.sequence(r), step, c, stops);
+      const double u = uniform_at(key.fold_in(uint64_t(step)).fold_in(uint64_t(r)), 0);
+      const int64_t tok = choose_token(ruled, c, u);
+      next[size_t(r)] = tok;
+      res.tokens[size_t(r)].push_back(tok);
+      res.scores[size_t(r)] += double(row[size_t(tok)]) - lse;
+      if (is_stop(stops, tok)) done[size_t(r)] = true;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    state.append(next);
   }
   return res;
 }
@@ -287,12 +310,69 @@ int64_t choose_token(const std::vector<float>& logits, const GenerationConfig& c
   return order[n - 1];  // u rounding to the very end
 }
 
+std::vector<float> last_logits(const Array& logits, int64_t rows, int64_t vocab) {
+  MT_CHECK(logits.ndim() == 3 && logits.dim(0) == rows && logits.dim(2) == vocab, "[generate] model returned logits ",
+           logits.str(), ", expected (", rows, ", T, ", vocab, ")");
+  Array last = reshape(slice(logits, 1, logits.dim(1) - 1, logits.dim(1)), {rows, vocab});
+  last = cast(last, DType::f32);
+  // With vocab-parallel weights the logits are split over ranks: every rank gathers them
+  // and chooses the same tokens.
+  std::vector<float> host = dist::to_host(last).to_floats();
+  return host;
+}
+
+void check_generation_config(const GenerationConfig& c, int64_t vocab_size) {
+  MT_CHECK(vocab_size > 0, "[generate] the model's vocab_size is ", vocab_size);
+  MT_CHECK(c.max_new_tokens >= 0, "[generate] max_new_tokens must be >= 0, got ", c.max_new_tokens);
+  MT_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "[generate] temperature must be >= 0, got ",
+           c.temperature);
+  MT_CHECK(c.top_k >= 0, "[generate] top_k must be >= 0, got ", c.top_k);
+  MT_CHECK(c.top_p > 0 && c.top_p <= 1, "[generate] top_p must be in (0, 1], got ", c.top_p);
+  MT_CHECK(c.num_beams >= 1, "[generate] num_beams must be >= 1, got ", c.num_beams);
+  MT_CHECK(c.min_new_tokens >= 0, "[generate] min_new_tokens must be >= 0, got ", c.min_new_tokens);
+  MT_CHECK(c.no_repeat_ngram_size >= 0, "[generate] no_repeat_ngram_size must be >= 0, got ", c.no_repeat_ngram_size);
+  MT_CHECK(c.pad_token_id >= 0 && c.pad_token_id < vocab_size, "[generate] pad_token_id ", c.pad_token_id,
+           " is outside the vocabulary of ", vocab_size);
+  for (const auto& [name, id] : {std::pair{"forced_bos_token_id", c.forced_bos_token_id},
+                                 std::pair{"forced_eos_token_id", c.forced_eos_token_id}})
+    MT_CHECK(!id || (*id >= 0 && *id < vocab_size), "[generate] ", name, " ", id.value_or(0),
+             " is outside the vocabulary of ", vocab_size);
+}
+
+void apply_logit_rules(std::vector<float>& scores, const std::vector<int64_t>& seq, int64_t new_tokens,
+                       const GenerationConfig& c, const std::vector<int64_t>& stops) {
+  const float ban = -std::numeric_limits<float>::infinity();
+  const int64_t v = int64_t(scores.size());
+  if (new_tokens < c.min_new_tokens)
+    for (int64_t s : stops)
+      if (s >= 0 && s < v) scores[size_t(s)] = ban;
+  const int64_t n = c.no_repeat_ngram_size, len = int64_t(seq.size());
+  if (n > 0 && len + 1 >= n) {
+    // Every earlier n-gram whose first n-1 tokens equal the sequence's last n-1 bans its last.
+    for (int64_t i = 0; i + n <= len; ++i)
+      if (std::equal(seq.begin() + i, seq.begin() + i + n - 1, seq.end() - (n - 1)))
+        scores[size_t(seq[size_t(i + n - 1)])] = ban;
+  }
+  auto force = [&](int64_t id) {
+    std::fill(scores.begin(), scores.end(), ban);
+    scores[size_t(id)] = 0;  // HF's forced-token processors score it 0, whatever the model said
+  };
+  if (c.forced_bos_token_id && new_tokens == 0) force(*c.forced_bos_token_id);
+  if (c.forced_eos_token_id && new_tokens == c.max_new_tokens - 1) force(*c.forced_eos_token_id);
+}
+
+GenerationResult run_search(DecodingState& state, const GenerationConfig& c, const std::vector<int64_t>& stops,
+                            int64_t budget) {
+  autodiff::NoGradGuard no_grad;
+  return c.num_beams > 1 ? run_beam_search(state, c, stops, budget) : run_greedy_or_sampling(state, c, stops, budget);
+}
+
 namespace {
 
 // Stop tokens in effect and the number of steps the position limit allows.
 std::pair<std::vector<int64_t>, int64_t> prepare(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts,
                                                  const GenerationConfig& c) {
-  check_config(lm, prompts, c);
+  check_prompts(lm, prompts, c);
   std::vector<int64_t> stops = c.stop_tokens;
   if (stops.empty() && !c.ignore_model_stop_tokens) stops = lm.stop_tokens;
   size_t longest = 0;
@@ -312,42 +392,16 @@ GenerationResult beam_search(const CausalLm& lm, const std::vector<std::vector<i
                              const GenerationConfig& c) {
   autodiff::NoGradGuard no_grad;
   auto [stops, budget] = prepare(lm, prompts, c);
-  return run_beam_search(lm, prompts, c, stops, budget);
+  CausalState state(lm, prompts, c);
+  return run_beam_search(state, c, stops, budget);
 }
 
 GenerationResult generate(const CausalLm& lm, const std::vector<std::vector<int64_t>>& prompts,
                           const GenerationConfig& c) {
   autodiff::NoGradGuard no_grad;
   auto [stops, budget] = prepare(lm, prompts, c);
-  if (c.num_beams > 1) return run_beam_search(lm, prompts, c, stops, budget);
-
-  const int64_t b = int64_t(prompts.size()), v = lm.vocab_size;
-  GenerationResult res;
-  res.tokens.resize(static_cast<size_t>(b));
-  res.scores.assign(size_t(b), 0.0);
-  GenerationResult* keep = c.return_logits ? &res : nullptr;
-  HostBatch batch = left_padded_batch(prompts, c.pad_token_id);
-  KvCache cache;
-  KvCache* cp = c.use_cache ? &cache : nullptr;
-  std::vector<bool> done(size_t(b), false);
-  const RngKey key{c.seed, 0x67656e};  // "gen": generation's own stream of the seed
-  for (int64_t step = 0; step < budget; ++step) {
-    std::vector<float> logits = step_logits(lm, batch, cp, step == 0, keep);
-    std::vector<int64_t> next(size_t(b), c.pad_token_id);
-    for (int64_t r = 0; r < b; ++r) {
-      if (done[size_t(r)]) continue;
-      std::vector<float> row(logits.begin() + r * v, logits.begin() + (r + 1) * v);
-      const double u = uniform_at(key.fold_in(uint64_t(step)).fold_in(uint64_t(r)), 0);
-      const int64_t tok = choose_token(row, c, u);
-      next[size_t(r)] = tok;
-      res.tokens[size_t(r)].push_back(tok);
-      res.scores[size_t(r)] += double(row[size_t(tok)]) - log_sum_exp(row.data(), v);
-      if (std::find(stops.begin(), stops.end(), tok) != stops.end()) done[size_t(r)] = true;
-    }
-    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-    batch.append(next);
-  }
-  return res;
+  CausalState state(lm, prompts, c);
+  return run_search(state, c, stops, budget);
 }
 
 }  // namespace mt::models

@@ -4,6 +4,7 @@
 // mask and position ids). Runs without autodiff recording. Sampling draws from a
 // counter-based key (seed, step, row), so a run is reproducible whatever the thread count.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/models/causal_lm.h"
@@ -31,6 +32,17 @@ struct GenerationConfig {
   uint64_t seed = 0;
   bool use_cache = true;       // false: recompute the whole sequence at every step (reference)
   bool return_logits = false;  // keep each step's raw next-token logits (B·beams, V)
+  // Logit rules applied before each choice, as Hugging Face's logits processors (a banned
+  // token gets -inf; a forced token gets log-probability 0 in beam scores):
+  // stop tokens are banned until this many new tokens exist (HF min_new_tokens; for an
+  // encoder-decoder, HF's min_length counts the decoder start token: min_length - 1);
+  int64_t min_new_tokens = 0;
+  // > 0: a token that would repeat an n-gram of this size already in the row's sequence
+  // (prompt or decoder start token included) is banned;
+  int64_t no_repeat_ngram_size = 0;
+  // the first new token, and the token at the last step max_new_tokens allows (BART).
+  std::optional<int64_t> forced_bos_token_id{};
+  std::optional<int64_t> forced_eos_token_id{};
 };
 
 struct GenerationResult {

@@ -6,6 +6,7 @@
 
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/models/bart.h"
+#include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/t5.h"
 #include "meshtrain/ops/reduce.h"
 #include "tests/support/model_twins.h"
@@ -121,6 +122,113 @@ TEST(Seq2SeqOracle, RematBlocksEqualTheStoredPath) {
     EXPECT_LE(worst, 2e-6 * scale) << (t5 ? "t5" : "bart") << ", max |grad| " << scale;
     std::cout << "[remat] " << (t5 ? "t5" : "bart") << " block vs stored: loss " << v0.item()
               << ", max |grad diff| " << worst << " of max |grad| " << scale << " over " << g0.size() << " parameters\n";
+  }
+}
+
+// Token lists padded with -1 into the twin's ragged layout.
+std::vector<std::vector<int64_t>> from_ragged(const OracleTensor& t) {
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(t.shape[0]));
+  for (int64_t r = 0; r < t.shape[0]; ++r)
+    for (int64_t j = 0; j < t.shape[1]; ++j)
+      if (double v = t.data[size_t(r * t.shape[1] + j)]; v >= 0) rows[size_t(r)].push_back(int64_t(v));
+  return rows;
+}
+
+std::string show(const std::vector<std::vector<int64_t>>& rows) {
+  std::string s;
+  for (const auto& r : rows) {
+    s += "[";
+    for (int64_t t : r) s += std::to_string(t) + " ";
+    s += "] ";
+  }
+  return s;
+}
+
+// Generation with the cache against the twin's full recomputation, on sources of different
+// lengths: greedy, and beam search with length penalty and the logit rules. `model_call` is
+// the twin's logits for (src, am, dec) in Python.
+void check_generation(const std::string& label, const Params& p, const Seq2SeqLm& lm0, const std::string& model_call) {
+  const std::vector<std::vector<int64_t>> sources = {{5, 9, 13, 2, 7, 30, 11}, {8, 3, 21}, {17, 17, 4, 25, 6}};
+  // An eos the random model actually emits: the third token of its unconstrained greedy run.
+  GenerationConfig free;
+  free.max_new_tokens = 6, free.ignore_model_stop_tokens = true;
+  Seq2SeqLm lm = lm0;
+  // Each case names its rules; the model's own defaults (BART's forced eos) are checked below.
+  lm.forced_bos_token_id.reset(), lm.forced_eos_token_id.reset();
+  lm.eos_token_id = generate_seq2seq(lm, sources, free).tokens[0][2];
+  auto [ids, mask] = right_pad(sources, lm.pad_token_id);
+  std::string names = "names = [";
+  std::vector<OracleTensor> inputs;
+  for (const auto& [path, value] : p) names += "'" + path + "', ", inputs.push_back(to_oracle(value));
+  inputs.push_back(to_oracle(ids)), inputs.push_back(to_oracle(mask));
+  auto twin = [&](const std::string& call) {
+    std::string code = twin_library() + names + "]\nP = dict(zip(names, xs[:len(names)]))\n" +
+                       "src, am = xs[len(names)].long(), xs[len(names) + 1].long()\n" +
+                       "def logits_for(nb):\n"
+                       "    def f(dec):\n"
+                       "        rows = torch.arange(dec.shape[0]) // nb\n"
+                       "        return (" + model_call + ")[:, -1]\n"
+                       "    return f\n"
+                       "with torch.no_grad():\n    out = ragged(" + call + ")\n";
+    return from_ragged(TorchOracle::instance().run(code, inputs).outputs[0]);
+  };
+  const std::string ids_args = std::to_string(lm.decoder_start_token_id) + ", " + std::to_string(lm.eos_token_id);
+  struct Case {
+    std::string name;
+    GenerationConfig config;
+    std::string call;
+  };
+  std::vector<Case> cases;
+  GenerationConfig greedy;
+  greedy.max_new_tokens = 9;
+  cases.push_back({"greedy", greedy, "greedy_seq2seq_twin(logits_for(1), 3, " + ids_args + ", 9)"});
+  GenerationConfig ruled = greedy;
+  ruled.min_new_tokens = 4, ruled.no_repeat_ngram_size = 2, ruled.forced_bos_token_id = 12;
+  ruled.forced_eos_token_id = lm.eos_token_id;
+  cases.push_back({"greedy + rules", ruled,
+                   "greedy_seq2seq_twin(logits_for(1), 3, " + ids_args + ", 9, 4, 2, 12, " +
+                       std::to_string(lm.eos_token_id) + ")"});
+  GenerationConfig beam = greedy;
+  beam.num_beams = 3, beam.length_penalty = 1.4;
+  cases.push_back({"beam 3, length penalty 1.4", beam,
+                   "beam_seq2seq_twin(logits_for(3), 3, 3, " + ids_args + ", 9, 1.4)"});
+  GenerationConfig beam_early = beam;
+  beam_early.num_beams = 4, beam_early.early_stopping = true, beam_early.length_penalty = 0.6;
+  beam_early.no_repeat_ngram_size = 3, beam_early.min_new_tokens = 2;
+  cases.push_back({"beam 4, early stopping, rules", beam_early,
+                   "beam_seq2seq_twin(logits_for(4), 3, 4, " + ids_args + ", 9, 0.6, True, 2, 3)"});
+  for (const Case& k : cases) {
+    const GenerationResult mine = generate_seq2seq(lm, sources, k.config);
+    const auto ref = twin(k.call);
+    EXPECT_EQ(mine.tokens, ref) << label << " " << k.name << ": meshtrain " << show(mine.tokens) << " twin "
+                                << show(ref);
+    std::cout << "[generate] " << label << " " << k.name << " (eos " << lm.eos_token_id << "): " << show(mine.tokens)
+              << (mine.tokens == ref ? "== twin" : "!= twin") << "\n";
+  }
+}
+
+TEST(Seq2SeqOracle, T5GenerationEqualsTheTwinsGreedyAndBeamSearch) {
+  const T5Config c = small_t5(true);
+  const Params p = random_model_params(t5_param_defs(c), 700, 0.5);
+  check_generation("t5", p, t5_seq2seq_lm(c, p),
+                   "t5_twin(P, src[rows], am[rows], dec, 2, 3, 3, 1e-6, 8, 12, True, False)");
+}
+
+TEST(Seq2SeqOracle, BartGenerationEqualsTheTwinsGreedyAndBeamSearch) {
+  const BartConfig c = small_bart();
+  const Params p = random_model_params(bart_param_defs(c), 800, 0.5);
+  check_generation("bart", p, bart_seq2seq_lm(c, p), "bart_twin(P, src[rows], am[rows], dec, 2, 2, 3, 2, True, 'gelu')");
+  // BART's config forces </s> (2) at the last step max_new_tokens allows, and <s> first when
+  // forced_bos_token_id is set (bart-large-cnn).
+  BartConfig forced = c;
+  forced.forced_bos_token_id = 0;
+  GenerationConfig g;
+  g.max_new_tokens = 5;
+  const GenerationResult r = generate_seq2seq(bart_seq2seq_lm(forced, p), {{5, 9, 13}, {8, 3}}, g);
+  for (const auto& row : r.tokens) {
+    ASSERT_FALSE(row.empty());
+    EXPECT_EQ(row.front(), 0);
+    EXPECT_TRUE(row.size() < 5 ? row.back() == 2 : row[4] == 2) << show({row});
   }
 }
 

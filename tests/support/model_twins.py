@@ -285,3 +285,115 @@ def bart_twin(P, ids, amask, dec, L, Ld, H, Hd, scale_embedding, act):
         y = norm(y + attention(y, x, b + 'encoder_attn', Hd, src_allowed), b + 'encoder_attn_layer_norm')
         y = norm(y + lin(activation(lin(y, b + 'fc1')), b + 'fc2'), b + 'final_layer_norm')
     return y @ W.t() + P['final_logits_bias']
+
+
+# ---------------------------------------------------------------- seq2seq generation twins
+# next_logits(dec) gives the (R, V) next-token logits of decoder rows dec (R, t), row r
+# belonging to source r // beams; the whole target is recomputed each step (no cache).
+
+def twin_rules(scores, seq, step, eos, max_new, min_new, ngram, fbos, feos):
+    # Hugging Face's logits processors on one row's scores: MinNewTokens, NoRepeatNGram,
+    # ForcedBOS, ForcedEOS.
+    if step < min_new:
+        scores[eos] = -math.inf
+    if ngram > 0 and len(seq) + 1 >= ngram:
+        tail = seq[len(seq) - ngram + 1:]
+        for i in range(len(seq) - ngram + 1):
+            if seq[i:i + ngram - 1] == tail:
+                scores[seq[i + ngram - 1]] = -math.inf
+    if fbos is not None and step == 0:
+        scores[:] = -math.inf
+        scores[fbos] = 0
+    if feos is not None and step == max_new - 1:
+        scores[:] = -math.inf
+        scores[feos] = 0
+    return scores
+
+def greedy_seq2seq_twin(next_logits, B, start, eos, max_new, min_new=0, ngram=0, fbos=None, feos=None):
+    seqs = [[start] for _ in range(B)]
+    out = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(max_new):
+        logits = next_logits(torch.tensor(seqs)).double()
+        for r in range(B):
+            if done[r]:
+                seqs[r].append(0)
+                continue
+            s = twin_rules(logits[r].clone(), seqs[r], step, eos, max_new, min_new, ngram, fbos, feos)
+            tok = int(s.argmax())
+            out[r].append(tok)
+            seqs[r].append(tok)
+            done[r] = tok == eos
+        if all(done):
+            break
+    return out
+
+def beam_seq2seq_twin(next_logits, B, nb, start, eos, max_new, lp=1.0, early=False, min_new=0, ngram=0,
+                      fbos=None, feos=None):
+    # Beam search as transformers: 2·nb candidates per source; an eos candidate among the
+    # first nb finishes a hypothesis scored sum(log p) / (new tokens)^lp; a source is done
+    # once nb hypotheses exist and (early) or the best running beam cannot beat the worst.
+    seqs = [[start] for _ in range(B * nb)]
+    scores = [0.0 if r % nb == 0 else -math.inf for r in range(B * nb)]
+    hyps = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(max_new):
+        logits = torch.log_softmax(next_logits(torch.tensor(seqs)).double(), -1)
+        V = logits.shape[-1]
+        new_seqs, new_scores = [None] * (B * nb), [0.0] * (B * nb)
+        for b in range(B):
+            if done[b]:
+                for j in range(nb):
+                    r = b * nb + j
+                    new_seqs[r], new_scores[r] = seqs[r] + [0], scores[r]
+                continue
+            cands = []
+            for j in range(nb):
+                r = b * nb + j
+                if scores[r] == -math.inf:
+                    continue
+                s = twin_rules(logits[r].clone(), seqs[r], step, eos, max_new, min_new, ngram, fbos, feos)
+                for t in range(V):
+                    if s[t] != -math.inf:
+                        cands.append((scores[r] + float(s[t]), j * V + t))
+            cands.sort(key=lambda c: (-c[0], c[1]))
+            cands = cands[:2 * nb]
+            filled = 0
+            for rank, (sc, flat) in enumerate(cands):
+                if filled == nb:
+                    break
+                j, tok = flat // V, flat % V
+                src = b * nb + j
+                if tok == eos:
+                    if rank < nb:
+                        hyps[b].append((sc / (step + 1) ** lp, seqs[src][1:] + [tok]))
+                    continue
+                r = b * nb + filled
+                new_seqs[r], new_scores[r] = seqs[src] + [tok], sc
+                filled += 1
+            for f in range(filled, nb):
+                r = b * nb + f
+                new_seqs[r], new_scores[r] = seqs[b * nb] + [0], -math.inf
+            hyps[b].sort(key=lambda h: -h[0])
+            hyps[b] = hyps[b][:nb]
+            if len(hyps[b]) >= nb:
+                best_running = new_scores[b * nb]
+                done[b] = early or best_running == -math.inf or hyps[b][-1][0] >= best_running / (step + 1) ** lp
+        seqs, scores = new_seqs, new_scores
+        if all(done):
+            break
+    out = []
+    for b in range(B):
+        h = list(hyps[b])
+        if not done[b]:
+            for j in range(nb):
+                r = b * nb + j
+                if scores[r] != -math.inf:
+                    h.append((scores[r] / (len(seqs[r]) - 1) ** lp, seqs[r][1:]))
+        out.append(max(h, key=lambda x: x[0])[1] if h else [])
+    return out
+
+def ragged(rows):
+    # Token lists -> (B, longest) double tensor padded with -1.
+    n = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [-1] * (n - len(r)) for r in rows], dtype=torch.double)
