@@ -1,0 +1,98 @@
+#include "meshtrain/train/seq2seq_task.h"
+
+#include <algorithm>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/spmd.h"
+#include "meshtrain/models/seq2seq_generate.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+
+namespace mt::train {
+
+std::vector<int64_t> seq2seq_ids(const tokenizers::Tokenizer& tok, const std::string& text, int64_t max_len,
+                                 int64_t eos_id) {
+  MT_CHECK(max_len >= 2, "[seq2seq] maximum length ", max_len, " leaves no room for a token and the end token");
+  const tokenizers::Encoding e = tok.encode(text, true);
+  std::vector<int64_t> ids(e.ids.begin(), e.ids.end());
+  if (!ids.empty() && ids.back() == eos_id) ids.pop_back();
+  if (int64_t(ids.size()) > max_len - 1) ids.resize(size_t(max_len - 1));
+  ids.push_back(eos_id);
+  return ids;
+}
+
+data::Example seq2seq_example(const tokenizers::Tokenizer& tok, const std::string& source, const std::string& target,
+                              const Seq2SeqTokens& t) {
+  return data::Example{{"source_ids", seq2seq_ids(tok, t.source_prefix + source, t.max_source_length, t.eos_id)},
+                       {"labels", seq2seq_ids(tok, target, t.max_target_length, t.eos_id)}};
+}
+
+CollateFn seq2seq_collate(const Seq2SeqTokens& t) {
+  return [t](const std::vector<data::Example>& rows) {
+    MT_CHECK(!rows.empty(), "[seq2seq] empty batch");
+    size_t s = 0, n = 0;
+    for (const auto& r : rows) s = std::max(s, r.tokens("source_ids").size()), n = std::max(n, r.tokens("labels").size());
+    const int64_t b = int64_t(rows.size());
+    std::vector<int64_t> ids(size_t(b) * s, t.pad_id), mask(size_t(b) * s, 0), labels(size_t(b) * n, -100);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& src = rows[i].tokens("source_ids");
+      const auto& tgt = rows[i].tokens("labels");
+      std::copy(src.begin(), src.end(), ids.begin() + long(i * s));
+      std::fill_n(mask.begin() + long(i * s), src.size(), 1);
+      std::copy(tgt.begin(), tgt.end(), labels.begin() + long(i * n));
+    }
+    Batch out;
+    Array label_array = Array::from_vector(labels, Shape{b, int64_t(n)});
+    out.set("input_ids", Array::from_vector(ids, Shape{b, int64_t(s)}));
+    out.set("attention_mask", Array::from_vector(mask, Shape{b, int64_t(s)}));
+    out.set("decoder_input_ids", models::shift_right(label_array, t.decoder_start_id, t.pad_id));
+    out.set("labels", label_array);
+    return out;
+  };
+}
+
+LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {
+  return [model](const Params& p, const Batch& b, const RngKey& key, bool train) {
+    const models::Seq2SeqInputs in{.input_ids = b["input_ids"], .attention_mask = b["attention_mask"],
+                                   .decoder_input_ids = b["decoder_input_ids"]};
+    return model->seq2seq_loss(p, in, b["labels"], key, train);
+  };
+}
+
+PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,
+                          int64_t vocab_limit) {
+  return [model, g, vocab_limit](const Params& p, const Batch& b) {
+    // Every rank generates the whole global batch with the (possibly sharded) weights: the
+    // model's collectives need all ranks in step, and the tokens come out the same everywhere.
+    const Array ids = dist::to_host(b["input_ids"]), mask = dist::to_host(b["attention_mask"]);
+    const int64_t rows = ids.dim(0), s = ids.dim(1);
+    const std::vector<int64_t> iv = ids.to_ints(), mv = mask.to_ints();
+    std::vector<std::vector<int64_t>> sources(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < s; ++j)
+        if (mv[size_t(r * s + j)] != 0) sources[size_t(r)].push_back(iv[size_t(r * s + j)]);
+    for (auto& src : sources)
+      if (src.empty()) src.push_back(model->seq2seq_lm().eos_token_id);  // the Predictor's padding rows
+    models::PretrainedModel m = *model;
+    m.params = p;
+    models::Seq2SeqLm lm = m.seq2seq_lm();
+    if (vocab_limit > 0 && vocab_limit < lm.vocab_size) {
+      // A vocabulary padded past the tokenizer's ids never yields an id it cannot decode.
+      auto decode = lm.decode;
+      const int64_t v = vocab_limit;
+      lm.decode = [decode, v](const Array& d, const models::EncoderOutput& e, models::Seq2SeqCache* c) {
+        return slice(dist::to_host(decode(d, e, c)), 2, 0, v);
+      };
+      lm.vocab_size = v;
+    }
+    const models::GenerationResult r = models::generate_seq2seq(lm, sources, g);
+    std::vector<int64_t> out(size_t(rows * g.max_new_tokens), -1);
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy(r.tokens[size_t(i)].begin(), r.tokens[size_t(i)].end(), out.begin() + i * g.max_new_tokens);
+    Batch o;
+    o.set("tokens", Array::from_vector(out, Shape{rows, g.max_new_tokens}));
+    return o;
+  };
+}
+
+}  // namespace mt::train

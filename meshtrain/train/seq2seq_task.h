@@ -1,0 +1,50 @@
+#pragma once
+// The pieces of a sequence-to-sequence task (the Redco summarization pipeline) for any
+// encoder-decoder of the registry: token rows from text pairs, the collate function
+// (right-padded sources with their mask, targets shifted right behind the decoder start
+// token, -100 on padded labels), the teacher-forced loss, and the beam-search predict
+// function the Predictor runs on a mesh.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/data/example.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/train/predictor.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::tokenizers {
+class Tokenizer;
+}
+
+namespace mt::train {
+
+struct Seq2SeqTokens {
+  int64_t pad_id = 0, eos_id = 1, decoder_start_id = 0;
+  int64_t max_source_length = 128, max_target_length = 64;
+  std::string source_prefix;  // prepended to every source ("summarize: " for T5)
+};
+
+// The tokenizer's ids of `text` (its special-token template applied) truncated to
+// max_len - 1 and ending with eos (appended unless the template already put it last).
+std::vector<int64_t> seq2seq_ids(const tokenizers::Tokenizer& tok, const std::string& text, int64_t max_len,
+                                 int64_t eos_id);
+
+// One example {"source_ids", "labels"} (token lists) from a text pair.
+data::Example seq2seq_example(const tokenizers::Tokenizer& tok, const std::string& source, const std::string& target,
+                              const Seq2SeqTokens& t);
+
+// Batch {input_ids (B, S), attention_mask (B, S), decoder_input_ids (B, T), labels (B, T)}.
+CollateFn seq2seq_collate(const Seq2SeqTokens& t);
+
+// Mean cross-entropy of the model's teacher-forced logits against the labels.
+LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model);
+
+// Generates for the batch's sources (beam search or greedy per `g`) with the parameters the
+// Predictor passes: output "tokens" (B, max_new_tokens) i64, -1 after each row's end.
+PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,
+                          int64_t vocab_limit);
+
+}  // namespace mt::train
