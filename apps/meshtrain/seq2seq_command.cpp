@@ -39,8 +39,8 @@ struct Seq2SeqOptions {
   RunFlags run;
 };
 
-std::optional<int64_t> token_id(const tokenizers::Tokenizer& tok, std::initializer_list<const char*> names) {
-  for (const char* n : names)
+std::optional<int64_t> pad_id(const tokenizers::Tokenizer& tok) {
+  for (const char* n : {"<pad>", "[PAD]"})
     if (auto id = tok.token_to_id(n)) return *id;
   return std::nullopt;
 }
@@ -93,7 +93,7 @@ void run(const Seq2SeqOptions& o) {
     if (!tok) tok = model->tokenizer;
   } else {
     MT_CHECK(tok != nullptr, "[seq2seq] --config needs --tokenizer PATH (the vocabulary sets the model's size)");
-    const auto pad = token_id(*tok, {"<pad>", "[PAD]"}), eos = token_id(*tok, {"</s>", "[SEP]", "<|endoftext|>"});
+    const auto pad = pad_id(*tok), eos = end_of_text_id(*tok);
     MT_CHECK(pad && eos, "[seq2seq] ", o.tokenizer, " has no pad (<pad>, [PAD]) or end (</s>, [SEP], <|endoftext|>) token");
     json config;
     if (o.config.rfind("small-", 0) == 0) {

@@ -191,22 +191,13 @@ Array embed(const BartConfig& c, const Params& p, const std::string& stack, cons
   return dropout(x, c.dropout, key, train);
 }
 
-void check_ids(const Array& ids, const char* name) {
-  MT_CHECK(ids.defined() && ids.ndim() == 2 && is_integer(ids.dtype()) && ids.dim(1) > 0, "[bart] ", name,
-           " must be integer (B, T) with T > 0, got ", ids.defined() ? ids.str() : "undefined");
-}
-
 }  // namespace
 
 EncoderOutput bart_encode(const BartConfig& c, const Params& p, const Array& input_ids, const Array& attention_mask,
                           const RngKey& dropout_key, bool train) {
   c.validate();
-  check_ids(input_ids, "input_ids");
+  const Array mask = source_mask(input_ids, attention_mask, "bart");
   const RngKey key = dropout_key.fold_in(1);
-  const Array mask = padding_mask(attention_mask, "bart encoder");
-  if (mask.defined())
-    MT_CHECK(mask.dim(0) == input_ids.dim(0) && mask.dim(3) == input_ids.dim(1), "[bart] attention_mask ",
-             attention_mask.str(), " does not match input_ids ", input_ids.str());
   const BartLayer layer{c, c.encoder_attention_heads, {c.lora, dropout_key.fold_in(path_hash("lora")), train}, train};
   Array x = embed(c, p, "model.encoder", input_ids, 0, key.fold_in(0), train);
   for (int64_t l = 0; l < c.encoder_layers; ++l) {
@@ -229,16 +220,9 @@ Array bart_decode_hidden(const BartConfig& c, const Params& p, const Array& deco
                          const Array& decoder_attention_mask, const RngKey& dropout_key, bool train,
                          Seq2SeqCache* cache) {
   c.validate();
-  check_ids(decoder_ids, "decoder_input_ids");
-  MT_CHECK(enc.hidden.defined() && enc.hidden.ndim() == 3 && enc.hidden.dim(0) == decoder_ids.dim(0),
-           "[bart] encoder output ", enc.hidden.defined() ? enc.hidden.str() : "undefined",
-           " does not match decoder_input_ids ", decoder_ids.str());
-  const int64_t t = decoder_ids.dim(1), past = cache ? cache->length() : 0;
+  const int64_t past = cache ? cache->length() : 0;
+  const Array self_mask = decoder_self_mask(decoder_ids, enc, decoder_attention_mask, past, "bart");
   const RngKey key = dropout_key.fold_in(2);
-  const Array self_mask = padding_mask(decoder_attention_mask, "bart decoder");
-  if (self_mask.defined())
-    MT_CHECK(self_mask.dim(3) == past + t, "[bart] decoder_attention_mask ", decoder_attention_mask.str(),
-             " must cover ", past + t, " positions");
   const BartLayer layer{c, c.decoder_attention_heads, {c.lora, dropout_key.fold_in(path_hash("lora")), train}, train};
   Array x = embed(c, p, "model.decoder", decoder_ids, past, key.fold_in(0), train);
   const Array enc_mask = enc.mask;

@@ -7,7 +7,34 @@ namespace mt::models {
 
 namespace {
 Array row_index(const std::vector<int64_t>& rows) { return Array::from_vector(rows, Shape{int64_t(rows.size())}); }
+
+void check_ids(const Array& ids, const char* name, const char* model) {
+  MT_CHECK(ids.defined() && ids.ndim() == 2 && is_integer(ids.dtype()) && ids.dim(1) > 0, "[", model, "] ", name,
+           " must be integer (B, T) with T > 0, got ", ids.defined() ? ids.str() : "undefined");
+}
 }  // namespace
+
+Array source_mask(const Array& input_ids, const Array& attention_mask, const char* model) {
+  check_ids(input_ids, "input_ids", model);
+  const Array mask = padding_mask(attention_mask, model);
+  if (mask.defined())
+    MT_CHECK(mask.dim(0) == input_ids.dim(0) && mask.dim(3) == input_ids.dim(1), "[", model, "] attention_mask ",
+             attention_mask.str(), " does not match input_ids ", input_ids.str());
+  return mask;
+}
+
+Array decoder_self_mask(const Array& decoder_ids, const EncoderOutput& enc, const Array& decoder_attention_mask,
+                        int64_t past, const char* model) {
+  check_ids(decoder_ids, "decoder_input_ids", model);
+  MT_CHECK(enc.hidden.defined() && enc.hidden.ndim() == 3 && enc.hidden.dim(0) == decoder_ids.dim(0), "[", model,
+           "] encoder output ", enc.hidden.defined() ? enc.hidden.str() : "undefined",
+           " does not match decoder_input_ids ", decoder_ids.str());
+  const Array mask = padding_mask(decoder_attention_mask, model);
+  if (mask.defined())
+    MT_CHECK(mask.dim(3) == past + decoder_ids.dim(1), "[", model, "] decoder_attention_mask ",
+             decoder_attention_mask.str(), " must cover ", past + decoder_ids.dim(1), " positions");
+  return mask;
+}
 
 EncoderOutput EncoderOutput::select_rows(const std::vector<int64_t>& rows) const {
   const Array idx = row_index(rows);

@@ -68,6 +68,15 @@ struct Seq2SeqLm {
   std::function<Array(const Array& decoder_ids, const EncoderOutput& encoded, Seq2SeqCache* cache)> decode;
 };
 
+// The checks every encoder-decoder's forward makes, with errors naming `model` ("t5"):
+// integer (B, S) source ids and a matching (B, S) attention mask -> the mask as attention
+// takes it (EncoderOutput::mask);
+Array source_mask(const Array& input_ids, const Array& attention_mask, const char* model);
+// integer (B, T) decoder ids of the encoder output's batch, and an optional decoder mask
+// covering the `past` cached positions and these -> that mask as attention takes it.
+Array decoder_self_mask(const Array& decoder_ids, const EncoderOutput& enc, const Array& decoder_attention_mask,
+                        int64_t past, const char* model);
+
 // Hugging Face's shift_tokens_right: (B, T) labels -> decoder inputs [start, labels[:-1]],
 // with -100 (ignored labels) replaced by the pad id.
 Array shift_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id);

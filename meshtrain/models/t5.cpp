@@ -199,24 +199,14 @@ struct T5Layer {
   }
 };
 
-void check_ids(const Array& ids, const char* name, int64_t vocab) {
-  MT_CHECK(ids.defined() && ids.ndim() == 2 && is_integer(ids.dtype()) && ids.dim(1) > 0, "[t5] ", name,
-           " must be integer (B, T) with T > 0, got ", ids.defined() ? ids.str() : "undefined");
-  (void)vocab;
-}
-
 }  // namespace
 
 EncoderOutput t5_encode(const T5Config& c, const Params& p, const Array& input_ids, const Array& attention_mask,
                         const RngKey& dropout_key, bool train) {
   c.validate();
-  check_ids(input_ids, "input_ids", c.vocab_size);
+  const Array mask = source_mask(input_ids, attention_mask, "t5");
   const int64_t s = input_ids.dim(1);
   const RngKey key = dropout_key.fold_in(1);
-  const Array mask = padding_mask(attention_mask, "t5 encoder");
-  if (mask.defined())
-    MT_CHECK(mask.dim(0) == input_ids.dim(0) && mask.dim(3) == s, "[t5] attention_mask ", attention_mask.str(),
-             " does not match input_ids ", input_ids.str());
   const T5Layer layer{c, {c.lora, dropout_key.fold_in(path_hash("lora")), train}, train};
   Array x = dropout(embedding(p["shared.weight"], input_ids), c.dropout_rate, key.fold_in(0), train);
   const Array bias =
@@ -243,16 +233,10 @@ Array t5_decode_hidden(const T5Config& c, const Params& p, const Array& decoder_
                        const Array& decoder_attention_mask, const RngKey& dropout_key, bool train,
                        Seq2SeqCache* cache) {
   c.validate();
-  check_ids(decoder_ids, "decoder_input_ids", c.vocab_size);
-  MT_CHECK(enc.hidden.defined() && enc.hidden.ndim() == 3 && enc.hidden.dim(0) == decoder_ids.dim(0),
-           "[t5] encoder output ", enc.hidden.defined() ? enc.hidden.str() : "undefined",
-           " does not match decoder_input_ids ", decoder_ids.str());
-  const int64_t t = decoder_ids.dim(1), past = cache ? cache->length() : 0;
+  const int64_t past = cache ? cache->length() : 0;
+  const Array self_mask = decoder_self_mask(decoder_ids, enc, decoder_attention_mask, past, "t5");
+  const int64_t t = decoder_ids.dim(1);
   const RngKey key = dropout_key.fold_in(2);
-  Array self_mask = padding_mask(decoder_attention_mask, "t5 decoder");
-  if (self_mask.defined())
-    MT_CHECK(self_mask.dim(3) == past + t, "[t5] decoder_attention_mask ", decoder_attention_mask.str(),
-             " must cover ", past + t, " positions");
   const T5Layer layer{c, {c.lora, dropout_key.fold_in(path_hash("lora")), train}, train};
   Array x = dropout(embedding(p["shared.weight"], decoder_ids), c.dropout_rate, key.fold_in(0), train);
   const Array bias = t5_position_bias(c, p["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],

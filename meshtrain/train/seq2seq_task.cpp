@@ -71,11 +71,11 @@ PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, 
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < s; ++j)
         if (mv[size_t(r * s + j)] != 0) sources[size_t(r)].push_back(iv[size_t(r * s + j)]);
-    for (auto& src : sources)
-      if (src.empty()) src.push_back(model->seq2seq_lm().eos_token_id);  // the Predictor's padding rows
     models::PretrainedModel m = *model;
     m.params = p;
     models::Seq2SeqLm lm = m.seq2seq_lm();
+    for (auto& src : sources)
+      if (src.empty()) src.push_back(lm.eos_token_id);  // the Predictor's padding rows
     if (vocab_limit > 0 && vocab_limit < lm.vocab_size) {
       // A vocabulary padded past the tokenizer's ids never yields an id it cannot decode.
       auto decode = lm.decode;
