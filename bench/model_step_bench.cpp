@@ -2,11 +2,13 @@
 // of one workload on random tokens, reported as one JSON line — median seconds per step,
 // the AdamW update's share, model FLOPs per step, minor page faults per step after step 3, peak RSS — so the driver can
 // put it beside the PyTorch twin run in its own process.
-// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16] [none|block|full]
-//        model_step_bench peak      (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s)
-//   WORKLOAD: minigpt (the seed tutorial's 8-block config), gpt2 (124M), bert (base, 2-class
-//   sequence classifier); SEQ tokens per example; the last argument is --remat (what the
-//   backward pass recomputes instead of storing).
+// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|tf32|bf16] [none|block|full] [cpu|cuda]
+//        model_step_bench peak [cuda]  (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s; on the
+//                                       GPU: f32, tf32 and bf16 peaks of 8192^3 products)
+//   WORKLOAD: minigpt (the seed tutorial's 8-block config), minigpt4 (the 4 blocks the tutorial
+//   trains), gpt2 (124M), bert (base, 2-class sequence classifier); SEQ tokens per example;
+//   then --remat (what the backward pass recomputes instead of storing) and the device. On
+//   the GPU a step ends when its kernels have finished, and peak device memory is reported.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -47,10 +49,10 @@ std::vector<int64_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
 
 Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat remat) {
   Workload w;
-  if (name == "minigpt") {
+  if (name == "minigpt" || name == "minigpt4") {
     auto mc = std::make_shared<models::MiniGptConfig>();
     mc->vocab_size = 50257, mc->maxlen = T, mc->embed_dim = 256, mc->num_heads = 8, mc->feed_forward_dim = 256;
-    mc->num_transformer_blocks = 8;
+    mc->num_transformer_blocks = name == "minigpt4" ? 4 : 8;
     mc->remat = remat;
     w.params = models::minigpt_init(*mc, RngKey{0, 0});
     auto model = std::make_shared<models::PretrainedModel>();
@@ -60,7 +62,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat rema
     w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
       return model->decoder_loss(p, {.input_ids = ids}, labels, key, true);
     };
-    const double C = 256, FF = 256, L = 8;
+    const double C = 256, FF = 256, L = double(mc->num_transformer_blocks);
     w.flops_per_step = transformer_flops(L * (4 * C * C + 2 * C * FF) + 50257 * C, L, double(T), C, double(B * T));
     return w;
   }
@@ -114,7 +116,33 @@ long minor_faults() {
 
 }  // namespace
 
+// Best of `reps` n^3 products on the GPU (after one warm-up), GFLOP/s.
+double gpu_gemm_gflops(DType dtype, MatmulPrecision precision, int64_t n, int reps) {
+  MatmulPrecisionScope scope(precision);
+  const Device gpu = Device::cuda(0);
+  Array a = cast(random_normal(RngKey{1, 0}, {n, n}, DType::f32, 0.0, 1.0).to(gpu), dtype);
+  Array b = cast(random_normal(RngKey{2, 0}, {n, n}, DType::f32, 0.0, 1.0).to(gpu), dtype);
+  double best = 0;
+  for (int r = 0; r <= reps; ++r) {
+    synchronize(gpu);
+    const auto t0 = std::chrono::steady_clock::now();
+    Array c = matmul(a, b);
+    synchronize(gpu);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
+  }
+  return best;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "peak" && std::string(argv[2]) == "cuda") {
+    json out = {{"gpu", cuda_runtime().describe(0)},
+                {"gemm_f32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::f32, 8192, 3)},
+                {"gemm_tf32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::tf32, 8192, 5)},
+                {"gemm_bf16_gflops", gpu_gemm_gflops(DType::bf16, MatmulPrecision::f32, 8192, 10)}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
   if (argc == 2 && std::string(argv[1]) == "peak") {
     // Best of 5 2048^3 matmuls; bf16 only where the CPU multiplies bf16 natively.
     const bool bf16 = cpu::cpu_features().bf16_gemm_native;
@@ -134,6 +162,8 @@ int main(int argc, char** argv) {
     const int warmup = std::stoi(argv[4]), steps = std::stoi(argv[5]);
     const std::string precision = argc > 6 ? argv[6] : "f32";
     const Remat remat = parse_remat(argc > 7 ? argv[7] : "none");
+    const Device device = Device::parse(argc > 8 ? argv[8] : "cpu");
+    set_default_device(device);
     MatmulPrecisionScope scope(matmul_precision_from_name(precision));
     Workload w = make_workload(name, B, T, remat);
     optim::Transform opt = optim::adamw(optim::constant_schedule(1e-4), 0.9, 0.999, 1e-8, 0.01);
@@ -155,6 +185,7 @@ int main(int argc, char** argv) {
       peak_grad = std::max(peak_grad, alloc.stats().peak_bytes_in_use);
       alloc.reset_peak();
       params = optim::apply_updates(params, opt.update(grads, state, params));
+      synchronize(device);  // a GPU step ends when its kernels have run
       peak_update = std::max(peak_update, alloc.stats().peak_bytes_in_use);
       if (s >= warmup)
         optimizer_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
@@ -179,7 +210,9 @@ int main(int argc, char** argv) {
                 {"peak_allocated_grad_mb", double(peak_grad) / (1 << 20)},
                 {"peak_allocated_update_mb", double(peak_update) / (1 << 20)},
                 {"loss_first", loss_first},
-                {"loss_last", loss_last}};
+                {"loss_last", loss_last},
+                {"device", device.str()}};
+    if (device.is_cuda()) out["peak_device_mb"] = double(cuda_runtime().memory_stats(device.index).peak_bytes_in_use) / (1 << 20);
     std::printf("%s\n", out.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "model_step_bench: %s\n", e.what());

@@ -2,12 +2,14 @@
 # backward, AdamW) of the same workloads as model_step_bench on random tokens, with the same
 # shapes, dropout and thread count, printed as one JSON line (median seconds per step, minor
 # page faults per step after step 3, peak RSS).
-# Usage: python3 torch_model_step.py WORKLOAD BATCH SEQ WARMUP STEPS THREADS [f32|bf16] [V,C,H,FF,L]
+# Usage: python3 torch_model_step.py WORKLOAD BATCH SEQ WARMUP STEPS THREADS [f32|tf32|bf16] [V,C,H,FF,L]
+#   TORCH_DEVICE=cuda runs on the GPU (tf32: TF32 matmuls; bf16: torch.autocast("cuda", bfloat16)).
 #   WORKLOAD: minigpt (the seed tutorial's model; dims default to V 50257, C 256, H 8, FF 256,
 #   L 8), gpt2 (124M), bert (base, 2-class sequence classifier).
 # bf16 runs the forward under torch.autocast("cpu", bfloat16): PyTorch's CPU mixed precision.
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -19,8 +21,11 @@ import torch.nn.functional as F
 WORKLOAD = sys.argv[1]
 B, T, WARMUP, STEPS, THREADS = map(int, sys.argv[2:7])
 PRECISION = sys.argv[7] if len(sys.argv) > 7 else "f32"
-assert PRECISION in ("f32", "bf16"), PRECISION
+assert PRECISION in ("f32", "tf32", "bf16"), PRECISION
+DEVICE = os.environ.get("TORCH_DEVICE", "cpu")
 torch.set_num_threads(THREADS)
+torch.backends.cuda.matmul.allow_tf32 = PRECISION == "tf32"
+torch.backends.cudnn.allow_tf32 = PRECISION == "tf32"
 torch.manual_seed(0)
 
 
@@ -31,7 +36,7 @@ def attention(q, k, v, causal, p_drop, training):
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if causal:
         t = q.shape[-2]
-        s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
+        s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool, device=q.device), 1), float("-inf"))
     return F.dropout(s.softmax(-1), p_drop, training) @ v
 
 
@@ -69,7 +74,7 @@ class MiniGpt(nn.Module):
         self.head = nn.Linear(C, V, bias=False)
 
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for blk in self.blocks:
             x = blk(x)
         return self.head(x)
@@ -100,7 +105,7 @@ class Gpt2(nn.Module):  # GPT2LMHeadModel: tied output embedding
         self.ln_f = nn.LayerNorm(C, eps=1e-5)
 
     def forward(self, ids):
-        x = self.drop(self.wte(ids) + self.wpe(torch.arange(ids.shape[1])))
+        x = self.drop(self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device)))
         for blk in self.h:
             x = blk(x)
         return self.ln_f(x) @ self.wte.weight.t()
@@ -133,7 +138,7 @@ class BertClassifier(nn.Module):  # BertForSequenceClassification
         self.pooler, self.classifier = nn.Linear(C, C), nn.Linear(C, labels)
 
     def forward(self, ids, types, mask):
-        x = self.word(ids) + self.pos(torch.arange(ids.shape[1])) + self.token_type(types)
+        x = self.word(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device)) + self.token_type(types)
         x = self.drop(self.ln(x))
         bias = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
         for layer in self.layers:
@@ -161,13 +166,17 @@ elif WORKLOAD == "bert":
     loss_fn = lambda: F.cross_entropy(model(ids, types, mask).float(), labels)
 else:
     sys.exit(f"unknown workload {WORKLOAD} (minigpt, gpt2, bert)")
-model.train()
+model.to(DEVICE).train()
+if WORKLOAD == "bert":
+    ids, types, mask, labels = ids.to(DEVICE), types.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
+else:
+    ids, labels = ids.to(DEVICE), labels.to(DEVICE)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
 
 def step():
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
         loss = loss_fn()
     loss.backward()
     opt.step()
@@ -188,4 +197,5 @@ print(json.dumps({"side": "pytorch", "torch": torch.__version__, "workload": WOR
                   "step_s": times[len(times) // 2],
                   "minor_faults_per_step": (minor_faults() - faults_before) / counted if counted > 0 else 0.0,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                  "loss_first": losses[0], "loss_last": losses[-1]}))
+                  "loss_first": losses[0], "loss_last": losses[-1], "device": DEVICE,
+                  "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if DEVICE == "cuda" else None}))

@@ -32,6 +32,7 @@ struct GenerateOptions {
   bool allow_new_heads = false;
   std::string adapter;
   std::string precision = "f32";
+  std::string device = "auto";
 };
 
 std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
@@ -54,6 +55,7 @@ std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
 
 void run(const GenerateOptions& o) {
   const auto precision = precision_scope(o.precision);
+  set_default_device(Device::parse(o.device));  // the model loads there; generation runs there
   models::PretrainedOptions po;
   po.load_tokenizer = o.prompt_ids.empty() || !o.tokenizer.empty();
   if (o.allow_new_heads) po.new_params = models::NewParams::all;
@@ -129,6 +131,7 @@ void add_generate_command(CLI::App& app) {
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
   add_adapter_flag(cmd, o->adapter);
   add_precision_flag(cmd, o->precision);
+  add_device_flag(cmd, o->device);
   cmd->callback([o] {
     MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");
     run(*o);

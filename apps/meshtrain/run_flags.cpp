@@ -33,13 +33,28 @@ void add_allow_new_heads_flag(CLI::App* cmd, bool& allow) {
 
 void add_precision_flag(CLI::App* cmd, std::string& precision) {
   cmd->add_option("--precision", precision,
-                  "matmul precision: f32, or bf16 (operands rounded to bf16, f32 accumulation; parameters, gradients "
-                  "and other ops stay f32)")
+                  "matmul precision: f32, tf32 (GPU: TF32 tensor cores; CPU: f32), or bf16 (operands rounded to bf16, "
+                  "f32 accumulation; parameters, gradients and other ops stay f32)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+      ->check(CLI::IsMember({"f32", "tf32", "bf16"}));
+}
+
+void add_device_flag(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device,
+                  "where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")
+      ->capture_default_str()
+      ->check([](const std::string& text) {
+        try {
+          Device::parse(text);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
 }
 
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
+  add_device_flag(cmd, f.device);
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
   cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
       ->capture_default_str()
@@ -81,6 +96,7 @@ train::Deployer make_deployer(const RunFlags& f) {
   o.mesh = f.mesh;
   o.n_model_shards = f.model_shards;
   o.workdir = f.output_dir;
+  o.device = f.device;
   train::Deployer deployer(o);
   for (const std::string& axis : deployer.mesh().axis_names())
     MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",

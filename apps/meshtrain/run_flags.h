@@ -26,10 +26,13 @@ struct RunFlags {
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
   std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)
+  std::string device = "auto";    // auto, cpu, cuda, cuda:N (core/device.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
-// --precision f32|bf16 (part of the run flags; generate takes it alone).
+// --device auto|cpu|cuda[:N] (part of the run flags; generate takes it alone).
+void add_device_flag(CLI::App* cmd, std::string& device);
+// --precision f32|tf32|bf16 (part of the run flags; generate takes it alone).
 void add_precision_flag(CLI::App* cmd, std::string& precision);
 // --allow-new-heads: parameters a model checkpoint lacks are initialized (and reported)
 // instead of refused.

@@ -88,7 +88,7 @@ std::pair<Array, std::vector<Array>> vjp(const std::function<Array(const std::ve
            " differs from output shape ", out.shape().str());
   std::vector<Array> g = autodiff::backward(out, cotangent, leaves, autodiff::trace_depth() > 1);
   for (size_t i = 0; i < g.size(); ++i)
-    if (!g[i].defined()) g[i] = Array::zeros(primals[i].shape(), primals[i].dtype());
+    if (!g[i].defined()) g[i] = Array::full(primals[i].shape(), 0.0, primals[i].dtype(), primals[i].device());
   if (autodiff::trace_depth() == 1) out = out.detach();
   return {out, g};
 }

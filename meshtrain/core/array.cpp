@@ -10,55 +10,83 @@
 
 namespace mt {
 
-Array Array::empty(const Shape& shape, DType dtype) {
+Array Array::empty(const Shape& shape, DType dtype) { return empty(shape, dtype, current_device()); }
+
+Array Array::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) MT_CHECK(d >= 0, "[empty] negative dimension in shape ", shape.str());
   auto impl = std::make_shared<ArrayImpl>();
   impl->shape = shape;
   impl->dtype = dtype;
-  impl->storage = CachingAllocator::instance().allocate(size_t(shape.numel()) * dtype_size(dtype));
+  impl->device = device;
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  if (device.is_cpu()) {
+    impl->storage = CachingAllocator::instance().allocate(bytes);
+  } else {
+    try {
+      impl->storage = cuda_runtime().allocate(device.index, bytes);
+    } catch (const Error& e) {
+      throw Error(detail::concat("[empty] cannot allocate ", dtype_name(dtype), shape.str(), " on ", device.str(),
+                                 ": ", e.what()));
+    }
+  }
   return Array(std::move(impl));
 }
 
-Array Array::full(const Shape& shape, double value, DType dtype) {
-  Array a = empty(shape, dtype);
+Array Array::full(const Shape& shape, double value, DType dtype) { return full(shape, value, dtype, current_device()); }
+
+Array Array::full(const Shape& shape, double value, DType dtype, Device device) {
+  Array a = empty(shape, dtype, device);
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T v = from_double<T>(value);
+    if (a.device().is_cuda()) {
+      cuda_runtime().fill_bytes(a.raw(), &v, sizeof(T), size_t(a.numel()));
+      return;
+    }
     T* p = a.data<T>();
     for (int64_t i = 0, n = a.numel(); i < n; ++i) p[i] = v;
   });
   return a;
 }
 
-Array Array::zeros(const Shape& shape, DType dtype) {
-  Array a = empty(shape, dtype);
-  std::memset(a.raw(), 0, a.nbytes());
+Array Array::zeros(const Shape& shape, DType dtype) { return zeros(shape, dtype, current_device()); }
+
+Array Array::zeros(const Shape& shape, DType dtype, Device device) {
+  Array a = empty(shape, dtype, device);
+  if (a.device().is_cuda()) {
+    const uint8_t zero = 0;
+    cuda_runtime().fill_bytes(a.raw(), &zero, 1, a.nbytes());
+  } else {
+    std::memset(a.raw(), 0, a.nbytes());
+  }
   return a;
 }
 
 Array Array::ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
 Array Array::scalar(double value, DType dtype) { return full(Shape{}, value, dtype); }
+Array Array::scalar(double value, DType dtype, Device device) { return full(Shape{}, value, dtype, device); }
 
 namespace {
 template <class Src>
 Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype) {
   MT_CHECK(int64_t(values.size()) == shape.numel(), "[from_vector] ", values.size(),
            " values do not fill shape ", shape.str());
-  Array a = Array::empty(shape, dtype);
+  Array a = Array::empty(shape, dtype, Device::cpu());
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = a.data<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = from_double<T>(double(values[i]));
   });
-  return a;
+  return a.to(current_device());
 }
 template <class Dst>
 std::vector<Dst> to_host(const Array& a) {
   MT_CHECK(!a.sharded(), "[to_host] ", a.str(), " is sharded: gather it with dist::to_host first");
   std::vector<Dst> out(size_t(a.numel()));
+  const Array host = a.to(Device::cpu());
   dispatch_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* p = a.data<T>();
+    const T* p = host.data<T>();
     for (size_t i = 0; i < out.size(); ++i) out[i] = Dst(to_double(p[i]));
   });
   return out;
@@ -87,8 +115,26 @@ Array Array::detach() const {
 
 Array Array::clone() const {
   MT_CHECK(!sharded(), "[clone] ", str(), " is sharded");
-  Array out = empty(shape(), dtype());
-  std::memcpy(out.raw(), raw(), nbytes());
+  Array out = empty(shape(), dtype(), device());
+  if (device().is_cuda())
+    cuda_runtime().copy_on_device(out.raw(), raw(), nbytes());
+  else
+    std::memcpy(out.raw(), raw(), nbytes());
+  return out;
+}
+
+Array Array::to(Device target) const {
+  MT_CHECK(!sharded() || !distributed(), "[to] ", str(), " is distributed: move its blocks, not the global array");
+  if (device() == target) return *this;
+  Array out = empty(shape(), dtype(), target);
+  out.impl()->layout = impl_->layout;  // a trivial (one-rank) layout travels with the values
+  if (nbytes() == 0) return out;
+  if (target.is_cpu())
+    cuda_runtime().copy_to_host(out.raw(), raw(), nbytes());
+  else if (device().is_cpu())
+    cuda_runtime().copy_from_host(out.raw(), raw(), nbytes());
+  else
+    cuda_runtime().copy_on_device(out.raw(), raw(), nbytes());
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/layout.h"
 #include "meshtrain/core/shape.h"
@@ -24,6 +25,7 @@ struct ArrayImpl {
   size_t offset_bytes = 0;
   std::shared_ptr<autodiff::Node> node;
   std::shared_ptr<const Layout> layout;
+  Device device;  // where `storage` lives
 };
 
 // A cheap shared handle to a row-major, contiguous n-d array.
@@ -32,13 +34,18 @@ class Array {
   Array() = default;
   explicit Array(std::shared_ptr<ArrayImpl> impl) : impl_(std::move(impl)) {}
 
-  // Uninitialized storage from the caching allocator.
+  // Uninitialized storage from the caching allocator of the current device (core/device.h),
+  // or of `device`.
   static Array empty(const Shape& shape, DType dtype = DType::f32);
+  static Array empty(const Shape& shape, DType dtype, Device device);
   static Array zeros(const Shape& shape, DType dtype = DType::f32);
+  static Array zeros(const Shape& shape, DType dtype, Device device);
   static Array ones(const Shape& shape, DType dtype = DType::f32);
   static Array full(const Shape& shape, double value, DType dtype = DType::f32);
+  static Array full(const Shape& shape, double value, DType dtype, Device device);
   static Array scalar(double value, DType dtype = DType::f32);
-  // Copies host values, converting them to `dtype` (bf16/f16 round to nearest even).
+  static Array scalar(double value, DType dtype, Device device);
+  // Factories create on the current device. Copies host values, converting them to `dtype` (bf16/f16 round to nearest even).
   static Array from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = DType::f32);
   static Array from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
   static Array from_vector(const std::vector<int64_t>& values, const Shape& shape, DType dtype = DType::i64);
@@ -54,6 +61,7 @@ class Array {
   int64_t numel() const { return impl_->shape.numel(); }
   int64_t dim(int i) const { return impl_->shape.dim(i); }
   DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype()); }
 
   void* raw() const { return static_cast<char*>(impl_->storage.get()) + impl_->offset_bytes; }
@@ -62,7 +70,8 @@ class Array {
     return static_cast<T*>(raw());
   }
 
-  // Host copies converted to the requested element type (any source dtype). A sharded
+  // Host copies converted to the requested element type (any source dtype); a device array
+  // is copied to the host first (waiting for the kernels that produce it). A sharded
   // array must first be gathered with dist::to_host.
   std::vector<float> to_floats() const;
   std::vector<double> to_doubles() const;
@@ -71,8 +80,10 @@ class Array {
 
   // Same storage, no autodiff history.
   Array detach() const;
-  // Storage copy (no history).
+  // Storage copy on the same device (no history).
   Array clone() const;
+  // A copy on `device` (no history); this array itself when it is already there.
+  Array to(Device device) const;
   bool traced() const { return impl_ && impl_->node != nullptr; }
   // A view with another shape of the same numel; does not record autodiff history
   // (ops::reshape does).

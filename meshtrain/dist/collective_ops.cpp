@@ -16,8 +16,12 @@ Array all_gather_dim(const Array& x, int d, Communicator& comm) {
   if (p == 1) return x;
   std::vector<int64_t> dims = x.shape().dims();
   dims.insert(dims.begin(), p);
-  Array buf = Array::empty(Shape(dims), x.dtype());
-  comm.all_gather(x.raw(), buf.raw(), x.numel(), x.dtype());
+  // MPI moves host memory: a device block is staged through the host (processes sharing one
+  // GPU; a device communicator would move it directly).
+  const Array xh = x.to(Device::cpu());
+  Array buf = Array::empty(Shape(dims), x.dtype(), Device::cpu());
+  comm.all_gather(xh.raw(), buf.raw(), x.numel(), x.dtype());
+  buf = buf.to(x.device());
   std::vector<int> perm(size_t(buf.ndim()));
   std::iota(perm.begin(), perm.end(), 0);
   perm.erase(perm.begin());
@@ -45,16 +49,17 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   Array blocks = transpose(reshape(x, split), perm);
   std::vector<int64_t> out_dims = x.shape().dims();
   out_dims[size_t(d)] /= p;
-  Array out = Array::empty(Shape(out_dims), x.dtype());
-  comm.reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
-  return out;
+  const Array blocks_host = blocks.to(Device::cpu());
+  Array out = Array::empty(Shape(out_dims), x.dtype(), Device::cpu());
+  comm.reduce_scatter(blocks_host.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
+  return out.to(x.device());
 }
 
 Array all_reduce_sum(const Array& x, Communicator& comm) {
   if (comm.size() == 1) return x;
-  Array out = x.clone();
+  Array out = x.device().is_cpu() ? x.clone() : x.to(Device::cpu());
   comm.all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
-  return out;
+  return out.to(x.device());
 }
 
 

@@ -40,10 +40,11 @@ void GradReducer::add(size_t index, const Array& grad, const Mesh& mesh, const P
 void GradReducer::launch(Bucket& b) {
   int64_t elements = 0;
   for (const Entry& e : b.entries) elements += e.local.numel();
-  b.buffer = Array::empty({elements}, b.dtype);
+  b.buffer = Array::empty({elements}, b.dtype, Device::cpu());  // MPI reduces host memory
   char* dst = static_cast<char*>(b.buffer.raw());
   for (const Entry& e : b.entries) {
-    std::memcpy(dst, e.local.raw(), e.local.nbytes());
+    const Array host = e.local.to(Device::cpu());
+    std::memcpy(dst, host.raw(), e.local.nbytes());
     dst += e.local.nbytes();
   }
   b.handle = b.comm->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
@@ -61,10 +62,10 @@ std::vector<Array> GradReducer::finish(size_t count) {
     b.handle.wait();
     const char* src = static_cast<const char*>(b.buffer.raw());
     for (const Entry& e : b.entries) {
-      Array reduced = Array::empty(e.local.shape(), e.local.dtype());
+      Array reduced = Array::empty(e.local.shape(), e.local.dtype(), Device::cpu());
       std::memcpy(reduced.raw(), src, reduced.nbytes());
       src += reduced.nbytes();
-      out[e.index] = global_view(reduced, e.target);
+      out[e.index] = global_view(reduced.to(e.local.device()), e.target);
     }
   }
   in_flight_.clear();

@@ -12,9 +12,9 @@ Array make_block(const Shape& shape, const Sharding& sharding, DType dtype, cons
   MT_CHECK(is_floating(dtype), "[random] ", what, ": dtype must be floating, got ", dtype_name(dtype));
   sharding.validate(shape, what);
   MT_CHECK(sharding.spec.partial.empty(), "[random] ", what, ": a random array cannot be partial");
-  Array local = Array::empty(sharding.local_shape(shape), dtype);
+  Array local = Array::empty(sharding.local_shape(shape), dtype, Device::cpu());  // drawn on the host, as ops/random
   fill(local, cpu::StreamBlock{shape.dims(), sharding.local_offsets(shape)});
-  return global_view(local, sharding);
+  return global_view(local.to(current_device()), sharding);
 }
 }  // namespace
 

@@ -123,7 +123,7 @@ Llama2cCheckpoint load_llama2c(const std::string& path) {
     impl->shape = shape;
     impl->dtype = DType::f32;
     impl->storage = std::shared_ptr<void>(file, file->data() + kHeaderBytes + at_float * 4);
-    return Array(std::move(impl));
+    return Array(std::move(impl)).to(current_device());
   };
   const int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, hd = c.head_dim(), KV = int64_t(c.n_kv_heads) * hd;
   const int L = c.n_layers;

@@ -78,7 +78,7 @@ T load_unaligned(const uint8_t* p) {
 
 // Copies (and converts) `n` elements of file dtype `fd` at `src` into a fresh array.
 Array convert_copy(const uint8_t* src, const FileDType& fd, const Shape& shape, const std::string& where) {
-  Array out = Array::empty(shape, fd.engine);
+  Array out = Array::empty(shape, fd.engine, Device::cpu());  // filled on the host, then placed
   size_t n = size_t(shape.numel());
   std::string name = fd.name;
   if (fd.native) {
@@ -116,7 +116,7 @@ Array convert_copy(const uint8_t* src, const FileDType& fd, const Shape& shape, 
   } else {
     throw Error(detail::concat("[safetensors] ", where, ": no conversion for dtype ", name));
   }
-  return out;
+  return out.to(current_device());
 }
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
@@ -289,7 +289,7 @@ Array SafetensorsFile::get(const std::string& key) const {
   impl->dtype = ti.dtype;
   // Aliasing constructor: the storage points into the mapping and owns a reference to it.
   impl->storage = std::shared_ptr<void>(file_, p);
-  return Array(std::move(impl));
+  return Array(std::move(impl)).to(current_device());  // a GPU run copies it to the device
 }
 
 Params SafetensorsFile::get_all() const {
@@ -355,7 +355,10 @@ void save_safetensors(const std::string& path, const Params& tensors, const std:
   uint64_t n = text.size();
   w.write(&n, 8);
   w.write(text.data(), text.size());
-  for (const Params::Entry* e : data_order) w.write(e->second.raw(), e->second.nbytes());
+  for (const Params::Entry* e : data_order) {
+    const Array host = e->second.to(Device::cpu());  // a device array is copied out first
+    w.write(host.raw(), host.nbytes());
+  }
   w.commit();
 }
 

@@ -69,10 +69,10 @@ Params init_params(const std::vector<ParamDef>& defs, const RngKey& key, DType d
     }
     if (d.zero_row >= 0 && d.zero_row < d.shape[0]) {
       // Rebuild with the row zeroed (a host write: init is not traced).
-      Array c = cast(v, DType::f32).clone();
+      Array c = cast(v, DType::f32).to(Device::cpu()).clone();
       float* row = c.data<float>() + d.zero_row * d.shape[1];
       for (int64_t j = 0; j < d.shape[1]; ++j) row[j] = 0.0f;
-      v = cast(c, dtype);
+      v = cast(c.to(v.device()), dtype);
     }
     p.set(d.path, v);
   }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "meshtrain/backend/cpu/softmax_kernel.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/matmul.h"
@@ -19,11 +20,11 @@ namespace mt {
 MT_REGISTER_PRIMITIVES("attention", {"causal_softmax"});
 
 Array causal_mask(int64_t tq, int64_t tk) {
-  Array m = Array::empty({tq, tk}, DType::boolean);
+  Array m = Array::empty({tq, tk}, DType::boolean, Device::cpu());
   bool* p = m.data<bool>();
   for (int64_t i = 0; i < tq; ++i)
     for (int64_t j = 0; j < tk; ++j) p[i * tk + j] = j <= i + (tk - tq);
-  return m;
+  return m.to(current_device());
 }
 
 namespace {
@@ -47,7 +48,7 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
     const int64_t tq = scores.dim(-2), tk = scores.dim(-1);
     Array y = Array::empty(o.shape, o.dtype);
     if (scores.numel() > 0)
-      cpu::causal_softmax_forward(scores, y, scores.numel() / (tq * tk), tq, tk, float(scale_));
+      MT_KERNEL(y, causal_softmax_forward, scores, y, scores.numel() / (tq * tk), tq, tk, float(scale_));
     return y;
   }
   bool keeps_output() const override { return true; }
@@ -162,8 +163,8 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
       sin_v[p * size_t(half) + size_t(i)] = std::sin(angle);
     }
   Shape table = positions.ndim() == 1 ? Shape{t, half} : Shape{positions.dim(0), 1, t, half};
-  Array cos_t = Array::from_vector(cos_v, table, x.dtype());
-  Array sin_t = Array::from_vector(sin_v, table, x.dtype());
+  Array cos_t = Array::from_vector(cos_v, table, x.dtype()).to(x.device());
+  Array sin_t = Array::from_vector(sin_v, table, x.dtype()).to(x.device());
   if (!interleaved) {
     Array x1 = slice(x, -1, 0, half), x2 = slice(x, -1, half, d);
     return concatenate({sub(mul(x1, cos_t), mul(x2, sin_t)), add(mul(x2, cos_t), mul(x1, sin_t))}, -1);

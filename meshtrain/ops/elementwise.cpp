@@ -7,6 +7,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/elementwise.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -41,7 +42,7 @@ class UnaryPrimitive final : public prim::Primitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::unary(op_, in[0], out);
+    MT_KERNEL(out, unary, op_, in[0], out);
     return out;
   }
 
@@ -95,8 +96,8 @@ Grads UnaryPrimitive::vjp(const Saved& s, const Array& g) const {
     case UnaryOp::relu:
       if (!autodiff::grad_enabled() && g.shape() == x.shape() && g.dtype() == x.dtype()) {
         // First order: one fused pass. A recorded backward (second order) composes ops.
-        Array dx = Array::empty(x.shape(), x.dtype());
-        cpu::relu_backward(x, g, dx);
+        Array dx = Array::empty(x.shape(), x.dtype(), x.device());
+        MT_KERNEL(dx, relu_backward, x, g, dx);
         return {dx};
       }
       return {where(gt(x, zeros_like(x)), g, zeros_like(g))};
@@ -112,8 +113,8 @@ Grads UnaryPrimitive::vjp(const Saved& s, const Array& g) const {
         // First order: one fused pass. A recorded backward (second order) composes ops.
         MT_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), "[gelu] cotangent ", g.str(), " for input ",
                  x.str());
-        Array dx = Array::empty(x.shape(), x.dtype());
-        cpu::gelu_backward(x, g, approximate, dx);
+        Array dx = Array::empty(x.shape(), x.dtype(), x.device());
+        MT_KERNEL(dx, gelu_backward, x, g, approximate, dx);
         return {dx};
       }
       if (!approximate) {
@@ -154,7 +155,7 @@ class BinaryPrimitive final : public prim::Primitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::binary(op_, in[0], in[1], out);
+    MT_KERNEL(out, binary, op_, in[0], in[1], out);
     return out;
   }
 
@@ -236,7 +237,7 @@ class WherePrimitive final : public prim::Primitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::where(in[0], in[1], in[2], out);
+    MT_KERNEL(out, where, in[0], in[1], in[2], out);
     return out;
   }
   uint32_t keeps_inputs() const override { return 1u; }  // the condition
@@ -262,7 +263,7 @@ class CastPrimitive final : public prim::Primitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::cast(in[0], out);
+    MT_KERNEL(out, cast, in[0], out);
     return out;
   }
   bool differentiable(const Inputs& in, const OutputInfo& o) const override {
@@ -376,7 +377,7 @@ Array cast(const Array& x, DType dtype) {
   return prim::apply(primitive_for<CastPrimitive, DType, kNumDTypes>(dtype), {x});
 }
 
-Array scalar_like(const Array& a, double value) { return Array::full(Shape{}, value, a.dtype()); }
+Array scalar_like(const Array& a, double value) { return Array::full(Shape{}, value, a.dtype(), a.device()); }
 Array zeros_like(const Array& a) {
   static const prim::PrimitivePtr zeros = std::make_shared<FillLikePrimitive>(0.0);
   return prim::apply(zeros, {a});

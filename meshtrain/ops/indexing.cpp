@@ -6,6 +6,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/indexing_kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -79,11 +80,11 @@ class TakePrimitive final : public IndexPrimitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     const Array &x = in[0], &indices = in[1];
-    cpu::check_indices(indices, x.shape()[axis_], "take", detail::concat("x ", x.str(), ", axis ", axis_));
+    MT_KERNEL(indices, check_indices, indices, x.shape()[axis_], "take", detail::concat("x ", x.str(), ", axis ", axis_));
     int64_t outer, inner;
     split_at(x.shape(), axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::take(x, indices, out, outer, x.shape()[axis_], inner);
+    MT_KERNEL(out, take, x, indices, out, outer, x.shape()[axis_], inner);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
@@ -105,11 +106,11 @@ class ScatterAddPrimitive final : public IndexPrimitive {
     return {shape_, updates.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    cpu::check_indices(in[1], shape_[axis_], "scatter_add", detail::concat("target shape ", shape_.str(), ", axis ", axis_));
+    MT_KERNEL(in[1], check_indices, in[1], shape_[axis_], "scatter_add", detail::concat("target shape ", shape_.str(), ", axis ", axis_));
     int64_t outer, inner;
     split_at(shape_, axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::scatter_add(in[0], in[1], out, outer, shape_[axis_], inner);
+    MT_KERNEL(out, scatter_add, in[0], in[1], out, outer, shape_[axis_], inner);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override { return {take(g, s.inputs[1], axis_), Array()}; }
@@ -128,9 +129,9 @@ class TakeAlongAxisPrimitive final : public IndexPrimitive {
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     const Array &x = in[0], &indices = in[1];
-    cpu::check_indices(indices, x.shape()[axis_], "take_along_axis", detail::concat("x ", x.str(), ", axis ", axis_));
+    MT_KERNEL(indices, check_indices, indices, x.shape()[axis_], "take_along_axis", detail::concat("x ", x.str(), ", axis ", axis_));
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::take_along_axis(x, indices, out, axis_);
+    MT_KERNEL(out, take_along_axis, x, indices, out, axis_);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
@@ -150,10 +151,10 @@ class ScatterAddAlongAxisPrimitive final : public IndexPrimitive {
     return {shape_, updates.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    cpu::check_indices(in[1], shape_[axis_], "scatter_add_along_axis",
+    MT_KERNEL(in[1], check_indices, in[1], shape_[axis_], "scatter_add_along_axis",
                        detail::concat("target shape ", shape_.str(), ", axis ", axis_));
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::scatter_add_along_axis(in[0], in[1], out, axis_);
+    MT_KERNEL(out, scatter_add_along_axis, in[0], in[1], out, axis_);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
@@ -182,11 +183,11 @@ class EmbeddingPrimitive final : public prim::Primitive {
     const int64_t v = table.dim(0), d = table.dim(1);
     Array out = Array::empty(o.shape, o.dtype);
     if (!masked_) {
-      cpu::check_indices(ids, v, "embedding", detail::concat("table ", table.str()));
-      cpu::take(table, ids, out, 1, v, d);
+      MT_KERNEL(ids, check_indices, ids, v, "embedding", detail::concat("table ", table.str()));
+      MT_KERNEL(out, take, table, ids, out, 1, v, d);
       return out;
     }
-    cpu::check_indices(ids, vocab_, "embedding", detail::concat("table (", vocab_, ", ", d, ")"));
+    MT_KERNEL(ids, check_indices, ids, vocab_, "embedding", detail::concat("table (", vocab_, ", ", d, ")"));
     // Local row of each id (0 where another rank holds it) and whether this rank holds it.
     std::vector<int64_t> all = ids.to_ints(), local(all.size());
     std::vector<float> held(all.size());
@@ -197,7 +198,7 @@ class EmbeddingPrimitive final : public prim::Primitive {
     }
     Array local_ids = Array::from_vector(local, ids.shape());
     Array mask = Array::from_vector(held, ids.shape(), table.dtype());
-    cpu::take(table, local_ids, out, 1, v, d);
+    MT_KERNEL(out, take, table, local_ids, out, 1, v, d);
     autodiff::NoGradGuard no_grad;
     out = mul(out, expand_dims(mask, -1));
     aux = {local_ids, mask};
@@ -232,9 +233,9 @@ class OneHotPrimitive final : public prim::Primitive {
     return {Shape(dims), dtype_};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    cpu::check_indices(in[0], num_classes_, "one_hot", detail::concat("num_classes ", num_classes_));
+    MT_KERNEL(in[0], check_indices, in[0], num_classes_, "one_hot", detail::concat("num_classes ", num_classes_));
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::one_hot(in[0], out, num_classes_);
+    MT_KERNEL(out, one_hot, in[0], out, num_classes_);
     return out;
   }
   bool differentiable(const Inputs&, const OutputInfo&) const override { return false; }
@@ -263,7 +264,7 @@ class TopKIndicesPrimitive final : public prim::Primitive {
     split_at(x.shape(), axis_, outer, inner);
     Array values = Array::empty(o.shape, x.dtype());
     Array indices = Array::empty(o.shape, DType::i64);
-    cpu::top_k(x, values, indices, outer, x.shape()[axis_], inner, k_);
+    MT_KERNEL(x, top_k, x, values, indices, outer, x.shape()[axis_], inner, k_);
     return indices;
   }
 

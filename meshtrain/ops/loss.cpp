@@ -6,6 +6,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/loss_kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -67,7 +68,7 @@ CeShape check_cross_entropy(const Array& logits, const Array& labels, int64_t ig
 }
 
 Array ignore_mask(const Array& labels, int64_t ignore_index) {
-  return ne(labels, Array::full(Shape{}, double(ignore_index), labels.dtype()));
+  return ne(labels, Array::full(Shape{}, double(ignore_index), labels.dtype(), labels.device()));
 }
 
 // The fused rule's gradient written with ops, so that it can itself be differentiated.
@@ -91,7 +92,7 @@ Array row_scales(const Array& g, Reduction reduction, int64_t rows, int64_t coun
   if (reduction == Reduction::none) return gf.view_as_shape(Shape{rows});
   double v = gf.item();
   if (reduction == Reduction::mean) v /= double(std::max<int64_t>(count, 1));
-  return Array::full(Shape{rows}, v, DType::f32);
+  return Array::full(Shape{rows}, v, DType::f32, g.device());
 }
 
 // Fused cross-entropy: one pass computes each row's loss and log-sum-exp; the backward
@@ -110,9 +111,18 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     const CeShape s = check_cross_entropy(logits, labels, ignore_index_, smoothing_, "cross_entropy");
     Array rows = Array::empty(Shape{s.rows}, DType::f32);
     Array lse = Array::empty(Shape{s.rows}, DType::f32);
-    cpu::cross_entropy_forward(logits, labels, ignore_index_, float(smoothing_), rows, lse);
+    MT_KERNEL(logits, cross_entropy_forward, logits, labels, ignore_index_, float(smoothing_), rows, lse);
     aux = {lse, Array::scalar(double(s.count), DType::i64)};
     if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
+    if (rows.device().is_cuda()) {
+      Array total = Array::empty(Shape{}, DType::f32);
+      cuda::reduce(cpu::ReduceOp::sum, rows, total, 1, s.rows, 1);
+      if (reduction_ == Reduction::sum) return total;
+      const double inv = s.count > 0 ? 1.0 / double(s.count) : std::numeric_limits<double>::quiet_NaN();
+      Array mean = Array::empty(Shape{}, DType::f32);
+      cuda::binary(cpu::BinaryOp::mul, total, Array::scalar(inv, DType::f32), mean);
+      return mean;
+    }
     double total = 0.0;
     const float* pr = rows.data<float>();
     for (int64_t i = 0; i < s.rows; ++i) total += double(pr[i]);
@@ -128,8 +138,8 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     if (autodiff::grad_enabled())
       return {composed_grad(logits, labels, g, ignore_index_, smoothing_, reduction_, classes, count), Array()};
     Array scale = row_scales(g, reduction_, rows, count);
-    Array grad = Array::empty(logits.shape(), logits.dtype());
-    cpu::cross_entropy_backward(logits, labels, s.aux[0], scale, ignore_index_, float(smoothing_), grad);
+    Array grad = Array::empty(logits.shape(), logits.dtype(), logits.device());
+    MT_KERNEL(logits, cross_entropy_backward, logits, labels, s.aux[0], scale, ignore_index_, float(smoothing_), grad);
     return {grad, Array()};
   }
   RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
@@ -183,9 +193,9 @@ class VocabStatisticsPrimitive final : public prim::Primitive {
  private:
   // Whether each label falls in this slice, and its index in the slice (0 where it does not).
   std::pair<Array, Array> local_targets(const Array& labels, int64_t local_classes) const {
-    Array shifted = sub(labels, Array::scalar(double(offset_), labels.dtype()));
+    Array shifted = sub(labels, Array::scalar(double(offset_), labels.dtype(), labels.device()));
     Array in_slice = logical_and(ge(shifted, zeros_like(shifted)),
-                                 lt(shifted, Array::scalar(double(local_classes), labels.dtype())));
+                                 lt(shifted, Array::scalar(double(local_classes), labels.dtype(), labels.device())));
     return {in_slice, where(in_slice, shifted, zeros_like(shifted))};
   }
   int64_t offset_;
@@ -248,7 +258,7 @@ Array vocab_parallel_cross_entropy(const Array& logits, const Array& labels, int
   Array per = sub(log(stat(0)), stat(1));
   if (smoothing > 0.0)
     per = add(mul(per, 1.0 - smoothing), mul(sub(log(stat(0)), div(stat(2), double(classes))), smoothing));
-  Array valid = ne(labels, Array::scalar(double(ignore_index), labels.dtype()));
+  Array valid = ne(labels, Array::scalar(double(ignore_index), labels.dtype(), labels.device()));
   per = where(valid, per, zeros_like(per));
   if (reduction == Reduction::none) return per;
   Array total = sum(per);
@@ -267,7 +277,7 @@ Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_ind
     // The mean over a batch split across ranks: the summed loss over the count of the
     // targets that are not ignored, both totals over all ranks.
     Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
-    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype())), DType::f32));
+    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype(), labels.device())), DType::f32));
     return div(total, count);
   }
   return prim::apply(std::make_shared<CrossEntropyPrimitive>(ignore_index, label_smoothing, reduction),

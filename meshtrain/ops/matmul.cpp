@@ -4,6 +4,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/backend/cuda/kernels.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
@@ -78,7 +79,11 @@ class MatmulPrimitive final : public prim::Primitive {
     const cpu::MatmulDType kernel_dtype = a.dtype() == DType::f32 && precision_ == MatmulPrecision::bf16
                                               ? cpu::MatmulDType::f32_as_bf16
                                               : matmul_dtype(a.dtype());
-    cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
+    if (out.device().is_cuda())
+      cuda::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_, false,
+                   precision_ == MatmulPrecision::tf32);
+    else
+      cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
     return out;
   }
 
@@ -137,10 +142,13 @@ MatmulPrecision matmul_precision() { return current_precision; }
 MatmulPrecision matmul_precision_from_name(const std::string& name, const char* what) {
   if (name == "f32") return MatmulPrecision::f32;
   if (name == "bf16") return MatmulPrecision::bf16;
-  throw Error(detail::concat("[", what, "] expected f32 or bf16, got '", name, "'"));
+  if (name == "tf32") return MatmulPrecision::tf32;
+  throw Error(detail::concat("[", what, "] expected f32, tf32 or bf16, got '", name, "'"));
 }
 
-const char* matmul_precision_name(MatmulPrecision p) { return p == MatmulPrecision::bf16 ? "bf16" : "f32"; }
+const char* matmul_precision_name(MatmulPrecision p) {
+  return p == MatmulPrecision::bf16 ? "bf16" : p == MatmulPrecision::tf32 ? "tf32" : "f32";
+}
 
 MatmulPrecisionScope::MatmulPrecisionScope(MatmulPrecision p) : saved_(current_precision) { current_precision = p; }
 MatmulPrecisionScope::~MatmulPrecisionScope() { current_precision = saved_; }

@@ -10,10 +10,12 @@ namespace mt {
 // bf16 and accumulates and stores in f32, so parameters, gradients and every other op stay
 // f32 while the GEMMs run at the bf16 rate (~1.8x f32 on AVX512-BF16 CPUs). Matmuls of
 // bf16/f16 arrays are unaffected. The setting is per thread; an op's gradient matmuls use
-// the setting that was in force when the op ran forward.
-enum class MatmulPrecision { f32, bf16 };
+// the setting that was in force when the op ran forward. `tf32` lets GPU matmuls of f32
+// arrays use TF32 tensor cores (10-bit mantissa products, f32 accumulation); on the CPU it
+// is f32.
+enum class MatmulPrecision { f32, bf16, tf32 };
 MatmulPrecision matmul_precision();
-// "f32" or "bf16"; anything else throws mt::Error naming the flag `what`.
+// "f32", "tf32" or "bf16"; anything else throws mt::Error naming the flag `what`.
 MatmulPrecision matmul_precision_from_name(const std::string& name, const char* what = "matmul precision");
 const char* matmul_precision_name(MatmulPrecision p);
 

@@ -4,6 +4,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/norm_kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
@@ -44,7 +45,7 @@ class SoftmaxPrimitive final : public prim::Primitive {
     for (int i = 0; i < axis_; ++i) outer *= x.shape()[i];
     for (int i = axis_ + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
     Array y = Array::empty(o.shape, o.dtype);
-    if (x.numel() > 0) cpu::softmax_forward(x, y, outer, x.shape()[axis_], inner, log_);
+    if (x.numel() > 0) MT_KERNEL(x, softmax_forward, x, y, outer, x.shape()[axis_], inner, log_);
     return y;
   }
   bool keeps_output() const override { return true; }
@@ -125,7 +126,7 @@ class NormPrimitive final : public prim::Primitive {
     const int64_t rows = x.numel() / x.dim(-1);
     Array y = Array::empty(o.shape, o.dtype);
     Array mean_saved = Array::empty({rows}, DType::f32), rstd_saved = Array::empty({rows}, DType::f32);
-    cpu::norm_forward(center_, x, in[1], in[2], eps_, y, mean_saved, rstd_saved);
+    MT_KERNEL(x, norm_forward, center_, x, in[1], in[2], eps_, y, mean_saved, rstd_saved);
     aux = {mean_saved, rstd_saved};
     return y;
   }
@@ -134,11 +135,11 @@ class NormPrimitive final : public prim::Primitive {
     if (autodiff::grad_enabled()) return norm_vjp_composed(center_, x, weight, bias, eps_, g);
     // First order: one fused pass from the saved statistics.
     Array gx = g.dtype() == x.dtype() ? g : cast(g, x.dtype());
-    Array dx = Array::empty(x.shape(), x.dtype());
+    Array dx = Array::empty(x.shape(), x.dtype(), x.device());
     Array dw, db;
-    if (weight.defined() && s.wants(1)) dw = Array::empty(weight.shape(), weight.dtype());
-    if (bias.defined() && s.wants(2)) db = Array::empty(bias.shape(), bias.dtype());
-    cpu::norm_backward(center_, gx, x, weight, s.aux[0], s.aux[1], dx, dw.defined() ? &dw : nullptr,
+    if (weight.defined() && s.wants(1)) dw = Array::empty(weight.shape(), weight.dtype(), x.device());
+    if (bias.defined() && s.wants(2)) db = Array::empty(bias.shape(), bias.dtype(), x.device());
+    MT_KERNEL(gx, norm_backward, center_, gx, x, weight, s.aux[0], s.aux[1], dx, dw.defined() ? &dw : nullptr,
                        db.defined() ? &db : nullptr);
     return {dx, dw, db};
   }

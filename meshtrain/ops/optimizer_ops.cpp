@@ -1,6 +1,7 @@
 #include "meshtrain/ops/optimizer_ops.h"
 
 #include "meshtrain/backend/cpu/optimizer_kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -37,7 +38,7 @@ class AdamMomentsPrimitive final : public prim::Primitive {
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::adam_moments(in[0], in[1], in[2], h_, out);
+    MT_KERNEL(out, adam_moments, in[0], in[1], in[2], h_, out);
     return out;
   }
   bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
@@ -58,7 +59,7 @@ class AdamDirectionPrimitive final : public prim::Primitive {
   prim::OutputInfo infer(const std::vector<Array>& in) const override { return check_f32_same_shape(in, name()); }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::adam_direction(in[0], in[1], h_.decay != 0.0f ? &in[2] : nullptr, h_, out);
+    MT_KERNEL(out, adam_direction, in[0], in[1], h_.decay != 0.0f ? &in[2] : nullptr, h_, out);
     return out;
   }
   bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -24,9 +25,11 @@ Array random_uniform(const RngKey& key, const Shape& shape, DType dtype, double 
   MT_CHECK(is_floating(dtype), "[random_uniform] dtype must be floating, got ", dtype_name(dtype));
   MT_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, "[random_uniform] need finite lo <= hi, got [", lo, ", ",
            hi, ")");
-  Array out = Array::empty(shape, dtype);
+  // Drawn on the host whatever the device: initial values are then the same bits on every
+  // device (a one-time cost; dropout, drawn every step, has its own GPU kernel).
+  Array out = Array::empty(shape, dtype, Device::cpu());
   cpu::random_uniform(key, out, lo, hi);
-  return out;
+  return out.to(current_device());
 }
 
 Array random_normal(const RngKey& key, const Shape& shape, DType dtype, double mean, double std) {
@@ -34,17 +37,17 @@ Array random_normal(const RngKey& key, const Shape& shape, DType dtype, double m
   MT_CHECK(is_floating(dtype), "[random_normal] dtype must be floating, got ", dtype_name(dtype));
   MT_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0,
            "[random_normal] need finite mean and std >= 0, got mean ", mean, " std ", std);
-  Array out = Array::empty(shape, dtype);
+  Array out = Array::empty(shape, dtype, Device::cpu());
   cpu::random_normal(key, out, mean, std);
-  return out;
+  return out.to(current_device());
 }
 
 Array bernoulli(const RngKey& key, const Shape& shape, double p) {
   check_shape(shape, "bernoulli");
   MT_CHECK(p >= 0.0 && p <= 1.0, "[bernoulli] probability ", p, " outside [0, 1]");
-  Array out = Array::empty(shape, DType::boolean);
+  Array out = Array::empty(shape, DType::boolean, Device::cpu());
   cpu::bernoulli(key, out, p);
-  return out;
+  return out.to(current_device());
 }
 
 namespace {
@@ -60,7 +63,7 @@ class DropoutPrimitive final : public prim::Primitive {
   prim::OutputInfo infer(const std::vector<Array>& in) const override { return {in[0].shape(), in[0].dtype()}; }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::dropout(in[0], out, key_, rate_, block_);
+    MT_KERNEL(out, dropout, in[0], out, key_, rate_, block_);
     return out;
   }
   uint32_t keeps_inputs() const override { return 0; }

@@ -5,6 +5,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/cpu/elementwise.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/backend/cpu/reduce.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
@@ -103,11 +104,11 @@ class SumPrimitive final : public prim::Primitive {
     Array src = in[0];
     if (src.dtype() != o.dtype) {
       src = Array::empty(in[0].shape(), o.dtype);
-      cpu::cast(in[0], src);
+      MT_KERNEL(src, cast, in[0], src);
     }
     return reduce_via(src, axes_, keepdims_, o.dtype, [](const Array& a, Array& out, int64_t outer, int64_t r,
                                                            int64_t inner) {
-      cpu::reduce(cpu::ReduceOp::sum, a, out, outer, r, inner);
+      MT_KERNEL(out, reduce, cpu::ReduceOp::sum, a, out, outer, r, inner);
     });
   }
   uint32_t keeps_inputs() const override { return 0; }
@@ -137,7 +138,7 @@ class ExtremumPrimitive final : public prim::Primitive {
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     const cpu::ReduceOp op = op_;
     return reduce_via(in[0], axes_, keepdims_, o.dtype, [op](const Array& a, Array& out, int64_t outer, int64_t r,
-                                                              int64_t inner) { cpu::reduce(op, a, out, outer, r, inner); });
+                                                              int64_t inner) { MT_KERNEL(out, reduce, op, a, out, outer, r, inner); });
   }
   bool keeps_output() const override { return true; }
   Grads vjp(const Saved& s, const Array& g) const override {
@@ -168,7 +169,7 @@ class ArgmaxPrimitive final : public prim::Primitive {
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     return reduce_via(in[0], {axis_}, keepdims_, DType::i64, [](const Array& a, Array& out, int64_t outer,
                                                                  int64_t r, int64_t inner) {
-      cpu::argmax(a, out, outer, r, inner);
+      MT_KERNEL(out, argmax, a, out, outer, r, inner);
     });
   }
   RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "meshtrain/backend/cpu/strided_copy.h"
+#include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
@@ -71,7 +72,7 @@ class TransposePrimitive final : public prim::Primitive {
     std::vector<int64_t> xs = x.shape().strides();
     for (size_t i = 0; i < perm_.size(); ++i) src_strides[i] = xs[size_t(perm_[i])];
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::strided_copy(x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    MT_KERNEL(out, strided_copy, x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
     return out;
   }
   uint32_t keeps_inputs() const override { return 0; }
@@ -104,7 +105,7 @@ class SlicePrimitive final : public prim::Primitive {
     Array out = Array::empty(o.shape, o.dtype);
     std::vector<int64_t> xs = x.shape().strides();
     const char* src = static_cast<const char*>(x.raw()) + size_t(start_ * xs[size_t(axis_)]) * dtype_size(x.dtype());
-    cpu::strided_copy(src, xs, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    MT_KERNEL(out, strided_copy, src, xs, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
     return out;
   }
   uint32_t keeps_inputs() const override { return 0; }
@@ -138,7 +139,7 @@ class PadIntoPrimitive final : public prim::Primitive {
     Array out = Array::zeros(o.shape, o.dtype);
     std::vector<int64_t> fs = o.shape.strides();
     char* dst = static_cast<char*>(out.raw()) + size_t(start_ * fs[size_t(axis_)]) * dtype_size(x.dtype());
-    cpu::strided_copy(x.raw(), x.shape().strides(), dst, fs, x.shape().dims(), dtype_size(x.dtype()));
+    MT_KERNEL(out, strided_copy, x.raw(), x.shape().strides(), dst, fs, x.shape().dims(), dtype_size(x.dtype()));
     return out;
   }
   uint32_t keeps_inputs() const override { return 0; }
@@ -186,7 +187,7 @@ class ConcatenatePrimitive final : public prim::Primitive {
     int64_t offset = 0;
     for (const Array& x : xs) {
       char* dst = static_cast<char*>(out.raw()) + size_t(offset * os[size_t(axis_)]) * dtype_size(x.dtype());
-      cpu::strided_copy(x.raw(), x.shape().strides(), dst, os, x.shape().dims(), dtype_size(x.dtype()));
+      MT_KERNEL(out, strided_copy, x.raw(), x.shape().strides(), dst, os, x.shape().dims(), dtype_size(x.dtype()));
       offset += x.shape()[axis_];
     }
     return out;
@@ -225,7 +226,7 @@ class BroadcastToPrimitive final : public prim::Primitive {
       src_strides[size_t(d)] = x.shape()[i] == 1 ? 0 : xs[size_t(i)];
     }
     Array out = Array::empty(o.shape, o.dtype);
-    cpu::strided_copy(x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
+    MT_KERNEL(out, strided_copy, x.raw(), src_strides, out.raw(), o.shape.strides(), o.shape.dims(), dtype_size(x.dtype()));
     return out;
   }
   uint32_t keeps_inputs() const override { return 0; }

@@ -21,6 +21,22 @@ bool any_distributed(const std::vector<Array>& inputs) {
   return false;
 }
 
+// The device every defined input sits on (the current device for an op without inputs); an
+// op mixing devices is an error naming both, never a silent copy.
+Device device_of(const Primitive& p, const std::vector<Array>& inputs) {
+  const Array* first = nullptr;
+  for (const Array& a : inputs) {
+    if (!a.defined()) continue;
+    if (!first) {
+      first = &a;
+      continue;
+    }
+    MT_CHECK(a.device() == first->device(), "[", p.name(), "] inputs on different devices: ", first->str(), " on ",
+             first->device().str(), " and ", a.str(), " on ", a.device().str(), " (move one with Array::to)");
+  }
+  return first ? first->device() : current_device();
+}
+
 // The VJP closure keeps only what the primitive asked for; shapes and dtypes always.
 autodiff::VjpFn make_vjp(const PrimitivePtr& p, const std::vector<Array>& inputs, const Array& out,
                          std::vector<Array>&& aux) {
@@ -56,7 +72,11 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   Array out;
   std::chrono::steady_clock::time_point t0;
   if (g_observer) t0 = std::chrono::steady_clock::now();
-  out = p->run(inputs, info, aux);
+  {
+    // Kernels allocate with Array::empty: their outputs land on their inputs' device.
+    DeviceScope scope(device_of(*p, inputs));
+    out = p->run(inputs, info, aux);
+  }
   if (p->counts_model_flops()) g_model_flops.fetch_add(p->cost(inputs, info).flops, std::memory_order_relaxed);
   double seconds = 0;
   if (g_observer) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -191,7 +191,7 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
       } catch (const json::exception& e) {
         throw Error(std::string("[checkpoint] ") + meta_path.string() + ": bad entry in '" + group + "': " + e.what());
       }
-      Array host = Array::zeros(shape, dtype);
+      Array host = Array::zeros(shape, dtype, Device::cpu());
       int64_t covered = 0;
       const std::string key = group + "/" + p;
       for (const io::SafetensorsFile& f : files) {
@@ -210,14 +210,15 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
                    ": block of '", key, "' at ", mit->second, " lies outside ", shape.str());
           start += size_t(off[size_t(d)] * strides[size_t(d)]);
         }
-        cpu::strided_copy(block.raw(), block.shape().strides(), static_cast<char*>(host.raw()) + start * dtype_size(dtype),
+        const Array block_host = block.to(Device::cpu());
+        cpu::strided_copy(block_host.raw(), block.shape().strides(), static_cast<char*>(host.raw()) + start * dtype_size(dtype),
                           strides, block.shape().dims(), dtype_size(dtype));
         covered += block.numel();
       }
       MT_CHECK(covered == shape.numel(), "[checkpoint] ", path, ": the blocks of '", key, "' cover ", covered, " of ",
                shape.numel(), " elements");
       PartitionSpec spec = spec_for ? spec_for(group, p) : PartitionSpec{};
-      out.set(p, dist::shard(host, mesh, spec, p));
+      out.set(p, dist::shard(host.to(current_device()), mesh, spec, p));
     }
   }
   return state;

@@ -10,7 +10,12 @@ namespace mt::train {
 Deployer::Deployer(DeployerOptions options) : options_(std::move(options)) {
   mesh_ = !options_.mesh.empty() ? dist::Mesh::from_string(options_.mesh)
                                  : dist::Mesh::from_model_shards(std::max(1, options_.n_model_shards));
-  if (options_.verbose) log("meshtrain: " + std::to_string(mesh_.comm().size()) + " process(es), mesh " + mesh_.str());
+  device_ = Device::parse(options_.device);
+  set_default_device(device_);
+  std::string where = device_.str();
+  if (device_.is_cuda()) where += " (" + cuda_runtime().describe(device_.index) + ")";
+  if (options_.verbose)
+    log("meshtrain: " + std::to_string(mesh_.comm().size()) + " process(es), mesh " + mesh_.str() + ", device " + where);
 }
 
 int Deployer::data_index() const {

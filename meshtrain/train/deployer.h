@@ -23,6 +23,9 @@ struct DeployerOptions {
   std::string workdir = "runs/default";
   std::string data_axis = "data";
   bool verbose = true;
+  // Where parameters, optimizer state and batches live: "auto" (the GPU when one is visible),
+  // "cpu", "cuda" or "cuda:N". The Deployer makes it the process's default device.
+  std::string device = "auto";
 };
 
 class Deployer {
@@ -30,6 +33,7 @@ class Deployer {
   explicit Deployer(DeployerOptions options = {});
 
   const dist::Mesh& mesh() const { return mesh_; }
+  Device device() const { return device_; }
   const DeployerOptions& options() const { return options_; }
   const std::string& workdir() const { return options_.workdir; }
   bool is_main() const { return mesh_.comm().rank() == 0; }
@@ -59,6 +63,7 @@ class Deployer {
  private:
   DeployerOptions options_;
   dist::Mesh mesh_;
+  Device device_;
 };
 
 }  // namespace mt::train

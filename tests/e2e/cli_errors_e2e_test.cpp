@@ -43,7 +43,7 @@ TEST_F(CliErrors, FlagsAreChecked) {
                  {"steps 3:9 are outside this run, which takes steps 1 to 4"});
   EXPECT_FALSE(fs::exists(dir_ / "profiled" / "metrics.jsonl"));  // refused before the first step
   expect_failure("plot " + (dir_ / "no_run").string(), {"cannot read", "no_run", "metrics.jsonl"});
-  expect_failure("generate --model x --prompt-ids 1 --precision tf32", {"--precision", "tf32"});
+  expect_failure("generate --model x --prompt-ids 1 --precision fp8", {"--precision", "fp8"});
   CliRun help = run_cli("pretrain --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.out.find("--per-device-batch-size"), std::string::npos);

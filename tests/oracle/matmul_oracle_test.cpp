@@ -94,7 +94,7 @@ out = (o.detach(), ga, gb)
     std::cout << "  " << label << ": bf16 vs f32 products differ by up to " << diff << "\n";
     EXPECT_GT(diff, 1e-3) << label;
   }
-  expect_error([] { matmul_precision_from_name("tf32", "--precision"); }, {"--precision", "tf32", "bf16"});
+  expect_error([] { matmul_precision_from_name("fp8", "--precision"); }, {"--precision", "fp8", "tf32", "bf16"});
 }
 
 TEST(MatmulOracle, FiniteDifferences) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -43,10 +44,15 @@ inline CliRun run_command(const std::string& command, const std::string& shown) 
   return r;
 }
 
-// `meshtrain <args>` in one process.
-inline CliRun run_cli(const std::string& args) {
-  return run_command(std::string(MT_MESHTRAIN_BIN) + " " + args, "meshtrain " + args);
+// The binary under test: MT_MESHTRAIN_BIN from the build, or $MT_MESHTRAIN_BIN where the
+// binaries were unpacked elsewhere (the GPU machine, scripts/gpu_run.sh).
+inline std::string meshtrain_bin() {
+  const char* env = std::getenv("MT_MESHTRAIN_BIN");
+  return env && *env ? std::string(env) : std::string(MT_MESHTRAIN_BIN);
 }
+
+// `meshtrain <args>` in one process.
+inline CliRun run_cli(const std::string& args) { return run_command(meshtrain_bin() + " " + args, "meshtrain " + args); }
 
 #ifdef MT_MPIRUN
 // `mpirun -np <ranks> meshtrain <args>`, one OpenMP thread per rank.

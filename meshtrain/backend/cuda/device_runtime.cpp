@@ -1,0 +1,144 @@
+// The GPU runtime behind core/device.h: one compute stream on the process's GPU, memory from
+// a stream-ordered pool (cudaMallocAsync) that keeps freed blocks cached (release threshold
+// = everything), so after warm-up no step reaches cudaMalloc; copies and fills on the stream.
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/core/device.h"
+
+namespace mt::cuda {
+
+namespace {
+
+struct Context {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaMemPool_t pool = nullptr;
+  std::atomic<size_t> in_use{0}, peak{0};
+  std::atomic<uint64_t> allocations{0};
+};
+
+std::mutex g_mutex;
+// Leaked on purpose: arrays held by static objects are freed after main returns.
+Context* g_context = nullptr;
+
+std::string mib(size_t bytes) { return detail::concat(double(bytes) / double(1 << 20), " MiB"); }
+
+Context& context_for(int index) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_context) {
+    MT_CHECK(g_context->device == index, "[cuda] this process already uses cuda:", g_context->device,
+             "; one process drives one GPU (run one process per GPU)");
+    return *g_context;
+  }
+  auto* c = new Context();
+  c->device = index;
+  check(cudaSetDevice(index), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaDeviceGetDefaultMemPool(&c->pool, index), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep_everything = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep_everything), "cudaMemPoolSetAttribute");
+  g_context = c;
+  return *c;
+}
+
+Context& context() { return context_for(g_context ? g_context->device : 0); }
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  int device_count() const override {
+    static const int n = [] {
+      int count = 0;
+      if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();  // no driver or no GPU: not an error, just none
+        return 0;
+      }
+      return count;
+    }();
+    return n;
+  }
+  std::string describe(int index) const override {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, index) != cudaSuccess) return "unknown GPU";
+    return detail::concat(p.name, " (sm_", p.major, p.minor, ", ", double(p.totalGlobalMem) / double(1ull << 30),
+                          " GiB)");
+  }
+  std::shared_ptr<void> allocate(int index, size_t bytes) const override {
+    Context& c = context_for(index);
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, c.pool, c.stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw Error(detail::concat("out of GPU memory (", cudaGetErrorString(e), ") asking for ", mib(bytes), ": ",
+                                 mib(c.in_use.load()), " in use by arrays, ", mib(reserved(c)), " reserved by the pool, ",
+                                 mib(free_b), " free of ", mib(total_b),
+                                 "; lower the batch size or the sequence length, or recompute activations (--remat block)"));
+    }
+    const size_t now = c.in_use.fetch_add(bytes) + bytes;
+    size_t peak = c.peak.load();
+    while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
+    }
+    c.allocations.fetch_add(1);
+    Context* cp = &c;
+    return std::shared_ptr<void>(p, [cp, bytes](void* q) {
+      cp->in_use.fetch_sub(bytes);
+      cudaFreeAsync(q, cp->stream);  // ordered after every kernel already enqueued that reads it
+    });
+  }
+  void copy_to_host(void* host, const void* device, size_t bytes) const override {
+    Context& c = context();
+    check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, c.stream), "copy to host");
+    check(cudaStreamSynchronize(c.stream), "copy to host (a kernel before it failed)");
+  }
+  void copy_from_host(void* device, const void* host, size_t bytes) const override {
+    // From pageable memory the call returns once `host` has been read (staged by the driver).
+    check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, context().stream), "copy to device");
+  }
+  void copy_on_device(void* dst, const void* src, size_t bytes) const override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, context().stream), "device copy");
+  }
+  void fill_bytes(void* device, const void* pattern, size_t pattern_bytes, size_t count) const override {
+    fill_pattern(device, pattern, pattern_bytes, count);
+  }
+  void synchronize() const override {
+    if (g_context) check(cudaStreamSynchronize(g_context->stream), "synchronize");
+  }
+  DeviceMemoryStats memory_stats(int index) const override {
+    Context& c = context_for(index);
+    return {c.in_use.load(), c.peak.load(), reserved(c), c.allocations.load()};
+  }
+  void reset_peak(int index) const override {
+    Context& c = context_for(index);
+    c.peak.store(c.in_use.load());
+  }
+
+ private:
+  static size_t reserved(Context& c) {
+    uint64_t r = 0;
+    cudaMemPoolGetAttribute(c.pool, cudaMemPoolAttrReservedMemCurrent, &r);
+    return size_t(r);
+  }
+};
+
+}  // namespace
+
+cudaStream_t stream() { return context().stream; }
+int active_device() { return context().device; }
+
+void throw_cuda_error(cudaError_t e, const char* what) {
+  cudaGetLastError();
+  throw Error(detail::concat("[cuda] ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+}  // namespace mt::cuda
+
+namespace mt {
+const DeviceRuntime& cuda_runtime() {
+  static const cuda::CudaRuntime runtime;
+  return runtime;
+}
+}  // namespace mt

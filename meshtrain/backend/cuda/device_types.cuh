@@ -1,0 +1,140 @@
+#pragma once
+// Device-side element types for the .cu kernels: bf16/f16 as raw 16-bit patterns, converted
+// exactly as core/dtype.h converts them on the host, so both backends round identically.
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "meshtrain/backend/cuda/cuda_common.h"
+
+namespace mt::cuda {
+
+// ---- device element types ----
+struct bf16_t {
+  uint16_t bits;
+};
+struct f16_t {
+  uint16_t bits;
+};
+
+__host__ __device__ inline float to_f32(float v) { return v; }
+__host__ __device__ inline float to_f32(bf16_t v) {
+  const uint32_t u = uint32_t(v.bits) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+__device__ inline float to_f32(f16_t v) { return __half2float(__ushort_as_half(v.bits)); }
+
+template <class T>
+__device__ inline T from_f32(float f);
+template <>
+__device__ inline float from_f32<float>(float f) { return f; }
+template <>
+__device__ inline bf16_t from_f32<bf16_t>(float f) {
+  // Round to nearest even; NaN stays a quiet NaN (as core/dtype.h's f32_to_bf16).
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16_t{uint16_t(u >> 16)};
+}
+template <>
+__device__ inline f16_t from_f32<f16_t>(float f) { return f16_t{__half_as_ushort(__float2half_rn(f))}; }
+
+template <class T>
+constexpr bool is_float_v = std::is_same_v<T, float> || std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>;
+
+// Calls f(T{}) with the device element type of `dtype`.
+template <class F>
+void dispatch_device(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(bf16_t{}); return;
+    case DType::f16: f(f16_t{}); return;
+    case DType::i32: f(int32_t{}); return;
+    case DType::i64: f(int64_t{}); return;
+    case DType::boolean: f(bool{}); return;
+  }
+  throw Error(detail::concat("[", op, "] unsupported dtype on the GPU"));
+}
+template <class F>
+void dispatch_device_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(bf16_t{}); return;
+    case DType::f16: f(f16_t{}); return;
+    default: break;
+  }
+  throw Error(detail::concat("[", op, "] expected a floating dtype (f32, bf16, f16), got ", dtype_name(dtype)));
+}
+
+// The type elementwise math runs in (as the CPU kernels): f32 for floating dtypes, the
+// integer itself for integers, int32 for bool.
+template <class T>
+struct compute {
+  using type = T;
+};
+template <>
+struct compute<bf16_t> {
+  using type = float;
+};
+template <>
+struct compute<f16_t> {
+  using type = float;
+};
+template <>
+struct compute<bool> {
+  using type = int32_t;
+};
+template <class T>
+using compute_t = typename compute<T>::type;
+
+template <class T>
+__device__ inline compute_t<T> load(T v) {
+  if constexpr (is_float_v<T>) return to_f32(v);
+  else return compute_t<T>(v);
+}
+template <class T, class C>
+__device__ inline T store(C v) {
+  if constexpr (is_float_v<T>) return from_f32<T>(float(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != C(0);
+  else return T(v);
+}
+template <class T>
+__device__ inline double load_double(T v) {
+  if constexpr (is_float_v<T>) return double(to_f32(v));
+  else return double(v);
+}
+
+// Block-wide sum of a per-thread value (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. `shared` holds 32 values.
+template <class T>
+__device__ inline T block_sum(T v, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  T t = lane < warps ? shared[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+template <class T>
+__device__ inline T block_max(T v, T* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) >> 5;
+  T t = lane < warps ? shared[lane] : T(-INFINITY);
+  for (int o = 16; o > 0; o >>= 1) t = fmax(t, __shfl_xor_sync(0xffffffffu, t, o));
+  return t;
+}
+
+// Grid-stride loop over [0, n).
+#define MT_GRID_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+}  // namespace mt::cuda

@@ -1,0 +1,268 @@
+// Elementwise kernels: unary, binary with broadcasting, where, cast, the fused ReLU/GeLU
+// backwards and fills. The op is a kernel argument (one uniform branch per element) rather
+// than a template parameter: the kernels are memory-bound, and one instance per dtype keeps
+// the build small.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/backend/cpu/broadcast_iter.h"
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+using cpu::BinaryOp;
+using cpu::UnaryOp;
+
+namespace {
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+
+template <class C>
+__device__ inline C apply_unary(UnaryOp op, C x) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::abs: return x < C(0) ? -x : x;
+    case UnaryOp::sign: return C((x > C(0)) - (x < C(0)));
+    case UnaryOp::relu: return x > C(0) ? x : C(0);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::logical_not: return C(x == C(0));
+    default: break;
+  }
+  if constexpr (std::is_same_v<C, float>) {
+    switch (op) {
+      case UnaryOp::exp: return expf(x);
+      case UnaryOp::log: return logf(x);
+      case UnaryOp::sqrt: return sqrtf(x);
+      case UnaryOp::rsqrt: return 1.0f / sqrtf(x);
+      case UnaryOp::tanh: return tanhf(x);
+      case UnaryOp::sigmoid: return 1.0f / (1.0f + expf(-x));
+      case UnaryOp::silu: return x / (1.0f + expf(-x));
+      case UnaryOp::gelu_erf: return 0.5f * x * (1.0f + erff(x * kSqrt1_2));
+      case UnaryOp::gelu_tanh: return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+      case UnaryOp::erf: return erff(x);
+      case UnaryOp::sin: return sinf(x);
+      case UnaryOp::cos: return cosf(x);
+      case UnaryOp::reciprocal: return 1.0f / x;
+      default: break;
+    }
+  }
+  return x;
+}
+
+template <class C>
+__device__ inline C apply_binary(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div: return a / b;
+    case BinaryOp::pow:
+      if constexpr (std::is_same_v<C, float>) return powf(a, b);
+      else return C(pow(double(a), double(b)));
+    // NaN propagates like torch.maximum / torch.minimum.
+    case BinaryOp::maximum: return (a != a || a > b) ? a : b;
+    case BinaryOp::minimum: return (a != a || a < b) ? a : b;
+    case BinaryOp::eq: return C(a == b);
+    case BinaryOp::ne: return C(a != b);
+    case BinaryOp::lt: return C(a < b);
+    case BinaryOp::le: return C(a <= b);
+    case BinaryOp::gt: return C(a > b);
+    case BinaryOp::ge: return C(a >= b);
+    case BinaryOp::logical_and: return C(a != C(0) && b != C(0));
+    case BinaryOp::logical_or: return C(a != C(0) || b != C(0));
+  }
+  return a;
+}
+
+// Element offset of flat output index i in operand k.
+__device__ inline int64_t offset_of(const Strided& s, int k, int64_t i) {
+  int64_t off = 0;
+  for (int d = s.ndim - 1; d >= 0; --d) {
+    const int64_t c = i % s.dims[d];
+    i /= s.dims[d];
+    off += c * s.strides[k][d];
+  }
+  return off;
+}
+
+Strided strided_for(const Shape& out, const std::vector<Shape>& inputs, const char* op) {
+  const cpu::BroadcastPlan plan = cpu::make_broadcast_plan(out, inputs);
+  MT_CHECK(plan.dims.size() <= size_t(kMaxDims), "[", op, "] more than ", kMaxDims,
+           " non-mergeable broadcast dims on the GPU: ", out.str());
+  Strided s;
+  s.ndim = int(plan.dims.size());
+  for (int d = 0; d < s.ndim; ++d) {
+    s.dims[d] = plan.dims[size_t(d)];
+    for (size_t k = 0; k < inputs.size(); ++k) s.strides[k][d] = plan.strides[k][size_t(d)];
+  }
+  return s;
+}
+
+template <class T, class O>
+__global__ void unary_kernel(UnaryOp op, const T* x, O* out, int64_t n) {
+  MT_GRID_LOOP(i, n) out[i] = store<O>(apply_unary(op, load(x[i])));
+}
+
+template <class T, class O>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, O* out, int64_t n, Strided s, bool same) {
+  MT_GRID_LOOP(i, n) {
+    const int64_t ia = same ? i : offset_of(s, 0, i), ib = same ? i : offset_of(s, 1, i);
+    out[i] = store<O>(apply_binary(op, load(a[ia]), load(b[ib])));
+  }
+}
+
+template <class T>
+__global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, int64_t n, Strided s, bool same) {
+  MT_GRID_LOOP(i, n) {
+    if (same) out[i] = c[i] ? a[i] : b[i];
+    else out[i] = c[offset_of(s, 0, i)] ? a[offset_of(s, 1, i)] : b[offset_of(s, 2, i)];
+  }
+}
+
+template <class T>
+__global__ void relu_backward_kernel(const T* x, const T* g, T* out, int64_t n) {
+  MT_GRID_LOOP(i, n) out[i] = load(x[i]) > compute_t<T>(0) ? g[i] : store<T>(compute_t<T>(0));
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(const T* x, const T* g, T* out, int64_t n, bool approximate) {
+  MT_GRID_LOOP(i, n) {
+    const float v = to_f32(x[i]);
+    float d;
+    if (approximate) {
+      constexpr float c = 0.044715f;
+      const float t = tanhf(kSqrt2OverPi * (v + c * v * v * v));
+      d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
+    } else {
+      d = 0.5f * (1.0f + erff(v * kSqrt1_2)) + v * 0.39894228040143267794f * expf(-0.5f * v * v);
+    }
+    out[i] = from_f32<T>(to_f32(g[i]) * d);
+  }
+}
+
+template <class I, class O>
+__global__ void cast_kernel(const I* x, O* out, int64_t n) {
+  MT_GRID_LOOP(i, n) {
+    if constexpr (std::is_same_v<I, O>) out[i] = x[i];
+    else if constexpr (std::is_same_v<O, bool>) out[i] = load_double(x[i]) != 0.0;
+    else if constexpr (is_float_v<O>) out[i] = from_f32<O>(float(load_double(x[i])));
+    else if constexpr (is_float_v<I>) out[i] = O(to_f32(x[i]));  // truncates like torch
+    else out[i] = O(x[i]);
+  }
+}
+
+template <class W>
+__global__ void fill_kernel(W* dst, W value, int64_t n) {
+  MT_GRID_LOOP(i, n) dst[i] = value;
+}
+
+__global__ void round_to_bf16_kernel(const float* src, bf16_t* dst, int64_t n) {
+  MT_GRID_LOOP(i, n) dst[i] = from_f32<bf16_t>(src[i]);
+}
+
+}  // namespace
+
+void round_f32_to_bf16(const float* src, void* dst, int64_t n) {
+  if (n == 0) return;
+  round_to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(src, static_cast<bf16_t*>(dst), n);
+  check_launch("round_to_bf16");
+}
+
+void fill_pattern(void* dst, const void* pattern, size_t pattern_bytes, size_t count) {
+  if (count == 0) return;
+  if (pattern_bytes == 1) {
+    check(cudaMemsetAsync(dst, *static_cast<const uint8_t*>(pattern), count, stream()), "fill");
+    return;
+  }
+  auto launch = [&](auto tag) {
+    using W = decltype(tag);
+    W v;
+    std::memcpy(&v, pattern, sizeof(W));
+    fill_kernel<<<blocks_for(int64_t(count)), kThreads, 0, stream()>>>(static_cast<W*>(dst), v, int64_t(count));
+  };
+  if (pattern_bytes == 2) launch(uint16_t{});
+  else if (pattern_bytes == 4) launch(uint32_t{});
+  else if (pattern_bytes == 8) launch(uint64_t{});
+  else throw Error(detail::concat("[fill] unsupported element size ", pattern_bytes));
+  check_launch("fill");
+}
+
+void unary(UnaryOp op, const Array& x, Array& out) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_device(x.dtype(), cpu::unary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    if (op == UnaryOp::logical_not)
+      unary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<bool>(out), n);
+    else
+      unary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<T>(out), n);
+  });
+  check_launch(cpu::unary_name(op));
+}
+
+void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const bool same = a.shape() == out.shape() && b.shape() == out.shape();
+  const Strided s = same ? Strided{} : strided_for(out.shape(), {a.shape(), b.shape()}, cpu::binary_name(op));
+  dispatch_device(a.dtype(), cpu::binary_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    if (cpu::is_comparison(op))
+      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<bool>(out), n, s, same);
+    else
+      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s, same);
+  });
+  check_launch(cpu::binary_name(op));
+}
+
+void where(const Array& cond, const Array& a, const Array& b, Array& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const bool same = cond.shape() == out.shape() && a.shape() == out.shape() && b.shape() == out.shape();
+  const Strided s = same ? Strided{} : strided_for(out.shape(), {cond.shape(), a.shape(), b.shape()}, "where");
+  dispatch_device(a.dtype(), "where", [&](auto tag) {
+    using T = decltype(tag);
+    where_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<bool>(cond), ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s,
+                                                            same);
+  });
+  check_launch("where");
+}
+
+void relu_backward(const Array& x, const Array& g, Array& out) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_device(x.dtype(), "relu", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) throw Error("[relu] no gradient for bool arrays");
+    else relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(g), mptr<T>(out), n);
+  });
+  check_launch("relu_backward");
+}
+
+void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_device_float(x.dtype(), "gelu", [&](auto tag) {
+    using T = decltype(tag);
+    gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(g), mptr<T>(out), n, approximate);
+  });
+  check_launch("gelu_backward");
+}
+
+void cast(const Array& x, Array& out) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_device(x.dtype(), "cast", [&](auto in_tag) {
+    using I = decltype(in_tag);
+    dispatch_device(out.dtype(), "cast", [&](auto out_tag) {
+      using O = decltype(out_tag);
+      cast_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<I>(x), mptr<O>(out), n);
+    });
+  });
+  check_launch("cast");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,101 @@
+// Fused softmax cross-entropy over the last axis, one block per row, with the CPU kernel's
+// formulas (loss_kernels.h): log-sum-exp in double from f32 exponentials, label smoothing,
+// ignored rows 0. Labels were validated by the caller.
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+template <class T, class I>
+__global__ void cross_entropy_forward_kernel(const T* x, const I* labels, int64_t ignore_index, float smoothing,
+                                             float* loss, float* lse, int64_t c) {
+  __shared__ float fshared[32];
+  __shared__ double dshared[32];
+  const int64_t i = blockIdx.x;
+  const T* row = x + i * c;
+  float m = -INFINITY;
+  for (int64_t k = threadIdx.x; k < c; k += blockDim.x) m = fmaxf(m, to_f32(row[k]));
+  m = block_max(m, fshared);
+  double s = 0, sx = 0;
+  for (int64_t k = threadIdx.x; k < c; k += blockDim.x) {
+    const float v = to_f32(row[k]);
+    s += double(expf(v - m));
+    sx += double(v);
+  }
+  s = block_sum(s, dshared);
+  sx = block_sum(sx, dshared);
+  if (threadIdx.x != 0) return;
+  const double l = double(m) + ::log(s);
+  lse[i] = float(l);
+  const int64_t y = int64_t(labels[i]);
+  if (y == ignore_index) {
+    loss[i] = 0.0f;
+    return;
+  }
+  const double nll = l - double(to_f32(row[y]));
+  const double smooth = smoothing > 0.0f ? l - sx / double(c) : 0.0;
+  loss[i] = float((1.0 - smoothing) * nll + (smoothing > 0.0f ? smoothing * smooth : 0.0));
+}
+
+template <class T, class I>
+__global__ void cross_entropy_backward_kernel(const T* x, const I* labels, const float* lse, const float* row_scale,
+                                              int64_t ignore_index, float smoothing, T* grad, int64_t n, int64_t c) {
+  const float off = smoothing / float(c), hit = 1.0f - smoothing;
+  MT_GRID_LOOP(e, n * c) {
+    const int64_t i = e / c, k = e % c;
+    const int64_t y = int64_t(labels[i]);
+    if (y == ignore_index) {
+      grad[e] = from_f32<T>(0.0f);
+      continue;
+    }
+    float v = expf(to_f32(x[e]) - lse[i]) - off;
+    if (k == y) v -= hit;
+    grad[e] = from_f32<T>(v * row_scale[i]);
+  }
+}
+
+template <class F>
+void dispatch_labels(const Array& labels, F&& f) {
+  if (labels.dtype() == DType::i32) f(int32_t{});
+  else if (labels.dtype() == DType::i64) f(int64_t{});
+  else throw Error(detail::concat("[cross_entropy] labels must be i32 or i64, got ", labels.str()));
+}
+
+}  // namespace
+
+void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, Array& loss,
+                           Array& lse) {
+  const int64_t c = logits.shape()[logits.ndim() - 1];
+  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+  if (n == 0) return;
+  dispatch_device_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_labels(labels, [&](auto itag) {
+      using I = decltype(itag);
+      cross_entropy_forward_kernel<<<unsigned(n), c <= 128 ? 128 : 512, 0, stream()>>>(
+          ptr<T>(logits), ptr<I>(labels), ignore_index, smoothing, mptr<float>(loss), mptr<float>(lse), c);
+    });
+  });
+  check_launch("cross_entropy");
+}
+
+void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse, const Array& row_scale,
+                            int64_t ignore_index, float smoothing, Array& grad) {
+  const int64_t c = logits.shape()[logits.ndim() - 1];
+  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+  if (n == 0) return;
+  dispatch_device_float(logits.dtype(), "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_labels(labels, [&](auto itag) {
+      using I = decltype(itag);
+      cross_entropy_backward_kernel<<<blocks_for(n * c), kThreads, 0, stream()>>>(
+          ptr<T>(logits), ptr<I>(labels), ptr<float>(lse), ptr<float>(row_scale), ignore_index, smoothing,
+          mptr<T>(grad), n, c);
+    });
+  });
+  check_launch("cross_entropy_backward");
+}
+
+}  // namespace mt::cuda

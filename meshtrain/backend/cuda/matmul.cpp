@@ -1,0 +1,140 @@
+// Batched GEMM through cuBLASLt. Row-major C = op(A) op(B) is computed as the column-major
+// product C^T = op(B)^T op(A)^T, i.e. with the operands swapped and no copies. f32 is true
+// f32 unless the run allows TF32; 16-bit inputs accumulate in f32. Descriptors and the
+// heuristic's algorithm are cached per shape, so a training step only executes.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+using cpu::MatmulDType;
+
+namespace {
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(detail::concat("[matmul] cuBLASLt ", what, " failed: cublasStatus_t ", int(s)));
+}
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<Key, Plan> plans;
+  std::mutex mutex;
+};
+
+Lt& lt() {
+  static Lt* s = [] {
+    auto* l = new Lt();  // leaked: lives as long as the process's stream
+    check_lt(cublasLtCreate(&l->handle), "create");
+    check(cudaMalloc(&l->workspace, kWorkspaceBytes), "matmul workspace");
+    return l;
+  }();
+  return *s;
+}
+
+cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  check_lt(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld), "layout");
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "layout");
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+             "layout");
+  }
+  return l;
+}
+
+// Column-major view: first operand = B (N x K, or K x N stored), second = A.
+Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
+               bool ta, bool tb, bool tf32) {
+  cudaDataType_t in = CUDA_R_32F, out = CUDA_R_32F;
+  if (dtype == MatmulDType::bf16) in = out = CUDA_R_16BF;
+  if (dtype == MatmulDType::f16) in = out = CUDA_R_16F;
+  if (dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16) in = CUDA_R_16BF;
+  const cublasComputeType_t compute =
+      dtype == MatmulDType::f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  Plan p;
+  check_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "descriptor");
+  const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "descriptor");
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+           "descriptor");
+  // B row-major (K, N) is column-major N x K (ld N); stored transposed (N, K) it is K x N (ld K).
+  p.a = tb ? layout(in, K, N, K, batch, batch_b == 1 ? 0 : N * K) : layout(in, N, K, N, batch, batch_b == 1 ? 0 : N * K);
+  p.b = ta ? layout(in, M, K, M, batch, batch_a == 1 ? 0 : M * K) : layout(in, K, M, K, batch, batch_a == 1 ? 0 : M * K);
+  p.c = layout(out, N, M, N, batch, M * N);
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                                                sizeof(kWorkspaceBytes)),
+           "preference");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t s =
+      cublasLtMatmulAlgoGetHeuristic(lt().handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s == CUBLAS_STATUS_SUCCESS && found > 0) {
+    p.algo = result.algo;
+    p.found = true;
+  }
+  return p;
+}
+
+}  // namespace
+
+void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, bool tf32) {
+  if (batch == 0 || M == 0 || N == 0) return;
+  const bool out_f32 = dtype == MatmulDType::f32 || dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16;
+  if (K == 0) {  // an empty contraction is a zero product
+    if (!accumulate)
+      check(cudaMemsetAsync(c, 0, size_t(batch * M * N) * (out_f32 ? 4 : 2), stream()), "matmul");
+    return;
+  }
+  Array a16, b16;
+  if (dtype == MatmulDType::f32_as_bf16) {
+    // Operands rounded to bf16 in staging buffers (never in the caller's arrays).
+    const int64_t na = batch_a * M * K, nb = batch_b * K * N;
+    a16 = Array::empty({na}, DType::bf16, Device::cuda(active_device()));
+    b16 = Array::empty({nb}, DType::bf16, Device::cuda(active_device()));
+    round_f32_to_bf16(static_cast<const float*>(a), a16.raw(), na);
+    round_f32_to_bf16(static_cast<const float*>(b), b16.raw(), nb);
+    a = a16.raw();
+    b = b16.raw();
+  }
+  Lt& l = lt();
+  const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32};
+  const Plan* plan;
+  {
+    std::lock_guard<std::mutex> lock(l.mutex);
+    auto it = l.plans.find(key);
+    if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32)).first;
+    plan = &it->second;
+  }
+  MT_CHECK(plan->found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
+           " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_lt(cublasLtMatmul(l.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c, plan->c,
+                          &plan->algo, l.workspace, kWorkspaceBytes, stream()),
+           "matmul");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,68 @@
+// The CUDA backend's stand-in in builds without CUDA (MESHTRAIN_CUDA=OFF, or no nvcc): no GPU
+// is ever visible, so Device::parse refuses "cuda" with a clear message and no array can reach
+// these kernels; they throw all the same, in case one is called directly.
+#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/core/device.h"
+#include "meshtrain/core/error.h"
+
+namespace mt {
+
+namespace {
+[[noreturn]] void no_cuda() { throw Error("[cuda] meshtrain was built without CUDA (configure with -DMESHTRAIN_CUDA=ON)"); }
+
+class NoCudaRuntime final : public DeviceRuntime {
+ public:
+  int device_count() const override { return 0; }
+  std::string describe(int) const override { return "none"; }
+  std::shared_ptr<void> allocate(int, size_t) const override { no_cuda(); }
+  void copy_to_host(void*, const void*, size_t) const override { no_cuda(); }
+  void copy_from_host(void*, const void*, size_t) const override { no_cuda(); }
+  void copy_on_device(void*, const void*, size_t) const override { no_cuda(); }
+  void fill_bytes(void*, const void*, size_t, size_t) const override { no_cuda(); }
+  void synchronize() const override {}
+  DeviceMemoryStats memory_stats(int) const override { no_cuda(); }
+  void reset_peak(int) const override { no_cuda(); }
+};
+}  // namespace
+
+const DeviceRuntime& cuda_runtime() {
+  static const NoCudaRuntime runtime;
+  return runtime;
+}
+
+namespace cuda {
+void unary(cpu::UnaryOp, const Array&, Array&) { no_cuda(); }
+void binary(cpu::BinaryOp, const Array&, const Array&, Array&) { no_cuda(); }
+void where(const Array&, const Array&, const Array&, Array&) { no_cuda(); }
+void relu_backward(const Array&, const Array&, Array&) { no_cuda(); }
+void gelu_backward(const Array&, const Array&, bool, Array&) { no_cuda(); }
+void cast(const Array&, Array&) { no_cuda(); }
+void strided_copy(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                  const std::vector<int64_t>&, size_t) { no_cuda(); }
+void reduce(cpu::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void argmax(const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, bool) { no_cuda(); }
+void causal_softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, float) { no_cuda(); }
+void norm_forward(bool, const Array&, const Array&, const Array&, double, Array&, Array&, Array&) { no_cuda(); }
+void norm_backward(bool, const Array&, const Array&, const Array&, const Array&, const Array&, Array&, Array*, Array*) {
+  no_cuda();
+}
+void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
+void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
+void check_indices(const Array&, int64_t, const char*, const std::string&) { no_cuda(); }
+void take(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void scatter_add(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void take_along_axis(const Array&, const Array&, Array&, int) { no_cuda(); }
+void scatter_add_along_axis(const Array&, const Array&, Array&, int) { no_cuda(); }
+void top_k(const Array&, Array&, Array&, int64_t, int64_t, int64_t, int64_t) { no_cuda(); }
+void one_hot(const Array&, Array&, int64_t) { no_cuda(); }
+void dropout(const Array&, Array&, const RngKey&, double, const cpu::StreamBlock&) { no_cuda(); }
+void adam_moments(const Array&, const Array&, const Array&, const cpu::AdamHyper&, Array&) { no_cuda(); }
+void adam_direction(const Array&, const Array&, const Array*, const cpu::AdamHyper&, Array&) { no_cuda(); }
+void matmul(cpu::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+            bool, bool, bool) {
+  no_cuda();
+}
+}  // namespace cuda
+
+}  // namespace mt

@@ -1,0 +1,163 @@
+// Layer norm (center) and RMS norm over the last dim of x viewed as (N, C), forward and the
+// first-order backward from the saved statistics, with the CPU kernel's arithmetic:
+// statistics in f32 from double sums, two-pass variance, weight/bias gradients summed per
+// 64-row chunk and then over chunks in order (deterministic).
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int64_t kRowChunk = 64;
+
+int64_t row_count(const Array& x) { return x.ndim() == 0 ? 1 : x.numel() / x.dim(-1); }
+
+template <class W>
+__device__ inline float param_or(const W* p, int64_t i, float absent) {
+  return p ? to_f32(p[i]) : absent;
+}
+
+template <class T, class W>
+__global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W* b, double eps, T* y, float* mean,
+                                   float* rstd, int64_t c) {
+  __shared__ double shared[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * c;
+  double s = 0;
+  if (center) {
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += double(to_f32(xr[i]));
+    s = block_sum(s, shared);
+  }
+  const float mu = center ? float(s / double(c)) : 0.0f;
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    const double d = double(to_f32(xr[i])) - double(mu);
+    ss += d * d;
+  }
+  ss = block_sum(ss, shared);
+  const float rs = float(1.0 / sqrt(ss / double(c) + eps));
+  if (threadIdx.x == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  T* yr = y + r * c;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x)
+    yr[i] = from_f32<T>((to_f32(xr[i]) - mu) * rs * param_or(w, i, 1.0f) + param_or(b, i, 0.0f));
+}
+
+template <class T, class W>
+__global__ void norm_backward_dx_kernel(bool center, const T* g, const T* x, const W* w, const float* mean,
+                                        const float* rstd, T* dx, int64_t c) {
+  __shared__ double shared[32];
+  const int64_t r = blockIdx.x;
+  const float mu = center ? mean[r] : 0.0f, rs = rstd[r];
+  const T* xr = x + r * c;
+  const T* gr = g + r * c;
+  double sum_gy = 0, sum_gy_xhat = 0;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs;
+    const float gy = to_f32(gr[i]) * param_or(w, i, 1.0f);
+    sum_gy += gy;
+    sum_gy_xhat += double(gy) * xhat;
+  }
+  sum_gy = block_sum(sum_gy, shared);
+  sum_gy_xhat = block_sum(sum_gy_xhat, shared);
+  const float a = center ? float(sum_gy / double(c)) : 0.0f;
+  const float bcoef = float(sum_gy_xhat / double(c));
+  T* dxr = dx + r * c;
+  for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+    const float xhat = (to_f32(xr[i]) - mu) * rs;
+    const float gy = to_f32(gr[i]) * param_or(w, i, 1.0f);
+    dxr[i] = from_f32<T>(rs * (gy - a - xhat * bcoef));
+  }
+}
+
+// part_w/part_b: (chunks, C) double partial sums of g·xhat and g over 64-row chunks.
+template <class T>
+__global__ void norm_param_partials_kernel(bool center, const T* g, const T* x, const float* mean, const float* rstd,
+                                           double* part_w, double* part_b, int64_t n, int64_t c) {
+  const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= c) return;
+  const int64_t ch = blockIdx.x, r0 = ch * kRowChunk, r1 = min(n, r0 + kRowChunk);
+  double sw = 0, sb = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float gv = to_f32(g[r * c + i]);
+    const float xhat = (to_f32(x[r * c + i]) - (center ? mean[r] : 0.0f)) * rstd[r];
+    sw += double(gv) * xhat;
+    sb += gv;
+  }
+  if (part_w) part_w[ch * c + i] = sw;
+  if (part_b) part_b[ch * c + i] = sb;
+}
+
+template <class O>
+__global__ void sum_chunks_kernel(const double* part, O* out, int64_t chunks, int64_t c) {
+  MT_GRID_LOOP(i, c) {
+    double s = 0;
+    for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * c + i];
+    out[i] = from_f32<O>(float(s));
+  }
+}
+
+template <class F>
+void dispatch_x_w(const Array& x, const Array& w, const Array& b, const char* op, F&& f) {
+  const DType param = w.defined() ? w.dtype() : b.defined() ? b.dtype() : DType::f32;
+  dispatch_device_float(x.dtype(), op, [&](auto xt) { dispatch_device_float(param, op, [&](auto wt) { f(xt, wt); }); });
+}
+
+int norm_threads(int64_t c) { return c <= 64 ? 64 : c <= 128 ? 128 : c <= 256 ? 256 : 512; }
+
+}  // namespace
+
+void norm_forward(bool center, const Array& x, const Array& weight, const Array& bias, double eps, Array& y,
+                  Array& mean, Array& rstd) {
+  const char* op = center ? "layer_norm" : "rms_norm";
+  const int64_t c = x.dim(-1), n = row_count(x);
+  if (n * c == 0) return;
+  dispatch_x_w(x, weight, bias, op, [&](auto xt, auto wt) {
+    using T = decltype(xt);
+    using W = decltype(wt);
+    norm_forward_kernel<<<unsigned(n), norm_threads(c), 0, stream()>>>(
+        center, ptr<T>(x), weight.defined() ? ptr<W>(weight) : nullptr, bias.defined() ? ptr<W>(bias) : nullptr, eps,
+        mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), c);
+  });
+  check_launch(op);
+}
+
+void norm_backward(bool center, const Array& g, const Array& x, const Array& weight, const Array& mean,
+                   const Array& rstd, Array& dx, Array* dweight, Array* dbias) {
+  const char* op = center ? "layer_norm" : "rms_norm";
+  const int64_t c = x.dim(-1), n = row_count(x);
+  if (n * c == 0) return;
+  dispatch_x_w(x, weight, Array(), op, [&](auto xt, auto wt) {
+    using T = decltype(xt);
+    using W = decltype(wt);
+    norm_backward_dx_kernel<<<unsigned(n), norm_threads(c), 0, stream()>>>(
+        center, ptr<T>(g), ptr<T>(x), weight.defined() ? ptr<W>(weight) : nullptr, ptr<float>(mean), ptr<float>(rstd),
+        mptr<T>(dx), c);
+    check_launch(op);
+    if (!dweight && !dbias) return;
+    const int64_t chunks = (n + kRowChunk - 1) / kRowChunk;
+    // Scratch for double partial sums: 8-byte elements (there is no f64 dtype; i64 has the size).
+    Array part_w = dweight ? Array::empty({chunks, c}, DType::i64, x.device()) : Array();
+    Array part_b = dbias ? Array::empty({chunks, c}, DType::i64, x.device()) : Array();
+    double* pw = dweight ? static_cast<double*>(part_w.raw()) : nullptr;
+    double* pb = dbias ? static_cast<double*>(part_b.raw()) : nullptr;
+    const dim3 grid(unsigned(chunks), unsigned((c + kThreads - 1) / kThreads));
+    norm_param_partials_kernel<<<grid, kThreads, 0, stream()>>>(center, ptr<T>(g), ptr<T>(x), ptr<float>(mean),
+                                                                ptr<float>(rstd), pw, pb, n, c);
+    check_launch(op);
+    auto finish = [&](const double* part, Array& out) {
+      dispatch_device_float(out.dtype(), op, [&](auto ot) {
+        using O = decltype(ot);
+        sum_chunks_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(part, mptr<O>(out), chunks, c);
+      });
+      check_launch(op);
+    };
+    if (dweight) finish(pw, *dweight);
+    if (dbias) finish(pb, *dbias);
+  });
+}
+
+}  // namespace mt::cuda

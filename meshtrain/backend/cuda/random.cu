@@ -1,0 +1,82 @@
+// Dropout on the GPU from the same Philox 4x32-10 stream as core/rng: element i of the
+// (global) array keeps its value when uniform_at(key, i) >= rate, so masks are bit-identical
+// to the CPU's for the same key, whatever the device or the sharding.
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
+  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = uint32_t(p1);
+    c2 = n2;
+    c3 = uint32_t(p0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return lane == 0 ? c0 : lane == 1 ? c1 : lane == 2 ? c2 : c3;
+}
+
+// Where local elements sit in the global array: local dims, global strides, block offsets.
+struct BlockMap {
+  int ndim = 0;  // 0: the array is the whole global array
+  int64_t local[kMaxDims] = {};
+  int64_t global_stride[kMaxDims] = {};
+  int64_t offset[kMaxDims] = {};
+};
+
+__device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
+  if (b.ndim == 0) return uint64_t(i);
+  int64_t g = 0;
+  for (int d = b.ndim - 1; d >= 0; --d) {
+    const int64_t c = i % b.local[d];
+    i /= b.local[d];
+    g += (c + b.offset[d]) * b.global_stride[d];
+  }
+  return uint64_t(g);
+}
+
+template <class T>
+__global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id, double rate,
+                               float scale, BlockMap map) {
+  MT_GRID_LOOP(i, n) {
+    const uint64_t g = global_index(map, i);
+    const uint32_t u = philox_word(g / 4, uint32_t(g % 4), seed, stream_id);
+    const float uniform = float(u >> 8) * (1.0f / 16777216.0f);
+    out[i] = double(uniform) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
+  }
+}
+
+}  // namespace
+
+void dropout(const Array& x, Array& out, const RngKey& key, double rate, const cpu::StreamBlock& block) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  BlockMap map;
+  if (!block.global_dims.empty() && x.ndim() > 0) {
+    MT_CHECK(x.ndim() <= kMaxDims, "[dropout] more than ", kMaxDims, " dims on the GPU");
+    const std::vector<int64_t> gs = Shape(block.global_dims).strides();
+    map.ndim = x.ndim();
+    for (int d = 0; d < x.ndim(); ++d) {
+      map.local[d] = x.dim(d);
+      map.global_stride[d] = gs[size_t(d)];
+      map.offset[d] = block.offsets[size_t(d)];
+    }
+  }
+  const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream, rate,
+                                                             scale, map);
+  });
+  check_launch("dropout");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,75 @@
+// The one layout kernel (transpose, slice, broadcast, pad, concatenate are all this copy):
+// a dims-shaped block read with source strides, written with destination strides.
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+template <class W>
+__global__ void strided_copy_kernel(const W* src, W* dst, int64_t n, Strided s) {
+  MT_GRID_LOOP(i, n) {
+    int64_t rem = i, so = 0, d_off = 0;
+    for (int d = s.ndim - 1; d >= 0; --d) {
+      const int64_t c = rem % s.dims[d];
+      rem /= s.dims[d];
+      so += c * s.strides[0][d];
+      d_off += c * s.strides[1][d];
+    }
+    dst[d_off] = src[so];
+  }
+}
+
+bool row_major(const std::vector<int64_t>& strides, const std::vector<int64_t>& dims) {
+  int64_t expect = 1;
+  for (size_t d = dims.size(); d-- > 0;) {
+    if (dims[d] != 1 && strides[d] != expect) return false;
+    expect *= dims[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+void strided_copy(const void* src, const std::vector<int64_t>& src_strides, void* dst,
+                  const std::vector<int64_t>& dst_strides, const std::vector<int64_t>& dims, size_t elem_size) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  if (n == 0) return;
+  if (row_major(src_strides, dims) && row_major(dst_strides, dims)) {
+    check(cudaMemcpyAsync(dst, src, size_t(n) * elem_size, cudaMemcpyDeviceToDevice, stream()), "strided copy");
+    return;
+  }
+  // Drop size-1 dims (their strides never matter) and merge dims contiguous in both layouts.
+  Strided s;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d] == 1) continue;
+    if (s.ndim > 0 && s.strides[0][s.ndim - 1] == src_strides[d] * dims[d] &&
+        s.strides[1][s.ndim - 1] == dst_strides[d] * dims[d]) {
+      s.dims[s.ndim - 1] *= dims[d];
+      s.strides[0][s.ndim - 1] = src_strides[d];
+      s.strides[1][s.ndim - 1] = dst_strides[d];
+      continue;
+    }
+    MT_CHECK(s.ndim < kMaxDims, "[strided_copy] more than ", kMaxDims, " dims on the GPU");
+    s.dims[s.ndim] = dims[d];
+    s.strides[0][s.ndim] = src_strides[d];
+    s.strides[1][s.ndim] = dst_strides[d];
+    ++s.ndim;
+  }
+  auto launch = [&](auto tag) {
+    using W = decltype(tag);
+    strided_copy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(static_cast<const W*>(src), static_cast<W*>(dst), n, s);
+  };
+  switch (elem_size) {
+    case 1: launch(uint8_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 8: launch(uint64_t{}); break;
+    default: throw Error(detail::concat("[strided_copy] unsupported element size ", elem_size));
+  }
+  check_launch("strided_copy");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,84 @@
+#pragma once
+// Where an array's buffer lives: the host (cpu) or one CUDA GPU. Placement is explicit, as in
+// PyTorch: arrays are created on the current device, ops run where their inputs are, and an
+// op whose inputs sit on different devices is an error naming both (no silent copies).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mt {
+
+struct Device {
+  enum class Kind : uint8_t { cpu, cuda };
+  Kind kind = Kind::cpu;
+  int index = 0;
+
+  static Device cpu() { return {}; }
+  static Device cuda(int index = 0) { return {Kind::cuda, index}; }
+  bool is_cpu() const { return kind == Kind::cpu; }
+  bool is_cuda() const { return kind == Kind::cuda; }
+  bool operator==(const Device& o) const { return kind == o.kind && (kind == Kind::cpu || index == o.index); }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const;  // "cpu", "cuda:0"
+
+  // "cpu", "cuda", "cuda:N", or "auto" (the first GPU when one is visible, else the CPU).
+  // Throws mt::Error naming the text, and for a GPU that is not there (or a build without
+  // CUDA) what is available.
+  static Device parse(const std::string& text);
+};
+
+// The device new arrays are created on: a DeviceScope's device on this thread if one is
+// active, else the process default (the CPU until set_default_device).
+Device current_device();
+Device default_device();
+void set_default_device(Device device);
+
+// Makes `device` current on this thread for its lifetime (the dispatcher runs each kernel
+// under its inputs' device, so the kernel's outputs land beside them).
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  bool had_previous_;
+  Device previous_;
+};
+
+// Memory statistics of one GPU's caching allocator.
+struct DeviceMemoryStats {
+  size_t bytes_in_use = 0;       // held by live arrays
+  size_t peak_bytes_in_use = 0;  // since the last reset_peak
+  size_t bytes_reserved = 0;     // taken from the driver by the pool (in use + cached)
+  uint64_t allocations = 0;      // requests served
+};
+
+// What core needs from a GPU runtime: memory and copies. Implemented by backend/cuda (or by
+// its no-CUDA stand-in, which reports no GPUs and fails every call with a clear message).
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual int device_count() const = 0;  // 0 without a GPU or without CUDA in the build
+  virtual std::string describe(int index) const = 0;  // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"
+  // Stream-ordered device memory; throws mt::Error (out of memory: what is in use and
+  // reserved) — the caller adds the array's shape.
+  virtual std::shared_ptr<void> allocate(int index, size_t bytes) const = 0;
+  virtual void copy_to_host(void* host, const void* device, size_t bytes) const = 0;  // waits for the result
+  virtual void copy_from_host(void* device, const void* host, size_t bytes) const = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) const = 0;
+  virtual void fill_bytes(void* device, const void* pattern, size_t pattern_bytes, size_t count) const = 0;
+  virtual void synchronize() const = 0;  // waits for every kernel enqueued so far
+  virtual DeviceMemoryStats memory_stats(int index) const = 0;
+  virtual void reset_peak(int index) const = 0;
+};
+// Defined by meshtrain/backend/cuda (device_runtime.cpp with CUDA, no_cuda.cpp without).
+const DeviceRuntime& cuda_runtime();
+
+// Waits for the device's queued work (a no-op on the CPU): before timing, or before a host
+// thread reads device memory by another path.
+void synchronize(Device device);
+
+}  // namespace mt

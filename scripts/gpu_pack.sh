@@ -1,0 +1,40 @@
+#!/bin/sh
+# Packs what the GPU machine needs to run meshtrain's GPU tests and benchmark into one
+# archive, .gpu/meshtrain-gpu.tar.xz (DESIGN §11): the meshtrain binary, the GPU test and
+# bench binaries (stripped), their non-system shared libraries (oneDNN, Open MPI, utf8proc,
+# sentencepiece, ...; the CUDA libraries are the GPU machine's own), the data the GPU tests
+# read, and scripts/gpu_run.sh. Build first (cmake --build build). On the GPU machine:
+#   tar -xJf .gpu/meshtrain-gpu.tar.xz -C /tmp && /tmp/meshtrain-gpu/gpu_run.sh [test|bench|all]
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-$root/build}
+data=${DATA:-$root/../shared/data}
+stage=$root/.gpu/meshtrain-gpu
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/data/text" "$stage/data/models" "$stage/data/glue"
+
+bins="$build/apps/meshtrain/meshtrain $(ls "$build"/tests/gpu_*_test 2>/dev/null || true)"
+[ -x "$build/bench/model_step_bench" ] && bins="$bins $build/bench/model_step_bench"
+for b in $bins; do
+  cp "$b" "$stage/bin/"
+  strip --strip-unneeded "$stage/bin/$(basename "$b")"
+done
+[ -f "$root/bench/torch_model_step.py" ] && cp "$root/bench/torch_model_step.py" "$stage/bin/"
+[ -f "$root/bench/gpu_compare_pytorch.py" ] && cp "$root/bench/gpu_compare_pytorch.py" "$stage/bin/"
+
+# Shared libraries the binaries need, except the C/C++ runtime (the GPU machine's is newer)
+# and CUDA's (the GPU machine has its toolkit and driver).
+for b in $bins; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libstdc++*|libgcc_s*|libdl.so*|libpthread*|librt.so*|ld-linux*|libz.so*|libcuda*|libcublas*|libudev*) ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
+  esac
+done
+
+cp "$data/text/tinyshakespeare.txt" "$stage/data/text/"
+cp -r "$data/models/hf-tiny-bert" "$stage/data/models/"
+cp -r "$data/glue/MRPC" "$stage/data/glue/"
+cp "$root/scripts/gpu_run.sh" "$stage/"
+tar -C "$root/.gpu" -cJf "$root/.gpu/meshtrain-gpu.tar.xz" meshtrain-gpu
+rm -rf "$stage"
+ls -la "$root/.gpu/meshtrain-gpu.tar.xz"

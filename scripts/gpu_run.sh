@@ -1,0 +1,45 @@
+#!/bin/sh
+# Runs the packed GPU tests and/or benchmark on the GPU machine (see scripts/gpu_pack.sh):
+#   gpu_run.sh test    the GPU test binaries (label gpu), then the sanitizer pass
+#   gpu_run.sh bench   bench/gpu_compare_pytorch.py: meshtrain and PyTorch side by side
+#   gpu_run.sh all     both
+# Results (logs) go to $OUT when set, else ./gpu-results.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu-results}
+mkdir -p "$out"
+cuda_libs=/usr/local/cuda/lib64
+for d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, q, "lib") for p in nvidia.__path__ for q in os.listdir(p)))' 2>/dev/null); do
+  cuda_libs="$cuda_libs:$d"
+done
+export LD_LIBRARY_PATH="$here/lib:$cuda_libs:${LD_LIBRARY_PATH:-}"
+export MT_DATA_DIR="$here/data" MT_MESHTRAIN_BIN="$here/bin/meshtrain"
+mode=${1:-all}
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+if [ "$mode" = test ] || [ "$mode" = all ]; then
+  for t in "$here"/bin/gpu_*_test; do
+    name=$(basename "$t")
+    echo "== $name"
+    "$t" 2>&1 | tee "$out/$name.log" | grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error" | head -80
+    [ "${PIPESTATUS:-0}" = 0 ] || true
+    grep -q "\[  FAILED  \]" "$out/$name.log" && status=1
+  done
+  if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
+    echo "== compute-sanitizer --tool memcheck gpu_primitives_test"
+    # The out-of-memory test provokes a failed allocation on purpose: left out here.
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
+      --gtest_filter=-*OutOfMemory* \
+      > "$out/memcheck.log" 2>&1
+    rc=$?
+    tail -3 "$out/memcheck.log"
+    echo "memcheck exit $rc"
+    [ $rc = 0 ] || status=1
+  fi
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
+    python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+  fi
+fi
+exit $status

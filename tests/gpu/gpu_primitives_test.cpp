@@ -1,0 +1,115 @@
+// Every registered primitive on the GPU against its CPU kernel, on the cases of the
+// registry-driven harness (tests/support/primitive_cases): forward and every floating input's
+// VJP with the same cotangent. f32 within 1e-5 (relative, and 1e-5 of the largest magnitude
+// for sums that cancel); integer, index and mask results exact; bf16 within the CPU tests'
+// bf16 tolerance. A registered primitive that never ran on the GPU fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
+#include "tests/support/gpu.h"
+#include "tests/support/primitive_cases.h"
+
+namespace mt::testing {
+namespace {
+
+std::vector<Array> on(const std::vector<Array>& xs, Device d) {
+  std::vector<Array> out;
+  for (const Array& x : xs) out.push_back(x.defined() ? x.to(d) : x);
+  return out;
+}
+
+Tolerance gpu_tolerance(DType dtype, const Tolerance& case_tol) {
+  Tolerance t = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
+  t.atol = std::max(t.atol, case_tol.atol);
+  t.rtol = std::max(t.rtol, case_tol.rtol);
+  t.scaled_atol = std::max(t.scaled_atol, case_tol.scaled_atol);
+  return t;
+}
+
+TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  std::cout << "  GPU: " << cuda_runtime().describe(0) << "\n";
+  std::set<std::string> ran_on_gpu;
+  prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) {
+    if (e.output.defined() && e.output.device().is_cuda()) ran_on_gpu.insert(e.primitive.name());
+  });
+  for (const PrimitiveCase& c : primitive_cases()) {
+    SCOPED_TRACE(c.primitive);
+    const Array ref = c.fn(c.inputs);
+    Array ours;
+    {
+      DeviceScope scope(gpu);
+      ours = c.fn(on(c.inputs, gpu));
+    }
+    ASSERT_TRUE(ours.device() == gpu) << c.primitive << " returned an array on " << ours.device().str();
+    const Tolerance tol = gpu_tolerance(ref.dtype(), c.tol);
+    expect_close(ours.to(Device::cpu()), ref, tol, c.primitive + " forward, gpu vs cpu");
+    if (!c.grads || !is_floating(ref.dtype())) continue;
+    const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
+    const auto cpu_grads = vjp(c.fn, c.inputs, cot).second;
+    std::vector<Array> gpu_grads;
+    {
+      DeviceScope scope(gpu);
+      gpu_grads = vjp(c.fn, on(c.inputs, gpu), cot.to(gpu)).second;
+    }
+    ASSERT_EQ(cpu_grads.size(), gpu_grads.size());
+    for (size_t i = 0; i < cpu_grads.size(); ++i) {
+      if (!cpu_grads[i].defined()) continue;
+      ASSERT_TRUE(gpu_grads[i].defined()) << c.primitive << " input " << i << ": no gradient on the GPU";
+      expect_close(gpu_grads[i].to(Device::cpu()), cpu_grads[i], gpu_tolerance(cpu_grads[i].dtype(), c.tol),
+                   c.primitive + " vjp of input " + std::to_string(i) + ", gpu vs cpu");
+    }
+  }
+  prim::set_op_observer(previous);
+  int covered = 0;
+  for (const auto& p : prim::registered_primitives()) {
+    const bool distributed_only =
+        std::any_of(distributed_only_primitives().begin(), distributed_only_primitives().end(),
+                    [&](const DistributedOnly& d) { return d.primitive == p.name; });
+    if (distributed_only) continue;
+    EXPECT_TRUE(ran_on_gpu.count(p.name)) << "registered primitive '" << p.family << "/" << p.name
+                                          << "' never ran on the GPU in this harness";
+    covered += ran_on_gpu.count(p.name) ? 1 : 0;
+  }
+  std::cout << "  " << covered << " primitives ran on the GPU and equal the CPU kernels\n";
+}
+
+// Placement rules: mixed devices are an error naming the op and both devices; host reads copy.
+TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
+  MT_REQUIRE_GPU();
+  const Array a = Array::from_vector(std::vector<float>{1, 2, 3}, {3});
+  const Array b = a.to(Device::cuda(0));
+  EXPECT_TRUE(b.device().is_cuda());
+  EXPECT_EQ(b.to_floats(), (std::vector<float>{1, 2, 3}));
+  expect_error([&] { add(a, b); }, {"[add]", "different devices", "cpu", "cuda:0"});
+  const Array c = add(b, b);
+  EXPECT_TRUE(c.device().is_cuda());
+  EXPECT_EQ(c.to_floats(), (std::vector<float>{2, 4, 6}));
+  EXPECT_EQ(c.to(Device::cpu()).device(), Device::cpu());
+}
+
+// A bad index on the GPU is reported like on the CPU (position, value, shapes), never a crash.
+TEST(GpuPrimitives, BadIndicesAreReportedAsOnTheCpu) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Array table = random_normal({5, 3}, 1).to(gpu);
+  const Array ids = Array::from_vector(std::vector<int64_t>{0, 4, 7, 1}, {4}).to(gpu);
+  expect_error([&] { embedding(table, ids); }, {"index 7 out of range [0, 5)", "flat position 2"});
+}
+
+// Out of device memory is an error naming the array and what is in use, not a crash.
+TEST(GpuPrimitives, OutOfMemoryIsAnError) {
+  MT_REQUIRE_GPU();
+  expect_error([] { Array::empty({int64_t(1) << 40}, DType::f32, Device::cuda(0)); },
+               {"f32(1099511627776", "out of GPU memory", "in use", "batch size"});
+  const Array still_works = Array::full({4}, 1.0, DType::f32, Device::cuda(0));
+  EXPECT_EQ(still_works.to_floats(), (std::vector<float>{1, 1, 1, 1}));
+}
+
+}  // namespace
+}  // namespace mt::testing
