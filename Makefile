@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: deps configure build demo test test-unit test-oracle bench clean
+.PHONY: deps configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -26,6 +26,14 @@ test-unit: build
 
 test-oracle: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L oracle
+
+# The GPU tests alone (label gpu; they skip, saying so, where no GPU is visible).
+test-gpu: build
+	cd $(BUILD) && ctest --output-on-failure -L gpu
+
+# The archive the GPU machine runs (scripts/gpu_pack.sh): binaries, their libraries, test data.
+gpu-pack: build
+	BUILD=$(BUILD) ./scripts/gpu_pack.sh
 
 bench: build
 	./$(BUILD)/bench/matmul_bench
