@@ -11,10 +11,13 @@ build=${BUILD:-$root/build}
 data=${DATA:-$root/../shared/data}
 stage=$root/.gpu/meshtrain-gpu
 rm -rf "$stage"
-mkdir -p "$stage/bin" "$stage/lib" "$stage/data/text" "$stage/data/models" "$stage/data/glue"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/data/text" "$stage/data/models" "$stage/data/glue" "$stage/data/tokenizers"
 
 bins="$build/apps/meshtrain/meshtrain $(ls "$build"/tests/gpu_*_test 2>/dev/null || true)"
 [ -x "$build/bench/model_step_bench" ] && bins="$bins $build/bench/model_step_bench"
+for e in text_classifier causal_lm maml; do
+  [ -x "$build/examples/example_$e" ] && bins="$bins $build/examples/example_$e"
+done
 for b in $bins; do
   cp "$b" "$stage/bin/"
   strip --strip-unneeded "$stage/bin/$(basename "$b")"
@@ -33,7 +36,8 @@ done
 
 cp "$data/text/tinyshakespeare.txt" "$stage/data/text/"
 cp -r "$data/models/hf-tiny-bert" "$stage/data/models/"
-cp -r "$data/glue/MRPC" "$stage/data/glue/"
+cp -r "$data/glue/MRPC" "$data/glue/SST-2" "$stage/data/glue/"
+cp "$data/tokenizers/bert-base-uncased-tokenizer.json" "$stage/data/tokenizers/"
 cp "$root/scripts/gpu_run.sh" "$stage/"
 tar -C "$root/.gpu" -cJf "$root/.gpu/meshtrain-gpu.tar.xz" meshtrain-gpu
 rm -rf "$stage"

@@ -2,7 +2,8 @@
 # Runs the packed GPU tests and/or benchmark on the GPU machine (see scripts/gpu_pack.sh):
 #   gpu_run.sh test    the GPU test binaries (label gpu), then the sanitizer pass
 #   gpu_run.sh bench   bench/gpu_compare_pytorch.py: meshtrain and PyTorch side by side
-#   gpu_run.sh all     both
+#   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
+#   gpu_run.sh all     tests and bench
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,6 +37,22 @@ if [ "$mode" = test ] || [ "$mode" = all ]; then
     echo "memcheck exit $rc"
     [ $rc = 0 ] || status=1
   fi
+fi
+if [ "$mode" = examples ]; then
+  for e in text_classifier causal_lm maml; do
+    [ -x "$here/bin/example_$e" ] || continue
+    echo "== example_$e"
+    case $e in
+      text_classifier) args="$here/data 60 400 /tmp/mt-examples/$e" ;;
+      causal_lm) args="$here/data 60 /tmp/mt-examples/$e" ;;
+      maml) args="300 /tmp/mt-examples/$e" ;;
+    esac
+    "$here/bin/example_$e" $args > "$out/example_$e.log" 2>&1
+    rc=$?
+    grep -E "device|loss|accuracy" "$out/example_$e.log" | tail -6
+    echo "example_$e exit $rc"
+    [ $rc = 0 ] || status=1
+  done
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then

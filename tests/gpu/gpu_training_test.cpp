@@ -130,5 +130,25 @@ TEST_F(GpuTraining, GreedyGenerationAndCheckpointsCrossDevices) {
   EXPECT_EQ(on_gpu.std_out, on_cpu.std_out) << "greedy ids differ between devices";
 }
 
+// Processes sharing one GPU (host-staged collectives) train like one process: data=2 and model=2.
+TEST_F(GpuTraining, TwoProcessesOnOneGpuEqualOne) {
+  MT_REQUIRE_GPU();
+  const std::string args = pretrain("gpt2") + "--device cuda ";
+  const fs::path one = dir_ / "one", data2 = dir_ / "data2", model2 = dir_ / "model2";
+  ASSERT_EQ(run_cli(args + "--output-dir " + one.string()).code, 0);
+  const char* ld = std::getenv("LD_LIBRARY_PATH");
+  const std::string mpirun = std::string(MT_MPIRUN) + " -np 2 -x OMP_NUM_THREADS=1" +
+                             (ld ? std::string(" -x LD_LIBRARY_PATH") : std::string()) + " " + meshtrain_bin() + " ";
+  // data=2: each process takes half of each batch of 8.
+  std::string dp = args;
+  dp.replace(dp.find("--per-device-batch-size 8"), 25, "--per-device-batch-size 4");
+  ASSERT_EQ(run_command(mpirun + dp + "--mesh data=2 --output-dir " + data2.string(), "mpirun -np 2 ... --mesh data=2").code, 0);
+  ASSERT_EQ(run_command(mpirun + args + "--model-shards 2 --output-dir " + model2.string(), "mpirun -np 2 ... --model-shards 2").code, 0);
+  const double dp_err = max_relative_loss_error(data2, one, 20), tp_err = max_relative_loss_error(model2, one, 20);
+  std::cout << "  [max err] 2 processes on one GPU vs 1, relative loss: data=2 " << dp_err << ", model=2 " << tp_err << "\n";
+  EXPECT_LE(dp_err, 1e-4);
+  EXPECT_LE(tp_err, 1e-4);
+}
+
 }  // namespace
 }  // namespace mt::testing
