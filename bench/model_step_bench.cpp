@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <map>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/minigpt.h"
 #include "meshtrain/models/pretrained.h"
+#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/gemm_peak.h"
 
 namespace {
@@ -169,6 +172,21 @@ int main(int argc, char** argv) {
     optim::Transform opt = optim::adamw(optim::constant_schedule(1e-4), 0.9, 0.999, 1e-8, 0.01);
     Params params = w.params, state = opt.init(params);
     w.params = Params{};
+    // MT_PROFILE_OPS=1: kernel seconds per primitive over the timed steps, on stderr (each
+    // observed GPU kernel is timed to completion, so the step itself is slower).
+    std::map<std::string, std::pair<double, int64_t>> op_time;
+    bool timing_ops = false;
+    const bool profile_ops = std::getenv("MT_PROFILE_OPS") != nullptr;
+    if (profile_ops)
+      prim::set_op_observer([&](const prim::OpEvent& e) {
+        if (!timing_ops) return;
+        std::string key = e.primitive.name();
+        if (key == "matmul" || key == "dropout" || key == "add" || key == "transpose")
+          for (const Array& x : e.inputs) key += " " + x.str();
+        auto& slot = op_time[key];
+        slot.first += e.seconds;
+        slot.second += 1;
+      });
     std::vector<double> times, optimizer_times;
     long faults_before = 0;
     double loss_first = 0, loss_last = 0;
@@ -177,6 +195,7 @@ int main(int argc, char** argv) {
     CachingAllocator& alloc = CachingAllocator::instance();
     for (int s = 0; s < warmup + steps; ++s) {
       if (s == std::max(warmup, 3)) faults_before = minor_faults();
+      timing_ops = s >= warmup;
       const auto t0 = std::chrono::steady_clock::now();
       alloc.reset_peak();
       auto [loss, grads] = value_and_grad([&](const Params& p) { return w.loss(p, RngKey{5, uint64_t(s)}); })(params);
@@ -192,6 +211,20 @@ int main(int argc, char** argv) {
       if (s == 0) loss_first = l;
       loss_last = l;
       if (s >= warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    if (profile_ops) {
+      std::vector<std::pair<double, std::string>> rows;
+      double total = 0;
+      for (const auto& [name, t] : op_time) {
+        rows.emplace_back(t.first, name);
+        total += t.first;
+      }
+      std::sort(rows.rbegin(), rows.rend());
+      std::fprintf(stderr, "kernel time per step by primitive (%s, %d steps): total %.1f ms\n", name.c_str(), steps,
+                   1e3 * total / steps);
+      for (const auto& [t, op] : rows)
+        std::fprintf(stderr, "  %-60s %8.2f ms  %5.1f %%  %6lld calls\n", op.c_str(), 1e3 * t / steps, 100 * t / total,
+                     (long long)(op_time[op].second / steps));
     }
     const int counted = warmup + steps - std::max(warmup, 3);
     std::sort(times.begin(), times.end());

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "meshtrain/backend/cpu/softmax_kernel.h"
+#include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
@@ -54,6 +55,14 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
   bool keeps_output() const override { return true; }
   // Masked probabilities are 0, so their gradient vanishes with them.
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    const Array& y = s.output;
+    if (!autodiff::grad_enabled() && g.shape() == y.shape() && g.dtype() == y.dtype() && y.numel() > 0) {
+      // First order: one fused pass per row. A recorded backward (second order) composes ops.
+      Array dx = Array::empty(y.shape(), y.dtype(), y.device());
+      const int64_t r = y.dim(-1);
+      MT_KERNEL(dx, softmax_backward, y, g, dx, y.numel() / r, r, float(scale_));
+      return {dx};
+    }
     Array yf = cast(s.output_for_vjp(), DType::f32);
     Array gf = cast(g, DType::f32);
     Array dx = mul(mul(yf, sub(gf, sum(mul(gf, yf), {-1}, true))), scale_);

@@ -71,12 +71,19 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   std::vector<Array> aux;
   Array out;
   std::chrono::steady_clock::time_point t0;
-  if (g_observer) t0 = std::chrono::steady_clock::now();
+  const Device device = device_of(*p, inputs);
+  // Observed GPU kernels are timed to completion (the queue drained before and after), so
+  // profiles show each kernel's time rather than its enqueue; unobserved runs stay async.
+  if (g_observer) {
+    synchronize(device);
+    t0 = std::chrono::steady_clock::now();
+  }
   {
     // Kernels allocate with Array::empty: their outputs land on their inputs' device.
-    DeviceScope scope(device_of(*p, inputs));
+    DeviceScope scope(device);
     out = p->run(inputs, info, aux);
   }
+  if (g_observer) synchronize(device);
   if (p->counts_model_flops()) g_model_flops.fetch_add(p->cost(inputs, info).flops, std::memory_order_relaxed);
   double seconds = 0;
   if (g_observer) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -93,6 +93,37 @@ TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
   EXPECT_EQ(c.to(Device::cpu()).device(), Device::cpu());
 }
 
+// Dropout masks are bit-identical to the CPU's for the same key, on the vectorized path (f32,
+// a multiple of 4 elements) and the scalar ones (odd sizes, bf16), and so are large reductions
+// and broadcasts (the split-row reduction, the bias and column broadcasts).
+TEST(GpuPrimitives, LargeShapesTakeTheFastPathsAndStillEqualTheCpu) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (const Shape& shape : {Shape{64, 1024}, Shape{7, 333}}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Array x = cast(random_normal(shape, 11), dtype);
+      const RngKey key{3, 9};
+      const Array cpu = dropout(x, 0.1, key, true);
+      Array on_gpu;
+      {
+        DeviceScope scope(gpu);
+        on_gpu = dropout(x.to(gpu), 0.1, key, true);
+      }
+      EXPECT_EQ(max_abs_diff(on_gpu.to(Device::cpu()), cpu), 0.0) << "dropout " << dtype_name(dtype) << shape.str();
+    }
+  }
+  const Array big = random_normal({4096, 768}, 12), bias = random_normal({768}, 13), column = random_normal({4096, 1}, 14);
+  DeviceScope scope(gpu);
+  expect_close(sum(big.to(gpu), {0}).to(Device::cpu()), sum(big, {0}), {1e-5, 1e-5, 1e-5}, "column sum of (4096, 768)");
+  EXPECT_EQ(max_abs_diff(add(big.to(gpu), bias.to(gpu)).to(Device::cpu()), add(big, bias)), 0.0) << "bias broadcast";
+  EXPECT_EQ(max_abs_diff(mul(big.to(gpu), column.to(gpu)).to(Device::cpu()), mul(big, column)), 0.0)
+      << "column broadcast";
+  EXPECT_EQ(max_abs_diff(transpose(reshape(big.to(gpu), {64, 64, 12, 64}), {0, 2, 1, 3}).to(Device::cpu()),
+                         transpose(reshape(big, {64, 64, 12, 64}), {0, 2, 1, 3})),
+            0.0)
+      << "head transpose";
+}
+
 // A bad index on the GPU is reported like on the CPU (position, value, shapes), never a crash.
 TEST(GpuPrimitives, BadIndicesAreReportedAsOnTheCpu) {
   MT_REQUIRE_GPU();

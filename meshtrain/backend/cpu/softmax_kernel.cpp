@@ -123,6 +123,25 @@ void causal_softmax_forward(const Array& x, Array& y, int64_t blocks, int64_t tq
   });
 }
 
+void softmax_backward(const Array& y, const Array& g, Array& dx, int64_t rows, int64_t r, float scale) {
+  dispatch_float(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* py = y.data<T>();
+    const T* pg = g.data<T>();
+    T* pd = dx.data<T>();
+#pragma omp parallel for if (rows * r > grain::row && rows > 1) schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const T* yr = py + row * r;
+      const T* gr = pg + row * r;
+      double dot = 0;
+      for (int64_t k = 0; k < r; ++k) dot += double(load_f32(gr[k]) * load_f32(yr[k]));
+      const float d = float(dot);
+      T* out = pd + row * r;
+      for (int64_t k = 0; k < r; ++k) out[k] = store_f32<T>(load_f32(yr[k]) * (load_f32(gr[k]) - d) * scale);
+    }
+  });
+}
+
 void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t inner, bool log) {
   dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
     using T = decltype(tag);

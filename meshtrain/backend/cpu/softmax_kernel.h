@@ -17,5 +17,11 @@ void softmax_forward(const Array& x,  // (outer, R, inner)
 void causal_softmax_forward(const Array& x,  // (blocks, tq, tk)
                             Array& y,        // (blocks, tq, tk)
                             int64_t blocks, int64_t tq, int64_t tk, float scale);
+// The first-order VJP of a row softmax from its output, fused: dx = scale · y · (g − Σ g·y)
+// per row (sums in double, arithmetic in f32). Masked (zero) probabilities give zero.
+void softmax_backward(const Array& y,  // (rows, R)
+                      const Array& g,  // (rows, R), y's dtype
+                      Array& dx,       // (rows, R), y's dtype
+                      int64_t rows, int64_t r, float scale);
 
 }  // namespace mt::cpu

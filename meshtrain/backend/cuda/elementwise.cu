@@ -88,6 +88,71 @@ __device__ inline int64_t offset_of(const Strided& s, int k, int64_t i) {
   return off;
 }
 
+// How an operand's offset follows from the flat output index: the common broadcasts (a
+// scalar, a bias repeated along rows, a column repeated along a row) cost one division at
+// most instead of one per dim.
+enum class Access : int { same, scalar, modulo, divide, general };
+struct OperandAccess {
+  Access mode[4] = {Access::same, Access::same, Access::same, Access::same};
+  int64_t m[4] = {1, 1, 1, 1};
+};
+
+__device__ inline int64_t operand_offset(const OperandAccess& a, const Strided& s, int k, int64_t i) {
+  switch (a.mode[k]) {
+    case Access::same: return i;
+    case Access::scalar: return 0;
+    case Access::modulo: return i % a.m[k];
+    case Access::divide: return i / a.m[k];
+    default: return offset_of(s, k, i);
+  }
+}
+
+OperandAccess access_for(const Strided& s, int operands) {
+  OperandAccess a;
+  std::vector<int64_t> contiguous(size_t(s.ndim), 1);
+  for (int d = s.ndim - 2; d >= 0; --d) contiguous[size_t(d)] = contiguous[size_t(d) + 1] * s.dims[d + 1];
+  for (int k = 0; k < operands; ++k) {
+    a.mode[k] = Access::general;
+    bool same = true, zero = true;
+    for (int d = 0; d < s.ndim; ++d) {
+      same = same && (s.strides[k][d] == contiguous[size_t(d)] || s.dims[d] == 1);
+      zero = zero && (s.strides[k][d] == 0 || s.dims[d] == 1);
+    }
+    if (same) {
+      a.mode[k] = Access::same;
+      continue;
+    }
+    if (zero) {
+      a.mode[k] = Access::scalar;
+      continue;
+    }
+    for (int p = 1; p < s.ndim; ++p) {
+      int64_t tail = 1;
+      for (int d = p; d < s.ndim; ++d) tail *= s.dims[d];
+      bool prefix_zero = true, suffix_contiguous = true, prefix_contiguous = true, suffix_zero = true;
+      for (int d = 0; d < p; ++d) {
+        prefix_zero = prefix_zero && s.strides[k][d] == 0;
+        prefix_contiguous = prefix_contiguous && s.strides[k][d] == contiguous[size_t(d)] / tail;
+      }
+      for (int d = p; d < s.ndim; ++d) {
+        suffix_contiguous = suffix_contiguous && s.strides[k][d] == contiguous[size_t(d)];
+        suffix_zero = suffix_zero && s.strides[k][d] == 0;
+      }
+      if (prefix_zero && suffix_contiguous) {
+        a.mode[k] = Access::modulo;
+        a.m[k] = tail;
+        break;
+      }
+      if (prefix_contiguous && suffix_zero) {
+        a.mode[k] = Access::divide;
+        a.m[k] = tail;
+        break;
+      }
+    }
+  }
+  return a;
+}
+
 Strided strided_for(const Shape& out, const std::vector<Shape>& inputs, const char* op) {
   const cpu::BroadcastPlan plan = cpu::make_broadcast_plan(out, inputs);
   MT_CHECK(plan.dims.size() <= size_t(kMaxDims), "[", op, "] more than ", kMaxDims,
@@ -107,18 +172,17 @@ __global__ void unary_kernel(UnaryOp op, const T* x, O* out, int64_t n) {
 }
 
 template <class T, class O>
-__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, O* out, int64_t n, Strided s, bool same) {
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, O* out, int64_t n, Strided s, OperandAccess acc) {
   MT_GRID_LOOP(i, n) {
-    const int64_t ia = same ? i : offset_of(s, 0, i), ib = same ? i : offset_of(s, 1, i);
+    const int64_t ia = operand_offset(acc, s, 0, i), ib = operand_offset(acc, s, 1, i);
     out[i] = store<O>(apply_binary(op, load(a[ia]), load(b[ib])));
   }
 }
 
 template <class T>
-__global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, int64_t n, Strided s, bool same) {
+__global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, int64_t n, Strided s, OperandAccess acc) {
   MT_GRID_LOOP(i, n) {
-    if (same) out[i] = c[i] ? a[i] : b[i];
-    else out[i] = c[offset_of(s, 0, i)] ? a[offset_of(s, 1, i)] : b[offset_of(s, 2, i)];
+    out[i] = c[operand_offset(acc, s, 0, i)] ? a[operand_offset(acc, s, 1, i)] : b[operand_offset(acc, s, 2, i)];
   }
 }
 
@@ -208,12 +272,13 @@ void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
   if (n == 0) return;
   const bool same = a.shape() == out.shape() && b.shape() == out.shape();
   const Strided s = same ? Strided{} : strided_for(out.shape(), {a.shape(), b.shape()}, cpu::binary_name(op));
+  const OperandAccess acc = same ? OperandAccess{} : access_for(s, 2);
   dispatch_device(a.dtype(), cpu::binary_name(op), [&](auto tag) {
     using T = decltype(tag);
     if (cpu::is_comparison(op))
-      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<bool>(out), n, s, same);
+      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<bool>(out), n, s, acc);
     else
-      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s, same);
+      binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s, acc);
   });
   check_launch(cpu::binary_name(op));
 }
@@ -223,10 +288,11 @@ void where(const Array& cond, const Array& a, const Array& b, Array& out) {
   if (n == 0) return;
   const bool same = cond.shape() == out.shape() && a.shape() == out.shape() && b.shape() == out.shape();
   const Strided s = same ? Strided{} : strided_for(out.shape(), {cond.shape(), a.shape(), b.shape()}, "where");
+  const OperandAccess acc = same ? OperandAccess{} : access_for(s, 3);
   dispatch_device(a.dtype(), "where", [&](auto tag) {
     using T = decltype(tag);
     where_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<bool>(cond), ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s,
-                                                            same);
+                                                            acc);
   });
   check_launch("where");
 }

@@ -36,6 +36,7 @@ void argmax(const Array& x, Array& out, int64_t outer, int64_t r, int64_t inner)
 // ---- softmax and norms (softmax.cu, norm.cu) ----
 void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t inner, bool log);
 void causal_softmax_forward(const Array& x, Array& y, int64_t blocks, int64_t tq, int64_t tk, float scale);
+void softmax_backward(const Array& y, const Array& g, Array& dx, int64_t rows, int64_t r, float scale);
 void norm_forward(bool center, const Array& x, const Array& weight, const Array& bias, double eps, Array& y,
                   Array& mean, Array& rstd);
 void norm_backward(bool center, const Array& g, const Array& x, const Array& weight, const Array& mean,

@@ -43,6 +43,7 @@ void reduce(cpu::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no
 void argmax(const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, bool) { no_cuda(); }
 void causal_softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, float) { no_cuda(); }
+void softmax_backward(const Array&, const Array&, Array&, int64_t, int64_t, float) { no_cuda(); }
 void norm_forward(bool, const Array&, const Array&, const Array&, double, Array&, Array&, Array&) { no_cuda(); }
 void norm_backward(bool, const Array&, const Array&, const Array&, const Array&, const Array&, Array&, Array*, Array*) {
   no_cuda();

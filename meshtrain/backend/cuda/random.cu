@@ -8,22 +8,6 @@ namespace mt::cuda {
 
 namespace {
 
-__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
-  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
-    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
-    c0 = n0;
-    c1 = uint32_t(p1);
-    c2 = n2;
-    c3 = uint32_t(p0);
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return lane == 0 ? c0 : lane == 1 ? c1 : lane == 2 ? c2 : c3;
-}
-
 // Where local elements sit in the global array: local dims, global strides, block offsets.
 struct BlockMap {
   int ndim = 0;  // 0: the array is the whole global array
@@ -41,6 +25,60 @@ __device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
     g += (c + b.offset[d]) * b.global_stride[d];
   }
   return uint64_t(g);
+}
+
+__device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stream_id, uint32_t (&w)[4]) {
+  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = uint32_t(p1);
+    c2 = n2;
+    c3 = uint32_t(p0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+}
+
+__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
+  uint32_t w[4];
+  philox_block(block, seed, stream_id, w);
+  return w[lane];
+}
+
+// The whole array (not a block of a sharded one): one Philox block gives the 4 uniforms of
+// elements 4b .. 4b+3, so each thread computes it once for its 4 elements.
+template <class T>
+__global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id, double rate,
+                                     float scale) {
+  MT_GRID_LOOP(b, (n + 3) / 4) {
+    uint32_t w[4];
+    philox_block(uint64_t(b), seed, stream_id, w);
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t i = b * 4 + lane;
+      if (i >= n) break;
+      const float uniform = float(w[lane] >> 8) * (1.0f / 16777216.0f);
+      out[i] = double(uniform) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
+    }
+  }
+}
+
+// f32 with 16-byte aligned buffers: each thread's 4 elements move as one vector.
+__global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t n4, uint64_t seed, uint64_t stream_id,
+                                           double rate, float scale) {
+  MT_GRID_LOOP(b, n4) {
+    uint32_t w[4];
+    philox_block(uint64_t(b), seed, stream_id, w);
+    const float4 v = x[b];
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    float o[4];
+    for (int lane = 0; lane < 4; ++lane)
+      o[lane] = double(float(w[lane] >> 8) * (1.0f / 16777216.0f)) >= rate ? in[lane] * scale : 0.0f;
+    out[b] = make_float4(o[0], o[1], o[2], o[3]);
+  }
 }
 
 template <class T>
@@ -73,8 +111,17 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const c
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
   dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
-    dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream, rate,
-                                                             scale, map);
+    const bool vector4 = std::is_same_v<T, float> && n % 4 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+    if (map.ndim == 0 && vector4)
+      dropout_whole_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(
+          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, rate, scale);
+    else if (map.ndim == 0)
+      dropout_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed,
+                                                                               key.stream, rate, scale);
+    else
+      dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream, rate,
+                                                               scale, map);
   });
   check_launch("dropout");
 }

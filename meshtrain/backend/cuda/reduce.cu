@@ -1,5 +1,6 @@
 // Reductions of x viewed as (outer, R, inner) along R. Floating sums accumulate in double, as
 // the CPU kernel does, so long reductions agree to the f32 rounding of the result.
+#include <algorithm>
 #include <cfloat>
 
 #include "meshtrain/backend/cuda/device_types.cuh"
@@ -65,6 +66,31 @@ __global__ void reduce_columns_kernel(ReduceOp op, const T* x, T* out, int64_t o
     const int64_t o = c / inner, i = c % inner;
     A acc = reduce_init<A>(op);
     for (int64_t k = 0; k < r; ++k) acc = reduce_combine(op, acc, reduce_load(x[(o * r + k) * inner + i]));
+    out[c] = reduce_store<T>(acc);
+  }
+}
+
+// inner > 1 with few columns (a bias gradient: (rows, C) summed over rows): R is split into
+// `splits` chunks so the GPU has enough blocks; each block writes one partial per column.
+template <class T>
+__global__ void reduce_columns_partial_kernel(ReduceOp op, const T* x, acc_t<T>* part, int64_t outer, int64_t r,
+                                              int64_t inner, int64_t chunk) {
+  using A = acc_t<T>;
+  const int64_t cols = outer * inner;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t o = c / inner, i = c % inner, k0 = int64_t(blockIdx.y) * chunk, k1 = min(r, k0 + chunk);
+  A acc = reduce_init<A>(op);
+  for (int64_t k = k0; k < k1; ++k) acc = reduce_combine(op, acc, reduce_load(x[(o * r + k) * inner + i]));
+  part[int64_t(blockIdx.y) * cols + c] = acc;
+}
+// The partials of each column combined in chunk order (deterministic).
+template <class T>
+__global__ void reduce_partials_kernel(ReduceOp op, const acc_t<T>* part, T* out, int64_t cols, int64_t splits) {
+  using A = acc_t<T>;
+  MT_GRID_LOOP(c, cols) {
+    A acc = reduce_init<A>(op);
+    for (int64_t j = 0; j < splits; ++j) acc = reduce_combine(op, acc, part[j * cols + c]);
     out[c] = reduce_store<T>(acc);
   }
 }
@@ -139,9 +165,20 @@ void reduce(ReduceOp op, const Array& x, Array& out, int64_t outer, int64_t r, i
   }
   dispatch_device(x.dtype(), "reduce", [&](auto tag) {
     using T = decltype(tag);
-    if (inner == 1 && r >= 64)
+    const int64_t cols = outer * inner, col_blocks = (cols + kThreads - 1) / kThreads;
+    // Enough blocks for every SM a few times over, each chunk at least 16 rows long.
+    const int64_t splits = std::min<int64_t>(std::max<int64_t>(1, 1024 / col_blocks), std::max<int64_t>(1, r / 16));
+    if (inner == 1 && r >= 64) {
       reduce_rows_kernel<<<unsigned(outer), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<T>(out), r);
-    else
+    } else if (splits > 1) {
+      const int64_t chunk = (r + splits - 1) / splits, used = (r + chunk - 1) / chunk;
+      // 8-byte partials (double or int64); there is no f64 dtype, i64 has the size.
+      Array part = Array::empty({used, cols}, DType::i64, x.device());
+      auto* pp = static_cast<acc_t<T>*>(part.raw());
+      reduce_columns_partial_kernel<<<dim3(unsigned(col_blocks), unsigned(used)), kThreads, 0, stream()>>>(
+          op, ptr<T>(x), pp, outer, r, inner, chunk);
+      reduce_partials_kernel<<<blocks_for(cols), kThreads, 0, stream()>>>(op, pp, mptr<T>(out), cols, used);
+    } else
       reduce_columns_kernel<<<blocks_for(outer * inner), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<T>(out), outer, r,
                                                                                    inner);
   });

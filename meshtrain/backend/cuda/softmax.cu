@@ -57,7 +57,30 @@ __global__ void softmax_columns_kernel(const T* x, T* y, int64_t outer, int64_t 
   }
 }
 
+template <class T>
+__global__ void softmax_backward_kernel(const T* y, const T* g, T* dx, int64_t r, float scale) {
+  __shared__ double shared[32];
+  const int64_t row = blockIdx.x;
+  const T* yr = y + row * r;
+  const T* gr = g + row * r;
+  double dot = 0;
+  for (int64_t k = threadIdx.x; k < r; k += blockDim.x) dot += double(to_f32(gr[k]) * to_f32(yr[k]));
+  const float d = float(block_sum(dot, shared));
+  T* out = dx + row * r;
+  for (int64_t k = threadIdx.x; k < r; k += blockDim.x) out[k] = from_f32<T>(to_f32(yr[k]) * (to_f32(gr[k]) - d) * scale);
+}
+
 }  // namespace
+
+void softmax_backward(const Array& y, const Array& g, Array& dx, int64_t rows, int64_t r, float scale) {
+  if (rows * r == 0) return;
+  dispatch_device_float(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    softmax_backward_kernel<<<unsigned(rows), row_threads(r), 0, stream()>>>(ptr<T>(y), ptr<T>(g), mptr<T>(dx), r,
+                                                                             scale);
+  });
+  check_launch("softmax_backward");
+}
 
 void softmax_forward(const Array& x, Array& y, int64_t outer, int64_t r, int64_t inner, bool log) {
   if (outer * r * inner == 0) return;

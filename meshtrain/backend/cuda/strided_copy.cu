@@ -7,15 +7,18 @@ namespace mt::cuda {
 
 namespace {
 
-template <class W>
-__global__ void strided_copy_kernel(const W* src, W* dst, int64_t n, Strided s) {
-  MT_GRID_LOOP(i, n) {
-    int64_t rem = i, so = 0, d_off = 0;
+// I: the index type; 32-bit when every offset fits (its divisions are several times cheaper).
+template <class W, class I>
+__global__ void strided_copy_kernel(const W* src, W* dst, I n, Strided s) {
+  I dims[kMaxDims], ss[kMaxDims], ds[kMaxDims];
+  for (int d = 0; d < s.ndim; ++d) dims[d] = I(s.dims[d]), ss[d] = I(s.strides[0][d]), ds[d] = I(s.strides[1][d]);
+  for (I i = I(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    I rem = i, so = 0, d_off = 0;
     for (int d = s.ndim - 1; d >= 0; --d) {
-      const int64_t c = rem % s.dims[d];
-      rem /= s.dims[d];
-      so += c * s.strides[0][d];
-      d_off += c * s.strides[1][d];
+      const I c = rem % dims[d];
+      rem /= dims[d];
+      so += c * ss[d];
+      d_off += c * ds[d];
     }
     dst[d_off] = src[so];
   }
@@ -58,9 +61,21 @@ void strided_copy(const void* src, const std::vector<int64_t>& src_strides, void
     s.strides[1][s.ndim] = dst_strides[d];
     ++s.ndim;
   }
+  // Every offset either side reaches is below the span of its strides.
+  int64_t span_src = 1, span_dst = 1;
+  for (int d = 0; d < s.ndim; ++d) {
+    span_src += (s.dims[d] - 1) * s.strides[0][d];
+    span_dst += (s.dims[d] - 1) * s.strides[1][d];
+  }
+  const bool fits_32 = n < (int64_t(1) << 31) && span_src < (int64_t(1) << 31) && span_dst < (int64_t(1) << 31);
   auto launch = [&](auto tag) {
     using W = decltype(tag);
-    strided_copy_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(static_cast<const W*>(src), static_cast<W*>(dst), n, s);
+    if (fits_32)
+      strided_copy_kernel<W, uint32_t><<<blocks_for(n), kThreads, 0, stream()>>>(
+          static_cast<const W*>(src), static_cast<W*>(dst), uint32_t(n), s);
+    else
+      strided_copy_kernel<W, int64_t><<<blocks_for(n), kThreads, 0, stream()>>>(static_cast<const W*>(src),
+                                                                                 static_cast<W*>(dst), n, s);
   };
   switch (elem_size) {
     case 1: launch(uint8_t{}); break;
