@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
     const std::string precision = argc > 6 ? argv[6] : "f32";
     const Remat remat = parse_remat(argc > 7 ? argv[7] : "none");
     const Device device = Device::parse(argc > 8 ? argv[8] : "cpu");
+    // MT_ATTENTION=fused: the flash-style kernels instead of the composed attention.
+    if (const char* a = std::getenv("MT_ATTENTION")) set_attention_kernel(attention_kernel_from_name(a));
     set_default_device(device);
     MatmulPrecisionScope scope(matmul_precision_from_name(precision));
     Workload w = make_workload(name, B, T, remat);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "meshtrain/ops/attention.h"
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/dist/communicator.h"
@@ -55,6 +56,11 @@ void add_device_flag(CLI::App* cmd, std::string& device) {
 
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_device_flag(cmd, f.device);
+  cmd->add_option("--attention", f.attention,
+                  "causal attention on the GPU: composed (GEMMs + fused softmax) or fused (flash-style: no T x T "
+                  "probabilities in memory, slower for now)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"composed", "fused"}));
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
   cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
       ->capture_default_str()
@@ -97,6 +103,7 @@ train::Deployer make_deployer(const RunFlags& f) {
   o.n_model_shards = f.model_shards;
   o.workdir = f.output_dir;
   o.device = f.device;
+  set_attention_kernel(attention_kernel_from_name(f.attention));
   train::Deployer deployer(o);
   for (const std::string& axis : deployer.mesh().axis_names())
     MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",

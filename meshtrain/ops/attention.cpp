@@ -1,8 +1,10 @@
 #include "meshtrain/ops/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
+#include "meshtrain/backend/cpu/attention_kernel.h"
 #include "meshtrain/backend/cpu/softmax_kernel.h"
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
@@ -18,7 +20,7 @@
 
 namespace mt {
 
-MT_REGISTER_PRIMITIVES("attention", {"causal_softmax"});
+MT_REGISTER_PRIMITIVES("attention", {"causal_softmax", "flash_attention"});
 
 Array causal_mask(int64_t tq, int64_t tk) {
   Array m = Array::empty({tq, tk}, DType::boolean, Device::cpu());
@@ -83,6 +85,94 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
 
 }  // namespace
 
+namespace {
+
+// softmax(scale · q kᵀ, causal) (dropout) v over (B, H, T, D) arrays, fused: the probabilities
+// are never stored (aux keeps the rows' log-sum-exps); the first-order backward recomputes
+// them. Under nested differentiation the VJP differentiates the composed form, so gradients
+// of gradients stay exact. Heads are already repeated for grouped-query attention.
+class FlashAttentionPrimitive final : public prim::Primitive {
+ public:
+  FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key)
+      : scale_(scale), causal_(causal), rate_(rate), key_(key) {}
+  const char* name() const override { return "flash_attention"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    const Array &q = in[0], &k = in[1], &v = in[2];
+    MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) &&
+                 q.dim(3) == k.dim(3) && q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()),
+             "[flash_attention] expects floating (B, H, Tq, D) q and (B, H, Tk, D) k, v of one dtype, got q ", q.str(),
+             ", k ", k.str(), ", v ", v.str());
+    MT_CHECK(!causal_ || q.dim(2) <= k.dim(2), "[flash_attention] more queries (", q.dim(2), ") than keys (", k.dim(2),
+             ") under the causal mask");
+    return {q.shape(), q.dtype()};
+  }
+  cpu::FlashAttentionShape shape_of(const Array& q, const Array& k) const {
+    cpu::FlashAttentionShape s;
+    s.batch_heads = q.dim(0) * q.dim(1), s.tq = q.dim(2), s.tk = k.dim(2), s.d = q.dim(3);
+    s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
+    return s;
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>& aux) const override {
+    Array out = Array::empty(o.shape, o.dtype);
+    Array lse = Array::empty({in[0].dim(0) * in[0].dim(1) * in[0].dim(2)}, DType::f32);
+    MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], shape_of(in[0], in[1]), out, lse);
+    aux = {lse};
+    return out;
+  }
+  bool keeps_output() const override { return true; }
+  std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    const Array &q = s.inputs[0], &k = s.inputs[1], &v = s.inputs[2];
+    if (autodiff::grad_enabled()) {
+      // Recorded (second order): the composed backward, written with ops.
+      Array probs = causal_ ? causal_softmax(matmul(q, k, false, true), scale_)
+                            : softmax(mul(matmul(q, k, false, true), scale_), -1);
+      Array dropped = rate_ > 0 ? dropout(probs, rate_, key_, true) : probs;
+      Array dv = matmul(dropped, g, true, false);
+      Array dp = matmul(g, v, false, true);
+      if (rate_ > 0) dp = dropout(dp, rate_, key_, true);
+      Array ds = mul(mul(probs, sub(dp, sum(mul(dp, probs), {-1}, true))), scale_);
+      return {matmul(ds, k), matmul(ds, q, true, false), dv};
+    }
+    Array dq = Array::empty(q.shape(), q.dtype(), q.device()), dk = Array::empty(k.shape(), k.dtype(), k.device()),
+          dv = Array::empty(v.shape(), v.dtype(), v.device());
+    const Array gc = g.dtype() == q.dtype() ? g : cast(g, q.dtype());
+    MT_KERNEL(dq, flash_attention_backward, q, k, v, s.output, s.aux[0], gc, shape_of(q, k), dq, dk, dv);
+    return {dq, dk, dv};
+  }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo& o) const override {
+    const double bh = double(in[0].dim(0) * in[0].dim(1)), tq = double(in[0].dim(2)), tk = double(in[1].dim(2));
+    const double pairs = causal_ ? bh * tq * (tk - tq / 2) : bh * tq * tk;
+    return {4.0 * pairs * double(in[0].dim(3)), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
+  }
+  bool counts_model_flops() const override { return true; }
+
+ private:
+  double scale_;
+  bool causal_;
+  double rate_;
+  RngKey key_;
+};
+
+}  // namespace
+
+namespace {
+std::atomic<AttentionKernel> g_attention_kernel{AttentionKernel::composed};
+}  // namespace
+
+void set_attention_kernel(AttentionKernel kernel) { g_attention_kernel.store(kernel); }
+AttentionKernel attention_kernel() { return g_attention_kernel.load(); }
+AttentionKernel attention_kernel_from_name(const std::string& name) {
+  if (name == "composed") return AttentionKernel::composed;
+  if (name == "fused") return AttentionKernel::fused;
+  throw Error("[attention] expected composed or fused, got '" + name + "'");
+}
+
+Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal, double dropout_rate,
+                      const RngKey& dropout_key) {
+  MT_CHECK(q.defined() && k.defined() && v.defined(), "[flash_attention] undefined input array");
+  return prim::apply(std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key), {q, k, v});
+}
+
 Array causal_softmax(const Array& scores, double scale) {
   MT_CHECK(scores.defined(), "[causal_softmax] expects floating (..., Tq, Tk) scores, got undefined");
   return prim::apply(std::make_shared<CausalSoftmaxPrimitive>(scale), {scores});
@@ -132,6 +222,14 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
            " are not a multiple of key/value heads ", k.dim(1));
   const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
+  // With AttentionKernel::fused the common decoder case runs fused on the GPU (no (Tq, Tk)
+  // probabilities in memory); the CPU keeps the composed form, whose GEMMs oneDNN runs faster.
+  const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
+  if (attention_kernel() == AttentionKernel::fused && o.causal && !mask.defined() && !o.bias.defined() && tq <= tk &&
+      plain && q.device().is_cuda() &&
+      q.dim(3) == v.dim(3) && cuda::flash_attention_supported(q.dim(3)))
+    return flash_attention(q, repeat_heads(k, rep), repeat_heads(v, rep), scale, true,
+                           o.train ? o.dropout_rate : 0.0, o.dropout_key);
 
   Array raw = matmul(q, repeat_heads(k, rep), false, true);  // (B, H, Tq, Tk)
   Array probs;

@@ -17,6 +17,22 @@ struct AttentionOptions {
   Array bias{};
 };
 
+// softmax(scale · q kᵀ) v, fused (flash-style): q (B, H, Tq, D), k and v (B, H, Tk, D) (heads
+// already repeated), bottom-right causal mask when `causal`, dropout on the probabilities at
+// `dropout_rate` (0: none) with the masks dropout() would draw on the (B, H, Tq, Tk) array.
+// The probabilities are never stored. scaled_dot_product_attention uses it on the GPU.
+Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                      double dropout_rate = 0.0, const RngKey& dropout_key = {});
+
+// Which form scaled_dot_product_attention runs for causal attention without a mask or bias
+// on a GPU: `composed` (GEMMs, the fused causal softmax, dropout; the default: faster on an
+// H100 today) or `fused` (flash_attention: no (Tq, Tk) probabilities in memory, slower until
+// its kernels use tensor cores). Process-wide; the CPU always composes.
+enum class AttentionKernel { composed, fused };
+void set_attention_kernel(AttentionKernel kernel);
+AttentionKernel attention_kernel();
+AttentionKernel attention_kernel_from_name(const std::string& name);  // "composed" | "fused"
+
 // softmax(q kᵀ · scale + bias + mask) v over heads.
 // q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv) with H a multiple of Hkv
 // (grouped-query attention). mask: bool, broadcastable to (B, H, Tq, Tk), true = attend

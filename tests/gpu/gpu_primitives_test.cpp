@@ -124,6 +124,38 @@ TEST(GpuPrimitives, LargeShapesTakeTheFastPathsAndStillEqualTheCpu) {
       << "head transpose";
 }
 
+// The fused attention kernels at model sizes (several tiles, a causal offset, dropout, both
+// head-dim templates) against the CPU kernel: forward and the three gradients.
+TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const RngKey key{11, 4};
+  for (int64_t d : {64, 24}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::vector<Array> in = {cast(random_normal({2, 4, 130, d}, 21), dtype),
+                                     cast(random_normal({2, 4, 200, d}, 22), dtype),
+                                     cast(random_normal({2, 4, 200, d}, 23), dtype)};
+      auto fn = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, key); };
+      const Array cot = cast(random_normal({2, 4, 130, d}, 24), dtype);
+      const auto [ref, ref_grads] = vjp(fn, in, cot);
+      std::vector<Array> gin;
+      for (const Array& x : in) gin.push_back(x.to(gpu));
+      Array out;
+      std::vector<Array> grads;
+      {
+        DeviceScope scope(gpu);
+        std::tie(out, grads) = vjp(fn, gin, cot.to(gpu));
+      }
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
+      const std::string label = "flash_attention d=" + std::to_string(d) + " " + dtype_name(dtype);
+      expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
+      for (int i = 0; i < 3; ++i)
+        expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
+                     label + " d" + "qkv"[i] + ", gpu vs cpu");
+    }
+  }
+}
+
 // A bad index on the GPU is reported like on the CPU (position, value, shapes), never a crash.
 TEST(GpuPrimitives, BadIndicesAreReportedAsOnTheCpu) {
   MT_REQUIRE_GPU();

@@ -81,6 +81,38 @@ out = torch.softmax(s, -1).to(x0.dtype)
   EXPECT_THROW(causal_softmax(random_normal({2, 5, 3}, 1), 1.0), Error);  // more queries than keys
 }
 
+// The fused primitive (flash_attention: the CPU kernel here, the GPU kernel in tests/gpu)
+// equals the composed form with the same dropout masks: forward, first-order gradients, and
+// gradients of gradients (which take the composed backward).
+TEST(AttentionOracle, FlashAttentionEqualsTheComposedForm) {
+  const RngKey key{7, 3};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool causal : {true, false}) {
+      const std::vector<Array> in = {cast(random_normal({2, 3, 9, 16}, 1), dtype), cast(random_normal({2, 3, 11, 16}, 2), dtype),
+                                     cast(random_normal({2, 3, 11, 16}, 3), dtype)};
+      AttentionOptions o;
+      o.causal = causal, o.dropout_rate = 0.1, o.dropout_key = key, o.train = true;
+      auto composed = [o](const std::vector<Array>& x) { return scaled_dot_product_attention(x[0], x[1], x[2], Array(), o); };
+      auto fused = [causal, key](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 0.25, causal, 0.1, key);
+      };
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-6} : default_tolerance(dtype);
+      const std::string label = std::string(dtype_name(dtype)) + (causal ? " causal" : " full");
+      expect_close(fused(in), composed(in), tol, "flash_attention " + label + " forward");
+      const Array cot = cast(random_normal({2, 3, 9, 16}, 4), dtype);
+      const auto gf = vjp(fused, in, cot).second, gc = vjp(composed, in, cot).second;
+      for (int i = 0; i < 3; ++i) expect_close(gf[size_t(i)], gc[size_t(i)], tol, label + " d" + "qkv"[i]);
+      if (dtype != DType::f32) continue;
+      auto second = [&](const OpFn& f) {
+        return [&, f](const std::vector<Array>& x) { return vjp(f, x, cot).second[0]; };
+      };
+      const Array cot2 = random_normal({2, 3, 9, 16}, 5);
+      const auto sf = vjp(second(fused), in, cot2).second, sc = vjp(second(composed), in, cot2).second;
+      for (int i = 0; i < 3; ++i) expect_close(sf[size_t(i)], sc[size_t(i)], tol, label + " second order d" + "qkv"[i]);
+    }
+  }
+}
+
 TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {
   Array q = random_normal({1, 1, 2, 4}, 1), k = random_normal({1, 1, 3, 4}, 2), v = random_normal({1, 1, 3, 4}, 3);
   Array none = Array::zeros({1, 1, 1, 3}, DType::boolean);

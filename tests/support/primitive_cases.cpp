@@ -137,6 +137,15 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"causal_softmax", {rn({4, 3, 5}, 94)},
                [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.5); },
                "m = torch.ones(3, 5).tril(2).bool()\nout = torch.softmax((x0 * 0.5).masked_fill(~m, float('-inf')), -1)"});
+  // Fused attention: (B, H, Tq, D) with fewer queries than keys (the bottom-right causal mask),
+  // an odd head dim; and non-causal.
+  c.push_back({"flash_attention", {rn({2, 3, 5, 7}, 95), rn({2, 3, 6, 7}, 96), rn({2, 3, 6, 7}, 98)},
+               [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.4, true); },
+               "m = torch.ones(5, 6).tril(1).bool()\n"
+               "out = torch.softmax(((x0 @ x1.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ x2"});
+  c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
+               [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
+               "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});
   // One AdamW step at step 3 (bias corrections), as torch.optim.AdamW computes it: m', v',
   // then the update (p decayed by lr·wd).
   AdamStep adam;

@@ -133,6 +133,24 @@ __device__ inline T block_max(T v, T* shared) {
   return t;
 }
 
+// Philox 4x32-10 block `block` of the stream (seed, stream_id): the four words behind
+// elements 4·block .. 4·block+3 of core/rng's uniform sequence (uniform = (w >> 8) / 2^24).
+__device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stream_id, uint32_t (&w)[4]) {
+  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = uint32_t(p1);
+    c2 = n2;
+    c3 = uint32_t(p0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+}
+
 // Grid-stride loop over [0, n).
 #define MT_GRID_LOOP(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)

@@ -7,6 +7,7 @@
 // Without CUDA in the build these are defined by no_cuda.cpp and throw.
 #include <string>
 
+#include "meshtrain/backend/cpu/attention_kernel.h"
 #include "meshtrain/backend/cpu/elementwise.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/backend/cpu/optimizer_kernels.h"
@@ -41,6 +42,13 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
                   Array& mean, Array& rstd);
 void norm_backward(bool center, const Array& g, const Array& x, const Array& weight, const Array& mean,
                    const Array& rstd, Array& dx, Array* dweight, Array* dbias);
+
+// ---- fused attention (attention.cu) ----
+bool flash_attention_supported(int64_t head_dim);  // the GPU kernels take head dims up to 64
+void flash_attention_forward(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
+                             Array& out, Array& lse);
+void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                              const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
 
 // ---- loss (loss.cu) ----
 void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, Array& loss,

@@ -48,6 +48,14 @@ void norm_forward(bool, const Array&, const Array&, const Array&, double, Array&
 void norm_backward(bool, const Array&, const Array&, const Array&, const Array&, const Array&, Array&, Array*, Array*) {
   no_cuda();
 }
+bool flash_attention_supported(int64_t) { return false; }
+void flash_attention_forward(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&, Array&) {
+  no_cuda();
+}
+void flash_attention_backward(const Array&, const Array&, const Array&, const Array&, const Array&, const Array&,
+                              const cpu::FlashAttentionShape&, Array&, Array&, Array&) {
+  no_cuda();
+}
 void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
 void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
 void check_indices(const Array&, int64_t, const char*, const std::string&) { no_cuda(); }

@@ -27,22 +27,6 @@ __device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
   return uint64_t(g);
 }
 
-__device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stream_id, uint32_t (&w)[4]) {
-  uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
-  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
-    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
-    c0 = n0;
-    c1 = uint32_t(p1);
-    c2 = n2;
-    c3 = uint32_t(p0);
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
-}
-
 __device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
   uint32_t w[4];
   philox_block(block, seed, stream_id, w);

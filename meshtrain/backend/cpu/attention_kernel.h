@@ -1,0 +1,29 @@
+#pragma once
+// Fused (flash-style) attention on the CPU: the reference the GPU kernel is tested against,
+// and the CPU kernel of the flash_attention primitive. softmax(scale · q kᵀ) v per (batch·head)
+// with the bottom-right causal mask, optional dropout on the probabilities (the Philox stream
+// of `key` at the flat index of each probability in the (B·H, Tq, Tk) array, as dropout()),
+// without storing the probabilities: the backward recomputes them from the saved row
+// log-sum-exps.
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/rng.h"
+
+namespace mt::cpu {
+
+struct FlashAttentionShape {
+  int64_t batch_heads = 0, tq = 0, tk = 0, d = 0;  // q: (BH, Tq, D); k, v: (BH, Tk, D)
+  float scale = 1.0f;
+  bool causal = true;  // key j visible to query i when j <= i + (Tk - Tq)
+  double dropout_rate = 0.0;
+  RngKey dropout_key{};
+};
+
+// out (BH, Tq, D), q's dtype; lse (BH, Tq) f32 = log Σ_j exp(scale · q_i·k_j) over visible j.
+void flash_attention_forward(const Array& q, const Array& k, const Array& v, const FlashAttentionShape& s, Array& out,
+                             Array& lse);
+// First-order gradients from the output cotangent g (BH, Tq, D); dq/dk/dv have q/k/v's shapes
+// and dtype.
+void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                              const Array& g, const FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
+
+}  // namespace mt::cpu
