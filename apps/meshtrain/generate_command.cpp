@@ -12,9 +12,11 @@
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/models/generate.h"
+#include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::cli {
 namespace {
@@ -64,8 +66,9 @@ void run(const GenerateOptions& o) {
                                   ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
                                   : models::from_pretrained(o.model, po);
   apply_adapter(m, o.adapter, true);
-  MT_CHECK(m.is_causal_lm(), "[generate] ", o.model, ": model_type '", m.model_type,
-           "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), ")");
+  MT_CHECK(m.is_causal_lm() || m.is_seq2seq(), "[generate] ", o.model, ": model_type '", m.model_type,
+           "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), " or ",
+           models::model_types_text(models::ModelKind::seq2seq), ")");
   std::shared_ptr<tokenizers::Tokenizer> tok = m.tokenizer;
   if (!o.tokenizer.empty()) tok = tokenizers::load_tokenizer(o.tokenizer);
 
@@ -73,8 +76,13 @@ void run(const GenerateOptions& o) {
   const bool text_mode = o.prompt_ids.empty();
   if (text_mode) {
     MT_CHECK(tok != nullptr, "[generate] ", o.model, " has no tokenizer: pass --tokenizer PATH or use --prompt-ids");
-    tokenizers::Encoding e = tok->encode(o.prompt);
-    prompt.assign(e.ids.begin(), e.ids.end());
+    if (m.is_seq2seq()) {
+      // The source as the seq2seq command encodes it: the tokenizer's template, then </s>.
+      prompt = train::seq2seq_ids(*tok, o.prompt, int64_t(1) << 30, m.seq2seq_lm().eos_token_id);
+    } else {
+      tokenizers::Encoding e = tok->encode(o.prompt);
+      prompt.assign(e.ids.begin(), e.ids.end());
+    }
     MT_CHECK(!prompt.empty(), "[generate] the prompt '", o.prompt, "' encodes to no tokens");
   } else {
     prompt = parse_ids(o.prompt_ids, "--prompt-ids");
@@ -91,9 +99,17 @@ void run(const GenerateOptions& o) {
   g.seed = o.seed;
   g.stop_tokens = parse_ids(o.stop_ids, "--stop-ids");
   g.ignore_model_stop_tokens = o.no_stop;
-  models::CausalLm lm = m.causal_lm();
-  if (tok) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, tok->vocab_size()));
-  models::GenerationResult r = models::generate(lm, {prompt}, g);
+  models::GenerationResult r;
+  if (m.is_seq2seq()) {
+    // Encoder-decoders: the prompt is the source; the output is the decoder's tokens alone.
+    models::Seq2SeqLm lm = m.seq2seq_lm();
+    if (tok) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, tok->vocab_size()));
+    r = models::generate_seq2seq(lm, {prompt}, g);
+  } else {
+    models::CausalLm lm = m.causal_lm();
+    if (tok) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, tok->vocab_size()));
+    r = models::generate(lm, {prompt}, g);
+  }
   const std::vector<int64_t>& out = r.tokens[0];
 
   if (!text_mode) {
@@ -101,7 +117,8 @@ void run(const GenerateOptions& o) {
     std::cout << "\n";
     return;
   }
-  std::vector<int32_t> all(prompt.begin(), prompt.end());
+  std::vector<int32_t> all;
+  if (!m.is_seq2seq()) all.assign(prompt.begin(), prompt.end());
   all.insert(all.end(), out.begin(), out.end());
   std::cout << tok->decode(all, true) << "\n";
 }
@@ -110,7 +127,7 @@ void run(const GenerateOptions& o) {
 
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* cmd = app.add_subcommand("generate", "generate text from a HF model directory or a llama2.c .bin file");
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a decoder (HF directory, llama2.c .bin, meshtrain run), or a summary/translation from an encoder-decoder (T5, BART: --prompt is the source)");
   cmd->add_option("--model", o->model, "model directory (config.json + safetensors), llama2.c .bin, or a meshtrain run/checkpoint directory")->required();
   auto* text = cmd->add_option("--prompt", o->prompt, "prompt text (needs a tokenizer)");
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, e.g. \"1 2 3\" (prints ids)");

@@ -4,7 +4,9 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/spmd.h"
 #include "meshtrain/models/decoding.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace mt::models {
 
@@ -49,6 +51,18 @@ class Seq2SeqState final : public DecodingState {
 };
 
 }  // namespace
+
+Seq2SeqLm restrict_vocab(Seq2SeqLm lm, int64_t vocab_size) {
+  MT_CHECK(vocab_size > 0 && vocab_size <= lm.vocab_size, "[generate] cannot restrict a vocabulary of ", lm.vocab_size,
+           " to ", vocab_size);
+  if (vocab_size == lm.vocab_size) return lm;
+  auto decode = std::move(lm.decode);
+  lm.decode = [decode, vocab_size](const Array& d, const EncoderOutput& e, Seq2SeqCache* c) {
+    return slice(dist::to_host(decode(d, e, c)), 2, 0, vocab_size);
+  };
+  lm.vocab_size = vocab_size;
+  return lm;
+}
 
 std::pair<Array, Array> right_pad(const std::vector<std::vector<int64_t>>& sources, int64_t pad_token_id) {
   MT_CHECK(!sources.empty(), "[right_pad] no sources");

@@ -21,6 +21,10 @@ GenerationResult generate_seq2seq(const Seq2SeqLm& lm, const std::vector<std::ve
                                   const GenerationConfig& config = {});
 
 // Right-pads sources to the longest: ids (B, S) and mask (B, S) i64.
+// The model's logits cut to the first `vocab_size` ids (a vocabulary padded past the
+// tokenizer's never yields an id it cannot decode); vocabulary-sharded logits are gathered.
+Seq2SeqLm restrict_vocab(Seq2SeqLm lm, int64_t vocab_size);
+
 std::pair<Array, Array> right_pad(const std::vector<std::vector<int64_t>>& sources, int64_t pad_token_id);
 
 }  // namespace mt::models

@@ -76,15 +76,7 @@ PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, 
     models::Seq2SeqLm lm = m.seq2seq_lm();
     for (auto& src : sources)
       if (src.empty()) src.push_back(lm.eos_token_id);  // the Predictor's padding rows
-    if (vocab_limit > 0 && vocab_limit < lm.vocab_size) {
-      // A vocabulary padded past the tokenizer's ids never yields an id it cannot decode.
-      auto decode = lm.decode;
-      const int64_t v = vocab_limit;
-      lm.decode = [decode, v](const Array& d, const models::EncoderOutput& e, models::Seq2SeqCache* c) {
-        return slice(dist::to_host(decode(d, e, c)), 2, 0, v);
-      };
-      lm.vocab_size = v;
-    }
+    if (vocab_limit > 0 && vocab_limit < lm.vocab_size) lm = models::restrict_vocab(lm, vocab_limit);
     const models::GenerationResult r = models::generate_seq2seq(lm, sources, g);
     std::vector<int64_t> out(size_t(rows * g.max_new_tokens), -1);
     for (int64_t i = 0; i < rows; ++i)

@@ -87,6 +87,15 @@ TEST_F(Seq2SeqE2E, SmallT5AndBartLearnToSortWords) {
     }
     EXPECT_EQ(n, 64);
     EXPECT_NEAR(double(right) / n, j.at("exact_match").get<double>(), 1e-12);
+    // `generate` takes the saved encoder-decoder: --prompt is the source, the output is the
+    // decoder's text, the same as evaluation's beam search predicted for that row.
+    std::ifstream again(out / "predictions.jsonl");
+    std::getline(again, line);
+    const json first = json::parse(line);
+    CliRun g = run_cli("generate --model " + (out / "model").string() + " --tokenizer " + vocab_ + " --prompt \"" +
+                       first["source"].get<std::string>() + "\" --num-beams 2 --max-new-tokens 8");
+    ASSERT_EQ(g.code, 0) << g.out;
+    EXPECT_EQ(g.std_out, first["prediction"].get<std::string>() + "\n") << model;
   }
 }
 
