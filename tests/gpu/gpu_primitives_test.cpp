@@ -156,6 +156,32 @@ TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
   }
 }
 
+// More (batch · head) rows than a grid's y dimension holds (65535), and empty lengths.
+TEST(GpuPrimitives, FlashAttentionEdgeShapes) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (const auto& [qs, ks] : std::vector<std::pair<Shape, Shape>>{{{1100, 64, 2, 8}, {1100, 64, 3, 8}},
+                                                                   {{2, 2, 0, 8}, {2, 2, 5, 8}}}) {
+    const std::vector<Array> in = {random_normal(qs, 31), random_normal(ks, 32), random_normal(ks, 33)};
+    auto fn = [](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.3, true); };
+    const Array cot = random_normal(qs, 34);
+    const auto [ref, ref_grads] = vjp(fn, in, cot);
+    std::vector<Array> gin;
+    for (const Array& x : in) gin.push_back(x.to(gpu));
+    Array out;
+    std::vector<Array> grads;
+    {
+      DeviceScope scope(gpu);
+      std::tie(out, grads) = vjp(fn, gin, cot.to(gpu));
+    }
+    const Tolerance tol{1e-5, 1e-5, 1e-5};
+    expect_close(out.to(Device::cpu()), ref, tol, "flash_attention " + qs.str() + " forward");
+    for (int i = 0; i < 3; ++i)
+      expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
+                   "flash_attention " + qs.str() + " d" + "qkv"[i]);
+  }
+}
+
 // A bad index on the GPU is reported like on the CPU (position, value, shapes), never a crash.
 TEST(GpuPrimitives, BadIndicesAreReportedAsOnTheCpu) {
   MT_REQUIRE_GPU();

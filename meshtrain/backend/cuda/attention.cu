@@ -33,7 +33,7 @@ struct KeyRange {
   int64_t end, visible;
 };
 __device__ inline KeyRange key_range(int64_t tq, int64_t tk, bool causal, int64_t i, bool active) {
-  const int64_t offset = tk - tq, last_row = min(tq - 1, int64_t(blockIdx.x) * kTile + kTile - 1);
+  const int64_t offset = tk - tq, last_row = min(tq - 1, int64_t(blockIdx.y) * kTile + kTile - 1);
   return {causal ? min(tk, last_row + offset + 1) : tk, active ? (causal ? min(tk, i + offset + 1) : tk) : 0};
 }
 
@@ -51,12 +51,12 @@ __device__ inline void load_tile(float (*a)[MaxD], float (*b)[MaxD], const T* x,
   }
 }
 
-// Block: (query tile, batch·head); thread: one query row. MaxD: head dim bound (d <= MaxD).
+// Block: (batch·head, query tile); thread: one query row. MaxD: head dim bound (d <= MaxD).
 template <class T, int MaxD>
 __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t tq, int64_t tk, int d,
                                float scale, bool causal, Dropout dr) {
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
-  const int64_t bh = blockIdx.y, i = int64_t(blockIdx.x) * kTile + threadIdx.x;
+  const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
   const bool active = i < tq;
   float qr[MaxD], o[MaxD];
 #pragma unroll
@@ -99,7 +99,7 @@ __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float
     m = m_new;
   }
   if (!active) return;
-  const float inv = 1.0f / l;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no keys at all (Tk = 0): zeros, as the CPU
   for (int c = 0; c < d; ++c) out[(bh * tq + i) * d + c] = from_f32<T>(o[c] * inv);
   lse[bh * tq + i] = m + logf(l);
 }
@@ -114,14 +114,14 @@ __global__ void row_dot_kernel(const T* g, const T* out, float* dvec, int64_t ro
   }
 }
 
-// dK, dV. Block: (key tile, batch·head); thread: one key row, looping over the query tiles
+// dK, dV. Block: (batch·head, key tile); thread: one key row, looping over the query tiles
 // that can see it.
 template <class T, int MaxD>
 __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                    T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal, Dropout dr) {
   __shared__ float kself[kTile][MaxD + 1], vself[kTile][MaxD + 1];
   __shared__ float qs[kTile][MaxD], gs[kTile][MaxD], ls[kTile], ds_[kTile];
-  const int64_t bh = blockIdx.y, j = int64_t(blockIdx.x) * kTile + threadIdx.x, offset = tk - tq;
+  const int64_t bh = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
   const bool active = j < tk;
   for (int c = 0; c < MaxD; ++c) {
     kself[threadIdx.x][c] = active && c < d ? to_f32(k[(bh * tk + j) * d + c]) : 0.0f;
@@ -130,7 +130,7 @@ __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* 
   float dkr[MaxD], dvr[MaxD];
 #pragma unroll
   for (int c = 0; c < MaxD; ++c) dkr[c] = dvr[c] = 0.0f;
-  const int64_t first_key = int64_t(blockIdx.x) * kTile;
+  const int64_t first_key = int64_t(blockIdx.y) * kTile;
   // Query i sees key j when i >= j - offset.
   const int64_t first_query = causal ? max(int64_t(0), first_key - offset) : 0;
   for (int64_t i0 = first_query / kTile * kTile; i0 < tq; i0 += kTile) {
@@ -170,13 +170,13 @@ __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* 
   }
 }
 
-// dQ. Block: (query tile, batch·head); thread: one query row, looping over visible key tiles.
+// dQ. Block: (batch·head, query tile); thread: one query row, looping over visible key tiles.
 template <class T, int MaxD>
 __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                   T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal, Dropout dr) {
   __shared__ float qself[kTile][MaxD + 1], gself[kTile][MaxD + 1];
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
-  const int64_t bh = blockIdx.y, i = int64_t(blockIdx.x) * kTile + threadIdx.x;
+  const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
   const bool active = i < tq;
   for (int c = 0; c < MaxD; ++c) {
     qself[threadIdx.x][c] = active && c < d ? to_f32(q[(bh * tq + i) * d + c]) : 0.0f;
@@ -230,7 +230,7 @@ bool flash_attention_supported(int64_t head_dim) { return head_dim > 0 && head_d
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
-  const dim3 grid(unsigned((s.tq + kTile - 1) / kTile), unsigned(s.batch_heads));
+  const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
     dispatch_head_dim(s.d, [&](auto md) {
@@ -244,7 +244,11 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
 
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
-  if (s.batch_heads * s.tq == 0) return;
+  if (s.batch_heads * s.tq == 0 || s.tk == 0) {  // nothing attends: zero gradients, as the CPU
+    for (Array* a : {&dq, &dk, &dv})
+      if (a->nbytes() > 0) check(cudaMemsetAsync(a->raw(), 0, a->nbytes(), stream()), "flash_attention_backward");
+    return;
+  }
   Array dvec = Array::empty({s.batch_heads * s.tq}, DType::f32, q.device());
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
@@ -253,11 +257,11 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
                                                                                 int(s.d));
     dispatch_head_dim(s.d, [&](auto md) {
       constexpr int MaxD = decltype(md)::value;
-      const dim3 kv_grid(unsigned((s.tk + kTile - 1) / kTile), unsigned(s.batch_heads));
+      const dim3 kv_grid(unsigned(s.batch_heads), unsigned((s.tk + kTile - 1) / kTile));
       backward_kv_kernel<T, MaxD><<<kv_grid, kTile, 0, stream()>>>(
           ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(g), ptr<float>(lse), ptr<float>(dvec), mptr<T>(dk), mptr<T>(dv), s.tq,
           s.tk, int(s.d), s.scale, s.causal, dropout_of(s));
-      const dim3 q_grid(unsigned((s.tq + kTile - 1) / kTile), unsigned(s.batch_heads));
+      const dim3 q_grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
       backward_q_kernel<T, MaxD><<<q_grid, kTile, 0, stream()>>>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(g),
                                                                 ptr<float>(lse), ptr<float>(dvec), mptr<T>(dq), s.tq,
                                                                 s.tk, int(s.d), s.scale, s.causal, dropout_of(s));

@@ -44,7 +44,20 @@ Context& context_for(int index) {
   return *c;
 }
 
-Context& context() { return context_for(g_context ? g_context->device : 0); }
+// A thread's current CUDA device is its own: every thread that touches the GPU (the training
+// thread, data-loader threads) makes the process's device current once.
+Context& bound_context(int index) {
+  Context& c = context_for(index);
+  thread_local int t_device = -1;
+  if (t_device != c.device) {
+    check(cudaSetDevice(c.device), "cudaSetDevice");
+    t_device = c.device;
+  }
+  return c;
+}
+
+// The process's context, bound to the calling thread.
+Context& context() { return bound_context(g_context ? g_context->device : 0); }
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -61,18 +74,21 @@ class CudaRuntime final : public DeviceRuntime {
   }
   std::string describe(int index) const override {
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, index) != cudaSuccess) return "unknown GPU";
+    if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+      cudaGetLastError();  // not left for the next launch check to report
+      return "unknown GPU";
+    }
     return detail::concat(p.name, " (sm_", p.major, p.minor, ", ", double(p.totalGlobalMem) / double(1ull << 30),
                           " GiB)");
   }
   std::shared_ptr<void> allocate(int index, size_t bytes) const override {
-    Context& c = context_for(index);
+    Context& c = bound_context(index);
     void* p = nullptr;
     const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, c.pool, c.stream);
     if (e != cudaSuccess) {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
       throw Error(detail::concat("out of GPU memory (", cudaGetErrorString(e), ") asking for ", mib(bytes), ": ",
                                  mib(c.in_use.load()), " in use by arrays, ", mib(reserved(c)), " reserved by the pool, ",
                                  mib(free_b), " free of ", mib(total_b),
@@ -86,7 +102,9 @@ class CudaRuntime final : public DeviceRuntime {
     Context* cp = &c;
     return std::shared_ptr<void>(p, [cp, bytes](void* q) {
       cp->in_use.fetch_sub(bytes);
-      cudaFreeAsync(q, cp->stream);  // ordered after every kernel already enqueued that reads it
+      // Ordered after every kernel already enqueued that reads it. A failure (the runtime
+      // shutting down at exit) is cleared, not left for the next launch check.
+      if (cudaFreeAsync(q, cp->stream) != cudaSuccess) cudaGetLastError();
     });
   }
   void copy_to_host(void* host, const void* device, size_t bytes) const override {
@@ -119,7 +137,7 @@ class CudaRuntime final : public DeviceRuntime {
  private:
   static size_t reserved(Context& c) {
     uint64_t r = 0;
-    cudaMemPoolGetAttribute(c.pool, cudaMemPoolAttrReservedMemCurrent, &r);
+    if (cudaMemPoolGetAttribute(c.pool, cudaMemPoolAttrReservedMemCurrent, &r) != cudaSuccess) cudaGetLastError();
     return size_t(r);
   }
 };
