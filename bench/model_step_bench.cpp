@@ -119,30 +119,19 @@ long minor_faults() {
 
 }  // namespace
 
-// Best of `reps` n^3 products on the GPU (after one warm-up), GFLOP/s.
-double gpu_gemm_gflops(DType dtype, MatmulPrecision precision, int64_t n, int reps) {
+// The GEMM peak of the GPU for a dtype and matmul precision (8192^3 products).
+double gpu_gemm_gflops(DType dtype, MatmulPrecision precision, int reps) {
   MatmulPrecisionScope scope(precision);
-  const Device gpu = Device::cuda(0);
-  Array a = cast(random_normal(RngKey{1, 0}, {n, n}, DType::f32, 0.0, 1.0).to(gpu), dtype);
-  Array b = cast(random_normal(RngKey{2, 0}, {n, n}, DType::f32, 0.0, 1.0).to(gpu), dtype);
-  double best = 0;
-  for (int r = 0; r <= reps; ++r) {
-    synchronize(gpu);
-    const auto t0 = std::chrono::steady_clock::now();
-    Array c = matmul(a, b);
-    synchronize(gpu);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
-  }
-  return best;
+  DeviceScope on_gpu(Device::cuda(0));
+  return train::measure_gemm_gflops(dtype, 8192, reps, 1e9);
 }
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "peak" && std::string(argv[2]) == "cuda") {
     json out = {{"gpu", cuda_runtime().describe(0)},
-                {"gemm_f32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::f32, 8192, 3)},
-                {"gemm_tf32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::tf32, 8192, 5)},
-                {"gemm_bf16_gflops", gpu_gemm_gflops(DType::bf16, MatmulPrecision::f32, 8192, 10)}};
+                {"gemm_f32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::f32, 3)},
+                {"gemm_tf32_gflops", gpu_gemm_gflops(DType::f32, MatmulPrecision::tf32, 5)},
+                {"gemm_bf16_gflops", gpu_gemm_gflops(DType::bf16, MatmulPrecision::f32, 10)}};
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }

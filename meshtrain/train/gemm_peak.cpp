@@ -42,8 +42,10 @@ double measure_gemm_gflops(DType dtype, int64_t n, int max_runs, double budget_s
   matmul(a, b);  // warm-up: kernel creation, page faults, thread pool
   double best = 0, spent = 0;
   for (int i = 0; i < max_runs && spent < budget_s; ++i) {
+    synchronize(a.device());  // a GPU product is timed to its completion, not its enqueue
     const auto t0 = std::chrono::steady_clock::now();
     Array c = matmul(a, b);
+    synchronize(a.device());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spent += s;
     best = std::max(best, 2.0 * double(n) * double(n) * double(n) / s / 1e9);
@@ -59,6 +61,10 @@ std::string gemm_peak_cache_path() {
 }
 
 std::string gemm_peak_key(DType dtype) {
+  const Device device = current_device();
+  if (device.is_cuda())  // the GPU's rate, which also depends on the f32 matmul precision (tf32)
+    return cuda_runtime().describe(device.index) + " | " + matmul_precision_name(matmul_precision()) + " | " +
+           dtype_name(dtype);
   return cpu_model() + " | " + cpu::cpu_features().isa + " | " + std::to_string(omp_get_max_threads()) + " threads | " +
          dtype_name(dtype);
 }

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/cli_run.h"
+#include "tests/support/run_metrics.h"
 #include "tests/support/temp_dir.h"
 
 namespace mt::testing {
@@ -28,20 +29,6 @@ const std::string kShakespeare = std::string(MT_DATA_DIR) + "/text/tinyshakespea
 // A small, quick configuration: 64-token context, 8 sequences per step.
 const std::string kSmall = "pretrain --data " + kShakespeare +
                            " --seq-len 64 --eval-fraction 0.005 --sample-tokens 40 ";
-
-// Train losses by step from metrics.jsonl.
-std::map<int64_t, double> train_losses(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("split", "") != "train") continue;
-    const int64_t step = j["step"].get<int64_t>();
-    EXPECT_FALSE(out.count(step)) << run_dir << "/metrics.jsonl logs step " << step << " twice";
-    out[step] = j["loss"].get<double>();
-  }
-  return out;
-}
 
 class PretrainE2E : public TempDir {};
 

@@ -22,6 +22,14 @@ std::vector<Array> on(const std::vector<Array>& xs, Device d) {
   return out;
 }
 
+// fn's output and input cotangents for `cot`, computed on the GPU (inputs and cotangent moved
+// there).
+std::pair<Array, std::vector<Array>> vjp_on_gpu(const OpFn& fn, const std::vector<Array>& in, const Array& cot) {
+  const Device gpu = Device::cuda(0);
+  DeviceScope scope(gpu);
+  return vjp(fn, on(in, gpu), cot.to(gpu));
+}
+
 Tolerance gpu_tolerance(DType dtype, const Tolerance& case_tol) {
   Tolerance t = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
   t.atol = std::max(t.atol, case_tol.atol);
@@ -52,11 +60,7 @@ TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
     if (!c.grads || !is_floating(ref.dtype())) continue;
     const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
     const auto cpu_grads = vjp(c.fn, c.inputs, cot).second;
-    std::vector<Array> gpu_grads;
-    {
-      DeviceScope scope(gpu);
-      gpu_grads = vjp(c.fn, on(c.inputs, gpu), cot.to(gpu)).second;
-    }
+    const std::vector<Array> gpu_grads = vjp_on_gpu(c.fn, c.inputs, cot).second;
     ASSERT_EQ(cpu_grads.size(), gpu_grads.size());
     for (size_t i = 0; i < cpu_grads.size(); ++i) {
       if (!cpu_grads[i].defined()) continue;
@@ -128,7 +132,6 @@ TEST(GpuPrimitives, LargeShapesTakeTheFastPathsAndStillEqualTheCpu) {
 // head-dim templates) against the CPU kernel: forward and the three gradients.
 TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   const RngKey key{11, 4};
   for (int64_t d : {64, 24}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
@@ -138,14 +141,7 @@ TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
       auto fn = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, key); };
       const Array cot = cast(random_normal({2, 4, 130, d}, 24), dtype);
       const auto [ref, ref_grads] = vjp(fn, in, cot);
-      std::vector<Array> gin;
-      for (const Array& x : in) gin.push_back(x.to(gpu));
-      Array out;
-      std::vector<Array> grads;
-      {
-        DeviceScope scope(gpu);
-        std::tie(out, grads) = vjp(fn, gin, cot.to(gpu));
-      }
+      const auto [out, grads] = vjp_on_gpu(fn, in, cot);
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
       const std::string label = "flash_attention d=" + std::to_string(d) + " " + dtype_name(dtype);
       expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
@@ -159,21 +155,13 @@ TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
 // More (batch · head) rows than a grid's y dimension holds (65535), and empty lengths.
 TEST(GpuPrimitives, FlashAttentionEdgeShapes) {
   MT_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   for (const auto& [qs, ks] : std::vector<std::pair<Shape, Shape>>{{{1100, 64, 2, 8}, {1100, 64, 3, 8}},
                                                                    {{2, 2, 0, 8}, {2, 2, 5, 8}}}) {
     const std::vector<Array> in = {random_normal(qs, 31), random_normal(ks, 32), random_normal(ks, 33)};
     auto fn = [](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.3, true); };
     const Array cot = random_normal(qs, 34);
     const auto [ref, ref_grads] = vjp(fn, in, cot);
-    std::vector<Array> gin;
-    for (const Array& x : in) gin.push_back(x.to(gpu));
-    Array out;
-    std::vector<Array> grads;
-    {
-      DeviceScope scope(gpu);
-      std::tie(out, grads) = vjp(fn, gin, cot.to(gpu));
-    }
+    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
     const Tolerance tol{1e-5, 1e-5, 1e-5};
     expect_close(out.to(Device::cpu()), ref, tol, "flash_attention " + qs.str() + " forward");
     for (int i = 0; i < 3; ++i)

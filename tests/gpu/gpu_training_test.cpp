@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/cli_run.h"
+#include "tests/support/run_metrics.h"
 #include "tests/support/gpu.h"
 #include "tests/support/temp_dir.h"
 
@@ -20,16 +21,6 @@ namespace mt::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::map<int64_t, double> train_losses(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("split", "") == "train" && j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
 
 // Max relative difference of the losses both runs logged (which must be the same steps).
 double max_relative_loss_error(const fs::path& a, const fs::path& b, size_t expect_steps) {

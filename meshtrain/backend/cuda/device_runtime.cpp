@@ -21,18 +21,22 @@ struct Context {
 };
 
 std::mutex g_mutex;
-// Leaked on purpose: arrays held by static objects are freed after main returns.
-Context* g_context = nullptr;
+// Leaked on purpose: arrays held by static objects are freed after main returns. Set once;
+// every kernel launch reads it, so the read is lock-free.
+std::atomic<Context*> g_context{nullptr};
 
 std::string mib(size_t bytes) { return detail::concat(double(bytes) / double(1 << 20), " MiB"); }
 
+Context& existing(Context* c, int index) {
+  MT_CHECK(c->device == index, "[cuda] this process already uses cuda:", c->device,
+           "; one process drives one GPU (run one process per GPU)");
+  return *c;
+}
+
 Context& context_for(int index) {
+  if (Context* c = g_context.load(std::memory_order_acquire)) return existing(c, index);
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_context) {
-    MT_CHECK(g_context->device == index, "[cuda] this process already uses cuda:", g_context->device,
-             "; one process drives one GPU (run one process per GPU)");
-    return *g_context;
-  }
+  if (Context* c = g_context.load(std::memory_order_acquire)) return existing(c, index);
   auto* c = new Context();
   c->device = index;
   check(cudaSetDevice(index), "cudaSetDevice");
@@ -40,7 +44,7 @@ Context& context_for(int index) {
   check(cudaDeviceGetDefaultMemPool(&c->pool, index), "cudaDeviceGetDefaultMemPool");
   uint64_t keep_everything = UINT64_MAX;
   check(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep_everything), "cudaMemPoolSetAttribute");
-  g_context = c;
+  g_context.store(c, std::memory_order_release);
   return *c;
 }
 
@@ -57,7 +61,10 @@ Context& bound_context(int index) {
 }
 
 // The process's context, bound to the calling thread.
-Context& context() { return bound_context(g_context ? g_context->device : 0); }
+Context& context() {
+  Context* c = g_context.load(std::memory_order_acquire);
+  return bound_context(c ? c->device : 0);
+}
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -123,7 +130,7 @@ class CudaRuntime final : public DeviceRuntime {
     fill_pattern(device, pattern, pattern_bytes, count);
   }
   void synchronize() const override {
-    if (g_context) check(cudaStreamSynchronize(g_context->stream), "synchronize");
+    if (Context* c = g_context.load(std::memory_order_acquire)) check(cudaStreamSynchronize(c->stream), "synchronize");
   }
   DeviceMemoryStats memory_stats(int index) const override {
     Context& c = context_for(index);
