@@ -29,6 +29,7 @@ LAYERS = [
     ("tokenizers", ["meshtrain/tokenizers/"]),
     ("models", ["meshtrain/models/"]),
     ("train", ["meshtrain/train/", "meshtrain/meshtrain.h"]),
+    ("serve", ["meshtrain/serve/"]),
     ("apps", ["apps/"]),
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(meshtrain/[^"]+)"', re.M)

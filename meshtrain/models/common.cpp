@@ -151,6 +151,34 @@ std::pair<Array, Array> KvCache::append(size_t layer, const Array& k, const Arra
   return {keys[layer], values[layer]};
 }
 
+int64_t KvCache::nbytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < keys.size(); ++l)
+    if (keys[l].defined()) n += keys[l].nbytes() + values[l].nbytes();
+  return n;
+}
+
+Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
+                       const Array& mask, const AttentionOptions& options) {
+  if (!cache) return scaled_dot_product_attention(q, k, v, mask, options);
+  if (!cache->ragged()) {
+    auto [keys, values] = cache->append(layer, k, v);
+    return scaled_dot_product_attention(q, keys, values, mask, options);
+  }
+  const int64_t b = q.dim(0);
+  MT_CHECK(int64_t(cache->rows.size()) == b, "[kv_cache] ragged cache of ", cache->rows.size(), " rows for queries ",
+           q.str());
+  std::vector<Array> outs;
+  outs.reserve(size_t(b));
+  for (int64_t i = 0; i < b; ++i) {
+    auto [keys, values] = cache->rows[size_t(i)]->append(layer, slice(k, 0, i, i + 1), slice(v, 0, i, i + 1));
+    // The all-true mask a lone sequence gets from generate(): the same softmax, bit for bit.
+    Array attend = Array::full(Shape{1, 1, 1, keys.dim(2)}, 1.0, DType::boolean, q.device());
+    outs.push_back(scaled_dot_product_attention(slice(q, 0, i, i + 1), keys, values, attend, options));
+  }
+  return b == 1 ? outs[0] : concatenate(outs, 0);
+}
+
 void KvCache::select_rows(const std::vector<int64_t>& rows) {
   Array idx = Array::from_vector(rows, Shape{int64_t(rows.size())});
   for (size_t l = 0; l < keys.size(); ++l) {
@@ -200,6 +228,22 @@ ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCa
   const int64_t b = in.input_ids.dim(0), t = in.input_ids.dim(1);
   MT_CHECK(t > 0, "[", what, "] input_ids ", in.input_ids.str(), " has no positions");
   r.ids = in.input_ids;
+  if (cache && cache->ragged()) {
+    // Each row continues its own cache: positions come from the caller, padding never exists.
+    MT_CHECK(int64_t(cache->rows.size()) == b, "[", what, "] ragged KV cache of ", cache->rows.size(),
+             " rows for input_ids ", in.input_ids.str());
+    MT_CHECK(!in.attention_mask.defined(), "[", what, "] a ragged KV cache takes no attention_mask");
+    const Array& p = in.position_ids;
+    MT_CHECK(p.defined() && is_integer(p.dtype()) && p.ndim() == 2 && p.dim(0) == b && p.dim(1) == t, "[", what,
+             "] a ragged KV cache needs position_ids (B, T) for input_ids ", in.input_ids.str());
+    for (size_t i = 0; i < cache->rows.size(); ++i) {
+      const int64_t past = cache->rows[i]->length();
+      MT_CHECK(max_positions <= 0 || past + t <= max_positions, "[", what, "] row ", i, ": ", past + t,
+               " positions (", past, " cached + ", t, " new) exceed the model's maximum of ", max_positions);
+    }
+    r.positions = p;
+    return r;
+  }
   r.past = cache ? cache->length() : 0;
   if (cache && r.past > 0)
     MT_CHECK(cache->batch() == b, "[", what, "] KV cache holds batch ", cache->batch(), " but input_ids is ",

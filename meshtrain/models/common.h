@@ -16,6 +16,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/models/param_roles.h"
+#include "meshtrain/ops/attention.h"
 
 namespace mt::models {
 
@@ -106,16 +107,31 @@ struct DecoderInputs {
 };
 
 // Keys and values of earlier positions, per layer: (B, Hkv, P, D) each.
+//
+// Ragged mode (continuous batching, meshtrain/serve): `rows` non-empty makes batch row i use
+// the cache *rows[i], each of its own length, instead of the shared (B, Hkv, P, D) arrays.
+// The forward pass then takes position_ids (B, T) and no attention_mask, and each row attends
+// over its own keys exactly as it would alone (no padding enters its softmax).
 struct KvCache {
   std::vector<Array> keys, values;
+  std::vector<KvCache*> rows;
+  bool ragged() const { return !rows.empty(); }
   int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].dim(2); }
   int64_t batch() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].dim(0); }
+  // Bytes held by the keys and values.
+  int64_t nbytes() const;
   // Appends this step's k, v (B, Hkv, T, D) to layer `layer` and returns the full k, v.
   std::pair<Array, Array> append(size_t layer, const Array& k, const Array& v);
   // Row i of the new cache is row rows[i] of the old one (beam search reordering).
   void select_rows(const std::vector<int64_t>& rows);
   void clear() { keys.clear(), values.clear(); }
 };
+
+// Attention of this step's q (B, H, T, D) over the cache extended with this step's k, v
+// (which it appends), as scaled_dot_product_attention with `mask`; no cache: over k, v alone.
+// A ragged cache attends row by row, each row with its own keys and an all-true mask.
+Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
+                       const Array& mask, const AttentionOptions& options);
 
 // i64 (n,) = start, start + 1, ...
 Array arange_ids(int64_t start, int64_t n);

@@ -136,10 +136,9 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
         return split_heads(y, c.n_head);
       };
       Array q = project(0), k = project(1), v = project(2);
-      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
       AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
                            .train = train};
-      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, opt));
+      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
       a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
       x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
       h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);

@@ -136,10 +136,9 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
       MT_CHECK(q.dim(3) == hd, "[llama] q_proj gives head dim ", q.dim(3), ", config says ", hd);
       q = rotary_embedding(q, positions, c.rope_theta, c.rope_interleaved);
       k = rotary_embedding(k, positions, c.rope_theta, c.rope_interleaved);
-      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
       AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout, .dropout_key = lk,
                            .train = train};
-      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, opt));
+      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
       x = add(x, dense(a, b + "self_attn.o_proj", true));
       h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
       Array g = activation(dense(h, b + "mlp.gate_proj", false), c.hidden_act);

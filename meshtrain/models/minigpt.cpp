@@ -113,8 +113,7 @@ Array minigpt_hidden(const MiniGptConfig& c, const Params& p, const DecoderInput
       auto proj = [&](const char* n) { return dense(x, b + "attn." + n); };
       Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
             v = split_heads(proj("value"), c.num_heads);
-      if (cache) std::tie(k, v) = cache->append(size_t(l), k, v);
-      Array a = merge_heads(scaled_dot_product_attention(q, k, v, mask, {.causal = true}));
+      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, {.causal = true}));
       a = dense(a, b + "attn.out");
       x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
                      c.layer_norm_epsilon);

@@ -1,0 +1,136 @@
+#pragma once
+// The continuous-batching engine behind `meshtrain serve`. One loop thread owns the model:
+// each step it admits waiting requests (prefilling their prompts), then decodes one token
+// for every running sequence together. Sequences join at the step after they arrive and
+// leave the step they finish, so a long request never holds up a short one.
+//
+// Memory: every sequence reserves KV-cache room for its prompt and all of max_tokens when
+// admitted, and admission waits while the reservations would pass the byte budget — the
+// cache can never outgrow it. A request that could never fit is refused at once.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/rng.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/serve/batch_decoder.h"
+#include "meshtrain/serve/request_stream.h"
+
+namespace mt::serve {
+
+struct SamplingParams {
+  int64_t max_tokens = 16;
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;         // 0: all tokens
+  uint64_t seed = 0;         // choice i draws from (seed, step, i), as `meshtrain generate --seed`
+  int64_t logprobs = -1;     // < 0: none; 0: the chosen token's; k > 0: also the k most likely
+  bool ignore_eos = false;   // keep going past the model's end token
+};
+
+// One or more prompts, each with n independent choices: choice p·n + j is prompt p's j-th.
+struct EngineRequest {
+  std::vector<std::vector<int64_t>> prompts;
+  int64_t n = 1;
+  SamplingParams sampling;
+  int64_t choices() const { return int64_t(prompts.size()) * n; }
+};
+
+struct EngineOptions {
+  int64_t max_batch = 16;                   // sequences decoded together at most
+  int64_t kv_cache_bytes = int64_t(512) << 20;
+  int64_t max_queue = 256;                  // requests waiting for admission at most
+  int64_t max_model_len = 0;                // prompt + generated tokens; 0: the model's bound
+  MatmulPrecision precision = MatmulPrecision::f32;  // the loop thread's (the setting is per thread)
+};
+
+// Why submit() refused a request; the HTTP layer maps each kind to a status code.
+class AdmissionError : public Error {
+ public:
+  enum class Kind { invalid, too_large, queue_full, stopped };
+  AdmissionError(Kind kind, const std::string& message) : Error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+struct EngineStats {
+  int64_t waiting_requests = 0;
+  int64_t running_sequences = 0;
+  int64_t kv_used_bytes = 0;      // held by the running sequences' caches
+  int64_t kv_reserved_bytes = 0;  // promised to the running sequences (prompt + max_tokens)
+  int64_t kv_budget_bytes = 0;
+  int64_t steps = 0;              // decode steps run
+  int64_t prompt_tokens = 0;      // prefilled
+  int64_t generated_tokens = 0;
+  std::vector<int64_t> batch_size_counts;  // [b]: decode steps that ran b sequences
+};
+
+class Engine {
+ public:
+  Engine(models::CausalLm lm, EngineOptions options);
+  ~Engine();  // stops the loop; requests still open end with FinishReason::error
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; its events arrive on the returned stream. Throws AdmissionError.
+  std::shared_ptr<RequestStream> submit(EngineRequest request);
+  // Ends the loop: waiting and running requests finish with an error event.
+  void stop();
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return options_; }
+  int64_t max_model_len() const { return options_.max_model_len; }
+  int64_t kv_bytes_per_token() const { return decoder_.kv_bytes_per_token(); }
+  const models::CausalLm& model() const { return decoder_.model(); }
+
+ private:
+  struct Waiting {
+    EngineRequest request;
+    std::shared_ptr<RequestStream> stream;
+    int64_t reserve_bytes;
+  };
+  struct Sequence {
+    std::shared_ptr<RequestStream> stream;
+    int64_t choice = 0;
+    int64_t draw_row = 0;  // j of choice p·n + j: the row of the random draws
+    SamplingParams sampling;
+    RngKey key;
+    models::KvCache cache;
+    std::vector<int64_t> stops;
+    int64_t budget = 0;      // new tokens allowed
+    int64_t generated = 0;
+    int64_t last_token = 0;
+    int64_t reserve_bytes = 0;
+  };
+
+  void loop();
+  std::vector<Waiting> take_admissible();
+  void prefill(Waiting& w, size_t prompt);
+  void decode_step();
+  // Chooses the next token of a sequence from its logits row and emits it; true when the
+  // sequence has finished.
+  bool emit_token(Sequence& s, const float* logits);
+  void release(const Sequence& s);
+  void fail_all(const std::string& message);
+
+  BatchDecoder decoder_;
+  EngineOptions options_;
+  std::vector<Sequence> running_;  // the loop thread's alone
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Waiting> waiting_;
+  bool stopping_ = false;
+  int64_t reserved_bytes_ = 0;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace mt::serve
