@@ -9,7 +9,11 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libsentencepiece-dev
+  # meshtrain serve: the HTTP server
+  libcpp-httplib-dev
   python3-torch python3-numpy python3-sklearn python3-scipy python3-protobuf python3-crcmod
+  # jinja2: the chat template oracle of the tests (tests/support/render_chat_template.py)
+  python3-jinja2
   # Debian's torch calls the system BLAS; without OpenBLAS that is the reference BLAS
   # (~5 GFLOP/s), which would make the PyTorch side of bench/ meaningless.
   libopenblas0-pthread
@@ -37,8 +41,10 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm packages used by the tokenizer conformance tests live in tests/node.
+# npm packages the tests use as references live in tests/node: tokenizers (the tokenizer
+# conformance tests) and openai (the client of the serve tests).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -f "$root/tests/node/package.json" ] && [ ! -d "$root/tests/node/node_modules/tokenizers" ]; then
+if [ -f "$root/tests/node/package.json" ] && { [ ! -d "$root/tests/node/node_modules/tokenizers" ] ||
+                                               [ ! -d "$root/tests/node/node_modules/openai" ]; }; then
   (cd "$root/tests/node" && npm install --no-audit --no-fund --silent)
 fi

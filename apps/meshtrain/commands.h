@@ -13,5 +13,6 @@ void add_glue_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 void add_seq2seq_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace mt::cli

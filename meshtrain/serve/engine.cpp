@@ -35,19 +35,28 @@ std::vector<std::pair<int64_t, double>> top_logprobs(const float* row, int64_t v
 
 }  // namespace
 
-Engine::Engine(models::CausalLm lm, EngineOptions options) : decoder_(std::move(lm)), options_(options) {
-  const int64_t bound = decoder_.model().max_positions;
+Engine::Engine(models::CausalLm lm, EngineOptions options)
+    : Engine(std::make_unique<LocalRunner>(std::move(lm)), options) {}
+
+Engine::Engine(std::unique_ptr<SequenceRunner> runner, EngineOptions options)
+    : runner_(std::move(runner)), options_(options) {
+  const int64_t bound = runner_->model().max_positions;
   if (options_.max_model_len <= 0) options_.max_model_len = bound > 0 ? bound : 2048;
   MT_CHECK(bound <= 0 || options_.max_model_len <= bound, "[serve] max model length ", options_.max_model_len,
            " exceeds the model's ", bound, " positions");
   MT_CHECK(options_.max_batch >= 1, "[serve] max batch must be >= 1, got ", options_.max_batch);
   MT_CHECK(options_.max_queue >= 1, "[serve] max queue must be >= 1, got ", options_.max_queue);
-  MT_CHECK(options_.kv_cache_bytes >= decoder_.kv_bytes_per_token(), "[serve] a KV cache of ",
-           options_.kv_cache_bytes, " bytes holds not even one token (", decoder_.kv_bytes_per_token(),
+  MT_CHECK(options_.kv_cache_bytes >= runner_->kv_bytes_per_token(), "[serve] a KV cache of ",
+           options_.kv_cache_bytes, " bytes holds not even one token (", runner_->kv_bytes_per_token(),
            " bytes each)");
   stats_.kv_budget_bytes = options_.kv_cache_bytes;
   stats_.batch_size_counts.assign(size_t(options_.max_batch + 1), 0);
-  thread_ = std::thread([this] { loop(); });
+  if (!options_.loop_on_caller) thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::run() {
+  MT_CHECK(options_.loop_on_caller, "[serve] Engine::run is for an engine made with loop_on_caller");
+  loop();
 }
 
 Engine::~Engine() {
@@ -65,7 +74,7 @@ void Engine::stop() {
 
 std::shared_ptr<RequestStream> Engine::submit(EngineRequest r) {
   using Kind = AdmissionError::Kind;
-  const int64_t v = decoder_.vocab_size();
+  const int64_t v = runner_->vocab_size();
   const SamplingParams& s = r.sampling;
   auto invalid = [](const std::string& m) { return AdmissionError(Kind::invalid, m); };
   if (r.prompts.empty()) throw invalid("no prompt");
@@ -90,7 +99,7 @@ std::shared_ptr<RequestStream> Engine::submit(EngineRequest r) {
                            detail::concat("this model's maximum context length is ", options_.max_model_len,
                                           " tokens, but ", len + s.max_tokens, " were requested (", len,
                                           " in the prompt, ", s.max_tokens, " for the completion)"));
-    reserve += r.n * (len + s.max_tokens) * decoder_.kv_bytes_per_token();
+    reserve += r.n * (len + s.max_tokens) * runner_->kv_bytes_per_token();
     prompt_tokens += len;
   }
   if (reserve > options_.kv_cache_bytes)
@@ -158,6 +167,8 @@ void Engine::loop() {
           running_[i].stream->push(finish_event(running_[i].choice, FinishReason::cancelled));
           release(running_[i]);
           running_.erase(running_.begin() + int64_t(i));
+          std::lock_guard<std::mutex> lock(mutex_);
+          ++stats_.cancelled_sequences;
         } else {
           ++i;
         }
@@ -171,11 +182,10 @@ void Engine::loop() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.running_sequences = int64_t(running_.size());
-    int64_t used = 0;
-    for (const Sequence& s : running_) used += s.cache.nbytes();
-    stats_.kv_used_bytes = used;
+    stats_.kv_used_bytes = runner_->cache_bytes();
   }
   fail_all("the server is shutting down");
+  runner_->shutdown();
   std::lock_guard<std::mutex> lock(mutex_);
   for (Waiting& w : waiting_)
     for (int64_t c = 0; c < w.request.choices(); ++c)
@@ -187,15 +197,18 @@ void Engine::prefill(Waiting& w, size_t p) {
   const std::vector<int64_t>& prompt = w.request.prompts[p];
   const int64_t n = w.request.n, first = int64_t(p) * n;
   const SamplingParams& sp = w.request.sampling;
-  const int64_t reserve_each = (int64_t(prompt.size()) + sp.max_tokens) * decoder_.kv_bytes_per_token();
-  models::KvCache cache;
+  const int64_t reserve_each = (int64_t(prompt.size()) + sp.max_tokens) * runner_->kv_bytes_per_token();
+  const int64_t id = next_id_;
+  next_id_ += n;
   std::vector<float> logits;
   try {
-    logits = decoder_.prefill(prompt, cache);
+    logits = runner_->prefill(id, prompt);
+    for (int64_t j = 1; j < n; ++j) runner_->fork(id, id + j);
   } catch (const std::exception& e) {
     for (int64_t j = 0; j < n; ++j) {
       w.stream->push(finish_event(first + j, FinishReason::error, e.what()));
       Sequence failed;
+      failed.id = id + j;
       failed.reserve_bytes = reserve_each;
       release(failed);
     }
@@ -212,8 +225,8 @@ void Engine::prefill(Waiting& w, size_t p) {
     s.draw_row = j;
     s.sampling = sp;
     s.key = RngKey{sp.seed, 0x67656e};  // generate()'s stream of the seed: the same draws
-    s.cache = cache;  // the arrays are shared until each choice appends its own tokens
-    if (!sp.ignore_eos) s.stops = decoder_.model().stop_tokens;
+    s.id = id + j;
+    if (!sp.ignore_eos) s.stops = runner_->model().stop_tokens;
     s.budget = sp.max_tokens;
     s.reserve_bytes = reserve_each;
     if (s.stream->cancelled(s.choice)) {
@@ -230,11 +243,10 @@ void Engine::prefill(Waiting& w, size_t p) {
 }
 
 void Engine::decode_step() {
-  std::vector<models::KvCache*> caches;
-  std::vector<int64_t> tokens;
-  for (Sequence& s : running_) caches.push_back(&s.cache), tokens.push_back(s.last_token);
-  const std::vector<float> logits = decoder_.decode(caches, tokens);
-  const int64_t v = decoder_.vocab_size(), b = int64_t(running_.size());
+  std::vector<int64_t> ids, tokens;
+  for (const Sequence& s : running_) ids.push_back(s.id), tokens.push_back(s.last_token);
+  const std::vector<float> logits = runner_->decode(ids, tokens);
+  const int64_t v = runner_->vocab_size(), b = int64_t(running_.size());
   std::vector<Sequence> still;
   still.reserve(running_.size());
   for (int64_t i = 0; i < b; ++i) {
@@ -249,7 +261,7 @@ void Engine::decode_step() {
 }
 
 bool Engine::emit_token(Sequence& s, const float* row) {
-  const int64_t v = decoder_.vocab_size();
+  const int64_t v = runner_->vocab_size();
   const double lse = log_sum_exp(row, v);
   models::GenerationConfig g;
   g.temperature = s.sampling.temperature;
@@ -275,6 +287,7 @@ bool Engine::emit_token(Sequence& s, const float* row) {
 }
 
 void Engine::release(const Sequence& s) {
+  if (s.id >= 0) runner_->drop(s.id);
   std::lock_guard<std::mutex> lock(mutex_);
   reserved_bytes_ -= s.reserve_bytes;
   stats_.kv_reserved_bytes = reserved_bytes_;

@@ -18,8 +18,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/ops/matmul.h"
-#include "meshtrain/serve/batch_decoder.h"
 #include "meshtrain/serve/request_stream.h"
+#include "meshtrain/serve/sequence_runner.h"
 
 namespace mt::serve {
 
@@ -47,6 +47,10 @@ struct EngineOptions {
   int64_t max_queue = 256;                  // requests waiting for admission at most
   int64_t max_model_len = 0;                // prompt + generated tokens; 0: the model's bound
   MatmulPrecision precision = MatmulPrecision::f32;  // the loop thread's (the setting is per thread)
+  // false: the engine starts its own loop thread. true: the caller runs the loop with run()
+  // (MPI allows only the main thread to communicate, and under tensor parallelism the loop's
+  // model steps communicate).
+  bool loop_on_caller = false;
 };
 
 // Why submit() refused a request; the HTTP layer maps each kind to a status code.
@@ -69,12 +73,14 @@ struct EngineStats {
   int64_t steps = 0;              // decode steps run
   int64_t prompt_tokens = 0;      // prefilled
   int64_t generated_tokens = 0;
+  int64_t cancelled_sequences = 0;  // dropped because their client left or had its stop string
   std::vector<int64_t> batch_size_counts;  // [b]: decode steps that ran b sequences
 };
 
 class Engine {
  public:
   Engine(models::CausalLm lm, EngineOptions options);
+  Engine(std::unique_ptr<SequenceRunner> runner, EngineOptions options);
   ~Engine();  // stops the loop; requests still open end with FinishReason::error
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -83,12 +89,14 @@ class Engine {
   std::shared_ptr<RequestStream> submit(EngineRequest request);
   // Ends the loop: waiting and running requests finish with an error event.
   void stop();
+  // With loop_on_caller: runs the loop on this thread until stop().
+  void run();
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
   int64_t max_model_len() const { return options_.max_model_len; }
-  int64_t kv_bytes_per_token() const { return decoder_.kv_bytes_per_token(); }
-  const models::CausalLm& model() const { return decoder_.model(); }
+  int64_t kv_bytes_per_token() const { return runner_->kv_bytes_per_token(); }
+  const models::CausalLm& model() const { return runner_->model(); }
 
  private:
   struct Waiting {
@@ -102,7 +110,7 @@ class Engine {
     int64_t draw_row = 0;  // j of choice p·n + j: the row of the random draws
     SamplingParams sampling;
     RngKey key;
-    models::KvCache cache;
+    int64_t id = -1;         // the runner's sequence (its KV cache)
     std::vector<int64_t> stops;
     int64_t budget = 0;      // new tokens allowed
     int64_t generated = 0;
@@ -120,8 +128,9 @@ class Engine {
   void release(const Sequence& s);
   void fail_all(const std::string& message);
 
-  BatchDecoder decoder_;
+  std::unique_ptr<SequenceRunner> runner_;
   EngineOptions options_;
+  int64_t next_id_ = 0;
   std::vector<Sequence> running_;  // the loop thread's alone
 
   mutable std::mutex mutex_;

@@ -1,0 +1,86 @@
+#include "meshtrain/serve/broadcast_runner.h"
+
+#include <iostream>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/dist/communicator.h"
+
+namespace mt::serve {
+
+namespace {
+
+// A call as rank 0 sends it: [kind, a, b, n, values...] of i64, preceded by its length.
+enum class Call : int64_t { prefill = 1, fork = 2, decode = 3, drop = 4, shutdown = 5 };
+
+void send(Call kind, int64_t a, int64_t b, const std::vector<int64_t>& values) {
+  std::vector<int64_t> msg = {int64_t(kind), a, b, int64_t(values.size())};
+  msg.insert(msg.end(), values.begin(), values.end());
+  int64_t length = int64_t(msg.size());
+  dist::world().broadcast(&length, 1, DType::i64, 0);
+  dist::world().broadcast(msg.data(), length, DType::i64, 0);
+}
+
+std::vector<int64_t> receive() {
+  int64_t length = 0;
+  dist::world().broadcast(&length, 1, DType::i64, 0);
+  MT_CHECK(length >= 4 && length < (int64_t(1) << 32), "[serve] a step message of ", length, " words from rank 0");
+  std::vector<int64_t> msg(static_cast<size_t>(length));
+  dist::world().broadcast(msg.data(), length, DType::i64, 0);
+  return msg;
+}
+
+}  // namespace
+
+std::vector<float> BroadcastRunner::prefill(int64_t seq, const std::vector<int64_t>& prompt) {
+  send(Call::prefill, seq, 0, prompt);
+  return local_.prefill(seq, prompt);
+}
+
+void BroadcastRunner::fork(int64_t from, int64_t to) {
+  send(Call::fork, from, to, {});
+  local_.fork(from, to);
+}
+
+std::vector<float> BroadcastRunner::decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) {
+  std::vector<int64_t> values = seqs;
+  values.insert(values.end(), tokens.begin(), tokens.end());
+  send(Call::decode, int64_t(seqs.size()), 0, values);
+  return local_.decode(seqs, tokens);
+}
+
+void BroadcastRunner::drop(int64_t seq) {
+  send(Call::drop, seq, 0, {});
+  local_.drop(seq);
+}
+
+void BroadcastRunner::shutdown() { send(Call::shutdown, 0, 0, {}); }
+
+void follow_steps(models::CausalLm lm) {
+  LocalRunner local(std::move(lm));
+  for (;;) {
+    const std::vector<int64_t> msg = receive();
+    const auto kind = Call(msg[0]);
+    const int64_t a = msg[1], b = msg[2], n = msg[3];
+    const std::vector<int64_t> values(msg.begin() + 4, msg.end());
+    MT_CHECK(int64_t(values.size()) == n, "[serve] a step message announcing ", n, " values carries ", values.size());
+    // Rank 0 runs the same call on the same inputs: an error there is an error here too, and
+    // both engines carry on.
+    try {
+      switch (kind) {
+        case Call::prefill: local.prefill(a, values); break;
+        case Call::fork: local.fork(a, b); break;
+        case Call::decode:
+          local.decode(std::vector<int64_t>(values.begin(), values.begin() + a),
+                       std::vector<int64_t>(values.begin() + a, values.end()));
+          break;
+        case Call::drop: local.drop(a); break;
+        case Call::shutdown: return;
+        default: MT_CHECK(false, "[serve] unknown step message kind ", msg[0], " from rank 0");
+      }
+    } catch (const Error& e) {
+      if (kind != Call::prefill && kind != Call::decode) throw;
+    }
+  }
+}
+
+}  // namespace mt::serve
