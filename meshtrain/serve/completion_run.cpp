@@ -175,7 +175,7 @@ json CompletionRun::event_logprobs(const TokenEvent& e, const Choice& c) const {
           {"text_offset", {c.lp_offsets.back()}}};
 }
 
-bool CompletionRun::stream(const std::function<bool(const json&)>& write) {
+bool CompletionRun::stream(const std::function<bool(const json&)>& write, const std::function<bool()>& client_alive) {
   const bool chat = request_.api == Api::chat;
   // Echo: the prompt's text opens each completion.
   if (request_.echo && !chat)
@@ -185,7 +185,17 @@ bool CompletionRun::stream(const std::function<bool(const json&)>& write) {
         return false;
       }
   TokenEvent e;
-  while (stream_->next(e)) {
+  for (;;) {
+    bool timed_out = false;
+    const bool got = stream_->next_for(e, std::chrono::milliseconds(50), timed_out);
+    if (!client_alive()) {
+      stream_->cancel();
+      return false;
+    }
+    if (!got) {
+      if (timed_out) continue;
+      break;  // every choice has finished
+    }
     Choice& c = choices_[size_t(e.choice)];
     if (c.done) continue;
     const std::string piece = apply(e);

@@ -28,9 +28,10 @@ class CompletionRun {
   nlohmann::json response();
 
   // Calls `write` with each chunk (server-sent event payloads) until every choice is done,
-  // then the usage chunk when asked for. A false from `write` (the client left) cancels the
-  // request at the engine's next step and returns false.
-  bool stream(const std::function<bool(const nlohmann::json&)>& write);
+  // then the usage chunk when asked for. A false from `write`, or from `client_alive` (asked
+  // before each chunk and every 50 ms while none comes), means the client left: the request
+  // is cancelled at the engine's next step and stream returns false.
+  bool stream(const std::function<bool(const nlohmann::json&)>& write, const std::function<bool()>& client_alive);
 
   // Seconds from submission to the first token (after the run), and totals for metrics.
   std::optional<double> time_to_first_token() const { return first_token_s_; }

@@ -232,6 +232,8 @@ void Engine::prefill(Waiting& w, size_t p) {
     if (s.stream->cancelled(s.choice)) {
       s.stream->push(finish_event(s.choice, FinishReason::cancelled));
       release(s);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.cancelled_sequences;
       continue;
     }
     if (emit_token(s, logits.data())) {

@@ -212,7 +212,9 @@ void HttpServer::install_routes() {
               const std::string event = "data: " + payload + "\n\n";
               return sink.write(event.data(), event.size());
             };
-            const bool whole = run->stream([&](const json& chunk) { return send(dump(chunk)); });
+            // is_writable also sees a peer that closed (httplib peeks at the socket).
+            const bool whole = run->stream([&](const json& chunk) { return send(dump(chunk)); },
+                                           [&] { return sink.is_writable(); });
             if (whole && send("[DONE]")) sink.done();
             metrics_.observe_latency(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
             if (run->time_to_first_token()) metrics_.observe_time_to_first_token(*run->time_to_first_token());

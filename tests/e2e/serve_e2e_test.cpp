@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -326,6 +327,49 @@ TEST_F(ServeE2E, ChatUsesTheModelsChatTemplate) {
   CliRun bad = run_cli("serve --model " + model() + " --port 0 --chat-template " + broken);
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("broken.jinja does not parse"), std::string::npos) << bad.out;
+}
+
+int64_t metric(int port, const std::string& name) {
+  httplib::Client client("127.0.0.1", port);
+  auto res = client.Get("/metrics");
+  if (!res) return -1;
+  std::smatch m;
+  const std::regex line("\n" + name + " (\\d+)\n");
+  return std::regex_search(res->body, m, line) ? std::stoll(m[1]) : -1;
+}
+
+TEST_F(ServeE2E, AClientThatDisconnectsMidStreamFreesItsSequences) {
+  ServerProcess server({"--model", model(), "--port", "0"}, log_path("disconnect"));
+  ASSERT_GT(server.port(), 0) << server.log();
+  for (int trial = 0; trial < 3; ++trial) {
+    const int64_t cancelled = metric(server.port(), "meshtrain_cancelled_sequences_total");
+    const int64_t tokens = metric(server.port(), "meshtrain_generation_tokens_total");
+    // 4 choices x 120 tokens, streamed; the client reads the first bytes and closes.
+    const std::string body = json{{"prompt", "To be"}, {"max_tokens", 120}, {"n", 4}, {"temperature", 0},
+                                  {"ignore_eos", true}, {"stream", true}}.dump();
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(uint16_t(server.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string request = http_post("/v1/completions", body);
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
+    char buf[256];
+    ASSERT_GT(recv(fd, buf, sizeof buf, 0), 0);
+    close(fd);
+    int64_t running = -1;
+    for (int polls = 0; polls < 100 && running != 0; ++polls) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      running = metric(server.port(), "meshtrain_running_sequences");
+    }
+    EXPECT_EQ(running, 0);
+    const int64_t generated = metric(server.port(), "meshtrain_generation_tokens_total") - tokens;
+    std::cout << "  trial " << trial << ": " << generated << " of 480 tokens generated before the server noticed\n";
+    EXPECT_EQ(metric(server.port(), "meshtrain_cancelled_sequences_total") - cancelled, 4);
+    EXPECT_LT(generated, 480);
+  }
+  EXPECT_EQ(server.stop(), 0);
 }
 
 TEST_F(ServeE2E, LimitsAndStartupErrorsAreClear) {

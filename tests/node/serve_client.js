@@ -1,6 +1,7 @@
 // The official `openai` client against a running `meshtrain serve`: completions, chat,
-// streaming, n > 1, stop sequences, logprobs, errors, 32 concurrent streams and a client
-// that disconnects. Run by tests/e2e/serve_e2e_test.cpp, which starts the server.
+// streaming, n > 1, stop sequences, logprobs, errors and 32 concurrent streams. (A client
+// that disconnects is tested from C++ with a raw socket: the SDK's abort may keep the
+// connection open to reuse it.) Run by tests/e2e/serve_e2e_test.cpp, which starts the server.
 //
 //   node serve_client.js --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY \
 //        --prompt TEXT --expect-greedy TEXT
@@ -201,35 +202,6 @@ async function main() {
     const steps = metrics.match(/^meshtrain_batch_size_bucket\{le="4"\} (\d+)$/m);
     const all = metrics.match(/^meshtrain_batch_size_count (\d+)$/m);
     check(steps && all && Number(all[1]) > Number(steps[1]), 'no decode step ran more than 4 sequences');
-  });
-
-  await run('a client that disconnects mid-stream frees its sequence', async () => {
-    const metric = async (name) => {
-      const m = (await (await fetch(`${root}/metrics`)).text()).match(new RegExp(`^${name} (\\d+)$`, 'm'));
-      return Number(m[1]);
-    };
-    const cancelledBefore = await metric('meshtrain_cancelled_sequences_total');
-    const controller = new AbortController();
-    const stream = await client.completions.create(
-      { model, prompt, max_tokens: 100, temperature: 0, ignore_eos: true, stream: true }, { signal: controller.signal });
-    let chunks = 0;
-    try {
-      for await (const chunk of stream) {
-        chunks += chunk.choices.length;
-        if (chunks >= 1) controller.abort();
-      }
-    } catch (e) {
-      // the abort
-    }
-    let running = -1;
-    for (let i = 0; i < 100; i++) {
-      running = await metric('meshtrain_running_sequences');
-      if (running === 0) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    check(running === 0, `${running} sequences still running 5 s after the client left`);
-    const cancelled = await metric('meshtrain_cancelled_sequences_total');
-    check(cancelled === cancelledBefore + 1, `cancelled sequences ${cancelledBefore} -> ${cancelled}: the sequence ran to its end`);
   });
 
   await run('health and metrics', async () => {
