@@ -9,6 +9,21 @@
 
 namespace mt::serve::chat_template_detail {
 
+namespace {
+// A block's own scope, popped however the block ends (normally, a break, an error).
+template <class Scopes>
+class ScopeFrame {
+ public:
+  explicit ScopeFrame(Scopes& scopes) : scopes_(scopes) { scopes_.emplace_back(); }
+  ~ScopeFrame() { scopes_.pop_back(); }
+  ScopeFrame(const ScopeFrame&) = delete;
+  ScopeFrame& operator=(const ScopeFrame&) = delete;
+
+ private:
+  Scopes& scopes_;
+};
+}  // namespace
+
 Interp::Interp(const ProgramTree& tree, const Value& variables) : tree_(tree) {
   scopes_.emplace_back();
   if (variables.kind == Kind::Dict)
@@ -59,15 +74,11 @@ Interp::Flow Interp::exec(const Node& node, std::string& out) {
       // The block's own sets stay inside it; a break or continue in it acts on the enclosing
       // loop and drops the block (jinja compiles the body inline).
       std::string captured;
-      scopes_.emplace_back();
       Flow flow;
-      try {
+      {
+        ScopeFrame frame(scopes_);
         flow = exec_body(node.body, captured);
-      } catch (...) {
-        scopes_.pop_back();
-        throw;
       }
-      scopes_.pop_back();
       if (flow != Flow::Normal) return flow;
       Value value = Value::string(std::move(captured));
       if (node.filter) value = eval_filter_chain(*node.filter, value);
@@ -95,23 +106,15 @@ Interp::Flow Interp::exec(const Node& node, std::string& out) {
     case NodeKind::With: {
       List values;  // evaluated in the enclosing scope, then bound in the block's own
       for (const auto& assignment : node.assignments) values.push_back(eval(*assignment.second));
-      scopes_.emplace_back();
-      Flow flow;
-      try {
-        for (size_t k = 0; k < values.size(); ++k) {
-          try {
-            assign(node.assignments[k].first, values[k]);
-          } catch (const RuntimeFail& f) {
-            throw mt::Error(where(node.pos) + f.what());
-          }
+      ScopeFrame frame(scopes_);
+      for (size_t k = 0; k < values.size(); ++k) {
+        try {
+          assign(node.assignments[k].first, values[k]);
+        } catch (const RuntimeFail& f) {
+          throw mt::Error(where(node.pos) + f.what());
         }
-        flow = exec_body(node.body, out);
-      } catch (...) {
-        scopes_.pop_back();
-        throw;
       }
-      scopes_.pop_back();
-      return flow;
+      return exec_body(node.body, out);
     }
   }
   return Flow::Normal;
@@ -128,18 +131,12 @@ Interp::Flow Interp::exec_for(const Node& node, std::string& out) {
   if (node.condition) {  // the inline `if` filters before loop.index/length are counted
     List kept;
     for (const Value& item : items) {
-      scopes_.emplace_back();
+      ScopeFrame frame(scopes_);
       try {
         assign(node.target, item);
-        const bool keep = truthy(eval(*node.condition));
-        scopes_.pop_back();
-        if (keep) kept.push_back(item);
+        if (truthy(eval(*node.condition))) kept.push_back(item);
       } catch (const RuntimeFail& f) {
-        scopes_.pop_back();
         throw mt::Error(where(node.pos) + f.what());
-      } catch (...) {
-        scopes_.pop_back();
-        throw;
       }
     }
     items = std::move(kept);
@@ -165,20 +162,17 @@ Interp::Flow Interp::exec_for(const Node& node, std::string& out) {
           if (args.positional.empty()) throw RuntimeFail("TypeError: no items for cycling given");
           return args.positional[static_cast<size_t>(k) % args.positional.size()];
         }));
-    scopes_.emplace_back();
     Flow flow;
-    try {
-      assign(node.target, items[static_cast<size_t>(k)]);
-      scopes_.back()["loop"] = Value::dict_of(std::move(loop));
-      flow = exec_body(node.body, out);
-    } catch (const RuntimeFail& f) {
-      scopes_.pop_back();
-      throw mt::Error(where(node.pos) + f.what());
-    } catch (...) {
-      scopes_.pop_back();
-      throw;
+    {
+      ScopeFrame frame(scopes_);
+      try {
+        assign(node.target, items[static_cast<size_t>(k)]);
+        scopes_.back()["loop"] = Value::dict_of(std::move(loop));
+        flow = exec_body(node.body, out);
+      } catch (const RuntimeFail& f) {
+        throw mt::Error(where(node.pos) + f.what());
+      }
     }
-    scopes_.pop_back();
     if (flow == Flow::Break) break;
   }
   return Flow::Normal;
