@@ -309,6 +309,33 @@ TEST_F(ServeE2E, ChatUsesTheModelsChatTemplate) {
   const json cj = json::parse(c->body), pj = json::parse(p->body);
   EXPECT_EQ(cj["choices"][0]["message"]["content"], pj["choices"][0]["text"]);
   EXPECT_EQ(cj["usage"]["prompt_tokens"], pj["usage"]["prompt_tokens"]);
+  // The same template from the model directory's tokenizer_config.json (with the EOS text it
+  // uses), and chat_template.jinja taking precedence over it.
+  const fs::path dir = *dir_ / "model_with_template";
+  fs::remove_all(dir);
+  fs::copy(model(), dir, fs::copy_options::recursive);
+  std::ofstream(dir / "tokenizer_config.json")
+      << json{{"chat_template", "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}"}, {"eos_token", {{"content", "<|endoftext|>"}}}}.dump();
+  {
+    ServerProcess own({"--model", dir.string(), "--port", "0"}, log_path("own_template"));
+    ASSERT_GT(own.port(), 0) << own.log();
+    EXPECT_NE(own.std_out().find("chat template the model's"), std::string::npos) << own.std_out();
+    httplib::Client oc("127.0.0.1", own.port());
+    auto r1 = oc.Post("/v1/chat/completions", chat.dump(), "application/json");
+    auto r2 = oc.Post("/v1/completions", json{{"prompt", "Who art thou?<|endoftext|>"}, {"max_tokens", 16}, {"temperature", 0}}.dump(),
+                      "application/json");
+    ASSERT_TRUE(r1 && r2);
+    EXPECT_EQ(json::parse(r1->body)["choices"][0]["message"]["content"], json::parse(r2->body)["choices"][0]["text"]) << r1->body;
+  }
+  std::ofstream(dir / "chat_template.jinja") << chatml;
+  {
+    ServerProcess own({"--model", dir.string(), "--port", "0"}, log_path("own_jinja"));
+    ASSERT_GT(own.port(), 0) << own.log();
+    httplib::Client oc("127.0.0.1", own.port());
+    auto r = oc.Post("/v1/chat/completions", chat.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], cj["choices"][0]["message"]["content"]);
+  }
   // A template that refuses the messages answers 400 with its message.
   const std::string strict_file = (*dir_ / "strict.jinja").string();
   std::ofstream(strict_file) << "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with "
