@@ -131,7 +131,24 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
   train::ShardingOptions so;
   so.fsdp = f.fsdp;
   train::ShardingPlan plan = deployer.sharding_rules(params, roles, so);
-  if (f.print_plan && deployer.is_main()) std::cout << "sharding plan on mesh " << deployer.mesh().str() << ":\n" << plan.table() << std::flush;
+  if (f.print_plan && deployer.is_main()) {
+    std::cout << "sharding plan on mesh " << deployer.mesh().str() << ":\n" << plan.table();
+    // Where each rank runs, with its mesh coordinates (row-major, the last axis fastest).
+    const dist::Mesh& mesh = deployer.mesh();
+    std::cout << "ranks:";
+    for (int r = 0; r < int(deployer.hosts().size()); ++r) {
+      std::cout << (r ? "," : "") << " " << r << " (";
+      int rest = r;
+      std::vector<int> coords(mesh.axis_names().size());
+      for (size_t i = coords.size(); i-- > 0;) {
+        coords[i] = rest % mesh.axis_size(mesh.axis_names()[i]);
+        rest /= mesh.axis_size(mesh.axis_names()[i]);
+      }
+      for (size_t i = 0; i < coords.size(); ++i) std::cout << (i ? " " : "") << mesh.axis_names()[i] << "=" << coords[i];
+      std::cout << ") on " << deployer.hosts()[size_t(r)];
+    }
+    std::cout << "\n" << std::flush;
+  }
   return plan;
 }
 

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/hosts.h"
 #include "meshtrain/dist/spmd.h"
 
 namespace mt::train {
@@ -14,8 +15,18 @@ Deployer::Deployer(DeployerOptions options) : options_(std::move(options)) {
   set_default_device(device_);
   std::string where = device_.str();
   if (device_.is_cuda()) where += " (" + cuda_runtime().describe(device_.index) + ")";
+  // Where the ranks run (a collective: every rank makes its Deployer): on the start-up line,
+  // and a warning when a tensor-parallel group would talk across hosts.
+  hosts_ = dist::host_of_ranks(mesh_.comm());
+  const std::string on_hosts = mesh_.comm().size() > 1 ? " on " + dist::describe_hosts(hosts_) : "";
   if (options_.verbose)
-    log("meshtrain: " + std::to_string(mesh_.comm().size()) + " process(es), mesh " + mesh_.str() + ", device " + where);
+    log("meshtrain: " + std::to_string(mesh_.comm().size()) + " process(es)" + on_hosts + ", mesh " + mesh_.str() +
+        ", device " + where);
+  const std::vector<std::string> split = dist::groups_spanning_hosts(mesh_, "model", hosts_);
+  if (!split.empty())
+    log("meshtrain: warning: the model axis spans hosts (" + split[0] + (split.size() > 1 ? ", ..." : "") +
+        "): every layer's tensor-parallel all-reduce crosses the network. Place consecutive ranks on one host "
+        "(mpirun's default --map-by slot, e.g. --host a:4,b:4) and put 'model' last in --mesh.");
 }
 
 int Deployer::data_index() const {

@@ -33,6 +33,8 @@ class Deployer {
   explicit Deployer(DeployerOptions options = {});
 
   const dist::Mesh& mesh() const { return mesh_; }
+  // The host of each rank of the mesh (dist/hosts.h), by rank.
+  const std::vector<std::string>& hosts() const { return hosts_; }
   Device device() const { return device_; }
   const DeployerOptions& options() const { return options_; }
   const std::string& workdir() const { return options_.workdir; }
@@ -63,6 +65,7 @@ class Deployer {
  private:
   DeployerOptions options_;
   dist::Mesh mesh_;
+  std::vector<std::string> hosts_;
   Device device_;
 };
 

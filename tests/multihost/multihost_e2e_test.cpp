@@ -117,8 +117,15 @@ TEST_F(MultiHost, PretrainOnTwoHostsOfTwoRanksEqualsOneProcess) {
   CliRun one = run_cli(kPretrain + "--steps 40 --per-device-batch-size 8 --output-dir " + (dir_ / "one").string());
   ASSERT_EQ(one.code, 0);
   // data spans the hosts, model stays inside each (ranks 0,1 on host 1; 2,3 on host 2).
-  CliRun two = run_on(cluster, 2, 2, kPretrain + steps + "--mesh data=2,model=2 --output-dir " + (dir_ / "two").string());
+  CliRun two = run_on(cluster, 2, 2, kPretrain + steps + "--mesh data=2,model=2 --print-plan --output-dir " + (dir_ / "two").string());
   ASSERT_EQ(two.code, 0) << two.out;
+  // The start-up line and the plan name each rank's host; model groups stay inside hosts.
+  EXPECT_NE(two.out.find("4 process(es) on 2 hosts: "), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("(ranks 0-1), "), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("(ranks 2-3), mesh data=2,model=2"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("ranks: 0 (data=0 model=0) on "), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find(", 3 (data=1 model=1) on "), std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("model axis spans hosts"), std::string::npos) << two.out;
   const auto a = train_losses(dir_ / "one"), b = train_losses(dir_ / "two");
   ASSERT_EQ(a.size(), 40u);
   ASSERT_EQ(b.size(), 40u);
@@ -157,6 +164,17 @@ TEST_F(MultiHost, CheckpointSavedOnTwoHostsRestoresOnOneHostAndOnFour) {
             << ", on 4 hosts x 1 rank " << resumed_four << "\n";
   EXPECT_LE(resumed_one, 2e-3);
   EXPECT_LE(resumed_four, 2e-3);
+}
+
+TEST_F(MultiHost, AMeshWhoseModelAxisSpansHostsIsWarnedAbout) {
+  MT_REQUIRE_NETNS();
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  // model first: data varies fastest over consecutive ranks, so each model pair is split.
+  CliRun r = run_on(cluster, 2, 2, kPretrain + "--steps 2 --per-device-batch-size 2 --mesh model=2,data=2 --output-dir " +
+                                       (dir_ / "split").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: the model axis spans hosts (ranks 0, 2 on "), std::string::npos) << r.out;
 }
 
 // One host's processes killed mid-run: the job ends, bounded in time, with a failure; the
