@@ -1,11 +1,14 @@
 // Step time of a small GPT (forward, backward, AdamW) under each parallel layout, run with
 // `mpirun -np N spmd_step_bench`: single device (every rank alone, OpenMP threads as set),
 // data parallel, FSDP and tensor parallel over all ranks. Prints ms/step and tokens/s.
-// Usage: mpirun -np 2 build/bench/spmd_step_bench [steps]
+// Usage: mpirun -np 2 build/bench/spmd_step_bench [steps] [--layouts dp,fsdp,...] [--bucket-mb N]
+// (--bucket-mb: the gradient all-reduce bucket; one larger than all gradients means no
+// overlap with the backward pass: bench/multihost_overlap.sh compares the two over a slow link)
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "meshtrain/dist/grad_reducer.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/dist/spmd.h"
 #include "tests/support/tiny_gpt.h"
@@ -44,7 +47,15 @@ double run(const TinyGptConfig& c, const std::string& layout, const dist::Mesh* 
 
 int main(int argc, char** argv) {
   return dist::run_guarded([&] {
-    const int steps = argc > 1 ? std::stoi(argv[1]) : 5;
+    int steps = 5;
+    std::string layouts = "single,dp,fsdp,tp";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--layouts" && i + 1 < argc) layouts = argv[++i];
+      else if (a == "--bucket-mb" && i + 1 < argc) dist::set_grad_bucket_bytes(size_t(std::stod(argv[++i]) * (1 << 20)));
+      else steps = std::stoi(a);
+    }
+    layouts = "," + layouts + ",";
     const int n = dist::world().size();
     TinyGptConfig c{.vocab = 4096, .width = 256, .heads = 8, .layers = 4, .batch = 8, .time = 128, .dropout = 0.1};
     if (dist::world().rank() == 0)
@@ -55,14 +66,18 @@ int main(int argc, char** argv) {
     };
     std::vector<Case> cases{{"single", ""}, {"dp", "data=" + std::to_string(n)}, {"fsdp", "data=" + std::to_string(n)},
                             {"tp", "model=" + std::to_string(n)}};
+    if (dist::world().rank() == 0)
+      std::printf("gradient bucket %.1f MiB\n", double(dist::grad_bucket_bytes()) / (1 << 20));
     for (const Case& k : cases) {
+      if (layouts.find("," + k.layout + ",") == std::string::npos) continue;
       dist::Mesh mesh = k.mesh.empty() ? dist::Mesh::single() : dist::Mesh::from_string(k.mesh);
       double sec = run(c, k.layout, k.mesh.empty() ? nullptr : &mesh, steps);
       // Every layout processes the same global batch per step (single: each rank alone).
       double tokens = double(c.batch * c.time);
       if (dist::world().rank() == 0)
-        std::printf("%-7s %-12s %8.1f ms/step %9.0f tokens/s\n", k.layout.c_str(), k.mesh.empty() ? "(1 device)" : k.mesh.c_str(),
-                    sec * 1e3, tokens / sec);
+        std::printf("%-7s %-12s %8.1f ms/step %9.0f tokens/s, gradient buckets %d (%d during backward)\n", k.layout.c_str(), k.mesh.empty() ? "(1 device)" : k.mesh.c_str(),
+                    sec * 1e3, tokens / sec, dist::last_grad_reduction().buckets,
+                    dist::last_grad_reduction().buckets_during_backward);
     }
     return 0;
   });

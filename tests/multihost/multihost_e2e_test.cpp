@@ -53,6 +53,10 @@ class Cluster {
   bool ok() const { return ok_; }
   const std::string& error() const { return error_; }
   std::string host(int i) const { return prefix_ + std::to_string(i); }
+  // Slows host i's link (netem delay + rate where the kernel has netem, else the rate alone).
+  std::string shape(int i, const std::string& delay, const std::string& rate) const {
+    return sh(kScript + " shape " + host(i) + " " + delay + " " + rate);
+  }
 
   // `mpirun` from host 1 with `per_host` ranks on each of the first `hosts` hosts.
   std::string mpirun(int hosts, int per_host) const {
@@ -164,6 +168,25 @@ TEST_F(MultiHost, CheckpointSavedOnTwoHostsRestoresOnOneHostAndOnFour) {
             << ", on 4 hosts x 1 rank " << resumed_four << "\n";
   EXPECT_LE(resumed_one, 2e-3);
   EXPECT_LE(resumed_four, 2e-3);
+}
+
+TEST_F(MultiHost, ASlowLinkStillTrainsToTheSameLosses) {
+  MT_REQUIRE_NETNS();
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string link = cluster.shape(1, "5ms", "200mbit");
+  cluster.shape(2, "5ms", "200mbit");
+  std::cout << "  link: " << link;
+  CliRun one = run_cli(kPretrain + "--steps 20 --per-device-batch-size 8 --output-dir " + (dir_ / "one").string());
+  ASSERT_EQ(one.code, 0);
+  CliRun slow = run_on(cluster, 2, 1, kPretrain + "--steps 20 --per-device-batch-size 4 --mesh data=2 --output-dir " +
+                                          (dir_ / "slow").string());
+  ASSERT_EQ(slow.code, 0) << slow.out;
+  const auto a = train_losses(dir_ / "one"), b = train_losses(dir_ / "slow");
+  ASSERT_EQ(b.size(), 20u);
+  const double err = max_error(a, b, 1, 20);
+  std::cout << "  [max err] losses 2 hosts x 1 rank over the slowed link vs 1 process, 20 steps: " << err << "\n";
+  EXPECT_LE(err, 1e-3);
 }
 
 TEST_F(MultiHost, AMeshWhoseModelAxisSpansHostsIsWarnedAbout) {

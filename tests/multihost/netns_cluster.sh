@@ -9,6 +9,9 @@
 #   netns_cluster.sh down PREFIX         remove everything named PREFIX* (also after a failure)
 #   netns_cluster.sh rsh HOST CMD...     run CMD inside HOST (Open MPI's rsh agent)
 #   netns_cluster.sh addr PREFIX I NET   print host I's address
+#   netns_cluster.sh shape HOST DELAY RATE  slow HOST's link: netem (DELAY, e.g. 5ms, and RATE,
+#                                        e.g. 200mbit) where the kernel has it, else tbf (RATE
+#                                        alone); prints which
 #   netns_cluster.sh check               exit 0 when namespaces can be made here, else print why
 set -euo pipefail
 
@@ -58,6 +61,16 @@ case "$cmd" in
   addr)
     echo "10.213.$3.$2"
     ;;
+  shape)
+    host=$1 delay=$2 rate=$3
+    if ip netns exec "$host" tc qdisc add dev eth0 root netem delay "$delay" rate "$rate" 2>/dev/null; then
+      echo "netem delay $delay rate $rate"
+    else
+      # Kernels without sch_netem (some VMs): the rate limit alone, by a token bucket.
+      ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kbit latency 500ms
+      echo "tbf rate $rate (no netem in this kernel: no added delay)"
+    fi
+    ;;
   check)
     if [ "$(id -u)" -ne 0 ]; then echo "not root: network namespaces need root"; exit 1; fi
     if ! command -v ip >/dev/null; then echo "no 'ip' command (Debian iproute2)"; exit 1; fi
@@ -68,7 +81,7 @@ case "$cmd" in
     ip link del "${probe}br"
     ;;
   *)
-    echo "usage: $0 up PREFIX N NET | down PREFIX | rsh HOST CMD... | addr PREFIX I NET | check" >&2
+    echo "usage: $0 up PREFIX N NET | down PREFIX | rsh HOST CMD... | addr PREFIX I NET | shape HOST DELAY RATE | check" >&2
     exit 2
     ;;
 esac
