@@ -5,6 +5,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
+#include "meshtrain/data/token_shards.h"
 #include "meshtrain/dist/communicator.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/models/generate.h"
@@ -18,7 +19,7 @@ using json = nlohmann::json;
 
 void add_lm_data_flags(CLI::App* cmd, LmDataFlags& f) {
   cmd->add_option("--data", f.data,
-                  "text file or directory; documents split on '%' lines (fortune files) or <|endoftext|>")
+                  "text file or directory (documents split on '%' lines (fortune files) or <|endoftext|>), or a prepare-data token-shard directory")
       ->capture_default_str();
   cmd->add_option("--tokenizer", f.tokenizer,
                   "'bytes' (256 byte ids + <|endoftext|>), or a tokenizer.json / vocab.json / vocab.txt / .model / directory")
@@ -63,6 +64,16 @@ LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokeni
   LmCorpus c;
   c.tokenizer = tok;
   c.eos_id = end_of_text_id(*tok);
+  if (data::is_token_shard_dir(f.data)) {
+    // Tokenized by prepare-data: memory-mapped, read a sequence at a time.
+    MT_CHECK(!f.pad_documents, "[pretrain] --pad-documents needs text; ", f.data, " holds token shards (packed)");
+    auto ds = std::make_shared<data::TokenShardDataset>(f.data, f.seq_len);
+    MT_CHECK(ds->vocab_size() == tok->vocab_size(), "[pretrain] ", f.data, " was tokenized with a vocabulary of ",
+             ds->vocab_size(), " ids, the tokenizer has ", tok->vocab_size(), " (leave --tokenizer out to use the shards' own)");
+    c.num_tokens = ds->num_tokens();
+    c.dataset = ds;
+    return c;
+  }
   std::vector<std::string> docs = data::read_documents(f.data);
   data::TokenizeFn tokenize = [tok](const std::string& text) {
     tokenizers::Encoding e = tok->encode(text, false);
@@ -88,7 +99,10 @@ LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokeni
 }
 
 LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, const char* command) {
-  return make_lm_corpus(f, tokenizer_into(f.tokenizer, model_dir));
+  // Token shards carry the tokenizer they were made with (prepare-data's <output>/tokenizer).
+  const bool shards = data::is_token_shard_dir(f.data);
+  const std::string spec = shards && f.tokenizer == "bytes" ? (std::filesystem::path(f.data) / "tokenizer").string() : f.tokenizer;
+  return make_lm_corpus(f, tokenizer_into(spec, model_dir));
 }
 
 json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size, int64_t seq_len,

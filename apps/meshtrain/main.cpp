@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     mt::cli::add_plot_command(app);
     mt::cli::add_seq2seq_command(app);
     mt::cli::add_serve_command(app);
+    mt::cli::add_prepare_data_command(app);
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -1,0 +1,98 @@
+// `meshtrain prepare-data`: tokenizes a corpus once into memory-mapped token shards
+// (data/token_shards.h) that `pretrain --data DIR` reads without holding the corpus in
+// memory. Under mpirun each process tokenizes a contiguous block of the documents into its
+// own shards; rank 0 then writes index.json listing every shard in document order.
+#include <filesystem>
+#include <iostream>
+#include <algorithm>
+#include <regex>
+
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/documents.h"
+#include "meshtrain/data/token_shards.h"
+#include "meshtrain/dist/communicator.h"
+#include "meshtrain/io/mapped_file.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PrepareFlags {
+  std::string data, tokenizer = "bytes", output;
+  int64_t shard_tokens = int64_t(1) << 26;  // 64 Mi ids: 128 MiB of uint16
+  bool overwrite = false;
+};
+
+const std::regex kShardName("shard_r(\\d+)_(\\d+)\\.bin");
+
+void run(const PrepareFlags& f) {
+  dist::Communicator& world = dist::world();
+  const int rank = world.rank(), ranks = world.size();
+  if (rank == 0) {
+    const bool taken = fs::exists(fs::path(f.output) / "index.json");
+    MT_CHECK(!taken || f.overwrite, "[prepare-data] ", f.output,
+             " already holds token shards (index.json): pass --overwrite to replace them");
+    fs::create_directories(f.output);
+    fs::remove(fs::path(f.output) / "index.json");  // readers never see an index of half-written shards
+    for (const auto& e : fs::directory_iterator(f.output))
+      if (std::regex_match(e.path().filename().string(), kShardName)) fs::remove(e.path());
+  }
+  world.barrier();
+  auto tok = tokenizer_into(f.tokenizer, (fs::path(f.output) / "tokenizer").string());
+  const std::optional<int64_t> separator = end_of_text_id(*tok);
+  const std::vector<std::string> docs = data::read_documents(f.data);
+  MT_CHECK(!docs.empty(), "[prepare-data] ", f.data, " holds no documents");
+  // A contiguous block per process, so that the shards in rank order are the corpus in order.
+  const size_t begin = docs.size() * size_t(rank) / size_t(ranks), end = docs.size() * size_t(rank + 1) / size_t(ranks);
+  char prefix[32];
+  std::snprintf(prefix, sizeof prefix, "shard_r%05d", rank);
+  data::TokenShardWriter writer(f.output, prefix, tok->vocab_size(), f.shard_tokens);
+  int64_t tokens = 0;
+  for (size_t d = begin; d < end; ++d) {
+    tokenizers::Encoding e = tok->encode(docs[d], false);
+    if (e.ids.empty()) continue;
+    // Documents are separated as PackedDataset separates them: before every one but the first.
+    if (separator && d > 0) writer.add({*separator}), ++tokens;
+    writer.add(std::vector<int64_t>(e.ids.begin(), e.ids.end()));
+    tokens += int64_t(e.ids.size());
+  }
+  writer.finish();
+  world.barrier();
+  if (rank != 0) return;
+  // Every process's shards, in (rank, index) order, counted from their sizes.
+  std::vector<std::pair<std::string, int64_t>> shards;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(f.output))
+    if (std::regex_match(e.path().filename().string(), kShardName)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  const int bytes = data::TokenShardWriter::id_bytes(tok->vocab_size());
+  int64_t total = 0;
+  for (const std::string& n : names) {
+    const int64_t size = int64_t(fs::file_size(fs::path(f.output) / n));
+    shards.emplace_back(n, size / bytes);
+    total += size / bytes;
+  }
+  data::write_token_shard_index(f.output, tok->vocab_size(), separator, shards, f.data);
+  std::cout << "prepare-data: " << docs.size() << " documents, " << total << " tokens in " << shards.size() << " shards ("
+            << (bytes == 2 ? "uint16" : "uint32") << ", " << ranks << " process(es)) in " << f.output << "\n";
+}
+
+}  // namespace
+
+void add_prepare_data_command(CLI::App& app) {
+  auto f = std::make_shared<PrepareFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "prepare-data", "tokenize a corpus once into memory-mapped token shards for pretrain --data DIR (parallel under mpirun)");
+  cmd->add_option("--data", f->data, "text file or directory (documents split as pretrain splits them)")->required();
+  cmd->add_option("--tokenizer", f->tokenizer, "'bytes', or a tokenizer.json / vocab.json / vocab.txt / .model / directory")
+      ->capture_default_str();
+  cmd->add_option("--output", f->output, "directory for shard_*.bin, index.json and tokenizer/")->required();
+  cmd->add_option("--shard-tokens", f->shard_tokens, "token ids per shard file at most")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--overwrite", f->overwrite, "replace the shards of an earlier run in --output");
+  cmd->callback([f] { run(*f); });
+}
+
+}  // namespace mt::cli
