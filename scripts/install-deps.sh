@@ -20,6 +20,8 @@ packages=(
   fortunes
   # rsvg-convert: the tests render the curves.svg pictures
   librsvg2-bin
+  # /usr/bin/time: bench/shard_rss_bench.sh reads peak memory with it
+  time
 )
 
 missing=()

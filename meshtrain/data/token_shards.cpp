@@ -2,13 +2,18 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/json.h"
+#include "meshtrain/io/mapped_file.h"  // write_file_atomic
 
 namespace mt::data {
 
@@ -100,36 +105,65 @@ TokenShardDataset::TokenShardDataset(const std::string& dir, int64_t seq_len) : 
     MT_CHECK(file.find('/') == std::string::npos, "[token shards] ", index_path, ": shard '", file,
              "' must be a file name in the directory");
     const std::string path = (fs::path(dir) / file).string();
-    auto mapped = io::MappedFile::open(path, "token shards");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    MT_CHECK(fd >= 0, "[token shards] ", path, ": cannot open: ", std::strerror(errno));
+    fds_.push_back(fd);
+    paths_.push_back(path);
+    std::error_code ec;
+    const auto bytes = fs::file_size(path, ec);
     const int64_t tokens = s["tokens"].get<int64_t>();
-    MT_CHECK(int64_t(mapped->size()) == tokens * id_bytes_, "[token shards] ", path, ": ", mapped->size(),
+    MT_CHECK(!ec && int64_t(bytes) == tokens * id_bytes_, "[token shards] ", path, ": ", int64_t(bytes),
              " bytes, but index.json says ", tokens, " ", dtype, " tokens (", tokens * id_bytes_, " bytes)");
     starts_.push_back(num_tokens_);
     num_tokens_ += tokens;
-    files_.push_back(std::move(mapped));
   }
   MT_CHECK(seq_len_ > 0, "[token shards] sequence length must be positive, got ", seq_len_);
   num_sequences_ = num_tokens_ > seq_len_ ? (num_tokens_ - 1) / seq_len_ : 0;
   MT_CHECK(num_sequences_ > 0, "[token shards] ", dir, ": ", num_tokens_, " tokens make no sequence of ", seq_len_ + 1);
 }
 
-int64_t TokenShardDataset::token(int64_t position) const {
-  MT_CHECK(position >= 0 && position < num_tokens_, "[token shards] position ", position, " outside ", num_tokens_, " tokens");
-  const size_t shard = size_t(std::upper_bound(starts_.begin(), starts_.end(), position) - starts_.begin()) - 1;
-  const uint8_t* p = files_[shard]->data() + (position - starts_[shard]) * id_bytes_;
-  uint32_t v = 0;
-  for (int b = 0; b < id_bytes_; ++b) v |= uint32_t(p[b]) << (8 * b);
-  return int64_t(v);
+TokenShardDataset::~TokenShardDataset() {
+  for (int fd : fds_) ::close(fd);
 }
+
+std::vector<int64_t> TokenShardDataset::read(int64_t position, int64_t n) const {
+  MT_CHECK(position >= 0 && n >= 0 && position + n <= num_tokens_, "[token shards] tokens [", position, ", ",
+           position + n, ") outside ", num_tokens_);
+  std::vector<int64_t> out;
+  out.reserve(size_t(n));
+  std::vector<uint8_t> buf;
+  while (n > 0) {
+    const size_t shard = size_t(std::upper_bound(starts_.begin(), starts_.end(), position) - starts_.begin()) - 1;
+    const int64_t end = shard + 1 < starts_.size() ? starts_[shard + 1] : num_tokens_;
+    const int64_t take = std::min(n, end - position);
+    buf.resize(size_t(take * id_bytes_));
+    const off_t offset = off_t((position - starts_[shard]) * id_bytes_);
+    size_t got = 0;
+    while (got < buf.size()) {
+      const ssize_t r = ::pread(fds_[shard], buf.data() + got, buf.size() - got, offset + off_t(got));
+      MT_CHECK(r > 0, "[token shards] ", paths_[shard], ": read failed at byte ", offset + off_t(got), ": ",
+               r == 0 ? "end of file (the shard shrank?)" : std::strerror(errno));
+      got += size_t(r);
+    }
+    for (int64_t i = 0; i < take; ++i) {
+      uint32_t v = 0;
+      for (int b = 0; b < id_bytes_; ++b) v |= uint32_t(buf[size_t(i * id_bytes_ + b)]) << (8 * b);
+      out.push_back(int64_t(v));
+    }
+    position += take;
+    n -= take;
+  }
+  return out;
+}
+
+int64_t TokenShardDataset::token(int64_t position) const { return read(position, 1)[0]; }
 
 Example TokenShardDataset::get(int64_t index) const {
   MT_CHECK(index >= 0 && index < num_sequences_, "[token shards] sequence ", index, " outside [0, ", num_sequences_, ")");
-  std::vector<int64_t> tokens(static_cast<size_t>(seq_len_ + 1));
-  for (int64_t i = 0; i <= seq_len_; ++i) {
-    tokens[size_t(i)] = token(index * seq_len_ + i);
+  std::vector<int64_t> tokens = read(index * seq_len_, seq_len_ + 1);
+  for (int64_t i = 0; i <= seq_len_; ++i)
     MT_CHECK(tokens[size_t(i)] < vocab_size_, "[token shards] token ", tokens[size_t(i)], " at position ",
              index * seq_len_ + i, " is outside the vocabulary of ", vocab_size_, " (a corrupt shard?)");
-  }
   return Example{{"tokens", tokens}};
 }
 
