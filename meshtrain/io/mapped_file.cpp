@@ -55,10 +55,6 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path, const char
   return f;
 }
 
-void MappedFile::advise_random() const {
-  if (data_ != nullptr) ::madvise(data_, size_, MADV_RANDOM);
-}
-
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }

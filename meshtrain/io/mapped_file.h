@@ -21,9 +21,6 @@ class MappedFile {
   uint8_t* data() const { return data_; }  // nullptr for an empty file
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // Tells the kernel the file is read at random places (no read-ahead around each page
-  // touched), so a process reading small pieces of a large file keeps few of its pages.
-  void advise_random() const;
   bool contains(const void* p) const {
     auto* b = static_cast<const uint8_t*>(p);
     return data_ != nullptr && b >= data_ && b < data_ + size_;
