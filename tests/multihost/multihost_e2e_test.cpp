@@ -12,6 +12,9 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/io/json.h"
 #include "tests/support/cli_run.h"
 #include "tests/support/run_metrics.h"
 
@@ -187,6 +190,42 @@ TEST_F(MultiHost, ASlowLinkStillTrainsToTheSameLosses) {
   const double err = max_error(a, b, 1, 20);
   std::cout << "  [max err] losses 2 hosts x 1 rank over the slowed link vs 1 process, 20 steps: " << err << "\n";
   EXPECT_LE(err, 1e-3);
+}
+
+// GLUE fine-tuning with the data axis over 4 hosts (1 rank each) against one process with
+// the same global batch: the epoch losses within what another summation order changes, the
+// accuracy within one of the 32 eval examples.
+TEST_F(MultiHost, GlueOnFourHostsMatchesOneProcess) {
+  MT_REQUIRE_NETNS();
+  Cluster cluster(4);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string common = "glue --task rte --config small --tokenizer " + std::string(MT_DATA_DIR) +
+                             "/tokenizers/bert-base-uncased-vocab.txt --data-dir " + std::string(MT_DATA_DIR) +
+                             "/glue --max-seq-length 32 --max-train-samples 64 --max-eval-samples 32 --num-train-epochs 2"
+                             " --learning-rate 1e-3 --per-device-eval-batch-size 4 ";
+  CliRun one = run_cli(common + "--per-device-train-batch-size 8 --output-dir " + (dir_ / "one").string());
+  ASSERT_EQ(one.code, 0);
+  CliRun four = run_on(cluster, 4, 1, common + "--per-device-train-batch-size 2 --mesh data=4 --output-dir " +
+                                          (dir_ / "four").string());
+  ASSERT_EQ(four.code, 0) << four.out;
+  EXPECT_NE(four.out.find("4 process(es) on 4 hosts"), std::string::npos) << four.out;
+  auto losses = [](const std::string& out) {
+    std::vector<double> v;
+    for (size_t p = out.find("| train loss "); p != std::string::npos; p = out.find("| train loss ", p + 1))
+      v.push_back(std::stod(out.substr(p + 13)));
+    return v;
+  };
+  const std::vector<double> a = losses(one.out), b = losses(four.out);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  const nlohmann::json ea = io::read_json_file((dir_ / "one" / "eval_results.json").string()),
+                       eb = io::read_json_file((dir_ / "four" / "eval_results.json").string());
+  const double acc_a = ea["eval_accuracy"].get<double>(), acc_b = eb["eval_accuracy"].get<double>();
+  std::cout << "  [max err] GLUE RTE data=4 over 4 hosts vs 1 process: epoch losses " << std::abs(a[0] - b[0]) << ", "
+            << std::abs(a[1] - b[1]) << "; accuracy " << acc_a << " vs " << acc_b << "\n";
+  EXPECT_NEAR(a[0], b[0], 2e-3);
+  EXPECT_NEAR(a[1], b[1], 2e-3);
+  EXPECT_NEAR(acc_a, acc_b, 1.0 / 32 + 1e-6);
 }
 
 TEST_F(MultiHost, AMeshWhoseModelAxisSpansHostsIsWarnedAbout) {
