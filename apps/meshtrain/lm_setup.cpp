@@ -99,10 +99,7 @@ LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokeni
 }
 
 LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, const char* command) {
-  // Token shards carry the tokenizer they were made with (prepare-data's <output>/tokenizer).
-  const bool shards = data::is_token_shard_dir(f.data);
-  const std::string spec = shards && f.tokenizer == "bytes" ? (std::filesystem::path(f.data) / "tokenizer").string() : f.tokenizer;
-  return make_lm_corpus(f, tokenizer_into(spec, model_dir));
+  return make_lm_corpus(f, tokenizer_into(f.tokenizer, model_dir));
 }
 
 json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size, int64_t seq_len,

@@ -50,14 +50,14 @@ void run(const PrepareFlags& f) {
   char prefix[32];
   std::snprintf(prefix, sizeof prefix, "shard_r%05d", rank);
   data::TokenShardWriter writer(f.output, prefix, tok->vocab_size(), f.shard_tokens);
-  int64_t tokens = 0;
   for (size_t d = begin; d < end; ++d) {
     tokenizers::Encoding e = tok->encode(docs[d], false);
     if (e.ids.empty()) continue;
     // Documents are separated as PackedDataset separates them: before every one but the first.
-    if (separator && d > 0) writer.add({*separator}), ++tokens;
+    // (read_documents drops blank documents, so every earlier document, in any process's
+    // block, put tokens in the stream: d > 0 is "not the first".)
+    if (separator && d > 0) writer.add({*separator});
     writer.add(std::vector<int64_t>(e.ids.begin(), e.ids.end()));
-    tokens += int64_t(e.ids.size());
   }
   writer.finish();
   world.barrier();

@@ -14,6 +14,7 @@
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
+#include "meshtrain/data/token_shards.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/train/checkpoint_model.h"
@@ -30,7 +31,7 @@ struct PretrainOptions {
   std::string model = "minigpt";
   std::string config;
   std::string init_from;        // continue from this model instead of fresh weights
-  bool tokenizer_given = false;  // --tokenizer on the command line (else --init-from's own)
+  bool tokenizer_given = false;  // --tokenizer on the command line (else --init-from's own, or the token shards')
   LoraFlags lora;
   StepFlags length{0, 1, 16, 1};
   double learning_rate = 2e-3;
@@ -82,7 +83,10 @@ void run(const PretrainOptions& o) {
     MT_CHECK(!o.lora.enabled(), "[pretrain] LoRA adapts a trained model: pass --init-from DIR with --lora-rank");
   }
   LmDataFlags data = o.data;
-  if (!o.init_from.empty() && !o.tokenizer_given) data.tokenizer = o.init_from;  // the model's own tokenizer
+  if (!o.tokenizer_given) {
+    if (!o.init_from.empty()) data.tokenizer = o.init_from;  // the model's own tokenizer
+    else if (data::is_token_shard_dir(data.data)) data.tokenizer = (fs::path(data.data) / "tokenizer").string();  // prepare-data's
+  }
   LmCorpus corpus = load_lm_corpus(data, model_dir.string(), "pretrain");
   if (model) {
     const models::CausalLm lm = model->causal_lm();

@@ -133,17 +133,12 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
   train::ShardingPlan plan = deployer.sharding_rules(params, roles, so);
   if (f.print_plan && deployer.is_main()) {
     std::cout << "sharding plan on mesh " << deployer.mesh().str() << ":\n" << plan.table();
-    // Where each rank runs, with its mesh coordinates (row-major, the last axis fastest).
+    // Where each rank runs, with its mesh coordinates.
     const dist::Mesh& mesh = deployer.mesh();
     std::cout << "ranks:";
     for (int r = 0; r < int(deployer.hosts().size()); ++r) {
       std::cout << (r ? "," : "") << " " << r << " (";
-      int rest = r;
-      std::vector<int> coords(mesh.axis_names().size());
-      for (size_t i = coords.size(); i-- > 0;) {
-        coords[i] = rest % mesh.axis_size(mesh.axis_names()[i]);
-        rest /= mesh.axis_size(mesh.axis_names()[i]);
-      }
+      const std::vector<int> coords = mesh.coords_of(r);
       for (size_t i = 0; i < coords.size(); ++i) std::cout << (i ? " " : "") << mesh.axis_names()[i] << "=" << coords[i];
       std::cout << ") on " << deployer.hosts()[size_t(r)];
     }

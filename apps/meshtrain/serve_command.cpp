@@ -57,7 +57,7 @@ std::string base_name(std::string path) {
 }
 
 // A special token's text from tokenizer_config.json: a string or {"content": ...}.
-std::string token_text(const nlohmann::json& v) {
+std::string special_token_content(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
   return "";
@@ -79,8 +79,8 @@ void load_chat_template(serve::ServedModel& m, const std::string& model_path, co
     const std::string file = (dir / "tokenizer_config.json").string();
     nlohmann::json cfg = nlohmann::json::parse(read(file), nullptr, false);
     MT_CHECK(!cfg.is_discarded() && cfg.is_object(), "[serve] ", file, " is not a JSON object");
-    m.bos_token = token_text(cfg.value("bos_token", nlohmann::json()));
-    m.eos_token = token_text(cfg.value("eos_token", nlohmann::json()));
+    m.bos_token = special_token_content(cfg.value("bos_token", nlohmann::json()));
+    m.eos_token = special_token_content(cfg.value("eos_token", nlohmann::json()));
     const nlohmann::json t = cfg.value("chat_template", nlohmann::json());
     if (t.is_string()) source = t.get<std::string>();
     if (t.is_array())

@@ -85,15 +85,16 @@ std::vector<std::string> groups_spanning_hosts(const Mesh& mesh, const std::stri
                                                const std::vector<std::string>& hosts) {
   std::vector<std::string> out;
   if (!mesh.has_axis(axis) || mesh.axis_size(axis) <= 1 || int(hosts.size()) != mesh.size()) return out;
-  const std::vector<std::string>& names = mesh.axis_names();
-  const size_t position = size_t(std::find(names.begin(), names.end(), axis) - names.begin());
-  int stride = 1;
-  for (size_t i = position + 1; i < names.size(); ++i) stride *= mesh.axis_size(names[i]);
-  const int size = mesh.axis_size(axis);
+  const size_t position = size_t(std::find(mesh.axis_names().begin(), mesh.axis_names().end(), axis) -
+                                 mesh.axis_names().begin());
+  // A group: the ranks whose coordinates agree off `axis`, keyed by those coordinates.
+  std::map<std::vector<int>, std::vector<int>> groups;
   for (int r = 0; r < mesh.size(); ++r) {
-    if ((r / stride) % size != 0) continue;  // each group once, from its first member
-    std::vector<int> group;
-    for (int k = 0; k < size; ++k) group.push_back(r + k * stride);
+    std::vector<int> key = mesh.coords_of(r);
+    key[position] = -1;
+    groups[key].push_back(r);
+  }
+  for (const auto& [key, group] : groups) {
     bool spans = false;
     for (int g : group) spans = spans || hosts[size_t(g)] != hosts[size_t(group[0])];
     if (!spans) continue;

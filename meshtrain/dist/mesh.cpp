@@ -44,13 +44,7 @@ Mesh Mesh::single() {
 Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
     : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
   install_spmd();  // arrays on this mesh run through the distributed executor
-  // Row-major coordinates of this rank: the last axis varies fastest.
-  coords_.assign(names_.size(), 0);
-  int rest = comm.rank();
-  for (size_t i = names_.size(); i-- > 0;) {
-    coords_[i] = rest % sizes_[i];
-    rest /= sizes_[i];
-  }
+  coords_ = coords_of(comm.rank());
   // Splits run in axis order on every rank, so the collective calls match.
   for (size_t a = 0; a < names_.size(); ++a) {
     if (sizes_[a] == 1) {
@@ -151,6 +145,16 @@ bool Mesh::has_axis(const std::string& axis) const {
 }
 
 int Mesh::axis_size(const std::string& axis) const { return sizes_[size_t(axis_position(axis))]; }
+std::vector<int> Mesh::coords_of(int rank) const {
+  // Row-major: the last axis varies fastest over consecutive ranks.
+  std::vector<int> c(names_.size(), 0);
+  for (size_t i = names_.size(); i-- > 0;) {
+    c[i] = rank % sizes_[i];
+    rank /= sizes_[i];
+  }
+  return c;
+}
+
 int Mesh::axis_index(const std::string& axis) const { return coords_[size_t(axis_position(axis))]; }
 
 Communicator& Mesh::axis_comm(const std::string& axis) const { return *axis_comms_[size_t(axis_position(axis))]; }

@@ -29,6 +29,7 @@ class Mesh {
   int axis_index(const std::string& axis) const;  // this rank's coordinate along `axis`
   bool has_axis(const std::string& axis) const;
   const std::vector<int>& coords() const { return coords_; }  // this rank's coordinates, axis order
+  std::vector<int> coords_of(int rank) const;                 // any rank's (row-major), axis order
   int rank() const { return comm().rank(); }                  // this rank in comm()
 
   Communicator& axis_comm(const std::string& axis) const;  // ranks that differ only along `axis`

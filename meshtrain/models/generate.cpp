@@ -20,15 +20,6 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-double log_sum_exp(const float* x, int64_t n) {
-  double m = kNegInf;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
-  if (!std::isfinite(m)) return m;
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
-  return m + std::log(s);
-}
-
 // A decoder over left-padded prompts: the host rows (ids and 0/1 mask, all one length) and
 // the KV cache of what the model has seen.
 class CausalState final : public DecodingState {
@@ -273,7 +264,16 @@ std::pair<Array, Array> left_pad(const std::vector<std::vector<int64_t>>& prompt
   return {Array::from_vector(ids, Shape{b, int64_t(t)}), Array::from_vector(mask, Shape{b, int64_t(t)})};
 }
 
-int64_t choose_token(const std::vector<float>& logits, const GenerationConfig& c, double u) {
+double log_sum_exp(const float* x, int64_t n) {
+  double m = kNegInf;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
+  if (!std::isfinite(m)) return m;
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+  return m + std::log(s);
+}
+
+int64_t choose_token(std::span<const float> logits, const GenerationConfig& c, double u) {
   const int64_t v = int64_t(logits.size());
   MT_CHECK(v > 0, "[generate] empty logits");
   if (c.temperature == 0) return int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -5,6 +5,7 @@
 // counter-based key (seed, step, row), so a run is reproducible whatever the thread count.
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "meshtrain/models/causal_lm.h"
@@ -63,7 +64,10 @@ GenerationResult beam_search(const CausalLm& lm, const std::vector<std::vector<i
 
 // The next-token choice of one row from its logits (V,), as generate applies it: greedy
 // when temperature is 0, else the filtered distribution sampled with uniform `u` in [0, 1).
-int64_t choose_token(const std::vector<float>& logits, const GenerationConfig& config, double u);
+int64_t choose_token(std::span<const float> logits, const GenerationConfig& config, double u);
+
+// log(sum(exp(x))) of a row of n logits, in double (the log-probability normalizer).
+double log_sum_exp(const float* x, int64_t n);
 
 // Left-pads prompts to the longest: ids (B, T) and mask (B, T) i64.
 std::pair<Array, Array> left_pad(const std::vector<std::vector<int64_t>>& prompts, int64_t pad_token_id);

@@ -88,8 +88,7 @@ std::string CompletionRun::apply(const TokenEvent& e) {
       first_token_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     ++c.tokens;
     if (!e.is_stop_token) {
-      const size_t offset = c.text.size() + (request_.echo ? request_.prompt_texts[size_t(e.choice / request_.engine.n)].size() : 0);
-      record_logprobs(e, c, offset);
+      record_logprobs(e, c, c.text.size());  // (echo with logprobs is refused, so offsets start at 0)
       if (c.text_stream) piece = c.text_stream->push(e.token);
       if (c.text_stream && c.text_stream->stopped()) {
         c.finish = FinishReason::stop;

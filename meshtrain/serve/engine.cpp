@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numeric>
 
 #include "meshtrain/autodiff/node.h"
@@ -11,15 +10,6 @@
 namespace mt::serve {
 
 namespace {
-
-double log_sum_exp(const float* x, int64_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, double(x[i]));
-  if (!std::isfinite(m)) return m;
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
-  return m + std::log(s);
-}
 
 // The k most likely tokens of a row (ties: lower id first) with their log-probabilities.
 std::vector<std::pair<int64_t, double>> top_logprobs(const float* row, int64_t v, int64_t k, double lse) {
@@ -99,7 +89,7 @@ std::shared_ptr<RequestStream> Engine::submit(EngineRequest r) {
                            detail::concat("this model's maximum context length is ", options_.max_model_len,
                                           " tokens, but ", len + s.max_tokens, " were requested (", len,
                                           " in the prompt, ", s.max_tokens, " for the completion)"));
-    reserve += r.n * (len + s.max_tokens) * runner_->kv_bytes_per_token();
+    reserve += r.n * reservation(len, s.max_tokens);
     prompt_tokens += len;
   }
   if (reserve > options_.kv_cache_bytes)
@@ -197,7 +187,7 @@ void Engine::prefill(Waiting& w, size_t p) {
   const std::vector<int64_t>& prompt = w.request.prompts[p];
   const int64_t n = w.request.n, first = int64_t(p) * n;
   const SamplingParams& sp = w.request.sampling;
-  const int64_t reserve_each = (int64_t(prompt.size()) + sp.max_tokens) * runner_->kv_bytes_per_token();
+  const int64_t reserve_each = reservation(int64_t(prompt.size()), sp.max_tokens);
   const int64_t id = next_id_;
   next_id_ += n;
   std::vector<float> logits;
@@ -264,13 +254,13 @@ void Engine::decode_step() {
 
 bool Engine::emit_token(Sequence& s, const float* row) {
   const int64_t v = runner_->vocab_size();
-  const double lse = log_sum_exp(row, v);
+  const double lse = models::log_sum_exp(row, v);
   models::GenerationConfig g;
   g.temperature = s.sampling.temperature;
   g.top_k = s.sampling.top_k;
   g.top_p = s.sampling.top_p;
   const double u = uniform_at(s.key.fold_in(uint64_t(s.generated)).fold_in(uint64_t(s.draw_row)), 0);
-  const int64_t tok = models::choose_token(std::vector<float>(row, row + v), g, u);
+  const int64_t tok = models::choose_token(std::span<const float>(row, size_t(v)), g, u);
   TokenEvent e;
   e.choice = s.choice;
   e.token = tok;

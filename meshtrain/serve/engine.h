@@ -118,6 +118,10 @@ class Engine {
     int64_t reserve_bytes = 0;
   };
 
+  // KV bytes a sequence reserves: its prompt and all of its new tokens.
+  int64_t reservation(int64_t prompt_tokens, int64_t max_tokens) const {
+    return (prompt_tokens + max_tokens) * runner_->kv_bytes_per_token();
+  }
   void loop();
   std::vector<Waiting> take_admissible();
   void prefill(Waiting& w, size_t prompt);

@@ -37,18 +37,21 @@ TextStream::TextStream(const tokenizers::Tokenizer& tokenizer, const std::vector
                        std::vector<std::string> stops)
     : tokenizer_(tokenizer), stops_(std::move(stops)) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+  for (const std::string& s : stops_) longest_stop_ = std::max(longest_stop_, s.size());
   const size_t n = std::min(prompt.size(), kContextTokens);
   for (size_t i = prompt.size() - n; i < prompt.size(); ++i) ids_.push_back(int32_t(prompt[i]));
-  context_ = ids_.size();
-  context_text_ = tokenizer_.decode(ids_, true);
+  stable_ = ids_.size();
 }
 
 std::string TextStream::decoded() const {
-  std::string all = tokenizer_.decode(ids_, true);
+  const size_t from = stable_ >= kContextTokens ? stable_ - kContextTokens : 0;
+  const std::vector<int32_t> context(ids_.begin() + int64_t(from), ids_.begin() + int64_t(stable_));
+  const std::vector<int32_t> window(ids_.begin() + int64_t(from), ids_.end());
+  const std::string context_text = tokenizer_.decode(context, true), all = tokenizer_.decode(window, true);
   // The new tokens' text is what they add after the context's.
-  if (all.compare(0, context_text_.size(), context_text_) == 0) return all.substr(context_text_.size());
-  std::vector<int32_t> generated(ids_.begin() + int64_t(context_), ids_.end());
-  return tokenizer_.decode(generated, true);
+  if (all.compare(0, context_text.size(), context_text) == 0) return settled_ + all.substr(context_text.size());
+  const std::vector<int32_t> fresh(ids_.begin() + int64_t(stable_), ids_.end());
+  return settled_ + tokenizer_.decode(fresh, true);
 }
 
 std::string TextStream::release_up_to(size_t end, const std::string& text) {
@@ -63,15 +66,21 @@ std::string TextStream::release_up_to(size_t end, const std::string& text) {
 std::string TextStream::push(int64_t token) {
   if (stopped_) return "";
   ids_.push_back(int32_t(token));
-  std::string text = decoded();
-  // The earliest stop string anywhere in the text ends it (one may span tokens).
+  const std::string text = decoded();
+  // The earliest stop string ends the text (one may span tokens). The settled text was
+  // searched when it settled: only a stop reaching past its end can be new.
+  const size_t search_from = settled_.size() > longest_stop_ ? settled_.size() - longest_stop_ : 0;
   size_t cut = std::string::npos;
-  for (const std::string& s : stops_) cut = std::min(cut, text.find(s));
+  for (const std::string& s : stops_) cut = std::min(cut, text.find(s, search_from));
   if (cut != std::string::npos) {
     stopped_ = true;
     return release_up_to(cut, text);
   }
   if (ends_with(text, kReplacement)) return "";  // a character still incomplete
+  if (incomplete_tail(text) == 0) {
+    settled_ = text;
+    stable_ = ids_.size();
+  }
   // Hold back the longest tail that a stop string begins with.
   size_t hold = 0;
   for (const std::string& s : stops_)

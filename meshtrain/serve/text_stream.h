@@ -27,14 +27,18 @@ class TextStream {
   const std::string& released() const { return released_; }
 
  private:
-  std::string decoded() const;  // the text of every token pushed so far
+  // The text of every token pushed so far: the settled text, then what the tokens after it
+  // decode to (read with a few tokens of context, so a token costs the unsettled tail only,
+  // not the whole text).
+  std::string decoded() const;
   std::string release_up_to(size_t end, const std::string& text);
 
   const tokenizers::Tokenizer& tokenizer_;
   std::vector<int32_t> ids_;  // context + generated
-  size_t context_ = 0;
-  std::string context_text_;
+  size_t stable_ = 0;          // ids_[..stable_) decode to settled_ (no incomplete character at its end)
+  std::string settled_;        // the generated text up to stable_
   std::vector<std::string> stops_;
+  size_t longest_stop_ = 0;
   std::string released_;
   bool stopped_ = false;
 };
