@@ -344,13 +344,13 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOpt
     if (fs::is_regular_file(p / "encoder.json") && fs::is_regular_file(p / "vocab.bpe"))
       return load_bpe_files((p / "encoder.json").string(), (p / "vocab.bpe").string());
     for (const char* name : {"spiece.model", "tokenizer.model", "sentencepiece.bpe.model"})
-      if (fs::is_regular_file(p / name)) return std::make_shared<SentencePieceTokenizer>((p / name).string());
+      if (fs::is_regular_file(p / name)) return load_sentencepiece((p / name).string());
     throw Error(detail::concat("[tokenizer] directory '", path,
                                "' holds no tokenizer (looked for tokenizer.json, vocab.txt, vocab.json + merges.txt, "
                                "encoder.json + vocab.bpe, spiece.model, tokenizer.model)"));
   }
   const std::string name = p.filename().string();
-  if (ends_with(name, ".model")) return std::make_shared<SentencePieceTokenizer>(path);
+  if (ends_with(name, ".model")) return load_sentencepiece(path);
   if (ends_with(name, ".json")) {
     // A tokenizer.json has "model"; a vocab.json/encoder.json is a flat token -> id object.
     const json root = read_json(path);

@@ -250,6 +250,37 @@ TEST(Tokenizer, LoadsEveryLayout) {
   EXPECT_EQ(load_tokenizer(kData + "/tokenizers/bert-base-cased-vocab.txt")->encode("Hello", false).tokens[0], "Hello");
 }
 
+// T5's .model gets what T5Tokenizer adds: "</s>" at the end and the <extra_id_N> sentinels
+// counting down from 32099. Expected ids are the ones printed in Hugging Face's T5
+// documentation (training and translation examples).
+TEST(Tokenizer, T5SentencePieceAppendsEndAndKnowsSentinels) {
+  auto tok = load_tokenizer(kData + "/tokenizers/t5-spiece.model");
+  EXPECT_EQ(tok->vocab_size(), 32100);
+  auto ids = [&](const std::string& text) { return tok->encode(text).ids; };
+  EXPECT_EQ(ids("The <extra_id_0> walks in <extra_id_1> park"), (std::vector<int32_t>{37, 32099, 10681, 16, 32098, 2447, 1}));
+  EXPECT_EQ(ids("<extra_id_0> cute dog <extra_id_1> the <extra_id_2>"),
+            (std::vector<int32_t>{32099, 5295, 1782, 32098, 8, 32097, 1}));
+  EXPECT_EQ(ids("translate English to German: The house is wonderful."),
+            (std::vector<int32_t>{13959, 1566, 12, 2968, 10, 37, 629, 19, 1627, 5, 1}));
+  EXPECT_EQ(ids("Das Haus ist wunderbar."), (std::vector<int32_t>{644, 4598, 229, 19250, 5, 1}));
+  EXPECT_EQ(tok->encode("Das Haus", false).ids, (std::vector<int32_t>{644, 4598}));
+  EXPECT_EQ(tok->encode_pair("a", "b").ids.back(), 1);
+  EXPECT_EQ(tok->token_to_id("<extra_id_99>"), 32000);
+  EXPECT_EQ(tok->id_to_token(32099), "<extra_id_0>");
+  EXPECT_TRUE(tok->is_special(32050));
+  EXPECT_EQ(tok->decode(ids("The <extra_id_0> walks")), "The walks");
+  // tokenizer_config.json beside the model sets the number of sentinels.
+  TempDir dir;
+  fs::copy_file(kData + "/tokenizers/t5-spiece.model", dir.path / "spiece.model");
+  dir.write("tokenizer_config.json", R"({"extra_ids": 3})");
+  auto three = load_tokenizer(dir.path.string());
+  EXPECT_EQ(three->vocab_size(), 32003);
+  EXPECT_EQ(three->token_to_id("<extra_id_0>"), 32002);
+  EXPECT_FALSE(three->token_to_id("<extra_id_3>"));
+  dir.write("tokenizer_config.json", R"({"extra_ids": "many"})");
+  EXPECT_THROW(load_tokenizer(dir.path.string()), Error);
+}
+
 TEST(Tokenizer, MalformedFilesNameTheFileAndProblem) {
   TempDir dir;
   const auto bad_json = dir.write("bad.json", "{ \"model\": ");
