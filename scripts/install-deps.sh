@@ -14,6 +14,8 @@ packages=(
   python3-torch python3-numpy python3-sklearn python3-scipy python3-protobuf python3-crcmod
   # jinja2: the chat template oracle of the tests (tests/support/render_chat_template.py)
   python3-jinja2
+  # nltk: the Porter stemmer oracle of the ROUGE tests (tests/unit/rouge_test.cpp)
+  python3-nltk
   # Debian's torch calls the system BLAS; without OpenBLAS that is the reference BLAS
   # (~5 GFLOP/s), which would make the PyTorch side of bench/ meaningless.
   libopenblas0-pthread
