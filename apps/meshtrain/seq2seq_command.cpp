@@ -2,12 +2,15 @@
 // model from --config small-t5|small-bart|FILE) trained on JSONL source/target pairs with
 // teacher forcing, evaluated each epoch by beam search through the Predictor (ROUGE-1/2/L/
 // Lsum and exact match), keeping the best checkpoint by ROUGE-L; writes predictions.jsonl
-// and eval_results.json, and the final model as a Hugging Face directory.
+// and eval_results.json, and the final model as a Hugging Face directory. With --lora-rank
+// only LoRA adapters train (PEFT's q/v defaults for T5 and BART) and the adapter is saved in
+// PEFT's layout.
 #include <filesystem>
 #include <fstream>
 
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/meshtrain.h"
@@ -36,6 +39,7 @@ struct Seq2SeqOptions {
   int64_t warmup_steps = 10;
   double weight_decay = 0.0;
   double max_grad_norm = 1.0;
+  LoraFlags lora;
   RunFlags run;
 };
 
@@ -116,6 +120,7 @@ void run(const Seq2SeqOptions& o) {
                          o.max_target_length, o.source_prefix};
   const Pairs train_pairs = read_pairs(o.data, o), eval_pairs = read_pairs(o.eval_data, o);
   auto train_set = tokenize_pairs(train_pairs, *tok, t), eval_set = tokenize_pairs(eval_pairs, *tok, t);
+  if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
 
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
@@ -123,14 +128,20 @@ void run(const Seq2SeqOptions& o) {
   const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1),
                                                            total, o.learning_rate * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
-                                       optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay)});
-  // HF buffers (BART's final_logits_bias) are saved but never trained.
+                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  // HF buffers (BART's final_logits_bias) are saved but never trained (LoRA freezes them
+  // with the rest of the base).
   std::string buffers;
   for (const std::string& b : model->spec().buffers) buffers += (buffers.empty() ? "" : "|") + b;
-  if (!buffers.empty()) opt = optim::partition({{buffers, optim::freeze()}, {".*", opt}});
-  deployer.log("seq2seq: " + model->model_type + " (" + std::to_string(model->params.total_elements()) +
-               " parameters) on " + o.data + ": " + std::to_string(train_set->size()) + " train / " +
+  if (!buffers.empty() && !o.lora.enabled()) opt = optim::partition({{buffers, optim::freeze()}, {".*", opt}});
+  int64_t trainable = 0;
+  for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
+  deployer.log("seq2seq: " + model->model_type + " (" +
+               (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string()) +
+               std::to_string(trainable) + " of " + std::to_string(model->params.total_elements()) +
+               " parameters trained) on " + o.data + ": " + std::to_string(train_set->size()) + " train / " +
                std::to_string(eval_set->size()) + " eval pairs, " + std::to_string(total) + " steps of " +
                std::to_string(o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum) +
                " on mesh " + deployer.mesh().str() + ", beam search with " + std::to_string(o.num_beams) + " beams");
@@ -174,7 +185,12 @@ void run(const Seq2SeqOptions& o) {
   f.eval_fn = evaluate;
   f.save_best_by = "max:rougeL";
   apply_run_flags(o.run, f);
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
+  // The tokenizer travels with the run's model/ folder, which a LoRA run without
+  // --merge-lora does not write.
+  const std::string tokenizer_ref = o.lora.enabled() && !o.lora.merge
+                                        ? fs::absolute(o.tokenizer.empty() ? model->source : o.tokenizer).string()
+                                        : "../../model";
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.max_source_length + o.max_target_length;
   train::FitResult r = trainer.fit(train_set, f);
@@ -183,9 +199,15 @@ void run(const Seq2SeqOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (!deployer.is_main()) return;
-  const fs::path model_dir = out / "model";
-  models::save_pretrained(*model, model_dir.string());
-  tokenizers::copy_tokenizer_files(o.tokenizer.empty() ? model->source : o.tokenizer, model_dir.string());
+  const fs::path model_dir = out / "model", adapter_dir = out / "adapter";
+  if (o.lora.enabled()) {
+    models::save_adapter(*model, adapter_dir.string(), o.model.empty() ? o.config : o.model);
+    deployer.log("adapter in " + adapter_dir.string() + " (PEFT layout; apply with --adapter)");
+  }
+  if (!o.lora.enabled() || o.lora.merge) {
+    models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
+    tokenizers::copy_tokenizer_files(o.tokenizer.empty() ? model->source : o.tokenizer, model_dir.string());
+  }
   std::string lines;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     lines += json{{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}}
@@ -197,7 +219,7 @@ void run(const Seq2SeqOptions& o) {
   results["best"] = io::read_json_file((out / "checkpoints" / "best" / "meta.json").string()).value("best", json());
   io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
   std::cout << "eval results: " << results.dump() << "\npredictions in " << (out / "predictions.jsonl").string()
-            << ", model in " << model_dir.string() << "\n";
+            << (fs::exists(model_dir) ? ", model in " + model_dir.string() : std::string()) << "\n";
 }
 
 }  // namespace
@@ -230,6 +252,7 @@ void add_seq2seq_command(CLI::App& app) {
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
   cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  add_lora_flags(cmd, o->lora);
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] { run(*o); });
 }

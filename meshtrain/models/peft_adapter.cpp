@@ -173,7 +173,8 @@ void save_adapter(const PretrainedModel& model, const std::string& dir, const st
   const ModelKind kind = model.spec().kind;
   json config = {
       {"peft_type", "LORA"},
-      {"task_type", kind == ModelKind::decoder ? json("CAUSAL_LM")
+      {"task_type", kind == ModelKind::decoder   ? json("CAUSAL_LM")
+                    : kind == ModelKind::seq2seq ? json("SEQ_2_SEQ_LM")
                     : model.architecture == "BertForSequenceClassification" ? json("SEQ_CLS")
                                                                             : json(nullptr)},
       {"base_model_name_or_path", base_model},

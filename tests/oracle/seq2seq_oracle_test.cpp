@@ -6,6 +6,7 @@
 
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/models/bart.h"
+#include "meshtrain/models/lora.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/t5.h"
 #include "meshtrain/ops/reduce.h"
@@ -87,6 +88,45 @@ TEST(Seq2SeqOracle, BartPostLayerNormScaledEmbeddings) {
                return bart_apply(c, q, {.input_ids = ids, .attention_mask = mask, .decoder_input_ids = dec});
              },
              "bart_twin(P, X[0], X[1], X[2], 2, 2, 3, 2, True, 'gelu')");
+}
+
+// LoRA on encoder-decoders: adapters on self- and cross-attention (and T5's gated MLP)
+// match the twin run on the merged weights W + s·B A, logits and the gradients of W, A, B.
+std::vector<ParamDef> with_adapters(std::vector<ParamDef> defs, const LoraOptions& o, const std::string& targets) {
+  for (ParamDef& d : lora_param_defs(defs, o, targets)) defs.push_back(d);
+  return defs;
+}
+
+TEST(Seq2SeqOracle, LoraAdaptersMatchTheTwinOnMergedWeights) {
+  LoraOptions o;
+  o.rank = 3, o.alpha = 6.0, o.dropout = 0;
+  T5Config t5 = small_t5(true);
+  t5.lora = o;
+  t5.lora.targets = R"(\.(SelfAttention|EncDecAttention)\.(q|v)$|DenseReluDense\.(wi_0|wo)$)";
+  const auto t5_defs = with_adapters(t5_param_defs(t5), t5.lora, t5.lora.targets);
+  EXPECT_EQ(t5_defs.size(), t5_param_defs(t5).size() + 2 * (2 * 2 + 3 * 4 + (2 + 3) * 2));
+  Params p = random_model_params(t5_defs, 950, 0.15);
+  Array ids = random_ints({2, 7}, 951, 0, t5.vocab_size);
+  Array mask = ids_array({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, 2, 7);
+  Array dec = random_ints({2, 5}, 952, 0, t5.vocab_size);
+  check_twin("t5 v1.1 lora r3 (attention q/v + MLP wi_0/wo)", p, {ids, mask, dec},
+             [&](const Params& q) {
+               return t5_apply(t5, q, {.input_ids = ids, .attention_mask = mask, .decoder_input_ids = dec});
+             },
+             "t5_twin(lora_weights(P, 2.0, False), X[0], X[1], X[2], 2, 3, 3, 1e-6, 8, 12, True, False)");
+  BartConfig bart = small_bart();
+  bart.lora = o;  // PEFT's default targets for BART: q_proj and v_proj of both attentions
+  const auto bart_defs = with_adapters(bart_param_defs(bart), bart.lora, bart_model_spec().lora_targets);
+  EXPECT_EQ(bart_defs.size(), bart_param_defs(bart).size() + 2 * 2 * (2 + 2 * 2));
+  Params pb = random_model_params(bart_defs, 960);
+  Array bids = random_ints({2, 6}, 961, 0, bart.vocab_size);
+  Array bmask = ids_array({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, 2, 6);
+  Array bdec = random_ints({2, 4}, 962, 0, bart.vocab_size);
+  check_twin("bart lora r3 (q_proj/v_proj)", pb, {bids, bmask, bdec},
+             [&](const Params& q) {
+               return bart_apply(bart, q, {.input_ids = bids, .attention_mask = bmask, .decoder_input_ids = bdec});
+             },
+             "bart_twin(lora_weights(P, 2.0, False), X[0], X[1], X[2], 2, 2, 3, 2, True, 'gelu')");
 }
 
 // Checkpointed blocks (which read the shared position bias and the encoder output as
