@@ -257,12 +257,15 @@ Array bart_head(const BartConfig& c, const Params& p, const Array& hidden, const
   return add(logits, p["final_logits_bias"]);
 }
 
+Array bart_hidden(const BartConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,
+                  bool train) {
+  const EncoderOutput enc = bart_encode(c, p, in.input_ids, in.attention_mask, dropout_key, train);
+  return bart_decode_hidden(c, p, in.decoder_input_ids, enc, in.decoder_attention_mask, dropout_key, train);
+}
+
 Array bart_apply(const BartConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,
                  bool train) {
-  const EncoderOutput enc = bart_encode(c, p, in.input_ids, in.attention_mask, dropout_key, train);
-  return bart_head(c, p,
-                   bart_decode_hidden(c, p, in.decoder_input_ids, enc, in.decoder_attention_mask, dropout_key, train),
-                   dropout_key, train);
+  return bart_head(c, p, bart_hidden(c, p, in, dropout_key, train), dropout_key, train);
 }
 
 Seq2SeqLm bart_seq2seq_lm(const BartConfig& c, const Params& p) {
@@ -305,9 +308,13 @@ ModelSpec bart_model_spec() {
   };
   s.buffers = {"final_logits_bias"};
   s.seq2seq_lm = [](const ModelConfig& c, const Params& p) { return bart_seq2seq_lm(c.as<BartConfig>(), p); };
-  s.seq2seq_logits = [](const ModelConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& key, bool train) {
-    return bart_apply(c.as<BartConfig>(), p, in, key, train);
+  s.seq2seq_hidden = [](const ModelConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& key, bool train) {
+    return bart_hidden(c.as<BartConfig>(), p, in, key, train);
   };
+  s.decoder_head = [](const ModelConfig& c, const Params& p, const Array& hidden, const RngKey& key, bool train) {
+    return bart_head(c.as<BartConfig>(), p, hidden, key, train);
+  };
+  s.head_prefixes = {"model.shared.", "lm_head.", "final_logits_bias"};  // tied or untied
   s.small_seq2seq_config = [](int64_t vocab, int64_t pad, int64_t eos) {
     return nlohmann::json{{"model_type", "bart"},   {"vocab_size", vocab},       {"d_model", 128},
                           {"encoder_layers", 2},    {"decoder_layers", 2},       {"encoder_ffn_dim", 256},

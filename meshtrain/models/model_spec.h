@@ -64,17 +64,19 @@ struct ModelSpec {
   // The training forward in two parts, logits = decoder_head(decoder_hidden(inputs)): final
   // hidden states (B, T, C) with dropout keyed by `dropout_key` when training, and the output
   // head, which reads only parameters under `head_prefixes` (so it can be recomputed in
-  // chunks, --remat full).
+  // chunks, --remat full). Encoder-decoders set decoder_head and head_prefixes too: their
+  // decoder ends in the same kind of head.
   std::function<Array(const ModelConfig&, const Params&, const DecoderInputs&, const RngKey& dropout_key, bool train)>
       decoder_hidden;
   std::function<Array(const ModelConfig&, const Params&, const Array& hidden, const RngKey& dropout_key, bool train)>
       decoder_head;
   std::vector<std::string> head_prefixes;
   // Encoder-decoders only (null otherwise): the model for generation, and the teacher-forced
-  // training forward, logits (B, T, V) with dropout keyed by `dropout_key` when training.
+  // training forward up to the decoder's final hidden states (B, T, C), with dropout keyed
+  // by `dropout_key` when training; logits = decoder_head(seq2seq_hidden(inputs)).
   std::function<Seq2SeqLm(const ModelConfig&, const Params&)> seq2seq_lm;
   std::function<Array(const ModelConfig&, const Params&, const Seq2SeqInputs&, const RngKey& dropout_key, bool train)>
-      seq2seq_logits;
+      seq2seq_hidden;
   // The config `seq2seq --config small-<type>` starts from: a small model for this
   // vocabulary and these pad / end-of-sequence ids.
   std::function<nlohmann::json(int64_t vocab_size, int64_t pad_id, int64_t eos_id)> small_seq2seq_config;

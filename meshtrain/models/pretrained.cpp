@@ -87,14 +87,15 @@ Seq2SeqLm PretrainedModel::seq2seq_lm() const {
 Array PretrainedModel::seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,
                                       bool train) const {
   const ModelSpec& s = spec();
-  MT_CHECK(s.seq2seq_logits != nullptr, "[model] ", source, ": model_type '", model_type,
+  MT_CHECK(s.seq2seq_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
            "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
-  return s.seq2seq_logits(config, p, in, dropout_key, train);
+  return s.decoder_head(config, p, s.seq2seq_hidden(config, p, in, dropout_key, train), dropout_key, train);
 }
 
 Array PretrainedModel::seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
-  return cross_entropy(seq2seq_logits(p, in, dropout_key, train), labels);
+  if (config.remat() != Remat::full) return cross_entropy(seq2seq_logits(p, in, dropout_key, train), labels);
+  return chunked_head_loss(p, spec().seq2seq_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }
 
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
@@ -108,15 +109,20 @@ Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, 
 Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
   if (config.remat() != Remat::full) return cross_entropy(decoder_logits(p, in, dropout_key, train), labels);
+  return chunked_head_loss(p, spec().decoder_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
+}
+
+Array PretrainedModel::chunked_head_loss(const Params& p, const Array& hidden, const Array& labels,
+                                         const RngKey& dropout_key, bool train) const {
   const ModelSpec& s = spec();
   Params head_params;
   for (const std::string& prefix : s.head_prefixes)
     for (const auto& [path, value] : p.with_prefix(prefix)) head_params.set(path, value);
   const ModelConfig c = config;
-  HeadFn head = [c, dropout_key, train, &s](const Params& hp, const Array& hidden) {
-    return s.decoder_head(c, hp, hidden, dropout_key, train);
+  HeadFn head = [c, dropout_key, train, &s](const Params& hp, const Array& h) {
+    return s.decoder_head(c, hp, h, dropout_key, train);
   };
-  return chunked_lm_loss(s.decoder_hidden(config, p, in, dropout_key, train), labels, head, head_params);
+  return chunked_lm_loss(hidden, labels, head, head_params);
 }
 
 std::vector<ParamDef> PretrainedModel::param_defs() const {

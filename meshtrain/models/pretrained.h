@@ -89,10 +89,15 @@ struct PretrainedModel {
   // The encoder-decoder for generation; throws mt::Error for other kinds.
   Seq2SeqLm seq2seq_lm() const;
   // Teacher-forced logits (B, T, V) of an encoder-decoder with any parameters of this
-  // model's layout, and their mean cross-entropy against labels (B, T) (-100 ignored).
+  // model's layout, and their mean cross-entropy against labels (B, T) (-100 ignored), the
+  // head in recomputed chunks with config.remat() == full.
   Array seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) const;
   Array seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels, const RngKey& dropout_key,
                      bool train) const;
+  // The mean cross-entropy of decoder_head(hidden) against labels, the head recomputed in
+  // chunks (--remat full): decoder_loss's and seq2seq_loss's path.
+  Array chunked_head_loss(const Params& p, const Array& hidden, const Array& labels, const RngKey& dropout_key,
+                          bool train) const;
   ParamRoles param_roles() const;
   std::vector<ParamDef> param_defs() const;
   nlohmann::json config_json() const;

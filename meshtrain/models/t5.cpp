@@ -275,10 +275,13 @@ Array t5_head(const T5Config& c, const Params& p, const Array& hidden, const Rng
   return adapted_linear(hidden, p, "lm_head", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
 }
 
-Array t5_apply(const T5Config& c, const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) {
+Array t5_hidden(const T5Config& c, const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) {
   const EncoderOutput enc = t5_encode(c, p, in.input_ids, in.attention_mask, dropout_key, train);
-  return t5_head(c, p, t5_decode_hidden(c, p, in.decoder_input_ids, enc, in.decoder_attention_mask, dropout_key, train),
-                 dropout_key, train);
+  return t5_decode_hidden(c, p, in.decoder_input_ids, enc, in.decoder_attention_mask, dropout_key, train);
+}
+
+Array t5_apply(const T5Config& c, const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) {
+  return t5_head(c, p, t5_hidden(c, p, in, dropout_key, train), dropout_key, train);
 }
 
 Seq2SeqLm t5_seq2seq_lm(const T5Config& c, const Params& p) {
@@ -315,9 +318,13 @@ ModelSpec t5_model_spec() {
     return tied;
   };
   s.seq2seq_lm = [](const ModelConfig& c, const Params& p) { return t5_seq2seq_lm(c.as<T5Config>(), p); };
-  s.seq2seq_logits = [](const ModelConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& key, bool train) {
-    return t5_apply(c.as<T5Config>(), p, in, key, train);
+  s.seq2seq_hidden = [](const ModelConfig& c, const Params& p, const Seq2SeqInputs& in, const RngKey& key, bool train) {
+    return t5_hidden(c.as<T5Config>(), p, in, key, train);
   };
+  s.decoder_head = [](const ModelConfig& c, const Params& p, const Array& hidden, const RngKey& key, bool train) {
+    return t5_head(c.as<T5Config>(), p, hidden, key, train);
+  };
+  s.head_prefixes = {"shared.", "lm_head."};  // tied or untied
   s.small_seq2seq_config = [](int64_t vocab, int64_t pad, int64_t eos) {
     return nlohmann::json{{"model_type", "t5"}, {"vocab_size", vocab},     {"d_model", 128},   {"d_kv", 32},
                           {"d_ff", 256},        {"num_layers", 2},         {"num_heads", 4},   {"pad_token_id", pad},

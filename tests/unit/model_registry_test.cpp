@@ -65,7 +65,7 @@ TEST(ModelRegistry, DecodersRunForwardAndGenerationFromTheirSmallConfig) {
   for (const ModelSpec* spec : model_specs(ModelKind::encoder)) {
     SCOPED_TRACE(spec->model_type);
     EXPECT_FALSE(spec->causal_lm || spec->decoder_hidden || spec->decoder_head || spec->small_config);
-    EXPECT_FALSE(spec->seq2seq_lm || spec->seq2seq_logits || spec->small_seq2seq_config);
+    EXPECT_FALSE(spec->seq2seq_lm || spec->seq2seq_hidden || spec->small_seq2seq_config);
   }
 }
 
@@ -73,7 +73,8 @@ TEST(ModelRegistry, EncoderDecodersRunTeacherForcingAndStepwiseDecodingFromTheir
   EXPECT_EQ(model_types(ModelKind::seq2seq), (std::vector<std::string>{"t5", "bart"}));
   for (const ModelSpec* spec : model_specs(ModelKind::seq2seq)) {
     SCOPED_TRACE(spec->model_type);
-    ASSERT_TRUE(spec->seq2seq_lm && spec->seq2seq_logits && spec->small_seq2seq_config);
+    ASSERT_TRUE(spec->seq2seq_lm && spec->seq2seq_hidden && spec->decoder_head && !spec->head_prefixes.empty() &&
+                spec->small_seq2seq_config);
     EXPECT_FALSE(spec->causal_lm || spec->decoder_hidden || spec->small_config);
     PretrainedOptions po;
     po.print_report = false;
