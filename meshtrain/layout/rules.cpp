@@ -293,12 +293,16 @@ RuleResult broadcast_to(const std::vector<ArgInfo>& in, const MeshShape& mesh, c
 }
 
 RuleResult embedding(const std::vector<ArgInfo>& in, const MeshShape& mesh) {
+  // The ids keep their (batch) split and the table gives up any axis they use: an FSDP
+  // table split over the data axis is gathered, as FSDP means, rather than the batch (which
+  // would leave every later activation whole over the batch and split over features).
   PartitionSpec t = in[0].spec.without_partial().padded(2);
   PartitionSpec ids = in[1].spec.without_partial().padded(in[1].shape.ndim());
-  std::set<std::string> used(t.dims[0].begin(), t.dims[0].end());
-  used.insert(t.dims[1].begin(), t.dims[1].end());
-  for (auto& d : ids.dims)
-    if (std::any_of(d.begin(), d.end(), [&](const std::string& x) { return used.count(x); })) d.clear();
+  const std::vector<std::string> used = ids.used_axes();
+  for (auto& d : t.dims)
+    d.erase(std::remove_if(d.begin(), d.end(),
+                           [&](const std::string& x) { return std::find(used.begin(), used.end(), x) != used.end(); }),
+            d.end());
   RuleResult r;
   r.inputs = {t, ids};
   r.output.dims = ids.dims;

@@ -60,8 +60,9 @@ RuleResult gather_dims(const Args& in, const MeshShape& mesh, const std::vector<
 RuleResult concatenate(const Args& in, const MeshShape& mesh, int axis);
 // broadcast_to(shape): existing dims keep their split, broadcast and new dims are whole.
 RuleResult broadcast_to(const Args& in, const MeshShape& mesh, const Shape& shape);
-// embedding(table (V, D), ids): a vocab split of the table gives an output partial over
-// those axes (masked local lookups); a hidden split carries to the output's last dim.
+// embedding(table (V, D), ids): the ids keep their split and the table is gathered over
+// the axes they use; a vocab split of the table gives an output partial over those axes
+// (masked local lookups); a hidden split carries to the output's last dim.
 RuleResult embedding(const Args& in, const MeshShape& mesh);
 // cross_entropy(logits (..., C), labels (...)): classes whole, labels follow the logits'
 // batch layout; `summed` outputs a partial scalar, otherwise the labels' layout.

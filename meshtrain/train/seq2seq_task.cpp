@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/collective_ops.h"
 #include "meshtrain/dist/spmd.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -59,18 +60,49 @@ LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {
   };
 }
 
+namespace {
+
+// The global batch's sources as token lists, in example order. Each rank collated its own
+// rows, padded to its own longest source, so the data shards' widths differ and the batch
+// cannot be gathered as one array: each shard's rows are padded with -1 to the widest
+// shard's width first, then gathered along the example dim.
+std::vector<std::vector<int64_t>> gather_sources(const Array& ids, const Array& mask) {
+  const dist::Sharding* s = dist::sharding_of(ids);
+  const Array local_ids = dist::to_host(s ? dist::local_view(ids) : ids);
+  const Array local_mask = dist::to_host(s ? dist::local_view(mask) : mask);
+  const int64_t rows = local_ids.dim(0), width = local_ids.dim(1);
+  int64_t widest = width;
+  std::string axis;
+  if (s && s->spec.ndim() > 0 && !s->spec.dims[0].empty()) {
+    MT_CHECK(s->spec.dims[0].size() == 1, "[seq2seq] sources split over several axes (", s->spec.str(), ")");
+    axis = s->spec.dims[0][0];
+    const Array widths = dist::all_gather(Array::from_vector(std::vector<int64_t>{width}, Shape{1}), s->mesh, axis, 0);
+    for (int64_t w : widths.to_ints()) widest = std::max(widest, w);
+  }
+  const std::vector<int64_t> iv = local_ids.to_ints(), mv = local_mask.to_ints();
+  std::vector<int64_t> padded(size_t(rows * widest), -1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < width; ++j)
+      if (mv[size_t(r * width + j)] != 0) padded[size_t(r * widest + j)] = iv[size_t(r * width + j)];
+  Array all = Array::from_vector(padded, Shape{rows, widest});
+  if (!axis.empty()) all = dist::all_gather(all, s->mesh, axis, 0);
+  const std::vector<int64_t> av = all.to_ints();
+  std::vector<std::vector<int64_t>> sources(static_cast<size_t>(all.dim(0)));
+  for (int64_t r = 0; r < all.dim(0); ++r)
+    for (int64_t j = 0; j < widest; ++j)
+      if (av[size_t(r * widest + j)] >= 0) sources[size_t(r)].push_back(av[size_t(r * widest + j)]);
+  return sources;
+}
+
+}  // namespace
+
 PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,
                           int64_t vocab_limit) {
   return [model, g, vocab_limit](const Params& p, const Batch& b) {
     // Every rank generates the whole global batch with the (possibly sharded) weights: the
     // model's collectives need all ranks in step, and the tokens come out the same everywhere.
-    const Array ids = dist::to_host(b["input_ids"]), mask = dist::to_host(b["attention_mask"]);
-    const int64_t rows = ids.dim(0), s = ids.dim(1);
-    const std::vector<int64_t> iv = ids.to_ints(), mv = mask.to_ints();
-    std::vector<std::vector<int64_t>> sources(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < s; ++j)
-        if (mv[size_t(r * s + j)] != 0) sources[size_t(r)].push_back(iv[size_t(r * s + j)]);
+    std::vector<std::vector<int64_t>> sources = gather_sources(b["input_ids"], b["attention_mask"]);
+    const int64_t rows = int64_t(sources.size());
     models::PretrainedModel m = *model;
     m.params = p;
     models::Seq2SeqLm lm = m.seq2seq_lm();
