@@ -102,6 +102,74 @@ TEST_F(Seq2SeqE2E, SmallT5AndBartLearnToSortWords) {
   }
 }
 
+// BART's own tokenizer shape: a tokenizer.json with byte-level BPE and RobertaProcessing
+// (<s> A </s>), <pad> and <mask> as added tokens. Sources and labels carry <s> ... </s>, the
+// model directory keeps the tokenizer.json, and generate (without --tokenizer) decodes the
+// saved model's prediction the same way evaluation did.
+std::string bart_tokenizer_json(const std::vector<std::string>& words) {
+  json vocab = {{"<s>", 0}, {"<pad>", 1}, {"</s>", 2}, {"<unk>", 3}};
+  json merges = json::array();
+  auto add = [&](const std::string& token) {
+    if (!vocab.contains(token)) vocab[token] = int(vocab.size());
+  };
+  const std::string space = "\u0120";  // byte-level BPE's stand-in for a leading space
+  add(space);
+  for (char c = 'a'; c <= 'z'; ++c) add(std::string(1, c));
+  // Merges build each word left to right, the space-led forms first (so " dog" is one
+  // token, not " " + "dog"): every word is one token and 5 words fit --max-source-length 8.
+  for (const std::string& start : {space, std::string()})
+    for (const std::string& w : words) {
+      std::string token = start.empty() ? w.substr(0, 1) : start;
+      for (size_t i = start.empty() ? 1 : 0; i < w.size(); ++i) {
+        merges.push_back(token + " " + w.substr(i, 1));
+        token += w.substr(i, 1);
+        add(token);
+      }
+    }
+  const int mask_id = int(vocab.size());
+  auto added = [](int id, const std::string& content, bool lstrip) {
+    return json{{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", lstrip},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  json tok = {{"version", "1.0"},
+              {"added_tokens", {added(0, "<s>", false), added(1, "<pad>", false), added(2, "</s>", false),
+                                added(3, "<unk>", false), added(mask_id, "<mask>", true)}},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+              {"post_processor", {{"type", "RobertaProcessing"}, {"sep", {"</s>", 2}}, {"cls", {"<s>", 0}},
+                                  {"trim_offsets", true}, {"add_prefix_space", false}}},
+              {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+              {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                         {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"vocab", vocab}, {"merges", merges}}}};
+  tok["added_tokens"][4]["id"] = mask_id;
+  return tok.dump();
+}
+
+TEST_F(Seq2SeqE2E, BartWithARobertaProcessingTokenizerJson) {
+  const std::vector<std::string> words = {"apple", "bird", "cat", "dog",  "egg", "fish",
+                                          "goat",  "hat",  "ink", "jam", "kite", "lamp"};
+  const std::string tokenizer = write("tokenizer.json", bart_tokenizer_json(words));
+  const fs::path out = dir_ / "bart_bpe";
+  CliRun r = run_cli("seq2seq --config small-bart --tokenizer " + tokenizer + " --data " + train_ + " --eval-data " + dev_ +
+                     " --source-field words --target-field sorted --epochs 6 --per-device-batch-size 32"
+                     " --max-source-length 8 --max-target-length 8 --num-beams 2 --learning-rate 2e-3 --output-dir " +
+                     out.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json j = results(out);
+  std::cout << "[seq2seq] small-bart with a RobertaProcessing tokenizer.json: " << j.dump() << "\n";
+  EXPECT_GE(j.at("exact_match").get<double>(), 0.9);
+  EXPECT_TRUE(fs::exists(out / "model" / "tokenizer.json"));
+  std::ifstream preds(out / "predictions.jsonl");
+  std::string line;
+  std::getline(preds, line);
+  const json first = json::parse(line);
+  EXPECT_EQ(first["prediction"].get<std::string>().find('<'), std::string::npos) << line;  // no <s>, </s> in text
+  CliRun g = run_cli("generate --model " + (out / "model").string() + " --prompt \"" + first["source"].get<std::string>() +
+                     "\" --num-beams 2 --max-new-tokens 8");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.std_out, first["prediction"].get<std::string>() + "\n");
+}
+
 // LoRA: a BART trained to sort ascending learns to sort descending through rank-8 q/v
 // adapters alone (its base weights frozen); the adapter is saved in PEFT's layout and, applied
 // with generate --adapter, reproduces evaluation's prediction; --merge-lora also exports the
