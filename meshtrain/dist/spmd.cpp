@@ -76,11 +76,12 @@ Array relayout(Array local, const Shape& global, const Mesh& mesh, const Partiti
       local = all_reduce_sum(local, mesh.axis_comm(axis));
     }
   }
-  cur.partial = {};
   for (const std::string& axis : target.partial) {
-    // Replicated -> partial: rank 0 of the axis keeps the value, the others hold zeros.
-    if (mesh.axis_index(axis) != 0) local = zeros_like(local);
+    // Replicated -> partial: rank 0 of the axis keeps the value, the others hold zeros. An
+    // axis already partial keeps every rank's term (zeroing them lost all but one).
+    if (!cur.is_partial(axis) && mesh.axis_index(axis) != 0) local = zeros_like(local);
   }
+  cur.partial = {};
   // 2. Dims whose split changes: gather every axis of the old split (minor first), then
   //    cut by the new one (major first).
   for (int d = 0; d < global.ndim(); ++d) {

@@ -220,6 +220,31 @@ TEST(SpmdOps, DifferentiableCollectivesOnLocalBlocks) {
                  {"[reduce_scatter]", "not divisible"});
 }
 
+// A partial sum moved to another split that stays partial keeps every rank's term: an
+// embedding over a vocab-split table with whole ids (partial over model, batch whole) added
+// to a row-parallel product (partial over model, batch split over data). Redistribution once
+// zeroed the terms of all but the first model rank here, a silent wrong sum (found by
+// T5 under data=2,model=2).
+TEST(SpmdOps, PartialSumsKeepTheirTermsWhenTheSplitChanges) {
+  for (const Mesh& mesh : meshes()) {
+    if (!mesh.has_axis("model")) continue;
+    Array table = random_normal({48, 32}, 3), ids = random_ints({8, 5}, 4, 0, 48);
+    Array h = random_normal({8, 5, 32}, 5), w = random_normal({32, 32}, 6);
+    auto S = [&](const Array& x, const char* spec) { return dist::shard(x, mesh, PartitionSpec::parse(spec)); };
+    Array e = embedding(S(table, "model,None"), S(ids, "None"));
+    Array y = matmul(S(h, "data,None,model"), S(w, "None,model"), false, true);
+    ASSERT_TRUE(dist::sharding_of(e)->spec.is_partial("model") && dist::sharding_of(y)->spec.is_partial("model"));
+    const Array want = add(embedding(table, ids), matmul(h, w, false, true));
+    const double err = max_abs_diff(dist::to_host(add(e, y)), want);
+    const double moved = max_abs_diff(
+        dist::to_host(dist::redistribute(e, PartitionSpec::parse("data,None,None|partial=model"))), embedding(table, ids));
+    if (dist::world().rank() == 0)
+      std::cout << "  [max err] partial + partial on " << mesh.str() << ": " << err << ", partial re-split " << moved << "\n";
+    EXPECT_LE(err, 1e-5);
+    EXPECT_EQ(moved, 0.0);
+  }
+}
+
 TEST(SpmdOps, BadLayoutsAreClearErrorsOnEveryRank) {
   Mesh mesh = meshes()[0];
   Array x = Array::zeros({3, 5});
