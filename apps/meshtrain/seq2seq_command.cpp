@@ -1,7 +1,7 @@
 // `meshtrain seq2seq`: an encoder-decoder (T5 or BART: a Hugging Face directory, or a small
 // model from --config small-t5|small-bart|FILE) trained on JSONL source/target pairs with
 // teacher forcing, evaluated each epoch by beam search through the Predictor (ROUGE-1/2/L/
-// Lsum and exact match), keeping the best checkpoint by ROUGE-L; writes predictions.jsonl
+// Lsum, exact match and token accuracy), keeping the best checkpoint by ROUGE-L; writes predictions.jsonl
 // and eval_results.json, and the final model as a Hugging Face directory. With --lora-rank
 // only LoRA adapters train (PEFT's q/v defaults for T5 and BART) and the adapter is saved in
 // PEFT's layout.
@@ -164,12 +164,20 @@ void run(const Seq2SeqOptions& o) {
         return rows;
       });
   std::vector<std::string> last_predictions;
+  // The targets' ids as the model should produce them (without the end token).
+  std::vector<std::vector<int64_t>> target_ids;
+  for (const std::string& target : eval_pairs.targets) {
+    target_ids.push_back(train::seq2seq_ids(*tok, target, o.max_target_length, lm.eos_token_id));
+    target_ids.back().pop_back();
+  }
   auto evaluate = [&](const Params& p) {
     std::vector<std::string> predictions;
+    std::vector<std::vector<int64_t>> predicted_ids;
     for (const auto& ids : predictor.predict(p, eval_set, o.length.per_device_batch_size)) {
       std::vector<int32_t> keep;
+      predicted_ids.emplace_back();
       for (int64_t id : ids)
-        if (id != lm.eos_token_id && id != lm.pad_token_id) keep.push_back(int32_t(id));
+        if (id != lm.eos_token_id && id != lm.pad_token_id) keep.push_back(int32_t(id)), predicted_ids.back().push_back(id);
       predictions.push_back(tok->decode(keep, true));
     }
     const train::RougeScores r = train::mean_rouge(eval_pairs.targets, predictions, o.use_stemmer);
@@ -180,7 +188,8 @@ void run(const Seq2SeqOptions& o) {
                                          {"rouge2", r.rouge2.fmeasure},
                                          {"rougeL", r.rougeL.fmeasure},
                                          {"rougeLsum", r.rougeLsum.fmeasure},
-                                         {"exact_match", double(exact) / double(predictions.size())}};
+                                         {"exact_match", double(exact) / double(predictions.size())},
+                                         {"token_accuracy", train::token_accuracy(target_ids, predicted_ids)}};
   };
   f.eval_fn = evaluate;
   f.save_best_by = "max:rougeL";

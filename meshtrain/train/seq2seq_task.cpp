@@ -60,6 +60,18 @@ LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {
   };
 }
 
+double token_accuracy(const std::vector<std::vector<int64_t>>& targets, const std::vector<std::vector<int64_t>>& predictions) {
+  MT_CHECK(targets.size() == predictions.size(), "[seq2seq] ", targets.size(), " targets but ", predictions.size(),
+           " predictions");
+  int64_t right = 0, total = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const auto &t = targets[i], &p = predictions[i];
+    for (size_t j = 0; j < std::min(t.size(), p.size()); ++j) right += t[j] == p[j];
+    total += int64_t(std::max(t.size(), p.size()));
+  }
+  return total == 0 ? 1.0 : double(right) / double(total);
+}
+
 namespace {
 
 // The global batch's sources as token lists, in example order. Each rank collated its own

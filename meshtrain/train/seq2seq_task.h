@@ -42,6 +42,12 @@ CollateFn seq2seq_collate(const Seq2SeqTokens& t);
 // Mean cross-entropy of the model's teacher-forced logits against the labels.
 LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model);
 
+// Token accuracy for tasks whose outputs are not prose (ids, codes, sorted lists): over all
+// pairs, the tokens the prediction has right at their position, divided by the tokens of the
+// longer of prediction and target (a missing or extra token counts as wrong). 1 when both are
+// empty everywhere; the lists must pair up.
+double token_accuracy(const std::vector<std::vector<int64_t>>& targets, const std::vector<std::vector<int64_t>>& predictions);
+
 // Generates for the batch's sources (beam search or greedy per `g`) with the parameters the
 // Predictor passes: output "tokens" (B, max_new_tokens) i64, -1 after each row's end.
 PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,

@@ -77,6 +77,7 @@ TEST_F(Seq2SeqE2E, SmallT5AndBartLearnToSortWords) {
     std::cout << "[seq2seq] small-" << model << ": " << j.dump() << "\n";
     EXPECT_GE(j.at("exact_match").get<double>(), 0.9) << model;
     EXPECT_GE(j.at("rougeL").get<double>(), 0.95) << model;
+    EXPECT_GE(j.at("token_accuracy").get<double>(), j.at("exact_match").get<double>()) << model;
     EXPECT_EQ(j.at("best").at("metric"), "rougeL");
     EXPECT_TRUE(fs::exists(out / "checkpoints" / "best" / "meta.json"));
     EXPECT_TRUE(fs::exists(out / "model" / "config.json") && fs::exists(out / "model" / "model.safetensors"));

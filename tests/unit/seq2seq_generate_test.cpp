@@ -10,6 +10,8 @@
 #include "meshtrain/models/decoding.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/t5.h"
+#include "meshtrain/train/seq2seq_task.h"
+#include "meshtrain/tokenizers/tokenizer.h"
 #include "tests/support/model_twins.h"
 #include "tests/support/op_check.h"
 
@@ -99,4 +101,22 @@ TEST(Seq2SeqGenerate, BadInputsAreClearErrors) {
 }
 
 }  // namespace
+// Token accuracy by hand: pair 1 all 3 right; pair 2 has 1 of 2 right plus a missing token
+// (its target is longer: 3); pair 3 predicts an extra token (4 counted, 2 right) -> 6 / 10.
+TEST(Seq2SeqTask, TokenAccuracyCountsMissingAndExtraTokensAsWrong) {
+  EXPECT_DOUBLE_EQ(train::token_accuracy({{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}, {{1, 2, 3}, {4, 0}, {7, 8, 0, 1}}), 0.6);
+  EXPECT_DOUBLE_EQ(train::token_accuracy({{}}, {{}}), 1.0);
+  EXPECT_DOUBLE_EQ(train::token_accuracy({{5}}, {{}}), 0.0);
+  expect_error([] { train::token_accuracy({{1}}, {}); }, {"1 targets but 0 predictions"});
+}
+
+// The ids seq2seq trains on: T5's "$A </s>" template ends the text once (not twice), and a
+// long text is cut to max_len with the end token kept last.
+TEST(Seq2SeqTask, T5SourcesEndWithOneEndToken) {
+  auto tok = tokenizers::load_tokenizer(std::string(MT_DATA_DIR) + "/tokenizers/t5-spiece.model");
+  EXPECT_EQ(train::seq2seq_ids(*tok, "Das Haus ist wunderbar.", 64, 1), (std::vector<int64_t>{644, 4598, 229, 19250, 5, 1}));
+  EXPECT_EQ(train::seq2seq_ids(*tok, "Das Haus ist wunderbar.", 3, 1), (std::vector<int64_t>{644, 4598, 1}));
+  EXPECT_EQ(train::seq2seq_ids(*tok, "<extra_id_0> Haus", 64, 1), (std::vector<int64_t>{32099, 4598, 1}));
+}
+
 }  // namespace mt::testing
