@@ -78,7 +78,7 @@ Array loss(const models::PretrainedModel& model, const Params& params, const tra
 // predict: beam search (4 beams) from each source of the batch with the parameters given;
 // every process generates the whole global batch. Output "tokens" (B, kMaxLen), padded.
 train::Batch predict(const models::PretrainedModel& model, const Params& params, const train::Batch& batch) {
-  const models::Seq2SeqLm lm = model.spec().seq2seq_lm(model.config, params);
+  const models::Seq2SeqLm lm = model.seq2seq_lm(params);
   const std::vector<int64_t> ids = dist::to_host(batch["input_ids"]).to_ints(),
                              mask = dist::to_host(batch["attention_mask"]).to_ints();
   std::vector<std::vector<int64_t>> sources(ids.size() / kMaxLen);

@@ -161,18 +161,7 @@ void run(const FinetuneOptions& o) {
   Params host;
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
-  const fs::path model_dir = out / "model", adapter_dir = out / "adapter";
-  if (deployer.is_main()) {
-    if (o.lora.enabled()) {
-      models::save_adapter(*model, adapter_dir.string(), o.model);
-      deployer.log("adapter in " + adapter_dir.string() + " (PEFT layout; apply with --adapter)");
-    }
-    if (!o.lora.enabled() || o.lora.merge) {
-      models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
-      tokenizers::copy_tokenizer_files(tokenizer_source, model_dir.string());
-      deployer.log("model in " + model_dir.string() + (o.lora.enabled() ? " (adapters merged)" : ""));
-    }
-  }
+  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string());
   deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
 }
 

@@ -1,8 +1,10 @@
 #include "apps/meshtrain/lora_flags.h"
 
+#include <filesystem>
 #include <iostream>
 
 #include "meshtrain/optim/partition.h"
+#include "meshtrain/tokenizers/tokenizer.h"
 
 namespace mt::cli {
 
@@ -48,6 +50,20 @@ optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_
   std::string trainable = models::lora_parameter_pattern();
   if (!also_train.empty()) trainable = "(?:" + trainable + ")|(?:" + also_train + ")";
   return optim::partition({{trainable, std::move(inner)}, {".*", optim::freeze()}});
+}
+
+void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
+                        const std::string& tokenizer_source, const std::string& out) {
+  const std::filesystem::path dir(out);
+  if (lora.enabled()) {
+    models::save_adapter(model, (dir / "adapter").string(), base_model);
+    std::cout << "adapter in " << (dir / "adapter").string() << " (PEFT layout; apply with --adapter)" << std::endl;
+  }
+  if (!lora.enabled() || lora.merge) {
+    models::save_pretrained(model, (dir / "model").string());  // LoRA: merged into the weights
+    tokenizers::copy_tokenizer_files(tokenizer_source, (dir / "model").string());
+    std::cout << "model in " << (dir / "model").string() << (lora.enabled() ? " (adapters merged)" : "") << std::endl;
+  }
 }
 
 }  // namespace mt::cli

@@ -33,4 +33,10 @@ void apply_adapter(models::PretrainedModel& model, const std::string& adapter, b
 // `also_train`, e.g. a task head; empty: none), every other parameter frozen.
 optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_train = "");
 
+// What a training command leaves in `out` (call on the main rank): with LoRA the PEFT
+// adapter in adapter/ (its base named `base_model`); unless LoRA without --merge-lora the
+// model (adapters merged) in model/ with the tokenizer copied from `tokenizer_source`.
+void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
+                        const std::string& tokenizer_source, const std::string& out);
+
 }  // namespace mt::cli

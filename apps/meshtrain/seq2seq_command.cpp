@@ -164,10 +164,11 @@ void run(const Seq2SeqOptions& o) {
         return rows;
       });
   std::vector<std::string> last_predictions;
-  // The targets' ids as the model should produce them (without the end token).
+  // The targets' ids as the model should produce them: the eval rows' labels without the
+  // end token.
   std::vector<std::vector<int64_t>> target_ids;
-  for (const std::string& target : eval_pairs.targets) {
-    target_ids.push_back(train::seq2seq_ids(*tok, target, o.max_target_length, lm.eos_token_id));
+  for (int64_t i = 0; i < eval_set->size(); ++i) {
+    target_ids.push_back(eval_set->get(i).tokens("labels"));
     target_ids.back().pop_back();
   }
   auto evaluate = [&](const Params& p) {
@@ -196,9 +197,9 @@ void run(const Seq2SeqOptions& o) {
   apply_run_flags(o.run, f);
   // The tokenizer travels with the run's model/ folder, which a LoRA run without
   // --merge-lora does not write.
-  const std::string tokenizer_ref = o.lora.enabled() && !o.lora.merge
-                                        ? fs::absolute(o.tokenizer.empty() ? model->source : o.tokenizer).string()
-                                        : "../../model";
+  const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
+  const std::string tokenizer_ref =
+      o.lora.enabled() && !o.lora.merge ? fs::absolute(tokenizer_source).string() : "../../model";
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
   f.learning_rate = lr;
   f.tokens_per_example = o.max_source_length + o.max_target_length;
@@ -208,15 +209,8 @@ void run(const Seq2SeqOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (!deployer.is_main()) return;
-  const fs::path model_dir = out / "model", adapter_dir = out / "adapter";
-  if (o.lora.enabled()) {
-    models::save_adapter(*model, adapter_dir.string(), o.model.empty() ? o.config : o.model);
-    deployer.log("adapter in " + adapter_dir.string() + " (PEFT layout; apply with --adapter)");
-  }
-  if (!o.lora.enabled() || o.lora.merge) {
-    models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
-    tokenizers::copy_tokenizer_files(o.tokenizer.empty() ? model->source : o.tokenizer, model_dir.string());
-  }
+  const fs::path model_dir = out / "model";
+  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string());
   std::string lines;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     lines += json{{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}}

@@ -77,11 +77,13 @@ CausalLm PretrainedModel::causal_lm() const {
   return lm;
 }
 
-Seq2SeqLm PretrainedModel::seq2seq_lm() const {
+Seq2SeqLm PretrainedModel::seq2seq_lm() const { return seq2seq_lm(params); }
+
+Seq2SeqLm PretrainedModel::seq2seq_lm(const Params& p) const {
   const ModelSpec& s = spec();
   MT_CHECK(s.seq2seq_lm != nullptr, "[model] ", source, ": model_type '", model_type,
            "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
-  return s.seq2seq_lm(config, params);
+  return s.seq2seq_lm(config, p);
 }
 
 Array PretrainedModel::seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,

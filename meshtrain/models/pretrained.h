@@ -86,8 +86,10 @@ struct PretrainedModel {
   Array decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels, const RngKey& dropout_key,
                      bool train) const;
   bool is_seq2seq() const { return spec().kind == ModelKind::seq2seq; }
-  // The encoder-decoder for generation; throws mt::Error for other kinds.
+  // The encoder-decoder for generation, with this model's parameters or any of its layout
+  // (a Trainer's, sharded ones too); throws mt::Error for other kinds.
   Seq2SeqLm seq2seq_lm() const;
+  Seq2SeqLm seq2seq_lm(const Params& p) const;
   // Teacher-forced logits (B, T, V) of an encoder-decoder with any parameters of this
   // model's layout, and their mean cross-entropy against labels (B, T) (-100 ignored), the
   // head in recomputed chunks with config.remat() == full.

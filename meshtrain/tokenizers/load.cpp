@@ -321,6 +321,19 @@ std::optional<bool> config_lowercase(const fs::path& dir, std::optional<bool>& s
   return std::nullopt;
 }
 
+// A SentencePiece model with T5Tokenizer's sentinel count from tokenizer_config.json's
+// "extra_ids" beside it (100 when absent, as in every released T5 and mT5).
+std::shared_ptr<Tokenizer> load_sentencepiece_model(const fs::path& model) {
+  const fs::path cfg = model.parent_path() / "tokenizer_config.json";
+  int64_t extra_ids = 100;
+  if (fs::is_regular_file(cfg)) {
+    const Reader r{cfg.string()};
+    extra_ids = r.get<int64_t>(read_json(cfg.string()), "extra_ids", "", 100);
+    if (extra_ids < 0) r.fail(detail::concat("extra_ids must be >= 0, got ", extra_ids));
+  }
+  return load_sentencepiece(model.string(), extra_ids);
+}
+
 }  // namespace
 
 std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOptions& options) {
@@ -344,13 +357,13 @@ std::shared_ptr<Tokenizer> load_tokenizer(const std::string& path, const LoadOpt
     if (fs::is_regular_file(p / "encoder.json") && fs::is_regular_file(p / "vocab.bpe"))
       return load_bpe_files((p / "encoder.json").string(), (p / "vocab.bpe").string());
     for (const char* name : {"spiece.model", "tokenizer.model", "sentencepiece.bpe.model"})
-      if (fs::is_regular_file(p / name)) return load_sentencepiece((p / name).string());
+      if (fs::is_regular_file(p / name)) return load_sentencepiece_model(p / name);
     throw Error(detail::concat("[tokenizer] directory '", path,
                                "' holds no tokenizer (looked for tokenizer.json, vocab.txt, vocab.json + merges.txt, "
                                "encoder.json + vocab.bpe, spiece.model, tokenizer.model)"));
   }
   const std::string name = p.filename().string();
-  if (ends_with(name, ".model")) return load_sentencepiece(path);
+  if (ends_with(name, ".model")) return load_sentencepiece_model(p);
   if (ends_with(name, ".json")) {
     // A tokenizer.json has "model"; a vocab.json/encoder.json is a flat token -> id object.
     const json root = read_json(path);

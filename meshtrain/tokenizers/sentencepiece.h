@@ -35,8 +35,9 @@ class SentencePieceTokenizer : public Tokenizer {
 };
 
 // Loads a .model with what Hugging Face's tokenizer class adds to it: for T5's layout
-// (<pad> </s> <unk>, no <s>) the "$A </s>" template and the <extra_id_N> sentinels
-// (tokenizer_config.json's extra_ids beside the model, else 100); other models as they are.
-std::shared_ptr<Tokenizer> load_sentencepiece(const std::string& model_path);
+// (<pad> </s> <unk>, no <s>) the "$A </s>" template and `extra_ids` <extra_id_N> sentinels
+// (load_tokenizer passes tokenizer_config.json's extra_ids beside the model, else 100);
+// other models as they are.
+std::shared_ptr<Tokenizer> load_sentencepiece(const std::string& model_path, int64_t extra_ids = 100);
 
 }  // namespace mt::tokenizers

@@ -2,10 +2,6 @@
 // The .model file only holds the pieces; the end token T5 appends and its span-corruption
 // sentinels live in the Python class (T5Tokenizer), so a loader of the bare file has to
 // add them to give the ids HF gives.
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
 
 #include "meshtrain/core/error.h"
@@ -15,8 +11,6 @@ namespace mt::tokenizers {
 
 namespace {
 
-namespace fs = std::filesystem;
-
 // T5's piece layout: <pad> 0, </s> 1, <unk> 2 and no <s>. LLaMA (<unk> <s> </s>) and
 // ALBERT (<pad> <unk> [CLS] [SEP]) differ, so the layout alone identifies the family.
 bool has_t5_layout(const sentencepiece::SentencePieceProcessor& sp) {
@@ -24,23 +18,9 @@ bool has_t5_layout(const sentencepiece::SentencePieceProcessor& sp) {
          sp.IdToPiece(2) == "<unk>" && sp.PieceToId("<s>") == sp.unk_id();
 }
 
-// tokenizer_config.json's "extra_ids" beside the model (T5Tokenizer's argument; 100 when
-// absent, as in every released T5 and mT5).
-int64_t configured_extra_ids(const fs::path& model_path) {
-  const fs::path cfg = model_path.parent_path() / "tokenizer_config.json";
-  if (!fs::is_regular_file(cfg)) return 100;
-  std::ifstream in(cfg);
-  const auto j = nlohmann::json::parse(in, nullptr, false);
-  MT_CHECK(!j.is_discarded() && j.is_object(), "[tokenizer] ", cfg.string(), ": not a JSON object");
-  if (!j.contains("extra_ids") || j.at("extra_ids").is_null()) return 100;
-  MT_CHECK(j.at("extra_ids").is_number_integer() && j.at("extra_ids").get<int64_t>() >= 0, "[tokenizer] ",
-           cfg.string(), ": extra_ids should be a non-negative integer, got ", j.at("extra_ids").dump());
-  return j.at("extra_ids").get<int64_t>();
-}
-
 }  // namespace
 
-std::shared_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
+std::shared_ptr<Tokenizer> load_sentencepiece(const std::string& model_path, int64_t extra_ids) {
   auto tok = std::make_shared<SentencePieceTokenizer>(model_path);
   if (!has_t5_layout(tok->processor())) return tok;
   // T5Tokenizer: "$A </s>" and "$A </s> $B </s>", all of type 0.
@@ -52,9 +32,9 @@ std::shared_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
   // first past the model's pieces. Added highest-numbered first so each takes the next id.
   // They swallow the spaces around them (T5Tokenizer's lstrip/rstrip), which SentencePiece
   // would drop anyway.
-  const int64_t n = configured_extra_ids(model_path);
+  MT_CHECK(extra_ids >= 0, "[tokenizer] ", model_path, ": extra_ids must be >= 0, got ", extra_ids);
   std::vector<AddedToken> sentinels;
-  for (int64_t i = n - 1; i >= 0; --i) {
+  for (int64_t i = extra_ids - 1; i >= 0; --i) {
     AddedToken t;
     t.content = "<extra_id_" + std::to_string(i) + ">";
     t.special = true;

@@ -80,8 +80,7 @@ namespace {
 // shard's width first, then gathered along the example dim.
 std::vector<std::vector<int64_t>> gather_sources(const Array& ids, const Array& mask) {
   const dist::Sharding* s = dist::sharding_of(ids);
-  const Array local_ids = dist::to_host(s ? dist::local_view(ids) : ids);
-  const Array local_mask = dist::to_host(s ? dist::local_view(mask) : mask);
+  const Array local_ids = s ? dist::local_view(ids) : ids, local_mask = s ? dist::local_view(mask) : mask;
   const int64_t rows = local_ids.dim(0), width = local_ids.dim(1);
   int64_t widest = width;
   std::string axis;
@@ -115,9 +114,7 @@ PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, 
     // model's collectives need all ranks in step, and the tokens come out the same everywhere.
     std::vector<std::vector<int64_t>> sources = gather_sources(b["input_ids"], b["attention_mask"]);
     const int64_t rows = int64_t(sources.size());
-    models::PretrainedModel m = *model;
-    m.params = p;
-    models::Seq2SeqLm lm = m.seq2seq_lm();
+    models::Seq2SeqLm lm = model->seq2seq_lm(p);
     for (auto& src : sources)
       if (src.empty()) src.push_back(lm.eos_token_id);  // the Predictor's padding rows
     if (vocab_limit > 0 && vocab_limit < lm.vocab_size) lm = models::restrict_vocab(lm, vocab_limit);
