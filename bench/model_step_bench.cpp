@@ -194,7 +194,11 @@ int main(int argc, char** argv) {
       const auto t1 = std::chrono::steady_clock::now();
       peak_grad = std::max(peak_grad, alloc.stats().peak_bytes_in_use);
       alloc.reset_peak();
-      params = optim::apply_updates(params, opt.update(grads, state, params));
+      {
+        Params updates = opt.update(grads, state, params);
+        grads = Params{};
+        params = optim::apply_updates(std::move(params), updates);  // in place
+      }
       synchronize(device);  // a GPU step ends when its kernels have run
       peak_update = std::max(peak_update, alloc.stats().peak_bytes_in_use);
       if (s >= warmup)
@@ -233,6 +237,7 @@ int main(int argc, char** argv) {
                 {"peak_rss_mb", double(u.ru_maxrss) / 1024.0},
                 {"peak_allocated_grad_mb", double(peak_grad) / (1 << 20)},
                 {"peak_allocated_update_mb", double(peak_update) / (1 << 20)},
+                {"allocator_reserved_mb", double(alloc.stats().bytes_reserved) / (1 << 20)},
                 {"loss_first", loss_first},
                 {"loss_last", loss_last},
                 {"device", device.str()}};

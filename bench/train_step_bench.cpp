@@ -78,7 +78,11 @@ double meshtrain_step_seconds(const Config& c, int warmup, int steps, MatmulPrec
     auto [loss, grads] = value_and_grad([&](const Params& p) {
       return cross_entropy(models::minigpt_apply(mc, p, {ids}, RngKey{5, uint64_t(s)}, true), labels);
     })(params);
-    params = optim::apply_updates(params, opt.update(grads, state, params));
+    {
+      Params updates = opt.update(grads, state, params);
+      grads = Params{};
+      params = optim::apply_updates(std::move(params), updates);  // in place
+    }
     loss.item();
     if (s >= warmup) times.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
   }

@@ -1,17 +1,40 @@
 #include "meshtrain/core/allocator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
 
+#include "meshtrain/core/block_arena.h"
+
 namespace mt {
+
+namespace {
+// Twice the machine's memory: the arena's address space, not memory it uses.
+size_t arena_reservation() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const size_t physical = pages > 0 && page > 0 ? size_t(pages) * size_t(page) : size_t(16) << 30;
+  return std::max<size_t>(2 * physical, size_t(8) << 30);
+}
+}  // namespace
 
 struct CachingAllocator::Impl {
   std::mutex mutex;
-  std::unordered_map<size_t, std::vector<void*>> free_lists;  // bucket size -> blocks
-  AllocatorStats stats;
+  // Blocks up to kLargeBlock: cached per bucket size (cheap, and their total stays small).
+  std::unordered_map<size_t, std::vector<void*>> free_lists;
+  size_t bucket_cached_bytes = 0;
+  // Larger blocks: split from and merged back into one arena (see block_arena.h).
+  BlockArena arena{arena_reservation()};
+  AllocatorStats stats;  // bytes_cached is filled in by stats()
+
+  void count_allocation(size_t size) {
+    stats.bytes_in_use += size;
+    stats.peak_bytes_in_use = std::max(stats.peak_bytes_in_use, stats.bytes_in_use);
+  }
 };
 
 CachingAllocator::Impl* CachingAllocator::impl() {
@@ -36,6 +59,20 @@ size_t CachingAllocator::bucket_size(size_t bytes) {
 
 std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
   Impl* s = impl();
+  if (bytes > kLargeBlock) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    const size_t top_before = s->arena.top();
+    if (BlockArena::Block* block = s->arena.allocate(bytes)) {
+      (s->arena.top() > top_before ? s->stats.os_allocations : s->stats.cache_hits)++;
+      s->count_allocation(block->size);
+      return std::shared_ptr<void>(block->address, [s, block, size = block->size](void*) {
+        std::lock_guard<std::mutex> lock(s->mutex);
+        s->stats.bytes_in_use -= size;
+        s->arena.release(block);
+      });
+    }
+    // The arena's address space is spent (or was never granted): a bucketed block instead.
+  }
   size_t size = bucket_size(bytes);
   void* ptr = nullptr;
   {
@@ -45,12 +82,11 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       ptr = it->second.back();
       it->second.pop_back();
       s->stats.cache_hits++;
-      s->stats.bytes_cached -= size;
+      s->bucket_cached_bytes -= size;
     } else {
       s->stats.os_allocations++;
     }
-    s->stats.bytes_in_use += size;
-    if (s->stats.bytes_in_use > s->stats.peak_bytes_in_use) s->stats.peak_bytes_in_use = s->stats.bytes_in_use;
+    s->count_allocation(size);
   }
   if (!ptr) {
     ptr = std::aligned_alloc(kAlignment, size);
@@ -58,20 +94,27 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       release_cached();
       ptr = std::aligned_alloc(kAlignment, size);
     }
-    if (!ptr) throw std::bad_alloc();
+    if (!ptr) {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      s->stats.bytes_in_use -= size;
+      throw std::bad_alloc();
+    }
   }
   return std::shared_ptr<void>(ptr, [s, size](void* p) {
     std::lock_guard<std::mutex> lock(s->mutex);
     s->free_lists[size].push_back(p);
     s->stats.bytes_in_use -= size;
-    s->stats.bytes_cached += size;
+    s->bucket_cached_bytes += size;
   });
 }
 
 AllocatorStats CachingAllocator::stats() const {
   Impl* s = const_cast<CachingAllocator*>(this)->impl();
   std::lock_guard<std::mutex> lock(s->mutex);
-  return s->stats;
+  AllocatorStats out = s->stats;
+  out.bytes_cached = s->bucket_cached_bytes + s->arena.free_bytes();
+  out.bytes_reserved = out.bytes_in_use + out.bytes_cached;
+  return out;
 }
 
 void CachingAllocator::release_cached() {
@@ -81,7 +124,8 @@ void CachingAllocator::release_cached() {
     for (void* p : blocks) std::free(p);
     blocks.clear();
   }
-  s->stats.bytes_cached = 0;
+  s->bucket_cached_bytes = 0;
+  s->arena.discard_free_pages();
 }
 
 void CachingAllocator::reset_peak() {

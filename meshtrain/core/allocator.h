@@ -5,18 +5,22 @@
 
 namespace mt {
 
-// Statistics of the caching allocator; `os_allocations` counts calls that reached the OS,
-// which must stay flat across training steps after warm-up.
+// Statistics of the caching allocator; `os_allocations` counts allocations that took new
+// memory (a new bucketed block, or the arena's top growing), which must stay flat across
+// training steps after warm-up.
 struct AllocatorStats {
   uint64_t os_allocations = 0;
   uint64_t cache_hits = 0;
   size_t bytes_in_use = 0;
-  size_t bytes_cached = 0;
+  size_t bytes_cached = 0;    // free but kept: bucketed blocks and the arena's free blocks
+  size_t bytes_reserved = 0;  // bytes_in_use + bytes_cached
   size_t peak_bytes_in_use = 0;  // the most bytes_in_use has been since reset_peak()
 };
 
-// Size-bucketed caching allocator with 64-byte alignment. Freed blocks return to a
-// per-bucket free list instead of the OS, so steady-state steps reuse them.
+// Caching allocator with 64-byte alignment; freed memory is kept, not returned to the OS, so
+// steady-state steps reuse it without page faults. Blocks up to kLargeBlock are cached per
+// size bucket; larger ones are split from and merged back into one arena (block_arena.h), so
+// the memory held follows the peak of live bytes rather than the sum of every size's peak.
 class CachingAllocator {
  public:
   static CachingAllocator& instance();
@@ -27,7 +31,8 @@ class CachingAllocator {
   void reset_peak();      // peak_bytes_in_use = bytes_in_use
 
   static constexpr size_t kAlignment = 64;
-  static size_t bucket_size(size_t bytes);  // the size actually reserved for a request
+  static constexpr size_t kLargeBlock = size_t(256) << 10;
+  static size_t bucket_size(size_t bytes);  // the size reserved for a bucketed request
 
  private:
   CachingAllocator() = default;

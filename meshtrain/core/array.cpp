@@ -18,6 +18,7 @@ Array Array::empty(const Shape& shape, DType dtype, Device device) {
   impl->shape = shape;
   impl->dtype = dtype;
   impl->device = device;
+  impl->allocated = true;
   const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
   if (device.is_cpu()) {
     impl->storage = CachingAllocator::instance().allocate(bytes);

@@ -26,6 +26,9 @@ struct ArrayImpl {
   std::shared_ptr<autodiff::Node> node;
   std::shared_ptr<const Layout> layout;
   Device device;  // where `storage` lives
+  // `storage` came from Array::empty (a caching allocator), not from a file mapping or a
+  // caller's buffer, so a kernel may overwrite it when nothing else can observe it.
+  bool allocated = false;
 };
 
 // A cheap shared handle to a row-major, contiguous n-d array.
@@ -92,6 +95,13 @@ class Array {
   // kernels that write several results into one buffer (optimizer moments).
   Array view_row(int64_t i) const;
   bool shares_storage(const Array& o) const { return impl_->storage == o.impl_->storage; }
+  // This handle is the only way to reach its storage: no other handle, view or autodiff
+  // node, no layout, and the storage is the allocator's. A kernel given such an input (it
+  // can only be one moved into the call) may write its output there: nobody can tell.
+  bool sole_owner() const {
+    return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && impl_->allocated && !impl_->node &&
+           !impl_->layout;
+  }
 
   const std::shared_ptr<ArrayImpl>& impl() const { return impl_; }
   std::string str() const;  // "f32(2, 3)"

@@ -154,7 +154,10 @@ class BinaryPrimitive final : public prim::Primitive {
     return {broadcast_shapes(a.shape(), b.shape(), name()), cpu::is_comparison(op_) ? DType::boolean : a.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    Array out = Array::empty(o.shape, o.dtype);
+    // The kernels read a[i] before writing out[i], so out may be a itself when nobody else
+    // can see a (only a caller that moved it in can get here with a sole owner).
+    const bool reuse = in[0].sole_owner() && !in[1].traced() && in[0].shape() == o.shape && in[0].dtype() == o.dtype;
+    Array out = reuse ? in[0] : Array::empty(o.shape, o.dtype);
     MT_KERNEL(out, binary, op_, in[0], in[1], out);
     return out;
   }
@@ -325,6 +328,14 @@ Array binary(BinaryOp op, const Array& a, const Array& b) {
   return prim::apply(primitive_for<BinaryPrimitive, BinaryOp, kBinaryOps>(op), {a, b});
 }
 
+Array binary_moving_first(BinaryOp op, Array a, const Array& b) {
+  std::vector<Array> in;  // built by moving: an initializer list would copy `a`
+  in.reserve(2);
+  in.push_back(std::move(a));
+  in.push_back(b);
+  return prim::apply(primitive_for<BinaryPrimitive, BinaryOp, kBinaryOps>(op), in);
+}
+
 #define MT_NAME(e, name, ...) name,
 MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NAME) "where", "cast", "fill_like"});
 #undef MT_NAME
@@ -332,6 +343,7 @@ MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NA
 }  // namespace
 
 Array add(const Array& a, const Array& b) { return binary(BinaryOp::add, a, b); }
+Array add_in_place(Array a, const Array& b) { return binary_moving_first(BinaryOp::add, std::move(a), b); }
 Array sub(const Array& a, const Array& b) { return binary(BinaryOp::sub, a, b); }
 Array mul(const Array& a, const Array& b) { return binary(BinaryOp::mul, a, b); }
 Array div(const Array& a, const Array& b) { return binary(BinaryOp::div, a, b); }

@@ -6,6 +6,10 @@ namespace mt {
 // Binary ops broadcast like NumPy; both operands must share a dtype (a double operand
 // takes the array's dtype).
 Array add(const Array& a, const Array& b);
+// add(a, b), written into a's storage when `a` was moved in as its storage's sole owner
+// (Array::sole_owner), b is untraced and the result has a's shape and dtype; otherwise into
+// a new array. For loops that replace a value by its update: x = add_in_place(std::move(x), u).
+Array add_in_place(Array a, const Array& b);
 Array sub(const Array& a, const Array& b);
 Array mul(const Array& a, const Array& b);
 Array div(const Array& a, const Array& b);

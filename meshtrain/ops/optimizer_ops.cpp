@@ -25,6 +25,20 @@ prim::OutputInfo check_f32_same_shape(const std::vector<Array>& in, const char* 
   return {in[0].shape(), DType::f32};
 }
 
+// The [2, ...] buffer that m and v are rows 0 and 1 of, when they are its only handles (so
+// nobody can see it overwritten), it came from the allocator and has the output's shape.
+Array moments_buffer_to_reuse(const Array& m, const Array& v, const prim::OutputInfo& o) {
+  const auto &mi = m.impl(), &vi = v.impl();
+  const bool reusable = mi.use_count() == 1 && vi.use_count() == 1 && m.shares_storage(v) &&
+                        mi->storage.use_count() == 2 && mi->allocated && !mi->node && !vi->node && !mi->layout &&
+                        !vi->layout && mi->offset_bytes == 0 && vi->offset_bytes == m.nbytes() &&
+                        m.device() == v.device();
+  if (!reusable) return Array();
+  auto impl = std::make_shared<ArrayImpl>(*mi);
+  impl->shape = o.shape;
+  return Array(std::move(impl));
+}
+
 // Optimizer state is not differentiated through; the defaults (replicated layout, no VJP)
 // are what these need.
 class AdamMomentsPrimitive final : public prim::Primitive {
@@ -37,7 +51,10 @@ class AdamMomentsPrimitive final : public prim::Primitive {
     return {Shape(dims), DType::f32};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
-    Array out = Array::empty(o.shape, o.dtype);
+    Array out = moments_buffer_to_reuse(in[1], in[2], o);
+    if (!out.defined()) out = Array::empty(o.shape, o.dtype);
+    // Element i of the output depends only on element i of the inputs, read first: writing
+    // over m and v is safe.
     MT_KERNEL(out, adam_moments, in[0], in[1], in[2], h_, out);
     return out;
   }
@@ -75,9 +92,14 @@ class AdamDirectionPrimitive final : public prim::Primitive {
 
 }  // namespace
 
-Array adam_moments(const Array& g, const Array& m, const Array& v, const AdamStep& step) {
+Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step) {
   MT_CHECK(g.defined() && m.defined() && v.defined(), "[adam_moments] undefined input array");
-  return prim::apply(std::make_shared<AdamMomentsPrimitive>(step), {g, m, v});
+  std::vector<Array> in;  // built by moving: an initializer list would copy m and v
+  in.reserve(3);
+  in.push_back(g);
+  in.push_back(std::move(m));
+  in.push_back(std::move(v));
+  return prim::apply(std::make_shared<AdamMomentsPrimitive>(step), in);
 }
 
 Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step) {

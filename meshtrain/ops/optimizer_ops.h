@@ -15,7 +15,9 @@ struct AdamStep {
 
 // Adam's moments for f32 arrays of one shape: [2, ...g.shape] = (m', v') with
 // m' = b1·m + (1-b1)·g and v' = b2·v + (1-b2)·g², rounded as the composed ops and torch round.
-Array adam_moments(const Array& g, const Array& m, const Array& v, const AdamStep& step);
+// When m and v are rows 0 and 1 of an earlier result, moved in as the only handles to it,
+// the new moments overwrite it (no second copy of the optimizer state during the update).
+Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step);
 // The update from the new moments: -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p.
 Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step);
 

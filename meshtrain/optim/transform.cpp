@@ -105,16 +105,17 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     const double step_size = rate / bc1, sqrt_bc2 = std::sqrt(bc2);
     Params out;
     for (const auto& [path, g] : grads) {
-      const Array &m0 = state["mu." + path], &v0 = state["nu." + path], &p = params[path];
+      Array &m_slot = state.at("mu." + path), &v_slot = state.at("nu." + path);
+      const Array &m0 = m_slot, &v0 = v_slot, &p = params[path];
       const bool decays = weight_decay != 0.0 && mask(path, p);
       if (fusable({g, m0, v0, p})) {
-        // Two memory passes instead of a dozen; the same roundings as below.
+        // Two memory passes instead of a dozen; the same roundings as below. The old moments
+        // are handed over, so when the state holds the only handles they are updated in place.
         AdamStep s{b1, b2, step_size, sqrt_bc2, eps, decays ? rate * weight_decay : 0.0};
-        Array moments = adam_moments(g, m0, v0, s);
-        Array m = moments.view_row(0), v = moments.view_row(1);
-        state.set("mu." + path, m);
-        state.set("nu." + path, v);
-        out.set(path, adam_direction(m, v, p, s));
+        Array moments = adam_moments(g, std::move(m_slot), std::move(v_slot), s);
+        m_slot = moments.view_row(0);
+        v_slot = moments.view_row(1);
+        out.set(path, adam_direction(m_slot, v_slot, p, s));
         continue;
       }
       Array m = add(mul(m0, b1), mul(g, 1 - b1));
@@ -249,20 +250,15 @@ Transform multi_steps(Transform inner, int every_k) {
   return t;
 }
 
-Params apply_updates(const Params& params, const Params& updates) {
+Params apply_updates(Params params, const Params& updates) {
   autodiff::NoGradGuard no_grad;
-  Params out;
-  for (const auto& [path, p] : params) {
-    if (!updates.contains(path)) {
-      out.set(path, p);
-      continue;
-    }
-    const Array& u = updates[path];
-    MT_CHECK(u.shape() == p.shape(), "[apply_updates] update for '", path, "' has shape ", u.shape().str(),
-             ", parameter ", p.shape().str());
-    out.set(path, add(p, cast(u, p.dtype())));
-  }
-  return out;
+  for (const auto& [path, u] : updates)
+    if (params.contains(path))
+      MT_CHECK(u.shape() == params[path].shape(), "[apply_updates] update for '", path, "' has shape ",
+               u.shape().str(), ", parameter ", params[path].shape().str());
+  for (auto& [path, p] : params)
+    if (updates.contains(path)) p = add_in_place(std::move(p), cast(updates[path], p.dtype()));
+  return params;
 }
 
 }  // namespace mt::optim

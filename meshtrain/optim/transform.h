@@ -53,8 +53,9 @@ Transform chain(std::vector<Transform> transforms);
 // the calls in between return zero updates.
 Transform multi_steps(Transform inner, int every_k);
 
-// params + updates.
-Params apply_updates(const Params& params, const Params& updates);
+// params + updates. Pass the parameters by std::move when nothing else holds them: their
+// buffers are then updated in place instead of doubling the parameters' memory.
+Params apply_updates(Params params, const Params& updates);
 // The global L2 norm of a tree (a replicated scalar, also for sharded trees).
 Array global_norm(const Params& tree);
 

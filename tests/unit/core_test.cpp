@@ -1,3 +1,4 @@
+#include <cstring>
 // Core types: dtype conversions, shapes and broadcasting, arrays as views, Params order,
 // and the caching allocator's steady state during training steps.
 #include <gtest/gtest.h>
@@ -6,6 +7,7 @@
 #include <limits>
 
 #include "meshtrain/meshtrain.h"
+#include "meshtrain/core/block_arena.h"
 
 namespace mt {
 namespace {
@@ -97,6 +99,112 @@ TEST(Allocator, TrainingStepAllocatesNothingAfterWarmUp) {
             << CachingAllocator::instance().stats().cache_hits << "\n";
   EXPECT_EQ(after, before);
   EXPECT_LT(last, first);
+}
+
+TEST(Allocator, ArenaSplitsAndMergesBlocks) {
+  // A private arena: the process-wide one is shared with everything else in this binary.
+  BlockArena arena(size_t(1) << 30);
+  ASSERT_GT(arena.reserved(), 0u);
+  const size_t mb = size_t(1) << 20, page = BlockArena::kGranule;
+  BlockArena::Block* a = arena.allocate(3 * mb);
+  BlockArena::Block* b = arena.allocate(5 * mb + 1);  // rounds up to a page
+  BlockArena::Block* c = arena.allocate(2 * mb);
+  EXPECT_EQ(b->size, 5 * mb + page);
+  EXPECT_EQ(arena.top(), 10 * mb + page);
+  std::memset(a->address, 1, a->size);  // the pages are writable
+  std::memset(c->address, 3, c->size);
+  char* const start = a->address;
+  arena.release(a);
+  arena.release(b);  // merges with a: one free block of 8 MiB + a page
+  EXPECT_EQ(arena.free_blocks(), 1u);
+  EXPECT_EQ(arena.free_bytes(), 8 * mb + page);
+  // A smaller request is carved from that block's start; the rest stays free.
+  BlockArena::Block* d = arena.allocate(6 * mb);
+  EXPECT_EQ(d->address, start);
+  EXPECT_EQ(arena.free_bytes(), 2 * mb + page);
+  EXPECT_EQ(arena.top(), 10 * mb + page);  // reused, not grown
+  arena.release(c);  // merges with the split block's free rest
+  EXPECT_EQ(arena.free_blocks(), 1u);
+  EXPECT_EQ(arena.free_bytes(), 4 * mb + page);
+  // Nothing free fits 7 MiB: the free block at the top grows by the difference only.
+  BlockArena::Block* e = arena.allocate(7 * mb);
+  EXPECT_EQ(e->address, start + 6 * mb);
+  EXPECT_EQ(arena.top(), 13 * mb);
+  EXPECT_EQ(arena.free_bytes(), 0u);
+  // Best fit: of a 3 MiB and a 2 MiB hole, a 2 MiB request takes the 2 MiB one.
+  BlockArena::Block* x = arena.allocate(3 * mb);
+  arena.allocate(mb);
+  BlockArena::Block* z = arena.allocate(2 * mb);
+  arena.allocate(mb);
+  arena.release(x);
+  arena.release(z);
+  EXPECT_EQ(arena.allocate(2 * mb)->address, start + 17 * mb);
+  EXPECT_EQ(arena.allocate(3 * mb)->address, start + 13 * mb);
+  EXPECT_EQ(arena.top(), 20 * mb);
+  arena.release(d);
+  arena.release(e);
+  EXPECT_EQ(arena.free_blocks(), 1u);
+  EXPECT_EQ(arena.free_bytes(), 13 * mb);
+}
+
+TEST(Allocator, ResidentMemoryFollowsThePeakOfLiveBytesAcrossChangingSizes) {
+  // Phase after phase frees everything and allocates the same total in other sizes, as a
+  // training step's layers and passes do. Exact-size caching would hold every phase's
+  // blocks; splitting and merging keeps the arena at one phase's worth.
+  BlockArena arena(size_t(1) << 30);
+  const size_t mb = size_t(1) << 20;
+  size_t peak_live = 0;
+  for (size_t parts : {1, 2, 3, 5, 7, 12, 16}) {
+    std::vector<BlockArena::Block*> blocks;
+    size_t live = 0;
+    for (size_t i = 0; i < parts; ++i) {
+      blocks.push_back(arena.allocate(48 * mb / parts));
+      live += blocks.back()->size;
+    }
+    peak_live = std::max(peak_live, live);
+    for (BlockArena::Block* block : blocks) arena.release(block);
+    EXPECT_EQ(arena.free_blocks(), 1u);  // everything merged back into one block
+  }
+  std::cout << "  arena top " << arena.top() / mb << " MiB for a peak of " << peak_live / mb << " MiB live\n";
+  EXPECT_LE(arena.top(), peak_live + BlockArena::kGranule * 16);
+}
+
+TEST(InPlace, AddWritesIntoAMovedSoleOwnerAndNowhereElse) {
+  Array x = Array::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const Array u = Array::from_vector(std::vector<float>{10, 20}, {2});
+  const void* buffer = x.raw();
+  x = add_in_place(std::move(x), u);  // sole owner, moved in: the same buffer
+  EXPECT_EQ(x.raw(), buffer);
+  EXPECT_EQ(x.to_floats(), (std::vector<float>{11, 22, 13, 24}));
+  // Another handle sees the old value: the add must not overwrite it.
+  Array kept = x;
+  Array y = add_in_place(std::move(x), u);
+  EXPECT_NE(y.raw(), kept.raw());
+  EXPECT_EQ(kept.to_floats(), (std::vector<float>{11, 22, 13, 24}));
+  EXPECT_EQ(y.to_floats(), (std::vector<float>{21, 42, 23, 44}));
+  // A view shares the storage: no reuse either.
+  Array whole = Array::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  Array row = whole.view_row(1);
+  Array z = add_in_place(std::move(row), Array::from_vector(std::vector<float>{1, 1}, {2}));
+  EXPECT_EQ(whole.to_floats(), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(z.to_floats(), (std::vector<float>{4, 5}));
+  // A broadcast that grows the result cannot reuse the smaller operand.
+  Array small = Array::from_vector(std::vector<float>{1, 2}, {2});
+  Array grown = add_in_place(std::move(small), Array::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2}));
+  EXPECT_EQ(grown.to_floats(), (std::vector<float>{2, 4, 4, 6}));
+}
+
+TEST(InPlace, ApplyUpdatesKeepsParametersOthersStillHold) {
+  Params params{{"w", Array::from_vector(std::vector<float>{1, 2}, {2})}};
+  Params updates{{"w", Array::from_vector(std::vector<float>{0.5f, 0.5f}, {2})}};
+  const Params before = params;  // held elsewhere (a checkpoint being written, an EMA, ...)
+  Params after = optim::apply_updates(std::move(params), updates);
+  EXPECT_EQ(before.at("w").to_floats(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(after.at("w").to_floats(), (std::vector<float>{1.5f, 2.5f}));
+  const void* buffer = after.at("w").raw();
+  after = optim::apply_updates(std::move(after), updates);  // now the only holder: in place
+  EXPECT_EQ(after.at("w").raw(), buffer);
+  EXPECT_EQ(after.at("w").to_floats(), (std::vector<float>{2, 3}));
 }
 
 TEST(Allocator, BucketsBoundWaste) {
