@@ -57,10 +57,11 @@ void add_device_flag(CLI::App* cmd, std::string& device) {
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_device_flag(cmd, f.device);
   cmd->add_option("--attention", f.attention,
-                  "causal attention on the GPU: composed (GEMMs + fused softmax) or fused (flash-style: no T x T "
-                  "probabilities in memory, slower for now)")
+                  "causal attention: fused (flash-style: no T x T probabilities in memory), composed (GEMMs + "
+                  "fused softmax, probabilities kept for the backward) or auto (fused on the CPU, composed on a GPU, "
+                  "where the fused kernels are slower for now)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"composed", "fused"}));
+      ->check(CLI::IsMember({"auto", "composed", "fused"}));
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");
   cmd->add_option("--model-shards", f.model_shards, "shards of each weight (tensor parallel); data = processes / shards")
       ->capture_default_str()

@@ -27,7 +27,7 @@ struct RunFlags {
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
   std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)
   std::string device = "auto";    // auto, cpu, cuda, cuda:N (core/device.h)
-  std::string attention = "composed";  // composed or fused (mt::AttentionKernel)
+  std::string attention = "auto";  // auto, composed or fused (mt::AttentionKernel)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);

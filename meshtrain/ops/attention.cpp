@@ -137,12 +137,17 @@ class FlashAttentionPrimitive final : public prim::Primitive {
           dv = Array::empty(v.shape(), v.dtype(), v.device());
     const Array gc = g.dtype() == q.dtype() ? g : cast(g, q.dtype());
     MT_KERNEL(dq, flash_attention_backward, q, k, v, s.output, s.aux[0], gc, shape_of(q, k), dq, dk, dv);
+    // The backward kernel runs outside the dispatcher: its four products count here.
+    prim::count_model_flops(2 * square_flops(q, k));
     return {dq, dk, dv};
   }
+  // Model FLOPs count the whole (Tq, Tk) square, causal or not, as the composed form's GEMMs
+  // and the usual 6N + 12·L·T·C per token formula do, so MFU does not depend on the form.
+  static double square_flops(const Array& q, const Array& k) {
+    return 4.0 * double(q.dim(0) * q.dim(1)) * double(q.dim(2)) * double(k.dim(2)) * double(q.dim(3));
+  }
   prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo& o) const override {
-    const double bh = double(in[0].dim(0) * in[0].dim(1)), tq = double(in[0].dim(2)), tk = double(in[1].dim(2));
-    const double pairs = causal_ ? bh * tq * (tk - tq / 2) : bh * tq * tk;
-    return {4.0 * pairs * double(in[0].dim(3)), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
+    return {square_flops(in[0], in[1]), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
   }
   bool counts_model_flops() const override { return true; }
 
@@ -156,15 +161,16 @@ class FlashAttentionPrimitive final : public prim::Primitive {
 }  // namespace
 
 namespace {
-std::atomic<AttentionKernel> g_attention_kernel{AttentionKernel::composed};
+std::atomic<AttentionKernel> g_attention_kernel{AttentionKernel::automatic};
 }  // namespace
 
 void set_attention_kernel(AttentionKernel kernel) { g_attention_kernel.store(kernel); }
 AttentionKernel attention_kernel() { return g_attention_kernel.load(); }
 AttentionKernel attention_kernel_from_name(const std::string& name) {
+  if (name == "auto" || name == "automatic") return AttentionKernel::automatic;
   if (name == "composed") return AttentionKernel::composed;
   if (name == "fused") return AttentionKernel::fused;
-  throw Error("[attention] expected composed or fused, got '" + name + "'");
+  throw Error("[attention] expected auto, composed or fused, got '" + name + "'");
 }
 
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal, double dropout_rate,
@@ -222,12 +228,13 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
            " are not a multiple of key/value heads ", k.dim(1));
   const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
-  // With AttentionKernel::fused the common decoder case runs fused on the GPU (no (Tq, Tk)
-  // probabilities in memory); the CPU keeps the composed form, whose GEMMs oneDNN runs faster.
+  // The common decoder case runs fused (no (Tq, Tk) probabilities in memory) on the CPU by
+  // default, on a GPU when asked for (see AttentionKernel).
   const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
-  if (attention_kernel() == AttentionKernel::fused && o.causal && !mask.defined() && !o.bias.defined() && tq <= tk &&
-      plain && q.device().is_cuda() &&
-      q.dim(3) == v.dim(3) && cuda::flash_attention_supported(q.dim(3)))
+  const AttentionKernel kernel = attention_kernel();
+  const bool fused = kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && q.device().is_cpu());
+  if (fused && o.causal && !mask.defined() && !o.bias.defined() && tq <= tk && plain && q.dim(3) == v.dim(3) &&
+      (q.device().is_cpu() || cuda::flash_attention_supported(q.dim(3))))
     return flash_attention(q, repeat_heads(k, rep), repeat_heads(v, rep), scale, true,
                            o.train ? o.dropout_rate : 0.0, o.dropout_key);
 

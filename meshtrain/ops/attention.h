@@ -24,14 +24,16 @@ struct AttentionOptions {
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,
                       double dropout_rate = 0.0, const RngKey& dropout_key = {});
 
-// Which form scaled_dot_product_attention runs for causal attention without a mask or bias
-// on a GPU: `composed` (GEMMs, the fused causal softmax, dropout; the default: faster on an
-// H100 today) or `fused` (flash_attention: no (Tq, Tk) probabilities in memory, slower until
-// its kernels use tensor cores). Process-wide; the CPU always composes.
-enum class AttentionKernel { composed, fused };
+// Which form scaled_dot_product_attention runs for causal attention without a mask or bias:
+// `composed` (GEMMs, the fused causal softmax, dropout, with the (Tq, Tk) probabilities kept
+// for the backward), `fused` (flash_attention: none kept), or `automatic` (the default):
+// fused on the CPU (its vector kernels run close to oneDNN's GEMMs and keep no T x T
+// arrays), composed on a GPU (faster on an H100 until the CUDA kernels use tensor cores).
+// Process-wide.
+enum class AttentionKernel { automatic, composed, fused };
 void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();
-AttentionKernel attention_kernel_from_name(const std::string& name);  // "composed" | "fused"
+AttentionKernel attention_kernel_from_name(const std::string& name);  // "auto" | "composed" | "fused"
 
 // softmax(q kᵀ · scale + bias + mask) v over heads.
 // q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv) with H a multiple of Hkv

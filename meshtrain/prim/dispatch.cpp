@@ -98,6 +98,7 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
 }
 
 double model_flops() { return g_model_flops.load(std::memory_order_relaxed); }
+void count_model_flops(double flops) { g_model_flops.fetch_add(flops, std::memory_order_relaxed); }
 
 void install_distributed_executor(const DistributedExecutor* executor) { g_executor = executor; }
 const DistributedExecutor* distributed_executor() { return g_executor; }

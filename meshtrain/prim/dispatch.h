@@ -34,6 +34,8 @@ const DistributedExecutor* distributed_executor();
 // Model FLOPs (primitives with counts_model_flops: the GEMMs, attention's included) executed
 // by this process so far, forward and backward. Trainers log the difference over a step.
 double model_flops();
+// Adds to that count for kernels a VJP runs directly, outside apply() (a fused backward).
+void count_model_flops(double flops);
 
 // Layout queries for builders that pick an algorithm by layout (vocabulary-parallel
 // cross-entropy): a plain array is replicated on a mesh without axes.

@@ -2,6 +2,7 @@
 // embeddings, and a whole transformer block forward and backward against PyTorch.
 #include <gtest/gtest.h>
 
+#include "meshtrain/prim/dispatch.h"
 #include "tests/support/op_check.h"
 
 namespace mt::testing {
@@ -111,6 +112,49 @@ TEST(AttentionOracle, FlashAttentionEqualsTheComposedForm) {
       for (int i = 0; i < 3; ++i) expect_close(sf[size_t(i)], sc[size_t(i)], tol, label + " second order d" + "qkv"[i]);
     }
   }
+}
+
+// The CPU kernel's vector paths at sizes the test above does not reach: several 16-key
+// blocks with a ragged last one, row groups of 4 with a ragged last group, head dims that
+// are padded (12, 40) or take two vectors (64), bottom-right causal with Tq < Tk; and the
+// default (automatic) path of scaled_dot_product_attention, which is fused on the CPU.
+TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
+  const RngKey key{11, 5};
+  struct Case {
+    int64_t tq, tk, d;
+  };
+  for (const Case& c : {Case{37, 37, 12}, Case{30, 45, 40}, Case{67, 67, 64}}) {
+    const std::vector<Array> in = {random_normal({2, 2, c.tq, c.d}, 1), random_normal({2, 2, c.tk, c.d}, 2),
+                                   random_normal({2, 2, c.tk, c.d}, 3)};
+    AttentionOptions o;
+    o.causal = true, o.dropout_rate = 0.2, o.dropout_key = key, o.train = true;
+    auto with = [o](AttentionKernel kernel) {
+      return [o, kernel](const std::vector<Array>& x) {
+        set_attention_kernel(kernel);
+        Array y = scaled_dot_product_attention(x[0], x[1], x[2], Array(), o);
+        set_attention_kernel(AttentionKernel::automatic);
+        return y;
+      };
+    };
+    const std::string label = "T" + std::to_string(c.tq) + "x" + std::to_string(c.tk) + " D" + std::to_string(c.d);
+    const Tolerance tol{1e-5, 1e-5, 1e-6};
+    expect_close(with(AttentionKernel::automatic)(in), with(AttentionKernel::composed)(in), tol, label + " forward");
+    const Array cot = random_normal({2, 2, c.tq, c.d}, 4);
+    const auto gf = vjp(with(AttentionKernel::automatic), in, cot).second;
+    const auto gc = vjp(with(AttentionKernel::composed), in, cot).second;
+    for (int i = 0; i < 3; ++i) expect_close(gf[size_t(i)], gc[size_t(i)], tol, label + " d" + "qkv"[i]);
+  }
+  // The automatic choice on the CPU is the fused primitive (else the comparison is empty).
+  int fused_calls = 0;
+  auto previous = prim::set_op_observer([&](const prim::OpEvent& e) {
+    fused_calls += std::string(e.primitive.name()) == "flash_attention";
+  });
+  AttentionOptions o;
+  o.causal = true;
+  Array x = random_normal({1, 2, 8, 16}, 9);
+  scaled_dot_product_attention(x, x, x, Array(), o);
+  prim::set_op_observer(previous);
+  EXPECT_EQ(fused_calls, 1);
 }
 
 TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {

@@ -120,8 +120,14 @@ TEST(PretrainedOracle, Stories260kGreedyMatchesTwin) {
   // Logits of the prompt (and all parameter gradients) against the twin. Five trained layers
   // summed in another order differ in the last bits: 2.2e-5 with the twin on reference BLAS,
   // 2.9e-5 on OpenBLAS; hence atol 5e-5.
+  // The composed attention, as the twin computes it: the fused kernel's backward recomputes
+  // the probabilities from log-sum-exps, which moves these gradients further from the twin's
+  // (down_proj max error 2.0e-3 against 1.1e-3 composed), at the edge of rtol 1e-4; the
+  // fused kernel has its own oracle tests against the composed form.
+  set_attention_kernel(AttentionKernel::composed);
   check_twin("stories260K logits", m.params, {ids}, [&](const Params& q) { return llama_apply(c, q, {.input_ids = ids}); },
              "llama_twin(P, X[0], None, 5, 8, 4, 1e-5, 10000.0, True)", {5e-5, 1e-5}, {1e-5, 1e-4, 5e-6});
+  set_attention_kernel(AttentionKernel::automatic);
   // Greedy decoding: our KV-cached run equals the twin's recomputed one.
   const int64_t n = 24;
   GenerationConfig g;

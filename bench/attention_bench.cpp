@@ -1,0 +1,71 @@
+// Causal self-attention forward + backward, composed (GEMMs, fused causal softmax, dropout)
+// against the fused flash_attention primitive, on model-sized shapes: milliseconds per call
+// (median of 5 after a warm-up), the attention FLOPs rate and the bytes each form keeps
+// between forward and backward (the allocator's peak during the forward minus its inputs).
+// Usage: attention_bench [B H T D ...]   (defaults: GPT-2 124M and the seed miniGPT)
+#include "meshtrain/backend/cpu/cpu_features.h"
+#include "meshtrain/meshtrain.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+using namespace mt;
+
+struct Case {
+  int64_t b, h, t, d;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void run(const Case& c, AttentionKernel kernel) {
+  set_attention_kernel(kernel);
+  const Shape shape{c.b, c.h, c.t, c.d};
+  Params in{{"q", random_normal(RngKey{1, 0}, shape)}, {"k", random_normal(RngKey{1, 1}, shape)},
+            {"v", random_normal(RngKey{1, 2}, shape)}};
+  const Array cot = random_normal(RngKey{1, 3}, shape);
+  AttentionOptions o;
+  o.causal = true, o.train = true, o.dropout_rate = std::getenv("MT_NO_DROPOUT") ? 0.0 : 0.1, o.dropout_key = RngKey{2, 0};
+  auto loss = [&](const Params& p) { return sum(mul(scaled_dot_product_attention(p["q"], p["k"], p["v"], Array(), o), cot)); };
+  std::vector<double> times;
+  size_t kept = 0;
+  CachingAllocator& alloc = CachingAllocator::instance();
+  for (int i = 0; i < 6; ++i) {
+    alloc.reset_peak();
+    const size_t before = alloc.stats().bytes_in_use;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto [l, g] = value_and_grad(loss)(in);
+    l.item();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    kept = alloc.stats().peak_bytes_in_use - before;
+  }
+  times.erase(times.begin());
+  const double s = median(times);
+  // Causal: about half the (T, T) products; forward 2 GEMMs, backward 4 (+1 recompute fused).
+  const double flops = 6.0 * 2.0 * double(c.b * c.h) * double(c.t) * double(c.t + 1) / 2.0 * double(c.d);
+  std::printf("  %-8s B%-3lld H%-3lld T%-5lld D%-4lld %8.2f ms  %7.1f GFLOP/s  peak +%6.1f MB\n",
+              kernel == AttentionKernel::fused ? "fused" : "composed", (long long)c.b, (long long)c.h,
+              (long long)c.t, (long long)c.d, 1e3 * s, flops / s / 1e9, double(kept) / 1e6);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Case> cases;
+  for (int i = 1; i + 3 < argc; i += 4)
+    cases.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), std::atoll(argv[i + 3])});
+  if (cases.empty()) cases = {{4, 12, 256, 64}, {8, 8, 256, 32}, {8, 12, 128, 64}, {1, 12, 1024, 64}};
+  std::printf("causal attention with dropout 0.1, forward + backward (%s)\n", cpu::cpu_summary().c_str());
+  for (const Case& c : cases) {
+    run(c, AttentionKernel::composed);
+    run(c, AttentionKernel::fused);
+  }
+  return 0;
+}
