@@ -148,6 +148,17 @@ Array Array::view_as_shape(const Shape& shape) const {
   return Array(std::move(impl));
 }
 
+bool Array::sole_owners(std::initializer_list<const Array*> handles) {
+  if (handles.size() == 0) return false;
+  const std::shared_ptr<ArrayImpl>& first = (*handles.begin())->impl_;
+  if (!first || !first->allocated || first->storage.use_count() != long(handles.size())) return false;
+  for (const Array* a : handles) {
+    const std::shared_ptr<ArrayImpl>& impl = a->impl_;
+    if (!impl || impl.use_count() != 1 || impl->storage != first->storage || impl->node || impl->layout) return false;
+  }
+  return true;
+}
+
 Array Array::view_row(int64_t i) const {
   MT_CHECK(ndim() >= 1 && i >= 0 && i < dim(0), "[view_row] row ", i, " outside ", str());
   MT_CHECK(!sharded(), "[view_row] ", str(), " is sharded: views apply to local blocks");

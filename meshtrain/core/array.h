@@ -1,4 +1,5 @@
 #pragma once
+#include <initializer_list>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -98,10 +99,10 @@ class Array {
   // This handle is the only way to reach its storage: no other handle, view or autodiff
   // node, no layout, and the storage is the allocator's. A kernel given such an input (it
   // can only be one moved into the call) may write its output there: nobody can tell.
-  bool sole_owner() const {
-    return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1 && impl_->allocated && !impl_->node &&
-           !impl_->layout;
-  }
+  bool sole_owner() const { return sole_owners({this}); }
+  // The same for several handles together (e.g. the rows of one buffer): each is the only
+  // handle to its view, and these views are the only ones of their shared storage.
+  static bool sole_owners(std::initializer_list<const Array*> handles);
 
   const std::shared_ptr<ArrayImpl>& impl() const { return impl_; }
   std::string str() const;  // "f32(2, 3)"

@@ -60,15 +60,13 @@ BlockArena::Block* BlockArena::allocate(size_t bytes) {
   auto it = free_.lower_bound(&key);
   if (it != free_.end()) {
     Block* block = *it;
-    free_.erase(it);
-    free_bytes_ -= block->size;
+    take_free(block);
     return split(block, size);
   }
   // Nothing fits. A free block at the top only needs the difference.
   if (last_ && last_->free) {
     if (!grow_top(size - last_->size)) return nullptr;
-    free_.erase(last_);
-    free_bytes_ -= last_->size;
+    take_free(last_);
     last_->size = size;
     last_->free = false;
     return last_;
@@ -81,26 +79,30 @@ BlockArena::Block* BlockArena::allocate(size_t bytes) {
   return block;
 }
 
+void BlockArena::take_free(Block* block) {
+  free_.erase(block);  // before any change of its size: the set is ordered by it
+  free_bytes_ -= block->size;
+}
+
+void BlockArena::absorb_next(Block* left) {
+  Block* right = left->next;
+  left->size += right->size;
+  left->next = right->next;
+  if (right->next) right->next->prev = left;
+  if (last_ == right) last_ = left;
+  delete right;
+}
+
 void BlockArena::release(Block* block) {
   block->free = true;
   // Merge with free neighbours, so the freed space can serve a larger request later.
   if (Block* next = block->next; next && next->free) {
-    free_.erase(next);
-    free_bytes_ -= next->size;
-    block->size += next->size;
-    block->next = next->next;
-    if (next->next) next->next->prev = block;
-    if (last_ == next) last_ = block;
-    delete next;
+    take_free(next);
+    absorb_next(block);
   }
   if (Block* prev = block->prev; prev && prev->free) {
-    free_.erase(prev);
-    free_bytes_ -= prev->size;
-    prev->size += block->size;
-    prev->next = block->next;
-    if (block->next) block->next->prev = prev;
-    if (last_ == block) last_ = prev;
-    delete block;
+    take_free(prev);
+    absorb_next(prev);
     block = prev;
   }
   free_.insert(block);

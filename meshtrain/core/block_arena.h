@@ -51,6 +51,8 @@ class BlockArena {
   };
   bool grow_top(size_t bytes);  // makes [top_, top_ + bytes) usable
   Block* split(Block* block, size_t size);
+  void take_free(Block* block);    // out of the free set
+  void absorb_next(Block* left);   // left's next neighbour becomes part of left
 
   char* base_ = nullptr;
   size_t reserved_ = 0;

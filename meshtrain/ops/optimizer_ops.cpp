@@ -26,15 +26,11 @@ prim::OutputInfo check_f32_same_shape(const std::vector<Array>& in, const char* 
 }
 
 // The [2, ...] buffer that m and v are rows 0 and 1 of, when they are its only handles (so
-// nobody can see it overwritten), it came from the allocator and has the output's shape.
+// nobody can see it overwritten).
 Array moments_buffer_to_reuse(const Array& m, const Array& v, const prim::OutputInfo& o) {
-  const auto &mi = m.impl(), &vi = v.impl();
-  const bool reusable = mi.use_count() == 1 && vi.use_count() == 1 && m.shares_storage(v) &&
-                        mi->storage.use_count() == 2 && mi->allocated && !mi->node && !vi->node && !mi->layout &&
-                        !vi->layout && mi->offset_bytes == 0 && vi->offset_bytes == m.nbytes() &&
-                        m.device() == v.device();
-  if (!reusable) return Array();
-  auto impl = std::make_shared<ArrayImpl>(*mi);
+  if (!Array::sole_owners({&m, &v}) || m.impl()->offset_bytes != 0 || v.impl()->offset_bytes != m.nbytes())
+    return Array();
+  auto impl = std::make_shared<ArrayImpl>(*m.impl());
   impl->shape = o.shape;
   return Array(std::move(impl));
 }
