@@ -1,6 +1,7 @@
 // Compares the engine's mt::matmul op (checks, output allocation, oneDNN kernel with its
 // primitive cache) with oneDNN called directly (primitive created once, executed in a loop)
-// on transformer-sized GEMMs: what the engine costs on top of oneDNN.
+// on transformer-sized GEMMs: what the engine costs on top of oneDNN. (f32 runs oneDNN's jit
+// GEMM where that is faster than the primitive; the last table shows by how much.)
 // A dtype oneDNN has no kernel for on this CPU (bf16 below AVX-512) has no direct column:
 // its row shows the engine's widened-to-f32 path.
 // Usage: matmul_bench [--quick]   (MESHTRAIN_MAX_CPU_ISA=avx2 runs it as on an AVX2-only CPU)
@@ -129,9 +130,68 @@ Result measure(MatmulDType dtype, const Shape& s, double budget_s, bool with_dir
     res.direct_us = median(t_direct) * 1e6;
     res.direct_gflops = flops / median(t_direct) * 1e-9;
     std::memcpy(c_ours.data(), c_arr.raw(), c_ours.size());
-    if (c_direct != c_ours) std::printf("  WARNING: outputs differ for M=%ld\n", long(s.M));
+    // f32 runs oneDNN's jit GEMM, not this primitive (prefers_jit_sgemm): sums may round
+    // differently, so only the 16-bit rows must match bit for bit.
+    if (dtype != MatmulDType::f32 && c_direct != c_ours) std::printf("  WARNING: outputs differ for M=%ld\n", long(s.M));
   }
   return res;
+}
+
+// The f32 shapes of a GPT-2 / BERT training step with their stored layouts (weights as
+// (out, in), gradients as xᵀ·g): oneDNN's matmul primitive against its jit GEMM
+// (dnnl_sgemm), the choice behind matmul_kernel.cpp's prefers_jit_sgemm.
+struct LayoutShape {
+  int64_t M, N, K;
+  bool ta, tb;
+  const char* what;
+};
+
+void compare_primitive_and_sgemm(double budget_s) {
+  const LayoutShape shapes[] = {
+      {1024, 3072, 768, false, true, "FFN in, forward"},      {1024, 3072, 768, false, false, "FFN out, dx"},
+      {768, 3072, 1024, true, false, "FFN out, dW"},           {1024, 768, 3072, false, true, "FFN out, forward"},
+      {1024, 768, 3072, false, false, "FFN in, dx"},           {3072, 768, 1024, true, false, "FFN in, dW"},
+      {1024, 2304, 768, false, false, "QKV (K, N) weight"},    {1024, 50257, 768, false, true, "LM head, forward"},
+      {50257, 768, 1024, true, false, "LM head, dW"},          {1024, 768, 50257, false, false, "LM head, dx"},
+      {16, 768, 768, false, true, "decode, 16 rows"},          {1, 768, 768, false, true, "decode, 1 row"},
+      {16, 3072, 768, false, false, "decode, 16 rows, (K, N)"}};
+  std::printf("\nf32 layouts: oneDNN matmul primitive vs jit GEMM (GFLOP/s)\n%-26s %5s %5s %5s %2s %2s | %14s %9s\n",
+              "shape", "M", "N", "K", "ta", "tb", "primitive", "sgemm");
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  for (const LayoutShape& s : shapes) {
+    using dims = dnnl::memory::dims;
+    const auto f32 = dnnl::memory::data_type::f32;
+    const dnnl::memory::desc a_md({s.M, s.K}, f32, s.ta ? dims{1, s.M} : dims{s.K, 1});
+    const dnnl::memory::desc b_md({s.K, s.N}, f32, s.tb ? dims{1, s.K} : dims{s.N, 1});
+    const dnnl::memory::desc c_md({s.M, s.N}, f32, dims{s.N, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+    const dnnl::matmul prim(pd);
+    std::vector<float> a(size_t(s.M * s.K), 0.5f), b(size_t(s.K * s.N), 0.25f), c(size_t(s.M * s.N));
+    dnnl::memory ma(a_md, eng, a.data()), mb(b_md, eng, b.data()), mc(c_md, eng, c.data());
+    auto time_of = [&](auto&& fn) {
+      for (int i = 0; i < 2; ++i) fn();
+      std::vector<double> t;
+      const auto start = clock_type::now();
+      while (t.size() < 5 || (seconds_since(start) < budget_s && t.size() < 200)) {
+        const auto t0 = clock_type::now();
+        fn();
+        t.push_back(seconds_since(t0));
+      }
+      return 2.0 * double(s.M) * double(s.N) * double(s.K) / median(t) * 1e-9;
+    };
+    const double p = time_of([&] {
+      prim.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+      strm.wait();
+    });
+    const double g = time_of([&] {
+      dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.M, s.N, s.K, 1.0f, a.data(), s.ta ? s.M : s.K, b.data(),
+                 s.tb ? s.K : s.N, 0.0f, c.data(), s.N);
+    });
+    std::printf("%-26s %5ld %5ld %5ld %2d %2d | %6.1f %-7s %9.1f\n", s.what, long(s.M), long(s.N), long(s.K), int(s.ta),
+                int(s.tb), p, pd.impl_info_str(), g);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -170,6 +230,8 @@ int main(int argc, char** argv) {
     std::printf("%5ld %5ld %5ld | %10.2f %10.2f | %9.2f\n", long(s.M), long(s.N), long(s.K),
                 r.direct_us, r.ours_us, r.ours_us - r.direct_us);
   }
+
+  compare_primitive_and_sgemm(budget / 2);
 
   if (!cpu.f16_gemm_native) {
     std::printf("\nf16 via f32 fallback (ours only)\n%5s %5s %5s | %12s\n", "M", "N", "K",

@@ -227,24 +227,51 @@ TEST(MatmulKernel, BadBatchThrowsWithShapes) {
 }
 
 TEST(MatmulKernel, CacheReusesPrimitives) {
+  // A few rows times a transposed weight run on cached oneDNN primitives (other f32 products
+  // go to the jit GEMM, which needs no cache: prefers_jit_sgemm).
   mt::cpu::matmul_clear_cache();
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 0u);
-  std::vector<float> a(5 * 6, 1.0f), b(6 * 7, 1.0f), c(5 * 7);
+  std::vector<float> a(5 * 6, 1.0f), b(7 * 6, 1.0f), c(5 * 7);
   for (int i = 0; i < 3; ++i)
-    mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, false);
+    mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, true);
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 1u);
   for (float v : c) EXPECT_EQ(v, 6.0f);
   // accumulate and transposes are part of the key.
-  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, false,
+  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, true,
                   true);
-  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, true, false);
+  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, true, true);
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 3u);
   mt::cpu::matmul_clear_cache();
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 0u);
   // Still works after clearing (thread-local slots must notice the clear).
-  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, false);
+  mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, 5, 7, 6, false, true);
   for (float v : c) EXPECT_EQ(v, 6.0f);
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 1u);
+}
+
+TEST(MatmulKernel, JitGemmShapesNeedNoPrimitive) {
+  // (K, N)-stored weights and long row blocks take oneDNN's jit GEMM: no primitive is built,
+  // and each layout and the accumulate form give the exact integer products.
+  mt::cpu::matmul_clear_cache();
+  const int64_t M = 70, N = 9, K = 5;
+  std::vector<float> a(size_t(M * K)), b(size_t(K * N)), c(size_t(M * N), 1.0f);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) - 2.0f;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        std::fill(c.begin(), c.end(), 1.0f);
+        mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, M, N, K, ta, tb, accumulate);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            float want = accumulate ? 1.0f : 0.0f;
+            for (int64_t k = 0; k < K; ++k)
+              want += a[size_t(ta ? k * M + i : i * K + k)] * b[size_t(tb ? j * K + k : k * N + j)];
+            ASSERT_EQ(c[size_t(i * N + j)], want) << "ta=" << ta << " tb=" << tb << " acc=" << accumulate;
+          }
+      }
+    }
+  EXPECT_EQ(mt::cpu::matmul_cache_size(), 0u);
 }
 
 TEST(MatmulKernel, ConcurrentCallersShareTheCache) {

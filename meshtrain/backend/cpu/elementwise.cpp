@@ -56,10 +56,10 @@ inline C apply_unary(C x) {
       case UnaryOp::tanh: return fast_tanh(x);
       case UnaryOp::sigmoid: return fast_sigmoid(x);
       case UnaryOp::silu: return x * fast_sigmoid(x);
-      case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + std::erf(x * kSqrt1_2));
+      case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + fast_erf(x * kSqrt1_2));
       case UnaryOp::gelu_tanh:
         return C(0.5) * x * (C(1) + fast_tanh(kSqrt2OverPi * (x + C(0.044715) * x * x * x)));
-      case UnaryOp::erf: return std::erf(x);
+      case UnaryOp::erf: return fast_erf(x);
       case UnaryOp::sin: return std::sin(x);
       case UnaryOp::cos: return std::cos(x);
       case UnaryOp::reciprocal: return C(1) / x;
@@ -284,7 +284,7 @@ void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out)
 #pragma omp parallel for if (n > grain::compute) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const float v = load_f32(px[i]);
-        const float d = 0.5f * (1.0f + std::erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
+        const float d = 0.5f * (1.0f + fast_erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
         po[i] = store_f32<T>(load_f32(pg[i]) * d);
       }
     }

@@ -254,6 +254,26 @@ void execute(ThreadSlot& slot, const PlanKey& key, const void* a, const void* b,
   }
 }
 
+// oneDNN 2.6's matmul primitive picks its brgemm kernels on AVX-512, which run some of the
+// most common training shapes at a third of the machine's f32 peak: a row-major B with
+// N = 3072 (BERT's and GPT-2's FFN gradients: 125-160 GFLOP/s against 340 with the jit
+// GEMM on a 2-core AMX Xeon), the (50257 × 768) LM-head weight gradient (217 vs 349). Its
+// classic jit GEMM (dnnl_sgemm, what the primitive itself picks on AVX2) is as fast or
+// faster everywhere measured except a few-row activation times a transposed weight (decode
+// steps: 4-63 rows, e.g. 16 × 768 × 768: 157 vs 126), which stays on the primitive.
+// Measured per shape by bench/matmul_bench.
+bool prefers_jit_sgemm(int64_t M, bool trans_b) { return !trans_b || M == 1 || M >= 64; }
+
+// C = op(A) · op(B) (+ C) in f32, row-major, through oneDNN's jit GEMM.
+void run_sgemm(const float* a, const float* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+               bool accumulate) {
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, 1.0f, a, trans_a ? M : K, b,
+                                      trans_b ? K : N, accumulate ? 1.0f : 0.0f, c, N);
+  if (st != dnnl_success)
+    throw Error(detail::concat("[matmul] oneDNN sgemm failed (", dnnl_status2str(st), ") for M=", M, " N=", N,
+                               " K=", K, " trans_a=", trans_a, " trans_b=", trans_b));
+}
+
 // Runs the matmul on oneDNN in the given (natively supported) dtype. K > 0, all sizes > 0.
 void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch,
                 int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a,
@@ -261,6 +281,19 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
   // oneDNN needs dst batch == max(src batch, weights batch); when both operands broadcast
   // every output slice is the same product, so run a batch-1 primitive.
   const bool both_broadcast = batch > 1 && batch_a == 1 && batch_b == 1;
+  if (dtype == MatmulDType::f32 && (batch == 1 || both_broadcast) && prefers_jit_sgemm(M, trans_b)) {
+    cpu_engine();  // applies the instruction-set cap first
+    run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), M, N, K, trans_a,
+              trans_b, accumulate);
+    const size_t slice = size_t(M) * size_t(N);
+    for (int64_t i = 1; i < batch; ++i) {
+      float* ci = static_cast<float*>(c) + size_t(i) * slice;
+      if (accumulate) run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), ci, M, N, K, trans_a,
+                                trans_b, true);
+      else std::memcpy(ci, c, slice * sizeof(float));
+    }
+    return;
+  }
   const PlanKey key{dtype, both_broadcast ? 1 : batch, batch_a, batch_b, M, N, K,
                     trans_a, trans_b, accumulate};
   ThreadSlot* slot = nullptr;
