@@ -144,6 +144,44 @@ TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
     const auto gc = vjp(with(AttentionKernel::composed), in, cot).second;
     for (int i = 0; i < 3; ++i) expect_close(gf[size_t(i)], gc[size_t(i)], tol, label + " d" + "qkv"[i]);
   }
+  // The encoder form (BERT): not causal, keys padded per batch, one batch row's keys all
+  // masked (its queries attend uniformly in both forms).
+  {
+    const int64_t tq = 21, d = 24;
+    const std::vector<Array> in = {random_normal({3, 2, tq, d}, 5), random_normal({3, 2, tq, d}, 6),
+                                   random_normal({3, 2, tq, d}, 7)};
+    std::vector<float> keep(size_t(3 * tq), 1.0f);
+    for (int64_t j = 15; j < tq; ++j) keep[size_t(j)] = 0.0f;           // batch 0: 15 real tokens
+    for (int64_t j = 0; j < tq; ++j) keep[size_t(2 * tq + j)] = 0.0f;   // batch 2: none
+    const Array mask = cast(Array::from_vector(keep, {3, 1, 1, tq}), DType::boolean);
+    AttentionOptions o;
+    o.causal = false, o.dropout_rate = 0.1, o.dropout_key = key, o.train = true;
+    auto with = [o, mask](AttentionKernel kernel) {
+      return [o, mask, kernel](const std::vector<Array>& x) {
+        set_attention_kernel(kernel);
+        Array y = scaled_dot_product_attention(x[0], x[1], x[2], mask, o);
+        set_attention_kernel(AttentionKernel::automatic);
+        return y;
+      };
+    };
+    const Tolerance tol{1e-5, 1e-5, 1e-6};
+    expect_close(with(AttentionKernel::automatic)(in), with(AttentionKernel::composed)(in), tol, "padded keys forward");
+    const Array cot = random_normal({3, 2, tq, d}, 8);
+    const auto gf = vjp(with(AttentionKernel::automatic), in, cot).second;
+    const auto gc = vjp(with(AttentionKernel::composed), in, cot).second;
+    for (int i = 0; i < 3; ++i) expect_close(gf[size_t(i)], gc[size_t(i)], tol, std::string("padded keys d") + "qkv"[i]);
+    // Second order through the recorded (composed) backward of the fused primitive.
+    auto grad_sum = [&](AttentionKernel kernel) {
+      return [&, kernel](const std::vector<Array>& x) {
+        auto [value, g] = vjp(with(kernel), x, cot);
+        return sum(mul(g[0], g[0]));
+      };
+    };
+    const auto hf = vjp(grad_sum(AttentionKernel::automatic), in, scalar_like(in[0], 1.0).view_as_shape({})).second;
+    const auto hc = vjp(grad_sum(AttentionKernel::composed), in, scalar_like(in[0], 1.0).view_as_shape({})).second;
+    for (int i = 0; i < 3; ++i)
+      expect_close(hf[size_t(i)], hc[size_t(i)], {1e-4, 1e-4, 1e-6}, std::string("padded keys second order d") + "qkv"[i]);
+  }
   // The automatic choice on the CPU is the fused primitive (else the comparison is empty).
   int fused_calls = 0;
   auto previous = prim::set_op_observer([&](const prim::OpEvent& e) {
@@ -153,8 +191,11 @@ TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
   o.causal = true;
   Array x = random_normal({1, 2, 8, 16}, 9);
   scaled_dot_product_attention(x, x, x, Array(), o);
+  o.causal = false;  // an encoder with a key-padding mask
+  scaled_dot_product_attention(x, x, x, cast(Array::from_vector(std::vector<float>(8, 1.0f), {1, 1, 1, 8}), DType::boolean),
+                               o);
   prim::set_op_observer(previous);
-  EXPECT_EQ(fused_calls, 1);
+  EXPECT_EQ(fused_calls, 2);
 }
 
 TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {

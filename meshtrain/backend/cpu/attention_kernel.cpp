@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/fast_math.h"
+#include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
@@ -133,6 +134,33 @@ void probs_transposed_times_rows(const float* p, int rows, int64_t ld, const flo
   }
 }
 
+// The key-padding mask row of slice bh, or null.
+const bool* key_mask_row(const FlashAttentionShape& s, int64_t bh) {
+  if (!s.key_mask) return nullptr;
+  return s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
+}
+
+// Masked keys' scores become the lowest finite float (rows `ld` apart, n keys each). When no
+// key is visible every score takes that one value, so the row is uniform: set to 0 here (a
+// finite lowest plus log n would round back to lowest in the log-sum-exp).
+void mask_scores(const bool* allowed, int rows, int64_t n, float* scores, int64_t ld) {
+  if (!allowed) return;
+  const float fill = std::any_of(allowed, allowed + n, [](bool a) { return a; }) ? -3.40282347e38f : 0.0f;
+  for (int r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] = allowed[j] ? row[j] : fill;
+  }
+}
+
+// The composed form's where() passes no gradient to masked scores: zero their dS (only a row
+// with no visible key has nonzero probabilities there).
+void mask_score_gradients(const bool* allowed, int64_t n, float* ds_row) {
+  if (!allowed) return;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) ds_row[j] = allowed[j] ? ds_row[j] : 0.0f;
+}
+
 int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
   return s.causal ? std::min(s.tk, i + (s.tk - s.tq) + 1) : s.tk;
 }
@@ -141,8 +169,9 @@ int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
 // Philox stream dropout() draws on the (BH, Tq, Tk) probabilities.
 void keep_factors(const FlashAttentionShape& s, int64_t bh, int64_t i, int64_t n, float* keep) {
   fill_uniform(s.dropout_key, uint64_t((bh * s.tq + i) * s.tk), n, keep);
-  const float kept = float(1.0 / (1.0 - s.dropout_rate));
-  for (int64_t j = 0; j < n; ++j) keep[j] = double(keep[j]) >= s.dropout_rate ? kept : 0.0f;
+  const float kept = float(1.0 / (1.0 - s.dropout_rate)), threshold = keep_threshold(s.dropout_rate);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) keep[j] = keep[j] >= threshold ? kept : 0.0f;
 }
 
 // Per-thread scratch, reused across (batch·head) slices.
@@ -184,12 +213,14 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
       const float* ks = f32_slice(k, bh, tk, d, dp, w.k);
       const float* vs = f32_slice(v, bh, tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
+      const bool* allowed = key_mask_row(s, bh);
       if (!direct) w.o.resize(size_t(tq * dp));
       float* os = direct ? out.data<float>() + bh * tq * d : w.o.data();
       for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
         const RowGroup grp = row_group(s, i0);
         float* p = w.probs.data();
         rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
+        mask_scores(allowed, grp.rows, grp.keys, p, stride);
         for (int r = 0; r < grp.rows; ++r) {
           float* pr = p + r * stride;
           const int64_t n = visible_keys(s, i0 + r);
@@ -239,6 +270,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
       const float* gs = f32_slice(g, bh, tq, d, dp, w.g);
       transpose_into(ks, tk, dp, w.kt);
       transpose_into(vs, tk, dp, w.vt);
+      const bool* allowed = key_mask_row(s, bh);
       w.dq.assign(size_t(tq * dp), 0.0f);
       w.dk.assign(size_t(tk * dp), 0.0f);
       w.dv.assign(size_t(tk * dp), 0.0f);
@@ -248,6 +280,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
         float* ds = w.scaled.data();  // dP = dO · Vᵀ, then dS
         // P recomputed from the saved log-sum-exps; dP_ij = dO_i · V_j.
         rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
+        mask_scores(allowed, grp.rows, grp.keys, p, stride);
         rows_times_columns(gs + i0 * dp, grp.rows, w.vt.data(), dp, stride, grp.keys, 1.0f, ds, stride);
         for (int r = 0; r < grp.rows; ++r) {
           const int64_t i = i0 + r, n = visible_keys(s, i);
@@ -270,6 +303,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
             dsr[j] = pj * (keep * dsr[j] - di) * scale;
             pr[j] = pj * keep;
           }
+          mask_score_gradients(allowed, n, dsr);
           std::fill(pr + n, pr + grp.keys, 0.0f);
           std::fill(dsr + n, dsr + grp.keys, 0.0f);
         }

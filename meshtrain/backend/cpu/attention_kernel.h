@@ -16,6 +16,12 @@ struct FlashAttentionShape {
   bool causal = true;  // key j visible to query i when j <= i + (Tk - Tq)
   double dropout_rate = 0.0;
   RngKey dropout_key{};
+  // Optional key-padding mask (mask_batches, Tk): key j is visible to the queries of batch
+  // b = bh / heads only where key_mask[b · Tk + j] (row 0 for every b when mask_batches is 1).
+  // Masked scores take the lowest finite float, as the composed form's where(): a row with no
+  // visible key attends uniformly.
+  const bool* key_mask = nullptr;
+  int64_t heads = 1, mask_batches = 1;
 };
 
 // out (BH, Tq, D), q's dtype; lse (BH, Tq) f32 = log Σ_j exp(scale · q_i·k_j) over visible j.

@@ -85,10 +85,15 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const S
     using T = decltype(tag);
     const T* px = x.data<T>();
     T* po = out.data<T>();
-    const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+    const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, threshold = keep_threshold(rate);
     for_each_chunk<false>(key, x.shape(), block, [&](int64_t start, int64_t n, const float* u) {
-      for (int64_t j = 0; j < n; ++j)
-        po[start + j] = double(u[j]) >= rate ? store_f32<T>(load_f32(px[start + j]) * scale) : store_f32<T>(0.0f);
+      const T* xs = px + start;
+      T* os = po + start;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) {
+        const float kept = load_f32(xs[j]) * scale;  // a dropped inf or NaN still gives 0
+        os[j] = store_f32<T>(u[j] >= threshold ? kept : 0.0f);
+      }
     });
   });
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Random array kernels over the counter-based Philox stream of a key: element i of an
 // output is always stream element i (its row-major flat index), whatever the chunking.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +24,13 @@ void random_uniform(const RngKey& key, Array& out, double lo, double hi, const S
 void random_normal(const RngKey& key, Array& out, double mean, double std, const StreamBlock& block = {});
 // out[i] = uniform_at(key, i) < p.                out: any shape, bool.
 void bernoulli(const RngKey& key, Array& out, double p, const StreamBlock& block = {});
+// The f32 t with (u >= t) == (double(u) >= rate) for every uniform u (a multiple of 2^-24 in
+// [0, 1)): the keep test in f32, so the loops applying it vectorize on 8 floats.
+inline float keep_threshold(double rate) {
+  const double steps = std::ceil(rate * 16777216.0);
+  return float((steps < 0 ? 0 : steps) / 16777216.0);
+}
+
 // out[i] = uniform_at(key, i) >= rate ? x[i] / (1 - rate) : 0.
 // x: any shape, floating   out: x's shape and dtype.
 void dropout(const Array& x, Array& out, const RngKey& key, double rate, const StreamBlock& block = {});
