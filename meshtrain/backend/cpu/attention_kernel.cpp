@@ -134,18 +134,27 @@ void probs_transposed_times_rows(const float* p, int rows, int64_t ld, const flo
   }
 }
 
-// The key-padding mask row of slice bh, or null.
-const bool* key_mask_row(const FlashAttentionShape& s, int64_t bh) {
-  if (!s.key_mask) return nullptr;
-  return s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
+// The key-padding mask of one (batch·head) slice: its row (null without a mask) and the
+// score masked keys take, the lowest finite float. When no key is visible every score takes
+// that one value, so the row is uniform: 0 serves (a finite lowest plus log n would round
+// back to lowest in the log-sum-exp).
+struct KeyMask {
+  const bool* allowed = nullptr;
+  float fill = 0.0f;
+};
+
+KeyMask key_mask_of(const FlashAttentionShape& s, int64_t bh) {
+  if (!s.key_mask) return {};
+  const bool* row = s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
+  const bool any = std::any_of(row, row + s.tk, [](bool a) { return a; });
+  return {row, any ? -3.40282347e38f : 0.0f};
 }
 
-// Masked keys' scores become the lowest finite float (rows `ld` apart, n keys each). When no
-// key is visible every score takes that one value, so the row is uniform: set to 0 here (a
-// finite lowest plus log n would round back to lowest in the log-sum-exp).
-void mask_scores(const bool* allowed, int rows, int64_t n, float* scores, int64_t ld) {
-  if (!allowed) return;
-  const float fill = std::any_of(allowed, allowed + n, [](bool a) { return a; }) ? -3.40282347e38f : 0.0f;
+// Masked keys' scores take the mask's fill (rows `ld` apart, n keys each).
+void mask_scores(const KeyMask& mask, int rows, int64_t n, float* scores, int64_t ld) {
+  if (!mask.allowed) return;
+  const bool* allowed = mask.allowed;
+  const float fill = mask.fill;
   for (int r = 0; r < rows; ++r) {
     float* row = scores + r * ld;
 #pragma omp simd
@@ -213,14 +222,14 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
       const float* ks = f32_slice(k, bh, tk, d, dp, w.k);
       const float* vs = f32_slice(v, bh, tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
-      const bool* allowed = key_mask_row(s, bh);
+      const KeyMask mask = key_mask_of(s, bh);
       if (!direct) w.o.resize(size_t(tq * dp));
       float* os = direct ? out.data<float>() + bh * tq * d : w.o.data();
       for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
         const RowGroup grp = row_group(s, i0);
         float* p = w.probs.data();
         rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
-        mask_scores(allowed, grp.rows, grp.keys, p, stride);
+        mask_scores(mask, grp.rows, grp.keys, p, stride);
         for (int r = 0; r < grp.rows; ++r) {
           float* pr = p + r * stride;
           const int64_t n = visible_keys(s, i0 + r);
@@ -270,7 +279,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
       const float* gs = f32_slice(g, bh, tq, d, dp, w.g);
       transpose_into(ks, tk, dp, w.kt);
       transpose_into(vs, tk, dp, w.vt);
-      const bool* allowed = key_mask_row(s, bh);
+      const KeyMask mask = key_mask_of(s, bh);
       w.dq.assign(size_t(tq * dp), 0.0f);
       w.dk.assign(size_t(tk * dp), 0.0f);
       w.dv.assign(size_t(tk * dp), 0.0f);
@@ -280,7 +289,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
         float* ds = w.scaled.data();  // dP = dO · Vᵀ, then dS
         // P recomputed from the saved log-sum-exps; dP_ij = dO_i · V_j.
         rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
-        mask_scores(allowed, grp.rows, grp.keys, p, stride);
+        mask_scores(mask, grp.rows, grp.keys, p, stride);
         rows_times_columns(gs + i0 * dp, grp.rows, w.vt.data(), dp, stride, grp.keys, 1.0f, ds, stride);
         for (int r = 0; r < grp.rows; ++r) {
           const int64_t i = i0 + r, n = visible_keys(s, i);
@@ -303,7 +312,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
             dsr[j] = pj * (keep * dsr[j] - di) * scale;
             pr[j] = pj * keep;
           }
-          mask_score_gradients(allowed, n, dsr);
+          mask_score_gradients(mask.allowed, n, dsr);
           std::fill(pr + n, pr + grp.keys, 0.0f);
           std::fill(dsr + n, dsr + grp.keys, 0.0f);
         }

@@ -295,39 +295,39 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
   // oneDNN needs dst batch == max(src batch, weights batch); when both operands broadcast
   // every output slice is the same product, so run a batch-1 primitive.
   const bool both_broadcast = batch > 1 && batch_a == 1 && batch_b == 1;
-  if (dtype == MatmulDType::f32 && (batch == 1 || both_broadcast) && prefers_jit_sgemm(M, trans_b)) {
-    cpu_engine();  // applies the instruction-set cap first
-    run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), M, N, K, trans_a,
-              trans_b, accumulate);
-    const size_t slice = size_t(M) * size_t(N);
-    for (int64_t i = 1; i < batch; ++i) {
-      float* ci = static_cast<float*>(c) + size_t(i) * slice;
-      if (accumulate) run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), ci, M, N, K, trans_a,
-                                trans_b, true);
-      else std::memcpy(ci, c, slice * sizeof(float));
-    }
-    return;
-  }
+  const bool jit_gemm = dtype == MatmulDType::f32 && (batch == 1 || both_broadcast) && prefers_jit_sgemm(M, trans_b);
   const PlanKey key{dtype, both_broadcast ? 1 : batch, batch_a, batch_b, M, N, K,
                     trans_a, trans_b, accumulate};
   ThreadSlot* slot = nullptr;
-  try {
-    slot = &get_slot(key);
-  } catch (const dnnl::error& e) {
-    throw Error(detail::concat("[matmul] oneDNN could not create primitive for ", describe(key),
-                               ": ", e.what()));
+  if (jit_gemm) {
+    cpu_engine();  // applies the instruction-set cap first
+  } else {
+    try {
+      slot = &get_slot(key);
+    } catch (const dnnl::error& e) {
+      throw Error(detail::concat("[matmul] oneDNN could not create primitive for ", describe(key),
+                                 ": ", e.what()));
+    }
   }
+  // One product into `out`: the whole batch on a primitive, one matrix on the jit GEMM.
+  auto product = [&](void* out) {
+    if (jit_gemm)
+      run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(out), M, N, K,
+                trans_a, trans_b, accumulate);
+    else
+      execute(*slot, key, a, b, out);
+  };
   if (!both_broadcast) {
-    execute(*slot, key, a, b, c);
+    product(c);
     return;
   }
   const size_t slice = size_t(M) * size_t(N) * out_elem_size(dtype);
   auto* c_bytes = static_cast<std::byte*>(c);
   if (accumulate) {
-    // Each slice holds different data to add onto, so each needs its own execute.
-    for (int64_t i = 0; i < batch; ++i) execute(*slot, key, a, b, c_bytes + size_t(i) * slice);
+    // Each slice holds different data to add onto, so each needs its own product.
+    for (int64_t i = 0; i < batch; ++i) product(c_bytes + size_t(i) * slice);
   } else {
-    execute(*slot, key, a, b, c_bytes);
+    product(c_bytes);
     for (int64_t i = 1; i < batch; ++i) std::memcpy(c_bytes + size_t(i) * slice, c_bytes, slice);
   }
 }
