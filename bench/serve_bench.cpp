@@ -78,14 +78,22 @@ void decode_steps(const models::CausalLm& lm) {
   serve::BatchDecoder d(lm);
   std::cout << "  decode step (model alone):";
   for (int64_t b : {1, 4, 16, 64}) {
-    std::vector<models::KvCache> caches(static_cast<size_t>(b));
-    std::vector<models::KvCache*> rows;
-    std::vector<int64_t> tokens(size_t(b), 7);
-    for (auto& c : caches) d.prefill({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, c), rows.push_back(&c);
-    d.decode(rows, tokens);
     const int steps = 8;
+    serve::PagedKvCache cache(b * (16 + steps + 16) / 16 + b, 16);
+    std::vector<int64_t> seqs, tokens(size_t(b), 7);
+    for (int64_t i = 0; i < b; ++i) {
+      models::KvCache c;
+      d.prefill({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, c);
+      cache.store(i, c);
+      seqs.push_back(i);
+    }
+    models::PagedKvStep first = cache.step(seqs);
+    d.decode(first, tokens);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < steps; ++i) d.decode(rows, tokens);
+    for (int i = 0; i < steps; ++i) {
+      models::PagedKvStep step = cache.step(seqs);
+      d.decode(step, tokens);
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
     std::cout << std::fixed << std::setprecision(1) << "  b=" << b << " " << ms << " ms (" << double(b) * 1000 / ms
               << " tok/s)";

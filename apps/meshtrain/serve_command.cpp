@@ -132,13 +132,6 @@ void run(const ServeFlags& f) {
   // the other ranks to stop following: they must not die first.
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  if (!main) {
-    // Every step rank 0's engine takes, this rank takes too, on its shards.
-    serve::follow_steps(lm);
-    return;
-  }
-  load_chat_template(served, f.model, f.chat_template);
-
   serve::EngineOptions eo;
   eo.max_batch = f.max_batch;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
@@ -148,9 +141,16 @@ void run(const ServeFlags& f) {
   // The loop runs on this (the main) thread: under mpirun its model steps communicate, which
   // MPI allows the main thread alone. HTTP is served from other threads.
   eo.loop_on_caller = true;
+  if (!main) {
+    // Every step rank 0's engine takes, this rank takes too, on its shards.
+    serve::follow_steps(lm, serve::kv_cache_size(eo));
+    return;
+  }
+  load_chat_template(served, f.model, f.chat_template);
+
   std::unique_ptr<serve::SequenceRunner> runner;
-  if (tensor_parallel) runner = std::make_unique<serve::BroadcastRunner>(lm);
-  else runner = std::make_unique<serve::LocalRunner>(lm);
+  if (tensor_parallel) runner = std::make_unique<serve::BroadcastRunner>(lm, serve::kv_cache_size(eo));
+  else runner = std::make_unique<serve::LocalRunner>(lm, serve::kv_cache_size(eo));
   serve::Engine engine(std::move(runner), eo);
   served.max_model_len = engine.max_model_len();
   served.max_prompt_tokens = f.max_prompt_tokens > 0 ? std::min(f.max_prompt_tokens, served.max_model_len - 1)

@@ -161,22 +161,32 @@ int64_t KvCache::nbytes() const {
 Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
                        const Array& mask, const AttentionOptions& options) {
   if (!cache) return scaled_dot_product_attention(q, k, v, mask, options);
-  if (!cache->ragged()) {
+  if (!cache->paged) {
     auto [keys, values] = cache->append(layer, k, v);
     return scaled_dot_product_attention(q, keys, values, mask, options);
   }
-  const int64_t b = q.dim(0);
-  MT_CHECK(int64_t(cache->rows.size()) == b, "[kv_cache] ragged cache of ", cache->rows.size(), " rows for queries ",
-           q.str());
-  std::vector<Array> outs;
-  outs.reserve(size_t(b));
-  for (int64_t i = 0; i < b; ++i) {
-    auto [keys, values] = cache->rows[size_t(i)]->append(layer, slice(k, 0, i, i + 1), slice(v, 0, i, i + 1));
-    // The all-true mask a lone sequence gets from generate(): the same softmax, bit for bit.
-    Array attend = Array::full(Shape{1, 1, 1, keys.dim(2)}, 1.0, DType::boolean, q.device());
-    outs.push_back(scaled_dot_product_attention(slice(q, 0, i, i + 1), keys, values, attend, options));
+  MT_CHECK(!mask.defined() && !options.bias.defined() && q.dim(2) == 1, "[kv_cache] a paged KV cache decodes one "
+           "position per row without a mask or a bias, got queries ", q.str());
+  PagedKvStep& step = *cache->paged;
+  KvBlockPool& pool = *step.pool;
+  if (pool.keys.size() <= layer) {
+    pool.keys.resize(layer + 1);
+    pool.values.resize(layer + 1);
   }
-  return b == 1 ? outs[0] : concatenate(outs, 0);
+  if (!pool.keys[layer].defined()) {
+    pool.keys[layer] = kv_pool_like(k, pool.blocks, pool.block_size);
+    pool.values[layer] = kv_pool_like(v, pool.blocks, pool.block_size);
+  }
+  pool.keys[layer] = paged_kv_write(pool.keys[layer], k, step.slots);
+  pool.values[layer] = paged_kv_write(pool.values[layer], v, step.slots);
+  return paged_attention(q, pool.keys[layer], pool.values[layer], step.rows, options.scale);
+}
+
+int64_t KvBlockPool::block_bytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < keys.size(); ++l)
+    if (keys[l].defined()) n += (keys[l].nbytes() + values[l].nbytes()) / keys[l].dim(0);
+  return n;
 }
 
 void KvCache::select_rows(const std::vector<int64_t>& rows) {
@@ -228,19 +238,18 @@ ResolvedDecoderInputs resolve_decoder_inputs(const DecoderInputs& in, const KvCa
   const int64_t b = in.input_ids.dim(0), t = in.input_ids.dim(1);
   MT_CHECK(t > 0, "[", what, "] input_ids ", in.input_ids.str(), " has no positions");
   r.ids = in.input_ids;
-  if (cache && cache->ragged()) {
-    // Each row continues its own cache: positions come from the caller, padding never exists.
-    MT_CHECK(int64_t(cache->rows.size()) == b, "[", what, "] ragged KV cache of ", cache->rows.size(),
-             " rows for input_ids ", in.input_ids.str());
-    MT_CHECK(!in.attention_mask.defined(), "[", what, "] a ragged KV cache takes no attention_mask");
+  if (cache && cache->paged) {
+    // Each row continues its own sequence: positions come from the caller, padding never exists.
+    const std::vector<int64_t>& lengths = cache->paged->rows.lengths;
+    MT_CHECK(int64_t(lengths.size()) == b && t == 1, "[", what, "] a paged KV cache of ", lengths.size(),
+             " rows decodes one position per row, got input_ids ", in.input_ids.str());
+    MT_CHECK(!in.attention_mask.defined(), "[", what, "] a paged KV cache takes no attention_mask");
     const Array& p = in.position_ids;
     MT_CHECK(p.defined() && is_integer(p.dtype()) && p.ndim() == 2 && p.dim(0) == b && p.dim(1) == t, "[", what,
-             "] a ragged KV cache needs position_ids (B, T) for input_ids ", in.input_ids.str());
-    for (size_t i = 0; i < cache->rows.size(); ++i) {
-      const int64_t past = cache->rows[i]->length();
-      MT_CHECK(max_positions <= 0 || past + t <= max_positions, "[", what, "] row ", i, ": ", past + t,
-               " positions (", past, " cached + ", t, " new) exceed the model's maximum of ", max_positions);
-    }
+             "] a paged KV cache needs position_ids (B, 1) for input_ids ", in.input_ids.str());
+    for (size_t i = 0; i < lengths.size(); ++i)
+      MT_CHECK(max_positions <= 0 || lengths[i] <= max_positions, "[", what, "] row ", i, ": ", lengths[i],
+               " positions exceed the model's maximum of ", max_positions);
     r.positions = p;
     return r;
   }

@@ -26,21 +26,45 @@ std::vector<float> BatchDecoder::prefill(const std::vector<int64_t>& prompt, mod
   return models::last_logits(lm_.forward(in, &cache), 1, lm_.vocab_size);
 }
 
-std::vector<float> BatchDecoder::decode(const std::vector<models::KvCache*>& caches,
-                                        const std::vector<int64_t>& tokens) const {
-  MT_CHECK(!caches.empty() && caches.size() == tokens.size(), "[serve] decode step of ", caches.size(),
-           " caches and ", tokens.size(), " tokens");
+std::vector<float> BatchDecoder::prefill_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                               models::KvCache& cache) const {
+  MT_CHECK(!prompts.empty(), "[serve] no prompts to prefill");
+  if (prompts.size() == 1) return prefill(prompts[0], cache);
+  autodiff::NoGradGuard no_grad;
+  cache.clear();
+  const int64_t b = int64_t(prompts.size());
+  int64_t t = 0;
+  for (const auto& p : prompts) {
+    MT_CHECK(!p.empty(), "[serve] empty prompt");
+    t = std::max(t, int64_t(p.size()));
+  }
+  std::vector<int64_t> ids(size_t(b * t), 0), mask(size_t(b * t), 0);
+  for (int64_t i = 0; i < b; ++i) {
+    const std::vector<int64_t>& p = prompts[size_t(i)];
+    const int64_t pad = t - int64_t(p.size());
+    std::copy(p.begin(), p.end(), ids.begin() + i * t + pad);
+    std::fill(mask.begin() + i * t + pad, mask.begin() + (i + 1) * t, 1);
+  }
+  models::DecoderInputs in;
+  in.input_ids = Array::from_vector(ids, Shape{b, t});
+  in.attention_mask = Array::from_vector(mask, Shape{b, t});
+  return models::last_logits(lm_.forward(in, &cache), b, lm_.vocab_size);
+}
+
+std::vector<float> BatchDecoder::decode(models::PagedKvStep& step, const std::vector<int64_t>& tokens) const {
+  MT_CHECK(!tokens.empty() && tokens.size() == step.rows.lengths.size(), "[serve] decode step of ",
+           step.rows.lengths.size(), " rows and ", tokens.size(), " tokens");
   autodiff::NoGradGuard no_grad;
   const int64_t b = int64_t(tokens.size());
   std::vector<int64_t> positions;
   positions.reserve(tokens.size());
-  for (models::KvCache* c : caches) positions.push_back(c->length());
-  models::KvCache step;
-  step.rows = caches;
+  for (int64_t length : step.rows.lengths) positions.push_back(length - 1);
+  models::KvCache cache;
+  cache.paged = &step;
   models::DecoderInputs in;
   in.input_ids = Array::from_vector(tokens, Shape{b, 1});
   in.position_ids = Array::from_vector(positions, Shape{b, 1});
-  return models::last_logits(lm_.forward(in, &step), b, lm_.vocab_size);
+  return models::last_logits(lm_.forward(in, &cache), b, lm_.vocab_size);
 }
 
 }  // namespace mt::serve

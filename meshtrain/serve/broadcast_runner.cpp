@@ -31,9 +31,17 @@ std::vector<int64_t> receive() {
 
 }  // namespace
 
-std::vector<float> BroadcastRunner::prefill(int64_t seq, const std::vector<int64_t>& prompt) {
-  send(Call::prefill, seq, 0, prompt);
-  return local_.prefill(seq, prompt);
+std::vector<float> BroadcastRunner::prefill(const std::vector<int64_t>& seqs,
+                                            const std::vector<std::vector<int64_t>>& prompts) {
+  // [seq, length, tokens...] per prompt.
+  std::vector<int64_t> values;
+  for (size_t i = 0; i < seqs.size() && i < prompts.size(); ++i) {
+    values.push_back(seqs[i]);
+    values.push_back(int64_t(prompts[i].size()));
+    values.insert(values.end(), prompts[i].begin(), prompts[i].end());
+  }
+  send(Call::prefill, int64_t(seqs.size()), 0, values);
+  return local_.prefill(seqs, prompts);
 }
 
 void BroadcastRunner::fork(int64_t from, int64_t to) {
@@ -55,8 +63,8 @@ void BroadcastRunner::drop(int64_t seq) {
 
 void BroadcastRunner::shutdown() { send(Call::shutdown, 0, 0, {}); }
 
-void follow_steps(models::CausalLm lm) {
-  LocalRunner local(std::move(lm));
+void follow_steps(models::CausalLm lm, const KvCacheSize& size) {
+  LocalRunner local(std::move(lm), size);
   for (;;) {
     const std::vector<int64_t> msg = receive();
     const auto kind = Call(msg[0]);
@@ -67,7 +75,20 @@ void follow_steps(models::CausalLm lm) {
     // both engines carry on.
     try {
       switch (kind) {
-        case Call::prefill: local.prefill(a, values); break;
+        case Call::prefill: {
+          std::vector<int64_t> seqs;
+          std::vector<std::vector<int64_t>> prompts;
+          for (size_t at = 0; at + 2 <= values.size() && int64_t(seqs.size()) < a;) {
+            const int64_t len = values[at + 1];
+            MT_CHECK(len >= 0 && at + 2 + size_t(len) <= values.size(), "[serve] a prefill message from rank 0 "
+                     "announces a prompt of ", len, " tokens past its end");
+            seqs.push_back(values[at]);
+            prompts.emplace_back(values.begin() + std::ptrdiff_t(at + 2), values.begin() + std::ptrdiff_t(at + 2 + len));
+            at += 2 + size_t(len);
+          }
+          local.prefill(seqs, prompts);
+          break;
+        }
         case Call::fork: local.fork(a, b); break;
         case Call::decode:
           local.decode(std::vector<int64_t>(values.begin(), values.begin() + a),

@@ -13,11 +13,12 @@ namespace mt::serve {
 
 class BroadcastRunner : public SequenceRunner {
  public:
-  explicit BroadcastRunner(models::CausalLm lm) : local_(std::move(lm)) {}
+  BroadcastRunner(models::CausalLm lm, const KvCacheSize& size) : local_(std::move(lm), size) {}
   int64_t vocab_size() const override { return local_.vocab_size(); }
   int64_t kv_bytes_per_token() const override { return local_.kv_bytes_per_token(); }
   const models::CausalLm& model() const override { return local_.model(); }
-  std::vector<float> prefill(int64_t seq, const std::vector<int64_t>& prompt) override;
+  std::vector<float> prefill(const std::vector<int64_t>& seqs,
+                             const std::vector<std::vector<int64_t>>& prompts) override;
   void fork(int64_t from, int64_t to) override;
   std::vector<float> decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) override;
   void drop(int64_t seq) override;
@@ -28,7 +29,8 @@ class BroadcastRunner : public SequenceRunner {
   LocalRunner local_;
 };
 
-// The other ranks: runs rank 0's calls on `lm` (this rank's shards) until it shuts down.
-void follow_steps(models::CausalLm lm);
+// The other ranks: runs rank 0's calls on `lm` (this rank's shards) until it shuts down; `size`
+// as rank 0's runner's.
+void follow_steps(models::CausalLm lm, const KvCacheSize& size);
 
 }  // namespace mt::serve

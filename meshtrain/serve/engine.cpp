@@ -26,7 +26,7 @@ std::vector<std::pair<int64_t, double>> top_logprobs(const float* row, int64_t v
 }  // namespace
 
 Engine::Engine(models::CausalLm lm, EngineOptions options)
-    : Engine(std::make_unique<LocalRunner>(std::move(lm)), options) {}
+    : Engine(std::make_unique<LocalRunner>(std::move(lm), kv_cache_size(options)), options) {}
 
 Engine::Engine(std::unique_ptr<SequenceRunner> runner, EngineOptions options)
     : runner_(std::move(runner)), options_(options) {
@@ -163,8 +163,7 @@ void Engine::loop() {
           ++i;
         }
       }
-      for (Waiting& w : admitted)
-        for (size_t p = 0; p < w.request.prompts.size(); ++p) prefill(w, p);
+      if (!admitted.empty()) prefill(admitted);
       if (!running_.empty()) decode_step();
     } catch (const std::exception& e) {
       // A failed step fails the sequences in it, not the server.
@@ -183,27 +182,63 @@ void Engine::loop() {
   waiting_.clear();
 }
 
-void Engine::prefill(Waiting& w, size_t p) {
+void Engine::prefill(std::vector<Waiting>& admitted) {
+  struct Prompt {
+    Waiting* w;
+    size_t p;
+    int64_t id;  // of its first choice
+  };
+  std::vector<Prompt> all;
+  for (Waiting& w : admitted)
+    for (size_t p = 0; p < w.request.prompts.size(); ++p) {
+      all.push_back({&w, p, next_id_});
+      next_id_ += w.request.n;
+    }
+  const int64_t v = runner_->vocab_size();
+  // Consecutive prompts while their padded size (count x longest) stays within the bound.
+  for (size_t begin = 0, end = 0; begin < all.size(); begin = end) {
+    int64_t longest = 0;
+    for (end = begin; end < all.size(); ++end) {
+      const int64_t len = std::max(longest, int64_t(all[end].w->request.prompts[all[end].p].size()));
+      if (end > begin && len * int64_t(end - begin + 1) > options_.max_prefill_tokens) break;
+      longest = len;
+    }
+    std::vector<int64_t> ids;
+    std::vector<std::vector<int64_t>> prompts;
+    for (size_t i = begin; i < end; ++i) {
+      ids.push_back(all[i].id);
+      prompts.push_back(all[i].w->request.prompts[all[i].p]);
+    }
+    std::vector<float> logits;
+    try {
+      logits = runner_->prefill(ids, prompts);
+      for (size_t i = begin; i < end; ++i)
+        for (int64_t j = 1; j < all[i].w->request.n; ++j) runner_->fork(all[i].id, all[i].id + j);
+    } catch (const std::exception& e) {
+      for (size_t i = begin; i < end; ++i) {
+        Waiting& w = *all[i].w;
+        const int64_t n = w.request.n, first = int64_t(all[i].p) * n;
+        const int64_t reserve_each = reservation(int64_t(prompts[i - begin].size()), w.request.sampling.max_tokens);
+        for (int64_t j = 0; j < n; ++j) {
+          w.stream->push(finish_event(first + j, FinishReason::error, e.what()));
+          Sequence failed;
+          failed.id = all[i].id + j;
+          failed.reserve_bytes = reserve_each;
+          release(failed);
+        }
+      }
+      continue;
+    }
+    for (size_t i = begin; i < end; ++i)
+      start_sequences(*all[i].w, all[i].p, all[i].id, logits.data() + (i - begin) * size_t(v));
+  }
+}
+
+void Engine::start_sequences(Waiting& w, size_t p, int64_t id, const float* logits) {
   const std::vector<int64_t>& prompt = w.request.prompts[p];
   const int64_t n = w.request.n, first = int64_t(p) * n;
   const SamplingParams& sp = w.request.sampling;
   const int64_t reserve_each = reservation(int64_t(prompt.size()), sp.max_tokens);
-  const int64_t id = next_id_;
-  next_id_ += n;
-  std::vector<float> logits;
-  try {
-    logits = runner_->prefill(id, prompt);
-    for (int64_t j = 1; j < n; ++j) runner_->fork(id, id + j);
-  } catch (const std::exception& e) {
-    for (int64_t j = 0; j < n; ++j) {
-      w.stream->push(finish_event(first + j, FinishReason::error, e.what()));
-      Sequence failed;
-      failed.id = id + j;
-      failed.reserve_bytes = reserve_each;
-      release(failed);
-    }
-    return;
-  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += int64_t(prompt.size());
@@ -226,7 +261,7 @@ void Engine::prefill(Waiting& w, size_t p) {
       ++stats_.cancelled_sequences;
       continue;
     }
-    if (emit_token(s, logits.data())) {
+    if (emit_token(s, logits)) {
       release(s);
       continue;
     }

@@ -45,6 +45,7 @@ struct EngineOptions {
   int64_t max_batch = 16;                   // sequences decoded together at most
   int64_t kv_cache_bytes = int64_t(512) << 20;
   int64_t max_queue = 256;                  // requests waiting for admission at most
+  int64_t max_prefill_tokens = 2048;        // padded prompt positions prefilled in one forward pass
   int64_t max_model_len = 0;                // prompt + generated tokens; 0: the model's bound
   MatmulPrecision precision = MatmulPrecision::f32;  // the loop thread's (the setting is per thread)
   // false: the engine starts its own loop thread. true: the caller runs the loop with run()
@@ -52,6 +53,13 @@ struct EngineOptions {
   // model steps communicate).
   bool loop_on_caller = false;
 };
+
+// The KV memory a runner for an engine with `options` keeps.
+inline KvCacheSize kv_cache_size(const EngineOptions& options) {
+  KvCacheSize size;
+  size.budget_bytes = options.kv_cache_bytes, size.max_sequences = options.max_batch;
+  return size;
+}
 
 // Why submit() refused a request; the HTTP layer maps each kind to a status code.
 class AdmissionError : public Error {
@@ -124,7 +132,12 @@ class Engine {
   }
   void loop();
   std::vector<Waiting> take_admissible();
-  void prefill(Waiting& w, size_t prompt);
+  // Prefills the admitted requests' prompts, several per forward pass, and starts their
+  // sequences.
+  void prefill(std::vector<Waiting>& admitted);
+  // Starts the n sequences of prompt p of `w` (runner ids id .. id + n - 1, already prefilled
+  // and forked) from the prompt's next-token logits.
+  void start_sequences(Waiting& w, size_t p, int64_t id, const float* logits);
   void decode_step();
   // Chooses the next token of a sequence from its logits row and emits it; true when the
   // sequence has finished.

@@ -4,35 +4,35 @@
 
 namespace mt::serve {
 
-models::KvCache& LocalRunner::cache(int64_t seq) {
-  auto it = caches_.find(seq);
-  MT_CHECK(it != caches_.end(), "[serve] no sequence ", seq);
-  return it->second;
+namespace {
+int64_t pool_blocks(const BatchDecoder& decoder, const KvCacheSize& size) {
+  MT_CHECK(size.block_size > 0 && size.max_sequences > 0 && size.budget_bytes > 0, "[serve] a KV cache of ",
+           size.budget_bytes, " bytes for ", size.max_sequences, " sequences in blocks of ", size.block_size);
+  const int64_t block_bytes = decoder.kv_bytes_per_token() * size.block_size;
+  return (size.budget_bytes + block_bytes - 1) / block_bytes + size.max_sequences;
 }
+}  // namespace
 
-std::vector<float> LocalRunner::prefill(int64_t seq, const std::vector<int64_t>& prompt) {
+LocalRunner::LocalRunner(models::CausalLm lm, const KvCacheSize& size)
+    : decoder_(std::move(lm)), cache_(pool_blocks(decoder_, size), size.block_size) {}
+
+std::vector<float> LocalRunner::prefill(const std::vector<int64_t>& seqs,
+                                        const std::vector<std::vector<int64_t>>& prompts) {
+  MT_CHECK(seqs.size() == prompts.size(), "[serve] ", seqs.size(), " sequences for ", prompts.size(), " prompts");
   models::KvCache c;
-  std::vector<float> logits = decoder_.prefill(prompt, c);
-  caches_[seq] = std::move(c);
+  std::vector<float> logits = decoder_.prefill_batch(prompts, c);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    cache_.drop(seqs[i]);
+    cache_.store(seqs[i], c, int64_t(i), int64_t(prompts[i].size()));
+  }
   return logits;
 }
 
-void LocalRunner::fork(int64_t from, int64_t to) {
-  models::KvCache copy = cache(from);  // shares the arrays until either appends
-  caches_[to] = std::move(copy);
-}
+void LocalRunner::fork(int64_t from, int64_t to) { cache_.fork(from, to); }
 
 std::vector<float> LocalRunner::decode(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens) {
-  std::vector<models::KvCache*> rows;
-  rows.reserve(seqs.size());
-  for (int64_t s : seqs) rows.push_back(&cache(s));
-  return decoder_.decode(rows, tokens);
-}
-
-int64_t LocalRunner::cache_bytes() const {
-  int64_t n = 0;
-  for (const auto& [seq, c] : caches_) n += c.nbytes();
-  return n;
+  models::PagedKvStep step = cache_.step(seqs);
+  return decoder_.decode(step, tokens);
 }
 
 }  // namespace mt::serve

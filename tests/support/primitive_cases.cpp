@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "meshtrain/ops/optimizer_ops.h"
+#include "meshtrain/ops/paged_attention.h"
 
 namespace mt::testing {
 
@@ -146,6 +147,36 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
                "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});
+  // Paged KV cache: a pool of 3 blocks of 2 positions filled by one write (the blocks out of
+  // order), read back whole; two rows written into scattered slots; two rows of grouped-query
+  // decode attention reading their positions through a block table (row 0 ends mid-block).
+  c.push_back({"kv_pool_like", {rn({1, 2, 6, 3}, 102)},
+               [](const std::vector<Array>& in) {
+                 return paged_kv_write(kv_pool_like(in[0], 3, 2), in[0], {4, 5, 0, 1, 2, 3});
+               },
+               "out = x0[0].reshape(2, 3, 2, 3).permute(1, 0, 2, 3)[[1, 2, 0]]", false});
+  c.push_back({"paged_kv_write", {rn({2, 2, 3, 3}, 103)},
+               [](const std::vector<Array>& in) {
+                 return paged_kv_write(kv_pool_like(in[0], 3, 2), in[0], {5, 3, 1, 0, 2, 4});
+               },
+               "flat = x0.permute(1, 0, 2, 3).reshape(2, 6, 3)\n"
+               "o = torch.empty_like(flat)\no[:, [5, 3, 1, 0, 2, 4]] = flat\n"
+               "out = o.reshape(2, 3, 2, 3).permute(1, 0, 2, 3)",
+               false});
+  c.push_back({"paged_attention", {rn({2, 4, 1, 3}, 104), rn({3, 2, 2, 3}, 105), rn({3, 2, 2, 3}, 106)},
+               [](const std::vector<Array>& in) {
+                 PagedRows rows;
+                 rows.block_table = {2, 0, 1, 2}, rows.max_blocks = 2, rows.lengths = {3, 2};
+                 return paged_attention(in[0], in[1], in[2], rows, 0.6);
+               },
+               "def positions(p, blocks, n):\n"
+               "    return torch.cat([p[b] for b in blocks], 1)[:, :n].repeat_interleave(2, 0)\n"
+               "outs = []\n"
+               "for i, (blocks, n) in enumerate([([2, 0], 3), ([1, 2], 2)]):\n"
+               "    k, v = positions(x1, blocks, n), positions(x2, blocks, n)\n"
+               "    outs.append(torch.softmax(x0[i] @ k.transpose(-1, -2) * 0.6, -1) @ v)\n"
+               "out = torch.stack(outs)",
+               false});
   // One AdamW step at step 3 (bias corrections), as torch.optim.AdamW computes it: m', v',
   // then the update (p decayed by lr·wd).
   AdamStep adam;

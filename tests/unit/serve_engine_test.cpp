@@ -9,10 +9,13 @@
 #include <cmath>
 #include <thread>
 
+#include "meshtrain/autodiff/node.h"
 #include "meshtrain/models/generate.h"
+#include "meshtrain/models/decoding.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/serve/batch_decoder.h"
 #include "meshtrain/serve/engine.h"
+#include "meshtrain/serve/paged_kv_cache.h"
 #include "tests/support/op_check.h"
 
 namespace mt::testing {
@@ -81,26 +84,40 @@ std::vector<std::vector<int64_t>> prompts(int64_t count, int64_t vocab) {
   return out;
 }
 
+// Prompts prefilled together or alone, then decoded together or alone. Blocks of 4 positions:
+// every row crosses block boundaries while it decodes, and rows of one step hold different
+// numbers of blocks.
 TEST(ServeBatchDecoder, RowsOfABatchMatchEachRowAlone) {
   for (const auto& [name, lm] : {std::pair{"stories260K", stories()}, std::pair{"gpt2", tiny_gpt2()}}) {
     BatchDecoder d(lm);
     const auto ps = prompts(16, lm.vocab_size);
     const int64_t v = lm.vocab_size;
-    std::vector<models::KvCache> batch(ps.size()), solo(ps.size());
-    std::vector<int64_t> next(ps.size());
+    PagedKvCache batch(96, 4), solo(96, 4);
+    std::vector<int64_t> next(ps.size()), ids;
+    // The batch's prompts prefilled together (left-padded to the longest), each solo one alone.
+    models::KvCache padded;
+    const std::vector<float> all = d.prefill_batch(ps, padded);
+    double worst_prefill = 0;
     for (size_t i = 0; i < ps.size(); ++i) {
-      std::vector<float> a = d.prefill(ps[i], batch[i]);
-      std::vector<float> b = d.prefill(ps[i], solo[i]);
-      EXPECT_EQ(a, b);
+      models::KvCache own;
+      std::vector<float> a = d.prefill(ps[i], own);
+      for (int64_t t = 0; t < v; ++t)
+        worst_prefill = std::max(worst_prefill, double(std::fabs(a[size_t(t)] - all[i * size_t(v) + size_t(t)])));
+      batch.store(int64_t(i), padded, int64_t(i), int64_t(ps[i].size()));
+      solo.store(int64_t(i), own);
+      ids.push_back(int64_t(i));
       next[i] = int64_t(std::max_element(a.begin(), a.end()) - a.begin());
     }
+    std::cout << "  " << name << ": 16 prompts prefilled together vs alone: max |logit diff| = " << worst_prefill
+              << "\n";
+    EXPECT_LE(worst_prefill, 1e-4) << name;
     double worst = 0;
     for (int step = 0; step < 6; ++step) {
-      std::vector<models::KvCache*> caches;
-      for (auto& c : batch) caches.push_back(&c);
-      std::vector<float> together = d.decode(caches, next);
+      models::PagedKvStep all = batch.step(ids);
+      std::vector<float> together = d.decode(all, next);
       for (size_t i = 0; i < ps.size(); ++i) {
-        std::vector<float> one = d.decode({&solo[i]}, {next[i]});
+        models::PagedKvStep own = solo.step({int64_t(i)});
+        std::vector<float> one = d.decode(own, {next[i]});
         for (int64_t t = 0; t < v; ++t)
           worst = std::max(worst, double(std::fabs(one[size_t(t)] - together[i * size_t(v) + size_t(t)])));
         next[i] = int64_t(std::max_element(one.begin(), one.end()) - one.begin());
@@ -109,6 +126,46 @@ TEST(ServeBatchDecoder, RowsOfABatchMatchEachRowAlone) {
     std::cout << "  " << name << ": batch of 16 vs alone, 6 decode steps, max |logit diff| = " << worst << "\n";
     EXPECT_LE(worst, 1e-4) << name;
   }
+}
+
+// The paged cache's decode steps give the logits of the ordinary cache's (generate's), and a
+// forked sequence continues as its source; dropped sequences give their blocks back.
+TEST(ServePagedKvCache, DecodesAsTheOrdinaryCacheAndForksCopyTheSequence) {
+  const CausalLm lm = stories();
+  BatchDecoder d(lm);
+  const std::vector<int64_t> prompt = {1, 403, 407, 261, 300, 17};
+  models::KvCache ordinary, prefilled;
+  std::vector<float> logits = d.prefill(prompt, prefilled);
+  d.prefill(prompt, ordinary);
+  PagedKvCache paged(16, 4);
+  paged.store(0, prefilled);
+  paged.fork(0, 1);
+  EXPECT_EQ(paged.free_blocks(), 16 - 2 * 2);
+  int64_t token = int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  double worst = 0;
+  for (int step = 0; step < 9; ++step) {
+    models::DecoderInputs in;
+    in.input_ids = Array::from_vector(std::vector<int64_t>{token}, Shape{1, 1});
+    std::vector<float> expected;
+    {
+      autodiff::NoGradGuard no_grad;
+      expected = models::last_logits(lm.forward(in, &ordinary), 1, lm.vocab_size);
+    }
+    models::PagedKvStep both = paged.step({0, 1});
+    std::vector<float> got = d.decode(both, {token, token});
+    for (size_t t = 0; t < expected.size(); ++t)
+      for (size_t row = 0; row < 2; ++row)
+        worst = std::max(worst, double(std::fabs(expected[t] - got[row * expected.size() + t])));
+    token = int64_t(std::max_element(expected.begin(), expected.end()) - expected.begin());
+  }
+  std::cout << "  paged vs ordinary KV cache, 9 decode steps (source and fork): max |logit diff| = " << worst << "\n";
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(paged.length(0), int64_t(prompt.size()) + 9);
+  EXPECT_EQ(paged.free_blocks(), 16 - 2 * 4);
+  paged.drop(0);
+  paged.drop(1);
+  EXPECT_EQ(paged.free_blocks(), 16);
+  EXPECT_EQ(paged.bytes_in_use(), 0);
 }
 
 TEST(ServeEngine, GreedyRequestsEqualGenerateAloneAndInABatchOf16) {

@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/elementwise.h"
 #include "meshtrain/backend/cpu/matmul_kernel.h"
 #include "meshtrain/backend/cpu/optimizer_kernels.h"
+#include "meshtrain/backend/cpu/paged_attention_kernel.h"
 #include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/backend/cpu/reduce.h"
 #include "meshtrain/core/array.h"
@@ -49,6 +50,11 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
                              Array& out, Array& lse);
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
+
+// ---- paged KV cache (paged_attention.cu) ----
+void paged_kv_write(Array& pool, const Array& kv, const std::vector<int64_t>& slots);
+void paged_attention(const Array& q, const Array& k_pool, const Array& v_pool, const cpu::PagedRows& rows, float scale,
+                     Array& out);
 
 // ---- loss (loss.cu) ----
 void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, Array& loss,

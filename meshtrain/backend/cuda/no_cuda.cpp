@@ -56,6 +56,8 @@ void flash_attention_backward(const Array&, const Array&, const Array&, const Ar
                               const cpu::FlashAttentionShape&, Array&, Array&, Array&) {
   no_cuda();
 }
+void paged_kv_write(Array&, const Array&, const std::vector<int64_t>&) { no_cuda(); }
+void paged_attention(const Array&, const Array&, const Array&, const cpu::PagedRows&, float, Array&) { no_cuda(); }
 void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
 void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
 void check_indices(const Array&, int64_t, const char*, const std::string&) { no_cuda(); }

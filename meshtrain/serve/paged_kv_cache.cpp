@@ -1,0 +1,130 @@
+#include "meshtrain/serve/paged_kv_cache.h"
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::serve {
+
+PagedKvCache::PagedKvCache(int64_t blocks, int64_t block_size) {
+  MT_CHECK(blocks > 0 && block_size > 0, "[serve] a KV pool of ", blocks, " blocks of ", block_size, " positions");
+  pool_.blocks = blocks, pool_.block_size = block_size;
+  free_.reserve(size_t(blocks));
+  for (int64_t b = blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+PagedKvCache::Sequence& PagedKvCache::sequence(int64_t seq) {
+  auto it = sequences_.find(seq);
+  MT_CHECK(it != sequences_.end(), "[serve] no sequence ", seq, " in the KV cache");
+  return it->second;
+}
+
+int64_t PagedKvCache::length(int64_t seq) const {
+  auto it = sequences_.find(seq);
+  MT_CHECK(it != sequences_.end(), "[serve] no sequence ", seq, " in the KV cache");
+  return it->second.length;
+}
+
+void PagedKvCache::grow(Sequence& s, int64_t length) {
+  const int64_t need = (length + pool_.block_size - 1) / pool_.block_size;
+  // The engine admits sequences only while their reserved lengths fit the budget, and the
+  // pool holds the budget plus one partly filled block per sequence: running out is a bug.
+  MT_CHECK(need - int64_t(s.blocks.size()) <= int64_t(free_.size()), "[serve] the KV pool of ", pool_.blocks,
+           " blocks is exhausted (", free_.size(), " free, ", need - int64_t(s.blocks.size()), " needed)");
+  while (int64_t(s.blocks.size()) < need) {
+    s.blocks.push_back(free_.back());
+    free_.pop_back();
+  }
+  s.length = length;
+}
+
+void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t row, int64_t length) {
+  MT_CHECK(!sequences_.count(seq), "[serve] sequence ", seq, " is already in the KV cache");
+  const int64_t p = prefilled.length();
+  if (length == 0) length = p;
+  MT_CHECK(row >= 0 && row < prefilled.batch() && length > 0 && length <= p, "[serve] cannot store the last ", length,
+           " positions of row ", row, " of a prefilled cache holding ",
+           prefilled.keys.empty() ? std::string("nothing") : prefilled.keys[0].str());
+  Sequence s;
+  grow(s, length);
+  std::vector<int64_t> slots(static_cast<size_t>(length));
+  for (int64_t j = 0; j < length; ++j) slots[size_t(j)] = slot(s, j);
+  const size_t layers = prefilled.keys.size();
+  pool_.keys.resize(std::max(pool_.keys.size(), layers));
+  pool_.values.resize(pool_.keys.size());
+  // Row `row`'s last `length` positions, (1, Hkv, length, D).
+  const auto positions = [&](const Array& x) {
+    const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
+    return length == p ? r : slice(r, 2, p - length, p);
+  };
+  for (size_t l = 0; l < layers; ++l) {
+    if (!pool_.keys[l].defined()) {
+      pool_.keys[l] = kv_pool_like(prefilled.keys[l], pool_.blocks, pool_.block_size);
+      pool_.values[l] = kv_pool_like(prefilled.values[l], pool_.blocks, pool_.block_size);
+    }
+    pool_.keys[l] = paged_kv_write(pool_.keys[l], positions(prefilled.keys[l]), slots);
+    pool_.values[l] = paged_kv_write(pool_.values[l], positions(prefilled.values[l]), slots);
+  }
+  sequences_.emplace(seq, std::move(s));
+}
+
+void PagedKvCache::fork(int64_t from, int64_t to) {
+  MT_CHECK(!sequences_.count(to), "[serve] sequence ", to, " is already in the KV cache");
+  const Sequence& source = sequence(from);
+  Sequence s;
+  grow(s, source.length);
+  // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
+  const int64_t n = int64_t(source.blocks.size());
+  const Array which = Array::from_vector(source.blocks, Shape{n});
+  std::vector<int64_t> slots;
+  for (int64_t b : s.blocks)
+    for (int64_t o = 0; o < pool_.block_size; ++o) slots.push_back(b * pool_.block_size + o);
+  for (size_t l = 0; l < pool_.keys.size(); ++l) {
+    for (std::vector<Array>* pools : {&pool_.keys, &pool_.values}) {
+      Array& pool = (*pools)[l];
+      const Array blocks = take(pool, which.to(pool.device()), 0);
+      const Array rows = reshape(swap_axes(blocks, 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
+      pool = paged_kv_write(pool, rows, slots);
+    }
+  }
+  sequences_.emplace(to, std::move(s));
+}
+
+models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {
+  models::PagedKvStep step;
+  step.pool = &pool_;
+  size_t widest = 0;
+  for (int64_t id : seqs) {
+    Sequence& s = sequence(id);
+    grow(s, s.length + 1);
+    step.slots.push_back(slot(s, s.length - 1));
+    step.rows.lengths.push_back(s.length);
+    widest = std::max(widest, s.blocks.size());
+  }
+  step.rows.max_blocks = int64_t(widest);
+  step.rows.block_table.assign(seqs.size() * widest, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<int64_t>& blocks = sequence(seqs[i]).blocks;
+    std::copy(blocks.begin(), blocks.end(), step.rows.block_table.begin() + std::ptrdiff_t(i * widest));
+  }
+  return step;
+}
+
+void PagedKvCache::drop(int64_t seq) {
+  auto it = sequences_.find(seq);
+  if (it == sequences_.end()) return;
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) free_.push_back(*b);
+  sequences_.erase(it);
+}
+
+int64_t PagedKvCache::bytes_in_use() const {
+  return (pool_.blocks - int64_t(free_.size())) * pool_.block_bytes();
+}
+
+int64_t PagedKvCache::positions_in_use() const {
+  int64_t n = 0;
+  for (const auto& [seq, s] : sequences_) n += s.length;
+  return n;
+}
+
+}  // namespace mt::serve
