@@ -21,7 +21,7 @@ std::string describe_hosts(const std::vector<std::string>& hosts);
 
 // The groups of ranks along `axis` (ranks that differ only in that coordinate) that span
 // more than one host, each as "ranks 0, 2 on a, b"; empty when every group stays inside a
-// host. Ranks map to coordinates row-major, as Mesh does.
+// host. Ranks map to coordinates as `mesh` maps them (Mesh::coords_of).
 std::vector<std::string> groups_spanning_hosts(const Mesh& mesh, const std::string& axis,
                                                const std::vector<std::string>& hosts);
 

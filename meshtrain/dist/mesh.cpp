@@ -1,8 +1,10 @@
 #include "meshtrain/dist/mesh.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/dist/hosts.h"
 #include "meshtrain/dist/local_communicator.h"
 #include "meshtrain/dist/spmd.h"
 
@@ -22,6 +24,21 @@ bool is_identifier(const std::string& s) {
   for (char c : s)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
   return true;
+}
+
+// Each rank's row-major position: ranks grouped by host (hosts in the order of their lowest
+// rank), in rank order within a host. Collective over `comm`.
+std::vector<int> host_order_positions(Communicator& comm) {
+  const std::vector<std::string> hosts = host_of_ranks(comm);
+  std::vector<std::string> order;  // hosts by lowest rank
+  for (const std::string& h : hosts)
+    if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
+  std::vector<int> position(hosts.size());
+  int next = 0;
+  for (const std::string& h : order)
+    for (size_t r = 0; r < hosts.size(); ++r)
+      if (hosts[r] == h) position[r] = next++;
+  return position;
 }
 
 std::string format(const std::vector<std::string>& names, const std::vector<int>& sizes) {
@@ -44,6 +61,7 @@ Mesh Mesh::single() {
 Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
     : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
   install_spmd();  // arrays on this mesh run through the distributed executor
+  if (comm.size() > 1) position_ = host_order_positions(comm);
   coords_ = coords_of(comm.rank());
   // Splits run in axis order on every rank, so the collective calls match.
   for (size_t a = 0; a < names_.size(); ++a) {
@@ -146,7 +164,10 @@ bool Mesh::has_axis(const std::string& axis) const {
 
 int Mesh::axis_size(const std::string& axis) const { return sizes_[size_t(axis_position(axis))]; }
 std::vector<int> Mesh::coords_of(int rank) const {
-  // Row-major: the last axis varies fastest over consecutive ranks.
+  // Row-major over the host-ordered positions: the last axis varies fastest.
+  MT_CHECK(rank >= 0 && (position_.empty() || rank < int(position_.size())), "[mesh] no rank ", rank, " in mesh ",
+           str());
+  if (!position_.empty()) rank = position_[size_t(rank)];
   std::vector<int> c(names_.size(), 0);
   for (size_t i = names_.size(); i-- > 0;) {
     c[i] = rank % sizes_[i];

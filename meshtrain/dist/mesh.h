@@ -1,7 +1,11 @@
 #pragma once
-// Mesh: named axes over all ranks, e.g. data=2,model=2. Ranks map to coordinates row-major
-// (the last axis varies fastest over consecutive ranks); each axis has a sub-communicator over
-// the ranks that differ only along it.
+// Mesh: named axes over all ranks, e.g. data=2,model=2. Ranks map to coordinates row-major in
+// host order (the last axis varies fastest): the ranks of one host come first, in rank order,
+// then the next host's (hosts in the order of their lowest rank). So the last axis — `model`
+// — stays inside a host whenever hosts run whole groups of it, however the launcher numbered
+// the ranks (mpirun --map-by node deals consecutive ranks to different hosts). With every
+// host's ranks contiguous (mpirun's default) this is plain rank order. Each axis has a
+// sub-communicator over the ranks that differ only along it.
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +33,7 @@ class Mesh {
   int axis_index(const std::string& axis) const;  // this rank's coordinate along `axis`
   bool has_axis(const std::string& axis) const;
   const std::vector<int>& coords() const { return coords_; }  // this rank's coordinates, axis order
-  std::vector<int> coords_of(int rank) const;                 // any rank's (row-major), axis order
+  std::vector<int> coords_of(int rank) const;                 // any rank's, axis order
   int rank() const { return comm().rank(); }                  // this rank in comm()
 
   Communicator& axis_comm(const std::string& axis) const;  // ranks that differ only along `axis`
@@ -47,6 +51,7 @@ class Mesh {
   std::vector<std::string> names_;
   std::vector<int> sizes_;
   std::vector<int> coords_;
+  std::vector<int> position_;  // rank -> its row-major position (empty: the rank itself)
   // Shared by copies. comm_ is world() (never destroyed) or owned through owned_comm_.
   Communicator* comm_ = nullptr;
   std::shared_ptr<Communicator> owned_comm_;

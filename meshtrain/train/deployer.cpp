@@ -25,8 +25,8 @@ Deployer::Deployer(DeployerOptions options) : options_(std::move(options)) {
   const std::vector<std::string> split = dist::groups_spanning_hosts(mesh_, "model", hosts_);
   if (!split.empty())
     log("meshtrain: warning: the model axis spans hosts (" + split[0] + (split.size() > 1 ? ", ..." : "") +
-        "): every layer's tensor-parallel all-reduce crosses the network. Place consecutive ranks on one host "
-        "(mpirun's default --map-by slot, e.g. --host a:4,b:4) and put 'model' last in --mesh.");
+        "): every layer's tensor-parallel all-reduce crosses the network. Run a multiple of the model axis's "
+        "size on each host (e.g. --host a:4,b:4) and put 'model' last in --mesh.");
 }
 
 int Deployer::data_index() const {

@@ -61,14 +61,16 @@ class Cluster {
     return sh(kScript + " shape " + host(i) + " " + delay + " " + rate);
   }
 
-  // `mpirun` from host 1 with `per_host` ranks on each of the first `hosts` hosts.
-  std::string mpirun(int hosts, int per_host) const {
+  // `mpirun` from host 1 with `per_host` ranks on each of the first `hosts` hosts (numbered
+  // host by host unless `flags` says otherwise, e.g. --map-by node).
+  std::string mpirun(int hosts, int per_host, const std::string& flags = "") const {
     std::ostringstream hostlist;
     for (int i = 1; i <= hosts; ++i) hostlist << (i > 1 ? "," : "") << host(i) << ":" << per_host;
     const std::string subnet = "10.213." + std::to_string(net_) + ".0/24";
     return "ip netns exec " + host(1) + " " + MT_MPIRUN + " -np " + std::to_string(hosts * per_host) + " --host " +
            hostlist.str() + " --mca plm_rsh_agent '" + kScript + " rsh' --mca btl tcp,self --mca btl_tcp_if_include " +
-           subnet + " --mca oob_tcp_if_include " + subnet + " -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=passive -x MT_COMM_TIMEOUT_S ";
+           subnet + " --mca oob_tcp_if_include " + subnet + " -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=passive -x MT_COMM_TIMEOUT_S " +
+           flags + " ";
   }
 
  private:
@@ -105,8 +107,8 @@ class MultiHost : public ::testing::Test {
 
 const std::string kPretrain = "pretrain --data " + kShakespeare + " --seq-len 64 --eval-fraction 0 --seed 3 ";
 
-CliRun run_on(const Cluster& c, int hosts, int per_host, const std::string& args) {
-  return run_command(c.mpirun(hosts, per_host) + meshtrain_bin() + " " + args,
+CliRun run_on(const Cluster& c, int hosts, int per_host, const std::string& args, const std::string& flags = "") {
+  return run_command(c.mpirun(hosts, per_host, flags) + meshtrain_bin() + " " + args,
                      "[" + std::to_string(hosts) + " hosts x " + std::to_string(per_host) + "] meshtrain " + args);
 }
 
@@ -141,6 +143,33 @@ TEST_F(MultiHost, PretrainOnTwoHostsOfTwoRanksEqualsOneProcess) {
             << ", 1-40 " << err << "\n";
   EXPECT_LE(err5, 2e-5);  // the bounds of the one-host 4-rank test (pretrain_e2e_test)
   EXPECT_LE(err, 1e-2);
+}
+
+// mpirun --map-by node deals consecutive ranks to alternate hosts (0, 2 on host 1; 1, 3 on host
+// 2). The mesh places ranks host by host, so each model pair still stays inside a host: no
+// warning, and the losses of one process.
+TEST_F(MultiHost, RanksDealtAcrossHostsAreReorderedSoTheModelAxisStaysInsideAHost) {
+  MT_REQUIRE_NETNS();
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  CliRun one = run_cli(kPretrain + "--steps 5 --per-device-batch-size 8 --output-dir " + (dir_ / "one").string());
+  ASSERT_EQ(one.code, 0);
+  CliRun dealt = run_on(cluster, 2, 2,
+                        kPretrain + "--steps 5 --per-device-batch-size 4 --mesh data=2,model=2 --print-plan --output-dir " +
+                            (dir_ / "dealt").string(),
+                        "--map-by node");
+  ASSERT_EQ(dealt.code, 0) << dealt.out;
+  EXPECT_NE(dealt.out.find("(ranks 0,2), "), std::string::npos) << dealt.out;
+  EXPECT_NE(dealt.out.find("ranks: 0 (data=0 model=0) on "), std::string::npos) << dealt.out;
+  EXPECT_NE(dealt.out.find(", 1 (data=1 model=0) on "), std::string::npos) << dealt.out;
+  EXPECT_NE(dealt.out.find(", 2 (data=0 model=1) on "), std::string::npos) << dealt.out;
+  EXPECT_EQ(dealt.out.find("model axis spans hosts"), std::string::npos) << dealt.out;
+  const auto a = train_losses(dir_ / "one"), b = train_losses(dir_ / "dealt");
+  ASSERT_EQ(b.size(), 5u);
+  const double err = max_error(a, b, 1, 5);
+  std::cout << "  [max err] losses, ranks dealt over 2 hosts (--map-by node), data=2,model=2 vs 1 process, steps 1-5: "
+            << err << "\n";
+  EXPECT_LE(err, 2e-5);
 }
 
 TEST_F(MultiHost, CheckpointSavedOnTwoHostsRestoresOnOneHostAndOnFour) {
