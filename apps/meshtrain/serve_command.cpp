@@ -36,6 +36,7 @@ struct ServeFlags {
   int64_t max_batch = 16;
   int64_t kv_cache_mb = 512;
   int64_t max_queue = 256;
+  int64_t max_prefill_tokens = 2048;
   int64_t max_model_len = 0;
   int64_t max_prompt_tokens = 0;
   int64_t max_body_bytes = int64_t(1) << 20;
@@ -136,6 +137,7 @@ void run(const ServeFlags& f) {
   eo.max_batch = f.max_batch;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
   eo.max_queue = f.max_queue;
+  eo.max_prefill_tokens = f.max_prefill_tokens;
   eo.max_model_len = f.max_model_len;
   eo.precision = matmul_precision_from_name(f.precision, "--precision");
   // The loop runs on this (the main) thread: under mpirun its model steps communicate, which
@@ -209,6 +211,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV-cache budget: requests wait while their reservations (prompt + max_tokens) would pass it")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-queue", f->max_queue, "requests waiting for admission at most (more get 429)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-prefill-tokens", f->max_prefill_tokens,
+                  "padded prompt positions prefilled in one forward pass (prompts admitted together share one; a "
+                  "longer prompt runs alone)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-model-len", f->max_model_len, "prompt + completion tokens at most (0: the model's positions, else 2048)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-prompt-tokens", f->max_prompt_tokens, "tokens per prompt at most (0: max-model-len - 1)")

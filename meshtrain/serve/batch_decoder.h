@@ -1,7 +1,7 @@
 #pragma once
-// The model side of continuous batching: sequences prefilled one at a time (each into an
-// ordinary KV cache, which the runner then copies into the paged one), then decoded
-// together, one token per sequence per step, over a paged KV cache (paged_kv_cache.h). Each
+// The model side of continuous batching: prompts prefilled into an ordinary KV cache (alone,
+// or several together, left-padded), whose positions the runner then copies into the paged
+// one; then sequences decoded together, one token per sequence per step, over a paged KV cache (paged_kv_cache.h). Each
 // row attends to its own positions only, so a sequence's logits do not depend on which others
 // share its step, nor on their lengths.
 #include <cstdint>

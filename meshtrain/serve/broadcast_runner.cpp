@@ -34,8 +34,9 @@ std::vector<int64_t> receive() {
 std::vector<float> BroadcastRunner::prefill(const std::vector<int64_t>& seqs,
                                             const std::vector<std::vector<int64_t>>& prompts) {
   // [seq, length, tokens...] per prompt.
+  MT_CHECK(seqs.size() == prompts.size(), "[serve] ", seqs.size(), " sequences for ", prompts.size(), " prompts");
   std::vector<int64_t> values;
-  for (size_t i = 0; i < seqs.size() && i < prompts.size(); ++i) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
     values.push_back(seqs[i]);
     values.push_back(int64_t(prompts[i].size()));
     values.insert(values.end(), prompts[i].begin(), prompts[i].end());
@@ -86,6 +87,8 @@ void follow_steps(models::CausalLm lm, const KvCacheSize& size) {
             prompts.emplace_back(values.begin() + std::ptrdiff_t(at + 2), values.begin() + std::ptrdiff_t(at + 2 + len));
             at += 2 + size_t(len);
           }
+          MT_CHECK(int64_t(seqs.size()) == a, "[serve] a prefill message from rank 0 announces ", a,
+                   " prompts and carries ", seqs.size());
           local.prefill(seqs, prompts);
           break;
         }
@@ -99,7 +102,7 @@ void follow_steps(models::CausalLm lm, const KvCacheSize& size) {
         default: MT_CHECK(false, "[serve] unknown step message kind ", msg[0], " from rank 0");
       }
     } catch (const Error& e) {
-      if (kind != Call::prefill && kind != Call::decode) throw;
+      if (kind != Call::prefill && kind != Call::fork && kind != Call::decode) throw;
     }
   }
 }

@@ -261,7 +261,15 @@ void Engine::start_sequences(Waiting& w, size_t p, int64_t id, const float* logi
       ++stats_.cancelled_sequences;
       continue;
     }
-    if (emit_token(s, logits)) {
+    bool done = false;
+    try {
+      done = emit_token(s, logits);
+    } catch (const std::exception& e) {
+      // This choice fails; the prompt's other choices and the other prompts go on.
+      s.stream->push(finish_event(s.choice, FinishReason::error, e.what()));
+      done = true;
+    }
+    if (done) {
       release(s);
       continue;
     }

@@ -45,7 +45,7 @@ struct EngineOptions {
   int64_t max_batch = 16;                   // sequences decoded together at most
   int64_t kv_cache_bytes = int64_t(512) << 20;
   int64_t max_queue = 256;                  // requests waiting for admission at most
-  int64_t max_prefill_tokens = 2048;        // padded prompt positions prefilled in one forward pass
+  int64_t max_prefill_tokens = 2048;        // padded prompt positions per prefill pass (a longer prompt: alone)
   int64_t max_model_len = 0;                // prompt + generated tokens; 0: the model's bound
   MatmulPrecision precision = MatmulPrecision::f32;  // the loop thread's (the setting is per thread)
   // false: the engine starts its own loop thread. true: the caller runs the loop with run()

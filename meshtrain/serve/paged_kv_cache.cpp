@@ -47,23 +47,28 @@ void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t 
            prefilled.keys.empty() ? std::string("nothing") : prefilled.keys[0].str());
   Sequence s;
   grow(s, length);
-  std::vector<int64_t> slots(static_cast<size_t>(length));
-  for (int64_t j = 0; j < length; ++j) slots[size_t(j)] = slot(s, j);
-  const size_t layers = prefilled.keys.size();
-  pool_.keys.resize(std::max(pool_.keys.size(), layers));
-  pool_.values.resize(pool_.keys.size());
-  // Row `row`'s last `length` positions, (1, Hkv, length, D).
-  const auto positions = [&](const Array& x) {
-    const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
-    return length == p ? r : slice(r, 2, p - length, p);
-  };
-  for (size_t l = 0; l < layers; ++l) {
-    if (!pool_.keys[l].defined()) {
-      pool_.keys[l] = kv_pool_like(prefilled.keys[l], pool_.blocks, pool_.block_size);
-      pool_.values[l] = kv_pool_like(prefilled.values[l], pool_.blocks, pool_.block_size);
+  try {
+    std::vector<int64_t> slots(static_cast<size_t>(length));
+    for (int64_t j = 0; j < length; ++j) slots[size_t(j)] = slot(s, j);
+    const size_t layers = prefilled.keys.size();
+    pool_.keys.resize(std::max(pool_.keys.size(), layers));
+    pool_.values.resize(pool_.keys.size());
+    // Row `row`'s last `length` positions, (1, Hkv, length, D).
+    const auto positions = [&](const Array& x) {
+      const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
+      return length == p ? r : slice(r, 2, p - length, p);
+    };
+    for (size_t l = 0; l < layers; ++l) {
+      if (!pool_.keys[l].defined()) {
+        pool_.keys[l] = kv_pool_like(prefilled.keys[l], pool_.blocks, pool_.block_size);
+        pool_.values[l] = kv_pool_like(prefilled.values[l], pool_.blocks, pool_.block_size);
+      }
+      pool_.keys[l] = paged_kv_write(pool_.keys[l], positions(prefilled.keys[l]), slots);
+      pool_.values[l] = paged_kv_write(pool_.values[l], positions(prefilled.values[l]), slots);
     }
-    pool_.keys[l] = paged_kv_write(pool_.keys[l], positions(prefilled.keys[l]), slots);
-    pool_.values[l] = paged_kv_write(pool_.values[l], positions(prefilled.values[l]), slots);
+  } catch (...) {
+    give_back(s);
+    throw;
   }
   sequences_.emplace(seq, std::move(s));
 }
@@ -73,24 +78,34 @@ void PagedKvCache::fork(int64_t from, int64_t to) {
   const Sequence& source = sequence(from);
   Sequence s;
   grow(s, source.length);
-  // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
-  const int64_t n = int64_t(source.blocks.size());
-  const Array which = Array::from_vector(source.blocks, Shape{n});
-  std::vector<int64_t> slots;
-  for (int64_t b : s.blocks)
-    for (int64_t o = 0; o < pool_.block_size; ++o) slots.push_back(b * pool_.block_size + o);
-  for (size_t l = 0; l < pool_.keys.size(); ++l) {
-    for (std::vector<Array>* pools : {&pool_.keys, &pool_.values}) {
-      Array& pool = (*pools)[l];
-      const Array blocks = take(pool, which.to(pool.device()), 0);
-      const Array rows = reshape(swap_axes(blocks, 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
-      pool = paged_kv_write(pool, rows, slots);
+  try {
+    // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
+    const int64_t n = int64_t(source.blocks.size());
+    const Array which = Array::from_vector(source.blocks, Shape{n});
+    std::vector<int64_t> slots;
+    for (int64_t b : s.blocks)
+      for (int64_t o = 0; o < pool_.block_size; ++o) slots.push_back(b * pool_.block_size + o);
+    for (size_t l = 0; l < pool_.keys.size(); ++l) {
+      for (std::vector<Array>* pools : {&pool_.keys, &pool_.values}) {
+        Array& pool = (*pools)[l];
+        const Array blocks = take(pool, which.to(pool.device()), 0);
+        const Array rows = reshape(swap_axes(blocks, 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
+        pool = paged_kv_write(pool, rows, slots);
+      }
     }
+  } catch (...) {
+    give_back(s);
+    throw;
   }
   sequences_.emplace(to, std::move(s));
 }
 
 models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {
+  // Every block the step needs is checked for first: a step that cannot run changes nothing.
+  int64_t needed = 0;
+  for (int64_t id : seqs) needed += sequence(id).length % pool_.block_size == 0 ? 1 : 0;
+  MT_CHECK(needed <= int64_t(free_.size()), "[serve] the KV pool of ", pool_.blocks, " blocks is exhausted (",
+           free_.size(), " free, ", needed, " needed)");
   models::PagedKvStep step;
   step.pool = &pool_;
   size_t widest = 0;
@@ -110,10 +125,16 @@ models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {
   return step;
 }
 
+void PagedKvCache::give_back(Sequence& s) {
+  for (auto b = s.blocks.rbegin(); b != s.blocks.rend(); ++b) free_.push_back(*b);
+  s.blocks.clear();
+  s.length = 0;
+}
+
 void PagedKvCache::drop(int64_t seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;
-  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) free_.push_back(*b);
+  give_back(it->second);
   sequences_.erase(it);
 }
 

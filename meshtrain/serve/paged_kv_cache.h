@@ -1,6 +1,8 @@
 #pragma once
 // The serving engine's KV memory: one block pool per layer (models::KvBlockPool), allocated
-// once with room for the whole --kv-cache-mb budget, and the blocks each sequence owns. A
+// uninitialized at the first prompt stored, with room for the whole --kv-cache-mb budget, and
+// the blocks each sequence owns. A store, fork or step that fails leaves every sequence as
+// it was and no block lost. A
 // sequence takes a block when its length crosses a block boundary and gives all of them
 // back when it leaves; freed blocks are reused first, so the memory the process touches
 // stays that of the busiest moment. The pool's arrays are written in place: a decode step
@@ -43,6 +45,8 @@ class PagedKvCache {
   Sequence& sequence(int64_t seq);
   // Blocks enough for `length` positions (taking free ones).
   void grow(Sequence& s, int64_t length);
+  // Returns all of s's blocks to the free stack.
+  void give_back(Sequence& s);
   // Where position j of `s` lives: block · block_size + offset.
   int64_t slot(const Sequence& s, int64_t j) const {
     return s.blocks[size_t(j / pool_.block_size)] * pool_.block_size + j % pool_.block_size;

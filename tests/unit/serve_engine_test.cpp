@@ -168,6 +168,34 @@ TEST(ServePagedKvCache, DecodesAsTheOrdinaryCacheAndForksCopyTheSequence) {
   EXPECT_EQ(paged.bytes_in_use(), 0);
 }
 
+// A store or a step the pool cannot hold fails naming the pool and changes nothing: no block
+// is lost and no length moves.
+TEST(ServePagedKvCache, WhatDoesNotFitFailsAndChangesNothing) {
+  const CausalLm lm = stories();
+  BatchDecoder d(lm);
+  models::KvCache prefilled;
+  d.prefill({1, 403, 407, 261, 300}, prefilled);  // 5 positions: 2 blocks of 4
+  PagedKvCache paged(3, 4);
+  paged.store(0, prefilled);
+  EXPECT_EQ(paged.free_blocks(), 1);
+  EXPECT_THROW(paged.store(1, prefilled), Error);  // needs 2 blocks
+  EXPECT_THROW(paged.fork(0, 1), Error);
+  EXPECT_EQ(paged.free_blocks(), 1);
+  EXPECT_THROW(paged.length(1), Error);
+  for (int i = 0; i < 7; ++i) paged.step({0});  // 5 -> 12 positions: the third block taken at 9
+  EXPECT_EQ(paged.length(0), 12);
+  EXPECT_EQ(paged.free_blocks(), 0);
+  try {
+    paged.step({0});
+    ADD_FAILURE() << "a step past the pool did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV pool of 3 blocks is exhausted"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(paged.length(0), 12);
+  paged.drop(0);
+  EXPECT_EQ(paged.free_blocks(), 3);
+}
+
 TEST(ServeEngine, GreedyRequestsEqualGenerateAloneAndInABatchOf16) {
   const CausalLm lm = stories();
   Engine engine(lm, {});

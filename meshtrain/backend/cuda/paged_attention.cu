@@ -1,6 +1,7 @@
 // Decode attention over a paged KV cache on the GPU (cpu/paged_attention_kernel is the
 // reference): one thread block per (row, query head) — scores in shared memory, the softmax
-// as the CPU computes it (max, double sum, one reciprocal), then one thread per channel sums
+// in the CPU's order (max, double sum, one reciprocal; expf where the CPU has its fast_exp,
+// so results agree to rounding), then one thread per channel sums
 // the probability-weighted values. Block tables, lengths and slots come from the host per
 // call (a few hundred integers).
 #include "meshtrain/backend/cuda/device_types.cuh"
@@ -82,8 +83,12 @@ void paged_attention(const Array& q, const Array& k_pool, const Array& v_pool, c
   int64_t longest = 1;
   for (int64_t len : rows.lengths) longest = std::max(longest, len);
   const size_t shared = size_t(longest) * sizeof(float);
-  MT_CHECK(shared <= 200 * 1024, "[paged_attention] ", longest, " positions exceed the GPU kernel's bound of ",
-           200 * 1024 / 4);
+  int device = 0, bound = 0;
+  check(cudaGetDevice(&device), "paged_attention");
+  check(cudaDeviceGetAttribute(&bound, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "paged_attention");
+  bound -= 1024;  // the kernel's static reduction buffers
+  MT_CHECK(shared <= size_t(bound), "[paged_attention] ", longest, " positions exceed this GPU kernel's bound of ",
+           bound / 4, " (one f32 score per position in shared memory)");
   const Array table = ints_on(rows.block_table, q.device()), lengths = ints_on(rows.lengths, q.device());
   dispatch_device_float(q.dtype(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
