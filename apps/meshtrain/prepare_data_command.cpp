@@ -1,7 +1,8 @@
 // `meshtrain prepare-data`: tokenizes a corpus once into memory-mapped token shards
 // (data/token_shards.h) that `pretrain --data DIR` reads without holding the corpus in
 // memory. Under mpirun each process tokenizes a contiguous block of the documents into its
-// own shards; rank 0 then writes index.json listing every shard in document order.
+// own shards (a long document is cut into pieces that encode to its ids, so it is shared
+// too); rank 0 then writes index.json listing every shard in document order.
 #include <filesystem>
 #include <iostream>
 #include <algorithm>
@@ -45,18 +46,41 @@ void run(const PrepareFlags& f) {
   const std::optional<int64_t> separator = end_of_text_id(*tok);
   const std::vector<std::string> docs = data::read_documents(f.data);
   MT_CHECK(!docs.empty(), "[prepare-data] ", f.data, " holds no documents");
+  // The units of work: the documents, long ones cut into pieces of about 1 MiB where the
+  // tokenizer encodes the pieces to the whole document's ids. So processes share a long
+  // document too, and none holds a whole long document's encoding (tokens, offsets: some 70
+  // bytes per token).
+  struct Unit {
+    size_t doc;
+    std::string_view text;
+    bool starts_doc;
+  };
+  std::vector<Unit> units;
+  constexpr size_t kPieceBytes = size_t(1) << 20;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    if (!tok->newline_cuts_are_exact()) {
+      units.push_back({d, docs[d], true});
+      continue;
+    }
+    bool first = true;
+    for (std::string_view piece : data::cut_at_lines(docs[d], kPieceBytes)) {
+      units.push_back({d, piece, first});
+      first = false;
+    }
+  }
   // A contiguous block per process, so that the shards in rank order are the corpus in order.
-  const size_t begin = docs.size() * size_t(rank) / size_t(ranks), end = docs.size() * size_t(rank + 1) / size_t(ranks);
+  const size_t begin = units.size() * size_t(rank) / size_t(ranks);
+  const size_t end = units.size() * size_t(rank + 1) / size_t(ranks);
   char prefix[32];
   std::snprintf(prefix, sizeof prefix, "shard_r%05d", rank);
   data::TokenShardWriter writer(f.output, prefix, tok->vocab_size(), f.shard_tokens);
-  for (size_t d = begin; d < end; ++d) {
-    tokenizers::Encoding e = tok->encode(docs[d], false);
+  for (size_t u = begin; u < end; ++u) {
+    tokenizers::Encoding e = tok->encode(units[u].text, false);
     if (e.ids.empty()) continue;
     // Documents are separated as PackedDataset separates them: before every one but the first.
     // (read_documents drops blank documents, so every earlier document, in any process's
     // block, put tokens in the stream: d > 0 is "not the first".)
-    if (separator && d > 0) writer.add({*separator});
+    if (separator && units[u].starts_doc && units[u].doc > 0) writer.add({*separator});
     writer.add(std::vector<int64_t>(e.ids.begin(), e.ids.end()));
   }
   writer.finish();

@@ -33,6 +33,13 @@ std::vector<std::string> split_documents(std::string_view text, const DocumentSp
 // it is missing or a directory has no text files.
 std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split = {});
 
+// `text` cut into pieces of about `piece_bytes` or more, each cut just after a lone newline
+// between a non-space character and an ASCII letter or digit ("...x\nY..."): the first such
+// newline at or past each piece_bytes boundary. Where no such newline comes, the piece runs
+// on. For tokenizers whose pre-tokens never cross such a newline
+// (Tokenizer::newline_cuts_are_exact) the pieces encode to the whole text's ids.
+std::vector<std::string_view> cut_at_lines(std::string_view text, size_t piece_bytes);
+
 // The files read_documents takes from a directory, sorted by name.
 std::vector<std::string> list_text_files(const std::string& directory);
 

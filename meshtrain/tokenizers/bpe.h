@@ -36,6 +36,7 @@ class ByteLevelBpeTokenizer : public Tokenizer {
  public:
   ByteLevelBpeTokenizer(Vocab vocab, const std::vector<BpeMerge>& merges, BpeOptions options);
   std::string_view model_type() const override { return "BPE"; }
+  bool newline_cuts_are_exact() const override { return options_.use_regex && !options_.add_prefix_space; }
   size_t num_merges() const { return merges_.size(); }
 
  protected:

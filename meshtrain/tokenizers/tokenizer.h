@@ -38,6 +38,12 @@ class Tokenizer {
   int64_t vocab_size() const;
   bool is_special(int32_t id) const { return added_.is_special_id(id) || model_is_special(id); }
   virtual std::string_view model_type() const = 0;  // "WordPiece", "BPE", "SentencePiece"
+  // Whether text cut just after a lone newline between two non-space characters ("...x\nY...")
+  // encodes, piece by piece, to the ids of the whole text: true for WordPiece and for
+  // byte-level BPE with GPT-2's split and no prefix space (a newline always ends a pre-token
+  // there); false where a piece's start is treated specially (SentencePiece's dummy prefix).
+  // prepare-data cuts long documents only when this holds.
+  virtual bool newline_cuts_are_exact() const { return false; }
 
   void set_truncation(std::optional<TruncationParams> params);
   void set_padding(std::optional<PaddingParams> params);

@@ -32,6 +32,7 @@ class WordPieceTokenizer : public Tokenizer {
  public:
   WordPieceTokenizer(Vocab vocab, WordPieceOptions options);
   std::string_view model_type() const override { return "WordPiece"; }
+  bool newline_cuts_are_exact() const override { return true; }
   const WordPieceOptions& options() const { return options_; }
 
   // The BertNormalizer alone; `src` receives, per output byte, the byte offset in `text`

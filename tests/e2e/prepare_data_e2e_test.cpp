@@ -65,6 +65,29 @@ TEST_F(PrepareDataE2E, ShardsTrainAsTheTextAndProcessesAgree) {
   EXPECT_EQ(train_losses(resumed), ls) << "the resumed run read other sequences";
 }
 
+// A corpus with no document separators is one document. It is cut into pieces of about 1 MiB
+// at lines, so 2 processes share it (both write shards) and write the stream 1 process writes.
+TEST_F(PrepareDataE2E, ALongDocumentIsSharedByTheProcesses) {
+  const fs::path corpus = dir_ / "plays.txt";
+  {
+    std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    std::ofstream(corpus, std::ios::binary) << text << "\n" << text << "\n" << text;  // 3.3 MB
+  }
+  const std::string tok = " --tokenizer " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2/tokenizer.json";
+  const std::string one = (dir_ / "one").string(), two = (dir_ / "two").string();
+  CliRun a = run_cli("prepare-data --data " + corpus.string() + tok + " --output " + one);
+  ASSERT_EQ(a.code, 0);
+  EXPECT_NE(a.out.find("prepare-data: 1 documents, "), std::string::npos) << a.out;
+  CliRun b = run_cli_mpi(2, "prepare-data --data " + corpus.string() + tok + " --output " + two);
+  ASSERT_EQ(b.code, 0);
+  EXPECT_TRUE(fs::exists(fs::path(two) / "shard_r00000_00000.bin"));
+  EXPECT_TRUE(fs::exists(fs::path(two) / "shard_r00001_00000.bin")) << "process 1 got no part of the document";
+  const std::string sa = stream_bytes(one), sb = stream_bytes(two);
+  EXPECT_GT(sa.size(), 1000000u);
+  EXPECT_TRUE(sa == sb) << "2 processes wrote another token stream";
+}
+
 TEST_F(PrepareDataE2E, ErrorsNameTheProblem) {
   const std::string out = (dir_ / "s").string();
   ASSERT_EQ(run_cli("prepare-data --data " + kFortunes + " --output " + out + " --shard-tokens 1000000").code, 0);

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/documents.h"
+#include "meshtrain/data/text_file.h"
 #include "meshtrain/tokenizers/bpe.h"
 #include "meshtrain/tokenizers/sentencepiece.h"
 #include "meshtrain/tokenizers/tokenizer.h"
@@ -233,6 +235,39 @@ TEST(Tokenizer, PaddingAndBatch) {
   const auto pb = tok->encode_batch(pairs);
   EXPECT_EQ(pb[1].type_ids, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
   EXPECT_EQ(pb[0].ids, (std::vector<int32_t>{7, 101, 1037, 102, 1038, 102}));
+}
+
+// prepare-data encodes a long document in pieces cut at lines (data::cut_at_lines) where the
+// tokenizer says such cuts are exact: for GPT-2's BPE and BERT's WordPiece the pieces of Tiny
+// Shakespeare (cut every 4 KiB: about 270 cuts) give the whole text's ids. SentencePiece does
+// not claim it (its dummy prefix at a piece's start would add tokens).
+TEST(Tokenizer, NewlineCutsEncodeToTheWholeTextsIds) {
+  const std::string text = data::read_text_file(kData + "/text/tinyshakespeare.txt");
+  const std::vector<std::string_view> pieces = data::cut_at_lines(text, 4096);
+  ASSERT_GT(pieces.size(), 200u);
+  std::string joined;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    joined += pieces[i];
+    if (i + 1 < pieces.size()) EXPECT_GE(pieces[i].size(), 4096u) << "piece " << i;
+  }
+  ASSERT_EQ(joined, text);
+  for (const std::string& path : {kGpt2Json, kBertJson}) {
+    auto tok = load_tokenizer(path);
+    ASSERT_TRUE(tok->newline_cuts_are_exact()) << path;
+    const std::vector<int32_t> whole = tok->encode(text, false).ids;
+    std::vector<int32_t> cut;
+    for (std::string_view p : pieces) {
+      const std::vector<int32_t> ids = tok->encode(p, false).ids;
+      cut.insert(cut.end(), ids.begin(), ids.end());
+    }
+    std::cout << "  " << path << ": " << whole.size() << " ids whole, " << cut.size() << " in " << pieces.size()
+              << " pieces\n";
+    EXPECT_TRUE(cut == whole) << path;
+  }
+  EXPECT_FALSE(load_tokenizer(kData + "/tokenizers/t5-spiece.model")->newline_cuts_are_exact());
+  // No qualifying newline: one piece.
+  EXPECT_EQ(data::cut_at_lines("a\n\nb \n c", 1).size(), 1u);
+  EXPECT_EQ(data::cut_at_lines("ab\ncd\nef", 1), (std::vector<std::string_view>{"ab\n", "cd\n", "ef"}));
 }
 
 TEST(Tokenizer, LoadsEveryLayout) {
