@@ -43,6 +43,9 @@ void run(const PrepareFlags& f) {
   }
   world.barrier();
   auto tok = tokenizer_into(f.tokenizer, (fs::path(f.output) / "tokenizer").string());
+  // A corpus is encoded whole: no truncation or padding a tokenizer.json may configure.
+  tok->set_truncation(std::nullopt);
+  tok->set_padding(std::nullopt);
   const std::optional<int64_t> separator = end_of_text_id(*tok);
   const std::vector<std::string> docs = data::read_documents(f.data);
   MT_CHECK(!docs.empty(), "[prepare-data] ", f.data, " holds no documents");

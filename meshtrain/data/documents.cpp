@@ -116,14 +116,16 @@ std::vector<std::string> read_documents(const std::string& path, const DocumentS
 
 std::vector<std::string_view> cut_at_lines(std::string_view text, size_t piece_bytes) {
   MT_CHECK(piece_bytes > 0, "[cut_at_lines] pieces of 0 bytes");
-  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  // ASCII only: a non-ASCII character before the newline may be Unicode whitespace (U+00A0),
+  // which the tokenizers join with the newline into one pre-token.
+  const auto ascii_visible = [](char c) { return c > ' ' && c < 0x7f; };
   const auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
   std::vector<std::string_view> pieces;
   size_t start = 0;
   while (text.size() - start > piece_bytes) {
     size_t cut = std::string_view::npos;
     for (size_t at = text.find('\n', start + piece_bytes); at != std::string_view::npos; at = text.find('\n', at + 1))
-      if (at > 0 && at + 1 < text.size() && !space(text[at - 1]) && alnum(text[at + 1])) {
+      if (at > 0 && at + 1 < text.size() && ascii_visible(text[at - 1]) && alnum(text[at + 1])) {
         cut = at + 1;
         break;
       }

@@ -34,7 +34,7 @@ std::vector<std::string> split_documents(std::string_view text, const DocumentSp
 std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split = {});
 
 // `text` cut into pieces of about `piece_bytes` or more, each cut just after a lone newline
-// between a non-space character and an ASCII letter or digit ("...x\nY..."): the first such
+// between a visible ASCII character and an ASCII letter or digit ("...x\nY..."): the first such
 // newline at or past each piece_bytes boundary. Where no such newline comes, the piece runs
 // on. For tokenizers whose pre-tokens never cross such a newline
 // (Tokenizer::newline_cuts_are_exact) the pieces encode to the whole text's ids.

@@ -36,12 +36,12 @@ class ByteLevelBpeTokenizer : public Tokenizer {
  public:
   ByteLevelBpeTokenizer(Vocab vocab, const std::vector<BpeMerge>& merges, BpeOptions options);
   std::string_view model_type() const override { return "BPE"; }
-  bool newline_cuts_are_exact() const override { return options_.use_regex && !options_.add_prefix_space; }
   size_t num_merges() const { return merges_.size(); }
 
  protected:
   void tokenize_segment(std::string_view text, int64_t base, int32_t type_id, int32_t sequence_id,
                         Encoding& out) const override;
+  bool model_newline_cuts_are_exact() const override { return options_.use_regex && !options_.add_prefix_space; }
   std::string decode_tokens(const std::vector<int32_t>& ids, const std::vector<std::string_view>& tokens) const override;
   std::optional<int32_t> model_token_to_id(std::string_view token) const override { return vocab_.find(token); }
   const std::string* model_id_to_token(int32_t id) const override { return vocab_.token(id); }

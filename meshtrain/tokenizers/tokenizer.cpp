@@ -179,4 +179,11 @@ void Tokenizer::add_special_tokens(const std::vector<std::string>& contents) {
   add_tokens(std::move(tokens));
 }
 
+bool Tokenizer::newline_cuts_are_exact() const {
+  if (!model_newline_cuts_are_exact()) return false;
+  for (const AddedToken& t : added_.tokens())
+    if (t.lstrip || t.content.find('\n') != std::string::npos) return false;
+  return true;
+}
+
 }  // namespace mt::tokenizers

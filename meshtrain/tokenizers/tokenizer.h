@@ -38,12 +38,12 @@ class Tokenizer {
   int64_t vocab_size() const;
   bool is_special(int32_t id) const { return added_.is_special_id(id) || model_is_special(id); }
   virtual std::string_view model_type() const = 0;  // "WordPiece", "BPE", "SentencePiece"
-  // Whether text cut just after a lone newline between two non-space characters ("...x\nY...")
-  // encodes, piece by piece, to the ids of the whole text: true for WordPiece and for
-  // byte-level BPE with GPT-2's split and no prefix space (a newline always ends a pre-token
-  // there); false where a piece's start is treated specially (SentencePiece's dummy prefix).
+  // Whether text cut just after a lone newline between an ASCII non-space character and an
+  // ASCII letter or digit ("...x\nY...") encodes, piece by piece, to the ids of the whole text:
+  // the model must claim it (model_newline_cuts_are_exact) and no added token may reach across
+  // such a newline (one that swallows whitespace on its left, or contains a newline).
   // prepare-data cuts long documents only when this holds.
-  virtual bool newline_cuts_are_exact() const { return false; }
+  bool newline_cuts_are_exact() const;
 
   void set_truncation(std::optional<TruncationParams> params);
   void set_padding(std::optional<PaddingParams> params);
@@ -69,6 +69,10 @@ class Tokenizer {
   virtual std::optional<int32_t> model_token_to_id(std::string_view token) const = 0;
   virtual const std::string* model_id_to_token(int32_t id) const = 0;
   virtual int64_t model_vocab_size() const = 0;
+  // The model's part of newline_cuts_are_exact: true for WordPiece and for byte-level BPE with
+  // GPT-2's split and no prefix space (a newline always ends a pre-token there); false where a
+  // piece's start is treated specially (SentencePiece's dummy prefix).
+  virtual bool model_newline_cuts_are_exact() const { return false; }
   // Model tokens that decode skips like special tokens (SentencePiece control symbols).
   virtual bool model_is_special(int32_t id) const { return false; }
   // The normalizer applied to an added token's content (identity by default).

@@ -32,7 +32,6 @@ class WordPieceTokenizer : public Tokenizer {
  public:
   WordPieceTokenizer(Vocab vocab, WordPieceOptions options);
   std::string_view model_type() const override { return "WordPiece"; }
-  bool newline_cuts_are_exact() const override { return true; }
   const WordPieceOptions& options() const { return options_; }
 
   // The BertNormalizer alone; `src` receives, per output byte, the byte offset in `text`
@@ -42,6 +41,7 @@ class WordPieceTokenizer : public Tokenizer {
  protected:
   void tokenize_segment(std::string_view text, int64_t base, int32_t type_id, int32_t sequence_id,
                         Encoding& out) const override;
+  bool model_newline_cuts_are_exact() const override { return true; }
   std::string decode_tokens(const std::vector<int32_t>& ids, const std::vector<std::string_view>& tokens) const override;
   std::optional<int32_t> model_token_to_id(std::string_view token) const override { return vocab_.find(token); }
   const std::string* model_id_to_token(int32_t id) const override { return vocab_.token(id); }

@@ -268,6 +268,14 @@ TEST(Tokenizer, NewlineCutsEncodeToTheWholeTextsIds) {
   // No qualifying newline: one piece.
   EXPECT_EQ(data::cut_at_lines("a\n\nb \n c", 1).size(), 1u);
   EXPECT_EQ(data::cut_at_lines("ab\ncd\nef", 1), (std::vector<std::string_view>{"ab\n", "cd\n", "ef"}));
+  // A no-break space (U+00A0) before the newline is whitespace to the pre-tokenizers: no cut.
+  EXPECT_EQ(data::cut_at_lines("ab\xc2\xa0\ncd", 1).size(), 1u);
+  // An added token that swallows whitespace on its left could swallow the newline of a cut.
+  auto gpt2 = load_tokenizer(kGpt2Json);
+  AddedToken swallowing;
+  swallowing.content = "Foo", swallowing.lstrip = true;
+  gpt2->add_tokens({swallowing});
+  EXPECT_FALSE(gpt2->newline_cuts_are_exact());
 }
 
 TEST(Tokenizer, LoadsEveryLayout) {
