@@ -27,9 +27,8 @@ bool is_identifier(const std::string& s) {
 }
 
 // Each rank's row-major position: ranks grouped by host (hosts in the order of their lowest
-// rank), in rank order within a host. Collective over `comm`.
-std::vector<int> host_order_positions(Communicator& comm) {
-  const std::vector<std::string> hosts = host_of_ranks(comm);
+// rank), in rank order within a host.
+std::vector<int> host_order_positions(const std::vector<std::string>& hosts) {
   std::vector<std::string> order;  // hosts by lowest rank
   for (const std::string& h : hosts)
     if (std::find(order.begin(), order.end(), h) == order.end()) order.push_back(h);
@@ -61,7 +60,8 @@ Mesh Mesh::single() {
 Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
     : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
   install_spmd();  // arrays on this mesh run through the distributed executor
-  if (comm.size() > 1) position_ = host_order_positions(comm);
+  hosts_ = host_of_ranks(comm);  // collective; without communication on one rank
+  if (comm.size() > 1) position_ = host_order_positions(hosts_);
   coords_ = coords_of(comm.rank());
   // Splits run in axis order on every rank, so the collective calls match.
   for (size_t a = 0; a < names_.size(); ++a) {

@@ -35,6 +35,8 @@ class Mesh {
   const std::vector<int>& coords() const { return coords_; }  // this rank's coordinates, axis order
   std::vector<int> coords_of(int rank) const;                 // any rank's, axis order
   int rank() const { return comm().rank(); }                  // this rank in comm()
+  // Every rank's host display name, by rank (dist/hosts.h; gathered when the mesh is made).
+  const std::vector<std::string>& hosts() const { return hosts_; }
 
   Communicator& axis_comm(const std::string& axis) const;  // ranks that differ only along `axis`
   Communicator& comm() const;                              // all ranks of the mesh
@@ -51,6 +53,7 @@ class Mesh {
   std::vector<std::string> names_;
   std::vector<int> sizes_;
   std::vector<int> coords_;
+  std::vector<std::string> hosts_;
   std::vector<int> position_;  // rank -> its row-major position (empty: the rank itself)
   // Shared by copies. comm_ is world() (never destroyed) or owned through owned_comm_.
   Communicator* comm_ = nullptr;

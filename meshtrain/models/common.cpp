@@ -169,17 +169,21 @@ Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array
            "position per row without a mask or a bias, got queries ", q.str());
   PagedKvStep& step = *cache->paged;
   KvBlockPool& pool = *step.pool;
-  if (pool.keys.size() <= layer) {
-    pool.keys.resize(layer + 1);
-    pool.values.resize(layer + 1);
-  }
-  if (!pool.keys[layer].defined()) {
-    pool.keys[layer] = kv_pool_like(k, pool.blocks, pool.block_size);
-    pool.values[layer] = kv_pool_like(v, pool.blocks, pool.block_size);
-  }
-  pool.keys[layer] = paged_kv_write(pool.keys[layer], k, step.slots);
-  pool.values[layer] = paged_kv_write(pool.values[layer], v, step.slots);
+  pool.write(layer, k, v, step.slots);
   return paged_attention(q, pool.keys[layer], pool.values[layer], step.rows, options.scale);
+}
+
+void KvBlockPool::write(size_t layer, const Array& k, const Array& v, const std::vector<int64_t>& slots) {
+  if (keys.size() <= layer) {
+    keys.resize(layer + 1);
+    values.resize(layer + 1);
+  }
+  if (!keys[layer].defined()) {
+    keys[layer] = kv_pool_like(k, blocks, block_size);
+    values[layer] = kv_pool_like(v, blocks, block_size);
+  }
+  keys[layer] = paged_kv_write(keys[layer], k, slots);
+  values[layer] = paged_kv_write(values[layer], v, slots);
 }
 
 int64_t KvBlockPool::block_bytes() const {

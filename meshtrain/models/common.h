@@ -116,6 +116,9 @@ struct KvBlockPool {
   int64_t blocks = 0, block_size = 16;
   // Bytes one block takes over all layers (0 before the first write).
   int64_t block_bytes() const;
+  // Writes k and v (B, Hkv, T, D) of layer `layer` at `slots` (B·T, as paged_kv_write), making
+  // the layer's pools at its first write.
+  void write(size_t layer, const Array& k, const Array& v, const std::vector<int64_t>& slots);
 };
 
 // One decode step over a block pool: row i's new position goes to slots[i] (block ·

@@ -50,22 +50,13 @@ void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t 
   try {
     std::vector<int64_t> slots(static_cast<size_t>(length));
     for (int64_t j = 0; j < length; ++j) slots[size_t(j)] = slot(s, j);
-    const size_t layers = prefilled.keys.size();
-    pool_.keys.resize(std::max(pool_.keys.size(), layers));
-    pool_.values.resize(pool_.keys.size());
     // Row `row`'s last `length` positions, (1, Hkv, length, D).
     const auto positions = [&](const Array& x) {
       const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
       return length == p ? r : slice(r, 2, p - length, p);
     };
-    for (size_t l = 0; l < layers; ++l) {
-      if (!pool_.keys[l].defined()) {
-        pool_.keys[l] = kv_pool_like(prefilled.keys[l], pool_.blocks, pool_.block_size);
-        pool_.values[l] = kv_pool_like(prefilled.values[l], pool_.blocks, pool_.block_size);
-      }
-      pool_.keys[l] = paged_kv_write(pool_.keys[l], positions(prefilled.keys[l]), slots);
-      pool_.values[l] = paged_kv_write(pool_.values[l], positions(prefilled.values[l]), slots);
-    }
+    for (size_t l = 0; l < prefilled.keys.size(); ++l)
+      pool_.write(l, positions(prefilled.keys[l]), positions(prefilled.values[l]), slots);
   } catch (...) {
     give_back(s);
     throw;
@@ -81,18 +72,16 @@ void PagedKvCache::fork(int64_t from, int64_t to) {
   try {
     // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
     const int64_t n = int64_t(source.blocks.size());
-    const Array which = Array::from_vector(source.blocks, Shape{n});
     std::vector<int64_t> slots;
     for (int64_t b : s.blocks)
       for (int64_t o = 0; o < pool_.block_size; ++o) slots.push_back(b * pool_.block_size + o);
-    for (size_t l = 0; l < pool_.keys.size(); ++l) {
-      for (std::vector<Array>* pools : {&pool_.keys, &pool_.values}) {
-        Array& pool = (*pools)[l];
-        const Array blocks = take(pool, which.to(pool.device()), 0);
-        const Array rows = reshape(swap_axes(blocks, 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
-        pool = paged_kv_write(pool, rows, slots);
-      }
-    }
+    Array which;
+    const auto rows = [&](const Array& pool) {
+      if (!which.defined()) which = Array::from_vector(source.blocks, Shape{n}).to(pool.device());
+      return reshape(swap_axes(take(pool, which, 0), 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
+    };
+    for (size_t l = 0; l < pool_.keys.size(); ++l)
+      pool_.write(l, rows(pool_.keys[l]), rows(pool_.values[l]), slots);
   } catch (...) {
     give_back(s);
     throw;
@@ -108,6 +97,7 @@ models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {
            free_.size(), " free, ", needed, " needed)");
   models::PagedKvStep step;
   step.pool = &pool_;
+  std::vector<const Sequence*> rows;
   size_t widest = 0;
   for (int64_t id : seqs) {
     Sequence& s = sequence(id);
@@ -115,13 +105,13 @@ models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {
     step.slots.push_back(slot(s, s.length - 1));
     step.rows.lengths.push_back(s.length);
     widest = std::max(widest, s.blocks.size());
+    rows.push_back(&s);
   }
   step.rows.max_blocks = int64_t(widest);
   step.rows.block_table.assign(seqs.size() * widest, 0);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const std::vector<int64_t>& blocks = sequence(seqs[i]).blocks;
-    std::copy(blocks.begin(), blocks.end(), step.rows.block_table.begin() + std::ptrdiff_t(i * widest));
-  }
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy(rows[i]->blocks.begin(), rows[i]->blocks.end(),
+              step.rows.block_table.begin() + std::ptrdiff_t(i * widest));
   return step;
 }
 

@@ -15,9 +15,9 @@ Deployer::Deployer(DeployerOptions options) : options_(std::move(options)) {
   set_default_device(device_);
   std::string where = device_.str();
   if (device_.is_cuda()) where += " (" + cuda_runtime().describe(device_.index) + ")";
-  // Where the ranks run (a collective: every rank makes its Deployer): on the start-up line,
+  // Where the ranks run (gathered by the mesh): on the start-up line,
   // and a warning when a tensor-parallel group would talk across hosts.
-  hosts_ = dist::host_of_ranks(mesh_.comm());
+  hosts_ = mesh_.hosts();
   const std::string on_hosts = mesh_.comm().size() > 1 ? " on " + dist::describe_hosts(hosts_) : "";
   if (options_.verbose)
     log("meshtrain: " + std::to_string(mesh_.comm().size()) + " process(es)" + on_hosts + ", mesh " + mesh_.str() +
