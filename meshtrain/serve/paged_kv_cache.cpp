@@ -38,25 +38,12 @@ void PagedKvCache::grow(Sequence& s, int64_t length) {
   s.length = length;
 }
 
-void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t row, int64_t length) {
+void PagedKvCache::add(int64_t seq, int64_t length, const std::function<void(const Sequence&)>& fill) {
   MT_CHECK(!sequences_.count(seq), "[serve] sequence ", seq, " is already in the KV cache");
-  const int64_t p = prefilled.length();
-  if (length == 0) length = p;
-  MT_CHECK(row >= 0 && row < prefilled.batch() && length > 0 && length <= p, "[serve] cannot store the last ", length,
-           " positions of row ", row, " of a prefilled cache holding ",
-           prefilled.keys.empty() ? std::string("nothing") : prefilled.keys[0].str());
   Sequence s;
   grow(s, length);
   try {
-    std::vector<int64_t> slots(static_cast<size_t>(length));
-    for (int64_t j = 0; j < length; ++j) slots[size_t(j)] = slot(s, j);
-    // Row `row`'s last `length` positions, (1, Hkv, length, D).
-    const auto positions = [&](const Array& x) {
-      const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
-      return length == p ? r : slice(r, 2, p - length, p);
-    };
-    for (size_t l = 0; l < prefilled.keys.size(); ++l)
-      pool_.write(l, positions(prefilled.keys[l]), positions(prefilled.values[l]), slots);
+    fill(s);
   } catch (...) {
     give_back(s);
     throw;
@@ -64,29 +51,43 @@ void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t 
   sequences_.emplace(seq, std::move(s));
 }
 
+std::vector<int64_t> PagedKvCache::slots(const Sequence& s, int64_t count) const {
+  std::vector<int64_t> out(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) out[size_t(j)] = slot(s, j);
+  return out;
+}
+
+void PagedKvCache::store(int64_t seq, const models::KvCache& prefilled, int64_t row, int64_t length) {
+  const int64_t p = prefilled.length();
+  if (length == 0) length = p;
+  MT_CHECK(row >= 0 && row < prefilled.batch() && length > 0 && length <= p, "[serve] cannot store the last ", length,
+           " positions of row ", row, " of a prefilled cache holding ",
+           prefilled.keys.empty() ? std::string("nothing") : prefilled.keys[0].str());
+  // Row `row`'s last `length` positions, (1, Hkv, length, D).
+  const auto positions = [&](const Array& x) {
+    const Array r = prefilled.batch() == 1 ? x : slice(x, 0, row, row + 1);
+    return length == p ? r : slice(r, 2, p - length, p);
+  };
+  add(seq, length, [&](const Sequence& s) {
+    const std::vector<int64_t> at = slots(s, length);
+    for (size_t l = 0; l < prefilled.keys.size(); ++l)
+      pool_.write(l, positions(prefilled.keys[l]), positions(prefilled.values[l]), at);
+  });
+}
+
 void PagedKvCache::fork(int64_t from, int64_t to) {
-  MT_CHECK(!sequences_.count(to), "[serve] sequence ", to, " is already in the KV cache");
   const Sequence& source = sequence(from);
-  Sequence s;
-  grow(s, source.length);
-  try {
-    // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
-    const int64_t n = int64_t(source.blocks.size());
-    std::vector<int64_t> slots;
-    for (int64_t b : s.blocks)
-      for (int64_t o = 0; o < pool_.block_size; ++o) slots.push_back(b * pool_.block_size + o);
-    Array which;
-    const auto rows = [&](const Array& pool) {
-      if (!which.defined()) which = Array::from_vector(source.blocks, Shape{n}).to(pool.device());
-      return reshape(swap_axes(take(pool, which, 0), 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
-    };
-    for (size_t l = 0; l < pool_.keys.size(); ++l)
-      pool_.write(l, rows(pool_.keys[l]), rows(pool_.values[l]), slots);
-  } catch (...) {
-    give_back(s);
-    throw;
-  }
-  sequences_.emplace(to, std::move(s));
+  // Whole blocks, (n, Hkv, block_size, D) -> (1, Hkv, n · block_size, D), into the new blocks.
+  const int64_t n = int64_t(source.blocks.size());
+  Array which;
+  const auto rows = [&](const Array& pool) {
+    if (!which.defined()) which = Array::from_vector(source.blocks, Shape{n}).to(pool.device());
+    return reshape(swap_axes(take(pool, which, 0), 0, 1), {1, pool.dim(1), n * pool_.block_size, pool.dim(3)});
+  };
+  add(to, source.length, [&](const Sequence& s) {
+    const std::vector<int64_t> at = slots(s, n * pool_.block_size);
+    for (size_t l = 0; l < pool_.keys.size(); ++l) pool_.write(l, rows(pool_.keys[l]), rows(pool_.values[l]), at);
+  });
 }
 
 models::PagedKvStep PagedKvCache::step(const std::vector<int64_t>& seqs) {

@@ -8,6 +8,7 @@
 // stays that of the busiest moment. The pool's arrays are written in place: a decode step
 // moves only the step's keys and values.
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -47,6 +48,11 @@ class PagedKvCache {
   void grow(Sequence& s, int64_t length);
   // Returns all of s's blocks to the free stack.
   void give_back(Sequence& s);
+  // Adds `seq` with blocks for `length` positions, filled by `fill`; if it throws, the blocks
+  // go back and nothing is added.
+  void add(int64_t seq, int64_t length, const std::function<void(const Sequence&)>& fill);
+  // The slots of s's first `count` positions.
+  std::vector<int64_t> slots(const Sequence& s, int64_t count) const;
   // Where position j of `s` lives: block · block_size + offset.
   int64_t slot(const Sequence& s, int64_t j) const {
     return s.blocks[size_t(j / pool_.block_size)] * pool_.block_size + j % pool_.block_size;
