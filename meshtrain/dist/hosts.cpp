@@ -43,7 +43,10 @@ std::vector<std::string> host_of_ranks(Communicator& comm) {
       k += char(all[size_t(r) * size_t(kKeyBytes) + size_t(i)]);
     keys.push_back(k);
   }
-  // Display names: the host name, numbered where different hosts share it.
+  return host_display_names(keys);
+}
+
+std::vector<std::string> host_display_names(const std::vector<std::string>& keys) {
   std::map<std::string, std::vector<std::string>> by_name;  // host name -> its keys in rank order
   for (const std::string& k : keys) {
     auto& v = by_name[hostname_of(k)];

@@ -16,6 +16,10 @@ std::string host_key();
 // are the host names, made unique ("vm[2]") where two hosts share one.
 std::vector<std::string> host_of_ranks(Communicator& comm);
 
+// Display names of host keys (host_key() of each rank, by rank): the host name, numbered
+// ("vm[2]") where different keys share one.
+std::vector<std::string> host_display_names(const std::vector<std::string>& keys);
+
 // "2 hosts: a (ranks 0-1), b (ranks 2-3)"; "1 host" when all ranks share one.
 std::string describe_hosts(const std::vector<std::string>& hosts);
 

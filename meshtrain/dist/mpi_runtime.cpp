@@ -6,9 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <vector>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
+#include "meshtrain/dist/hosts.h"
+#include "meshtrain/dist/peer_watch.h"
 
 namespace mt::dist::internal {
 
@@ -76,6 +79,7 @@ void MpiRuntime::thread_main() {
   trace::name_this_thread("communication");
   int provided = 0;
   const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  if (rc == MPI_SUCCESS && provided >= MPI_THREAD_FUNNELED) start_peer_watch();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (rc != MPI_SUCCESS) {
@@ -131,6 +135,31 @@ void MpiRuntime::thread_main() {
   set_busy(nullptr);
 }
 
+void MpiRuntime::start_peer_watch() {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return;
+  // Host names as the mesh shows them, gathered with MPI itself: the communicators that
+  // host_of_ranks uses run on this thread's loop, which has not started yet.
+  constexpr int kKeyBytes = 320;
+  char mine[kKeyBytes] = {};
+  std::snprintf(mine, sizeof mine, "%s", host_key().c_str());
+  std::vector<char> all(size_t(kKeyBytes) * size_t(size));
+  MPI_Allgather(mine, kKeyBytes, MPI_CHAR, all.data(), kKeyBytes, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.emplace_back(all.data() + size_t(r) * kKeyBytes);
+  // Silence means a lost host only well before the collective watchdog would fire.
+  const double silence_s = timeout_s_ > 0 ? std::min(60.0, timeout_s_ / 2) : 0.0;
+  std::string warning;
+  peer_watch_ = PeerWatch::start(rank, size, host_display_names(keys), silence_s, &warning);
+  if (!warning.empty()) std::fprintf(stderr, "[rank %d] %s\n", rank, warning.c_str());
+}
+
+void MpiRuntime::say_goodbye() {
+  if (peer_watch_) peer_watch_->say_goodbye();
+}
+
 void MpiRuntime::set_busy(const std::string* what) {
   std::lock_guard<std::mutex> lock(watch_mu_);
   busy_what_ = what;
@@ -149,6 +178,11 @@ void MpiRuntime::watchdog_main() {
                  "[rank %d] [comm] %s has not completed after %.0f s (MT_COMM_TIMEOUT_S): the ranks are "
                  "probably issuing different collectives, or a rank stopped or is stuck. Ending the job.\n",
                  world_rank_, busy_what_->c_str(), waited);
+    if (peer_watch_) {
+      const std::string quiet = peer_watch_->silent_peers(3.0);
+      if (!quiet.empty()) std::fprintf(stderr, "[rank %d] [comm] peers not heard from: %s\n", world_rank_, quiet.c_str());
+      peer_watch_->say_goodbye();  // this rank printed why it ends: peers must not call it failed
+    }
     std::fflush(stderr);
     std::fflush(stdout);
     std::_Exit(1);  // mpirun ends the other ranks when one exits with an error
@@ -178,6 +212,8 @@ void MpiRuntime::run(std::string what, std::function<void()> work) {
 void MpiRuntime::skip_finalize() { g_skip_finalize.store(true); }
 
 void MpiRuntime::shutdown() {
+  // Exiting on purpose, with or without an error this process printed itself.
+  say_goodbye();
   // A failing rank leaves the communication thread parked (possibly inside a collective its
   // peers never join); the process exit ends it and mpirun stops the job.
   if (g_skip_finalize.load()) return;
@@ -201,6 +237,7 @@ void MpiRuntime::abort_job(const std::string& message) {
   std::fflush(stderr);
   std::fflush(stdout);
   MpiRuntime* runtime = g_runtime.load();
+  if (runtime) runtime->say_goodbye();  // the message above is the cause, not a lost peer
   if (runtime && g_loop_running.load()) {
     if (runtime->on_comm_thread()) MPI_Abort(MPI_COMM_WORLD, 1);
     {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "meshtrain/dist/comm_handle.h"
+#include "meshtrain/dist/peer_watch.h"
 
 namespace mt::dist::internal {
 
@@ -55,6 +56,8 @@ class MpiRuntime {
   void watchdog_main();
   void shutdown();  // exit handler: drain the queue, MPI_Finalize, join threads
   void set_busy(const std::string* what);
+  void start_peer_watch();  // comm thread, right after MPI_Init
+  void say_goodbye();       // this process exits on its own: peers must not report it failed
 
   std::thread thread_;
   std::mutex mu_;  // guards queue_, started_, init_error_
@@ -77,6 +80,10 @@ class MpiRuntime {
   const std::string* busy_what_ = nullptr;  // the task in MPI right now, or null
   std::chrono::steady_clock::time_point busy_since_;
   double timeout_s_ = 1800;
+
+  // Names a rank that died or a host that went silent within seconds (peer_watch.h); null in
+  // one-process runs and where TCP between ranks is blocked.
+  std::unique_ptr<PeerWatch> peer_watch_;
 };
 
 }  // namespace mt::dist::internal

@@ -61,6 +61,9 @@ class Cluster {
     return sh(kScript + " shape " + host(i) + " " + delay + " " + rate);
   }
 
+  // Takes host i's link down (its end on the bridge) or back up.
+  void link(int i, bool up) const { sh("ip link set " + host(i) + "a " + (up ? "up" : "down")); }
+
   // `mpirun` from host 1 with `per_host` ranks on each of the first `hosts` hosts (numbered
   // host by host unless `flags` says otherwise, e.g. --map-by node).
   std::string mpirun(int hosts, int per_host, const std::string& flags = "") const {
@@ -279,7 +282,12 @@ TEST_F(MultiHost, KilledHostEndsTheJobAndTheRunResumesExactly) {
   ASSERT_EQ(run_on(cluster, 2, 2, args + (dir_ / "whole").string()).code, 0);
   const fs::path killed = dir_ / "killed";
   int code = -1;
-  std::thread job([&] { code = run_on(cluster, 2, 2, args + killed.string()).code; });
+  std::string output;
+  std::thread job([&] {
+    CliRun r = run_on(cluster, 2, 2, args + killed.string());
+    code = r.code;
+    output = r.out;
+  });
   const fs::path marker = killed / "checkpoints" / "step_00000010" / "meta.json";
   for (int i = 0; i < 1200 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_TRUE(fs::exists(marker)) << "no checkpoint after 120 s";
@@ -290,6 +298,9 @@ TEST_F(MultiHost, KilledHostEndsTheJobAndTheRunResumesExactly) {
   std::cout << "  the job ended " << secs << " s after host 2's processes were killed (exit " << code << ")\n";
   EXPECT_NE(code, 0);
   EXPECT_LT(secs, 60.0);
+  // The peer watch names the dead ranks and their host before mpirun tears the job down.
+  EXPECT_NE(output.find("[rank 0] [comm] rank 2 (host "), std::string::npos) << output;
+  EXPECT_NE(output.find("ended without finishing"), std::string::npos) << output;
   EXPECT_FALSE(fs::exists(killed / "checkpoints" / "step_00000040")) << "killed too late to test resuming";
   CliRun resumed = run_on(cluster, 2, 2, args + killed.string() + " --resume");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -298,6 +309,65 @@ TEST_F(MultiHost, KilledHostEndsTheJobAndTheRunResumesExactly) {
   ASSERT_EQ(joined.size(), 40u);
   const double err = max_error(whole, joined, 1, 40);
   std::cout << "  [max err] 2-host run resumed after host 2 was killed vs uninterrupted: " << err << "\n";
+  EXPECT_EQ(err, 0.0);
+}
+
+// Host 2's link taken down mid-run (its processes keep running, cut off): the ranks on host
+// 1 hear nothing from ranks 2 and 3 for MT_COMM_TIMEOUT_S / 2 and name them and their host;
+// Open MPI's daemon keepalive (the README's recipe) then ends mpirun, which would otherwise
+// wait minutes for the unreachable daemon. The checkpoints stay intact and, with the link back up,
+// --resume continues to the uninterrupted losses.
+TEST_F(MultiHost, LinkDownEndsTheJobNamingTheLostHostAndTheRunResumesExactly) {
+  MT_REQUIRE_NETNS();
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.error();
+  const std::string args = kPretrain + "--steps 40 --per-device-batch-size 4 --save-steps 10 --mesh data=2,model=2 --output-dir ";
+  // The ranks name the lost host after 10 s of silence (MT_COMM_TIMEOUT_S / 2) and exit 10 s
+  // later; the daemon keepalive gives up on host 2 between 12 and 17 s: after the names,
+  // before any exit (the README's rule: intvl x probes > 10, time + intvl x probes < 20).
+  const std::string keepalive = "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 4 --mca oob_tcp_keepalive_probes 3";
+  ASSERT_EQ(run_on(cluster, 2, 2, args + (dir_ / "whole").string()).code, 0);
+  const fs::path cut = dir_ / "cut";
+  setenv("MT_COMM_TIMEOUT_S", "20", 1);  // silence limit: 10 s
+  int code = -1;
+  std::string output;
+  std::thread job([&] {
+    CliRun r = run_on(cluster, 2, 2, args + cut.string(), keepalive);
+    code = r.code;
+    output = r.out;
+  });
+  const fs::path marker = cut / "checkpoints" / "step_00000010" / "meta.json";
+  for (int i = 0; i < 1200 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(marker)) << "no checkpoint after 120 s";
+  const auto cut_at = std::chrono::steady_clock::now();
+  cluster.link(2, false);
+  // mpirun and the ranks of host 1 gone; host 2's daemon, cut off, would hold the output pipe
+  // until TCP gives up on it (as an ssh channel to a lost host would): it goes with its host.
+  for (int i = 0; i < 1200 && !sh("ip netns pids " + cluster.host(1)).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  sh("ip netns pids " + cluster.host(2) + " | xargs -r kill -9");
+  job.join();
+  std::cout << "  mpirun ended " << secs << " s after host 2's link went down (exit " << code << ")\n";
+  for (size_t p = output.find("[comm]"); p != std::string::npos; p = output.find("[comm]", p + 1))
+    std::cout << "  | " << output.substr(output.rfind('\n', p) + 1, output.find('\n', p) - output.rfind('\n', p) - 1) << "\n";
+  EXPECT_NE(code, 0);
+  EXPECT_LT(secs, 40.0);
+  EXPECT_NE(output.find("[rank 0] [comm] rank 2 (host "), std::string::npos) << output;
+  EXPECT_NE(output.find(") and rank 3 (host "), std::string::npos) << output;
+  EXPECT_NE(output.find("have sent nothing for"), std::string::npos) << output;
+  EXPECT_FALSE(fs::exists(cut / "checkpoints" / "step_00000040")) << "cut too late to test resuming";
+  cluster.link(2, true);
+  for (int i = 0; i < 100 && sh("ip -n " + cluster.host(2) + " link show eth0").find("LOWER_UP") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  setenv("MT_COMM_TIMEOUT_S", "60", 1);
+  CliRun resumed = run_on(cluster, 2, 2, args + cut.string() + " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const auto whole = train_losses(dir_ / "whole"), joined = train_losses(cut);
+  ASSERT_EQ(joined.size(), 40u);
+  const double err = max_error(whole, joined, 1, 40);
+  std::cout << "  [max err] 2-host run resumed after host 2's link went down vs uninterrupted: " << err << "\n";
   EXPECT_EQ(err, 0.0);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -48,6 +49,15 @@ TEST(Guard, DISABLED_ExitEarlyOnOneRank) {
     skip_finalize_at_exit();
     std::exit(3);
   }
+  w.barrier();
+}
+
+// Rank 1 is killed (SIGKILL: no exit handler runs) while rank 0 waits for it in a barrier:
+// the peer watch names rank 1 and its host at once, long before MT_COMM_TIMEOUT_S.
+TEST(Guard, DISABLED_KilledRank) {
+  Communicator& w = world();
+  w.barrier();
+  if (w.rank() == 1) raise(SIGKILL);
   w.barrier();
 }
 

@@ -1,0 +1,452 @@
+#include "meshtrain/dist/peer_watch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <mpi.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace mt::dist::internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kMagic = 0x4d545057;  // "MTPW"
+constexpr double kStepSeconds = 3.0;     // one connect, or one handshake reply, may take this long
+constexpr int kRecordBytes = 1024;       // rank 0's "port addr addr ..." broadcast
+
+// The first bytes on every connection, both ways: who is talking, for which job (a stray
+// connection to the wrong address, or an unrelated service on that port, fails the check).
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  uint64_t nonce;
+};
+
+// Messages after the hello: one byte each, except a failure report ('F', whether to linger
+// as a byte, a u32 length, text).
+constexpr char kHeartbeat = 'H', kGoodbye = 'B', kFailure = 'F';
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// This host's IPv4 addresses that are up: the others first, loopback last (for ranks in the
+// same network stack).
+std::vector<std::string> local_addresses() {
+  std::vector<std::string> out, loopback;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return {"127.0.0.1"};
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || !(a->ifa_flags & IFF_UP)) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    ((a->ifa_flags & IFF_LOOPBACK) ? loopback : out).push_back(text);
+  }
+  freeifaddrs(list);
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  return out;
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes.
+bool wait_for(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int rc = poll(&p, 1, int(left * 1000) + 1);
+    if (rc > 0) return true;
+    if (rc < 0 && errno != EINTR) return false;
+  }
+}
+
+bool send_all(int fd, const void* data, size_t n, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_for(fd, POLLOUT, deadline)) return false;
+    const ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+bool recv_all(int fd, void* data, size_t n, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_for(fd, POLLIN, deadline)) return false;
+    const ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+int nonblocking_socket() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
+}
+
+// A connection to rank 0 at `address`:`port` that answered this job's hello, or -1.
+int connect_to_root(const std::string& address, int port, const Hello& hello) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(uint16_t(port));
+  if (inet_pton(AF_INET, address.c_str(), &to.sin_addr) != 1) return -1;
+  const int fd = nonblocking_socket();
+  if (fd < 0) return -1;
+  const auto deadline = after(kStepSeconds);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 || errno == EINPROGRESS;
+  if (ok && errno == EINPROGRESS) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    ok = wait_for(fd, POLLOUT, deadline) && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+  }
+  Hello reply{};
+  ok = ok && send_all(fd, &hello, sizeof hello, deadline) && recv_all(fd, &reply, sizeof reply, deadline) &&
+       reply.magic == kMagic && reply.nonce == hello.nonce && reply.rank == 0;
+  if (!ok) close(fd);
+  return ok ? fd : -1;
+}
+
+}  // namespace
+
+struct PeerWatch::State {
+  struct Peer {
+    int rank = 0;
+    int fd = -1;
+    std::string inbox;
+    Clock::time_point last_heard;
+    bool goodbye = false;
+  };
+  // A peer found failed, and why.
+  struct Failure {
+    int rank;
+    bool silent;  // else its connection closed without a goodbye
+    std::string detail;
+  };
+
+  int rank = 0;
+  std::vector<std::string> hosts;
+  double silence_s = 0;
+  std::vector<Peer> peers;  // rank 0: every other rank; others: rank 0
+  mutable std::mutex mu;    // guards peers' last_heard for silent_peers()
+  std::atomic<bool> stop{false};
+  std::atomic<bool> goodbye_sent{false};
+  int wake[2] = {-1, -1};
+  std::thread thread;
+
+  std::string who(int r) const { return "rank " + std::to_string(r) + " (host " + hosts[size_t(r)] + ")"; }
+
+  void run();
+  void read_from(Peer& p, std::vector<Failure>& failures);
+  [[noreturn]] void report(std::vector<Failure> failures);
+  // Prints `message` and exits, at once or, with `linger`, silence_s later (see report()).
+  [[noreturn]] void end_job(const std::string& message, bool linger);
+};
+
+void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        p.last_heard = Clock::now();
+      }
+      p.inbox.append(buf, size_t(n));
+      size_t at = 0;
+      while (at < p.inbox.size()) {
+        const char kind = p.inbox[at];
+        if (kind == kHeartbeat) {
+          ++at;
+        } else if (kind == kGoodbye) {
+          p.goodbye = true;
+          ++at;
+        } else if (kind == kFailure) {
+          uint32_t len = 0;
+          constexpr size_t head = 2 + sizeof len;
+          if (p.inbox.size() - at < head) break;
+          std::memcpy(&len, p.inbox.data() + at + 2, sizeof len);
+          if (p.inbox.size() - at < head + len) break;
+          end_job(p.inbox.substr(at + head, len) + " (seen by rank 0)", p.inbox[at + 1] != 0);
+        } else {
+          failures.push_back({p.rank, false, "sent bytes that are not meshtrain's peer protocol"});
+          at = p.inbox.size();
+        }
+      }
+      p.inbox.erase(0, at);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    const std::string why = n == 0 ? "" : std::string(" (") + std::strerror(errno) + ")";
+    close(p.fd);
+    p.fd = -1;
+    if (!p.goodbye) failures.push_back({p.rank, false, why});
+    return;
+  }
+}
+
+void PeerWatch::State::run() {
+  const double period = silence_s > 0 ? std::min(1.0, silence_s / 4) : 1.0;
+  auto next_beat = Clock::now();
+  std::vector<pollfd> fds;
+  std::vector<Peer*> polled;
+  while (!stop.load()) {
+    fds.assign(1, pollfd{wake[0], POLLIN, 0});
+    polled.clear();
+    for (Peer& p : peers) {
+      if (p.fd < 0) continue;
+      fds.push_back(pollfd{p.fd, POLLIN, 0});
+      polled.push_back(&p);
+    }
+    const double until_beat = std::max(0.0, std::chrono::duration<double>(next_beat - Clock::now()).count());
+    const int rc = poll(fds.data(), nfds_t(fds.size()), int(until_beat * 1000) + 1);
+    if (stop.load()) break;
+    std::vector<Failure> failures;
+    if (rc > 0) {
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) read_from(*polled[i - 1], failures);
+    }
+    if (silence_s > 0) {
+      for (Peer& p : peers) {
+        if (p.fd < 0 || p.goodbye || seconds_since(p.last_heard) <= silence_s) continue;
+        std::ostringstream detail;
+        detail.precision(1);
+        detail << std::fixed << seconds_since(p.last_heard);
+        failures.push_back({p.rank, true, detail.str()});
+        close(p.fd);
+        p.fd = -1;
+      }
+    }
+    if (!failures.empty()) {
+      // Ranks of one host usually die together: gather the ones closing within a moment, so
+      // the report names them all.
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      for (Peer& p : peers)
+        if (p.fd >= 0) read_from(p, failures);
+      report(failures);
+    }
+    if (Clock::now() >= next_beat) {
+      for (Peer& p : peers)
+        if (p.fd >= 0) (void)send(p.fd, &kHeartbeat, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      next_beat = after(period);
+    }
+  }
+}
+
+void PeerWatch::State::report(std::vector<Failure> failures) {
+  std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) { return a.rank < b.rank; });
+  std::vector<std::string> closed, silent;
+  std::string longest_silence, socket_error;
+  for (const Failure& f : failures) {
+    if (f.silent) {
+      silent.push_back(who(f.rank));
+      longest_silence = f.detail;
+    } else {
+      closed.push_back(who(f.rank));
+      if (!f.detail.empty()) socket_error = f.detail;
+    }
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i == 0 ? "" : i + 1 == v.size() ? " and " : ", ") + v[i];
+    return s;
+  };
+  std::string message;
+  if (!closed.empty())
+    message = join(closed) + " ended without finishing: " + (closed.size() > 1 ? "their connections" : "its connection") +
+              " closed with no goodbye" + socket_error + (closed.size() > 1 ? ": their processes were killed or crashed, or their host went down"
+                                                                    : ": its process was killed or crashed, or its host went down");
+  if (!silent.empty())
+    message += (message.empty() ? "" : "; ") + join(silent) + (silent.size() > 1 ? " have" : " has") +
+               " sent nothing for " + longest_silence + " s: the host is down or the network to it is cut";
+  // A lost host (silence) keeps its launcher daemon unreachable: once a rank exits, mpirun
+  // sends the daemon the order to stop and waits for TCP to give up on it (minutes). Open
+  // MPI's daemon keepalive (oob_tcp_keepalive_*) ends the job cleanly, but only while that
+  // connection is idle, i.e. before any rank exits: so after a silence every rank lingers
+  // silence_s more, the window the README's keepalive recipe fires in. A closed connection
+  // (a killed process) is seen by the launcher at once: exit at once.
+  const bool linger = !silent.empty();
+  if (rank == 0) {
+    // Tell every rank still connected, so each names the same cause before it exits.
+    std::string packet{kFailure, char(linger)};
+    const uint32_t len = uint32_t(message.size());
+    packet.append(reinterpret_cast<const char*>(&len), sizeof len);
+    packet += message;
+    const auto deadline = after(1.0);
+    for (Peer& p : peers)
+      if (p.fd >= 0) send_all(p.fd, packet.data(), packet.size(), deadline);
+  }
+  end_job(message, linger);
+}
+
+void PeerWatch::State::end_job(const std::string& message, bool linger) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "[rank %d] [comm] %s. Ending the job%s.\n", rank, message.c_str(),
+               linger ? " (leaving the launcher time to stop it first)" : "");
+  std::fflush(stderr);
+  if (linger) std::this_thread::sleep_for(std::chrono::duration<double>(silence_s));
+  std::_Exit(1);  // mpirun ends the ranks still running when one exits with an error
+}
+
+PeerWatch::PeerWatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+PeerWatch::~PeerWatch() {
+  state_->stop.store(true);
+  if (state_->wake[1] >= 0) (void)!write(state_->wake[1], "x", 1);
+  if (state_->thread.joinable()) state_->thread.join();
+  for (auto& p : state_->peers)
+    if (p.fd >= 0) close(p.fd);
+  for (int fd : state_->wake)
+    if (fd >= 0) close(fd);
+}
+
+void PeerWatch::say_goodbye() {
+  if (state_->goodbye_sent.exchange(true)) return;
+  for (auto& p : state_->peers)
+    if (p.fd >= 0) (void)send(p.fd, &kGoodbye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+std::string PeerWatch::silent_peers(double seconds) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::ostringstream out;
+  out.precision(1);
+  for (const auto& p : state_->peers) {
+    const double quiet = seconds_since(p.last_heard);
+    if (p.goodbye || quiet <= seconds) continue;
+    out << (out.tellp() > 0 ? "; " : "") << state_->who(p.rank) << ": last heard " << std::fixed << quiet << " s ago";
+  }
+  return out.str();
+}
+
+std::unique_ptr<PeerWatch> PeerWatch::start(int rank, int size, std::vector<std::string> hosts, double silence_s,
+                                            std::string* warning) {
+  auto state = std::make_unique<State>();
+  state->rank = rank;
+  state->hosts = std::move(hosts);
+  state->silence_s = silence_s;
+  std::string problem;
+
+  // Rank 0 listens on every address and broadcasts "nonce port addr addr ...".
+  int listener = -1;
+  char record[kRecordBytes] = {};
+  if (rank == 0) {
+    listener = nonblocking_socket();
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    any.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof any;
+    if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&any), sizeof any) != 0 ||
+        listen(listener, SOMAXCONN) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&any), &len) != 0) {
+      problem = std::string("rank 0 cannot listen on a TCP port: ") + std::strerror(errno);
+    } else {
+      std::ostringstream text;
+      text << std::random_device{}() << "." << std::random_device{}() << " " << ntohs(any.sin_port);
+      for (const std::string& a : local_addresses())
+        if (text.tellp() + std::streamoff(a.size() + 2) < kRecordBytes) text << " " << a;
+      std::snprintf(record, sizeof record, "%s", text.str().c_str());
+    }
+  }
+  MPI_Bcast(record, kRecordBytes, MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::istringstream parse(record);
+  std::string nonce_text;
+  int port = 0;
+  std::vector<std::string> addresses;
+  parse >> nonce_text >> port;
+  for (std::string a; parse >> a;) addresses.push_back(a);
+  const uint64_t nonce = std::hash<std::string>{}(nonce_text);
+
+  const auto now = Clock::now();
+  if (port > 0 && rank != 0) {
+    const Hello hello{kMagic, rank, nonce};
+    int fd = -1;
+    for (size_t i = 0; i < addresses.size() && fd < 0; ++i) fd = connect_to_root(addresses[i], port, hello);
+    if (fd >= 0) state->peers.push_back({0, fd, "", now, false});
+  } else if (port > 0) {
+    // Accept until every rank has said hello, or every rank has had time to try every address.
+    const auto deadline = after(2 * kStepSeconds * double(addresses.size()) + 10);
+    std::vector<int> fd_of(size_t(size), -1);
+    int joined = 0;
+    while (joined < size - 1 && wait_for(listener, POLLIN, deadline)) {
+      const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      Hello hello{};
+      const auto step = after(kStepSeconds);
+      const Hello reply{kMagic, 0, nonce};
+      if (recv_all(fd, &hello, sizeof hello, step) && hello.magic == kMagic && hello.nonce == nonce && hello.rank > 0 &&
+          hello.rank < size && fd_of[size_t(hello.rank)] < 0 && send_all(fd, &reply, sizeof reply, step)) {
+        fd_of[size_t(hello.rank)] = fd;
+        ++joined;
+      } else {
+        close(fd);
+      }
+    }
+    for (int r = 1; r < size; ++r)
+      if (fd_of[size_t(r)] >= 0) state->peers.push_back({r, fd_of[size_t(r)], "", Clock::now(), false});
+  }
+  if (listener >= 0) close(listener);
+  if (problem.empty() && pipe2(state->wake, O_CLOEXEC) != 0) problem = std::string("pipe2: ") + std::strerror(errno);
+
+  // All ranks, or none, watch: a rank left out would be reported as failed.
+  int connected = problem.empty() && port > 0 &&
+                  (rank == 0 ? int(state->peers.size()) == size - 1 : state->peers.size() == 1);
+  std::vector<int> all(size_t(size), 0);
+  MPI_Allgather(&connected, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r)
+    if (!all[size_t(r)]) missing.push_back(r);
+  if (!missing.empty()) {
+    for (auto& p : state->peers) close(p.fd);
+    for (int fd : state->wake)
+      if (fd >= 0) close(fd);
+    if (warning && rank == 0) {
+      std::ostringstream w;
+      w << "[comm] peer watch off: ";
+      if (!problem.empty() && missing.size() == size_t(size)) {
+        w << problem;
+      } else {
+        w << "rank(s)";
+        for (int r : missing) w << " " << r;
+        w << " could not reach rank 0 over TCP (tried port " << port << " on " << addresses.size()
+          << " address(es)); a failed rank will be found only by the MT_COMM_TIMEOUT_S watchdog";
+      }
+      *warning = w.str();
+    }
+    return nullptr;
+  }
+  for (auto& p : state->peers) p.last_heard = Clock::now();
+  State* s = state.get();
+  s->thread = std::thread([s] { s->run(); });
+  return std::unique_ptr<PeerWatch>(new PeerWatch(std::move(state)));
+}
+
+}  // namespace mt::dist::internal
