@@ -1,5 +1,7 @@
 #include "apps/meshtrain/lm_setup.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "meshtrain/core/error.h"
@@ -60,7 +62,25 @@ std::optional<int64_t> end_of_text_id(const tokenizers::Tokenizer& tok) {
   return std::nullopt;
 }
 
-LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokenizer> tok) {
+namespace {
+
+// The held-out tail: the last `fraction` of `all`'s sequences.
+void hold_out_tail(LmCorpus& c, std::shared_ptr<const data::Dataset> all, double fraction) {
+  const int64_t n_eval = fraction > 0 ? std::max<int64_t>(1, int64_t(double(all->size()) * fraction)) : 0;
+  c.dataset = n_eval > 0 ? std::make_shared<data::SubsetDataset>(all, 0, all->size() - n_eval) : all;
+  if (n_eval > 0) {
+    c.eval_dataset = std::make_shared<data::SubsetDataset>(all, all->size() - n_eval, all->size());
+    c.held_out = "the last " + std::to_string(n_eval) + " sequences";
+  }
+}
+
+// Fewer held-out documents than this: the tail instead (a handful of documents would make
+// a noisy eval of an arbitrary few texts).
+constexpr double kMinHeldOutDocuments = 20;
+
+}  // namespace
+
+LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokenizer> tok, double eval_fraction) {
   LmCorpus c;
   c.tokenizer = tok;
   c.eos_id = end_of_text_id(*tok);
@@ -71,35 +91,52 @@ LmCorpus make_lm_corpus(const LmDataFlags& f, std::shared_ptr<tokenizers::Tokeni
     MT_CHECK(ds->vocab_size() == tok->vocab_size(), "[pretrain] ", f.data, " was tokenized with a vocabulary of ",
              ds->vocab_size(), " ids, the tokenizer has ", tok->vocab_size(), " (leave --tokenizer out to use the shards' own)");
     c.num_tokens = ds->num_tokens();
-    c.dataset = ds;
+    hold_out_tail(c, ds, eval_fraction);
     return c;
   }
   std::vector<std::string> docs = data::read_documents(f.data);
+  std::vector<std::string> eval_docs;
+  if (eval_fraction > 0 && double(docs.size()) * eval_fraction >= kMinHeldOutDocuments) {
+    const size_t stride = size_t(std::max(2.0, std::round(1.0 / eval_fraction)));
+    std::vector<std::string> train_docs;
+    for (size_t i = 0; i < docs.size(); ++i) (i % stride == stride - 1 ? eval_docs : train_docs).push_back(std::move(docs[i]));
+    docs = std::move(train_docs);
+    c.held_out = "1 in " + std::to_string(stride) + " documents, " + std::to_string(eval_docs.size()) + " of them";
+  }
   data::TokenizeFn tokenize = [tok](const std::string& text) {
     tokenizers::Encoding e = tok->encode(text, false);
     return std::vector<int64_t>(e.ids.begin(), e.ids.end());
   };
-  if (f.pad_documents) {
-    data::DocumentDatasetOptions o;
-    o.max_len = f.seq_len + 1;
-    o.pad_id = c.eos_id.value_or(0);
-    o.eos_id = c.eos_id;
-    auto ds = std::make_shared<data::DocumentDataset>(std::move(docs), tokenize, o);
-    c.num_tokens = ds->size() * o.max_len;
-    c.dataset = ds;
-  } else {
+  auto sequences = [&](const std::vector<std::string>& texts) -> std::pair<std::shared_ptr<const data::Dataset>, int64_t> {
+    if (f.pad_documents) {
+      data::DocumentDatasetOptions o;
+      o.max_len = f.seq_len + 1;
+      o.pad_id = c.eos_id.value_or(0);
+      o.eos_id = c.eos_id;
+      auto ds = std::make_shared<data::DocumentDataset>(texts, tokenize, o);
+      return {ds, ds->size() * o.max_len};
+    }
     data::PackedDatasetOptions o;
     o.seq_len = f.seq_len;
     o.separator_id = c.eos_id;
-    auto ds = std::make_shared<data::PackedDataset>(docs, tokenize, o);
-    c.num_tokens = ds->num_tokens();
-    c.dataset = ds;
+    auto ds = std::make_shared<data::PackedDataset>(texts, tokenize, o);
+    return {ds, ds->num_tokens()};
+  };
+  auto [all, tokens] = sequences(docs);
+  c.num_tokens = tokens;
+  if (eval_docs.empty()) {
+    hold_out_tail(c, all, eval_fraction);
+    return c;
   }
+  c.dataset = all;
+  auto [held, held_tokens] = sequences(eval_docs);
+  c.eval_dataset = held;
+  c.num_tokens += held_tokens;
   return c;
 }
 
-LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, const char* command) {
-  return make_lm_corpus(f, tokenizer_into(f.tokenizer, model_dir));
+LmCorpus load_lm_corpus(const LmDataFlags& f, const std::string& model_dir, double eval_fraction) {
+  return make_lm_corpus(f, tokenizer_into(f.tokenizer, model_dir), eval_fraction);
 }
 
 json decoder_config(const std::string& model_type, const std::string& config_file, int64_t vocab_size, int64_t seq_len,

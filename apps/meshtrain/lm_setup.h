@@ -34,13 +34,21 @@ std::optional<int64_t> end_of_text_id(const tokenizers::Tokenizer& tok);
 struct LmCorpus {
   std::shared_ptr<tokenizers::Tokenizer> tokenizer;
   std::shared_ptr<const data::Dataset> dataset;  // examples {"tokens": seq_len + 1 ids[, "length"]}
+  std::shared_ptr<const data::Dataset> eval_dataset;  // held out of `dataset`; null when none
+  std::string held_out;  // how eval_dataset was chosen, for the log line
   int64_t num_tokens = 0;
   std::optional<int64_t> eos_id;
 };
 
-// Reads --data's documents and cuts them into sequences with `tokenizer`.
-LmCorpus make_lm_corpus(const LmDataFlags& flags, std::shared_ptr<tokenizers::Tokenizer> tokenizer);
-LmCorpus load_lm_corpus(const LmDataFlags& flags, const std::string& model_dir, const char* command);
+// Reads --data's documents and cuts them into sequences with `tokenizer`, holding out about
+// `eval_fraction` of them for eval loss. A corpus of many documents (a folder of fortune
+// files, documents separated by <|endoftext|>) holds out every (1/fraction)-th document, so
+// eval samples every part of the corpus: the tail of a folder is its last file alone, one
+// style of text that training never saw. One long text (Tiny Shakespeare) and token
+// shards hold out their last sequences.
+LmCorpus make_lm_corpus(const LmDataFlags& flags, std::shared_ptr<tokenizers::Tokenizer> tokenizer,
+                        double eval_fraction = 0);
+LmCorpus load_lm_corpus(const LmDataFlags& flags, const std::string& model_dir, double eval_fraction = 0);
 
 // config.json content of a small `model_type` ("minigpt", "gpt2", "llama") for this
 // vocabulary (rounded up to a multiple of 64 so vocab-parallel shards divide it) and

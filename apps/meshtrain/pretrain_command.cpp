@@ -87,7 +87,7 @@ void run(const PretrainOptions& o) {
     if (!o.init_from.empty()) data.tokenizer = o.init_from;  // the model's own tokenizer
     else if (data::is_token_shard_dir(data.data)) data.tokenizer = (fs::path(data.data) / "tokenizer").string();  // prepare-data's
   }
-  LmCorpus corpus = load_lm_corpus(data, model_dir.string(), "pretrain");
+  LmCorpus corpus = load_lm_corpus(data, model_dir.string(), o.eval_fraction);
   if (model) {
     const models::CausalLm lm = model->causal_lm();
     MT_CHECK(lm.vocab_size >= corpus.tokenizer->vocab_size(), "[pretrain] --init-from ", o.init_from, " has ",
@@ -101,10 +101,8 @@ void run(const PretrainOptions& o) {
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
-  const int64_t n_eval = o.eval_fraction > 0 ? std::max<int64_t>(1, int64_t(double(corpus.dataset->size()) * o.eval_fraction)) : 0;
-  auto train_set = std::make_shared<data::SubsetDataset>(corpus.dataset, 0, corpus.dataset->size() - n_eval);
-  std::shared_ptr<const data::Dataset> eval_set;
-  if (n_eval > 0) eval_set = std::make_shared<data::SubsetDataset>(corpus.dataset, corpus.dataset->size() - n_eval, corpus.dataset->size());
+  std::shared_ptr<const data::Dataset> train_set = corpus.dataset, eval_set = corpus.eval_dataset;
+  const int64_t n_eval = eval_set ? eval_set->size() : 0;
   const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
   MT_CHECK(eval_set == nullptr || eval_set->size() >= global_batch, "[pretrain] the held-out ", n_eval,
            " sequences (--eval-fraction ", o.eval_fraction, ") make no global batch of ", global_batch,
@@ -117,7 +115,7 @@ void run(const PretrainOptions& o) {
                (o.lora.enabled() ? " with LoRA rank " + std::to_string(o.lora.rank) : "") + " (" +
                std::to_string(model->params.total_elements()) + " parameters) on " + o.data.data + ": " + std::to_string(corpus.num_tokens) + " tokens, " +
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
-               std::to_string(o.data.seq_len) + "; " + std::to_string(total) + " steps of " +
+               std::to_string(o.data.seq_len) + (corpus.held_out.empty() ? "" : " (held out: " + corpus.held_out + ")") + "; " + std::to_string(total) + " steps of " +
                std::to_string(global_batch * o.length.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
                o.run.precision + " matmuls");
 
@@ -188,7 +186,7 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
   cmd->add_option("--adam-epsilon", o->adam_epsilon, "AdamW epsilon")->capture_default_str();
   cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
-  cmd->add_option("--eval-fraction", o->eval_fraction, "share of sequences held out for eval loss (0: none)")
+  cmd->add_option("--eval-fraction", o->eval_fraction, "share held out for eval loss (0: none): every (1/fraction)-th document of a corpus of many, else the last sequences")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
   cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -84,6 +85,45 @@ TEST_F(PretrainE2E, LossFallsAndTheCheckpointGeneratesAndEvaluates) {
   EXPECT_EQ(j["tokens"].get<int64_t>(), j["sequences"].get<int64_t>() * 64);
   EXPECT_LT(j["eval_loss"].get<double>(), losses[1] - 1.5);
   EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["eval_loss"].get<double>()), 1e-9);
+}
+
+// A corpus of many documents holds out 1 in (1/fraction) of them, spread over the corpus
+// (the tail of a folder of files would be its last file alone): here the speeches of Tiny
+// Shakespeare as 400 documents, every 10th held out. The run's final eval loss is the loss
+// `eval` gives on a file of exactly those 40 documents, so those and no others were held out.
+TEST_F(PretrainE2E, HeldOutTextIsEveryNthDocumentOfACorpusOfMany) {
+  std::ifstream in(kShakespeare);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> speeches;
+  for (size_t at = 0; speeches.size() < 400;) {
+    const size_t end = text.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    speeches.push_back(text.substr(at, end - at));
+    at = end + 2;
+  }
+  std::ofstream all(dir_ / "speeches.txt"), held(dir_ / "held.txt");
+  for (size_t i = 0; i < speeches.size(); ++i) {
+    all << speeches[i] << "<|endoftext|>";
+    if (i % 10 == 9) held << speeches[i] << "<|endoftext|>";
+  }
+  all.close();
+  held.close();
+  const fs::path run = dir_ / "run";
+  CliRun r = run_cli("pretrain --data " + (dir_ / "speeches.txt").string() + " --seq-len 32 --eval-fraction 0.1 "
+                     "--per-device-batch-size 5 --steps 5 --output-dir " + run.string());  // 175 held-out sequences: whole batches
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(held out: 1 in 10 documents, 40 of them)"), std::string::npos) << r.out;
+  const double run_eval = std::stod(r.out.substr(r.out.rfind("eval_loss ") + 10));
+  CliRun e = run_cli("eval --model " + run.string() + " --data " + (dir_ / "held.txt").string() +
+                     " --seq-len 32 --per-device-batch-size 5");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const double held_eval = nlohmann::json::parse(e.std_out.substr(e.std_out.find('{')))["eval_loss"].get<double>();
+  std::cout << "  eval loss of the run " << run_eval << ", of the 40 held-out documents alone " << held_eval << "\n";
+  EXPECT_NEAR(run_eval, held_eval, 1e-4);
+  // One long text: its last sequences.
+  CliRun tail = run_cli(kSmall + "--per-device-batch-size 4 --steps 1 --output-dir " + (dir_ / "tail").string());
+  ASSERT_EQ(tail.code, 0) << tail.out;
+  EXPECT_NE(tail.out.find("(held out: the last "), std::string::npos) << tail.out;
 }
 
 // The acceptance run: miniGPT fit for 200 steps on Tiny Shakespeare, once in one
