@@ -47,7 +47,10 @@ void run(const PrepareFlags& f) {
   tok->set_truncation(std::nullopt);
   tok->set_padding(std::nullopt);
   const std::optional<int64_t> separator = end_of_text_id(*tok);
-  const std::vector<std::string> docs = data::read_documents(f.data);
+  // Views into the memory-mapped files: no copy of the corpus is held, and each unit's pages
+  // are given back once it is encoded, so a corpus larger than memory streams through.
+  const data::MappedCorpus corpus(f.data);
+  const std::vector<std::string_view>& docs = corpus.documents();
   MT_CHECK(!docs.empty(), "[prepare-data] ", f.data, " holds no documents");
   // The units of work: the documents, long ones cut into pieces of about 1 MiB where the
   // tokenizer encodes the pieces to the whole document's ids. So processes share a long
@@ -79,6 +82,7 @@ void run(const PrepareFlags& f) {
   data::TokenShardWriter writer(f.output, prefix, tok->vocab_size(), f.shard_tokens);
   for (size_t u = begin; u < end; ++u) {
     tokenizers::Encoding e = tok->encode(units[u].text, false);
+    corpus.release(units[u].text);
     if (e.ids.empty()) continue;
     // Documents are separated as PackedDataset separates them: before every one but the first.
     // (read_documents drops blank documents, so every earlier document, in any process's

@@ -1,10 +1,14 @@
 #include "meshtrain/data/documents.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/text_file.h"
+#include "meshtrain/io/mapped_file.h"
 
 namespace mt::data {
 
@@ -14,11 +18,11 @@ namespace {
 
 constexpr std::string_view kEndOfText = "<|endoftext|>";
 
-void add_document(std::string_view doc, std::vector<std::string>& out) {
+void add_document(std::string_view doc, std::vector<std::string_view>& out) {
   while (!doc.empty() && (doc.front() == '\n' || doc.front() == '\r')) doc.remove_prefix(1);
   while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.remove_suffix(1);
   if (doc.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos) return;
-  out.emplace_back(doc);
+  out.push_back(doc);
 }
 
 bool is_percent_line(std::string_view line) {
@@ -40,6 +44,12 @@ bool has_percent_line(std::string_view text) {
 }  // namespace
 
 std::vector<std::string> split_documents(std::string_view text, const DocumentSplit& split) {
+  std::vector<std::string> docs;
+  for (std::string_view d : split_document_views(text, split)) docs.emplace_back(d);
+  return docs;
+}
+
+std::vector<std::string_view> split_document_views(std::string_view text, const DocumentSplit& split) {
   DocumentSplit how = split;
   if (how.kind == DocumentSplit::Kind::automatic) {
     if (has_percent_line(text)) {
@@ -50,7 +60,7 @@ std::vector<std::string> split_documents(std::string_view text, const DocumentSp
       how = DocumentSplit::none();
     }
   }
-  std::vector<std::string> docs;
+  std::vector<std::string_view> docs;
   switch (how.kind) {
     case DocumentSplit::Kind::literal: {
       MT_CHECK(!how.separator.empty(), "[split_documents] the literal separator is empty");
@@ -112,6 +122,42 @@ std::vector<std::string> read_documents(const std::string& path, const DocumentS
     docs.insert(docs.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   return docs;
+}
+
+MappedCorpus::MappedCorpus(const std::string& path, const DocumentSplit& split) {
+  std::error_code ec;
+  MT_CHECK(fs::exists(path, ec), "[read_documents] ", path, ": no such file or directory");
+  std::vector<std::string> files{path};
+  if (fs::is_directory(path, ec)) {
+    files = list_text_files(path);
+    MT_CHECK(!files.empty(), "[read_documents] ", path, ": the directory has no text files");
+  }
+  for (const std::string& file : files) {
+    files_.push_back(io::MappedFile::open(file, "read_documents"));
+    const io::MappedFile& m = *files_.back();
+    std::string_view text(reinterpret_cast<const char*>(m.data()), m.size());
+    if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // as read_text_file drops a BOM
+    std::vector<std::string_view> part = split_document_views(text, split);
+    documents_.insert(documents_.end(), part.begin(), part.end());
+    release(text);  // the split read every page; the pass that encodes reads them again
+  }
+}
+
+void MappedCorpus::release(std::string_view text) const {
+  if (text.empty()) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  uintptr_t from = reinterpret_cast<uintptr_t>(text.data());
+  // The file `text` lies in bounds the range; 1 MiB before `text` goes too, since faulting
+  // a page maps its already-cached neighbours (fault-around), also those of the text before.
+  for (const auto& f : files_) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(f->data());
+    if (from >= base && from < base + f->size()) from = std::max(base, from - std::min(from - base, uintptr_t(1) << 20));
+  }
+  const uintptr_t begin = from / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(text.data()) + text.size() + page - 1) / page * page;
+  // Dropping a page of a private, never-written file mapping loses nothing: touched again, it
+  // is read from the page cache or the file.
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 std::vector<std::string_view> cut_at_lines(std::string_view text, size_t piece_bytes) {

@@ -1,7 +1,12 @@
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace mt::io {
+class MappedFile;
+}
 
 namespace mt::data {
 
@@ -26,12 +31,30 @@ struct DocumentSplit {
 // whitespace is kept: it matters in ASCII art) and empty or all-whitespace documents
 // are dropped.
 std::vector<std::string> split_documents(std::string_view text, const DocumentSplit& split = {});
+// The same documents as views into `text`.
+std::vector<std::string_view> split_document_views(std::string_view text, const DocumentSplit& split = {});
 
 // The documents of a file, or of every text file of a directory in name order. In a
 // directory, subdirectories, hidden files and fortune's ".dat" index files and ".u8"
 // links are skipped; `automatic` decides per file. Throws mt::Error naming the path if
 // it is missing or a directory has no text files.
 std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split = {});
+
+// read_documents without a copy of the corpus: the files are memory-mapped and the
+// documents are views into them, so a corpus larger than memory can be walked a document
+// at a time (the kernel reads pages on first touch and may evict them: they are the file's).
+// release() gives a stretch of text's pages back once a pass is done with it, which keeps
+// this process's resident memory to what it is working on.
+class MappedCorpus {
+ public:
+  explicit MappedCorpus(const std::string& path, const DocumentSplit& split = {});
+  const std::vector<std::string_view>& documents() const { return documents_; }
+  void release(std::string_view text) const;
+
+ private:
+  std::vector<std::shared_ptr<io::MappedFile>> files_;
+  std::vector<std::string_view> documents_;
+};
 
 // `text` cut into pieces of about `piece_bytes` or more, each cut just after a lone newline
 // between a visible ASCII character and an ASCII letter or digit ("...x\nY..."): the first such

@@ -25,37 +25,48 @@ constexpr const char* kFormat = "meshtrain-token-shards";
 }
 
 TokenShardWriter::TokenShardWriter(std::string dir, std::string prefix, int64_t vocab_size, int64_t shard_tokens)
-    : dir_(std::move(dir)), prefix_(std::move(prefix)), vocab_size_(vocab_size), shard_tokens_(shard_tokens) {
+    : dir_(std::move(dir)), prefix_(std::move(prefix)), vocab_size_(vocab_size), shard_tokens_(shard_tokens),
+      bytes_(id_bytes(vocab_size)) {
   MT_CHECK(vocab_size_ > 0 && vocab_size_ <= (int64_t(1) << 32), "[prepare-data] vocabulary of ", vocab_size_, " ids");
   MT_CHECK(shard_tokens_ > 0, "[prepare-data] shard size must be positive, got ", shard_tokens_);
   fs::create_directories(dir_);
 }
 
+TokenShardWriter::~TokenShardWriter() = default;  // an uncommitted shard's temp file is removed
+
 void TokenShardWriter::add(const std::vector<int64_t>& tokens) {
+  constexpr size_t kBufferBytes = size_t(1) << 20;
   for (int64_t t : tokens) {
     MT_CHECK(t >= 0 && t < vocab_size_, "[prepare-data] token id ", t, " outside the vocabulary of ", vocab_size_);
-    pending_.push_back(t);
-    if (int64_t(pending_.size()) == shard_tokens_) flush();
+    if (!shard_) {
+      char name[96];
+      std::snprintf(name, sizeof name, "%s_%05zu.bin", prefix_.c_str(), written_.size());
+      shard_name_ = name;
+      shard_ = std::make_unique<io::AtomicFileWriter>((fs::path(dir_) / shard_name_).string(), "prepare-data");
+      shard_count_ = 0;
+    }
+    const uint32_t v = uint32_t(t);
+    for (int b = 0; b < bytes_; ++b) buffer_.push_back(char((v >> (8 * b)) & 0xff));  // little-endian
+    if (buffer_.size() >= kBufferBytes) write_buffer();
+    if (++shard_count_ == shard_tokens_) close_shard();
   }
 }
 
-void TokenShardWriter::flush() {
-  if (pending_.empty()) return;
-  char name[96];
-  std::snprintf(name, sizeof name, "%s_%05zu.bin", prefix_.c_str(), written_.size());
-  const int bytes = id_bytes(vocab_size_);
-  std::string buf(pending_.size() * size_t(bytes), '\0');
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    const uint32_t v = uint32_t(pending_[i]);
-    for (int b = 0; b < bytes; ++b) buf[i * size_t(bytes) + size_t(b)] = char((v >> (8 * b)) & 0xff);  // little-endian
-  }
-  io::write_file_atomic((fs::path(dir_) / name).string(), buf, "prepare-data");
-  written_.emplace_back(name, int64_t(pending_.size()));
-  pending_.clear();
+void TokenShardWriter::write_buffer() {
+  if (!buffer_.empty()) shard_->write(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void TokenShardWriter::close_shard() {
+  if (!shard_) return;
+  write_buffer();
+  shard_->commit();
+  shard_.reset();
+  written_.emplace_back(shard_name_, shard_count_);
 }
 
 std::vector<std::pair<std::string, int64_t>> TokenShardWriter::finish() {
-  flush();
+  close_shard();
   return written_;
 }
 

@@ -15,22 +15,37 @@
 
 #include "meshtrain/data/dataset.h"
 
+namespace mt::io {
+class AtomicFileWriter;
+}
+
 namespace mt::data {
 
 // Writes one process's tokens as shards `<prefix>_<n>.bin` of at most `shard_tokens` ids.
+// Ids stream into the open shard's temp file through a 1 MiB buffer, so memory stays the same
+// whatever the corpus and shard size; a shard appears under its name (atomically) once full
+// or at finish(), and a writer dropped before that leaves no partial shard.
 class TokenShardWriter {
  public:
   TokenShardWriter(std::string dir, std::string prefix, int64_t vocab_size, int64_t shard_tokens);
+  ~TokenShardWriter();
+  TokenShardWriter(const TokenShardWriter&) = delete;
+  TokenShardWriter& operator=(const TokenShardWriter&) = delete;
   void add(const std::vector<int64_t>& tokens);
-  // Flushes the last shard; the shards written, in order, as {"file", "tokens"} objects.
+  // Closes the last shard; the shards written, in order, with their token counts.
   std::vector<std::pair<std::string, int64_t>> finish();
   static int id_bytes(int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
  private:
-  void flush();
+  void write_buffer();
+  void close_shard();
   std::string dir_, prefix_;
   int64_t vocab_size_, shard_tokens_;
-  std::vector<int64_t> pending_;
+  int bytes_;                                   // per id
+  std::unique_ptr<io::AtomicFileWriter> shard_;  // the shard being filled, if any
+  std::string shard_name_;
+  int64_t shard_count_ = 0;                     // ids in the open shard
+  std::string buffer_;                          // encoded ids not yet written
   std::vector<std::pair<std::string, int64_t>> written_;
 };
 

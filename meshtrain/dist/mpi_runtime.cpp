@@ -149,8 +149,9 @@ void MpiRuntime::start_peer_watch() {
   MPI_Allgather(mine, kKeyBytes, MPI_CHAR, all.data(), kKeyBytes, MPI_CHAR, MPI_COMM_WORLD);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.emplace_back(all.data() + size_t(r) * kKeyBytes);
-  // Silence means a lost host only well before the collective watchdog would fire.
-  const double silence_s = timeout_s_ > 0 ? std::min(60.0, timeout_s_ / 2) : 0.0;
+  // Silence means a lost host well before the collective watchdog would fire, and never after
+  // less than 5 s (a stalled scheduler is not a lost host).
+  const double silence_s = timeout_s_ > 0 ? std::clamp(timeout_s_ / 2, 5.0, 60.0) : 0.0;
   std::string warning;
   peer_watch_ = PeerWatch::start(rank, size, host_display_names(keys), silence_s, &warning);
   if (!warning.empty()) std::fprintf(stderr, "[rank %d] %s\n", rank, warning.c_str());

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -139,31 +140,46 @@ int connect_to_root(const std::string& address, int port, const Hello& hello) {
 }  // namespace
 
 struct PeerWatch::State {
+  // A connection's fd stays open until the process ends (never closed and reused while another
+  // thread may send on it); `open` says whether it is still watched.
   struct Peer {
-    int rank = 0;
-    int fd = -1;
+    Peer(int r, int f) : rank(r), fd(f) {}
+    const int rank;
+    const int fd;
     std::string inbox;
-    Clock::time_point last_heard;
-    bool goodbye = false;
+    Clock::time_point last_heard;  // guarded by State::mu
+    std::atomic<bool> open{true};
+    std::atomic<bool> goodbye{false};
   };
   // A peer found failed, and why.
   struct Failure {
     int rank;
-    bool silent;  // else its connection closed without a goodbye
-    std::string detail;
+    enum Kind { closed, silent, garbled } kind;
+    std::string detail;  // closed: the socket error, if any; silent: seconds
   };
 
   int rank = 0;
   std::vector<std::string> hosts;
   double silence_s = 0;
-  std::vector<Peer> peers;  // rank 0: every other rank; others: rank 0
-  mutable std::mutex mu;    // guards peers' last_heard for silent_peers()
+  std::deque<Peer> peers;   // rank 0: every other rank; others: rank 0
+  mutable std::mutex mu;    // guards peers' last_heard
+  std::mutex send_mu;       // one message at a time on a connection
   std::atomic<bool> stop{false};
   std::atomic<bool> goodbye_sent{false};
+  bool peer_left = false;  // a peer said goodbye while this process runs on
   int wake[2] = {-1, -1};
   std::thread thread;
 
   std::string who(int r) const { return "rank " + std::to_string(r) + " (host " + hosts[size_t(r)] + ")"; }
+  double quiet_for(const Peer& p) const {
+    std::lock_guard<std::mutex> lock(mu);
+    return seconds_since(p.last_heard);
+  }
+  void send_to_all(const std::string& bytes) {
+    std::lock_guard<std::mutex> lock(send_mu);
+    for (Peer& p : peers)
+      if (p.open.load()) (void)send(p.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
 
   void run();
   void read_from(Peer& p, std::vector<Failure>& failures);
@@ -174,7 +190,7 @@ struct PeerWatch::State {
 
 void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
   char buf[4096];
-  for (;;) {
+  while (p.open.load()) {
     const ssize_t n = recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
       {
@@ -188,7 +204,8 @@ void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
         if (kind == kHeartbeat) {
           ++at;
         } else if (kind == kGoodbye) {
-          p.goodbye = true;
+          p.goodbye.store(true);
+          peer_left = true;
           ++at;
         } else if (kind == kFailure) {
           uint32_t len = 0;
@@ -196,10 +213,12 @@ void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
           if (p.inbox.size() - at < head) break;
           std::memcpy(&len, p.inbox.data() + at + 2, sizeof len);
           if (p.inbox.size() - at < head + len) break;
+          if (goodbye_sent.load()) return;  // this process is ending on its own already
           end_job(p.inbox.substr(at + head, len) + " (seen by rank 0)", p.inbox[at + 1] != 0);
         } else {
-          failures.push_back({p.rank, false, "sent bytes that are not meshtrain's peer protocol"});
-          at = p.inbox.size();
+          failures.push_back({p.rank, Failure::garbled, ""});
+          p.open.store(false);
+          return;
         }
       }
       p.inbox.erase(0, at);
@@ -208,10 +227,10 @@ void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n < 0 && errno == EINTR) continue;
     const std::string why = n == 0 ? "" : std::string(" (") + std::strerror(errno) + ")";
-    close(p.fd);
-    p.fd = -1;
-    if (!p.goodbye) failures.push_back({p.rank, false, why});
-    return;
+    p.open.store(false);
+    // After a goodbye the end is expected; after another rank's, a launcher stopping the job
+    // ends the rest abruptly: that rank printed the cause.
+    if (!p.goodbye.load() && !peer_left) failures.push_back({p.rank, Failure::closed, why});
   }
 }
 
@@ -224,7 +243,7 @@ void PeerWatch::State::run() {
     fds.assign(1, pollfd{wake[0], POLLIN, 0});
     polled.clear();
     for (Peer& p : peers) {
-      if (p.fd < 0) continue;
+      if (!p.open.load()) continue;
       fds.push_back(pollfd{p.fd, POLLIN, 0});
       polled.push_back(&p);
     }
@@ -237,27 +256,28 @@ void PeerWatch::State::run() {
         if (fds[i].revents) read_from(*polled[i - 1], failures);
     }
     if (silence_s > 0) {
+      bool lost = false;
+      for (Peer& p : peers) lost = lost || (p.open.load() && !p.goodbye.load() && quiet_for(p) > silence_s);
+      // The ranks of a lost host fall silent together, but their heartbeats drift apart over
+      // a run: name every peer silent for half the limit (a live one is heard each period).
       for (Peer& p : peers) {
-        if (p.fd < 0 || p.goodbye || seconds_since(p.last_heard) <= silence_s) continue;
+        if (!lost || !p.open.load() || p.goodbye.load() || quiet_for(p) <= silence_s / 2) continue;
         std::ostringstream detail;
         detail.precision(1);
-        detail << std::fixed << seconds_since(p.last_heard);
-        failures.push_back({p.rank, true, detail.str()});
-        close(p.fd);
-        p.fd = -1;
+        detail << std::fixed << quiet_for(p);
+        failures.push_back({p.rank, Failure::silent, detail.str()});
+        p.open.store(false);
       }
     }
-    if (!failures.empty()) {
+    if (!failures.empty() && !goodbye_sent.load()) {
       // Ranks of one host usually die together: gather the ones closing within a moment, so
       // the report names them all.
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      for (Peer& p : peers)
-        if (p.fd >= 0) read_from(p, failures);
+      for (Peer& p : peers) read_from(p, failures);
       report(failures);
     }
     if (Clock::now() >= next_beat) {
-      for (Peer& p : peers)
-        if (p.fd >= 0) (void)send(p.fd, &kHeartbeat, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      send_to_all(std::string(1, kHeartbeat));
       next_beat = after(period);
     }
   }
@@ -265,12 +285,17 @@ void PeerWatch::State::run() {
 
 void PeerWatch::State::report(std::vector<Failure> failures) {
   std::sort(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) { return a.rank < b.rank; });
-  std::vector<std::string> closed, silent;
-  std::string longest_silence, socket_error;
+  failures.erase(std::unique(failures.begin(), failures.end(), [](const Failure& a, const Failure& b) { return a.rank == b.rank; }),
+                 failures.end());
+  std::vector<std::string> closed, silent, garbled;
+  std::string socket_error;
+  double longest_silence = 0;
   for (const Failure& f : failures) {
-    if (f.silent) {
+    if (f.kind == Failure::silent) {
       silent.push_back(who(f.rank));
-      longest_silence = f.detail;
+      longest_silence = std::max(longest_silence, std::stod(f.detail));
+    } else if (f.kind == Failure::garbled) {
+      garbled.push_back(who(f.rank));
     } else {
       closed.push_back(who(f.rank));
       if (!f.detail.empty()) socket_error = f.detail;
@@ -281,14 +306,23 @@ void PeerWatch::State::report(std::vector<Failure> failures) {
     for (size_t i = 0; i < v.size(); ++i) s += (i == 0 ? "" : i + 1 == v.size() ? " and " : ", ") + v[i];
     return s;
   };
-  std::string message;
+  std::vector<std::string> parts;
+  const bool many_closed = closed.size() > 1;
   if (!closed.empty())
-    message = join(closed) + " ended without finishing: " + (closed.size() > 1 ? "their connections" : "its connection") +
-              " closed with no goodbye" + socket_error + (closed.size() > 1 ? ": their processes were killed or crashed, or their host went down"
-                                                                    : ": its process was killed or crashed, or its host went down");
-  if (!silent.empty())
-    message += (message.empty() ? "" : "; ") + join(silent) + (silent.size() > 1 ? " have" : " has") +
-               " sent nothing for " + longest_silence + " s: the host is down or the network to it is cut";
+    parts.push_back(join(closed) + " ended without finishing: " + (many_closed ? "their connections" : "its connection") +
+                    " closed with no goodbye" + socket_error +
+                    (many_closed ? ": their processes were killed or crashed, or their host went down"
+                                 : ": its process was killed or crashed, or its host went down"));
+  if (!silent.empty()) {
+    std::ostringstream seconds;
+    seconds.precision(1);
+    seconds << std::fixed << longest_silence;
+    parts.push_back(join(silent) + (silent.size() > 1 ? " have" : " has") + " sent nothing for " + seconds.str() +
+                    " s: the host is down or the network to it is cut");
+  }
+  if (!garbled.empty()) parts.push_back(join(garbled) + " sent bytes that are not meshtrain's peer protocol");
+  std::string message;
+  for (size_t i = 0; i < parts.size(); ++i) message += (i ? "; " : "") + parts[i];
   // A lost host (silence) keeps its launcher daemon unreachable: once a rank exits, mpirun
   // sends the daemon the order to stop and waits for TCP to give up on it (minutes). Open
   // MPI's daemon keepalive (oob_tcp_keepalive_*) ends the job cleanly, but only while that
@@ -302,18 +336,27 @@ void PeerWatch::State::report(std::vector<Failure> failures) {
     const uint32_t len = uint32_t(message.size());
     packet.append(reinterpret_cast<const char*>(&len), sizeof len);
     packet += message;
-    const auto deadline = after(1.0);
+    {
+      std::lock_guard<std::mutex> lock(send_mu);
+      const auto deadline = after(1.0);
+      for (Peer& p : peers)
+        if (p.open.load() && send_all(p.fd, packet.data(), packet.size(), deadline)) shutdown(p.fd, SHUT_WR);
+    }
+    // Unread bytes at exit would make the kernel reset the connections, and a reset can drop
+    // the report before a peer reads it: read what has arrived first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    char sink[4096];
     for (Peer& p : peers)
-      if (p.fd >= 0) send_all(p.fd, packet.data(), packet.size(), deadline);
+      while (p.open.load() && recv(p.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+      }
   }
   end_job(message, linger);
 }
 
 void PeerWatch::State::end_job(const std::string& message, bool linger) {
-  std::fflush(stdout);
   std::fprintf(stderr, "[rank %d] [comm] %s. Ending the job%s.\n", rank, message.c_str(),
                linger ? " (leaving the launcher time to stop it first)" : "");
-  std::fflush(stderr);
+  std::fflush(stdout);
   if (linger) std::this_thread::sleep_for(std::chrono::duration<double>(silence_s));
   std::_Exit(1);  // mpirun ends the ranks still running when one exits with an error
 }
@@ -324,25 +367,22 @@ PeerWatch::~PeerWatch() {
   state_->stop.store(true);
   if (state_->wake[1] >= 0) (void)!write(state_->wake[1], "x", 1);
   if (state_->thread.joinable()) state_->thread.join();
-  for (auto& p : state_->peers)
-    if (p.fd >= 0) close(p.fd);
+  for (auto& p : state_->peers) close(p.fd);
   for (int fd : state_->wake)
     if (fd >= 0) close(fd);
 }
 
 void PeerWatch::say_goodbye() {
   if (state_->goodbye_sent.exchange(true)) return;
-  for (auto& p : state_->peers)
-    if (p.fd >= 0) (void)send(p.fd, &kGoodbye, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  state_->send_to_all(std::string(1, kGoodbye));
 }
 
 std::string PeerWatch::silent_peers(double seconds) const {
-  std::lock_guard<std::mutex> lock(state_->mu);
   std::ostringstream out;
   out.precision(1);
   for (const auto& p : state_->peers) {
-    const double quiet = seconds_since(p.last_heard);
-    if (p.goodbye || quiet <= seconds) continue;
+    const double quiet = state_->quiet_for(p);
+    if (p.goodbye.load() || quiet <= seconds) continue;
     out << (out.tellp() > 0 ? "; " : "") << state_->who(p.rank) << ": last heard " << std::fixed << quiet << " s ago";
   }
   return out.str();
@@ -385,12 +425,11 @@ std::unique_ptr<PeerWatch> PeerWatch::start(int rank, int size, std::vector<std:
   for (std::string a; parse >> a;) addresses.push_back(a);
   const uint64_t nonce = std::hash<std::string>{}(nonce_text);
 
-  const auto now = Clock::now();
   if (port > 0 && rank != 0) {
     const Hello hello{kMagic, rank, nonce};
     int fd = -1;
     for (size_t i = 0; i < addresses.size() && fd < 0; ++i) fd = connect_to_root(addresses[i], port, hello);
-    if (fd >= 0) state->peers.push_back({0, fd, "", now, false});
+    if (fd >= 0) state->peers.emplace_back(0, fd);
   } else if (port > 0) {
     // Accept until every rank has said hello, or every rank has had time to try every address.
     const auto deadline = after(2 * kStepSeconds * double(addresses.size()) + 10);
@@ -398,7 +437,10 @@ std::unique_ptr<PeerWatch> PeerWatch::start(int rank, int size, std::vector<std:
     int joined = 0;
     while (joined < size - 1 && wait_for(listener, POLLIN, deadline)) {
       const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) continue;
+      if (fd < 0) {  // e.g. out of file descriptors: do not spin until the deadline
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       Hello hello{};
       const auto step = after(kStepSeconds);
       const Hello reply{kMagic, 0, nonce};
@@ -411,7 +453,7 @@ std::unique_ptr<PeerWatch> PeerWatch::start(int rank, int size, std::vector<std:
       }
     }
     for (int r = 1; r < size; ++r)
-      if (fd_of[size_t(r)] >= 0) state->peers.push_back({r, fd_of[size_t(r)], "", Clock::now(), false});
+      if (fd_of[size_t(r)] >= 0) state->peers.emplace_back(r, fd_of[size_t(r)]);
   }
   if (listener >= 0) close(listener);
   if (problem.empty() && pipe2(state->wake, O_CLOEXEC) != 0) problem = std::string("pipe2: ") + std::strerror(errno);
@@ -431,7 +473,7 @@ std::unique_ptr<PeerWatch> PeerWatch::start(int rank, int size, std::vector<std:
     if (warning && rank == 0) {
       std::ostringstream w;
       w << "[comm] peer watch off: ";
-      if (!problem.empty() && missing.size() == size_t(size)) {
+      if (!problem.empty()) {  // rank 0's own
         w << problem;
       } else {
         w << "rank(s)";

@@ -72,6 +72,24 @@ TEST_F(TempDir, FortunesPercentLines) {
   EXPECT_EQ(list_text_files(dir_.string()), (std::vector<std::string>{(dir_ / "a").string(), (dir_ / "b").string()}));
   EXPECT_EQ(read_documents(dir_.string()), (std::vector<std::string>{"alpha", "beta one", "beta two"}));
 
+  // The mapped corpus gives the same documents as views into the files, also after its
+  // pages were given back, and also for a file with a byte-order mark and an empty file.
+  write("c", "\xEF\xBB\xBFgamma\n%\n");
+  write("d", "");
+  const MappedCorpus mapped(dir_.string());
+  const std::vector<std::string> expected{"alpha", "beta one", "beta two", "gamma"};
+  EXPECT_EQ(read_documents(dir_.string()), expected);
+  ASSERT_EQ(mapped.documents().size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    mapped.release(mapped.documents()[i]);
+    EXPECT_EQ(std::string(mapped.documents()[i]), expected[i]);
+  }
+  const MappedCorpus stories(kText + "tinystories_sample.txt");
+  const auto copied = read_documents(kText + "tinystories_sample.txt");
+  ASSERT_EQ(stories.documents().size(), copied.size());
+  for (size_t i = 0; i < copied.size(); ++i) EXPECT_EQ(std::string(stories.documents()[i]), copied[i]);
+  expect_error([&] { MappedCorpus((dir_ / "nope").string()); }, {"[read_documents]", "nope: no such file"});
+
   expect_error([&] { read_documents((dir_ / "nope").string()); }, {"[read_documents]", "nope: no such file"});
   fs::create_directories(dir_ / "empty");
   expect_error([&] { read_documents((dir_ / "empty").string()); }, {"empty: the directory has no text files"});

@@ -3,6 +3,7 @@
 // directories are refused naming the file and what is wrong.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -41,6 +42,21 @@ TEST_F(TokenShards, RoundTripEqualsPackedDatasetAcrossShardBoundaries) {
     EXPECT_EQ(std::filesystem::file_size(std::filesystem::path(dir) / shards[0].first), 97u * (vocab > 65536 ? 4 : 2));
     for (int64_t i = 0; i < ds.size(); ++i) EXPECT_EQ(ds.get(i), packed.get(i)) << "sequence " << i;
   }
+}
+
+// A writer dropped mid-shard (prepare-data failing) leaves its full shards and no partial one:
+// ids stream into a temp file that only a full shard or finish() renames into place.
+TEST_F(TokenShards, ADroppedWriterLeavesNoPartialShard) {
+  const std::vector<int64_t> tokens = stream(250, 300);
+  {
+    data::TokenShardWriter w(dir_.string(), "shard_r00000", 300, 100);
+    w.add(tokens);
+  }
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"shard_r00000_00000.bin", "shard_r00000_00001.bin"}));
+  EXPECT_EQ(std::filesystem::file_size(dir_ / "shard_r00000_00001.bin"), 200u);
 }
 
 TEST_F(TokenShards, MalformedDirectoriesAreRefusedNamingTheProblem) {
