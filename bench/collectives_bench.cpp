@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/communicator.h"
-#include "meshtrain/dist/mpi_runtime.h"
+#include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/mpi_runtime.h"
 
 namespace {
 

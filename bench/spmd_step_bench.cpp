@@ -8,9 +8,9 @@
 #include <cstdio>
 #include <string>
 
-#include "meshtrain/dist/grad_reducer.h"
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/grad_reducer.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/spmd.h"
 #include "tests/support/tiny_gpt.h"
 
 using namespace mt;

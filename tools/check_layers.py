@@ -22,7 +22,7 @@ LAYERS = [
     ("prim", ["meshtrain/prim/"]),
     ("ops", ["meshtrain/ops/"]),
     ("autodiff", ["meshtrain/autodiff/"]),
-    ("dist", ["meshtrain/dist/"]),
+    ("distributed", ["meshtrain/distributed/"]),
     ("optim", ["meshtrain/optim/"]),
     ("io", ["meshtrain/io/"]),
     ("data", ["meshtrain/data/"]),
@@ -82,7 +82,7 @@ def self_test():
         for rel, text in {
             "meshtrain/core/array.h": '#include "meshtrain/core/shape.h"\n',
             "meshtrain/core/shape.h": "",
-            "meshtrain/dist/spmd.h": '#include "meshtrain/core/array.h"\n',
+            "meshtrain/distributed/spmd.h": '#include "meshtrain/core/array.h"\n',
         }.items():
             os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
             with open(os.path.join(root, rel), "w") as fh:
@@ -91,7 +91,7 @@ def self_test():
             print("self-test: a clean tree was rejected")
             return 1
         with open(os.path.join(root, "meshtrain/core/array.h"), "a") as fh:
-            fh.write('#include "meshtrain/dist/spmd.h"\n')
+            fh.write('#include "meshtrain/distributed/spmd.h"\n')
         if check(root) == 0:
             print("self-test: core including dist was not caught")
             return 1

@@ -12,7 +12,7 @@
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/data/classification_files.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/optim/schedule.h"

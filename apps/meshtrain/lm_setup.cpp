@@ -8,7 +8,7 @@
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
 #include "meshtrain/data/token_shards.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/ops/loss.h"

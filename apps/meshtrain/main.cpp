@@ -3,7 +3,7 @@
 
 #include "apps/meshtrain/commands.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 int main(int argc, char** argv) {
   // Guarded: under mpirun an error on one rank ends the whole job instead of a hang.

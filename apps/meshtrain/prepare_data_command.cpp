@@ -13,7 +13,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/token_shards.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/io/mapped_file.h"
 
 namespace mt::cli {
@@ -28,6 +28,8 @@ struct PrepareFlags {
 };
 
 const std::regex kShardName("shard_r(\\d+)_(\\d+)\\.bin");
+// A shard's temp file, left by a run that was killed mid-shard.
+const std::regex kShardTemp("shard_r\\d+_\\d+\\.bin\\.tmp\\..+");
 
 void run(const PrepareFlags& f) {
   dist::Communicator& world = dist::world();
@@ -39,7 +41,9 @@ void run(const PrepareFlags& f) {
     fs::create_directories(f.output);
     fs::remove(fs::path(f.output) / "index.json");  // readers never see an index of half-written shards
     for (const auto& e : fs::directory_iterator(f.output))
-      if (std::regex_match(e.path().filename().string(), kShardName)) fs::remove(e.path());
+      if (std::regex_match(e.path().filename().string(), kShardName) ||
+          std::regex_match(e.path().filename().string(), kShardTemp))
+        fs::remove(e.path());
   }
   world.barrier();
   auto tok = tokenizer_into(f.tokenizer, (fs::path(f.output) / "tokenizer").string());

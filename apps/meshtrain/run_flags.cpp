@@ -6,7 +6,7 @@
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/profiler.h"
 

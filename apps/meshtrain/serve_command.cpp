@@ -18,7 +18,7 @@
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/serve/chat_template.h"
 #include "meshtrain/serve/broadcast_runner.h"

@@ -132,11 +132,20 @@ MappedCorpus::MappedCorpus(const std::string& path, const DocumentSplit& split) 
     files = list_text_files(path);
     MT_CHECK(!files.empty(), "[read_documents] ", path, ": the directory has no text files");
   }
+  // Files under 1 MiB, and what is not a regular file (a pipe, /dev/stdin), are read into
+  // memory: a folder of many small files would otherwise take a mapping each (the kernel
+  // allows some 65k per process), and a pipe cannot be mapped.
+  constexpr uintmax_t kMapFrom = uintmax_t(1) << 20;
   for (const std::string& file : files) {
-    files_.push_back(io::MappedFile::open(file, "read_documents"));
-    const io::MappedFile& m = *files_.back();
-    std::string_view text(reinterpret_cast<const char*>(m.data()), m.size());
-    if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // as read_text_file drops a BOM
+    std::string_view text;
+    if (fs::is_regular_file(file, ec) && fs::file_size(file, ec) >= kMapFrom) {
+      files_.push_back(io::MappedFile::open(file, "read_documents"));
+      text = std::string_view(reinterpret_cast<const char*>(files_.back()->data()), files_.back()->size());
+      if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // as read_text_file drops a BOM
+    } else {
+      copies_.push_back(std::make_unique<std::string>(read_text_file(file, "read_documents")));
+      text = *copies_.back();
+    }
     std::vector<std::string_view> part = split_document_views(text, split);
     documents_.insert(documents_.end(), part.begin(), part.end());
     release(text);  // the split read every page; the pass that encodes reads them again
@@ -144,20 +153,21 @@ MappedCorpus::MappedCorpus(const std::string& path, const DocumentSplit& split) 
 }
 
 void MappedCorpus::release(std::string_view text) const {
-  if (text.empty()) return;
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  uintptr_t from = reinterpret_cast<uintptr_t>(text.data());
-  // The file `text` lies in bounds the range; 1 MiB before `text` goes too, since faulting
-  // a page maps its already-cached neighbours (fault-around), also those of the text before.
+  const uintptr_t from = reinterpret_cast<uintptr_t>(text.data()), to = from + text.size();
   for (const auto& f : files_) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(f->data());
-    if (from >= base && from < base + f->size()) from = std::max(base, from - std::min(from - base, uintptr_t(1) << 20));
+    if (text.empty() || from < base || to > base + f->size()) continue;
+    // 1 MiB before `text` goes too: faulting a page maps its already-cached neighbours
+    // (fault-around), also those of text released before. Dropping a page of a private,
+    // never-written file mapping loses nothing: touched again, it is read from the page
+    // cache or the file. (The mapping ends on a page boundary, so rounding `to` up stays in it.)
+    const uintptr_t begin = (from - std::min(from - base, uintptr_t(1) << 20)) / page * page;
+    const uintptr_t end = (to + page - 1) / page * page;
+    madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    return;
   }
-  const uintptr_t begin = from / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(text.data()) + text.size() + page - 1) / page * page;
-  // Dropping a page of a private, never-written file mapping loses nothing: touched again, it
-  // is read from the page cache or the file.
-  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  // Text read into memory (or not from this corpus) stays as it is.
 }
 
 std::vector<std::string_view> cut_at_lines(std::string_view text, size_t piece_bytes) {

@@ -40,11 +40,11 @@ std::vector<std::string_view> split_document_views(std::string_view text, const 
 // it is missing or a directory has no text files.
 std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split = {});
 
-// read_documents without a copy of the corpus: the files are memory-mapped and the
-// documents are views into them, so a corpus larger than memory can be walked a document
-// at a time (the kernel reads pages on first touch and may evict them: they are the file's).
-// release() gives a stretch of text's pages back once a pass is done with it, which keeps
-// this process's resident memory to what it is working on.
+// read_documents without a copy of the corpus: files of 1 MiB and more are memory-mapped and
+// their documents are views into them, so a corpus larger than memory can be walked a document
+// at a time (the kernel reads pages on first touch and may evict them: they are the file's);
+// smaller files and pipes are read. release() gives a stretch of mapped text's pages back once
+// a pass is done with it, which keeps this process's resident memory to what it works on.
 class MappedCorpus {
  public:
   explicit MappedCorpus(const std::string& path, const DocumentSplit& split = {});
@@ -52,7 +52,8 @@ class MappedCorpus {
   void release(std::string_view text) const;
 
  private:
-  std::vector<std::shared_ptr<io::MappedFile>> files_;
+  std::vector<std::shared_ptr<io::MappedFile>> files_;  // files of 1 MiB and more
+  std::vector<std::unique_ptr<std::string>> copies_;    // smaller files and pipes, read
   std::vector<std::string_view> documents_;
 };
 

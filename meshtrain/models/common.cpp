@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/matmul.h"

@@ -10,7 +10,7 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <set>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/ops/elementwise.h"

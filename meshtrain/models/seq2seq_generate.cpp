@@ -4,7 +4,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/decoding.h"
 #include "meshtrain/ops/shape_ops.h"
 

@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace mt::serve {
 

@@ -1,8 +1,8 @@
 #include "meshtrain/train/async_metric_writer.h"
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/sharding.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/sharding.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::train {
 

@@ -8,7 +8,7 @@
 
 #include "meshtrain/backend/cpu/strided_copy.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/safetensors.h"
 

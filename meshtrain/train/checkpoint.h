@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/params.h"
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/sharding.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/sharding.h"
 
 namespace mt::train {
 

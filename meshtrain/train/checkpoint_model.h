@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 #include "meshtrain/models/pretrained.h"
 
 namespace mt::train {

@@ -3,8 +3,8 @@
 #include <iostream>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/hosts.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/hosts.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::train {
 

@@ -7,7 +7,7 @@
 
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/core/rng.h"
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/train/sharding_rules.h"
 
@@ -33,7 +33,7 @@ class Deployer {
   explicit Deployer(DeployerOptions options = {});
 
   const dist::Mesh& mesh() const { return mesh_; }
-  // The host of each rank of the mesh (dist/hosts.h), by rank.
+  // The host of each rank of the mesh (distributed/hosts.h), by rank.
   const std::vector<std::string>& hosts() const { return hosts_; }
   Device device() const { return device_; }
   const DeployerOptions& options() const { return options_; }

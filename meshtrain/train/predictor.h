@@ -9,7 +9,7 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/data_loader.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/train/trainer.h"
 
 namespace mt::train {

@@ -14,7 +14,7 @@
 
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/prim/dispatch.h"

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/collective_ops.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/collective_ops.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"

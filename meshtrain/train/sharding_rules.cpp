@@ -6,8 +6,8 @@
 #include <unordered_map>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/sharding.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/sharding.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/lora.h"
 
 namespace mt::train {

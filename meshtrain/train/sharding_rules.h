@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "meshtrain/autodiff/params.h"
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/sharding.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/sharding.h"
 #include "meshtrain/models/param_roles.h"
 
 namespace mt::train {

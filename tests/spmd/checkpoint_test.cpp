@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/sharding_rules.h"
 #include "tests/support/op_check.h"

@@ -15,8 +15,8 @@
 
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/mesh.h"
 
 namespace mt::dist {
 namespace {

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace mt::dist {
 namespace {

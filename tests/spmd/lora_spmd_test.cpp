@@ -8,7 +8,7 @@
 
 #include <iostream>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/optim/partition.h"

@@ -8,7 +8,7 @@
 #include <functional>
 #include <iostream>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"

@@ -7,8 +7,8 @@
 
 #include <iostream>
 
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/spmd.h"
 #include "tests/support/primitive_cases.h"
 
 namespace mt::testing {

@@ -9,7 +9,7 @@
 
 #include <iostream>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/optim/partition.h"
 #include "meshtrain/train/seq2seq_task.h"

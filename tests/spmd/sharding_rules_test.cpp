@@ -5,7 +5,7 @@
 
 #include <iostream>
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/train/sharding_rules.h"
 #include "tests/support/op_check.h"
 #include "tests/support/tiny_gpt.h"

@@ -6,8 +6,8 @@
 
 #include <iostream>
 
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/meshtrain.h"
 #include "tests/support/op_check.h"
 

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <iostream>
 
-#include "meshtrain/dist/mesh.h"
-#include "meshtrain/dist/sharded_random.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/mesh.h"
+#include "meshtrain/distributed/sharded_random.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/meshtrain.h"
 #include "tests/support/op_check.h"
 #include "tests/support/tiny_gpt.h"

@@ -12,8 +12,8 @@
 
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
-#include "meshtrain/dist/layout_tree.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/layout_tree.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/train/profiler.h"
 #include "meshtrain/train/tensorboard_reader.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 #include "tests/support/tiny_gpt.h"
 
 
-#include "meshtrain/dist/sharded_random.h"
+#include "meshtrain/distributed/sharded_random.h"
 
 namespace mt::testing {
 

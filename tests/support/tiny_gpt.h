@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/param_roles.h"
 

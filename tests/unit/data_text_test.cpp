@@ -88,6 +88,18 @@ TEST_F(TempDir, FortunesPercentLines) {
   const auto copied = read_documents(kText + "tinystories_sample.txt");
   ASSERT_EQ(stories.documents().size(), copied.size());
   for (size_t i = 0; i < copied.size(); ++i) EXPECT_EQ(std::string(stories.documents()[i]), copied[i]);
+  // A file of 1 MiB and more is mapped: its documents equal read_documents' after every
+  // document's pages were given back (the text around them included).
+  std::string big;
+  for (int d = 0; big.size() < (size_t(3) << 20); ++d)
+    big += "document " + std::to_string(d) + "\n" + std::string(size_t(1000 + 37 * (d % 50)), char('a' + d % 26)) + "\n<|endoftext|>";
+  write("big.txt", big);
+  const MappedCorpus big_mapped((dir_ / "big.txt").string());
+  const auto big_copied = read_documents((dir_ / "big.txt").string());
+  ASSERT_GT(big_copied.size(), 1000u);
+  ASSERT_EQ(big_mapped.documents().size(), big_copied.size());
+  for (size_t i = 0; i < big_copied.size(); ++i) big_mapped.release(big_mapped.documents()[i]);
+  for (size_t i = 0; i < big_copied.size(); ++i) EXPECT_EQ(std::string(big_mapped.documents()[i]), big_copied[i]);
   expect_error([&] { MappedCorpus((dir_ / "nope").string()); }, {"[read_documents]", "nope: no such file"});
 
   expect_error([&] { read_documents((dir_ / "nope").string()); }, {"[read_documents]", "nope: no such file"});

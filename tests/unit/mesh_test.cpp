@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/communicator.h"
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/mesh.h"
 
 namespace mt::dist {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 #include "meshtrain/layout/mesh_shape.h"
 
 namespace mt::dist {

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/grad_reducer.h"
+#include "meshtrain/distributed/grad_reducer.h"
 
 #include <cstring>
 

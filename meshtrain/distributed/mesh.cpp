@@ -1,12 +1,12 @@
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 
 #include <algorithm>
 #include <cctype>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/hosts.h"
-#include "meshtrain/dist/local_communicator.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/hosts.h"
+#include "meshtrain/distributed/local_communicator.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::dist {
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "meshtrain/dist/comm_handle.h"
-#include "meshtrain/dist/peer_watch.h"
+#include "meshtrain/distributed/comm_handle.h"
+#include "meshtrain/distributed/peer_watch.h"
 
 namespace mt::dist::internal {
 

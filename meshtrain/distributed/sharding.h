@@ -5,7 +5,7 @@
 
 #include "meshtrain/core/layout.h"
 #include "meshtrain/core/shape.h"
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 #include "meshtrain/layout/partition_spec.h"
 
 namespace mt::dist {

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/peer_watch.h"
+#include "meshtrain/distributed/peer_watch.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -256,15 +256,23 @@ void PeerWatch::State::run() {
         if (fds[i].revents) read_from(*polled[i - 1], failures);
     }
     if (silence_s > 0) {
-      bool lost = false;
-      for (Peer& p : peers) lost = lost || (p.open.load() && !p.goodbye.load() && quiet_for(p) > silence_s);
-      // The ranks of a lost host fall silent together, but their heartbeats drift apart over
-      // a run: name every peer silent for half the limit (a live one is heard each period).
+      // The hosts with a peer silent past the limit: lost.
+      std::vector<std::string> lost_hosts;
+      for (Peer& p : peers)
+        if (p.open.load() && !p.goodbye.load() && quiet_for(p) > silence_s) lost_hosts.push_back(hosts[size_t(p.rank)]);
+      // The ranks of a lost host fall silent together, but their heartbeats drift apart over a
+      // run: on a lost host, name every peer silent for half the limit (a live one is heard each
+      // period). A peer on another host is named only past the full limit itself.
+      auto on_lost_host = [&](const Peer& p) {
+        return std::find(lost_hosts.begin(), lost_hosts.end(), hosts[size_t(p.rank)]) != lost_hosts.end();
+      };
       for (Peer& p : peers) {
-        if (!lost || !p.open.load() || p.goodbye.load() || quiet_for(p) <= silence_s / 2) continue;
+        if (!p.open.load() || p.goodbye.load() || !on_lost_host(p)) continue;
+        const double quiet = quiet_for(p);
+        if (quiet <= silence_s / 2) continue;
         std::ostringstream detail;
         detail.precision(1);
-        detail << std::fixed << quiet_for(p);
+        detail << std::fixed << quiet;
         failures.push_back({p.rank, Failure::silent, detail.str()});
         p.open.store(false);
       }

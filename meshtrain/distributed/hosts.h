@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/mesh.h"
 
 namespace mt::dist {
 

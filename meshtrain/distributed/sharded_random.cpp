@@ -1,4 +1,4 @@
-#include "meshtrain/dist/sharded_random.h"
+#include "meshtrain/distributed/sharded_random.h"
 
 #include "meshtrain/backend/cpu/random_kernels.h"
 #include "meshtrain/core/error.h"

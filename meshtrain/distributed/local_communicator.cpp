@@ -1,4 +1,4 @@
-#include "meshtrain/dist/local_communicator.h"
+#include "meshtrain/distributed/local_communicator.h"
 
 #include <cstring>
 

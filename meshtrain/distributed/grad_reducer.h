@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/dist/comm_handle.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/comm_handle.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::dist {
 

@@ -8,8 +8,8 @@
 //  - all_reduce ↔ identity: the reduced value is replicated and the loss counted once
 //    (tensor parallelism), so each rank's partial input receives the cotangent as is.
 #include "meshtrain/core/array.h"
-#include "meshtrain/dist/communicator.h"
-#include "meshtrain/dist/mesh.h"
+#include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/mesh.h"
 
 namespace mt::dist {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 
 #include <algorithm>
 #include <numeric>
@@ -7,8 +7,8 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
-#include "meshtrain/dist/collective_ops.h"
-#include "meshtrain/dist/grad_reducer.h"
+#include "meshtrain/distributed/collective_ops.h"
+#include "meshtrain/distributed/grad_reducer.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "meshtrain/autodiff/params.h"
-#include "meshtrain/dist/sharding.h"
+#include "meshtrain/distributed/sharding.h"
 
 namespace mt::dist {
 

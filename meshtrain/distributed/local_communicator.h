@@ -1,7 +1,7 @@
 #pragma once
 // LocalCommunicator: the size-1 backend. Collectives are copies or no-ops that complete
 // immediately; it never calls MPI, so programs run unchanged without mpirun.
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace mt::dist {
 

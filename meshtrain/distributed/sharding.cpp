@@ -1,4 +1,4 @@
-#include "meshtrain/dist/sharding.h"
+#include "meshtrain/distributed/sharding.h"
 
 #include <algorithm>
 #include <set>

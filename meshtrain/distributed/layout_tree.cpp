@@ -1,6 +1,6 @@
-#include "meshtrain/dist/layout_tree.h"
+#include "meshtrain/distributed/layout_tree.h"
 
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::dist {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/mpi_communicator.h"
+#include "meshtrain/distributed/mpi_communicator.h"
 
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/mpi_runtime.h"
+#include "meshtrain/distributed/mpi_runtime.h"
 
 namespace mt::dist {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/collective_ops.h"
+#include "meshtrain/distributed/collective_ops.h"
 
 #include <numeric>
 

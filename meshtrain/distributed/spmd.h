@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "meshtrain/core/array.h"
-#include "meshtrain/dist/sharding.h"
+#include "meshtrain/distributed/sharding.h"
 
 namespace mt::dist {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "meshtrain/core/dtype.h"
-#include "meshtrain/dist/comm_handle.h"
+#include "meshtrain/distributed/comm_handle.h"
 
 namespace mt::dist {
 

@@ -3,7 +3,7 @@
 // the values the single-device array has at those positions (counter-based RNG), so a
 // sharded model starts from exactly the single-device initialization.
 #include "meshtrain/core/rng.h"
-#include "meshtrain/dist/spmd.h"
+#include "meshtrain/distributed/spmd.h"
 
 namespace mt::dist {
 

@@ -3,7 +3,7 @@
 // stays out of headers). Every MPI call runs on MpiRuntime's communication thread.
 #include <memory>
 
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace mt::dist::internal {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/comm_handle.h"
+#include "meshtrain/distributed/comm_handle.h"
 
 #include <optional>
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/communicator.h"
+#include "meshtrain/distributed/communicator.h"
 
 #include <climits>
 #include <cstdio>
@@ -6,9 +6,9 @@
 #include <exception>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/dist/local_communicator.h"
-#include "meshtrain/dist/mpi_communicator.h"
-#include "meshtrain/dist/mpi_runtime.h"
+#include "meshtrain/distributed/local_communicator.h"
+#include "meshtrain/distributed/mpi_communicator.h"
+#include "meshtrain/distributed/mpi_runtime.h"
 
 namespace mt::dist {
 

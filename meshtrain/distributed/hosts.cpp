@@ -1,4 +1,4 @@
-#include "meshtrain/dist/hosts.h"
+#include "meshtrain/distributed/hosts.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "meshtrain/dist/mpi_runtime.h"
+#include "meshtrain/distributed/mpi_runtime.h"
 
 #include <mpi.h>
 
@@ -10,8 +10,8 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
-#include "meshtrain/dist/hosts.h"
-#include "meshtrain/dist/peer_watch.h"
+#include "meshtrain/distributed/hosts.h"
+#include "meshtrain/distributed/peer_watch.h"
 
 namespace mt::dist::internal {
 
