@@ -99,6 +99,12 @@ double collective_bytes(const std::string& what) {
   return std::stod(m[1].str()) * size;
 }
 
+// The primitives the step breakdown counts as attention (their matmuls, when composed, are
+// GEMMs); their backward kernels run inside their VJPs, counted there.
+bool is_attention(const std::string& op) {
+  return op == "causal_softmax" || op == "softmax" || op == "flash_attention" || op == "paged_attention";
+}
+
 }  // namespace
 
 OpProfile summarize(const trace::Recording& recording) {
@@ -125,7 +131,7 @@ OpProfile summarize(const trace::Recording& recording) {
       r.flops += e.op.flops;
       if (std::string(e.op.phase) == "optimizer") continue;  // counted in the optimizer's span
       if (e.name == "matmul") gemm += ms;
-      else if (e.name == "causal_softmax" || e.name == "softmax") attention += ms;
+      else if (is_attention(e.name)) attention += ms;
       else other_ops += ms;
     } else if (e.category == "phase" && e.name == "optimizer") {
       optimizer += ms;
@@ -157,7 +163,7 @@ OpProfile summarize(const trace::Recording& recording) {
       r.phase = "backward";
       ++r.calls;
       r.total_ms += self_ms;
-      other_ops += self_ms;
+      (is_attention(o.vjp->name) ? attention : other_ops) += self_ms;
     };
     for (const trace::Event* e : list) {
       while (!open.empty() && e->ts_us >= open.back().vjp->ts_us + open.back().vjp->dur_us) {

@@ -412,6 +412,19 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
   EXPECT_EQ(kernel_rows, sums.size());
   if (dist::world().rank() == 0) std::cout << "  [max err] ops.json totals vs trace sums: " << worst << " ms\n";
   EXPECT_LE(worst, 1e-6);
+  // The breakdown's GEMM and attention shares are their rows' (attention's backward kernels
+  // run in its VJP's own time): the fused flash_attention counts as attention, not elementwise.
+  double gemm_ms = 0, attention_ms = 0;
+  for (const json& r : ops["rows"]) {
+    const std::string name = r["name"];
+    if (name == "matmul") gemm_ms += r["total_ms"].get<double>();
+    for (const char* a : {"flash_attention", "causal_softmax", "softmax"})
+      if (name == a || name == std::string(a) + " (vjp self)") attention_ms += r["total_ms"].get<double>();
+  }
+  const double step_ms = ops["step_ms"];
+  EXPECT_GT(attention_ms, 0.0);
+  EXPECT_NEAR(ops["breakdown"]["attention"].get<double>(), 100 * attention_ms / step_ms, 1e-6);
+  EXPECT_NEAR(ops["breakdown"]["gemm"].get<double>(), 100 * gemm_ms / step_ms, 1e-6);
 }
 
 TEST(Profiler, BadRangesAreErrorsBeforeTraining) {
