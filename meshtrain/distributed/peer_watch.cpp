@@ -186,6 +186,8 @@ struct PeerWatch::State {
   [[noreturn]] void report(std::vector<Failure> failures);
   // Prints `message` and exits, at once or, with `linger`, silence_s later (see report()).
   [[noreturn]] void end_job(const std::string& message, bool linger);
+  void announce(const std::string& message, bool linger) const;  // end_job's printing
+  [[noreturn]] void exit_job(bool linger) const;                  // and its exit
 };
 
 void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
@@ -338,6 +340,9 @@ void PeerWatch::State::report(std::vector<Failure> failures) {
   // silence_s more, the window the README's keepalive recipe fires in. A closed connection
   // (a killed process) is seen by the launcher at once: exit at once.
   const bool linger = !silent.empty();
+  // Name the cause first: once a peer has read the report and exited, the launcher may end
+  // this process at any moment.
+  announce(message, linger);
   if (rank == 0) {
     // Tell every rank still connected, so each names the same cause before it exits.
     std::string packet{kFailure, char(linger)};
@@ -358,15 +363,23 @@ void PeerWatch::State::report(std::vector<Failure> failures) {
       while (p.open.load() && recv(p.fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
       }
   }
-  end_job(message, linger);
+  exit_job(linger);
 }
 
-void PeerWatch::State::end_job(const std::string& message, bool linger) {
+void PeerWatch::State::announce(const std::string& message, bool linger) const {
   std::fprintf(stderr, "[rank %d] [comm] %s. Ending the job%s.\n", rank, message.c_str(),
                linger ? " (leaving the launcher time to stop it first)" : "");
   std::fflush(stdout);
+}
+
+void PeerWatch::State::exit_job(bool linger) const {
   if (linger) std::this_thread::sleep_for(std::chrono::duration<double>(silence_s));
   std::_Exit(1);  // mpirun ends the ranks still running when one exits with an error
+}
+
+void PeerWatch::State::end_job(const std::string& message, bool linger) {
+  announce(message, linger);
+  exit_job(linger);
 }
 
 PeerWatch::PeerWatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
