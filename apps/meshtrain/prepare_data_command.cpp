@@ -28,8 +28,8 @@ struct PrepareFlags {
 };
 
 const std::regex kShardName("shard_r(\\d+)_(\\d+)\\.bin");
-// A shard's temp file, left by a run that was killed mid-shard.
-const std::regex kShardTemp("shard_r\\d+_\\d+\\.bin\\.tmp\\..+");
+// What --overwrite removes: shards and the temp file of one a killed run left half-written.
+const std::regex kShardOrTemp("shard_r\\d+_\\d+\\.bin(\\.tmp\\..+)?");
 
 void run(const PrepareFlags& f) {
   dist::Communicator& world = dist::world();
@@ -41,9 +41,7 @@ void run(const PrepareFlags& f) {
     fs::create_directories(f.output);
     fs::remove(fs::path(f.output) / "index.json");  // readers never see an index of half-written shards
     for (const auto& e : fs::directory_iterator(f.output))
-      if (std::regex_match(e.path().filename().string(), kShardName) ||
-          std::regex_match(e.path().filename().string(), kShardTemp))
-        fs::remove(e.path());
+      if (std::regex_match(e.path().filename().string(), kShardOrTemp)) fs::remove(e.path());
   }
   world.barrier();
   auto tok = tokenizer_into(f.tokenizer, (fs::path(f.output) / "tokenizer").string());

@@ -111,17 +111,8 @@ std::vector<std::string> list_text_files(const std::string& directory) {
 }
 
 std::vector<std::string> read_documents(const std::string& path, const DocumentSplit& split) {
-  std::error_code ec;
-  MT_CHECK(fs::exists(path, ec), "[read_documents] ", path, ": no such file or directory");
-  if (!fs::is_directory(path, ec)) return split_documents(read_text_file(path, "read_documents"), split);
-  const std::vector<std::string> files = list_text_files(path);
-  MT_CHECK(!files.empty(), "[read_documents] ", path, ": the directory has no text files");
-  std::vector<std::string> docs;
-  for (const auto& file : files) {
-    std::vector<std::string> part = split_documents(read_text_file(file, "read_documents"), split);
-    docs.insert(docs.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
-  }
-  return docs;
+  const MappedCorpus corpus(path, split);
+  return {corpus.documents().begin(), corpus.documents().end()};
 }
 
 MappedCorpus::MappedCorpus(const std::string& path, const DocumentSplit& split) {
@@ -140,8 +131,7 @@ MappedCorpus::MappedCorpus(const std::string& path, const DocumentSplit& split) 
     std::string_view text;
     if (fs::is_regular_file(file, ec) && fs::file_size(file, ec) >= kMapFrom) {
       files_.push_back(io::MappedFile::open(file, "read_documents"));
-      text = std::string_view(reinterpret_cast<const char*>(files_.back()->data()), files_.back()->size());
-      if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // as read_text_file drops a BOM
+      text = without_bom(std::string_view(reinterpret_cast<const char*>(files_.back()->data()), files_.back()->size()));
     } else {
       copies_.push_back(std::make_unique<std::string>(read_text_file(file, "read_documents")));
       text = *copies_.back();

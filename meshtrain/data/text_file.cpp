@@ -20,7 +20,12 @@ std::string read_text_file(const std::string& path, const char* op) {
   buffer << in.rdbuf();
   MT_CHECK(!in.bad(), "[", op, "] ", path, ": read error");
   std::string text = std::move(buffer).str();
-  if (text.size() >= 3 && text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+  text.erase(0, text.size() - without_bom(text).size());
+  return text;
+}
+
+std::string_view without_bom(std::string_view text) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   return text;
 }
 

@@ -155,7 +155,8 @@ struct PeerWatch::State {
   struct Failure {
     int rank;
     enum Kind { closed, silent, garbled } kind;
-    std::string detail;  // closed: the socket error, if any; silent: seconds
+    std::string detail;    // closed: the socket error, if any
+    double quiet_s = 0;    // silent: seconds since last heard
   };
 
   int rank = 0;
@@ -218,7 +219,7 @@ void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
           if (goodbye_sent.load()) return;  // this process is ending on its own already
           end_job(p.inbox.substr(at + head, len) + " (seen by rank 0)", p.inbox[at + 1] != 0);
         } else {
-          failures.push_back({p.rank, Failure::garbled, ""});
+          failures.push_back({p.rank, Failure::garbled, "", 0});
           p.open.store(false);
           return;
         }
@@ -232,7 +233,7 @@ void PeerWatch::State::read_from(Peer& p, std::vector<Failure>& failures) {
     p.open.store(false);
     // After a goodbye the end is expected; after another rank's, a launcher stopping the job
     // ends the rest abruptly: that rank printed the cause.
-    if (!p.goodbye.load() && !peer_left) failures.push_back({p.rank, Failure::closed, why});
+    if (!p.goodbye.load() && !peer_left) failures.push_back({p.rank, Failure::closed, why, 0});
   }
 }
 
@@ -272,10 +273,7 @@ void PeerWatch::State::run() {
         if (!p.open.load() || p.goodbye.load() || !on_lost_host(p)) continue;
         const double quiet = quiet_for(p);
         if (quiet <= silence_s / 2) continue;
-        std::ostringstream detail;
-        detail.precision(1);
-        detail << std::fixed << quiet;
-        failures.push_back({p.rank, Failure::silent, detail.str()});
+        failures.push_back({p.rank, Failure::silent, "", quiet});
         p.open.store(false);
       }
     }
@@ -303,7 +301,7 @@ void PeerWatch::State::report(std::vector<Failure> failures) {
   for (const Failure& f : failures) {
     if (f.kind == Failure::silent) {
       silent.push_back(who(f.rank));
-      longest_silence = std::max(longest_silence, std::stod(f.detail));
+      longest_silence = std::max(longest_silence, f.quiet_s);
     } else if (f.kind == Failure::garbled) {
       garbled.push_back(who(f.rank));
     } else {
