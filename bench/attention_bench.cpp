@@ -3,6 +3,8 @@
 // (median of 5 after a warm-up), the attention FLOPs rate and the bytes each form keeps
 // between forward and backward (the allocator's peak during the forward minus its inputs).
 // Usage: attention_bench [B H T D ...]   (defaults: GPT-2 124M and the seed miniGPT)
+// MT_DEVICE=cuda runs on the GPU (each call timed to completion); MT_PRECISION=tf32|bf16 sets
+// the matmul precision (the composed form's GEMMs, the fused kernels' tensor-core operands).
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
 
@@ -62,7 +64,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 3 < argc; i += 4)
     cases.push_back({std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), std::atoll(argv[i + 3])});
   if (cases.empty()) cases = {{4, 12, 256, 64}, {8, 8, 256, 32}, {8, 12, 128, 64}, {1, 12, 1024, 64}};
-  std::printf("causal attention with dropout 0.1, forward + backward (%s)\n", cpu::cpu_summary().c_str());
+  const char* device_name = std::getenv("MT_DEVICE");
+  const char* precision_name = std::getenv("MT_PRECISION");
+  const Device device = Device::parse(device_name ? device_name : "cpu");
+  set_default_device(device);
+  MatmulPrecisionScope precision(matmul_precision_from_name(precision_name ? precision_name : "f32"));
+  std::printf("causal attention with dropout 0.1, forward + backward, %s matmuls, on %s\n",
+              matmul_precision_name(matmul_precision()),
+              device.is_cpu() ? cpu::cpu_summary().c_str() : device.str().c_str());
   for (const Case& c : cases) {
     run(c, AttentionKernel::composed);
     run(c, AttentionKernel::fused);

@@ -14,7 +14,9 @@ rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data/text" "$stage/data/models" "$stage/data/glue" "$stage/data/tokenizers"
 
 bins="$build/apps/meshtrain/meshtrain $(ls "$build"/tests/gpu_*_test 2>/dev/null || true)"
-[ -x "$build/bench/model_step_bench" ] && bins="$bins $build/bench/model_step_bench"
+for b in model_step_bench attention_bench; do
+  [ -x "$build/bench/$b" ] && bins="$bins $build/bench/$b"
+done
 for e in text_classifier causal_lm maml; do
   [ -x "$build/examples/example_$e" ] && bins="$bins $build/examples/example_$e"
 done

@@ -94,7 +94,7 @@ namespace {
 class FlashAttentionPrimitive final : public prim::Primitive {
  public:
   FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key)
-      : scale_(scale), causal_(causal), rate_(rate), key_(key) {}
+      : scale_(scale), causal_(causal), rate_(rate), key_(key), operands_(operands_of(matmul_precision())) {}
   const char* name() const override { return "flash_attention"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array &q = in[0], &k = in[1], &v = in[2];
@@ -107,8 +107,9 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     if (in.size() > 3) {
       MT_CHECK(is_key_padding_mask(in[3], q.dim(0), k.dim(2)), "[flash_attention] key mask must be bool (",
                q.dim(0), " or 1, 1, 1, ", k.dim(2), "), got ", in[3].str());
-      MT_CHECK(q.device().is_cpu(), "[flash_attention] a key mask is supported on the CPU only, got q on ",
-               q.device().str());
+      MT_CHECK(q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
+               "[flash_attention] a key mask on the GPU needs f32 arrays with head dim <= 64 (sm_80+), got q ",
+               q.str(), " on ", q.device().str());
       MT_CHECK(!causal_, "[flash_attention] a key mask is supported without the causal mask only");
     }
     return {q.shape(), q.dtype()};
@@ -118,6 +119,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     cpu::FlashAttentionShape s;
     s.batch_heads = q.dim(0) * q.dim(1), s.tq = q.dim(2), s.tk = k.dim(2), s.d = q.dim(3);
     s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
+    s.operands = operands_;
     if (in.size() > 3) {
       s.key_mask = in[3].data<bool>();
       s.heads = q.dim(1);
@@ -176,10 +178,15 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   bool counts_model_flops() const override { return true; }
 
  private:
+  using Operands = cpu::FlashAttentionShape::Operands;
+  static Operands operands_of(MatmulPrecision p) {
+    return p == MatmulPrecision::bf16 ? Operands::bf16 : p == MatmulPrecision::tf32 ? Operands::tf32 : Operands::f32;
+  }
   double scale_;
   bool causal_;
   double rate_;
   RngKey key_;
+  Operands operands_;  // the matmul precision when the op ran: how the GPU kernels multiply
 };
 
 }  // namespace
@@ -267,15 +274,18 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
   // bf16) the composed form's GEMMs run on the CPU's bf16 units (AMX) and beat the f32 vector
   // kernel: GPT-2 B4 T256 1.83 vs 1.93 s/step, BERT B8 T128 1.31 vs 1.48 (bench/model_step_bench).
+  // On a GPU: fused wherever the tensor-core kernels take the arrays (f32, head dim <= 64).
   const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
-  const bool fused =
-      kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && q.device().is_cpu() && f32_math);
-  // Decoders: causal, no mask. Encoders (BERT) on the CPU: not causal, at most a key-padding
-  // mask. Other masks and biases take the composed form.
+  const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, q.dim(3));
+  const bool fused = kernel == AttentionKernel::fused ||
+                     (kernel == AttentionKernel::automatic && ((q.device().is_cpu() && f32_math) || gpu_tensor_cores));
+  // Decoders: causal, no mask. Encoders (BERT): not causal, at most a key-padding mask (on a
+  // GPU, for the tensor-core kernels). Other masks and biases take the composed form.
   const bool decoder = o.causal && !mask.defined() && tq <= tk &&
                        (q.device().is_cpu() || cuda::flash_attention_supported(q.dim(3)));
-  const bool encoder = !o.causal && q.device().is_cpu() &&
-                       (!mask.defined() || (mask.device().is_cpu() && is_key_padding_mask(mask, q.dim(0), tk)));
+  const bool encoder =
+      !o.causal && (q.device().is_cpu() || gpu_tensor_cores) &&
+      (!mask.defined() || (mask.device() == q.device() && is_key_padding_mask(mask, q.dim(0), tk)));
   if (fused && (decoder || encoder) && !o.bias.defined() && plain && q.dim(3) == v.dim(3)) {
     return flash_attention(q, repeat_heads(k, rep), repeat_heads(v, rep), scale, o.causal,
                            o.train ? o.dropout_rate : 0.0, o.dropout_key, mask);

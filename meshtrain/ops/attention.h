@@ -20,7 +20,7 @@ struct AttentionOptions {
 // softmax(scale · q kᵀ) v, fused (flash-style): q (B, H, Tq, D), k and v (B, H, Tk, D) (heads
 // already repeated), bottom-right causal mask when `causal`, dropout on the probabilities at
 // `dropout_rate` (0: none) with the masks dropout() would draw on the (B, H, Tq, Tk) array.
-// The probabilities are never stored. key_mask (CPU only): an optional bool key-padding mask
+// The probabilities are never stored. key_mask (CPU; GPU with f32 arrays and head dim <= 64): an optional bool key-padding mask
 // (B or 1, 1, 1, Tk), true = attend, masked scores set to the lowest finite value as the
 // composed form's where() does.
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,
@@ -31,12 +31,12 @@ Array flash_attention(const Array& q, const Array& k, const Array& v, double sca
 bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk);
 
 // Which form scaled_dot_product_attention runs for causal attention without a mask or bias,
-// and for non-causal attention with at most a key-padding mask (BERT's) on the CPU:
+// and for non-causal attention with at most a key-padding mask (BERT's):
 // `composed` (GEMMs, the fused causal softmax, dropout, with the (Tq, Tk) probabilities kept
 // for the backward), `fused` (flash_attention: none kept), or `automatic` (the default):
 // fused on the CPU for f32 math (its vector kernels run close to oneDNN's f32 GEMMs and keep
-// no T x T arrays), composed for bf16 math (bf16 GEMMs on AMX are faster) and on a GPU
-// (faster on an H100 until the CUDA kernels use tensor cores).
+// no T x T arrays), composed for bf16 math (bf16 GEMMs on AMX are faster); on a GPU fused
+// where the tensor-core kernels take the arrays (f32, head dim <= 64, sm_80+), else composed.
 // Process-wide.
 enum class AttentionKernel { automatic, composed, fused };
 void set_attention_kernel(AttentionKernel kernel);

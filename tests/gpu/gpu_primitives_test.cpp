@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
+#include "meshtrain/ops/matmul.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
 #include "tests/support/gpu.h"
@@ -149,6 +151,63 @@ TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
         expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
                      label + " d" + "qkv"[i] + ", gpu vs cpu");
     }
+  }
+}
+
+// The tensor-core kernels under --precision tf32 and bf16 (TF32 or bf16 products, f32
+// softmax and accumulation) against the CPU's f32 kernel, within those formats' rounding.
+TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
+  MT_REQUIRE_GPU();
+  const RngKey key{12, 5};
+  for (const auto& [precision, tol] : std::vector<std::pair<MatmulPrecision, Tolerance>>{
+           {MatmulPrecision::tf32, {5e-3, 5e-3, 5e-3}}, {MatmulPrecision::bf16, default_tolerance(DType::bf16)}}) {
+    for (int64_t d : {64, 32}) {
+      const std::vector<Array> in = {random_normal({2, 3, 130, d}, 41), random_normal({2, 3, 200, d}, 42),
+                                     random_normal({2, 3, 200, d}, 43)};
+      auto fn = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, key);
+      };
+      const Array cot = random_normal({2, 3, 130, d}, 44);
+      const auto [ref, ref_grads] = vjp(fn, in, cot);
+      MatmulPrecisionScope scope(precision);
+      const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+      const std::string label =
+          std::string("flash_attention ") + matmul_precision_name(precision) + " d=" + std::to_string(d);
+      expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu f32");
+      for (int i = 0; i < 3; ++i)
+        expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
+                     label + " d" + "qkv"[i] + ", gpu vs cpu f32");
+    }
+  }
+}
+
+// BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,
+// 1), dropout; forward and gradients equal the CPU kernel's.
+TEST(GpuPrimitives, FlashAttentionWithAKeyPaddingMaskEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const int64_t b = 3, h = 2, t = 77, d = 64;
+  std::vector<float> keep(size_t(b * t));
+  const int64_t lengths[] = {77, 40, 1};
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t j = 0; j < t; ++j) keep[size_t(r * t + j)] = j < lengths[r] ? 1.0f : 0.0f;
+  const Array mask = cast(Array::from_vector(keep, {b, 1, 1, t}), DType::boolean);
+  const std::vector<Array> in = {random_normal({b, h, t, d}, 51), random_normal({b, h, t, d}, 52),
+                                 random_normal({b, h, t, d}, 53)};
+  for (const Array& m : {mask, slice(mask, 0, 1, 2)}) {  // per batch row, and one row for all
+    auto fn = [&](const std::vector<Array>& x) {
+      return flash_attention(x[0], x[1], x[2], 0.125, false, 0.1, RngKey{13, 6}, m.device() == x[0].device()
+                                                                                      ? m
+                                                                                      : m.to(x[0].device()));
+    };
+    const Array cot = random_normal({b, h, t, d}, 54);
+    const auto [ref, ref_grads] = vjp(fn, in, cot);
+    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+    const Tolerance tol{1e-5, 1e-5, 1e-5};
+    const std::string label = "flash_attention key mask " + m.shape().str();
+    expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
+    for (int i = 0; i < 3; ++i)
+      expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
+                   label + " d" + "qkv"[i] + ", gpu vs cpu");
   }
 }
 

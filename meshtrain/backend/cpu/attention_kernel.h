@@ -22,6 +22,10 @@ struct FlashAttentionShape {
   // visible key attends uniformly.
   const bool* key_mask = nullptr;
   int64_t heads = 1, mask_batches = 1;
+  // How the GPU's tensor-core kernels multiply (the matmul precision in force when the op
+  // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
+  // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.
+  enum class Operands : uint8_t { f32, tf32, bf16 } operands = Operands::f32;
 };
 
 // out (BH, Tq, D), q's dtype; lse (BH, Tq) f32 = log Σ_j exp(scale · q_i·k_j) over visible j.

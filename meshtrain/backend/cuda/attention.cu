@@ -1,8 +1,11 @@
-// Fused (flash-style) attention, forward and backward, one thread per query (or key) row:
+// Fused (flash-style) attention, forward and backward, one thread per query (or key) row, for
+// what the tensor-core kernels (attention_tensor_core.cu) do not take (bf16/f16 arrays, GPUs
+// before sm_80):
 // scores, online softmax and the dropout mask live in registers and shared memory; the
 // (Tq, Tk) probabilities are never stored — the backward recomputes them from the saved row
 // log-sum-exps. f32 arithmetic for every dtype. The CPU kernel (cpu/attention_kernel) is the
 // reference; dropout draws the same Philox elements as dropout() on the (BH, Tq, Tk) array.
+#include "meshtrain/backend/cuda/attention_dropout.cuh"
 #include "meshtrain/backend/cuda/device_types.cuh"
 #include "meshtrain/backend/cuda/kernels.h"
 
@@ -11,21 +14,6 @@ namespace mt::cuda {
 namespace {
 
 constexpr int kTile = 32;  // rows per block and keys (queries) per shared-memory tile
-
-struct Dropout {
-  double rate;
-  float scale;  // 1 / (1 - rate)
-  uint64_t seed, stream_id;
-  bool on;
-};
-
-__device__ inline float keep_factor(const Dropout& dr, int64_t idx) {
-  if (!dr.on) return 1.0f;
-  uint32_t w[4];
-  philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
-  const float u = float(w[uint64_t(idx) % 4] >> 8) * (1.0f / 16777216.0f);
-  return double(u) >= dr.rate ? dr.scale : 0.0f;
-}
 
 // The keys a block of query rows reads (`end`: through the last row's causal limit) and the
 // keys row i sees (`visible`; 0 for an inactive thread).
@@ -54,7 +42,7 @@ __device__ inline void load_tile(float (*a)[MaxD], float (*b)[MaxD], const T* x,
 // Block: (batch·head, query tile); thread: one query row. MaxD: head dim bound (d <= MaxD).
 template <class T, int MaxD>
 __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t tq, int64_t tk, int d,
-                               float scale, bool causal, Dropout dr) {
+                               float scale, bool causal, AttentionDropout dr) {
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
   const bool active = i < tq;
@@ -118,7 +106,7 @@ __global__ void row_dot_kernel(const T* g, const T* out, float* dvec, int64_t ro
 // that can see it.
 template <class T, int MaxD>
 __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
-                                   T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal, Dropout dr) {
+                                   T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal, AttentionDropout dr) {
   __shared__ float kself[kTile][MaxD + 1], vself[kTile][MaxD + 1];
   __shared__ float qs[kTile][MaxD], gs[kTile][MaxD], ls[kTile], ds_[kTile];
   const int64_t bh = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
@@ -173,7 +161,7 @@ __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* 
 // dQ. Block: (batch·head, query tile); thread: one query row, looping over visible key tiles.
 template <class T, int MaxD>
 __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
-                                  T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal, Dropout dr) {
+                                  T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal, AttentionDropout dr) {
   __shared__ float qself[kTile][MaxD + 1], gself[kTile][MaxD + 1];
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
@@ -211,9 +199,8 @@ __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g
   for (int c = 0; c < d; ++c) dq[(bh * tq + i) * d + c] = from_f32<T>(dqr[c]);
 }
 
-Dropout dropout_of(const cpu::FlashAttentionShape& s) {
-  return {s.dropout_rate, s.dropout_rate < 1.0 ? float(1.0 / (1.0 - s.dropout_rate)) : 0.0f, s.dropout_key.seed,
-          s.dropout_key.stream, s.dropout_rate > 0};
+AttentionDropout dropout_of(const cpu::FlashAttentionShape& s) {
+  return attention_dropout(s.dropout_rate, s.dropout_key.seed, s.dropout_key.stream);
 }
 
 template <class F>
@@ -230,6 +217,8 @@ bool flash_attention_supported(int64_t head_dim) { return head_dim > 0 && head_d
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
+  if (flash_attention_tensor_cores(q, s.d)) return flash_attention_forward_tc(q, k, v, s, out, lse);
+  MT_CHECK(!s.key_mask, "[flash_attention] a key mask on the GPU needs f32 arrays, head dim <= 64 and sm_80+");
   const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
@@ -249,6 +238,8 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
       if (a->nbytes() > 0) check(cudaMemsetAsync(a->raw(), 0, a->nbytes(), stream()), "flash_attention_backward");
     return;
   }
+  if (flash_attention_tensor_cores(q, s.d)) return flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv);
+  MT_CHECK(!s.key_mask, "[flash_attention] a key mask on the GPU needs f32 arrays, head dim <= 64 and sm_80+");
   Array dvec = Array::empty({s.batch_heads * s.tq}, DType::f32, q.device());
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);

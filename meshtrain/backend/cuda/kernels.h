@@ -46,6 +46,14 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
 
 // ---- fused attention (attention.cu) ----
 bool flash_attention_supported(int64_t head_dim);  // the GPU kernels take head dims up to 64
+// The tensor-core kernels (attention_tensor_core.cu) take f32 arrays with head dims up to 64
+// on sm_80 and newer; they also take a key-padding mask. flash_attention_forward/backward
+// choose them where they apply.
+bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
+void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
+                                Array& out, Array& lse);
+void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                                 const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
                              Array& out, Array& lse);
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,

@@ -1,12 +1,20 @@
 // Batched GEMM through cuBLASLt. Row-major C = op(A) op(B) is computed as the column-major
 // product C^T = op(B)^T op(A)^T, i.e. with the operands swapped and no copies. f32 is true
 // f32 unless the run allows TF32; 16-bit inputs accumulate in f32. Descriptors and the
-// heuristic's algorithm are cached per shape, so a training step only executes.
+// algorithm are cached per shape, so a training step only executes. The algorithm: cuBLASLt's
+// heuristic proposes up to kCandidates; a large GEMM times them on its first run that writes
+// (not accumulates) its output and keeps the fastest. The heuristic's first choice is far from
+// the fastest for some shapes, e.g. GPT-2's output layer, whose 50257-wide rows are not
+// 16-byte aligned. MT_MATMUL_TUNING=0 keeps the heuristic's first choice (the same algorithm,
+// so the same rounding, in every run).
 #include <cublasLt.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/kernels.h"
@@ -23,12 +31,17 @@ void check_lt(cublasStatus_t s, const char* what) {
 }
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int kCandidates = 8;
+// GEMMs below this many FLOPs keep the heuristic's choice: timing them would cost more than
+// it could save (and decoding's shapes change with every token).
+constexpr double kTuneFlops = 4e9;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order
   cublasLtMatmulAlgo_t algo{};
-  bool found = false;
+  bool found = false, tuned = false;
 };
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
@@ -86,16 +99,56 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
   check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
                                                 sizeof(kWorkspaceBytes)),
            "preference");
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
   const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(lt().handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(lt().handle, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s == CUBLAS_STATUS_SUCCESS && found > 0) {
-    p.algo = result.algo;
-    p.found = true;
+    for (int i = 0; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+    p.found = !p.candidates.empty();
+    if (p.found) p.algo = p.candidates.front();
   }
   return p;
+}
+
+bool tuning_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MT_MATMUL_TUNING");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// Times each candidate (one warm-up, then two runs) writing c, keeps the fastest. Runs once
+// per shape; the caller's own run then overwrites c.
+void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "matmul tuning");
+  check(cudaEventCreate(&stop), "matmul tuning");
+  const float alpha = 1.0f, beta = 0.0f;
+  float best = -1.0f;
+  for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
+    auto run = [&] {
+      return cublasLtMatmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo, l.workspace,
+                            kWorkspaceBytes, stream());
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    check(cudaEventRecord(start, stream()), "matmul tuning");
+    bool ok = run() == CUBLAS_STATUS_SUCCESS && run() == CUBLAS_STATUS_SUCCESS;
+    check(cudaEventRecord(stop, stream()), "matmul tuning");
+    check(cudaEventSynchronize(stop), "matmul tuning");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "matmul tuning");
+    if (ok && (best < 0.0f || ms < best)) {
+      best = ms;
+      p.algo = algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  p.tuned = true;
 }
 
 }  // namespace
@@ -127,7 +180,11 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
     std::lock_guard<std::mutex> lock(l.mutex);
     auto it = l.plans.find(key);
     if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32)).first;
-    plan = &it->second;
+    Plan& p = it->second;
+    if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
+        2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)
+      tune(l, p, a, b, c);
+    plan = &p;
   }
   MT_CHECK(plan->found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
            " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");

@@ -49,6 +49,15 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
   no_cuda();
 }
 bool flash_attention_supported(int64_t) { return false; }
+bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
+void flash_attention_forward_tc(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&,
+                                Array&) {
+  no_cuda();
+}
+void flash_attention_backward_tc(const Array&, const Array&, const Array&, const Array&, const Array&, const Array&,
+                                 const cpu::FlashAttentionShape&, Array&, Array&, Array&) {
+  no_cuda();
+}
 void flash_attention_forward(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&, Array&) {
   no_cuda();
 }

@@ -1,0 +1,49 @@
+#pragma once
+// The dropout mask of the fused attention kernels (attention.cu, attention_tensor_core.cu):
+// the same Philox elements dropout() draws on the (BH, Tq, Tk) probabilities, so fused and
+// composed attention drop the same entries for one key.
+#include "meshtrain/backend/cuda/device_types.cuh"
+
+namespace mt::cuda {
+
+struct AttentionDropout {
+  double rate;
+  float scale;  // 1 / (1 - rate)
+  uint64_t seed, stream_id;
+  bool on;
+};
+
+__device__ inline float keep_from_word(const AttentionDropout& dr, uint32_t word) {
+  const float u = float(word >> 8) * (1.0f / 16777216.0f);
+  return double(u) >= dr.rate ? dr.scale : 0.0f;
+}
+
+// The keep factor (0 or 1 / (1 - rate)) of element idx of the (BH, Tq, Tk) array.
+__device__ inline float keep_factor(const AttentionDropout& dr, int64_t idx) {
+  if (!dr.on) return 1.0f;
+  uint32_t w[4];
+  philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
+  return keep_from_word(dr, w[uint64_t(idx) % 4]);
+}
+
+// Elements idx .. idx + 3: one Philox block when idx starts one (each element draws word
+// idx % 4 of block idx / 4).
+__device__ inline void keep_factors4(const AttentionDropout& dr, int64_t idx, float (&keep)[4]) {
+  if (!dr.on) {
+    keep[0] = keep[1] = keep[2] = keep[3] = 1.0f;
+  } else if (idx % 4 == 0) {
+    uint32_t w[4];
+    philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) keep[u] = keep_from_word(dr, w[u]);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) keep[u] = keep_factor(dr, idx + u);
+  }
+}
+
+inline AttentionDropout attention_dropout(double rate, uint64_t seed, uint64_t stream_id) {
+  return {rate, rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, seed, stream_id, rate > 0};
+}
+
+}  // namespace mt::cuda

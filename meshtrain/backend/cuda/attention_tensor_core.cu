@@ -1,0 +1,596 @@
+// Fused (flash-style) attention, forward and backward, for f32 arrays with head dims up to 64,
+// on tensor cores through mma.sync with register-resident fragments (the
+// FlashAttention-2 arrangement): each warp keeps its 16 rows' operand fragments, scores,
+// probabilities and output accumulators in registers, where the thread/element layout of
+// mma.sync is known, so the online softmax rescales the output in place and the scores
+// become the next product's operand without a trip through shared memory. Only the tiles a
+// block walks (keys and values, or queries and output gradients) pass through shared memory.
+//
+// mma.sync fragments (g = lane / 4, t = lane % 4), m16n8k8 TF32 and m16n8k16 bf16:
+//   C (16 x 8):  c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1)
+//   A TF32:      a0 (g, t),  a1 (g+8, t),  a2 (g, t+4),  a3 (g+8, t+4)
+//   B TF32:      b0 (t, g),  b1 (t+4, g)
+//   A bf16:      a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..2t+9), a3 (g+8, 2t+8..)
+//   B bf16:      b0 (2t..2t+1, g), b1 (2t+8..2t+9, g)
+// A C tile becomes an A operand of the next product (whose k runs over C's columns) as is for
+// bf16; for TF32 the k index is permuted (k t <-> column 2t, k t+4 <-> column 2t+1), and the
+// next product's B rows are read in the same permuted order, which leaves the sum unchanged.
+//
+// Operands (--precision): bf16, TF32, or f32-accurate as three TF32 products per pair (hi·hi +
+// hi·lo + lo·hi). The scalar kernels (attention.cu) remain for bf16/f16 arrays, head dims
+// above 64 and GPUs before sm_80 (mma.sync TF32/bf16 needs sm_80).
+#include <cuda_bf16.h>
+
+#include <cfloat>
+#include <type_traits>
+
+#include "meshtrain/backend/cuda/attention_tiles.cuh"
+#include "meshtrain/backend/cuda/kernels.h"
+
+namespace mt::cuda {
+
+namespace {
+
+using namespace attention_tiles;
+
+struct F32Ops {
+  using Elem = float;
+  static constexpr int kK = 8, kPad = 4;
+  static constexpr bool kTf32 = true, kSplit = true;
+};
+struct Tf32Ops {
+  using Elem = float;
+  static constexpr int kK = 8, kPad = 4;
+  static constexpr bool kTf32 = true, kSplit = false;
+};
+struct Bf16Ops {
+  using Elem = __nv_bfloat16;
+  static constexpr int kK = 16, kPad = 8;
+  static constexpr bool kTf32 = false, kSplit = false;
+};
+
+// A register operand element: an f32 value (rounded to TF32 at the product) or two packed bf16.
+template <class Ops>
+using Val = std::conditional_t<Ops::kTf32, float, uint32_t>;
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ inline uint32_t tf32_bits(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower k
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ inline uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+
+__device__ inline void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a · b in the operand precision of Ops.
+template <class Ops>
+__device__ inline void mma(float (&c)[4], const Val<Ops> (&a)[4], const Val<Ops> (&b)[2]) {
+  if constexpr (Ops::kTf32) {
+    uint32_t ah[4], bh[2];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ah[e] = tf32_bits(a[e]);
+    bh[0] = tf32_bits(b[0]), bh[1] = tf32_bits(b[1]);
+    if constexpr (Ops::kSplit) {
+      uint32_t al[4], bl[2];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) al[e] = tf32_bits(a[e] - __uint_as_float(ah[e]));
+      bl[0] = tf32_bits(b[0] - __uint_as_float(bh[0])), bl[1] = tf32_bits(b[1] - __uint_as_float(bh[1]));
+      mma_tf32(c, al, bh);
+      mma_tf32(c, ah, bl);
+    }
+    mma_tf32(c, ah, bh);
+  } else {
+    mma_bf16(c, a, b);
+  }
+}
+
+__device__ inline uint32_t word_at(const typename Bf16Ops::Elem* t, int offset) {
+  return *reinterpret_cast<const uint32_t*>(t + offset);
+}
+
+// A operand, k step at column k0, of the 16 rows r0.. of a shared-memory tile (row-major, ld).
+template <class Ops>
+__device__ inline void load_a(Val<Ops> (&a)[4], const typename Ops::Elem* t, int ld, int r0, int k0, int g, int q) {
+  if constexpr (Ops::kTf32) {
+    a[0] = t[(r0 + g) * ld + k0 + q], a[1] = t[(r0 + g + 8) * ld + k0 + q];
+    a[2] = t[(r0 + g) * ld + k0 + q + 4], a[3] = t[(r0 + g + 8) * ld + k0 + q + 4];
+  } else {
+    a[0] = word_at(t, (r0 + g) * ld + k0 + 2 * q), a[1] = word_at(t, (r0 + g + 8) * ld + k0 + 2 * q);
+    a[2] = word_at(t, (r0 + g) * ld + k0 + 2 * q + 8), a[3] = word_at(t, (r0 + g + 8) * ld + k0 + 2 * q + 8);
+  }
+}
+// B operand of a · tileᵀ: B[k][n] = tile[n0 + n][k0 + k].
+template <class Ops>
+__device__ inline void load_bt(Val<Ops> (&b)[2], const typename Ops::Elem* t, int ld, int n0, int k0, int g, int q) {
+  if constexpr (Ops::kTf32) {
+    b[0] = t[(n0 + g) * ld + k0 + q], b[1] = t[(n0 + g) * ld + k0 + q + 4];
+  } else {
+    b[0] = word_at(t, (n0 + g) * ld + k0 + 2 * q), b[1] = word_at(t, (n0 + g) * ld + k0 + 2 * q + 8);
+  }
+}
+// B operand of a · tile for an a made from a C tile (c_to_a): B[k][n] = tile[k0 + k'][n0 + n]
+// with k' the C column behind k (permuted for TF32).
+template <class Ops>
+__device__ inline void load_b(Val<Ops> (&b)[2], const typename Ops::Elem* t, int ld, int k0, int n0, int g, int q) {
+  if constexpr (Ops::kTf32) {
+    b[0] = t[(k0 + 2 * q) * ld + n0 + g], b[1] = t[(k0 + 2 * q + 1) * ld + n0 + g];
+  } else {
+    b[0] = pack_bf16(t[(k0 + 2 * q) * ld + n0 + g], t[(k0 + 2 * q + 1) * ld + n0 + g]);
+    b[1] = pack_bf16(t[(k0 + 2 * q + 8) * ld + n0 + g], t[(k0 + 2 * q + 9) * ld + n0 + g]);
+  }
+}
+// The A operand, k step kk, of a product whose k runs over the columns of C tiles c[n].
+template <class Ops, int N>
+__device__ inline void c_to_a(Val<Ops> (&a)[4], const float (&c)[N][4], int kk) {
+  if constexpr (Ops::kTf32) {
+    a[0] = c[kk][0], a[1] = c[kk][2], a[2] = c[kk][1], a[3] = c[kk][3];
+  } else {
+    a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]), a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]), a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+  }
+}
+
+// A warp's dropout keep flags for its 16 x 64 block of the (BH, Tq, Tk) array, flags[r·64 + c],
+// one Philox block per 4 consecutive elements (keep_factors4), spread over the lanes instead
+// of each thread drawing the blocks behind its own fragment elements (2 to 4 times as many).
+// Rows: element (r, c) at idx0 + r·stride + c (the forward and dQ: rows are queries).
+__device__ inline void fill_keep_by_rows(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
+                                         int lane) {
+#pragma unroll 1
+  for (int it = 0; it < 8; ++it) {
+    const int b = lane + 32 * it, r = b / 16, c = 4 * (b % 16);
+    float keep[4];
+    keep_factors4(dr, idx0 + r * stride + c, keep);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) flags[r * kCols + c + u] = keep[u] != 0.0f;
+  }
+}
+// Columns: element (r, c) at idx0 + c·stride + r (dK/dV: rows are keys, columns queries).
+__device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
+                                            int lane) {
+#pragma unroll 1
+  for (int it = 0; it < 8; ++it) {
+    const int b = lane + 32 * it, c = b % kCols, r = 4 * (b / kCols);
+    float keep[4];
+    keep_factors4(dr, idx0 + c * stride + r, keep);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) flags[(r + u) * kCols + c] = keep[u] != 0.0f;
+  }
+}
+__device__ inline float keep_of(const AttentionDropout& dr, const uint8_t* flags, int r, int c) {
+  return !dr.on ? 1.0f : flags[r * kCols + c] ? dr.scale : 0.0f;
+}
+#endif
+
+template <class Ops, int MaxD>
+struct Shape {
+  static constexpr int kLd = MaxD + Ops::kPad;  // operand tile rows in shared memory
+  static constexpr int kSteps = MaxD / Ops::kK;  // k steps over the head dim
+  static constexpr int kKeySteps = kCols / Ops::kK;  // k steps over a tile's 64 columns
+  static constexpr int kN = kCols / 8, kDN = MaxD / 8;  // 8-wide C tiles across a tile, across d
+  static constexpr size_t kTile = size_t(kRows) * kLd * sizeof(typename Ops::Elem);
+  static constexpr size_t kKeepFlags = size_t(kWarps) * 16 * kCols;  // bytes, after the tiles
+  static_assert(kTile % 16 == 0);
+};
+
+// ---- forward ----
+// Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
+template <class Ops, int MaxD>
+__global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float* q, const float* k, const float* v,
+                                                                    float* out, float* lse, Params p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  using S = Shape<Ops, MaxD>;
+  using Elem = typename Ops::Elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Elem* qs = reinterpret_cast<Elem*>(smem);
+  Elem* ks = reinterpret_cast<Elem*>(smem + S::kTile);
+  Elem* vs = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint8_t* flags = smem + 3 * S::kTile + warp * 16 * kCols;
+  const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
+
+  load_rows<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, p.tq, q0, p.d);
+  __syncthreads();
+  Val<Ops> qa[S::kSteps][4];
+#pragma unroll
+  for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(qa[st], qs, S::kLd, warp * 16, st * Ops::kK, g, t);
+
+  const int64_t rows[2] = {wq0 + g, wq0 + g + 8};
+  const int64_t limits[2] = {visible_keys(p, rows[0]), visible_keys(p, rows[1])};
+  const bool* mask = mask_row(p, bh);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[S::kDN][4] = {};
+  const int64_t last_row = min(p.tq, q0 + kRows) - 1;
+  const int64_t end = p.causal ? min(p.tk, last_row + (p.tk - p.tq) + 1) : p.tk;
+  const int64_t warp_end = wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0;
+  for (int64_t j0 = 0; j0 < end; j0 += kCols) {
+    __syncthreads();
+    load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
+    __syncthreads();
+    if (j0 >= warp_end) continue;
+    float s[S::kN][4] = {};
+#pragma unroll
+    for (int st = 0; st < S::kSteps; ++st)
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n) {
+        Val<Ops> b[2];
+        load_bt<Ops>(b, ks, S::kLd, n * 8, st * Ops::kK, g, t);
+        mma<Ops>(s[n], qa[st], b);
+      }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
+        s[n][e] = j < limits[e / 2] ? visible_score(mask, j, s[n][e], p.scale) : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      alpha[h] = m[h] == -INFINITY ? 0.0f : __expf(m[h] - m_new);
+      m[h] = m_new;
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int n = 0; n < S::kDN; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    if (p.dropout.on) {
+      fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+      __syncwarp();
+    }
+#pragma unroll
+    for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float& x = s[n][e];
+        const float ex = x == -INFINITY ? 0.0f : __expf(x - m[e / 2]);
+        l[e / 2] += ex;
+        x = ex * keep_of(p.dropout, flags, g + 8 * (e / 2), n * 8 + 2 * t + (e & 1));
+      }
+#pragma unroll
+    for (int kk = 0; kk < S::kKeySteps; ++kk) {
+      Val<Ops> a[4];
+      c_to_a<Ops>(a, s, kk);
+#pragma unroll
+      for (int n = 0; n < S::kDN; ++n) {
+        Val<Ops> b[2];
+        load_b<Ops>(b, vs, S::kLd, kk * Ops::kK, n * 8, g, t);
+        mma<Ops>(o[n], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (rows[h] >= p.tq) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // no keys at all (Tk = 0): zeros, as the CPU
+    float* dst = out + (bh * p.tq + rows[h]) * p.d;
+#pragma unroll
+    for (int n = 0; n < S::kDN; ++n) {
+      const int c = n * 8 + 2 * t;
+      if (c < p.d) dst[c] = o[n][2 * h] * inv;
+      if (c + 1 < p.d) dst[c + 1] = o[n][2 * h + 1] * inv;
+    }
+    if (t == 0) lse[bh * p.tq + rows[h]] = m[h] + logf(l[h]);
+  }
+#endif
+}
+
+// ---- backward: dQ ----
+// Block: (batch·head, 64 query rows); warp: 16 rows, q and dO fragments in registers; walks
+// the key tiles they see: s = q·kᵀ, dP = dO·vᵀ, dS, dQ += dS·k.
+template <class Ops, int MaxD>
+__global__ void __launch_bounds__(kBlockThreads)
+    mma_backward_q_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
+                          const float* dvec, float* dq, Params p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  using S = Shape<Ops, MaxD>;
+  using Elem = typename Ops::Elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Elem* qs = reinterpret_cast<Elem*>(smem);
+  Elem* gs = reinterpret_cast<Elem*>(smem + S::kTile);
+  Elem* ks = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
+  Elem* vs = reinterpret_cast<Elem*>(smem + 3 * S::kTile);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint8_t* flags = smem + 4 * S::kTile + warp * 16 * kCols;
+  const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
+
+  load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, q0, p);
+  __syncthreads();
+  // q's fragments stay in registers; dO's are read from shared memory at each use (both in
+  // registers spill the f32 kernels).
+  Val<Ops> qa[S::kSteps][4];
+#pragma unroll
+  for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(qa[st], qs, S::kLd, warp * 16, st * Ops::kK, g, t);
+  const int64_t rows[2] = {wq0 + g, wq0 + g + 8};
+  const int64_t limits[2] = {visible_keys(p, rows[0]), visible_keys(p, rows[1])};
+  float row_lse[2], row_d[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_lse[h] = rows[h] < p.tq ? lse[bh * p.tq + rows[h]] : 0.0f;
+    row_d[h] = rows[h] < p.tq ? dvec[bh * p.tq + rows[h]] : 0.0f;
+  }
+  const bool* mask = mask_row(p, bh);
+  float dqa[S::kDN][4] = {};
+  const int64_t last_row = min(p.tq, q0 + kRows) - 1;
+  const int64_t end = p.causal ? min(p.tk, last_row + (p.tk - p.tq) + 1) : p.tk;
+  const int64_t warp_end = wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0;
+  for (int64_t j0 = 0; j0 < end; j0 += kCols) {
+    __syncthreads();
+    load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
+    __syncthreads();
+    if (j0 >= warp_end) continue;
+    float s[S::kN][4] = {}, dp[S::kN][4] = {};
+#pragma unroll
+    for (int st = 0; st < S::kSteps; ++st) {
+      Val<Ops> ga[4];
+      load_a<Ops>(ga, gs, S::kLd, warp * 16, st * Ops::kK, g, t);
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n) {
+        Val<Ops> b[2];
+        load_bt<Ops>(b, ks, S::kLd, n * 8, st * Ops::kK, g, t);
+        mma<Ops>(s[n], qa[st], b);
+        load_bt<Ops>(b, vs, S::kLd, n * 8, st * Ops::kK, g, t);
+        mma<Ops>(dp[n], ga, b);
+      }
+    }
+    if (p.dropout.on) {
+      fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+      __syncwarp();
+    }
+#pragma unroll
+    for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, c = n * 8 + 2 * t + (e & 1);
+        const int64_t j = j0 + c;
+        float ds = 0.0f;
+        if (j < limits[h] && (!mask || mask[j])) {
+          const float prob = __expf(visible_score(mask, j, s[n][e], p.scale) - row_lse[h]);
+          ds = prob * (keep_of(p.dropout, flags, g + 8 * h, c) * dp[n][e] - row_d[h]) * p.scale;
+        }
+        s[n][e] = ds;
+      }
+#pragma unroll
+    for (int kk = 0; kk < S::kKeySteps; ++kk) {
+      Val<Ops> a[4];
+      c_to_a<Ops>(a, s, kk);
+#pragma unroll
+      for (int n = 0; n < S::kDN; ++n) {
+        Val<Ops> b[2];
+        load_b<Ops>(b, ks, S::kLd, kk * Ops::kK, n * 8, g, t);
+        mma<Ops>(dqa[n], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (rows[h] >= p.tq) continue;
+    float* dst = dq + (bh * p.tq + rows[h]) * p.d;
+#pragma unroll
+    for (int n = 0; n < S::kDN; ++n) {
+      const int c = n * 8 + 2 * t;
+      if (c < p.d) dst[c] = dqa[n][2 * h];
+      if (c + 1 < p.d) dst[c + 1] = dqa[n][2 * h + 1];
+    }
+  }
+#endif
+}
+
+// ---- backward: dK, dV ----
+// Block: (batch·head, 64 key rows); warp: 16 keys, k and v fragments in registers; walks the
+// query tiles that see them: sᵀ = k·qᵀ, dPᵀ = v·dOᵀ, then dV += pᵀ·dO and dK += dSᵀ·q.
+template <class Ops, int MaxD>
+__global__ void __launch_bounds__(kBlockThreads)
+    mma_backward_kv_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
+                           const float* dvec, float* dk, float* dv, Params p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  using S = Shape<Ops, MaxD>;
+  using Elem = typename Ops::Elem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  Elem* kself = reinterpret_cast<Elem*>(smem);
+  Elem* vself = reinterpret_cast<Elem*>(smem + S::kTile);
+  Elem* qs = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
+  Elem* gs = reinterpret_cast<Elem*>(smem + 3 * S::kTile);
+  float* lse_s = reinterpret_cast<float*>(smem + 4 * S::kTile);
+  float* dvec_s = lse_s + kCols;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint8_t* flags = reinterpret_cast<uint8_t*>(dvec_s + kCols) + warp * 16 * kCols;
+  const int64_t bh = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
+
+  load_pair<Elem, MaxD, S::kLd>(kself, k + bh * p.tk * p.d, vself, v + bh * p.tk * p.d, p.tk, k0, p);
+  __syncthreads();
+  // k's fragments stay in registers; v's are read from shared memory at each use.
+  Val<Ops> ka[S::kSteps][4];
+#pragma unroll
+  for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(ka[st], kself, S::kLd, warp * 16, st * Ops::kK, g, t);
+  const int64_t keys[2] = {wk0 + g, wk0 + g + 8};
+  const bool* mask = mask_row(p, bh);
+  bool unmasked[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) unmasked[h] = !mask || (keys[h] < p.tk && mask[keys[h]]);
+  float dka[S::kDN][4] = {}, dva[S::kDN][4] = {};
+  // Query i sees key j when i >= j - offset.
+  const int64_t first_query = p.causal ? max(int64_t(0), k0 - offset) : 0;
+  for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
+    __syncthreads();
+    load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, i0, p);
+    for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
+      lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
+      dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
+    }
+    __syncthreads();
+    if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
+    float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
+#pragma unroll
+    for (int st = 0; st < S::kSteps; ++st) {
+      Val<Ops> va[4];
+      load_a<Ops>(va, vself, S::kLd, warp * 16, st * Ops::kK, g, t);
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n) {
+        Val<Ops> b[2];
+        load_bt<Ops>(b, qs, S::kLd, n * 8, st * Ops::kK, g, t);
+        mma<Ops>(st_[n], ka[st], b);
+        load_bt<Ops>(b, gs, S::kLd, n * 8, st * Ops::kK, g, t);
+        mma<Ops>(dpt[n], va, b);
+      }
+    }
+    if (p.dropout.on) {
+      fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
+      __syncwarp();
+    }
+#pragma unroll
+    for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * t + (e & 1);
+        const int64_t i = i0 + c, j = keys[e / 2];
+        float prob = 0.0f, ds = 0.0f;
+        if (j < visible_keys(p, i)) {
+          const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
+          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale) - lse_s[c]);
+          // where() passes no gradient to a padded-out key's score.
+          if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+          prob = pr * keep;
+        }
+        st_[n][e] = prob;
+        dpt[n][e] = ds;
+      }
+#pragma unroll
+    for (int kk = 0; kk < S::kKeySteps; ++kk) {
+      Val<Ops> a[4], ad[4];
+      c_to_a<Ops>(a, st_, kk);
+      c_to_a<Ops>(ad, dpt, kk);
+#pragma unroll
+      for (int n = 0; n < S::kDN; ++n) {
+        Val<Ops> b[2];
+        load_b<Ops>(b, gs, S::kLd, kk * Ops::kK, n * 8, g, t);
+        mma<Ops>(dva[n], a, b);
+        load_b<Ops>(b, qs, S::kLd, kk * Ops::kK, n * 8, g, t);
+        mma<Ops>(dka[n], ad, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (keys[h] >= p.tk) continue;
+    float* dkr = dk + (bh * p.tk + keys[h]) * p.d;
+    float* dvr = dv + (bh * p.tk + keys[h]) * p.d;
+#pragma unroll
+    for (int n = 0; n < S::kDN; ++n) {
+      const int c = n * 8 + 2 * t;
+      if (c < p.d) dkr[c] = dka[n][2 * h], dvr[c] = dva[n][2 * h];
+      if (c + 1 < p.d) dkr[c + 1] = dka[n][2 * h + 1], dvr[c + 1] = dva[n][2 * h + 1];
+    }
+  }
+#endif
+}
+
+// D_i = dO_i · O_i, one warp per row.
+__global__ void row_dot_kernel(const float* g, const float* out, float* dvec, int64_t rows, int d) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float acc = 0.0f;
+  for (int c = lane; c < d; c += 32) acc += g[row * d + c] * out[row * d + c];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) dvec[row] = acc;
+}
+
+bool has_tensor_core_kernels() {
+  static const bool yes = [] {
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, active_device()), "compute capability");
+    return major >= 8;
+  }();
+  return yes;
+}
+
+
+template <class F>
+void dispatch(const cpu::FlashAttentionShape& s, F&& f) {
+  auto with_dim = [&](auto ops) {
+    if (s.d <= 32) f(ops, std::integral_constant<int, 32>{});
+    else f(ops, std::integral_constant<int, 64>{});
+  };
+  switch (s.operands) {
+    case cpu::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}); break;
+    case cpu::FlashAttentionShape::Operands::tf32: with_dim(Tf32Ops{}); break;
+    default: with_dim(F32Ops{}); break;
+  }
+}
+
+template <class Kernel, class... Args>
+void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... args) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
+  kernel<<<grid, kBlockThreads, bytes, stream()>>>(args...);
+  check_launch(what);
+}
+
+}  // namespace
+
+bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
+  return q.dtype() == DType::f32 && head_dim > 0 && head_dim <= 64 && has_tensor_core_kernels();
+}
+
+void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
+                                Array& out, Array& lse) {
+  if (s.batch_heads * s.tq == 0) return;
+  const Params params = params_of(s, vector_rows(s, {&q, &k, &v}));
+  const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows));
+  dispatch(s, [&](auto ops, auto md) {
+    using Sh = Shape<decltype(ops), decltype(md)::value>;
+    launch(mma_forward_kernel<decltype(ops), decltype(md)::value>, grid, 3 * Sh::kTile + Sh::kKeepFlags,
+           "flash_attention (tensor cores, mma)", ptr<float>(q), ptr<float>(k), ptr<float>(v), mptr<float>(out),
+           mptr<float>(lse), params);
+  });
+}
+
+void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                                 const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+  const int64_t rows = s.batch_heads * s.tq;
+  Array dvec = Array::empty({rows}, DType::f32, q.device());
+  row_dot_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<float>(g), ptr<float>(out),
+                                                                         mptr<float>(dvec), rows, int(s.d));
+  check_launch("flash_attention_backward (row dots)");
+  const Params params = params_of(s, vector_rows(s, {&q, &k, &v, &g}));
+  dispatch(s, [&](auto ops, auto md) {
+    using Ops = decltype(ops);
+    constexpr int MaxD = decltype(md)::value;
+    using Sh = Shape<Ops, MaxD>;
+    launch(mma_backward_kv_kernel<Ops, MaxD>, dim3(unsigned(s.batch_heads), unsigned((s.tk + kRows - 1) / kRows)),
+           4 * Sh::kTile + 2 * kCols * sizeof(float) + Sh::kKeepFlags,
+           "flash_attention_backward (dK, dV; tensor cores, mma)",
+           ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(g), ptr<float>(lse), ptr<float>(dvec),
+           mptr<float>(dk), mptr<float>(dv), params);
+    launch(mma_backward_q_kernel<Ops, MaxD>, dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),
+           4 * Sh::kTile + Sh::kKeepFlags, "flash_attention_backward (dQ; tensor cores, mma)", ptr<float>(q), ptr<float>(k),
+           ptr<float>(v), ptr<float>(g), ptr<float>(lse), ptr<float>(dvec), mptr<float>(dq), params);
+  });
+}
+
+}  // namespace mt::cuda
