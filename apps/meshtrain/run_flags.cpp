@@ -58,8 +58,8 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_device_flag(cmd, f.device);
   cmd->add_option("--attention", f.attention,
                   "causal attention: fused (flash-style: no T x T probabilities in memory), composed (GEMMs + "
-                  "fused softmax, probabilities kept for the backward) or auto (fused on the CPU, composed on a GPU, "
-                  "where the fused kernels are slower for now)")
+                  "fused softmax, probabilities kept for the backward) or auto (fused for f32 math on the CPU; on a "
+                  "GPU fused where the tensor-core kernels apply: f32 arrays, head dim <= 64, sm_80+)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "composed", "fused"}));
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");

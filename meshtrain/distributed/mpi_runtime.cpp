@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "meshtrain/backend/cuda/kernels.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/distributed/hosts.h"
@@ -91,6 +92,7 @@ void MpiRuntime::thread_main() {
     } else {
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
       MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+      if (world_size_ > 1) cuda::set_matmul_tuning(false);
       g_loop_running.store(true);
     }
     started_ = true;

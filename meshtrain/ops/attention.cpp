@@ -267,8 +267,8 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
            " are not a multiple of key/value heads ", k.dim(1));
   const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
   const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
-  // The common decoder case runs fused (no (Tq, Tk) probabilities in memory) on the CPU by
-  // default, on a GPU when asked for (see AttentionKernel).
+  // The common decoder and encoder cases run fused (no (Tq, Tk) probabilities in memory) by
+  // default where the fused kernels are the faster form (see AttentionKernel).
   const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
   const AttentionKernel kernel = attention_kernel();
   // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision

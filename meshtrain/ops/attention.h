@@ -20,7 +20,7 @@ struct AttentionOptions {
 // softmax(scale · q kᵀ) v, fused (flash-style): q (B, H, Tq, D), k and v (B, H, Tk, D) (heads
 // already repeated), bottom-right causal mask when `causal`, dropout on the probabilities at
 // `dropout_rate` (0: none) with the masks dropout() would draw on the (B, H, Tq, Tk) array.
-// The probabilities are never stored. key_mask (CPU; GPU with f32 arrays and head dim <= 64): an optional bool key-padding mask
+// The probabilities are never stored. key_mask (CPU; GPU with f32 arrays, head dim <= 64, sm_80+): an optional bool key-padding mask
 // (B or 1, 1, 1, Tk), true = attend, masked scores set to the lowest finite value as the
 // composed form's where() does.
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,

@@ -17,8 +17,8 @@
 // next product's B rows are read in the same permuted order, which leaves the sum unchanged.
 //
 // Operands (--precision): bf16, TF32, or f32-accurate as three TF32 products per pair (hi·hi +
-// hi·lo + lo·hi). The scalar kernels (attention.cu) remain for bf16/f16 arrays, head dims
-// above 64 and GPUs before sm_80 (mma.sync TF32/bf16 needs sm_80).
+// hi·lo + lo·hi). The scalar kernels (attention.cu) remain for bf16/f16 arrays and for GPUs
+// (or builds) before sm_80, where mma.sync has no TF32/bf16 shapes.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -46,7 +46,7 @@ struct Tf32Ops {
 struct Bf16Ops {
   using Elem = __nv_bfloat16;
   static constexpr int kK = 16, kPad = 8;
-  static constexpr bool kTf32 = false, kSplit = false;
+  static constexpr bool kTf32 = false;
 };
 
 // A register operand element: an f32 value (rounded to TF32 at the product) or two packed bf16.
@@ -191,6 +191,62 @@ struct Shape {
   static_assert(kTile % 16 == 0);
 };
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// The backward's two score-shaped products over the head dim, in one k loop: s += a·xᵀ with
+// a's fragments in registers, dp += (the warp's 16 rows of b_rows)·yᵀ with b's fragments read
+// from shared memory at each step (both in registers spill the f32 kernels).
+template <class Ops, int MaxD>
+__device__ inline void score_pair(float (&s)[Shape<Ops, MaxD>::kN][4], float (&dp)[Shape<Ops, MaxD>::kN][4],
+                                  const Val<Ops> (&a)[Shape<Ops, MaxD>::kSteps][4], const typename Ops::Elem* b_rows,
+                                  const typename Ops::Elem* x, const typename Ops::Elem* y, int warp, int g, int t) {
+  using S = Shape<Ops, MaxD>;
+#pragma unroll
+  for (int st = 0; st < S::kSteps; ++st) {
+    Val<Ops> b[4];
+    load_a<Ops>(b, b_rows, S::kLd, warp * 16, st * Ops::kK, g, t);
+#pragma unroll
+    for (int n = 0; n < S::kN; ++n) {
+      Val<Ops> bx[2];
+      load_bt<Ops>(bx, x, S::kLd, n * 8, st * Ops::kK, g, t);
+      mma<Ops>(s[n], a[st], bx);
+      load_bt<Ops>(bx, y, S::kLd, n * 8, st * Ops::kK, g, t);
+      mma<Ops>(dp[n], b, bx);
+    }
+  }
+}
+
+// acc[n] += c · tile over a tile's 64 columns: c's C tiles become the A operand (c_to_a) and
+// the tile's rows (keys or queries) the k dimension; n runs over 8-wide column groups of d.
+template <class Ops, int MaxD>
+__device__ inline void accumulate_product(float (&acc)[Shape<Ops, MaxD>::kDN][4], const float (&c)[Shape<Ops, MaxD>::kN][4],
+                                          const typename Ops::Elem* tile, int g, int t) {
+  using S = Shape<Ops, MaxD>;
+#pragma unroll
+  for (int kk = 0; kk < S::kKeySteps; ++kk) {
+    Val<Ops> a[4];
+    c_to_a<Ops>(a, c, kk);
+#pragma unroll
+    for (int n = 0; n < S::kDN; ++n) {
+      Val<Ops> b[2];
+      load_b<Ops>(b, tile, S::kLd, kk * Ops::kK, n * 8, g, t);
+      mma<Ops>(acc[n], a, b);
+    }
+  }
+}
+
+// Row r (the thread's row g, h = 0, or g + 8, h = 1) of a warp's (16, d) result, times
+// `factor`, into dst (the row's first element).
+template <int DN>
+__device__ inline void store_row(float* dst, const float (&acc)[DN][4], int h, int d, int t, float factor) {
+#pragma unroll
+  for (int n = 0; n < DN; ++n) {
+    const int c = n * 8 + 2 * t;
+    if (c < d) dst[c] = acc[n][2 * h] * factor;
+    if (c + 1 < d) dst[c + 1] = acc[n][2 * h + 1] * factor;
+  }
+}
+#endif
+
 // ---- forward ----
 // Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
 template <class Ops, int MaxD>
@@ -216,16 +272,15 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
   const int64_t rows[2] = {wq0 + g, wq0 + g + 8};
   const int64_t limits[2] = {visible_keys(p, rows[0]), visible_keys(p, rows[1])};
   const bool* mask = mask_row(p, bh);
+  const float fill = masked_fill(p, mask);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[S::kDN][4] = {};
-  const int64_t last_row = min(p.tq, q0 + kRows) - 1;
-  const int64_t end = p.causal ? min(p.tk, last_row + (p.tk - p.tq) + 1) : p.tk;
-  const int64_t warp_end = wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0;
-  for (int64_t j0 = 0; j0 < end; j0 += kCols) {
+  const KeyEnds ends = key_ends(p, q0, wq0);
+  for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
     load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
     __syncthreads();
-    if (j0 >= warp_end) continue;
+    if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {};
 #pragma unroll
     for (int st = 0; st < S::kSteps; ++st)
@@ -241,7 +296,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
-        s[n][e] = j < limits[e / 2] ? visible_score(mask, j, s[n][e], p.scale) : -INFINITY;
+        s[n][e] = j < limits[e / 2] ? visible_score(mask, j, s[n][e], p.scale, fill) : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
       }
     float alpha[2];
@@ -269,17 +324,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
         l[e / 2] += ex;
         x = ex * keep_of(p.dropout, flags, g + 8 * (e / 2), n * 8 + 2 * t + (e & 1));
       }
-#pragma unroll
-    for (int kk = 0; kk < S::kKeySteps; ++kk) {
-      Val<Ops> a[4];
-      c_to_a<Ops>(a, s, kk);
-#pragma unroll
-      for (int n = 0; n < S::kDN; ++n) {
-        Val<Ops> b[2];
-        load_b<Ops>(b, vs, S::kLd, kk * Ops::kK, n * 8, g, t);
-        mma<Ops>(o[n], a, b);
-      }
-    }
+    accumulate_product<Ops, MaxD>(o, s, vs, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -287,13 +332,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     if (rows[h] >= p.tq) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // no keys at all (Tk = 0): zeros, as the CPU
-    float* dst = out + (bh * p.tq + rows[h]) * p.d;
-#pragma unroll
-    for (int n = 0; n < S::kDN; ++n) {
-      const int c = n * 8 + 2 * t;
-      if (c < p.d) dst[c] = o[n][2 * h] * inv;
-      if (c + 1 < p.d) dst[c + 1] = o[n][2 * h + 1] * inv;
-    }
+    store_row(out + (bh * p.tq + rows[h]) * p.d, o, h, p.d, t, inv);
     if (t == 0) lse[bh * p.tq + rows[h]] = m[h] + logf(l[h]);
   }
 #endif
@@ -320,8 +359,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, q0, p);
   __syncthreads();
-  // q's fragments stay in registers; dO's are read from shared memory at each use (both in
-  // registers spill the f32 kernels).
   Val<Ops> qa[S::kSteps][4];
 #pragma unroll
   for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(qa[st], qs, S::kLd, warp * 16, st * Ops::kK, g, t);
@@ -334,29 +371,16 @@ __global__ void __launch_bounds__(kBlockThreads)
     row_d[h] = rows[h] < p.tq ? dvec[bh * p.tq + rows[h]] : 0.0f;
   }
   const bool* mask = mask_row(p, bh);
+  const float fill = masked_fill(p, mask);
   float dqa[S::kDN][4] = {};
-  const int64_t last_row = min(p.tq, q0 + kRows) - 1;
-  const int64_t end = p.causal ? min(p.tk, last_row + (p.tk - p.tq) + 1) : p.tk;
-  const int64_t warp_end = wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0;
-  for (int64_t j0 = 0; j0 < end; j0 += kCols) {
+  const KeyEnds ends = key_ends(p, q0, wq0);
+  for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
     load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
     __syncthreads();
-    if (j0 >= warp_end) continue;
+    if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
-#pragma unroll
-    for (int st = 0; st < S::kSteps; ++st) {
-      Val<Ops> ga[4];
-      load_a<Ops>(ga, gs, S::kLd, warp * 16, st * Ops::kK, g, t);
-#pragma unroll
-      for (int n = 0; n < S::kN; ++n) {
-        Val<Ops> b[2];
-        load_bt<Ops>(b, ks, S::kLd, n * 8, st * Ops::kK, g, t);
-        mma<Ops>(s[n], qa[st], b);
-        load_bt<Ops>(b, vs, S::kLd, n * 8, st * Ops::kK, g, t);
-        mma<Ops>(dp[n], ga, b);
-      }
-    }
+    score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
     if (p.dropout.on) {
       fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
       __syncwarp();
@@ -369,33 +393,16 @@ __global__ void __launch_bounds__(kBlockThreads)
         const int64_t j = j0 + c;
         float ds = 0.0f;
         if (j < limits[h] && (!mask || mask[j])) {
-          const float prob = __expf(visible_score(mask, j, s[n][e], p.scale) - row_lse[h]);
+          const float prob = __expf(visible_score(mask, j, s[n][e], p.scale, fill) - row_lse[h]);
           ds = prob * (keep_of(p.dropout, flags, g + 8 * h, c) * dp[n][e] - row_d[h]) * p.scale;
         }
         s[n][e] = ds;
       }
-#pragma unroll
-    for (int kk = 0; kk < S::kKeySteps; ++kk) {
-      Val<Ops> a[4];
-      c_to_a<Ops>(a, s, kk);
-#pragma unroll
-      for (int n = 0; n < S::kDN; ++n) {
-        Val<Ops> b[2];
-        load_b<Ops>(b, ks, S::kLd, kk * Ops::kK, n * 8, g, t);
-        mma<Ops>(dqa[n], a, b);
-      }
-    }
+    accumulate_product<Ops, MaxD>(dqa, s, ks, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (rows[h] >= p.tq) continue;
-    float* dst = dq + (bh * p.tq + rows[h]) * p.d;
-#pragma unroll
-    for (int n = 0; n < S::kDN; ++n) {
-      const int c = n * 8 + 2 * t;
-      if (c < p.d) dst[c] = dqa[n][2 * h];
-      if (c + 1 < p.d) dst[c + 1] = dqa[n][2 * h + 1];
-    }
+    if (rows[h] < p.tq) store_row(dq + (bh * p.tq + rows[h]) * p.d, dqa, h, p.d, t, 1.0f);
   }
 #endif
 }
@@ -423,12 +430,12 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   load_pair<Elem, MaxD, S::kLd>(kself, k + bh * p.tk * p.d, vself, v + bh * p.tk * p.d, p.tk, k0, p);
   __syncthreads();
-  // k's fragments stay in registers; v's are read from shared memory at each use.
   Val<Ops> ka[S::kSteps][4];
 #pragma unroll
   for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(ka[st], kself, S::kLd, warp * 16, st * Ops::kK, g, t);
   const int64_t keys[2] = {wk0 + g, wk0 + g + 8};
   const bool* mask = mask_row(p, bh);
+  const float fill = masked_fill(p, mask);
   bool unmasked[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) unmasked[h] = !mask || (keys[h] < p.tk && mask[keys[h]]);
@@ -445,19 +452,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     __syncthreads();
     if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
     float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
-#pragma unroll
-    for (int st = 0; st < S::kSteps; ++st) {
-      Val<Ops> va[4];
-      load_a<Ops>(va, vself, S::kLd, warp * 16, st * Ops::kK, g, t);
-#pragma unroll
-      for (int n = 0; n < S::kN; ++n) {
-        Val<Ops> b[2];
-        load_bt<Ops>(b, qs, S::kLd, n * 8, st * Ops::kK, g, t);
-        mma<Ops>(st_[n], ka[st], b);
-        load_bt<Ops>(b, gs, S::kLd, n * 8, st * Ops::kK, g, t);
-        mma<Ops>(dpt[n], va, b);
-      }
-    }
+    score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
     if (p.dropout.on) {
       fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
       __syncwarp();
@@ -471,7 +466,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         float prob = 0.0f, ds = 0.0f;
         if (j < visible_keys(p, i)) {
           const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale) - lse_s[c]);
+          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
           // where() passes no gradient to a padded-out key's score.
           if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
           prob = pr * keep;
@@ -479,32 +474,14 @@ __global__ void __launch_bounds__(kBlockThreads)
         st_[n][e] = prob;
         dpt[n][e] = ds;
       }
-#pragma unroll
-    for (int kk = 0; kk < S::kKeySteps; ++kk) {
-      Val<Ops> a[4], ad[4];
-      c_to_a<Ops>(a, st_, kk);
-      c_to_a<Ops>(ad, dpt, kk);
-#pragma unroll
-      for (int n = 0; n < S::kDN; ++n) {
-        Val<Ops> b[2];
-        load_b<Ops>(b, gs, S::kLd, kk * Ops::kK, n * 8, g, t);
-        mma<Ops>(dva[n], a, b);
-        load_b<Ops>(b, qs, S::kLd, kk * Ops::kK, n * 8, g, t);
-        mma<Ops>(dka[n], ad, b);
-      }
-    }
+    accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
+    accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (keys[h] >= p.tk) continue;
-    float* dkr = dk + (bh * p.tk + keys[h]) * p.d;
-    float* dvr = dv + (bh * p.tk + keys[h]) * p.d;
-#pragma unroll
-    for (int n = 0; n < S::kDN; ++n) {
-      const int c = n * 8 + 2 * t;
-      if (c < p.d) dkr[c] = dka[n][2 * h], dvr[c] = dva[n][2 * h];
-      if (c + 1 < p.d) dkr[c + 1] = dka[n][2 * h + 1], dvr[c + 1] = dva[n][2 * h + 1];
-    }
+    store_row(dk + (bh * p.tk + keys[h]) * p.d, dka, h, p.d, t, 1.0f);
+    store_row(dv + (bh * p.tk + keys[h]) * p.d, dva, h, p.d, t, 1.0f);
   }
 #endif
 }
@@ -521,11 +498,16 @@ __global__ void row_dot_kernel(const float* g, const float* out, float* dvec, in
   if (lane == 0) dvec[row] = acc;
 }
 
+// The GPU has mma.sync TF32/bf16 (sm_80+) and the build holds these kernels for it: a build
+// for an older architecture only (e.g. -DCMAKE_CUDA_ARCHITECTURES=75) would run them from
+// PTX whose bodies are empty, so the scalar kernels take over instead.
 bool has_tensor_core_kernels() {
   static const bool yes = [] {
     int major = 0;
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, active_device()), "compute capability");
-    return major >= 8;
+    cudaFuncAttributes image{};
+    check(cudaFuncGetAttributes(&image, mma_forward_kernel<F32Ops, 64>), "flash_attention kernel image");
+    return major >= 8 && image.ptxVersion >= 80 && image.binaryVersion >= 80;
   }();
   return yes;
 }

@@ -49,10 +49,30 @@ __device__ inline int64_t visible_keys(const Params& p, int64_t i) {
 __device__ inline const bool* mask_row(const Params& p, int64_t bh) {
   return p.key_mask ? p.key_mask + (p.mask_batches == 1 ? 0 : bh / p.heads) * p.tk : nullptr;
 }
-// The scaled score of a visible key; a padded-out key takes the lowest finite float, as the
-// composed form's where() (a row with no unmasked key attends uniformly).
-__device__ inline float visible_score(const bool* mask, int64_t j, float raw, float scale) {
-  return mask && !mask[j] ? -FLT_MAX : raw * scale;
+// How far the key tiles go for a block of query rows from q0 (through the last row's causal
+// limit) and for its warp's 16 rows from wq0 (0 when they are all past Tq).
+struct KeyEnds {
+  int64_t block, warp;
+};
+__device__ inline KeyEnds key_ends(const Params& p, int64_t q0, int64_t wq0) {
+  const int64_t last_row = min(p.tq, q0 + kRows) - 1;
+  return {p.causal ? min(p.tk, last_row + (p.tk - p.tq) + 1) : p.tk,
+          wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0};
+}
+
+// The score a padded-out key takes: the lowest finite float, as the composed form's where(),
+// or 0 in a mask row with no unmasked key (it then attends uniformly; with the lowest float
+// its log-sum-exp would round back to the lowest float and lose log(Tk), as on the CPU).
+// Every thread of the block must call it (a barrier).
+__device__ inline float masked_fill(const Params& p, const bool* mask) {
+  if (!mask) return -FLT_MAX;
+  int any = 0;
+  for (int64_t j = threadIdx.x; j < p.tk && !any; j += blockDim.x) any = mask[j];
+  return __syncthreads_or(any) ? -FLT_MAX : 0.0f;
+}
+// The scaled score of a visible key (`fill` for a padded-out one).
+__device__ inline float visible_score(const bool* mask, int64_t j, float raw, float scale, float fill) {
+  return mask && !mask[j] ? fill : raw * scale;
 }
 
 // Rows r0 .. r0 + 64 of a (rows, d) f32 matrix into an operand tile, zeros past `rows` and d.

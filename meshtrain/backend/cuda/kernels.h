@@ -90,5 +90,9 @@ void adam_direction(const Array& m, const Array& v, const Array* p, const cpu::A
 // As cpu::matmul; `tf32` lets f32 products use TF32 tensor cores (--precision tf32).
 void matmul(cpu::MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a,
             int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, bool tf32);
+// Whether large GEMMs may time cuBLASLt's candidate algorithms on first use (matmul.cpp).
+// Multi-process runs turn it off: each process would choose by its own timings, and
+// replicated products must round alike on every rank.
+void set_matmul_tuning(bool allowed);
 
 }  // namespace mt::cuda

@@ -5,10 +5,12 @@
 // heuristic proposes up to kCandidates; a large GEMM times them on its first run that writes
 // (not accumulates) its output and keeps the fastest. The heuristic's first choice is far from
 // the fastest for some shapes, e.g. GPT-2's output layer, whose 50257-wide rows are not
-// 16-byte aligned. MT_MATMUL_TUNING=0 keeps the heuristic's first choice (the same algorithm,
-// so the same rounding, in every run).
+// 16-byte aligned. Timings vary, so two runs may choose different algorithms and round
+// differently: MT_MATMUL_TUNING=0 keeps the heuristic's first choice, and multi-process runs
+// do not tune (set_matmul_tuning), so that replicated products round alike on every rank.
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -113,45 +115,61 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
   return p;
 }
 
+std::atomic<bool> g_tuning_allowed{true};
+
 bool tuning_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("MT_MATMUL_TUNING");
     return !(v && std::string(v) == "0");
   }();
-  return on;
+  return on && g_tuning_allowed.load(std::memory_order_relaxed);
 }
+
+// Runs the cuBLASLt call; a failure leaves no CUDA error behind to be blamed on a later
+// kernel.
+struct TuningEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TuningEvents() {
+    check(cudaEventCreate(&start), "matmul tuning");
+    check(cudaEventCreate(&stop), "matmul tuning");
+  }
+  ~TuningEvents() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
 
 // Times each candidate (one warm-up, then two runs) writing c, keeps the fastest. Runs once
 // per shape; the caller's own run then overwrites c.
 void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "matmul tuning");
-  check(cudaEventCreate(&stop), "matmul tuning");
+  TuningEvents events;
   const float alpha = 1.0f, beta = 0.0f;
   float best = -1.0f;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
     auto run = [&] {
-      return cublasLtMatmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo, l.workspace,
-                            kWorkspaceBytes, stream());
+      const bool ok = cublasLtMatmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo,
+                                     l.workspace, kWorkspaceBytes, stream()) == CUBLAS_STATUS_SUCCESS;
+      if (!ok) cudaGetLastError();
+      return ok;
     };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;
-    check(cudaEventRecord(start, stream()), "matmul tuning");
-    bool ok = run() == CUBLAS_STATUS_SUCCESS && run() == CUBLAS_STATUS_SUCCESS;
-    check(cudaEventRecord(stop, stream()), "matmul tuning");
-    check(cudaEventSynchronize(stop), "matmul tuning");
+    if (!run()) continue;
+    check(cudaEventRecord(events.start, stream()), "matmul tuning");
+    const bool ok = run() && run();
+    check(cudaEventRecord(events.stop, stream()), "matmul tuning");
+    check(cudaEventSynchronize(events.stop), "matmul tuning");
     float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "matmul tuning");
+    check(cudaEventElapsedTime(&ms, events.start, events.stop), "matmul tuning");
     if (ok && (best < 0.0f || ms < best)) {
       best = ms;
       p.algo = algo;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   p.tuned = true;
 }
 
 }  // namespace
+
+void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memory_order_relaxed); }
 
 void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
             int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, bool tf32) {
@@ -175,7 +193,14 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
   }
   Lt& l = lt();
   const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32};
-  const Plan* plan;
+  // The plan's handles and algorithm, copied under the lock: a tuning call may change the
+  // algorithm of a plan another thread already holds.
+  struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    bool found;
+  } plan;
   {
     std::lock_guard<std::mutex> lock(l.mutex);
     auto it = l.plans.find(key);
@@ -184,13 +209,13 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
     if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
         2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)
       tune(l, p, a, b, c);
-    plan = &p;
+    plan = {p.desc, p.a, p.b, p.c, p.algo, p.found};
   }
-  MT_CHECK(plan->found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
+  MT_CHECK(plan.found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
            " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(l.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c, plan->c,
-                          &plan->algo, l.workspace, kWorkspaceBytes, stream()),
+  check_lt(cublasLtMatmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
+                          l.workspace, kWorkspaceBytes, stream()),
            "matmul");
 }
 

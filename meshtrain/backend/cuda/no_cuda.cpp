@@ -50,6 +50,7 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
 }
 bool flash_attention_supported(int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
+void set_matmul_tuning(bool) {}
 void flash_attention_forward_tc(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&,
                                 Array&) {
   no_cuda();
