@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc < 6) {
-    std::fprintf(stderr, "usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|bf16] [none|block|full]\n");
+    std::fprintf(stderr, "usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|tf32|bf16] [none|block|full] [cpu|cuda]\n");
     return 2;
   }
   try {
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     const std::string precision = argc > 6 ? argv[6] : "f32";
     const Remat remat = parse_remat(argc > 7 ? argv[7] : "none");
     const Device device = Device::parse(argc > 8 ? argv[8] : "cpu");
-    // MT_ATTENTION=fused: the flash-style kernels instead of the composed attention.
+    // MT_ATTENTION=auto|composed|fused overrides the attention form (see AttentionKernel).
     if (const char* a = std::getenv("MT_ATTENTION")) set_attention_kernel(attention_kernel_from_name(a));
     set_default_device(device);
     MatmulPrecisionScope scope(matmul_precision_from_name(precision));

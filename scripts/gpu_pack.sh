@@ -4,7 +4,7 @@
 # bench binaries (stripped), their non-system shared libraries (oneDNN, Open MPI, utf8proc,
 # sentencepiece, ...; the CUDA libraries are the GPU machine's own), the data the GPU tests
 # read, and scripts/gpu_run.sh. Build first (cmake --build build). On the GPU machine:
-#   tar -xJf .gpu/meshtrain-gpu.tar.xz -C /tmp && /tmp/meshtrain-gpu/gpu_run.sh [test|bench|all]
+#   tar -xJf .gpu/meshtrain-gpu.tar.xz -C /tmp && /tmp/meshtrain-gpu/gpu_run.sh [test|bench|examples|all]
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$root/build}

@@ -57,9 +57,11 @@ void add_device_flag(CLI::App* cmd, std::string& device) {
 void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_device_flag(cmd, f.device);
   cmd->add_option("--attention", f.attention,
-                  "causal attention: fused (flash-style: no T x T probabilities in memory), composed (GEMMs + "
-                  "fused softmax, probabilities kept for the backward) or auto (fused for f32 math on the CPU; on a "
-                  "GPU fused where the tensor-core kernels apply: f32 arrays, head dim <= 64, sm_80+)")
+                  "attention (causal, or with at most a key-padding mask): fused (flash-style: no T x T probabilities in "
+                  "memory), composed (GEMMs + "
+                  "fused softmax, probabilities kept for the backward) or auto (CPU: fused for f32 math, composed for "
+                  "bf16; GPU: fused where the tensor-core kernels apply, f32 arrays with head dim <= 64 on sm_80+, "
+                  "else composed)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "composed", "fused"}));
   cmd->add_option("--mesh", f.mesh, "device mesh, e.g. data=2,model=2 (its size must equal the number of processes)");

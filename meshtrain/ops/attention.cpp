@@ -274,7 +274,8 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
   // bf16) the composed form's GEMMs run on the CPU's bf16 units (AMX) and beat the f32 vector
   // kernel: GPT-2 B4 T256 1.83 vs 1.93 s/step, BERT B8 T128 1.31 vs 1.48 (bench/model_step_bench).
-  // On a GPU: fused wherever the tensor-core kernels take the arrays (f32, head dim <= 64).
+  // On a GPU: fused wherever the tensor-core kernels take the arrays (f32, head dim <= 64,
+  // sm_80+).
   const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
   const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, q.dim(3));
   const bool fused = kernel == AttentionKernel::fused ||

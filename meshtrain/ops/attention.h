@@ -20,9 +20,9 @@ struct AttentionOptions {
 // softmax(scale · q kᵀ) v, fused (flash-style): q (B, H, Tq, D), k and v (B, H, Tk, D) (heads
 // already repeated), bottom-right causal mask when `causal`, dropout on the probabilities at
 // `dropout_rate` (0: none) with the masks dropout() would draw on the (B, H, Tq, Tk) array.
-// The probabilities are never stored. key_mask (CPU; GPU with f32 arrays, head dim <= 64, sm_80+): an optional bool key-padding mask
-// (B or 1, 1, 1, Tk), true = attend, masked scores set to the lowest finite value as the
-// composed form's where() does.
+// The probabilities are never stored. key_mask: an optional bool key-padding mask (B or 1,
+// 1, 1, Tk), true = attend, masked scores set to the lowest finite value as the composed
+// form's where() does (on a GPU: f32 arrays, head dim <= 64, sm_80+).
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,
                       double dropout_rate = 0.0, const RngKey& dropout_key = {}, const Array& key_mask = Array());
 
@@ -34,8 +34,8 @@ bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk);
 // and for non-causal attention with at most a key-padding mask (BERT's):
 // `composed` (GEMMs, the fused causal softmax, dropout, with the (Tq, Tk) probabilities kept
 // for the backward), `fused` (flash_attention: none kept), or `automatic` (the default):
-// fused on the CPU for f32 math (its vector kernels run close to oneDNN's f32 GEMMs and keep
-// no T x T arrays), composed for bf16 math (bf16 GEMMs on AMX are faster); on a GPU fused
+// on the CPU fused for f32 math (its vector kernels run close to oneDNN's f32 GEMMs and keep
+// no T x T arrays) and composed for bf16 math (bf16 GEMMs on AMX are faster); on a GPU fused
 // where the tensor-core kernels take the arrays (f32, head dim <= 64, sm_80+), else composed.
 // Process-wide.
 enum class AttentionKernel { automatic, composed, fused };

@@ -1,10 +1,11 @@
 // Fused (flash-style) attention, forward and backward, for f32 arrays with head dims up to 64,
 // on tensor cores through mma.sync with register-resident fragments (the
-// FlashAttention-2 arrangement): each warp keeps its 16 rows' operand fragments, scores,
-// probabilities and output accumulators in registers, where the thread/element layout of
-// mma.sync is known, so the online softmax rescales the output in place and the scores
-// become the next product's operand without a trip through shared memory. Only the tiles a
-// block walks (keys and values, or queries and output gradients) pass through shared memory.
+// FlashAttention-2 arrangement): in the forward each warp keeps its 16 rows' q fragments,
+// scores, probabilities and output accumulators in registers, where the thread/element layout
+// of mma.sync is known, so the online softmax rescales the output in place and the scores
+// become the next product's operand without a trip through shared memory. The tiles a block
+// walks (keys and values, or queries and output gradients) pass through shared memory, as do
+// the backward's second own operand (dO, or v), read at each k step.
 //
 // mma.sync fragments (g = lane / 4, t = lane % 4), m16n8k8 TF32 and m16n8k16 bf16:
 //   C (16 x 8):  c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1)
@@ -339,7 +340,8 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
 }
 
 // ---- backward: dQ ----
-// Block: (batch·head, 64 query rows); warp: 16 rows, q and dO fragments in registers; walks
+// Block: (batch·head, 64 query rows); warp: 16 rows, q fragments in registers (dO's read from
+// shared memory at each k step); walks
 // the key tiles they see: s = q·kᵀ, dP = dO·vᵀ, dS, dQ += dS·k.
 template <class Ops, int MaxD>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -408,7 +410,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // ---- backward: dK, dV ----
-// Block: (batch·head, 64 key rows); warp: 16 keys, k and v fragments in registers; walks the
+// Block: (batch·head, 64 key rows); warp: 16 keys, k fragments in registers (v's read from
+// shared memory at each k step); walks the
 // query tiles that see them: sᵀ = k·qᵀ, dPᵀ = v·dOᵀ, then dV += pᵀ·dO and dK += dSᵀ·q.
 template <class Ops, int MaxD>
 __global__ void __launch_bounds__(kBlockThreads)
