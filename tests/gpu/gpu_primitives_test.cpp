@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -131,6 +132,22 @@ TEST(GpuPrimitives, LargeShapesTakeTheFastPathsAndStillEqualTheCpu) {
       << "head transpose";
 }
 
+// An attention function's output and its q, k, v gradients on the GPU (under `gpu_precision`
+// when given) against the CPU's, each max error printed as "<label> forward<suffix>",
+// "<label> dq<suffix>", ...
+void expect_attention_gpu_equals_cpu(const OpFn& fn, const std::vector<Array>& in, const Array& cot,
+                                     const Tolerance& tol, const std::string& label,
+                                     const std::string& suffix = ", gpu vs cpu",
+                                     std::optional<MatmulPrecision> gpu_precision = std::nullopt) {
+  const auto [ref, ref_grads] = vjp(fn, in, cot);
+  std::optional<MatmulPrecisionScope> scope;
+  if (gpu_precision) scope.emplace(*gpu_precision);
+  const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+  expect_close(out.to(Device::cpu()), ref, tol, label + " forward" + suffix);
+  for (int i = 0; i < 3; ++i)
+    expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol, label + " d" + "qkv"[i] + suffix);
+}
+
 // The fused attention kernels at model sizes (several tiles, a causal offset, dropout, both
 // head-dim templates) against the CPU kernel: forward and the three gradients.
 TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
@@ -143,14 +160,9 @@ TEST(GpuPrimitives, FlashAttentionAtModelSizesEqualsTheCpuKernel) {
                                      cast(random_normal({2, 4, 200, d}, 23), dtype)};
       auto fn = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, key); };
       const Array cot = cast(random_normal({2, 4, 130, d}, 24), dtype);
-      const auto [ref, ref_grads] = vjp(fn, in, cot);
-      const auto [out, grads] = vjp_on_gpu(fn, in, cot);
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
-      const std::string label = "flash_attention d=" + std::to_string(d) + " " + dtype_name(dtype);
-      expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
-      for (int i = 0; i < 3; ++i)
-        expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
-                     label + " d" + "qkv"[i] + ", gpu vs cpu");
+      expect_attention_gpu_equals_cpu(fn, in, cot, tol,
+                                      "flash_attention d=" + std::to_string(d) + " " + dtype_name(dtype));
     }
   }
 }
@@ -169,15 +181,9 @@ TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
         return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, key);
       };
       const Array cot = random_normal({2, 3, 130, d}, 44);
-      const auto [ref, ref_grads] = vjp(fn, in, cot);
-      MatmulPrecisionScope scope(precision);
-      const auto [out, grads] = vjp_on_gpu(fn, in, cot);
-      const std::string label =
-          std::string("flash_attention ") + matmul_precision_name(precision) + " d=" + std::to_string(d);
-      expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu f32");
-      for (int i = 0; i < 3; ++i)
-        expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
-                     label + " d" + "qkv"[i] + ", gpu vs cpu f32");
+      expect_attention_gpu_equals_cpu(
+          fn, in, cot, tol, std::string("flash_attention ") + matmul_precision_name(precision) + " d=" + std::to_string(d),
+          ", gpu vs cpu f32", precision);
     }
   }
 }
@@ -202,15 +208,8 @@ TEST(GpuPrimitives, FlashAttentionWithAKeyPaddingMaskEqualsTheCpuKernel) {
                                                                                       ? m
                                                                                       : m.to(x[0].device()));
     };
-    const Array cot = random_normal({b, h, t, d}, 54);
-    const auto [ref, ref_grads] = vjp(fn, in, cot);
-    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
-    const Tolerance tol{1e-5, 1e-5, 1e-5};
-    const std::string label = "flash_attention key mask " + m.shape().str();
-    expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
-    for (int i = 0; i < 3; ++i)
-      expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
-                   label + " d" + "qkv"[i] + ", gpu vs cpu");
+    expect_attention_gpu_equals_cpu(fn, in, random_normal({b, h, t, d}, 54), Tolerance{1e-5, 1e-5, 1e-5},
+                                    "flash_attention key mask " + m.shape().str());
   }
 }
 
@@ -226,15 +225,8 @@ TEST(GpuPrimitives, FlashAttentionOddShapesEqualTheCpuKernel) {
     auto fn = [&](const std::vector<Array>& x) {
       return flash_attention(x[0], x[1], x[2], 0.2, is_causal, 0.1, RngKey{14, 7});
     };
-    const Array cot = random_normal(qs, 64);
-    const auto [ref, ref_grads] = vjp(fn, in, cot);
-    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
-    const Tolerance tol{1e-5, 1e-5, 1e-5};
-    const std::string label = "flash_attention " + qs.str() + " keys " + ks.str();
-    expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
-    for (int i = 0; i < 3; ++i)
-      expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
-                   label + " d" + "qkv"[i] + ", gpu vs cpu");
+    expect_attention_gpu_equals_cpu(fn, in, random_normal(qs, 64), Tolerance{1e-5, 1e-5, 1e-5},
+                                    "flash_attention " + qs.str() + " keys " + ks.str());
   }
 }
 
@@ -245,14 +237,8 @@ TEST(GpuPrimitives, FlashAttentionEdgeShapes) {
                                                                    {{2, 2, 0, 8}, {2, 2, 5, 8}}}) {
     const std::vector<Array> in = {random_normal(qs, 31), random_normal(ks, 32), random_normal(ks, 33)};
     auto fn = [](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.3, true); };
-    const Array cot = random_normal(qs, 34);
-    const auto [ref, ref_grads] = vjp(fn, in, cot);
-    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
-    const Tolerance tol{1e-5, 1e-5, 1e-5};
-    expect_close(out.to(Device::cpu()), ref, tol, "flash_attention " + qs.str() + " forward");
-    for (int i = 0; i < 3; ++i)
-      expect_close(grads[size_t(i)].to(Device::cpu()), ref_grads[size_t(i)], tol,
-                   "flash_attention " + qs.str() + " d" + "qkv"[i]);
+    expect_attention_gpu_equals_cpu(fn, in, random_normal(qs, 34), Tolerance{1e-5, 1e-5, 1e-5},
+                                    "flash_attention " + qs.str(), "");
   }
 }
 

@@ -1,6 +1,6 @@
 // Fused (flash-style) attention, forward and backward, one thread per query (or key) row, for
 // what the tensor-core kernels (attention_tensor_core.cu) do not take (bf16/f16 arrays, GPUs
-// before sm_80):
+// before sm_80; no key-padding masks, which flash_attention's infer() refuses here):
 // scores, online softmax and the dropout mask live in registers and shared memory; the
 // (Tq, Tk) probabilities are never stored — the backward recomputes them from the saved row
 // log-sum-exps. f32 arithmetic for every dtype. The CPU kernel (cpu/attention_kernel) is the
@@ -106,7 +106,8 @@ __global__ void row_dot_kernel(const T* g, const T* out, float* dvec, int64_t ro
 // that can see it.
 template <class T, int MaxD>
 __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
-                                   T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal, AttentionDropout dr) {
+                                   T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal,
+                                   AttentionDropout dr) {
   __shared__ float kself[kTile][MaxD + 1], vself[kTile][MaxD + 1];
   __shared__ float qs[kTile][MaxD], gs[kTile][MaxD], ls[kTile], ds_[kTile];
   const int64_t bh = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
@@ -161,7 +162,8 @@ __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* 
 // dQ. Block: (batch·head, query tile); thread: one query row, looping over visible key tiles.
 template <class T, int MaxD>
 __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
-                                  T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal, AttentionDropout dr) {
+                                  T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal,
+                                  AttentionDropout dr) {
   __shared__ float qself[kTile][MaxD + 1], gself[kTile][MaxD + 1];
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
@@ -218,7 +220,6 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_forward_tc(q, k, v, s, out, lse);
-  MT_CHECK(!s.key_mask, "[flash_attention] a key mask on the GPU needs f32 arrays, head dim <= 64 and sm_80+");
   const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
@@ -239,7 +240,6 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
     return;
   }
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv);
-  MT_CHECK(!s.key_mask, "[flash_attention] a key mask on the GPU needs f32 arrays, head dim <= 64 and sm_80+");
   Array dvec = Array::empty({s.batch_heads * s.tq}, DType::f32, q.device());
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);

@@ -14,8 +14,7 @@ struct AttentionDropout {
 };
 
 __device__ inline float keep_from_word(const AttentionDropout& dr, uint32_t word) {
-  const float u = float(word >> 8) * (1.0f / 16777216.0f);
-  return double(u) >= dr.rate ? dr.scale : 0.0f;
+  return double(philox_uniform(word)) >= dr.rate ? dr.scale : 0.0f;
 }
 
 // The keep factor (0 or 1 / (1 - rate)) of element idx of the (BH, Tq, Tk) array.

@@ -149,12 +149,14 @@ __device__ inline void c_to_a(Val<Ops> (&a)[4], const float (&c)[N][4], int kk) 
   }
 }
 
-// A warp's dropout keep flags for its 16 x 64 block of the (BH, Tq, Tk) array, flags[r·64 + c],
-// one Philox block per 4 consecutive elements (keep_factors4), spread over the lanes instead
+// A warp's dropout keep flags for its 16 x 64 block of the (BH, Tq, Tk) array, flags[r·64 + c]
+// (none without dropout; the warp's lanes are synchronized after the fill), one Philox block
+// per 4 consecutive elements (keep_factors4), spread over the lanes instead
 // of each thread drawing the blocks behind its own fragment elements (2 to 4 times as many).
 // Rows: element (r, c) at idx0 + r·stride + c (the forward and dQ: rows are queries).
 __device__ inline void fill_keep_by_rows(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
                                          int lane) {
+  if (!dr.on) return;
 #pragma unroll 1
   for (int it = 0; it < 8; ++it) {
     const int b = lane + 32 * it, r = b / 16, c = 4 * (b % 16);
@@ -163,10 +165,12 @@ __device__ inline void fill_keep_by_rows(uint8_t* flags, const AttentionDropout&
 #pragma unroll
     for (int u = 0; u < 4; ++u) flags[r * kCols + c + u] = keep[u] != 0.0f;
   }
+  __syncwarp();
 }
 // Columns: element (r, c) at idx0 + c·stride + r (dK/dV: rows are keys, columns queries).
 __device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
                                             int lane) {
+  if (!dr.on) return;
 #pragma unroll 1
   for (int it = 0; it < 8; ++it) {
     const int b = lane + 32 * it, c = b % kCols, r = 4 * (b / kCols);
@@ -175,6 +179,7 @@ __device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropo
 #pragma unroll
     for (int u = 0; u < 4; ++u) flags[(r + u) * kCols + c] = keep[u] != 0.0f;
   }
+  __syncwarp();
 }
 __device__ inline float keep_of(const AttentionDropout& dr, const uint8_t* flags, int r, int c) {
   return !dr.on ? 1.0f : flags[r * kCols + c] ? dr.scale : 0.0f;
@@ -312,10 +317,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
     }
 #pragma unroll
     for (int n = 0; n < S::kDN; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    if (p.dropout.on) {
-      fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
-      __syncwarp();
-    }
+    fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -383,10 +385,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
-    if (p.dropout.on) {
-      fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
-      __syncwarp();
-    }
+    fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -456,10 +455,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
     float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
     score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
-    if (p.dropout.on) {
-      fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
-      __syncwarp();
-    }
+    fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll

@@ -151,6 +151,10 @@ __device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stre
   w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
 }
 
+// A Philox word as core/rng's uniform in [0, 1): its top 24 bits over 2^24. Dropout keeps an
+// element when this is >= the rate (compared in double, as on the CPU).
+__device__ inline float philox_uniform(uint32_t word) { return float(word >> 8) * (1.0f / 16777216.0f); }
+
 // Grid-stride loop over [0, n).
 #define MT_GRID_LOOP(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)

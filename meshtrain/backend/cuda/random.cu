@@ -44,8 +44,7 @@ __global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t see
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
-      const float uniform = float(w[lane] >> 8) * (1.0f / 16777216.0f);
-      out[i] = double(uniform) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
+      out[i] = double(philox_uniform(w[lane])) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
     }
   }
 }
@@ -60,7 +59,7 @@ __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t
     const float in[4] = {v.x, v.y, v.z, v.w};
     float o[4];
     for (int lane = 0; lane < 4; ++lane)
-      o[lane] = double(float(w[lane] >> 8) * (1.0f / 16777216.0f)) >= rate ? in[lane] * scale : 0.0f;
+      o[lane] = double(philox_uniform(w[lane])) >= rate ? in[lane] * scale : 0.0f;
     out[b] = make_float4(o[0], o[1], o[2], o[3]);
   }
 }
@@ -70,8 +69,7 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uin
                                float scale, BlockMap map) {
   MT_GRID_LOOP(i, n) {
     const uint64_t g = global_index(map, i);
-    const uint32_t u = philox_word(g / 4, uint32_t(g % 4), seed, stream_id);
-    const float uniform = float(u >> 8) * (1.0f / 16777216.0f);
+    const float uniform = philox_uniform(philox_word(g / 4, uint32_t(g % 4), seed, stream_id));
     out[i] = double(uniform) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
   }
 }
