@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 
 #include "meshtrain/core/error.h"
 
@@ -23,11 +24,28 @@ std::string available_devices() {
 }
 }  // namespace
 
+int local_gpu_index(int device_count) {
+  if (device_count <= 0) return 0;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long rank = std::strtol(v, &end, 10);
+    if (*end == '\0' && rank >= 0) return int(rank % device_count);
+  }
+  return 0;
+}
+
 std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
 
 Device Device::parse(const std::string& text) {
   if (text == "cpu") return cpu();
-  if (text == "auto") return cuda_runtime().device_count() > 0 ? cuda(0) : cpu();
+  const int gpus = cuda_runtime().device_count();
+  if (text == "auto") return gpus > 0 ? cuda(local_gpu_index(gpus)) : cpu();
+  if (text == "cuda") {
+    MT_CHECK(gpus > 0, "[device] cuda is not available; this machine has ", available_devices());
+    return cuda(local_gpu_index(gpus));
+  }
   if (text.rfind("cuda", 0) == 0) {
     int index = 0;
     if (text.size() > 4) {

@@ -22,11 +22,18 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const;  // "cpu", "cuda:0"
 
-  // "cpu", "cuda", "cuda:N", or "auto" (the first GPU when one is visible, else the CPU).
+  // "cpu", "cuda", "cuda:N", or "auto" (a GPU when one is visible, else the CPU). "cuda" and
+  // "auto" pick local_gpu_index(): under mpirun, one process per GPU.
   // Throws mt::Error naming the text, and for a GPU that is not there (or a build without
   // CUDA) what is available.
   static Device parse(const std::string& text);
 };
+
+// The GPU "cuda" means in this process, of `device_count`: the process's rank among those on
+// its host (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID or SLURM_LOCALID) modulo the count, so
+// processes launched together spread over the host's GPUs (and share them round-robin when
+// there are more processes than GPUs); 0 outside a launcher.
+int local_gpu_index(int device_count);
 
 // The device new arrays are created on: a DeviceScope's device on this thread if one is
 // active, else the process default (the CPU until set_default_device).

@@ -8,6 +8,14 @@
 
 namespace mt::dist {
 
+namespace {
+// The communicator that moves `x` where it lives: for a GPU array, the ranks' device
+// communicator (NCCL) when they have one; nullptr means: stage x through the host for `comm`.
+Communicator* device_comm_for(const Array& x, Communicator& comm) {
+  return x.device().is_cuda() ? comm.device_communicator(x.device()) : nullptr;
+}
+}  // namespace
+
 // (..., n_d, ...) blocks of the ranks of `comm`, concatenated along d in rank order.
 Array all_gather_dim(const Array& x, int d, Communicator& comm) {
   MT_CHECK(!x.sharded(), "[all_gather] expects a local block, got the global ", x.str());
@@ -16,12 +24,16 @@ Array all_gather_dim(const Array& x, int d, Communicator& comm) {
   if (p == 1) return x;
   std::vector<int64_t> dims = x.shape().dims();
   dims.insert(dims.begin(), p);
-  // MPI moves host memory: a device block is staged through the host (processes sharing one
-  // GPU; a device communicator would move it directly).
-  const Array xh = x.to(Device::cpu());
-  Array buf = Array::empty(Shape(dims), x.dtype(), Device::cpu());
-  comm.all_gather(xh.raw(), buf.raw(), x.numel(), x.dtype());
-  buf = buf.to(x.device());
+  Array buf;
+  if (Communicator* device_comm = device_comm_for(x, comm)) {
+    buf = Array::empty(Shape(dims), x.dtype(), x.device());
+    device_comm->all_gather(x.raw(), buf.raw(), x.numel(), x.dtype());
+  } else {  // MPI moves host memory: a device block goes through the host
+    const Array xh = x.to(Device::cpu());
+    buf = Array::empty(Shape(dims), x.dtype(), Device::cpu());
+    comm.all_gather(xh.raw(), buf.raw(), x.numel(), x.dtype());
+    buf = buf.to(x.device());
+  }
   std::vector<int> perm(size_t(buf.ndim()));
   std::iota(perm.begin(), perm.end(), 0);
   perm.erase(perm.begin());
@@ -49,6 +61,11 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   Array blocks = transpose(reshape(x, split), perm);
   std::vector<int64_t> out_dims = x.shape().dims();
   out_dims[size_t(d)] /= p;
+  if (Communicator* device_comm = device_comm_for(x, comm)) {
+    Array out = Array::empty(Shape(out_dims), x.dtype(), x.device());
+    device_comm->reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
+    return out;
+  }
   const Array blocks_host = blocks.to(Device::cpu());
   Array out = Array::empty(Shape(out_dims), x.dtype(), Device::cpu());
   comm.reduce_scatter(blocks_host.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
@@ -57,6 +74,11 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
 
 Array all_reduce_sum(const Array& x, Communicator& comm) {
   if (comm.size() == 1) return x;
+  if (Communicator* device_comm = device_comm_for(x, comm)) {
+    Array out = x.clone();
+    device_comm->all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
+    return out;
+  }
   Array out = x.device().is_cpu() ? x.clone() : x.to(Device::cpu());
   comm.all_reduce(out.raw(), out.numel(), out.dtype(), ReduceOp::sum);
   return out.to(x.device());

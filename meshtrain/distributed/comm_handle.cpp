@@ -38,8 +38,28 @@ CommHandle CommHandle::completed() {
   return CommHandle(std::move(state));
 }
 
+CommHandle CommHandle::stream_ordered(std::function<std::string()> join, std::function<bool()> poll) {
+  CommHandle h(std::make_shared<internal::CommState>());
+  h.owner_->join = std::move(join);
+  h.owner_->poll = std::move(poll);
+  return h;
+}
+
+void CommHandle::Owner::join_once() {
+  std::call_once(joined, [&] {
+    std::string error;
+    try {
+      error = join();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    state->finish(std::move(error));
+  });
+}
+
 void CommHandle::wait() const {
   MT_CHECK(owner_, "[comm] wait() on an empty CommHandle (default-constructed, not returned by a collective)");
+  if (owner_->join) owner_->join_once();
   std::optional<trace::Span> span;  // time the caller waits: communication not overlapped
   if (trace::enabled() && !owner_->state->done()) span.emplace("comm_wait", "comm_wait");
   const std::string& error = owner_->state->wait();
@@ -49,11 +69,15 @@ void CommHandle::wait() const {
 
 bool CommHandle::done() const {
   MT_CHECK(owner_, "[comm] done() on an empty CommHandle (default-constructed, not returned by a collective)");
-  return owner_->state->done();
+  if (owner_->state->done()) return true;
+  return owner_->poll && owner_->poll();
 }
 
 CommHandle::Owner::~Owner() {
-  if (state && !state->done()) state->wait();
+  if (state && !state->done()) {
+    if (join) join_once();  // errors are dropped, as for host collectives
+    state->wait();
+  }
 }
 
 }  // namespace mt::dist

@@ -2,6 +2,7 @@
 // CommHandle: the future-like result of an asynchronous collective.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,12 @@ class CommHandle {
   explicit CommHandle(std::shared_ptr<internal::CommState> state);
   // An operation that is already complete (size-1 communicators, zero-element collectives).
   static CommHandle completed();
+  // A stream-ordered operation (NCCL on its own CUDA stream). `join` runs once, at the first
+  // wait() (or when the last copy goes): it makes the compute stream follow the collective,
+  // without blocking the host, and returns an error message or "". Every later use of the
+  // buffers is on that stream (kernels, copies to the host, the caching allocator's frees),
+  // so "done" for the caller means "ordered after". `poll` answers done() before then.
+  static CommHandle stream_ordered(std::function<std::string()> join, std::function<bool()> poll);
 
   // Blocks until the collective is done; throws mt::Error with its message if it failed.
   // May be called again (it rethrows the same error). Throws on an invalid handle.
@@ -48,6 +55,10 @@ class CommHandle {
   // One Owner per operation, shared by the handle's copies; its destructor is the implicit wait.
   struct Owner {
     std::shared_ptr<internal::CommState> state;
+    std::function<std::string()> join;  // stream-ordered operations only
+    std::function<bool()> poll;
+    std::once_flag joined;
+    void join_once();
     ~Owner();
   };
   std::shared_ptr<Owner> owner_;

@@ -9,6 +9,7 @@
 #include "meshtrain/distributed/local_communicator.h"
 #include "meshtrain/distributed/mpi_communicator.h"
 #include "meshtrain/distributed/mpi_runtime.h"
+#include "meshtrain/distributed/nccl_communicator.h"
 
 namespace mt::dist {
 
@@ -121,6 +122,26 @@ void Communicator::check_and_count(CollectiveKind kind, const void* send, const 
   CollectiveCount& c = stats_[kind];
   c.calls += 1;
   c.bytes += bytes;
+}
+
+Communicator* Communicator::device_communicator(Device device) {
+  if (!device.is_cuda()) return nullptr;  // host arrays: this communicator moves them
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_decided_) {
+    if (size() == 1) {
+      device_status_ = "one rank: collectives move nothing";
+    } else {
+      device_comm_ = make_nccl_communicator(*this, device.index, &device_status_);
+    }
+    device_decided_ = true;
+  }
+  return device_comm_.get();
+}
+
+std::string Communicator::device_communicator_status() const {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_decided_) return "not yet asked for";
+  return device_comm_ ? "NCCL over " + std::to_string(device_comm_->size()) + " GPUs" : device_status_;
 }
 
 CommStats Communicator::stats() const {

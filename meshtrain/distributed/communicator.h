@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/distributed/comm_handle.h"
 
@@ -76,6 +77,18 @@ class Communicator {
   void all_to_all(const void* send, void* recv, int64_t count, DType dtype);
   void broadcast(void* data, int64_t count, DType dtype, int root);
 
+  // The communicator over the same ranks, in the same order, whose buffers are GPU memory on
+  // `device` (NCCL, one process per GPU): collectives move device arrays without a trip
+  // through the host. nullptr where the ranks cannot have one; device_communicator_status()
+  // says why (ranks sharing a GPU, a rank on the CPU, no NCCL library on this machine,
+  // MT_NCCL=0, a build without CUDA). Callers then stage device arrays through the host.
+  // The first call is a collective over this communicator (it compares the ranks' GPUs and
+  // shares NCCL's id): make it where every rank makes its other collectives, in the same
+  // order; later calls return the same communicator (or nullptr) without communicating.
+  // (A device communicator is its own.)
+  virtual Communicator* device_communicator(Device device);
+  std::string device_communicator_status() const;
+
   // Counters of issued collectives (calls and bytes) by kind, so tests can assert e.g.
   // "exactly one all_reduce on the model axis" for a tensor-parallel MLP.
   CommStats stats() const;
@@ -97,6 +110,10 @@ class Communicator {
     bool previous_;
   };
   std::string name_;
+  mutable std::mutex device_mu_;
+  bool device_decided_ = false;
+  std::shared_ptr<Communicator> device_comm_;
+  std::string device_status_;
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };

@@ -40,14 +40,23 @@ void GradReducer::add(size_t index, const Array& grad, const Mesh& mesh, const P
 void GradReducer::launch(Bucket& b) {
   int64_t elements = 0;
   for (const Entry& e : b.entries) elements += e.local.numel();
-  b.buffer = Array::empty({elements}, b.dtype, Device::cpu());  // MPI reduces host memory
+  // GPU gradients reduce in device memory where the ranks have a device communicator (NCCL);
+  // otherwise MPI reduces host memory.
+  const Device device = b.entries.front().local.device();
+  Communicator* device_comm = b.comm->device_communicator(device);
+  const Device where = device_comm ? device : Device::cpu();
+  b.buffer = Array::empty({elements}, b.dtype, where);
   char* dst = static_cast<char*>(b.buffer.raw());
   for (const Entry& e : b.entries) {
-    const Array host = e.local.to(Device::cpu());
-    std::memcpy(dst, host.raw(), e.local.nbytes());
+    if (device_comm) {
+      cuda_runtime().copy_on_device(dst, e.local.raw(), e.local.nbytes());
+    } else {
+      const Array host = e.local.to(Device::cpu());
+      std::memcpy(dst, host.raw(), e.local.nbytes());
+    }
     dst += e.local.nbytes();
   }
-  b.handle = b.comm->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
+  b.handle = (device_comm ? device_comm : b.comm)->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
   ++buckets_issued_;
   in_flight_.push_back(std::move(b));
 }
@@ -61,9 +70,14 @@ std::vector<Array> GradReducer::finish(size_t count) {
   for (Bucket& b : in_flight_) {
     b.handle.wait();
     const char* src = static_cast<const char*>(b.buffer.raw());
+    const bool on_device = b.buffer.device().is_cuda();
     for (const Entry& e : b.entries) {
-      Array reduced = Array::empty(e.local.shape(), e.local.dtype(), Device::cpu());
-      std::memcpy(reduced.raw(), src, reduced.nbytes());
+      Array reduced = Array::empty(e.local.shape(), e.local.dtype(), b.buffer.device());
+      if (on_device) {
+        cuda_runtime().copy_on_device(reduced.raw(), src, reduced.nbytes());
+      } else {
+        std::memcpy(reduced.raw(), src, reduced.nbytes());
+      }
       src += reduced.nbytes();
       out[e.index] = global_view(reduced.to(e.local.device()), e.target);
     }

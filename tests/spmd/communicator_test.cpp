@@ -415,3 +415,37 @@ TEST(World, MatchesTheLaunch) {
 
 }  // namespace
 }  // namespace mt::dist
+
+namespace mt::dist {
+namespace {
+
+// The device communicator is decided together: on a machine without a usable GPU every rank
+// gets none and the same reason, from one collective (a rank deciding alone would leave the
+// others waiting in it); host arrays never ask for one.
+TEST(World, DeviceCommunicatorIsDecidedByAllRanks) {
+  Communicator& w = world();
+  EXPECT_EQ(w.device_communicator(Device::cpu()), nullptr);
+  EXPECT_EQ(w.device_communicator_status(), "not yet asked for");
+  if (cuda_runtime().device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers NCCL";
+  Communicator* dc = w.device_communicator(Device::cuda(0));
+  EXPECT_EQ(dc, nullptr);
+  const std::string why = w.device_communicator_status();
+  if (w.rank() == 0) std::cout << "  device communicator: none (" << why << ")\n";
+  if (w.size() == 1) {
+    EXPECT_EQ(why, "one rank: collectives move nothing");
+  } else {
+    // Rank 0's reason, named by rank, or the build's.
+    EXPECT_TRUE(why.rfind("rank 0: ", 0) == 0 || why == "meshtrain was built without CUDA") << why;
+    std::vector<int64_t> length = {int64_t(why.size())}, lengths(size_t(w.size()));
+    w.all_gather(length.data(), lengths.data(), 1, DType::i64);
+    for (int64_t l : lengths) EXPECT_EQ(l, length[0]);
+  }
+  EXPECT_EQ(w.device_communicator(Device::cuda(0)), nullptr);  // decided once, no second collective
+  // The world still works after the decision.
+  std::vector<int32_t> one = {1};
+  w.all_reduce(one.data(), 1, DType::i32, ReduceOp::sum);
+  EXPECT_EQ(one[0], w.size());
+}
+
+}  // namespace
+}  // namespace mt::dist
