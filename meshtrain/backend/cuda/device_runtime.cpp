@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/pinned_staging.h"
 #include "meshtrain/core/device.h"
 
 namespace mt::cuda {
@@ -66,6 +67,12 @@ Context& context() {
   return bound_context(c ? c->device : 0);
 }
 
+// Leaked like the context: copies may be queued until exit.
+PinnedStaging& staging() {
+  static PinnedStaging* ring = new PinnedStaging(PinnedStaging::configured_capacity());
+  return *ring;
+}
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   int device_count() const override {
@@ -120,8 +127,11 @@ class CudaRuntime final : public DeviceRuntime {
     check(cudaStreamSynchronize(c.stream), "copy to host (a kernel before it failed)");
   }
   void copy_from_host(void* device, const void* host, size_t bytes) const override {
-    // From pageable memory the call returns once `host` has been read (staged by the driver).
-    check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, context().stream), "copy to device");
+    // Through the pinned ring (batches, small arrays): returns at once. Larger copies go from
+    // pageable memory; the call returns once `host` has been read (staged by the driver).
+    Context& c = context();
+    if (staging().copy(device, host, bytes, c.stream)) return;
+    check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, c.stream), "copy to device");
   }
   void copy_on_device(void* dst, const void* src, size_t bytes) const override {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, context().stream), "device copy");
