@@ -149,7 +149,11 @@ Array Array::view_as_shape(const Shape& shape) const {
 }
 
 bool Array::sole_owners(std::initializer_list<const Array*> handles) {
-  if (handles.size() == 0) return false;
+  return sole_owners(std::vector<const Array*>(handles));
+}
+
+bool Array::sole_owners(const std::vector<const Array*>& handles) {
+  if (handles.empty()) return false;
   const std::shared_ptr<ArrayImpl>& first = (*handles.begin())->impl_;
   if (!first || !first->allocated || first->storage.use_count() != long(handles.size())) return false;
   for (const Array* a : handles) {
@@ -157,6 +161,17 @@ bool Array::sole_owners(std::initializer_list<const Array*> handles) {
     if (!impl || impl.use_count() != 1 || impl->storage != first->storage || impl->node || impl->layout) return false;
   }
   return true;
+}
+
+Array Array::view_elements(int64_t offset, const Shape& shape) const {
+  MT_CHECK(ndim() == 1 && offset >= 0 && offset + shape.numel() <= numel(), "[view_elements] elements ", offset,
+           "..", offset + shape.numel(), " outside ", str());
+  MT_CHECK(!sharded(), "[view_elements] ", str(), " is sharded: views apply to local blocks");
+  auto impl = std::make_shared<ArrayImpl>(*impl_);
+  impl->shape = shape;
+  impl->offset_bytes += size_t(offset) * dtype_size(dtype());
+  impl->node = nullptr;
+  return Array(std::move(impl));
 }
 
 Array Array::view_row(int64_t i) const {

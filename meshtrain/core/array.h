@@ -103,6 +103,10 @@ class Array {
   // The same for several handles together (e.g. the rows of one buffer): each is the only
   // handle to its view, and these views are the only ones of their shared storage.
   static bool sole_owners(std::initializer_list<const Array*> handles);
+  static bool sole_owners(const std::vector<const Array*>& handles);
+  // Elements [offset, offset + shape.numel()) of this flat (1-d) array, as a view of the
+  // same storage with `shape` (no history): the per-tensor pieces of a multi-tensor result.
+  Array view_elements(int64_t offset, const Shape& shape) const;
 
   const std::shared_ptr<ArrayImpl>& impl() const { return impl_; }
   std::string str() const;  // "f32(2, 3)"

@@ -11,8 +11,10 @@ namespace mt::dist {
 namespace {
 // The communicator that moves `x` where it lives: for a GPU array, the ranks' device
 // communicator (NCCL) when they have one; nullptr means: stage x through the host for `comm`.
+// Asked on every rank whatever its device: the first ask is a collective.
 Communicator* device_comm_for(const Array& x, Communicator& comm) {
-  return x.device().is_cuda() ? comm.device_communicator(x.device()) : nullptr;
+  Communicator* device_comm = comm.device_communicator(x.device());
+  return x.device().is_cuda() ? device_comm : nullptr;
 }
 }  // namespace
 

@@ -41,7 +41,9 @@ class CommHandle {
   // wait() (or when the last copy goes): it makes the compute stream follow the collective,
   // without blocking the host, and returns an error message or "". Every later use of the
   // buffers is on that stream (kernels, copies to the host, the caching allocator's frees),
-  // so "done" for the caller means "ordered after". `poll` answers done() before then.
+  // so "done" for the caller means "ordered after": after wait(), done() is true while the
+  // collective may still run on the GPU, and only work on the compute stream may touch the
+  // buffers (copies to the host are on it). `poll` answers done() before the join.
   static CommHandle stream_ordered(std::function<std::string()> join, std::function<bool()> poll);
 
   // Blocks until the collective is done; throws mt::Error with its message if it failed.

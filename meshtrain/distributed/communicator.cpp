@@ -92,6 +92,14 @@ std::string CommStats::str() const {
   return out.empty() ? "no collectives" : out;
 }
 
+namespace {
+thread_local bool t_blocking = false;
+thread_local bool t_uncounted = false;
+}  // namespace
+
+Communicator::Uncounted::Uncounted() : previous_(t_uncounted) { t_uncounted = true; }
+Communicator::Uncounted::~Uncounted() { t_uncounted = previous_; }
+
 void Communicator::check_and_count(CollectiveKind kind, const void* send, const void* recv, int64_t count,
                                    DType dtype, int root) {
   const char* op = collective_name(kind);
@@ -118,6 +126,7 @@ void Communicator::check_and_count(CollectiveKind kind, const void* send, const 
     const bool whole_send = kind == CollectiveKind::reduce_scatter || kind == CollectiveKind::all_to_all;
     bytes = count * int64_t(dtype_size(dtype)) * (whole_send ? size() : 1);
   }
+  if (t_uncounted) return;
   std::lock_guard<std::mutex> lock(stats_mu_);
   CollectiveCount& c = stats_[kind];
   c.calls += 1;
@@ -125,23 +134,23 @@ void Communicator::check_and_count(CollectiveKind kind, const void* send, const 
 }
 
 Communicator* Communicator::device_communicator(Device device) {
-  if (!device.is_cuda()) return nullptr;  // host arrays: this communicator moves them
+  if (size() == 1) return nullptr;  // nothing to move: decided alike on every rank, silently
   std::lock_guard<std::mutex> lock(device_mu_);
-  if (!device_decided_) {
-    if (size() == 1) {
-      device_status_ = "one rank: collectives move nothing";
-    } else {
-      device_comm_ = make_nccl_communicator(*this, device.index, &device_status_);
-    }
-    device_decided_ = true;
+  DeviceDecision& d = device_decision_[device.is_cuda() ? 1 : 0];
+  if (!d.decided) {
+    Uncounted setup;
+    d.comm = make_nccl_communicator(*this, device, &d.status);
+    d.decided = true;
   }
-  return device_comm_.get();
+  return d.comm.get();
 }
 
 std::string Communicator::device_communicator_status() const {
+  if (size() == 1) return "one rank: collectives move nothing";
   std::lock_guard<std::mutex> lock(device_mu_);
-  if (!device_decided_) return "not yet asked for";
-  return device_comm_ ? "NCCL over " + std::to_string(device_comm_->size()) + " GPUs" : device_status_;
+  const DeviceDecision& d = device_decision_[1];
+  if (!d.decided) return "not yet asked for";
+  return d.comm ? "NCCL over " + std::to_string(d.comm->size()) + " GPUs" : d.status;
 }
 
 CommStats Communicator::stats() const {
@@ -153,10 +162,6 @@ void Communicator::reset_stats() {
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_ = CommStats{};
 }
-
-namespace {
-thread_local bool t_blocking = false;
-}  // namespace
 
 Communicator::BlockingCall::BlockingCall() : previous_(t_blocking) { t_blocking = true; }
 Communicator::BlockingCall::~BlockingCall() { t_blocking = previous_; }

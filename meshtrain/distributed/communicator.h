@@ -82,10 +82,12 @@ class Communicator {
   // through the host. nullptr where the ranks cannot have one; device_communicator_status()
   // says why (ranks sharing a GPU, a rank on the CPU, no NCCL library on this machine,
   // MT_NCCL=0, a build without CUDA). Callers then stage device arrays through the host.
-  // The first call is a collective over this communicator (it compares the ranks' GPUs and
-  // shares NCCL's id): make it where every rank makes its other collectives, in the same
-  // order; later calls return the same communicator (or nullptr) without communicating.
-  // (A device communicator is its own.)
+  // The first call for a GPU (and the first for the CPU) is a collective over this
+  // communicator, whatever device each rank passes (it compares the ranks' GPUs and shares
+  // NCCL's id; its host collectives are not counted in stats()): make it where every rank
+  // makes its other collectives, in the same order, even a rank whose arrays are on the CPU.
+  // Later calls return the same answer without communicating. (A device communicator is its
+  // own.)
   virtual Communicator* device_communicator(Device device);
   std::string device_communicator_status() const;
 
@@ -98,6 +100,13 @@ class Communicator {
   // True while a blocking convenience (all_reduce, ...) issues its collective: traces tag
   // collectives "sync" or "async".
   static bool in_blocking_call();
+  // While one lives on this thread, check_and_count checks but does not count (the
+  // collectives that set up a device communicator are not the program's).
+  struct Uncounted {
+    Uncounted();
+    ~Uncounted();
+    bool previous_;
+  };
   // Validates the arguments of a collective (throws mt::Error "[comm] ...") and counts it.
   // Every backend calls it first in every collective, so checks and stats are uniform.
   void check_and_count(CollectiveKind kind, const void* send, const void* recv, int64_t count,
@@ -110,10 +119,14 @@ class Communicator {
     bool previous_;
   };
   std::string name_;
+  // The decision for GPU arrays [1] and for CPU arrays [0] (always none, but made together).
+  struct DeviceDecision {
+    bool decided = false;
+    std::shared_ptr<Communicator> comm;
+    std::string status;
+  };
   mutable std::mutex device_mu_;
-  bool device_decided_ = false;
-  std::shared_ptr<Communicator> device_comm_;
-  std::string device_status_;
+  DeviceDecision device_decision_[2];
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };

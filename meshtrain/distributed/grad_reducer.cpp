@@ -41,9 +41,11 @@ void GradReducer::launch(Bucket& b) {
   int64_t elements = 0;
   for (const Entry& e : b.entries) elements += e.local.numel();
   // GPU gradients reduce in device memory where the ranks have a device communicator (NCCL);
-  // otherwise MPI reduces host memory.
+  // otherwise MPI reduces host memory. (Asked whatever the device: the first ask is a
+  // collective every rank makes.)
   const Device device = b.entries.front().local.device();
   Communicator* device_comm = b.comm->device_communicator(device);
+  if (!device.is_cuda()) device_comm = nullptr;
   const Device where = device_comm ? device : Device::cpu();
   b.buffer = Array::empty({elements}, b.dtype, where);
   char* dst = static_cast<char*>(b.buffer.raw());

@@ -13,8 +13,11 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/kernels.h"
 #endif
 
 namespace mt::dist {
@@ -132,15 +135,36 @@ std::string from_record(const int32_t* r) {
   return std::string(c, strnlen(c, sizeof(Record) - 1));
 }
 
+// All NCCL communicators of the process share one stream: their collectives run in the order
+// they were issued, the same order on every rank, so two communicators (a data and a model
+// axis) cannot wait on each other's kernels across ranks. Leaked: collectives may be queued
+// until exit.
+cudaStream_t comm_stream(int device) {
+  static std::mutex mu;
+  static cudaStream_t stream = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!stream) {
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate (NCCL)");
+  }
+  return stream;
+}
+
 // "host/GPU-<uuid>" of this process's GPU, or "!" and why it cannot take part.
-std::string this_rank_gpu(int device_index) {
+std::string this_rank_gpu(Device device) {
+  if (!device.is_cuda()) return "!arrays on " + device.str();
   const char* env = std::getenv("MT_NCCL");
   if (env && std::string(env) == "0") return "!MT_NCCL=0";
   if (!nccl().error.empty()) return "!" + nccl().error;
   cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, device_index) != cudaSuccess) {
+  if (cudaGetDeviceProperties(&p, device.index) != cudaSuccess) {
     cudaGetLastError();
-    return "!no CUDA device " + std::to_string(device_index);
+    return "!no CUDA device " + std::to_string(device.index);
+  }
+  try {
+    comm_stream(device.index);
+  } catch (const std::exception& e) {
+    return std::string("!") + e.what();
   }
   char host[64] = {};
   gethostname(host, sizeof host - 1);
@@ -166,22 +190,44 @@ Event make_event() {
   return Event(e, EventDeleter{});
 }
 
+// The NCCL communicator handle, shared with the handles of its pending collectives (a
+// handle's join may run after the Communicator object is gone).
+struct NcclComm {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  ~NcclComm() {
+    // After CUDA has shut down (a communicator destroyed at exit) NCCL's resources go with the
+    // process; waiting or destroying then could hang.
+    try {
+      if (cudaSetDevice(device) != cudaSuccess || cudaStreamSynchronize(comm_stream(device)) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+      }
+    } catch (...) {
+      return;
+    }
+    nccl().destroy(comm);
+  }
+};
+
+// A caller's device buffer as an array (not owned), for the cast kernels.
+Array device_view(const void* p, int64_t n, DType dtype, int device) {
+  auto impl = std::make_shared<ArrayImpl>();
+  impl->shape = Shape({n});
+  impl->dtype = dtype;
+  impl->storage = std::shared_ptr<void>(std::shared_ptr<void>(), const_cast<void*>(p));
+  impl->device = Device::cuda(device);
+  return Array(std::move(impl));
+}
+
+bool narrow_float(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::string name, ncclComm_t comm, int rank, int size, int device)
-      : Communicator(std::move(name)), comm_(comm), rank_(rank), size_(size), device_(device) {
-    cuda::check(cudaSetDevice(device_), "cudaSetDevice");
-    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  ~NcclCommunicator() override {
-    // Pending collectives were joined by their handles. After CUDA has shut down (a
-    // communicator destroyed at exit) NCCL's resources are gone with the process anyway.
-    if (cudaStreamSynchronize(stream_) != cudaSuccess) {
-      cudaGetLastError();
-      return;
-    }
-    nccl().destroy(comm_);
-    cudaStreamDestroy(stream_);
+      : Communicator(std::move(name)), comm_(std::make_shared<NcclComm>()), rank_(rank), size_(size), device_(device) {
+    comm_->comm = comm;
+    comm_->device = device;
   }
 
   int rank() const override { return rank_; }
@@ -191,8 +237,19 @@ class NcclCommunicator final : public Communicator {
   CommHandle all_reduce_async(void* data, int64_t count, DType dtype, ReduceOp op) override {
     check_and_count(CollectiveKind::all_reduce, data, data, count, dtype);
     if (count == 0) return CommHandle::completed();
+    if (narrow_float(dtype)) {  // the contract: bf16/f16 accumulate in f32, rounded once
+      Array narrow = device_view(data, count, dtype, device_), wide = widened(narrow);
+      return enqueue(
+          "ncclAllReduce",
+          [&](cudaStream_t s) {
+            check_nccl(nccl().all_reduce(wide.raw(), wide.raw(), size_t(count), ncclFloat32, nccl_op(op, dtype),
+                                         comm_->comm, s),
+                       "ncclAllReduce", name());
+          },
+          [narrow, wide]() mutable { cuda::cast(wide, narrow); });
+    }
     return enqueue("ncclAllReduce", [&](cudaStream_t s) {
-      check_nccl(nccl().all_reduce(data, data, size_t(count), nccl_type(dtype), nccl_op(op, dtype), comm_, s),
+      check_nccl(nccl().all_reduce(data, data, size_t(count), nccl_type(dtype), nccl_op(op, dtype), comm_->comm, s),
                  "ncclAllReduce", name());
     });
   }
@@ -202,77 +259,93 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return CommHandle::completed();
     // In place (send == recv + rank*count) is NCCL's in-place all-gather too.
     return enqueue("ncclAllGather", [&](cudaStream_t s) {
-      check_nccl(nccl().all_gather(send, recv, size_t(count), nccl_type(dtype), comm_, s), "ncclAllGather", name());
+      check_nccl(nccl().all_gather(send, recv, size_t(count), nccl_type(dtype), comm_->comm, s), "ncclAllGather",
+                 name());
     });
   }
 
   CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
     check_and_count(CollectiveKind::reduce_scatter, send, recv, count, dtype);
     if (count == 0) return CommHandle::completed();
-    const size_t bytes = size_t(count) * dtype_size(dtype);
-    // NCCL's in-place form puts the result at recv + rank*count; ours at the start.
-    std::shared_ptr<void> staging = send == recv ? cuda_runtime().allocate(device_, bytes) : nullptr;
+    // The result goes to a separate buffer and is copied (or cast) into recv at wait():
+    // NCCL's in-place form would put it at recv + rank*count, ours is at recv.
+    const bool narrow = narrow_float(dtype);
+    const Array input = narrow ? widened(device_view(send, count * size_, dtype, device_))
+                               : device_view(send, count * size_, dtype, device_);
+    Array out = Array::empty({count}, input.dtype(), Device::cuda(device_));
+    Array target = device_view(recv, count, dtype, device_);
     return enqueue(
         "ncclReduceScatter",
         [&](cudaStream_t s) {
-          void* out = staging ? staging.get() : recv;
-          check_nccl(nccl().reduce_scatter(send, out, size_t(count), nccl_type(dtype), nccl_op(op, dtype), comm_, s),
+          check_nccl(nccl().reduce_scatter(input.raw(), out.raw(), size_t(count), nccl_type(input.dtype()),
+                                           nccl_op(op, dtype), comm_->comm, s),
                      "ncclReduceScatter", name());
-          if (staging) cuda::check(cudaMemcpyAsync(recv, out, bytes, cudaMemcpyDeviceToDevice, s), "reduce_scatter copy");
         },
-        staging);
+        [input, out, target]() mutable {
+          if (out.dtype() != target.dtype()) {
+            cuda::cast(out, target);
+          } else {
+            cuda_runtime().copy_on_device(target.raw(), out.raw(), out.nbytes());
+          }
+        });
   }
 
   CommHandle all_to_all_async(const void* send, void* recv, int64_t count, DType dtype) override {
     check_and_count(CollectiveKind::all_to_all, send, recv, count, dtype);
     if (count == 0) return CommHandle::completed();
     const size_t block = size_t(count) * dtype_size(dtype);
-    std::shared_ptr<void> staging = send == recv ? cuda_runtime().allocate(device_, block * size_t(size_)) : nullptr;
+    // In place: every block is read (copied on the compute stream) before any is overwritten.
+    Array from = device_view(send, count * size_, dtype, device_);
+    if (send == recv) {
+      Array copy = Array::empty({count * size_}, dtype, Device::cuda(device_));
+      cuda_runtime().copy_on_device(copy.raw(), send, block * size_t(size_));
+      from = copy;
+    }
     return enqueue(
         "all_to_all",
         [&](cudaStream_t s) {
-          const char* from = static_cast<const char*>(send);
-          if (staging) {  // in place: every block is read before any is overwritten
-            cuda::check(cudaMemcpyAsync(staging.get(), send, block * size_t(size_), cudaMemcpyDeviceToDevice, s),
-                        "all_to_all copy");
-            from = static_cast<const char*>(staging.get());
-          }
+          const char* src = static_cast<const char*>(from.raw());
           char* to = static_cast<char*>(recv);
           check_nccl(nccl().group_start(), "ncclGroupStart", name());
-          for (int peer = 0; peer < size_; ++peer) {
-            check_nccl(nccl().send(from + size_t(peer) * block, size_t(count), nccl_type(dtype), peer, comm_, s),
-                       "ncclSend", name());
-            check_nccl(nccl().recv(to + size_t(peer) * block, size_t(count), nccl_type(dtype), peer, comm_, s),
-                       "ncclRecv", name());
+          try {
+            for (int peer = 0; peer < size_; ++peer) {
+              check_nccl(nccl().send(src + size_t(peer) * block, size_t(count), nccl_type(dtype), peer, comm_->comm, s),
+                         "ncclSend", name());
+              check_nccl(nccl().recv(to + size_t(peer) * block, size_t(count), nccl_type(dtype), peer, comm_->comm, s),
+                         "ncclRecv", name());
+            }
+          } catch (...) {
+            nccl().group_end();  // never leave the group open
+            throw;
           }
           check_nccl(nccl().group_end(), "ncclGroupEnd", name());
         },
-        staging);
+        [from]() {});
   }
 
   CommHandle broadcast_async(void* data, int64_t count, DType dtype, int root) override {
     check_and_count(CollectiveKind::broadcast, data, data, count, dtype, root);
     if (count == 0) return CommHandle::completed();
     return enqueue("ncclBroadcast", [&](cudaStream_t s) {
-      check_nccl(nccl().broadcast(data, data, size_t(count), nccl_type(dtype), root, comm_, s), "ncclBroadcast",
-                 name());
+      check_nccl(nccl().broadcast(data, data, size_t(count), nccl_type(dtype), root, comm_->comm, s),
+                 "ncclBroadcast", name());
     });
   }
 
   void barrier() override {
     check_and_count(CollectiveKind::barrier, nullptr, nullptr, 0, DType::i32);
-    std::shared_ptr<void> token = cuda_runtime().allocate(device_, sizeof(int32_t));
-    cuda::check(cudaMemsetAsync(token.get(), 0, sizeof(int32_t), cuda::stream()), "barrier");
+    Array token = Array::zeros({1}, DType::i32, Device::cuda(device_));
     enqueue("barrier", [&](cudaStream_t s) {
-      check_nccl(nccl().all_reduce(token.get(), token.get(), 1, ncclInt32, ncclSum, comm_, s), "barrier", name());
+      check_nccl(nccl().all_reduce(token.raw(), token.raw(), 1, ncclInt32, ncclSum, comm_->comm, s), "barrier",
+                 name());
     }).wait();
-    cuda::check(cudaStreamSynchronize(stream_), "barrier");
+    cuda::check(cudaStreamSynchronize(comm_stream(device_)), "barrier");
   }
 
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
     MT_CHECK(nccl().split, "[nccl] split of '", this->name(), "' needs ncclCommSplit (NCCL >= 2.18); this libnccl has none");
     ncclComm_t sub = nullptr;
-    check_nccl(nccl().split(comm_, color, key, &sub, nullptr), "ncclCommSplit", this->name());
+    check_nccl(nccl().split(comm_->comm, color, key, &sub, nullptr), "ncclCommSplit", this->name());
     int rank = 0, size = 0;
     check_nccl(nccl().user_rank(sub, &rank), "ncclCommUserRank", name);
     check_nccl(nccl().count(sub, &size), "ncclCommCount", name);
@@ -280,45 +353,70 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Runs `issue` on this communicator's stream after the compute stream's work so far; the
-  // handle's join makes the compute stream wait for it. `keep` lives until then (a staging
-  // buffer: the caching allocator frees it on the compute stream, so after the collective).
-  template <class Issue>
-  CommHandle enqueue(const char* what, Issue&& issue, std::shared_ptr<void> keep = nullptr) {
-    cuda::check(cudaSetDevice(device_), "cudaSetDevice");
-    const Event ready = make_event(), done = make_event();
-    cuda::check(cudaEventRecord(ready.get(), cuda::stream()), what);
-    cuda::check(cudaStreamWaitEvent(stream_, ready.get(), 0), what);
-    issue(stream_);
-    cuda::check(cudaEventRecord(done.get(), stream_), what);
-    ncclComm_t comm = comm_;
-    std::string label = "[nccl] " + std::string(what) + " on '" + name() + "'";
-    return CommHandle::stream_ordered(
-        [done, comm, keep, label, device = device_]() mutable -> std::string {
-          cudaSetDevice(device);
-          if (cudaStreamWaitEvent(cuda::stream(), done.get(), 0) != cudaSuccess) {
-            return label + ": " + cudaGetErrorString(cudaGetLastError());
-          }
-          ncclResult_t async = ncclSuccess;
-          if (nccl().async_error(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
-            return label + ": " + nccl().error_string(async);
-          keep.reset();  // its free is enqueued on the compute stream, now after the collective
-          return "";
-        },
-        [done] { return cudaEventQuery(done.get()) == cudaSuccess; });
+  // An f32 copy of a bf16/f16 device buffer, cast on the compute stream.
+  Array widened(const Array& narrow) const {
+    Array wide = Array::empty(narrow.shape(), DType::f32, Device::cuda(device_));
+    cuda::cast(narrow, wide);
+    return wide;
   }
 
-  ncclComm_t comm_;
+  // Runs `issue` on the NCCL stream after the compute stream's work so far. The handle's join
+  // makes the compute stream wait for it, then enqueues `finish` there (a cast or copy into
+  // the caller's buffer) and drops what `finish` holds: buffers the caching allocator then
+  // frees on the compute stream, after the collective.
+  template <class Issue>
+  CommHandle enqueue(const char* what, Issue&& issue, std::function<void()> finish = nullptr) {
+    cuda::check(cudaSetDevice(device_), "cudaSetDevice");
+    const cudaStream_t ns = comm_stream(device_);
+    const Event ready = make_event(), done = make_event();
+    cuda::check(cudaEventRecord(ready.get(), cuda::stream()), what);
+    cuda::check(cudaStreamWaitEvent(ns, ready.get(), 0), what);
+    try {
+      issue(ns);
+    } catch (...) {
+      // What was enqueued before the failure still runs: order the compute stream (and so
+      // the frees of the buffers it uses) after it.
+      if (cudaEventRecord(done.get(), ns) == cudaSuccess) cudaStreamWaitEvent(cuda::stream(), done.get(), 0);
+      cudaGetLastError();
+      throw;
+    }
+    cuda::check(cudaEventRecord(done.get(), ns), what);
+    std::string label = "[nccl] " + std::string(what) + " on '" + name() + "'";
+    return CommHandle::stream_ordered(
+        [done, comm = comm_, finish, label, device = device_]() mutable -> std::string {
+          cudaSetDevice(device);
+          if (cudaStreamWaitEvent(cuda::stream(), done.get(), 0) != cudaSuccess)
+            return label + ": " + cudaGetErrorString(cudaGetLastError());
+          ncclResult_t async = ncclSuccess;
+          if (nccl().async_error(comm->comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+            return label + ": " + nccl().error_string(async);
+          if (finish) {
+            finish();
+            finish = nullptr;
+          }
+          return "";
+        },
+        [done] {
+          const cudaError_t e = cudaEventQuery(done.get());
+          if (e == cudaErrorNotReady) {
+            cudaGetLastError();  // not an error: must not reach the next kernel's launch check
+            return false;
+          }
+          return true;  // finished, or failed: wait() reports it
+        });
+  }
+
+  std::shared_ptr<NcclComm> comm_;
   int rank_, size_, device_;
-  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& host, int device_index, std::string* why_not) {
+std::shared_ptr<Communicator> make_nccl_communicator(Communicator& host, Device device, std::string* why_not) {
   const int size = host.size(), rank = host.rank();
+  const int device_index = device.index;
   // 1. Every rank says which GPU it has (or why it cannot take part); all decide alike.
-  const Record mine = to_record(this_rank_gpu(device_index));
+  const Record mine = to_record(this_rank_gpu(device));
   std::vector<int32_t> all(size_t(size) * kRecordInts);
   host.all_gather(mine.data(), all.data(), kRecordInts, DType::i32);
   std::vector<std::string> gpus;
@@ -360,7 +458,7 @@ std::shared_ptr<Communicator> make_nccl_communicator(Communicator& host, int dev
 
 #else  // without CUDA in the build
 
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator&, int, std::string* why_not) {
+std::shared_ptr<Communicator> make_nccl_communicator(Communicator&, Device, std::string* why_not) {
   if (why_not) *why_not = "meshtrain was built without CUDA";
   return nullptr;
 }

@@ -8,7 +8,7 @@
 
 namespace mt {
 
-MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction"});
+MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_moments_multi", "adam_direction_multi"});
 
 namespace {
 
@@ -86,7 +86,124 @@ class AdamDirectionPrimitive final : public prim::Primitive {
   cpu::AdamHyper h_;
 };
 
+// Inputs of the multi-tensor primitives: three groups of k f32 arrays; group 0's shapes name
+// the tensors, the others must match them one for one.
+int64_t check_groups(const std::vector<Array>& in, const char* op) {
+  MT_CHECK(!in.empty() && in.size() % 3 == 0, "[", op, "] expects three groups of k arrays, got ", in.size());
+  const size_t k = in.size() / 3;
+  int64_t total = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    MT_CHECK(in[i].dtype() == DType::f32, "[", op, "] expects f32 arrays, got ", in[i].str(), " (input ", i, ")");
+    MT_CHECK(in[i].shape() == in[i % k].shape(), "[", op, "] tensor ", i % k, ": shapes differ: ", in[i % k].str(),
+             " and ", in[i].str());
+    if (i < k) total += in[i].numel();
+  }
+  return total;
+}
+
+// The [2, total] buffer that the k m's and v's are views of, in order, when they are its only
+// handles: the multi-tensor form of moments_buffer_to_reuse.
+Array flat_moments_to_reuse(const std::vector<Array>& in, const prim::OutputInfo& o) {
+  const size_t k = in.size() / 3;
+  const int64_t total = o.shape.dim(1);
+  std::vector<const Array*> slots;
+  for (size_t i = k; i < 3 * k; ++i) slots.push_back(&in[i]);
+  if (!Array::sole_owners(slots)) return Array();
+  const size_t base = in[k].impl()->offset_bytes;
+  if (base != 0) return Array();
+  int64_t offset = 0;
+  for (size_t j = 0; j < k; ++j) {
+    if (in[k + j].impl()->offset_bytes != size_t(offset) * 4 ||
+        in[2 * k + j].impl()->offset_bytes != size_t(total + offset) * 4)
+      return Array();
+    offset += in[j].numel();
+  }
+  auto impl = std::make_shared<ArrayImpl>(*in[k].impl());
+  impl->shape = o.shape;
+  return Array(std::move(impl));
+}
+
+std::vector<float> as_floats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+
+class AdamMomentsMultiPrimitive final : public prim::Primitive {
+ public:
+  explicit AdamMomentsMultiPrimitive(const AdamStep& s) : h_(hyper(s)) {}
+  const char* name() const override { return "adam_moments_multi"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    return {Shape({2, check_groups(in, name())}), DType::f32};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
+    Array out = flat_moments_to_reuse(in, o);
+    if (!out.defined()) out = Array::empty(o.shape, o.dtype);
+    MT_KERNEL(out, adam_moments_multi, in, h_, out);
+    return out;
+  }
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::Cost cost(const std::vector<Array>&, const prim::OutputInfo& o) const override {
+    const double n = double(o.shape.numel() / 2);
+    return {7 * n, 4.0 * 5 * n};
+  }
+
+ private:
+  cpu::AdamHyper h_;
+};
+
+class AdamDirectionMultiPrimitive final : public prim::Primitive {
+ public:
+  AdamDirectionMultiPrimitive(const AdamStep& s, std::vector<float> decays) : h_(hyper(s)), decays_(std::move(decays)) {}
+  const char* name() const override { return "adam_direction_multi"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    const int64_t total = check_groups(in, name());
+    MT_CHECK(decays_.size() == in.size() / 3, "[", name(), "] ", decays_.size(), " decays for ", in.size() / 3,
+             " tensors");
+    return {Shape({total}), DType::f32};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
+    Array out = Array::empty(o.shape, o.dtype);
+    MT_KERNEL(out, adam_direction_multi, in, decays_, h_, out);
+    return out;
+  }
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::Cost cost(const std::vector<Array>&, const prim::OutputInfo& o) const override {
+    const double n = double(o.shape.numel());
+    return {6 * n, 4.0 * 4 * n};
+  }
+
+ private:
+  cpu::AdamHyper h_;
+  std::vector<float> decays_;
+};
+
 }  // namespace
+
+Array adam_moments_multi(const std::vector<Array>& g, std::vector<Array> m, std::vector<Array> v,
+                         const AdamStep& step) {
+  MT_CHECK(g.size() == m.size() && g.size() == v.size(), "[adam_moments_multi] ", g.size(), " gradients, ", m.size(),
+           " m's and ", v.size(), " v's");
+  std::vector<Array> in;  // built by moving: the state's moments stay sole owners of their buffer
+  in.reserve(3 * g.size());
+  for (const Array& a : g) in.push_back(a);
+  for (Array& a : m) in.push_back(std::move(a));
+  for (Array& a : v) in.push_back(std::move(a));
+  for (const Array& a : in) MT_CHECK(a.defined(), "[adam_moments_multi] undefined input array");
+  return prim::apply(std::make_shared<AdamMomentsMultiPrimitive>(step), in);
+}
+
+Array adam_direction_multi(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
+                           const AdamStep& step, const std::vector<double>& decays) {
+  MT_CHECK(m.size() == v.size() && m.size() == p.size(), "[adam_direction_multi] ", m.size(), " m's, ", v.size(),
+           " v's and ", p.size(), " parameters");
+  std::vector<Array> in;
+  in.reserve(3 * m.size());
+  for (const auto* group : {&m, &v, &p})
+    for (const Array& a : *group) {
+      MT_CHECK(a.defined(), "[adam_direction_multi] undefined input array");
+      in.push_back(a);
+    }
+  return prim::apply(std::make_shared<AdamDirectionMultiPrimitive>(step, as_floats(decays)), in);
+}
 
 Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step) {
   MT_CHECK(g.defined() && m.defined() && v.defined(), "[adam_moments] undefined input array");

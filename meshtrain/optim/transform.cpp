@@ -104,18 +104,24 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     const double bc1 = 1 - std::pow(b1, double(count)), bc2 = 1 - std::pow(b2, double(count));
     const double step_size = rate / bc1, sqrt_bc2 = std::sqrt(bc2);
     Params out;
+    // Plain f32 parameters take the multi-tensor step: two memory passes over all of them in a
+    // few kernel launches (two per parameter before), the same roundings as the composed ops
+    // below. The moments then live in one flat buffer the state's slots are views of, which
+    // the next step overwrites in place.
+    std::vector<std::string> fused;
+    std::vector<Array> fused_g, fused_m, fused_v, fused_p;
+    std::vector<double> fused_decay;
     for (const auto& [path, g] : grads) {
       Array &m_slot = state.at("mu." + path), &v_slot = state.at("nu." + path);
       const Array &m0 = m_slot, &v0 = v_slot, &p = params[path];
       const bool decays = weight_decay != 0.0 && mask(path, p);
-      if (fusable({g, m0, v0, p})) {
-        // Two memory passes instead of a dozen; the same roundings as below. The old moments
-        // are handed over, so when the state holds the only handles they are updated in place.
-        AdamStep s{b1, b2, step_size, sqrt_bc2, eps, decays ? rate * weight_decay : 0.0};
-        Array moments = adam_moments(g, std::move(m_slot), std::move(v_slot), s);
-        m_slot = moments.view_row(0);
-        v_slot = moments.view_row(1);
-        out.set(path, adam_direction(m_slot, v_slot, p, s));
+      if (fusable({g, m0, v0, p}) && (fused.empty() || g.device() == fused_g.front().device())) {
+        fused.push_back(path);
+        fused_g.push_back(g);
+        fused_m.push_back(std::move(m_slot));  // moved: the state holds no second handle
+        fused_v.push_back(std::move(v_slot));
+        fused_p.push_back(p);
+        fused_decay.push_back(decays ? rate * weight_decay : 0.0);
         continue;
       }
       Array m = add(mul(m0, b1), mul(g, 1 - b1));
@@ -126,6 +132,28 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       Array u = mul(div(m, add(div(sqrt(v), sqrt_bc2), eps)), -step_size);
       if (decays) u = sub(u, mul(p, rate * weight_decay));
       out.set(path, u);
+    }
+    if (!fused.empty()) {
+      const AdamStep s{b1, b2, step_size, sqrt_bc2, eps, 0.0};
+      std::vector<Array> ms, vs;
+      {
+        const Array moments = adam_moments_multi(fused_g, std::move(fused_m), std::move(fused_v), s);
+        const Array m_row = moments.view_row(0), v_row = moments.view_row(1);
+        int64_t offset = 0;
+        for (size_t j = 0; j < fused.size(); ++j) {
+          ms.push_back(m_row.view_elements(offset, fused_g[j].shape()));
+          vs.push_back(v_row.view_elements(offset, fused_g[j].shape()));
+          offset += fused_g[j].numel();
+        }
+      }
+      const Array updates = adam_direction_multi(ms, vs, fused_p, s, fused_decay);
+      int64_t offset = 0;
+      for (size_t j = 0; j < fused.size(); ++j) {
+        state.at("mu." + fused[j]) = ms[j];
+        state.at("nu." + fused[j]) = vs[j];
+        out.set(fused[j], updates.view_elements(offset, fused_g[j].shape()));
+        offset += fused_g[j].numel();
+      }
     }
     write_count(state, count);
     return out;

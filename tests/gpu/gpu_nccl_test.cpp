@@ -49,7 +49,7 @@ bool same_bytes(const Array& device, const Array& host) {
 
 std::shared_ptr<Communicator> one_rank_nccl(dist::LocalCommunicator& host) {
   std::string why;
-  std::shared_ptr<Communicator> nccl = dist::make_nccl_communicator(host, 0, &why);
+  std::shared_ptr<Communicator> nccl = dist::make_nccl_communicator(host, kGpu, &why);
   EXPECT_NE(nccl, nullptr) << "no NCCL communicator: " << why;
   return nccl;
 }

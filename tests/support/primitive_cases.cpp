@@ -191,6 +191,34 @@ std::vector<PrimitiveCase> primitive_cases() {
                [adam](const std::vector<Array>& in) { return adam_direction(in[0], in[1], in[2], adam); },
                "import math\nbc1, bc2 = 1 - 0.9 ** 3, 1 - 0.999 ** 3\n"
                "out = -(x0 / (x1.sqrt() / math.sqrt(bc2) + 1e-8)) * (1e-3 / bc1) - x2 * (1e-3 * 0.01)", false});
+  // The multi-tensor forms over three tensors of different shapes (flat results in order);
+  // the middle one does not decay.
+  const std::vector<Shape> shapes = {{5, 6}, {7}, {2, 3, 4}};
+  std::vector<Array> moments_in, direction_in;
+  for (int group = 0; group < 3; ++group)
+    for (size_t j = 0; j < shapes.size(); ++j) {
+      const uint64_t seed = 200 + 10 * uint64_t(group) + j;
+      moments_in.push_back(group == 2 ? mul(square(rn(shapes[j], seed)), 0.01) : rn(shapes[j], seed));
+      direction_in.push_back(group == 1 ? mul(square(rn(shapes[j], seed + 50)), 0.01) : rn(shapes[j], seed + 50));
+    }
+  c.push_back({"adam_moments_multi", moments_in,
+               [adam](const std::vector<Array>& in) {
+                 return adam_moments_multi({in[0], in[1], in[2]}, {in[3], in[4], in[5]}, {in[6], in[7], in[8]}, adam);
+               },
+               "g, m, v = [x0, x1, x2], [x3, x4, x5], [x6, x7, x8]\n"
+               "out = torch.stack([torch.cat([(mi * 0.9 + gi * (1 - 0.9)).flatten() for gi, mi in zip(g, m)]),\n"
+               "                   torch.cat([(vi * 0.999 + gi * gi * (1 - 0.999)).flatten() for gi, vi in zip(g, v)])])",
+               false});
+  c.push_back({"adam_direction_multi", direction_in,
+               [adam](const std::vector<Array>& in) {
+                 return adam_direction_multi({in[0], in[1], in[2]}, {in[3], in[4], in[5]}, {in[6], in[7], in[8]}, adam,
+                                             {adam.decay, 0.0, adam.decay});
+               },
+               "import math\nbc1, bc2 = 1 - 0.9 ** 3, 1 - 0.999 ** 3\n"
+               "m, v, p, d = [x0, x1, x2], [x3, x4, x5], [x6, x7, x8], [1e-3 * 0.01, 0.0, 1e-3 * 0.01]\n"
+               "out = torch.cat([(-(mi / (vi.sqrt() / math.sqrt(bc2) + 1e-8)) * (1e-3 / bc1) - pi * di).flatten()\n"
+               "                 for mi, vi, pi, di in zip(m, v, p, d)])",
+               false});
   return c;
 }
 

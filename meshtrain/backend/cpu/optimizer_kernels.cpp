@@ -7,15 +7,10 @@
 namespace mt::cpu {
 
 // Built with -ffp-contract=off: each product is rounded before its sum, as the composed ops
-// (and torch) round them, so the fused step equals the composed one bit for bit.
-void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHyper& h, Array& out) {
-  const int64_t n = g.numel();
-  const float* gp = g.data<float>();
-  const float* mp = m.data<float>();
-  const float* vp = v.data<float>();
-  float* mo = out.data<float>();
-  float* vo = mo + n;
-  const AdamHyper k = h;
+// (and torch) round them, so the fused step equals the composed one bit for bit. The
+// hyperparameters come by value: a reference could alias the outputs and keep loops scalar.
+namespace {
+void moments(const float* gp, const float* mp, const float* vp, int64_t n, const AdamHyper k, float* mo, float* vo) {
 #pragma omp parallel for if (n > grain::compute) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float gi = gp[i];
@@ -24,20 +19,53 @@ void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHype
   }
 }
 
-void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, Array& out) {
-  const int64_t n = m.numel();
-  const float* mp = m.data<float>();
-  const float* vp = v.data<float>();
-  const float* pp = p ? p->data<float>() : nullptr;
-  float* uo = out.data<float>();
-  const AdamHyper k = h;
+void direction(const float* mp, const float* vp, const float* pp, int64_t n, const AdamHyper k, const float decay,
+               float* uo) {
   const float neg_step = -k.step_size;
   if (pp) {
 #pragma omp parallel for if (n > grain::compute) schedule(static)
-    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / k.sqrt_bc2 + k.eps)) * neg_step - pp[i] * k.decay;
+    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / k.sqrt_bc2 + k.eps)) * neg_step - pp[i] * decay;
   } else {
 #pragma omp parallel for if (n > grain::compute) schedule(static)
     for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / k.sqrt_bc2 + k.eps)) * neg_step;
+  }
+}
+
+}  // namespace
+
+void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHyper& h, Array& out) {
+  const int64_t n = g.numel();
+  moments(g.data<float>(), m.data<float>(), v.data<float>(), n, h, out.data<float>(), out.data<float>() + n);
+}
+
+void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, Array& out) {
+  direction(m.data<float>(), v.data<float>(), p ? p->data<float>() : nullptr, m.numel(), h, h.decay,
+            out.data<float>());
+}
+
+void adam_moments_multi(const std::vector<Array>& in, const AdamHyper& h, Array& out) {
+  const size_t k = in.size() / 3;
+  const int64_t total = out.numel() / 2;
+  float* mo = out.data<float>();
+  int64_t offset = 0;
+  for (size_t j = 0; j < k; ++j) {
+    const int64_t n = in[j].numel();
+    moments(in[j].data<float>(), in[k + j].data<float>(), in[2 * k + j].data<float>(), n, h, mo + offset,
+            mo + total + offset);
+    offset += n;
+  }
+}
+
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const AdamHyper& h,
+                          Array& out) {
+  const size_t k = in.size() / 3;
+  float* uo = out.data<float>();
+  int64_t offset = 0;
+  for (size_t j = 0; j < k; ++j) {
+    const int64_t n = in[j].numel();
+    direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] != 0.0f ? in[2 * k + j].data<float>() : nullptr,
+              n, h, decays[j], uo + offset);
+    offset += n;
   }
 }
 

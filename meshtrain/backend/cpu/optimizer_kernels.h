@@ -3,6 +3,7 @@
 // foreach/fused AdamW): the moments in one pass that reads g, m, v once and writes m', v'
 // once, the update in a second, instead of one memory pass per elementwise op.
 #include <cstdint>
+#include <vector>
 
 #include "meshtrain/core/array.h"
 
@@ -22,5 +23,16 @@ void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHype
 // out f32 = -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p (p read when decay != 0),
 // torch's order of operations.
 void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, Array& out);
+
+// Multi-tensor forms (the role of PyTorch's fused/foreach AdamW): k tensors in one call, one
+// flat result; tensor j's elements start at the sum of the numels before it. Element for
+// element they compute what the single-tensor kernels compute.
+// in = g_0..g_{k-1}, m_0.., v_0..; out [2, total]: row 0 the m's, row 1 the v's. out may be
+// the buffer the m's and v's are views of (each element is read before it is written).
+void adam_moments_multi(const std::vector<Array>& in, const AdamHyper& h, Array& out);
+// in = m_0..m_{k-1}, v_0.., p_0..; out [total]; tensor j decays by decays[j] (h.decay unused;
+// p_j is read only where decays[j] != 0).
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const AdamHyper& h,
+                          Array& out);
 
 }  // namespace mt::cpu

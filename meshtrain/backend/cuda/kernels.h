@@ -85,6 +85,11 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const c
 // ---- optimizer (optimizer.cu) ----
 void adam_moments(const Array& g, const Array& m, const Array& v, const cpu::AdamHyper& h, Array& out);
 void adam_direction(const Array& m, const Array& v, const Array* p, const cpu::AdamHyper& h, Array& out);
+// As cpu::adam_*_multi: one launch per few dozen tensors (their pointers travel in the
+// launch's parameters), instead of one per tensor.
+void adam_moments_multi(const std::vector<Array>& in, const cpu::AdamHyper& h, Array& out);
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const cpu::AdamHyper& h,
+                          Array& out);
 
 // ---- matmul (matmul.cpp, cuBLASLt) ----
 // As cpu::matmul; `tf32` lets f32 products use TF32 tensor cores (--precision tf32).

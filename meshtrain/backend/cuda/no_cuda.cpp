@@ -80,6 +80,10 @@ void one_hot(const Array&, Array&, int64_t) { no_cuda(); }
 void dropout(const Array&, Array&, const RngKey&, double, const cpu::StreamBlock&) { no_cuda(); }
 void adam_moments(const Array&, const Array&, const Array&, const cpu::AdamHyper&, Array&) { no_cuda(); }
 void adam_direction(const Array&, const Array&, const Array*, const cpu::AdamHyper&, Array&) { no_cuda(); }
+void adam_moments_multi(const std::vector<Array>&, const cpu::AdamHyper&, Array&) { no_cuda(); }
+void adam_direction_multi(const std::vector<Array>&, const std::vector<float>&, const cpu::AdamHyper&, Array&) {
+  no_cuda();
+}
 void matmul(cpu::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
             bool, bool, bool) {
   no_cuda();

@@ -26,7 +26,106 @@ __global__ void adam_direction_kernel(const float* m, const float* v, const floa
   }
 }
 
+// Multi-tensor launches: a table of up to kSlices tensors rides in the kernel's parameters
+// (48 bytes each, well under the 4 KiB limit); each block takes kTile elements of one tensor.
+constexpr int kSlices = 48;
+constexpr int kTile = 4096;
+
+struct Slice {
+  const float* a;  // g (moments) or m (direction)
+  const float* b;  // m or v
+  const float* c;  // v or p (nullptr: no decay)
+  int64_t n, offset;
+  float decay;
+  int first_block;  // blocks before this tensor's in the launch
+};
+struct SliceTable {
+  Slice s[kSlices];
+  int count;
+};
+
+__device__ const Slice& slice_of_block(const SliceTable& t) {
+  int j = 0;
+  while (j + 1 < t.count && t.s[j + 1].first_block <= int(blockIdx.x)) ++j;
+  return t.s[j];
+}
+
+__global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, cpu::AdamHyper k, float* mo,
+                                          float* vo) {
+  const Slice& s = slice_of_block(t);
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const float gi = s.a[i];
+    mo[s.offset + i] = s.b[i] * k.b1 + gi * k.one_minus_b1;
+    vo[s.offset + i] = s.c[i] * k.b2 + (gi * gi) * k.one_minus_b2;
+  }
+}
+
+__global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, cpu::AdamHyper k, float* out) {
+  const Slice& s = slice_of_block(t);
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  const float neg_step = -k.step_size;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    float u = (s.a[i] / (sqrtf(s.b[i]) / k.sqrt_bc2 + k.eps)) * neg_step;
+    if (s.c) u = u - s.c[i] * s.decay;
+    out[s.offset + i] = u;
+  }
+}
+
+// Launches `kernel` over the k tensors of `in` (three operand groups a, b, c) in tables of
+// kSlices; c_of(j) is tensor j's third operand or nullptr, decay_of(j) its decay.
+template <class Launch, class COf, class DecayOf>
+void launch_tables(const std::vector<Array>& in, COf c_of, DecayOf decay_of, Launch launch) {
+  const size_t k = in.size() / 3;
+  SliceTable t{};
+  int blocks = 0;
+  int64_t offset = 0;
+  auto flush = [&] {
+    if (t.count > 0 && blocks > 0) launch(t, blocks);
+    t = SliceTable{};
+    blocks = 0;
+  };
+  for (size_t j = 0; j < k; ++j) {
+    const int64_t n = in[j].numel();
+    if (n > 0) {
+      const int64_t tensor_blocks = (n + kTile - 1) / kTile;
+      if (t.count == kSlices || int64_t(blocks) + tensor_blocks > (int64_t(1) << 30)) flush();
+      t.s[t.count++] = {ptr<float>(in[j]), ptr<float>(in[k + j]), c_of(j), n, offset, decay_of(j), blocks};
+      blocks += int(tensor_blocks);
+    }
+    offset += n;
+  }
+  flush();
+}
+
 }  // namespace
+
+void adam_moments_multi(const std::vector<Array>& in, const cpu::AdamHyper& h, Array& out) {
+  const size_t k = in.size() / 3;
+  float* mo = mptr<float>(out);
+  float* vo = mo + out.numel() / 2;
+  launch_tables(
+      in, [&](size_t j) { return ptr<float>(in[2 * k + j]); }, [](size_t) { return 0.0f; },
+      [&](const SliceTable& t, int blocks) {
+        adam_moments_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, mo, vo);
+        check_launch("adam_moments_multi");
+      });
+}
+
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const cpu::AdamHyper& h,
+                          Array& out) {
+  const size_t k = in.size() / 3;
+  float* uo = mptr<float>(out);
+  launch_tables(
+      in, [&](size_t j) { return decays[j] != 0.0f ? ptr<float>(in[2 * k + j]) : nullptr; },
+      [&](size_t j) { return decays[j]; },
+      [&](const SliceTable& t, int blocks) {
+        adam_direction_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, uo);
+        check_launch("adam_direction_multi");
+      });
+}
 
 void adam_moments(const Array& g, const Array& m, const Array& v, const cpu::AdamHyper& h, Array& out) {
   const int64_t n = g.numel();

@@ -15,6 +15,15 @@ size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 PinnedStaging::PinnedStaging(size_t capacity) : capacity_(capacity) {}
 
+PinnedStaging::~PinnedStaging() {
+  for (Span& s : in_flight_) {
+    cudaEventSynchronize(s.copied);
+    cudaEventDestroy(s.copied);
+  }
+  if (ring_) cudaFreeHost(ring_);
+  cudaGetLastError();
+}
+
 size_t PinnedStaging::configured_capacity() {
   const char* env = std::getenv("MT_PINNED_STAGING_MB");
   if (!env || !*env) return size_t(64) << 20;
@@ -23,14 +32,11 @@ size_t PinnedStaging::configured_capacity() {
   return *end == '\0' && mb > 0 ? size_t(mb) << 20 : 0;
 }
 
-void PinnedStaging::release_completed(bool wait_for_front) {
+void PinnedStaging::release_completed() {
   while (!in_flight_.empty()) {
     Span& s = in_flight_.front();
-    if (wait_for_front) {
-      check(cudaEventSynchronize(s.copied), "copy to device (a kernel before it failed)");
-      wait_for_front = false;
-    } else if (cudaEventQuery(s.copied) != cudaSuccess) {
-      cudaGetLastError();  // cudaErrorNotReady is not an error here
+    if (cudaEventQuery(s.copied) != cudaSuccess) {
+      cudaGetLastError();  // cudaErrorNotReady is not an error here; a failed copy shows at the next sync
       return;
     }
     cudaEventDestroy(s.copied);
@@ -52,22 +58,26 @@ bool PinnedStaging::copy(void* device, const void* host, size_t bytes, cudaStrea
     ring_ = static_cast<char*>(p);
   }
   const size_t n = aligned(bytes);
-  release_completed(false);
+  release_completed();
   if (in_flight_.empty()) head_ = 0;  // nothing queued: start over at the front
   if (head_ + n > capacity_) head_ = 0;  // wrap; the tail stays unused this lap
-  // Free [head_, head_ + n). After a wrap the oldest spans may sit in the unused tail while
-  // newer ones are in the way, so every span is checked; spans complete in queue order.
+  // [head_, head_ + n) must be free. After a wrap the oldest spans may sit in the unused tail
+  // while newer ones are in the way, so every span is checked. A ring full of queued copies
+  // means the GPU is behind: the caller copies from its own memory rather than wait here,
+  // under the lock, for the GPU to drain.
   auto overlaps = [&](const Span& s) { return s.offset < head_ + n && head_ < s.offset + s.bytes; };
-  while (std::any_of(in_flight_.begin(), in_flight_.end(), overlaps)) release_completed(true);
+  if (std::any_of(in_flight_.begin(), in_flight_.end(), overlaps)) return false;
   cudaEvent_t copied = nullptr;
   check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreate");
   std::memcpy(ring_ + head_, host, bytes);
-  const cudaError_t e = cudaMemcpyAsync(device, ring_ + head_, bytes, cudaMemcpyHostToDevice, stream);
+  cudaError_t e = cudaMemcpyAsync(device, ring_ + head_, bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(copied, stream);
   if (e != cudaSuccess) {
+    // An untracked copy may still read the span: let it finish before the ring is reused.
+    cudaStreamSynchronize(stream);
     cudaEventDestroy(copied);
     throw_cuda_error(e, "copy to device");
   }
-  check(cudaEventRecord(copied, stream), "cudaEventRecord");
   in_flight_.push_back({head_, n, copied});
   head_ += n;
   return true;
