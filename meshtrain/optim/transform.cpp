@@ -3,6 +3,7 @@
 #include "meshtrain/ops/optimizer_ops.h"
 
 #include <cmath>
+#include <map>
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
@@ -91,8 +92,37 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
   MT_CHECK(eps >= 0, "[adam] eps must be >= 0, got ", eps);
   Transform t;
   t.init = [](const Params& params) {
-    Params s = zero_slots(params, "mu.");
-    for (const auto& [path, z] : zero_slots(params, "nu.")) s.set(path, z);
+    // Plain f32 parameters' moments start as views of one flat zero buffer, laid out as
+    // update() visits them, so even the first step updates them in place (no second copy of
+    // the optimizer state at the step's peak). The others get their own zeros.
+    std::vector<std::string> flat;
+    int64_t total = 0;
+    for (const auto& [path, p] : params)
+      if (fusable({p}) && (flat.empty() || p.device() == params[flat.front()].device())) {
+        flat.push_back(path);
+        total += p.numel();
+      }
+    std::map<std::string, std::pair<Array, Array>> views;
+    if (!flat.empty()) {
+      const Array buffer = Array::zeros({2, total}, DType::f32, params[flat.front()].device());
+      const Array m_row = buffer.view_row(0), v_row = buffer.view_row(1);
+      int64_t offset = 0;
+      for (const std::string& path : flat) {
+        const Shape& shape = params[path].shape();
+        views[path] = {m_row.view_elements(offset, shape), v_row.view_elements(offset, shape)};
+        offset += shape.numel();
+      }
+    }
+    Params s;
+    for (const auto& [path, p] : params) {
+      auto it = views.find(path);
+      s.set("mu." + path, it != views.end() ? it->second.first : zeros_like(p));
+    }
+    for (const auto& [path, p] : params) {
+      auto it = views.find(path);
+      s.set("nu." + path, it != views.end() ? it->second.second : zeros_like(p));
+    }
+    views.clear();  // the state holds the only handles
     write_count(s, 0);
     return s;
   };
@@ -171,7 +201,7 @@ Transform adamw(Schedule lr, double b1, double b2, double eps, double weight_dec
 }
 
 Array global_norm(const Params& tree) {
-  Array total;
+  Array total;  // a plain f32 scalar where the tree is (read with item(), which waits)
   for (const auto& [path, g] : tree) {
     Array s = sum(square(cast(g, DType::f32)));
     total = total.defined() ? add(total, s) : s;
@@ -186,11 +216,17 @@ Transform clip_by_global_norm(double max_norm) {
   t.init = [](const Params&) { return Params{}; };
   t.update = [max_norm](const Params& updates, Params&, const Params&) {
     autodiff::NoGradGuard no_grad;
-    const double norm = global_norm(updates).item();
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef >= 1.0) return updates;
+    if (updates.empty()) return updates;
+    // As torch's clip_grad_norm_: coef = max_norm / (norm + 1e-6) clamped at 1, in f32 where
+    // the gradients are, and every gradient multiplied (by exactly 1 when the norm is within
+    // bounds). The norm never travels to the host, so on a GPU the host goes on enqueueing
+    // the optimizer while the backward pass still runs.
+    const Array norm = global_norm(updates);
+    const Device where = norm.device();
+    const Array coef = minimum(div(Array::scalar(max_norm, DType::f32, where), add(norm, 1e-6)),
+                               Array::scalar(1.0, DType::f32, where));
     Params out;
-    for (const auto& [path, u] : updates) out.set(path, mul(u, coef));
+    for (const auto& [path, u] : updates) out.set(path, mul(u, u.dtype() == DType::f32 ? coef : cast(coef, u.dtype())));
     return out;
   };
   return t;

@@ -77,7 +77,9 @@ void Trainer::print(const std::string& text) {
 
 double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   Params grads;
-  double loss_total = 0;
+  // The losses are read after the optimizer is enqueued: on a GPU the host then queues the
+  // update while the backward pass still runs, instead of waiting for it first.
+  std::vector<Array> losses;
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "forward_backward");
   // Frozen parameters enter the loss as constants: no gradient is computed for them.
@@ -92,7 +94,7 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
       return loss_(all, batch, micro_key, true);
     };
     auto [loss, g] = value_and_grad(loss_of_trainable)(trainable);
-    loss_total += dist::to_host(loss).item();
+    losses.push_back(dist::to_host(loss).detach());
     if (grads.empty()) {
       grads = std::move(g);
     } else {
@@ -107,6 +109,8 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   grads = Params{};  // freed before the update is applied: a lower peak
   // Moved: when the trainer holds the only handles, the parameters are updated in place.
   params_ = optim::apply_updates(std::move(params_), updates);
+  double loss_total = 0;
+  for (const Array& loss : losses) loss_total += loss.item();
   return loss_total / double(micro_batches.size());
 }
 
