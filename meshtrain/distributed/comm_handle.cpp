@@ -70,7 +70,9 @@ void CommHandle::wait() const {
 bool CommHandle::done() const {
   MT_CHECK(owner_, "[comm] done() on an empty CommHandle (default-constructed, not returned by a collective)");
   if (owner_->state->done()) return true;
-  return owner_->poll && owner_->poll();
+  if (!owner_->poll || !owner_->poll()) return false;
+  owner_->join_once();  // the join's cast or copy into the caller's buffer comes before "done"
+  return true;
 }
 
 CommHandle::Owner::~Owner() {

@@ -43,7 +43,9 @@ class CommHandle {
   // buffers is on that stream (kernels, copies to the host, the caching allocator's frees),
   // so "done" for the caller means "ordered after": after wait(), done() is true while the
   // collective may still run on the GPU, and only work on the compute stream may touch the
-  // buffers (copies to the host are on it). `poll` answers done() before the join.
+  // buffers (copies to the host are on it). done() asks `poll` whether the GPU has finished
+  // and, once it has, joins (a result cast or copied into the caller's buffer at the join is
+  // then enqueued before done() returns true).
   static CommHandle stream_ordered(std::function<std::string()> join, std::function<bool()> poll);
 
   // Blocks until the collective is done; throws mt::Error with its message if it failed.

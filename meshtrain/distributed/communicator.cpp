@@ -136,21 +136,27 @@ void Communicator::check_and_count(CollectiveKind kind, const void* send, const 
 Communicator* Communicator::device_communicator(Device device) {
   if (size() == 1) return nullptr;  // nothing to move: decided alike on every rank, silently
   std::lock_guard<std::mutex> lock(device_mu_);
-  DeviceDecision& d = device_decision_[device.is_cuda() ? 1 : 0];
-  if (!d.decided) {
+  if (!device_decided_) {
+    device_decided_ = true;  // also when deciding fails: a rank must never decide again alone
     Uncounted setup;
-    d.comm = make_nccl_communicator(*this, device, &d.status);
-    d.decided = true;
+    try {
+      // A rank asking for CPU arrays speaks for the GPU its process uses, if any, so one
+      // early host collective does not rule NCCL out for the GPU arrays that follow.
+      device_comm_ = make_nccl_communicator(*this, device.is_cuda() ? device : default_device(), &device_status_);
+    } catch (const std::exception& e) {
+      device_status_ = e.what();
+      throw;
+    }
   }
-  return d.comm.get();
+  if (!device.is_cuda() || !device_comm_) return nullptr;
+  return device_comm_.get();
 }
 
 std::string Communicator::device_communicator_status() const {
   if (size() == 1) return "one rank: collectives move nothing";
   std::lock_guard<std::mutex> lock(device_mu_);
-  const DeviceDecision& d = device_decision_[1];
-  if (!d.decided) return "not yet asked for";
-  return d.comm ? "NCCL over " + std::to_string(d.comm->size()) + " GPUs" : d.status;
+  if (!device_decided_) return "not yet asked for";
+  return device_comm_ ? "NCCL over " + std::to_string(device_comm_->size()) + " GPUs" : device_status_;
 }
 
 CommStats Communicator::stats() const {

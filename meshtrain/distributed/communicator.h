@@ -79,15 +79,15 @@ class Communicator {
 
   // The communicator over the same ranks, in the same order, whose buffers are GPU memory on
   // `device` (NCCL, one process per GPU): collectives move device arrays without a trip
-  // through the host. nullptr where the ranks cannot have one; device_communicator_status()
-  // says why (ranks sharing a GPU, a rank on the CPU, no NCCL library on this machine,
-  // MT_NCCL=0, a build without CUDA). Callers then stage device arrays through the host.
-  // The first call for a GPU (and the first for the CPU) is a collective over this
-  // communicator, whatever device each rank passes (it compares the ranks' GPUs and shares
-  // NCCL's id; its host collectives are not counted in stats()): make it where every rank
-  // makes its other collectives, in the same order, even a rank whose arrays are on the CPU.
-  // Later calls return the same answer without communicating. (A device communicator is its
-  // own.)
+  // through the host. nullptr for CPU arrays, and where the ranks cannot have one;
+  // device_communicator_status() says why (ranks sharing a GPU, a rank on the CPU, no NCCL
+  // library on this machine, MT_NCCL=0, a build without CUDA). Callers then stage device
+  // arrays through the host. The first call, whatever device it names, decides once for this
+  // communicator, as a collective (it compares the GPU each rank uses, the array's or else
+  // the process default's, and shares NCCL's id; its host collectives are not counted in
+  // stats()): make it where every rank makes its other collectives, in the same order, even
+  // a rank whose arrays are on the CPU. Later calls return the same answer without
+  // communicating. (A device communicator is its own.)
   virtual Communicator* device_communicator(Device device);
   std::string device_communicator_status() const;
 
@@ -119,14 +119,10 @@ class Communicator {
     bool previous_;
   };
   std::string name_;
-  // The decision for GPU arrays [1] and for CPU arrays [0] (always none, but made together).
-  struct DeviceDecision {
-    bool decided = false;
-    std::shared_ptr<Communicator> comm;
-    std::string status;
-  };
   mutable std::mutex device_mu_;
-  DeviceDecision device_decision_[2];
+  bool device_decided_ = false;
+  std::shared_ptr<Communicator> device_comm_;
+  std::string device_status_;
   mutable std::mutex stats_mu_;
   CommStats stats_;
 };

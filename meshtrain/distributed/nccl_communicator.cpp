@@ -140,9 +140,9 @@ std::string from_record(const int32_t* r) {
 // axis) cannot wait on each other's kernels across ranks. Leaked: collectives may be queued
 // until exit.
 cudaStream_t comm_stream(int device) {
-  static std::mutex mu;
+  static std::mutex* mu = new std::mutex;  // leaked: used by communicators destroyed at exit
   static cudaStream_t stream = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(*mu);
   if (!stream) {
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate (NCCL)");

@@ -82,9 +82,9 @@ Transform partition(std::vector<PartitionRule> rules) {
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].empty()) continue;
       const std::string prefix = std::to_string(i);
-      Params inner = state.subtree(prefix);
+      Params inner = take_subtree(state, prefix);
       for (const auto& [path, u] : compiled->rules[i].transform.update(parts[i], inner, params)) out.set(path, u);
-      for (const auto& [path, v] : inner) state.set(prefix + "." + path, v);
+      put_back_subtree(state, prefix, inner);
     }
     return out;
   };

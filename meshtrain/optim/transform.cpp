@@ -217,19 +217,40 @@ Transform clip_by_global_norm(double max_norm) {
   t.update = [max_norm](const Params& updates, Params&, const Params&) {
     autodiff::NoGradGuard no_grad;
     if (updates.empty()) return updates;
-    // As torch's clip_grad_norm_: coef = max_norm / (norm + 1e-6) clamped at 1, in f32 where
-    // the gradients are, and every gradient multiplied (by exactly 1 when the norm is within
-    // bounds). The norm never travels to the host, so on a GPU the host goes on enqueueing
-    // the optimizer while the backward pass still runs.
     const Array norm = global_norm(updates);
+    if (!norm.device().is_cuda()) {
+      // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy).
+      const double coef = max_norm / (norm.item() + 1e-6);
+      if (coef >= 1.0) return updates;
+      Params out;
+      for (const auto& [path, u] : updates) out.set(path, mul(u, coef));
+      return out;
+    }
+    // On a GPU, as torch's clip_grad_norm_: coef = max_norm / (norm + 1e-6) clamped at 1, in
+    // f32 on the device, and every gradient multiplied (by exactly 1 within bounds). The host
+    // never reads the norm, so it goes on enqueueing the optimizer while the backward pass
+    // still runs; the price is one gradient-sized buffer more at the update.
     const Device where = norm.device();
     const Array coef = minimum(div(Array::scalar(max_norm, DType::f32, where), add(norm, 1e-6)),
                                Array::scalar(1.0, DType::f32, where));
     Params out;
-    for (const auto& [path, u] : updates) out.set(path, mul(u, u.dtype() == DType::f32 ? coef : cast(coef, u.dtype())));
+    for (const auto& [path, u] : updates)
+      out.set(path, u.dtype() == DType::f32 ? mul(u, coef) : cast(mul(cast(u, DType::f32), coef), u.dtype()));
     return out;
   };
   return t;
+}
+
+Params take_subtree(Params& state, const std::string& prefix) {
+  Params inner;
+  const std::string p = prefix + ".";
+  for (auto& [path, value] : state)
+    if (path.compare(0, p.size(), p) == 0) inner.set(path.substr(p.size()), std::move(value));
+  return inner;
+}
+
+void put_back_subtree(Params& state, const std::string& prefix, const Params& inner) {
+  for (const auto& [path, v] : inner) state.set(prefix + "." + path, v);
 }
 
 bool is_frozen(const Transform& t, const std::string& path) { return t.frozen && t.frozen(path); }
@@ -271,9 +292,9 @@ Transform chain(std::vector<Transform> transforms) {
     Params u = updates;
     for (size_t i = 0; i < transforms.size(); ++i) {
       const std::string prefix = std::to_string(i);
-      Params inner = state.subtree(prefix);
+      Params inner = take_subtree(state, prefix);
       u = transforms[i].update(u, inner, params);
-      for (const auto& [path, v] : inner) state.set(prefix + "." + path, v);
+      put_back_subtree(state, prefix, inner);
     }
     return u;
   };
@@ -304,9 +325,9 @@ Transform multi_steps(Transform inner, int every_k) {
       state.set("mini_step", Array::scalar(double(mini), DType::i64));
       return out;
     }
-    Params inner_state = state.subtree("inner");
+    Params inner_state = take_subtree(state, "inner");
     out = inner.update(acc, inner_state, params);
-    for (const auto& [path, v] : inner_state) state.set("inner." + path, v);
+    put_back_subtree(state, "inner", inner_state);
     for (const auto& [path, a] : acc) state.set("acc." + path, zeros_like(a));
     state.set("mini_step", Array::scalar(0.0, DType::i64));
     return out;

@@ -59,4 +59,11 @@ Params apply_updates(Params params, const Params& updates);
 // The global L2 norm of a tree (a replicated scalar, also for sharded trees).
 Array global_norm(const Params& tree);
 
+// For composite transforms (chain, partition, multi_steps): the entries of `state` under
+// `prefix.`, moved out with the prefix removed (their places keep their order and hold
+// undefined arrays until put_back_subtree refills them). The inner transform then holds the
+// only handles to its state, so its kernels may update it in place (Adam's moments).
+Params take_subtree(Params& state, const std::string& prefix);
+void put_back_subtree(Params& state, const std::string& prefix, const Params& inner);
+
 }  // namespace mt::optim

@@ -164,5 +164,21 @@ TEST(Optim, FusedAdamWEqualsTheComposedOps) {
   prim::set_op_observer(previous);
 }
 
+// Composite transforms hand their inner transform its state by moving it out, so a chained
+// AdamW (the apps' chain(clip, adamw)) also updates its moments in place, step after step.
+TEST(Optim, ChainedAdamWUpdatesItsMomentsInPlace) {
+  Params params{{"w", random_normal({8, 4}, 1)}, {"b", random_normal({4}, 2)}};
+  optim::Transform opt =
+      optim::chain({optim::clip_by_global_norm(0.5), optim::adamw(optim::constant_schedule(1e-3))});
+  Params state = opt.init(params);
+  const void* buffer = state["1.mu.w"].impl()->storage.get();
+  for (int t = 1; t <= 3; ++t) {
+    Params grads{{"w", random_normal({8, 4}, 10 + t)}, {"b", random_normal({4}, 20 + t)}};
+    params = optim::apply_updates(params, opt.update(grads, state, params));
+    EXPECT_EQ(state["1.mu.w"].impl()->storage.get(), buffer) << "step " << t;
+    EXPECT_TRUE(state["1.nu.b"].shares_storage(state["1.mu.w"]));
+  }
+}
+
 }  // namespace
 }  // namespace mt::testing

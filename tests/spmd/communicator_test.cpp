@@ -419,36 +419,37 @@ TEST(World, MatchesTheLaunch) {
 namespace mt::dist {
 namespace {
 
-// The device communicator is decided together: on a machine without a usable GPU every rank
-// gets none and the same reason, from one collective (a rank deciding alone would leave the
-// others waiting in it) that stats() does not count; ranks on mixed devices (one asking for a
-// GPU, one on the CPU) decide in the same collective.
+// The device communicator is decided together, once per communicator, by the first ask
+// whatever device it names: on a machine without a usable GPU every rank gets none and the
+// same reason, from one collective (a rank deciding alone would leave the others waiting in
+// it) that stats() does not count; ranks on mixed devices (one asking for a GPU, one on the
+// CPU) decide in the same collective, and later asks of either kind never communicate.
 TEST(World, DeviceCommunicatorIsDecidedByAllRanks) {
   Communicator& w = world();
   const int64_t calls_before = w.stats().total_calls();
-  EXPECT_EQ(w.device_communicator(Device::cpu()), nullptr);
   if (w.size() == 1) {
+    EXPECT_EQ(w.device_communicator(Device::cpu()), nullptr);
     EXPECT_EQ(w.device_communicator_status(), "one rank: collectives move nothing");
     return;
   }
-  EXPECT_EQ(w.device_communicator_status(), "not yet asked for");  // the GPU decision is separate
   if (cuda_runtime().device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers NCCL";
-  EXPECT_EQ(w.device_communicator(Device::cuda(0)), nullptr);
+  EXPECT_EQ(w.device_communicator_status(), "not yet asked for");
+  EXPECT_EQ(w.device_communicator(Device::cpu()), nullptr);  // decides: this process has no GPU
   const std::string why = w.device_communicator_status();
   if (w.rank() == 0) std::cout << "  device communicator: none (" << why << ")\n";
   // Rank 0's reason, named by rank, or the build's.
   EXPECT_TRUE(why.rfind("rank 0: ", 0) == 0 || why == "meshtrain was built without CUDA") << why;
   EXPECT_EQ(w.device_communicator(Device::cuda(0)), nullptr);  // decided once, no second collective
-  EXPECT_EQ(w.stats().total_calls(), calls_before);             // the decisions are not counted
+  EXPECT_EQ(w.device_communicator_status(), why);
+  EXPECT_EQ(w.stats().total_calls(), calls_before);  // the decision is not counted
 
   std::shared_ptr<Communicator> mixed = w.split(0, w.rank(), "mixed");
-  const Device mine = w.rank() % 2 == 0 ? Device::cuda(0) : Device::cpu();
-  EXPECT_EQ(mixed->device_communicator(mine), nullptr);
-  if (w.rank() % 2 == 0) {
-    const std::string status = mixed->device_communicator_status();
-    EXPECT_TRUE(status.rfind("rank ", 0) == 0 || status == "meshtrain was built without CUDA") << status;
-  }
-  // Both worlds still work after the decisions.
+  const bool gpu_rank = w.rank() % 2 == 0;
+  EXPECT_EQ(mixed->device_communicator(gpu_rank ? Device::cuda(0) : Device::cpu()), nullptr);
+  EXPECT_EQ(mixed->device_communicator(gpu_rank ? Device::cpu() : Device::cuda(0)), nullptr);  // no collective
+  const std::string status = mixed->device_communicator_status();
+  EXPECT_TRUE(status.rfind("rank 0: ", 0) == 0 || status == "meshtrain was built without CUDA") << status;
+  // Both communicators still pair their collectives after the decisions.
   std::vector<int32_t> one = {1};
   w.all_reduce(one.data(), 1, DType::i32, ReduceOp::sum);
   EXPECT_EQ(one[0], w.size());

@@ -73,7 +73,7 @@ TEST(NcclEligibility, DistinctGpusOnly) {
   EXPECT_EQ(nccl_ineligibility({"!MT_NCCL=0", "!MT_NCCL=0"}), "rank 0: MT_NCCL=0");
 }
 
-TEST(StreamOrderedHandle, JoinsOnceAtWaitAndPollsBefore) {
+TEST(StreamOrderedHandle, JoinsOnceAtDoneOrWait) {
   int joins = 0;
   bool device_done = false;
   dist::CommHandle h = dist::CommHandle::stream_ordered(
@@ -83,9 +83,10 @@ TEST(StreamOrderedHandle, JoinsOnceAtWaitAndPollsBefore) {
       },
       [&] { return device_done; });
   EXPECT_FALSE(h.done());
+  EXPECT_EQ(joins, 0);  // still running: not joined
   device_done = true;
-  EXPECT_TRUE(h.done());  // the device finished: polled, not joined
-  EXPECT_EQ(joins, 0);
+  EXPECT_TRUE(h.done());  // the device finished: joined, so a result copied at the join is enqueued
+  EXPECT_EQ(joins, 1);
   dist::CommHandle copy = h;
   h.wait();
   copy.wait();
