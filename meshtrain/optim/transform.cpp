@@ -87,6 +87,18 @@ bool fusable(std::initializer_list<Array> arrays) {
   return true;
 }
 
+// The views of a flat 1-d array whose pieces have `shapes`, one after another (the
+// multi-tensor kernels' results and state).
+std::vector<Array> cut_flat(const Array& flat, const std::vector<Shape>& shapes) {
+  std::vector<Array> views;
+  int64_t offset = 0;
+  for (const Shape& shape : shapes) {
+    views.push_back(flat.view_elements(offset, shape));
+    offset += shape.numel();
+  }
+  return views;
+}
+
 Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight_decay, DecayMask mask) {
   MT_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, "[adam] betas must be in [0, 1), got ", b1, ", ", b2);
   MT_CHECK(eps >= 0, "[adam] eps must be >= 0, got ", eps);
@@ -95,34 +107,32 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     // Plain f32 parameters' moments start as views of one flat zero buffer, laid out as
     // update() visits them, so even the first step updates them in place (no second copy of
     // the optimizer state at the step's peak). The others get their own zeros.
-    std::vector<std::string> flat;
+    std::map<std::string, size_t> flat;  // path -> its piece of the flat buffer
+    std::vector<Shape> shapes;
     int64_t total = 0;
+    Device device;
     for (const auto& [path, p] : params)
-      if (fusable({p}) && (flat.empty() || p.device() == params[flat.front()].device())) {
-        flat.push_back(path);
+      if (fusable({p}) && (flat.empty() || p.device() == device)) {
+        device = p.device();
+        flat[path] = shapes.size();
+        shapes.push_back(p.shape());
         total += p.numel();
       }
-    std::map<std::string, std::pair<Array, Array>> views;
+    std::vector<Array> ms, vs;
     if (!flat.empty()) {
-      const Array buffer = Array::zeros({2, total}, DType::f32, params[flat.front()].device());
-      const Array m_row = buffer.view_row(0), v_row = buffer.view_row(1);
-      int64_t offset = 0;
-      for (const std::string& path : flat) {
-        const Shape& shape = params[path].shape();
-        views[path] = {m_row.view_elements(offset, shape), v_row.view_elements(offset, shape)};
-        offset += shape.numel();
-      }
+      const Array buffer = Array::zeros({2, total}, DType::f32, device);
+      ms = cut_flat(buffer.view_row(0), shapes);
+      vs = cut_flat(buffer.view_row(1), shapes);
     }
     Params s;
     for (const auto& [path, p] : params) {
-      auto it = views.find(path);
-      s.set("mu." + path, it != views.end() ? it->second.first : zeros_like(p));
+      auto it = flat.find(path);
+      s.set("mu." + path, it != flat.end() ? std::move(ms[it->second]) : zeros_like(p));
     }
     for (const auto& [path, p] : params) {
-      auto it = views.find(path);
-      s.set("nu." + path, it != views.end() ? it->second.second : zeros_like(p));
+      auto it = flat.find(path);
+      s.set("nu." + path, it != flat.end() ? std::move(vs[it->second]) : zeros_like(p));
     }
-    views.clear();  // the state holds the only handles
     write_count(s, 0);
     return s;
   };
@@ -165,24 +175,19 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     }
     if (!fused.empty()) {
       const AdamStep s{b1, b2, step_size, sqrt_bc2, eps, 0.0};
+      std::vector<Shape> shapes;
+      for (const Array& g : fused_g) shapes.push_back(g.shape());
       std::vector<Array> ms, vs;
       {
         const Array moments = adam_moments_multi(fused_g, std::move(fused_m), std::move(fused_v), s);
-        const Array m_row = moments.view_row(0), v_row = moments.view_row(1);
-        int64_t offset = 0;
-        for (size_t j = 0; j < fused.size(); ++j) {
-          ms.push_back(m_row.view_elements(offset, fused_g[j].shape()));
-          vs.push_back(v_row.view_elements(offset, fused_g[j].shape()));
-          offset += fused_g[j].numel();
-        }
+        ms = cut_flat(moments.view_row(0), shapes);
+        vs = cut_flat(moments.view_row(1), shapes);
       }
-      const Array updates = adam_direction_multi(ms, vs, fused_p, s, fused_decay);
-      int64_t offset = 0;
+      const std::vector<Array> updates = cut_flat(adam_direction_multi(ms, vs, fused_p, s, fused_decay), shapes);
       for (size_t j = 0; j < fused.size(); ++j) {
-        state.at("mu." + fused[j]) = ms[j];
-        state.at("nu." + fused[j]) = vs[j];
-        out.set(fused[j], updates.view_elements(offset, fused_g[j].shape()));
-        offset += fused_g[j].numel();
+        state.at("mu." + fused[j]) = std::move(ms[j]);
+        state.at("nu." + fused[j]) = std::move(vs[j]);
+        out.set(fused[j], updates[j]);
       }
     }
     write_count(state, count);
