@@ -1,12 +1,17 @@
 # Entry points of a fresh machine: `make demo` (the main job) and `make test`.
-# Each installs the Debian/npm packages it needs, configures and builds.
+# Each installs the Debian packages it needs, configures and builds; the tests also install
+# their PyPI references (Hugging Face's libraries, the openai client) into .venv.
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: deps configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
+.PHONY: deps test-deps configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
 
 deps:
 	./scripts/install-deps.sh
+
+# The tests' references from PyPI, pinned in tests/python/*.txt, into the project's .venv.
+test-deps: deps
+	./scripts/install-python-deps.sh
 
 configure: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -18,17 +23,17 @@ demo: configure
 	cmake --build $(BUILD) -j $(JOBS) --target meshtrain
 	./$(BUILD)/apps/meshtrain/meshtrain pretrain --output-dir runs/demo --overwrite --sample-every 400
 
-test: build
+test: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test-unit: build
+test-unit: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
 
-test-oracle: build
+test-oracle: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L oracle
 
 # The GPU tests alone (label gpu; they skip, saying so, where no GPU is visible).
-test-gpu: build
+test-gpu: build test-deps
 	cd $(BUILD) && ctest --output-on-failure -L gpu
 
 # The archive the GPU machine runs (scripts/gpu_pack.sh): binaries, their libraries, test data.

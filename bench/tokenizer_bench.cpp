@@ -1,7 +1,8 @@
 // Tokenizer throughput: our BERT (WordPiece) and GPT-2 (byte-level BPE) tokenizers on Tiny
 // Shakespeare + every GLUE sentence, one thread and batched on all cores, side by side with
-// Hugging Face `tokenizers` (official Node bindings) on the same texts.
-//   tokenizer_bench [--repeats N] [--no-node]
+// Hugging Face `tokenizers` (PyPI, bench/tokenizers_bench.py in the project's .venv) on the
+// same texts.
+//   tokenizer_bench [--repeats N] [--no-hf]
 #include <omp.h>
 
 #include <chrono>
@@ -21,7 +22,7 @@ namespace {
 using namespace mt::tokenizers;
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
-constexpr size_t kBatch = 4096;  // texts per encode_batch call (the node side uses the same)
+constexpr size_t kBatch = 4096;  // texts per encode_batch call (the HF side uses the same)
 
 struct Measure {
   size_t tokens = 0;
@@ -41,13 +42,14 @@ Measure best_of(int repeats, Fn fn) {
   return best;
 }
 
-// Runs the node side; nullopt when node or the npm package is missing.
-std::optional<Measure> node_measure(const std::string& tokenizer_json, const std::string& texts, int repeats,
-                                    bool single_thread) {
-  const std::string script = std::string(MT_SOURCE_DIR) + "/bench/tokenizers_bench.js";
-  if (!fs::exists(std::string(MT_SOURCE_DIR) + "/tests/node/node_modules/tokenizers")) return std::nullopt;
-  const std::string cmd = std::string(single_thread ? "TOKENIZERS_PARALLELISM=false " : "") + "node " + script + " " +
-                          tokenizer_json + " " + texts + " " + std::to_string(repeats);
+// Runs the Hugging Face side; nullopt when the project's .venv (scripts/install-python-deps.sh)
+// is missing.
+std::optional<Measure> hf_measure(const std::string& tokenizer_json, const std::string& texts, int repeats,
+                                  bool single_thread) {
+  const std::string source = MT_SOURCE_DIR, python = source + "/.venv/bin/python3";
+  if (!fs::exists(source + "/.venv/tokenizers-oracle/tokenizers")) return std::nullopt;
+  const std::string cmd = std::string(single_thread ? "TOKENIZERS_PARALLELISM=false " : "") + python + " " + source +
+                          "/bench/tokenizers_bench.py " + tokenizer_json + " " + texts + " " + std::to_string(repeats);
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return std::nullopt;
   std::string out;
@@ -69,13 +71,13 @@ std::string rate_str(const std::optional<Measure>& m) {
 
 int main(int argc, char** argv) {
   int repeats = 3;
-  bool node = true;
+  bool hf = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--repeats" && i + 1 < argc) repeats = std::atoi(argv[++i]);
-    else if (a == "--no-node") node = false;
+    else if (a == "--no-hf") hf = false;
     else {
-      std::cerr << "usage: tokenizer_bench [--repeats N] [--no-node]\n";
+      std::cerr << "usage: tokenizer_bench [--repeats N] [--no-hf]\n";
       return 2;
     }
   }
@@ -123,9 +125,9 @@ int main(int argc, char** argv) {
       return n;
     });
     std::optional<Measure> hf1, hfb;
-    if (node) {
-      hf1 = node_measure(path, texts_path, repeats, true);
-      hfb = node_measure(path, texts_path, repeats, false);
+    if (hf) {
+      hf1 = hf_measure(path, texts_path, repeats, true);
+      hfb = hf_measure(path, texts_path, repeats, false);
     }
     std::cout << std::left << std::setw(28) << name << std::setw(12) << single.tokens << std::setw(16)
               << rate_str(single) << std::setw(16) << rate_str(batch) << std::setw(16) << rate_str(hf1)

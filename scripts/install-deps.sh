@@ -19,6 +19,10 @@ packages=(
   # Debian's torch calls the system BLAS; without OpenBLAS that is the reference BLAS
   # (~5 GFLOP/s), which would make the PyTorch side of bench/ meaningless.
   libopenblas0-pthread
+  # the project's virtual environment (.venv, scripts/install-python-deps.sh) and what its
+  # PyPI packages take from Debian: Pillow (sentence-transformers), requests, PyYAML, tqdm,
+  # regex, psutil, six (transformers, huggingface-hub, peft, rouge-score)
+  python3-venv python3-pil python3-requests python3-yaml python3-tqdm python3-regex python3-psutil python3-six
   fortunes
   # rsvg-convert: the tests render the curves.svg pictures
   librsvg2-bin
@@ -33,9 +37,6 @@ for p in "${packages[@]}"; do
   fi
 done
 
-# Node.js may come from outside Debian (nodesource); only ask apt when absent.
-if ! command -v npm >/dev/null 2>&1; then missing+=(nodejs npm); fi
-
 if ((${#missing[@]})); then
   sudo_cmd=()
   if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
@@ -43,12 +44,4 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-# npm packages the tests use as references live in tests/node: tokenizers (the tokenizer
-# conformance tests) and openai (the client of the serve tests).
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -f "$root/tests/node/package.json" ] && { [ ! -d "$root/tests/node/node_modules/tokenizers" ] ||
-                                               [ ! -d "$root/tests/node/node_modules/openai" ]; }; then
-  (cd "$root/tests/node" && npm install --no-audit --no-fund --silent)
 fi

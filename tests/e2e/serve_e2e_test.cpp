@@ -1,7 +1,7 @@
 // `meshtrain serve` end to end, on a miniGPT trained here for 150 steps on Tiny Shakespeare
-// (byte tokens): the official `openai` npm client runs completions, chat, streaming, n > 1,
-// stop sequences, logprobs, errors, 32 concurrent streams and a disconnecting client
-// (tests/node/serve_client.js), greedy text equal to `meshtrain generate`'s; a fuzzer sends
+// (byte tokens): the official `openai` Python client runs completions, chat, streaming, n > 1,
+// stop sequences, logprobs, errors and 32 concurrent streams (tests/python/serve_client.py),
+// greedy text equal to `meshtrain generate`'s; a raw socket disconnects mid-stream; a fuzzer sends
 // malformed requests and the server answers 4xx and keeps serving, its memory flat over
 // 10,000 requests; limits and start-up errors are clear.
 #include <arpa/inet.h>
@@ -64,12 +64,12 @@ TEST_F(ServeE2E, OfficialOpenAiClientAgainstTheServer) {
   std::string expected = gen.std_out;
   ASSERT_FALSE(expected.empty());
   expected.pop_back();  // generate's newline
-  CliRun node = run_command("node tests/node/serve_client.js --base-url " + server.base_url() +
-                                "/v1 --model shakespeare --api-key test-key --prompt 'To be' --expect-greedy " +
-                                shell_quote(expected),
-                            "node tests/node/serve_client.js");
-  EXPECT_EQ(node.code, 0) << node.out;
-  EXPECT_NE(node.out.find("all checks passed"), std::string::npos);
+  CliRun client = run_command(std::string(MT_VENV_PYTHON) + " tests/python/serve_client.py --base-url " +
+                                  server.base_url() + "/v1 --model shakespeare --api-key test-key --prompt 'To be' " +
+                                  "--expect-greedy " + shell_quote(expected),
+                              "tests/python/serve_client.py");
+  EXPECT_EQ(client.code, 0) << client.out;
+  EXPECT_NE(client.out.find("all checks passed"), std::string::npos) << client.out;
   EXPECT_TRUE(server.alive());
   EXPECT_EQ(server.stop(), 0) << server.log();
   EXPECT_NE(server.std_out().find("meshtrain serve: stopped"), std::string::npos) << server.std_out();

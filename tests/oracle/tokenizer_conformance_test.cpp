@@ -1,5 +1,5 @@
-// Tokenizer conformance: our tokenizers against Hugging Face `tokenizers` (the official
-// Node bindings in tests/node, installed by scripts/install-deps.sh) on every GLUE
+// Tokenizer conformance: our tokenizers against Hugging Face `tokenizers` (PyPI, installed
+// by scripts/install-python-deps.sh; tests/python/hf_encode.py) on every GLUE
 // sentence/pair and every Tiny Shakespeare line, plus truncation, padding, added tokens
 // and Unicode edge cases. SentencePiece is checked against libsentencepiece itself.
 #include <gtest/gtest.h>

@@ -48,17 +48,13 @@ const std::vector<TextInput>& all_inputs() {
 }
 
 
-namespace {
-std::string node_dir() { return (fs::current_path() / "tests/node").string(); }
-}  // namespace
-
-// Runs tests/node/hf_encode.js with `args` on the inputs; one Result per input. Repeated
+// Runs tests/python/hf_encode.py with `args` on the inputs; one Result per input. Repeated
 // inputs (Tiny Shakespeare repeats many lines) go to the oracle once.
 std::vector<Result> run_oracle(const std::string& args, const std::vector<TextInput>& inputs) {
-  const std::string dir = node_dir();
-  if (!fs::exists(dir + "/node_modules/tokenizers"))
-    throw Error("[conformance] npm package 'tokenizers' is not installed in " + dir +
-                " (run scripts/install-deps.sh)");
+  const std::string python = MT_VENV_PYTHON, oracle_dir = fs::path(python).parent_path().parent_path() / "tokenizers-oracle";
+  if (!fs::exists(python) || !fs::exists(oracle_dir + "/tokenizers"))
+    throw Error("[conformance] Hugging Face tokenizers is not installed in " + oracle_dir +
+                " (run scripts/install-python-deps.sh)");
   char tmpl[] = "/tmp/mt_tok_oracle_XXXXXX";
   const char* tmp = mkdtemp(tmpl);
   if (!tmp) throw Error("[conformance] mkdtemp failed");
@@ -79,7 +75,8 @@ std::vector<Result> run_oracle(const std::string& args, const std::vector<TextIn
       }
     }
   }
-  const std::string cmd = "node " + dir + "/hf_encode.js " + args + " < " + in_path + " > " + out_path;
+  const std::string cmd = python + " " + MT_SOURCE_DIR + "/tests/python/hf_encode.py " + args + " < " + in_path + " > " +
+                          out_path;
   const int rc = std::system(cmd.c_str());
   std::vector<Result> results;
   std::ifstream in(out_path, std::ios::binary);
@@ -202,7 +199,6 @@ void compare(const std::string& label, const Tokenizer& tok, const std::vector<T
   EXPECT_EQ(same_decoded, decoded) << label;
 }
 
-// The four full-corpus oracles run side by side (each is a separate node process), and
 
 std::vector<TextInput> edge_cases() {
   std::vector<std::string> s = {

@@ -1,5 +1,5 @@
 #pragma once
-// Hugging Face `tokenizers` (the official Node bindings in tests/node) as the oracle of the
+// Hugging Face `tokenizers` (PyPI, the 0.23 line, in .venv/tokenizers-oracle) as the oracle of the
 // tokenizer conformance tests: the inputs (every GLUE sentence/pair, every Tiny Shakespeare
 // line, Unicode edge cases), one oracle run per tokenizer setting, and the comparison that
 // prints the counts and the first mismatches.
@@ -29,7 +29,7 @@ struct Result {
   bool has_decoded = false;
 };
 
-// Runs tests/node/hf_encode.js with `args` on the inputs; one Result per input.
+// Runs tests/python/hf_encode.py with `args` on the inputs; one Result per input.
 std::vector<Result> run_oracle(const std::string& args, const std::vector<TextInput>& inputs);
 
 // The first 40 ids, for messages.
