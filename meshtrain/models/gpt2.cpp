@@ -39,7 +39,9 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json Gpt2Config::to_json() const {
+  // architectures: the class transformers' from_pretrained and pipelines instantiate.
   return {{"model_type", "gpt2"},
+          {"architectures", {"GPT2LMHeadModel"}},
           {"vocab_size", vocab_size},
           {"n_positions", n_positions},
           {"n_embd", n_embd},

@@ -40,7 +40,9 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json LlamaConfig::to_json() const {
+  // architectures: the class transformers' from_pretrained and pipelines instantiate.
   return {{"model_type", "llama"},
+          {"architectures", {"LlamaForCausalLM"}},
           {"vocab_size", vocab_size},
           {"hidden_size", hidden_size},
           {"intermediate_size", intermediate_size},
