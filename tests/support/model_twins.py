@@ -34,6 +34,11 @@ def twin_positions(amask, T):
     pos = amask.long().cumsum(-1) - 1
     return pos.masked_fill(amask == 0, 1)
 
+def padded_lookup(W, ids, pad):
+    # nn.Embedding(padding_idx=pad): the rows at ids; pad positions pass no gradient to W.
+    rows = W[ids]
+    return torch.where((ids == pad)[..., None], rows.detach(), rows)
+
 def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
@@ -65,7 +70,7 @@ def bert_twin(P, ids, amask, tt, L, H, eps, head):
     we = P['bert.embeddings.word_embeddings.weight']
     E = we.shape[1]
     D = E // H
-    x = (we[ids] + P['bert.embeddings.token_type_embeddings.weight'][tt]
+    x = (padded_lookup(we, ids, 0) + P['bert.embeddings.token_type_embeddings.weight'][tt]
          + P['bert.embeddings.position_embeddings.weight'][torch.arange(T)])
     x = F.layer_norm(x, (E,), P['bert.embeddings.LayerNorm.weight'], P['bert.embeddings.LayerNorm.bias'], eps)
     allowed = twin_allowed(amask, B, T, False)
@@ -270,13 +275,13 @@ def bart_twin(P, ids, amask, dec, L, Ld, H, Hd, scale_embedding, act):
     B, S = ids.shape
     T = dec.shape[1]
     src_allowed = torch.ones(B, 1, 1, S, dtype=torch.bool) if amask is None else (amask != 0)[:, None, None, :]
-    x = W[ids] * scale + P['model.encoder.embed_positions.weight'][torch.arange(S) + 2]
+    x = padded_lookup(W, ids, 1) * scale + P['model.encoder.embed_positions.weight'][torch.arange(S) + 2]
     x = norm(x, 'model.encoder.layernorm_embedding')
     for l in range(L):
         b = 'model.encoder.layers.%d.' % l
         x = norm(x + attention(x, x, b + 'self_attn', H, src_allowed), b + 'self_attn_layer_norm')
         x = norm(x + lin(activation(lin(x, b + 'fc1')), b + 'fc2'), b + 'final_layer_norm')
-    y = W[dec] * scale + P['model.decoder.embed_positions.weight'][torch.arange(T) + 2]
+    y = padded_lookup(W, dec, 1) * scale + P['model.decoder.embed_positions.weight'][torch.arange(T) + 2]
     y = norm(y, 'model.decoder.layernorm_embedding')
     causal = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
     for l in range(Ld):
