@@ -1,0 +1,294 @@
+// Hugging Face `transformers`' own model classes as twins (PyPI, in the project's .venv;
+// tests/python/transformers_twin.py): a small model of each family with random weights of
+// unit-ish scale is written by meshtrain's save_pretrained, loaded by transformers into the
+// class its config.json names (BertForSequenceClassification, BertForMaskedLM,
+// GPT2LMHeadModel, LlamaForCausalLM, T5ForConditionalGeneration v1.0 and v1.1,
+// BartForConditionalGeneration), and both run the same padded batch: logits, the loss HF
+// computes from `labels`, and every parameter's gradient of loss + sum(logits * cotangent)
+// agree to 1e-5. (tests/support/model_twins.py holds the twins written here; these are the
+// library's own code.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <regex>
+#include <filesystem>
+#include <string>
+
+#include "meshtrain/io/safetensors.h"
+#include "meshtrain/models/pretrained.h"
+#include "tests/support/model_twins.h"
+#include "tests/support/temp_dir.h"
+
+namespace mt::testing {
+namespace {
+
+using namespace mt::models;
+using nlohmann::json;
+
+constexpr int64_t kVocab = 99;
+
+// The batch both sides see. Row 1 is right-padded: its last `pad` tokens are masked out.
+struct Batch {
+  Array ids, mask, labels;                    // labels in HF's convention (the model shifts them for decoders)
+  Array decoder_ids, decoder_mask;            // encoder-decoders
+  Array position_ids;                         // decoders: arange, given to both sides
+};
+
+Array ints(const std::vector<int64_t>& v, int64_t b, int64_t t) { return Array::from_vector(v, Shape{b, t}); }
+
+std::vector<int64_t> token_ids(int64_t n, uint64_t seed, int64_t low) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = low + int64_t((s >> 33) % uint64_t(kVocab - low));
+  }
+  return v;
+}
+
+std::vector<int64_t> right_padded_mask(int64_t b, int64_t t, int64_t pad) {
+  std::vector<int64_t> m(size_t(b * t), 1);
+  for (int64_t j = t - pad; j < t; ++j) m[size_t(t + j)] = 0;  // row 1
+  return m;
+}
+
+// Runs transformers on `dir` with `inputs`; returns OUT.safetensors' tensors.
+Params run_transformers(const std::filesystem::path& dir, const Params& inputs) {
+  const std::string in = (dir / "twin_in.safetensors").string(), out = (dir / "twin_out.safetensors").string();
+  io::save_safetensors(in, inputs);
+  const std::string cmd = std::string(MT_VENV_PYTHON) + " " + MT_SOURCE_DIR + "/tests/python/transformers_twin.py " +
+                          (dir / "model").string() + " " + in + " " + out + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) throw Error("transformers twin failed (exit " + std::to_string(rc) + "): " + cmd);
+  return io::load_safetensors(out);
+}
+
+using ModelFn = std::function<Array(const PretrainedModel&, const Params&)>;
+
+// Builds the model of `config` with random weights, saves it as a HF folder under `dir`,
+// runs both sides and compares. `meshtrain_logits` / `meshtrain_loss` run meshtrain's model.
+void check_against_transformers(const std::filesystem::path& dir_, const std::string& label, const json& config,
+                                const Batch& batch, const ModelFn& meshtrain_logits, const ModelFn& meshtrain_loss,
+                                const std::string& hf_class, double weight_scale = 0.3) {
+    PretrainedModel m = init_model(config, {.load_tokenizer = false, .print_report = false});
+    m.params = random_model_params(m.param_defs(), 7, weight_scale);
+    save_pretrained(m, (dir_ / "model").string());
+    const json saved = json::parse(std::ifstream(dir_ / "model" / "config.json"));
+    ASSERT_EQ(saved.at("architectures")[0].get<std::string>(), hf_class) << saved.dump();
+
+    Array logits = meshtrain_logits(m, m.params);
+    Array cot = random_normal(logits.shape(), 4321);
+    Params in{{"input_ids", batch.ids}, {"labels", batch.labels}, {"cotangent", cot}};
+    if (batch.mask.defined()) in.set("attention_mask", batch.mask);
+    if (batch.position_ids.defined()) in.set("position_ids", batch.position_ids);
+    if (batch.decoder_ids.defined()) in.set("decoder_input_ids", batch.decoder_ids);
+    if (batch.decoder_mask.defined()) in.set("decoder_attention_mask", batch.decoder_mask);
+    const Params hf = run_transformers(dir_, in);
+
+    const double logits_err = expect_close(logits, hf["logits"], {1e-5, 1e-5}, label + " logits");
+    Array loss = meshtrain_loss(m, m.params);
+    const double loss_err = expect_close(reshape(loss, {1}), hf["loss"], {1e-5, 1e-5}, label + " loss");
+    auto [value, grads] = value_and_grad([&](const Params& p) {
+      return add(meshtrain_loss(m, p), sum(mul(meshtrain_logits(m, p), cot)));
+    })(m.params);
+    double grad_err = 0;
+    std::string worst;
+    size_t compared = 0, hf_grads = 0;
+    for (const auto& [path, g] : hf) hf_grads += path.rfind("grad.", 0) == 0;
+    for (const auto& [path, v] : m.params) {
+      const auto& buffers = m.spec().buffers;  // loaded, never trained (BART's final_logits_bias)
+      if (std::any_of(buffers.begin(), buffers.end(), [&](const std::string& b) { return std::regex_match(path, std::regex(b)); }))
+        continue;
+      if (!hf.contains("grad." + path)) {
+        ADD_FAILURE() << label << ": transformers has no parameter (or no gradient) named " << path;
+        continue;
+      }
+      // Same elements in HF's order; meshtrain may group dimensions (GPT-2's c_attn [in, 3, out]).
+      const Array ref = reshape(hf["grad." + path], v.shape().dims());
+      const double e = expect_close(grads[path], ref, {1e-5, 1e-4, 2e-6}, label + " d/d" + path);
+      ++compared;
+      if (e >= grad_err) grad_err = e, worst = path;
+    }
+    EXPECT_EQ(compared, hf_grads) << label << ": transformers has parameters meshtrain lacks";
+    std::cout << "[transformers twin] " << label << " (" << hf_class << "): max |logits err| " << logits_err
+              << ", |loss err| " << loss_err << " (loss " << loss.to_floats()[0] << "), max |grad err| " << grad_err
+              << " (" << worst << ") over " << compared << " parameters\n";
+}
+
+using TransformersTwin = TempDir;
+
+Batch bert_batch(bool mlm) {
+  const int64_t b = 2, t = 7;
+  Batch x;
+  std::vector<int64_t> ids = token_ids(b * t, 11, 5);
+  const auto mask = right_padded_mask(b, t, 2);
+  for (size_t k = 0; k < ids.size(); ++k)
+    if (!mask[k]) ids[k] = 0;  // [PAD]: nn.Embedding's padding_idx passes no gradient there
+  x.ids = ints(ids, b, t);
+  x.mask = ints(mask, b, t);
+  if (mlm) {
+    std::vector<int64_t> labels(size_t(b * t), -100);
+    const auto ids = x.ids.to_ints();
+    for (size_t k : {1u, 3u, 4u, 8u, 10u}) labels[k] = ids[k];  // the masked-LM positions (real tokens)
+    x.labels = ints(labels, b, t);
+  } else {
+    x.labels = Array::from_vector(std::vector<int64_t>{2, 0}, Shape{b});
+  }
+  return x;
+}
+
+json bert_config(const std::string& arch) {
+  return {{"model_type", "bert"},         {"architectures", {arch}},      {"vocab_size", kVocab},
+          {"hidden_size", 32},            {"num_hidden_layers", 2},       {"num_attention_heads", 4},
+          {"intermediate_size", 37},      {"max_position_embeddings", 16}, {"type_vocab_size", 2},
+          {"hidden_act", "gelu"},         {"layer_norm_eps", 1e-12},      {"num_labels", 3},
+          {"hidden_dropout_prob", 0.1},   {"attention_probs_dropout_prob", 0.1}, {"pad_token_id", 0}};
+}
+
+Array bert_logits(const PretrainedModel& m, const Params& p, const Batch& x) {
+  return bert_apply(m.config.as<BertConfig>(), p, BertInputs{.input_ids = x.ids, .attention_mask = x.mask}).logits;
+}
+
+TEST_F(TransformersTwin, BertForSequenceClassification) {
+  const Batch x = bert_batch(false);
+  auto logits = [&](const PretrainedModel& m, const Params& p) { return bert_logits(m, p, x); };
+  check_against_transformers(dir_, "BERT classifier", bert_config("BertForSequenceClassification"), x, logits,
+        [&](const PretrainedModel& m, const Params& p) { return cross_entropy(logits(m, p), x.labels); },
+        "BertForSequenceClassification");
+}
+
+TEST_F(TransformersTwin, BertForMaskedLM) {
+  const Batch x = bert_batch(true);
+  auto logits = [&](const PretrainedModel& m, const Params& p) { return bert_logits(m, p, x); };
+  check_against_transformers(dir_, "BERT masked LM", bert_config("BertForMaskedLM"), x, logits,
+        [&](const PretrainedModel& m, const Params& p) { return cross_entropy(logits(m, p), x.labels); },
+        "BertForMaskedLM");
+}
+
+// A decoder batch: HF's labels are the ids (-100 at padding) and the model shifts them;
+// meshtrain's cross_entropy takes the next-token targets themselves.
+Batch decoder_batch() {
+  const int64_t b = 2, t = 9, pad = 3;
+  Batch x;
+  const auto ids = token_ids(b * t, 23, 3);
+  const auto mask = right_padded_mask(b, t, pad);
+  x.ids = ints(ids, b, t);
+  x.mask = ints(mask, b, t);
+  std::vector<int64_t> labels(ids), pos(size_t(b * t));
+  for (size_t k = 0; k < labels.size(); ++k) {
+    if (!mask[k]) labels[k] = -100;
+    pos[k] = int64_t(k) % t;
+  }
+  x.labels = ints(labels, b, t);
+  x.position_ids = ints(pos, b, t);
+  return x;
+}
+
+Array next_token_targets(const Array& hf_labels) {
+  const int64_t b = hf_labels.dim(0), t = hf_labels.dim(1);
+  const auto l = hf_labels.to_ints();
+  std::vector<int64_t> next(size_t(b * t), -100);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j + 1 < t; ++j) next[size_t(i * t + j)] = l[size_t(i * t + j + 1)];
+  return ints(next, b, t);
+}
+
+void check_decoder(const std::filesystem::path& dir, const std::string& label, const json& config,
+                   const std::string& hf_class) {
+  const Batch x = decoder_batch();
+  const DecoderInputs in{.input_ids = x.ids, .attention_mask = x.mask, .position_ids = x.position_ids};
+  const Array targets = next_token_targets(x.labels);
+  check_against_transformers(
+      dir, label, config, x, [&](const PretrainedModel& m, const Params& p) { return m.decoder_logits(p, in, {}, false); },
+      [&](const PretrainedModel& m, const Params& p) { return m.decoder_loss(p, in, targets, {}, false); }, hf_class);
+}
+
+TEST_F(TransformersTwin, Gpt2LMHeadModel) {
+  check_decoder(dir_, "GPT-2",
+                {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", kVocab},
+                 {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
+                 {"activation_function", "gelu_new"}, {"bos_token_id", 1}, {"eos_token_id", 1}},
+                "GPT2LMHeadModel");
+}
+
+TEST_F(TransformersTwin, LlamaForCausalLMWithGroupedQueries) {
+  check_decoder(dir_, "LLaMA (GQA 4/2)",
+                {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", kVocab},
+                 {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 2},
+                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 32},
+                 {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}, {"hidden_act", "silu"},
+                 {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2}},
+                "LlamaForCausalLM");
+}
+
+// An encoder-decoder batch: source right-padded in row 1; decoder inputs start with the
+// decoder start token, labels are the targets (-100 at the target's padding), unshifted.
+Batch seq2seq_batch(int64_t start, int64_t pad_id) {
+  const int64_t b = 2, s = 8, t = 6;
+  Batch x;
+  std::vector<int64_t> src = token_ids(b * s, 31, 3), tgt = token_ids(b * t, 37, 3);
+  const auto smask = right_padded_mask(b, s, 3), tmask = right_padded_mask(b, t, 2);
+  for (size_t k = 0; k < src.size(); ++k)
+    if (!smask[k]) src[k] = pad_id;
+  std::vector<int64_t> dec(size_t(b * t)), labels(size_t(b * t));
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      const size_t k = size_t(i * t + j);
+      labels[k] = tmask[k] ? tgt[k] : -100;
+      dec[k] = j == 0 ? start : (tmask[k - 1] ? tgt[k - 1] : pad_id);
+    }
+  x.ids = ints(src, b, s);
+  x.mask = ints(smask, b, s);
+  x.decoder_ids = ints(dec, b, t);
+  x.labels = ints(labels, b, t);
+  return x;
+}
+
+// T5 does not scale attention scores by 1/sqrt(d): its weights are drawn smaller (as in
+// seq2seq_oracle_test) so f32 round-off stays near the tolerance's scale.
+void check_seq2seq(const std::filesystem::path& dir, const std::string& label, const json& config, int64_t start,
+                   int64_t pad_id, const std::string& hf_class, double weight_scale = 0.3) {
+  const Batch x = seq2seq_batch(start, pad_id);
+  const Seq2SeqInputs in{.input_ids = x.ids, .attention_mask = x.mask, .decoder_input_ids = x.decoder_ids};
+  check_against_transformers(
+      dir, label, config, x, [&](const PretrainedModel& m, const Params& p) { return m.seq2seq_logits(p, in, {}, false); },
+      [&](const PretrainedModel& m, const Params& p) { return m.seq2seq_loss(p, in, x.labels, {}, false); }, hf_class,
+      weight_scale);
+}
+
+json t5_config(const std::string& ffn, bool tied) {
+  return {{"model_type", "t5"},         {"architectures", {"T5ForConditionalGeneration"}},
+          {"vocab_size", kVocab},       {"d_model", 32},
+          {"d_kv", 8},                  {"d_ff", 48},
+          {"num_layers", 2},            {"num_decoder_layers", 2},
+          {"num_heads", 4},             {"relative_attention_num_buckets", 8},
+          {"relative_attention_max_distance", 20}, {"layer_norm_epsilon", 1e-6},
+          {"feed_forward_proj", ffn},   {"tie_word_embeddings", tied},
+          {"dropout_rate", 0.1},        {"pad_token_id", 0},
+          {"eos_token_id", 1},          {"decoder_start_token_id", 0}};
+}
+
+TEST_F(TransformersTwin, T5v1_0ForConditionalGeneration) {
+  check_seq2seq(dir_, "T5 v1.0 (relu, tied)", t5_config("relu", true), 0, 0, "T5ForConditionalGeneration",
+                0.15);
+}
+
+TEST_F(TransformersTwin, T5v1_1ForConditionalGeneration) {
+  check_seq2seq(dir_, "T5 v1.1 (gated-gelu, untied)", t5_config("gated-gelu", false), 0, 0,
+                "T5ForConditionalGeneration", 0.15);
+}
+
+TEST_F(TransformersTwin, BartForConditionalGeneration) {
+  check_seq2seq(dir_, "BART",
+                {{"model_type", "bart"}, {"architectures", {"BartForConditionalGeneration"}}, {"vocab_size", kVocab},
+                 {"d_model", 32}, {"encoder_layers", 2}, {"decoder_layers", 2}, {"encoder_attention_heads", 4},
+                 {"decoder_attention_heads", 4}, {"encoder_ffn_dim", 48}, {"decoder_ffn_dim", 48},
+                 {"max_position_embeddings", 32}, {"activation_function", "gelu"}, {"scale_embedding", false},
+                 {"pad_token_id", 1}, {"bos_token_id", 0}, {"eos_token_id", 2}, {"decoder_start_token_id", 2},
+                 {"forced_eos_token_id", 2}, {"dropout", 0.1}, {"attention_dropout", 0.1}},
+                2, 1, "BartForConditionalGeneration");
+}
+
+}  // namespace
+}  // namespace mt::testing
