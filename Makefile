@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: deps test-deps configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
+.PHONY: deps test-deps bench-peers configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -39,6 +39,11 @@ test-gpu: build test-deps
 # The archive the GPU machine runs (scripts/gpu_pack.sh): binaries, their libraries, test data.
 gpu-pack: build
 	BUILD=$(BUILD) ./scripts/gpu_pack.sh
+
+# bench/'s peers, not needed by make test: a current PyTorch (eager, torch.compile) and the
+# seed systems (Redco, JAX, Flax, Optax) in .venv-bench, pinned in bench/requirements-peers.txt.
+bench-peers: deps
+	./scripts/install-bench-peers.sh
 
 bench: build
 	./$(BUILD)/bench/matmul_bench
