@@ -4,6 +4,8 @@
 # page faults per step after step 3, peak RSS).
 # Usage: python3 torch_model_step.py WORKLOAD BATCH SEQ WARMUP STEPS THREADS [f32|tf32|bf16] [V,C,H,FF,L]
 #   TORCH_DEVICE=cuda runs on the GPU (tf32: TF32 matmuls; bf16: torch.autocast("cuda", bfloat16)).
+#   TORCH_COMPILE=1 wraps the model in torch.compile (PyTorch 2.x; inductor, C++ codegen on the
+#   CPU); the compile happens in the warm-up steps, which are not timed.
 #   WORKLOAD: minigpt (the seed tutorial's model; dims default to V 50257, C 256, H 8, FF 256,
 #   L 8), gpt2 (124M), bert (base, 2-class sequence classifier).
 # bf16 runs the forward under torch.autocast("cpu", bfloat16): PyTorch's CPU mixed precision.
@@ -167,6 +169,11 @@ elif WORKLOAD == "bert":
 else:
     sys.exit(f"unknown workload {WORKLOAD} (minigpt, gpt2, bert)")
 model.to(DEVICE).train()
+COMPILED = os.environ.get("TORCH_COMPILE") == "1"
+if COMPILED:
+    if not hasattr(torch, "compile"):
+        sys.exit(f"TORCH_COMPILE=1: torch {torch.__version__} has no torch.compile")
+    model = torch.compile(model)
 if WORKLOAD == "bert":
     ids, types, mask, labels = ids.to(DEVICE), types.to(DEVICE), mask.to(DEVICE), labels.to(DEVICE)
 else:
@@ -197,5 +204,5 @@ print(json.dumps({"side": "pytorch", "torch": torch.__version__, "workload": WOR
                   "step_s": times[len(times) // 2],
                   "minor_faults_per_step": (minor_faults() - faults_before) / counted if counted > 0 else 0.0,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                  "loss_first": losses[0], "loss_last": losses[-1], "device": DEVICE,
+                  "loss_first": losses[0], "loss_last": losses[-1], "device": DEVICE, "compiled": COMPILED,
                   "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if DEVICE == "cuda" else None}))
