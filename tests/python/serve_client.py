@@ -238,16 +238,8 @@ def _():
     concurrent = openai.AsyncOpenAI(base_url=opts.base_url, api_key=opts.api_key, max_retries=0, timeout=120)
 
     async def stream(p):
-        texts, finish, usage = {}, {}, None
-        async for chunk in await concurrent.completions.create(prompt=p, **one, stream=True,
-                                                               stream_options={"include_usage": True}):
-            if chunk.usage:
-                usage = chunk.usage
-            for c in chunk.choices:
-                texts[c.index] = texts.get(c.index, "") + c.text
-                if c.finish_reason:
-                    finish[c.index] = c.finish_reason
-        return texts, finish, usage
+        chunks = await concurrent.completions.create(prompt=p, **one, stream=True, stream_options={"include_usage": True})
+        return collect([chunk async for chunk in chunks])
 
     async def all_clients():
         try:
