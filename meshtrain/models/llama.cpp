@@ -163,6 +163,23 @@ Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, con
   return adapted_linear(hidden, p, "lm_head", Array(), {c.lora, dropout_key.fold_in(path_hash("lora")), train});
 }
 
+namespace {
+
+// Rows of a q/k projection (heads * D, ...) whose head dims are interleaved rotary pairs
+// (x_2i, x_2i+1) reordered to half-split pairs (x_i, x_{i+D/2}): per head, even rows first,
+// then odd ones (the inverse of the permutation HF's LLaMA conversion script applies).
+Array deinterleave_rotary_rows(const Array& w, int64_t heads) {
+  std::vector<int64_t> dims = w.shape().dims();
+  const int64_t d = dims[0] / heads;
+  std::vector<int64_t> split = {heads, d / 2, 2};
+  split.insert(split.end(), dims.begin() + 1, dims.end());
+  std::vector<int> perm = {0, 2, 1};
+  for (int i = 3; i < int(split.size()); ++i) perm.push_back(i);
+  return reshape(transpose(reshape(w, split), perm), dims);
+}
+
+}  // namespace
+
 ModelSpec llama_model_spec() {
   ModelSpec s;
   s.model_type = "llama";
@@ -174,6 +191,18 @@ ModelSpec llama_model_spec() {
   s.config_json = [](const ModelConfig& c) { return c.as<LlamaConfig>().to_json(); };
   s.architecture = [](const ModelConfig&) -> std::string { return "LlamaForCausalLM"; };
   s.param_defs = [](const ModelConfig& c) { return llama_param_defs(c.as<LlamaConfig>()); };
+  s.to_hf_layout = [](const ModelConfig& config, Params p) -> std::pair<ModelConfig, Params> {
+    LlamaConfig c = config.as<LlamaConfig>();
+    if (!c.rope_interleaved) return {config, std::move(p)};
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string a = "model.layers." + std::to_string(l) + ".self_attn.";
+      for (const auto& [proj, heads] : {std::pair{"q_proj", c.num_attention_heads}, {"k_proj", c.num_key_value_heads}})
+        for (const char* kind : {".weight", ".bias"})
+          if (p.contains(a + proj + kind)) p.set(a + proj + kind, deinterleave_rotary_rows(p[a + proj + kind], heads));
+    }
+    c.rope_interleaved = false;
+    return {ModelConfig(c), std::move(p)};
+  };
   s.ignored_keys = [](const ModelConfig&) {
     return std::vector<std::string>{R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)"};
   };

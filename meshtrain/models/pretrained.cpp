@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/llama2c.h"
@@ -308,14 +309,16 @@ void save_pretrained(const PretrainedModel& model, const std::string& dir) {
     return;
   }
   fs::create_directories(dir);
+  ModelConfig config = model.config;
+  Params params = model.params;
+  if (model.spec().to_hf_layout) std::tie(config, params) = model.spec().to_hf_layout(config, std::move(params));
   {
     std::ofstream out(fs::path(dir) / "config.json");
     MT_CHECK(out.good(), "[save_pretrained] cannot write ", dir, "/config.json");
-    out << model.config_json().dump(2) << "\n";
+    out << model.spec().config_json(config).dump(2) << "\n";
   }
   // Parameters the model keeps in another shape go back to their Hugging Face shape.
-  Params params = model.params;
-  for (const ParamDef& d : model.param_defs())
+  for (const ParamDef& d : model.spec().param_defs(config))
     if (d.file_shape && params.contains(d.path)) params.set(d.path, reshape(params[d.path], d.file_shape->dims()));
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
 }

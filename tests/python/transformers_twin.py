@@ -3,7 +3,8 @@ Hugging Face folder (config.json + model.safetensors, as meshtrain's save_pretra
 it) into the class its config names, runs it in f32 without dropout on the inputs of
 IN.safetensors and writes OUT.safetensors:
   logits, loss (shape [1]) and grad.<name> for every parameter (named_parameters' names:
-  a tied weight appears once), the gradient of loss + sum(logits * cotangent).
+  a tied weight appears once), the gradient of loss + sum(logits * cotangent); logits_f64,
+  the same logits computed in f64 (rounded to f32 once): how far each f32 run is from exact.
 
   .venv/bin/python3 transformers_twin.py MODEL_DIR IN.safetensors OUT.safetensors
 
@@ -42,11 +43,17 @@ def main():
     if "cotangent" in tensors:
         total = total + (out.logits * tensors["cotangent"]).sum()
     total.backward()
+    try:
+        with torch.no_grad():
+            result["logits_f64"] = model.double()(**inputs, return_dict=True).logits.float().contiguous()
+    except RuntimeError as e:  # this transformers' BART builds f32 masks from f64's lowest value
+        print(f"no f64 reference for {architecture}: {e}")
     for name, p in model.named_parameters():
         if p.grad is not None:
             result["grad." + name] = p.grad.detach().contiguous()
     save_file(result, out_path)
-    print(f"transformers {transformers.__version__} {architecture}: {len(result) - 2} parameter gradients")
+    grads = sum(k.startswith("grad.") for k in result)
+    print(f"transformers {transformers.__version__} {architecture}: {grads} parameter gradients")
 
 
 if __name__ == "__main__":
