@@ -184,7 +184,7 @@ Array embed(const BartConfig& c, const Params& p, const std::string& stack, cons
   const int64_t t = ids.dim(1);
   MT_CHECK(start + t <= c.max_position_embeddings, "[bart] ", stack, " length ", start + t,
            " exceeds max_position_embeddings ", c.max_position_embeddings);
-  Array x = embedding_with_padding_idx(p["model.shared.weight"], ids, c.pad_token_id);
+  Array x = embedding(p["model.shared.weight"], ids, c.pad_token_id);
   if (c.scale_embedding) x = mul(x, c.embed_scale());
   x = add(x, embedding(p[stack + ".embed_positions.weight"], arange_ids(start + kPositionOffset, t)));
   x = layer_norm(x, p[stack + ".layernorm_embedding.weight"], p[stack + ".layernorm_embedding.bias"], 1e-5);

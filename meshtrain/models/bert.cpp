@@ -185,7 +185,7 @@ Array bert_encoder(const BertConfig& c, const Params& p, const BertInputs& in, c
   Array positions = in.position_ids;
   if (!positions.defined()) positions = arange_ids(0, t);
   Array types = in.token_type_ids.defined() ? in.token_type_ids : Array::zeros(Shape{b, t}, DType::i64);
-  Array x = add(add(embedding_with_padding_idx(p["bert.embeddings.word_embeddings.weight"], in.input_ids, c.pad_token_id),
+  Array x = add(add(embedding(p["bert.embeddings.word_embeddings.weight"], in.input_ids, c.pad_token_id),
                     embedding(p["bert.embeddings.token_type_embeddings.weight"], types)),
                 embedding(p["bert.embeddings.position_embeddings.weight"], positions));
   x = layer_norm(x, p["bert.embeddings.LayerNorm.weight"], p["bert.embeddings.LayerNorm.bias"], c.layer_norm_eps);

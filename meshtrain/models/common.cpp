@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "meshtrain/autodiff/node.h"
-#include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
@@ -95,18 +93,6 @@ void check_params(const std::vector<ParamDef>& defs, const Params& params, const
     MT_CHECK(a.shape() == d.shape, "[", model, "] parameter '", d.path, "' has shape ", a.shape().str(),
              ", expected ", d.shape.str());
   }
-}
-
-Array embedding_with_padding_idx(const Array& table, const Array& ids, int64_t pad) {
-  Array rows = embedding(table, ids);
-  if (!autodiff::grad_enabled()) return rows;  // same values; only the gradient differs
-  const Array pad_id = scalar_like(ids, double(pad));
-  const Array keep = expand_dims(cast(ne(ids, pad_id), rows.dtype()), -1);
-  const Array at_pad = expand_dims(cast(eq(ids, pad_id), rows.dtype()), -1);
-  // rows·keep + detach(rows)·at_pad: the same values (x·1 + x·0 is x exactly), no gradient
-  // through pad positions. Products keep a vocabulary-split table's partial rows partial, so
-  // tensor parallelism still sums them in the one all-reduce it had (a where() would not).
-  return add(mul(rows, keep), mul(stop_gradient(rows), at_pad));
 }
 
 Array linear(const Array& x, const Array& weight, const Array& bias) {

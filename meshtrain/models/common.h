@@ -82,11 +82,6 @@ T config_get(const nlohmann::json& j, const char* key, const char* what, const T
 
 // ---------------------------------------------------------------- layers
 
-// nn.Embedding(padding_idx = pad): the rows of `table` at `ids`; the positions holding `pad`
-// add nothing to the table's gradient, so the padding row is not trained by its lookups (a
-// tied head's use of the row still trains it), as in Hugging Face's BERT and BART.
-Array embedding_with_padding_idx(const Array& table, const Array& ids, int64_t pad);
-
 // nn.Linear: x @ weightᵀ + bias with weight [out, in]; bias may be undefined.
 Array linear(const Array& x, const Array& weight, const Array& bias = Array());
 // HF Conv1D: x @ weight + bias with weight [in, out].

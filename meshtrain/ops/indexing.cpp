@@ -167,11 +167,14 @@ class ScatterAddAlongAxisPrimitive final : public IndexPrimitive {
 
 // embedding(table (V, D), ids) -> ids.shape + (D,). On a rank holding rows
 // [row_offset, row_offset + V_local) of a vocabulary-split table, ids outside that range
-// give zero rows (the consumer sums the partial results: one all-reduce).
+// give zero rows (the consumer sums the partial results: one all-reduce). With a padding id
+// (nn.Embedding's padding_idx) the positions holding it pass no gradient to the table; only
+// the backward's mask changes, so the forward costs nothing more.
 class EmbeddingPrimitive final : public prim::Primitive {
  public:
-  EmbeddingPrimitive() = default;
-  EmbeddingPrimitive(int64_t row_offset, int64_t vocab) : row_offset_(row_offset), vocab_(vocab), masked_(true) {}
+  explicit EmbeddingPrimitive(int64_t padding_idx = -1) : padding_idx_(padding_idx) {}
+  EmbeddingPrimitive(int64_t row_offset, int64_t vocab, int64_t padding_idx)
+      : row_offset_(row_offset), vocab_(vocab), padding_idx_(padding_idx), masked_(true) {}
   const char* name() const override { return "embedding"; }
   OutputInfo infer(const Inputs& in) const override {
     std::vector<int64_t> dims = in[1].shape().dims();
@@ -190,10 +193,11 @@ class EmbeddingPrimitive final : public prim::Primitive {
     MT_KERNEL(ids, check_indices, ids, vocab_, "embedding", detail::concat("table (", vocab_, ", ", d, ")"));
     // Local row of each id (0 where another rank holds it) and whether this rank holds it.
     std::vector<int64_t> all = ids.to_ints(), local(all.size());
-    std::vector<float> held(all.size());
+    std::vector<float> held(all.size()), trained(all.size());
     for (size_t i = 0; i < all.size(); ++i) {
       const int64_t r = all[i] - row_offset_;
       held[i] = r >= 0 && r < v ? 1.f : 0.f;
+      trained[i] = all[i] == padding_idx_ ? 0.f : held[i];
       local[i] = held[i] != 0.f ? r : 0;
     }
     Array local_ids = Array::from_vector(local, ids.shape());
@@ -201,25 +205,30 @@ class EmbeddingPrimitive final : public prim::Primitive {
     MT_KERNEL(out, take, table, local_ids, out, 1, v, d);
     autodiff::NoGradGuard no_grad;
     out = mul(out, expand_dims(mask, -1));
-    aux = {local_ids, mask};
+    // The backward's mask: the rows this rank holds, less the padding positions.
+    aux = {local_ids, padding_idx_ < 0 ? mask : Array::from_vector(trained, ids.shape(), table.dtype())};
     return out;
   }
   uint32_t keeps_inputs() const override { return masked_ ? 0u : 2u; }
   Grads vjp(const Saved& s, const Array& g) const override {
     // Row-owned scatter (see cpu::scatter_add): safe and deterministic under OpenMP.
-    if (!masked_) return {scatter_add(s.shapes[0], s.inputs[1], g, 0), Array()};
-    return {scatter_add(s.shapes[0], s.aux[0], mul(g, expand_dims(s.aux[1], -1)), 0), Array()};
+    if (masked_) return {scatter_add(s.shapes[0], s.aux[0], mul(g, expand_dims(s.aux[1], -1)), 0), Array()};
+    if (padding_idx_ < 0) return {scatter_add(s.shapes[0], s.inputs[1], g, 0), Array()};
+    const Array& ids = s.inputs[1];
+    const Array trained = expand_dims(cast(ne(ids, scalar_like(ids, double(padding_idx_))), g.dtype()), -1);
+    return {scatter_add(s.shapes[0], ids, mul(g, trained), 0), Array()};
   }
   RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {
     return layout::rules::embedding(in, mesh);
   }
   prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr& self) const override {
     if (ctx.input_specs[0].axes_of(0).empty()) return self;
-    return std::make_shared<EmbeddingPrimitive>(ctx.input_offsets[0][0], ctx.input_global[0][0]);
+    return std::make_shared<EmbeddingPrimitive>(ctx.input_offsets[0][0], ctx.input_global[0][0], padding_idx_);
   }
 
  private:
   int64_t row_offset_ = 0, vocab_ = 0;
+  int64_t padding_idx_ = -1;  // -1: none
   bool masked_ = false;
 };
 
@@ -314,12 +323,14 @@ Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Arr
   return prim::apply(std::make_shared<ScatterAddAlongAxisPrimitive>(shape, axis), {updates, indices});
 }
 
-Array embedding(const Array& table, const Array& ids) {
+Array embedding(const Array& table, const Array& ids, std::optional<int64_t> padding_idx) {
   check_defined(table, "embedding", "table");
   check_defined(ids, "embedding", "ids");
   MT_CHECK(table.ndim() == 2, "[embedding] table must be (V, D), got ", table.str());
   check_index_dtype(ids, "embedding");
-  return prim::apply(prim::instance<EmbeddingPrimitive>(), {table, ids});
+  if (!padding_idx) return prim::apply(prim::instance<EmbeddingPrimitive>(), {table, ids});
+  MT_CHECK(*padding_idx >= 0, "[embedding] padding_idx must be >= 0, got ", *padding_idx);
+  return prim::apply(std::make_shared<EmbeddingPrimitive>(*padding_idx), {table, ids});
 }
 
 Array one_hot(const Array& ids, int64_t num_classes, DType dtype) {

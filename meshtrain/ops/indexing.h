@@ -3,6 +3,7 @@
 // (negative ones included: there is no Python-style wrap-around) throws mt::Error naming
 // the op, the index value and the shapes.
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "meshtrain/core/array.h"
@@ -27,7 +28,9 @@ Array scatter_add_along_axis(const Shape& shape, const Array& indices, const Arr
 
 // Rows of a (V, D) table: ids of any shape -> ids.shape + (D,). The backward pass sums
 // the cotangent rows of repeated ids without data races (each table row has one owner).
-Array embedding(const Array& table, const Array& ids);
+// padding_idx (nn.Embedding's): positions holding it add nothing to the table's gradient, so
+// the padding row is not trained by its lookups (HF's BERT and BART embeddings).
+Array embedding(const Array& table, const Array& ids, std::optional<int64_t> padding_idx = std::nullopt);
 
 // ids.shape + (num_classes,) with a 1 at each id.
 Array one_hot(const Array& ids, int64_t num_classes, DType dtype = DType::f32);
