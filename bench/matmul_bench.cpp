@@ -6,7 +6,7 @@
 // its row shows the engine's widened-to-f32 path.
 // Usage: matmul_bench [--quick]   (MESHTRAIN_MAX_CPU_ISA=avx2 runs it as on an AVX2-only CPU)
 #include "meshtrain/backend/cpu/cpu_features.h"
-#include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/meshtrain.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -23,7 +23,7 @@
 
 namespace {
 
-using mt::cpu::MatmulDType;
+using mt::kernels::MatmulDType;
 using clock_type = std::chrono::steady_clock;
 
 struct Shape {
@@ -139,7 +139,7 @@ Result measure(MatmulDType dtype, const Shape& s, double budget_s, bool with_dir
 
 // The f32 shapes of a GPT-2 / BERT training step with their stored layouts (weights as
 // (out, in), gradients as xᵀ·g): oneDNN's matmul primitive against its jit GEMM
-// (dnnl_sgemm), the choice behind matmul_kernel.cpp's prefers_jit_sgemm.
+// (dnnl_sgemm), the choice behind cpu/matmul.cpp's prefers_jit_sgemm.
 struct LayoutShape {
   int64_t M, N, K;
   bool ta, tb;

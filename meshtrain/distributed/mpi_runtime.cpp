@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/distributed/hosts.h"

@@ -17,7 +17,7 @@
 #include <mutex>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/elementwise.h"
 #endif
 
 namespace mt::dist {

@@ -1,6 +1,6 @@
 #include "meshtrain/distributed/sharded_random.h"
 
-#include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/random.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/random.h"
 
@@ -13,7 +13,7 @@ Array make_block(const Shape& shape, const Sharding& sharding, DType dtype, cons
   sharding.validate(shape, what);
   MT_CHECK(sharding.spec.partial.empty(), "[random] ", what, ": a random array cannot be partial");
   Array local = Array::empty(sharding.local_shape(shape), dtype, Device::cpu());  // drawn on the host, as ops/random
-  fill(local, cpu::StreamBlock{shape.dims(), sharding.local_offsets(shape)});
+  fill(local, kernels::StreamBlock{shape.dims(), sharding.local_offsets(shape)});
   return global_view(local.to(current_device()), sharding);
 }
 }  // namespace
@@ -22,14 +22,14 @@ Array random_normal(const RngKey& key, const Shape& shape, const Sharding& shard
                     double std, const std::string& what) {
   if (sharding.is_trivial()) return mt::random_normal(key, shape, dtype, mean, std);
   return make_block(shape, sharding, dtype, what,
-                    [&](Array& local, const cpu::StreamBlock& b) { cpu::random_normal(key, local, mean, std, b); });
+                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_normal(key, local, mean, std, b); });
 }
 
 Array random_uniform(const RngKey& key, const Shape& shape, const Sharding& sharding, DType dtype, double lo, double hi,
                      const std::string& what) {
   if (sharding.is_trivial()) return mt::random_uniform(key, shape, dtype, lo, hi);
   return make_block(shape, sharding, dtype, what,
-                    [&](Array& local, const cpu::StreamBlock& b) { cpu::random_uniform(key, local, lo, hi, b); });
+                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_uniform(key, local, lo, hi, b); });
 }
 
 }  // namespace mt::dist

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "meshtrain/backend/cpu/attention_kernel.h"
-#include "meshtrain/backend/cpu/softmax_kernel.h"
+#include "meshtrain/backend/attention.h"
+#include "meshtrain/backend/softmax.h"
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
@@ -114,9 +114,9 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     }
     return {q.shape(), q.dtype()};
   }
-  cpu::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
+  kernels::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
     const Array &q = in[0], &k = in[1];
-    cpu::FlashAttentionShape s;
+    kernels::FlashAttentionShape s;
     s.batch_heads = q.dim(0) * q.dim(1), s.tq = q.dim(2), s.tk = k.dim(2), s.d = q.dim(3);
     s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
     s.operands = operands_;
@@ -178,7 +178,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   bool counts_model_flops() const override { return true; }
 
  private:
-  using Operands = cpu::FlashAttentionShape::Operands;
+  using Operands = kernels::FlashAttentionShape::Operands;
   static Operands operands_of(MatmulPrecision p) {
     return p == MatmulPrecision::bf16 ? Operands::bf16 : p == MatmulPrecision::tf32 ? Operands::tf32 : Operands::f32;
   }

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/elementwise.h"
+#include "meshtrain/backend/elementwise.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/reduce.h"
@@ -16,8 +16,8 @@
 
 namespace mt {
 
-using cpu::BinaryOp;
-using cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 using layout::rules::Linearity;
 using prim::OutputInfo;
 using prim::Saved;
@@ -31,12 +31,12 @@ void check_defined(const Array& a, const char* op) { MT_CHECK(a.defined(), "[", 
 class UnaryPrimitive final : public prim::Primitive {
  public:
   explicit UnaryPrimitive(UnaryOp op) : op_(op) {}
-  const char* name() const override { return cpu::unary_name(op_); }
+  const char* name() const override { return kernels::unary_name(op_); }
 
   OutputInfo infer(const Inputs& in) const override {
     const Array& x = in[0];
     check_defined(x, name());
-    MT_CHECK(cpu::unary_accepts_integers(op_) || is_floating(x.dtype()), "[", name(),
+    MT_CHECK(kernels::unary_accepts_integers(op_) || is_floating(x.dtype()), "[", name(),
              "] expects a floating array, got ", x.str());
     return {x.shape(), op_ == UnaryOp::logical_not ? DType::boolean : x.dtype()};
   }
@@ -138,7 +138,7 @@ Grads UnaryPrimitive::vjp(const Saved& s, const Array& g) const {
 class BinaryPrimitive final : public prim::Primitive {
  public:
   explicit BinaryPrimitive(BinaryOp op) : op_(op) {}
-  const char* name() const override { return cpu::binary_name(op_); }
+  const char* name() const override { return kernels::binary_name(op_); }
 
   OutputInfo infer(const Inputs& in) const override {
     const Array &a = in[0], &b = in[1];
@@ -147,11 +147,11 @@ class BinaryPrimitive final : public prim::Primitive {
     MT_CHECK(a.dtype() == b.dtype(), "[", name(), "] dtype mismatch: ", a.str(), " vs ", b.str(),
              " (cast one operand first)");
     const bool logical = op_ == BinaryOp::logical_and || op_ == BinaryOp::logical_or;
-    MT_CHECK(logical || cpu::is_comparison(op_) || a.dtype() != DType::boolean, "[", name(),
+    MT_CHECK(logical || kernels::is_comparison(op_) || a.dtype() != DType::boolean, "[", name(),
              "] arithmetic on bool arrays ", a.str(), ", ", b.str());
     MT_CHECK(!(op_ == BinaryOp::div || op_ == BinaryOp::pow) || is_floating(a.dtype()), "[", name(),
              "] expects floating arrays, got ", a.str(), ", ", b.str());
-    return {broadcast_shapes(a.shape(), b.shape(), name()), cpu::is_comparison(op_) ? DType::boolean : a.dtype()};
+    return {broadcast_shapes(a.shape(), b.shape(), name()), kernels::is_comparison(op_) ? DType::boolean : a.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
     // The kernels read a[i] before writing out[i], so out may be a itself when nobody else

@@ -5,7 +5,7 @@
 #include "meshtrain/ops/indexing.h"
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/indexing_kernels.h"
+#include "meshtrain/backend/indexing.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/loss_kernels.h"
+#include "meshtrain/backend/loss.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
@@ -114,21 +114,9 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     MT_KERNEL(logits, cross_entropy_forward, logits, labels, ignore_index_, float(smoothing_), rows, lse);
     aux = {lse, Array::scalar(double(s.count), DType::i64)};
     if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
-    if (rows.device().is_cuda()) {
-      Array total = Array::empty(Shape{}, DType::f32);
-      cuda::reduce(cpu::ReduceOp::sum, rows, total, 1, s.rows, 1);
-      if (reduction_ == Reduction::sum) return total;
-      const double inv = s.count > 0 ? 1.0 / double(s.count) : std::numeric_limits<double>::quiet_NaN();
-      Array mean = Array::empty(Shape{}, DType::f32);
-      cuda::binary(cpu::BinaryOp::mul, total, Array::scalar(inv, DType::f32), mean);
-      return mean;
-    }
-    double total = 0.0;
-    const float* pr = rows.data<float>();
-    for (int64_t i = 0; i < s.rows; ++i) total += double(pr[i]);
-    if (reduction_ == Reduction::mean)
-      total = s.count > 0 ? total / double(s.count) : std::numeric_limits<double>::quiet_NaN();
-    return Array::scalar(total, DType::f32);
+    Array total = Array::empty(Shape{}, DType::f32);
+    MT_KERNEL(rows, cross_entropy_total, rows, s.count, reduction_ == Reduction::mean, total);
+    return total;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
     const Array &logits = s.inputs[0], &labels = s.inputs[1];

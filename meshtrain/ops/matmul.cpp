@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/matmul_kernel.h"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/kernel_dispatch.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
@@ -26,11 +26,11 @@ namespace {
 
 thread_local MatmulPrecision current_precision = MatmulPrecision::f32;
 
-cpu::MatmulDType matmul_dtype(DType d) {
+kernels::MatmulDType matmul_dtype(DType d) {
   switch (d) {
-    case DType::f32: return cpu::MatmulDType::f32;
-    case DType::bf16: return cpu::MatmulDType::bf16;
-    default: return cpu::MatmulDType::f16;
+    case DType::f32: return kernels::MatmulDType::f32;
+    case DType::bf16: return kernels::MatmulDType::bf16;
+    default: return kernels::MatmulDType::f16;
   }
 }
 
@@ -75,15 +75,12 @@ class MatmulPrimitive final : public prim::Primitive {
       nb = ba = bb = 1;
     }
     Array out = Array::empty(o.shape, o.dtype);
-    // Under bf16 precision the kernel rounds f32 operands to bf16 in its own staging buffers.
-    const cpu::MatmulDType kernel_dtype = a.dtype() == DType::f32 && precision_ == MatmulPrecision::bf16
-                                              ? cpu::MatmulDType::f32_as_bf16
-                                              : matmul_dtype(a.dtype());
-    if (out.device().is_cuda())
-      cuda::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_, false,
-                   precision_ == MatmulPrecision::tf32);
-    else
-      cpu::matmul(kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
+    // Under bf16 (tf32) precision the kernel rounds f32 operands in its own staging buffers
+    // (multiplies them on TF32 tensor cores).
+    kernels::MatmulDType kernel_dtype = matmul_dtype(a.dtype());
+    if (a.dtype() == DType::f32 && precision_ == MatmulPrecision::bf16) kernel_dtype = kernels::MatmulDType::f32_as_bf16;
+    if (a.dtype() == DType::f32 && precision_ == MatmulPrecision::tf32) kernel_dtype = kernels::MatmulDType::f32_as_tf32;
+    MT_KERNEL(out, matmul, kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
     return out;
   }
 

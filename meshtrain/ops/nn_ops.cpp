@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/norm_kernels.h"
+#include "meshtrain/backend/norm.h"
 #include "meshtrain/backend/kernel_dispatch.h"
-#include "meshtrain/backend/cpu/softmax_kernel.h"
+#include "meshtrain/backend/softmax.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"

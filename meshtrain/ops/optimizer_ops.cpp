@@ -1,6 +1,6 @@
 #include "meshtrain/ops/optimizer_ops.h"
 
-#include "meshtrain/backend/cpu/optimizer_kernels.h"
+#include "meshtrain/backend/optimizer.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/prim/dispatch.h"
@@ -12,7 +12,7 @@ MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_mom
 
 namespace {
 
-cpu::AdamHyper hyper(const AdamStep& s) {
+kernels::AdamHyper hyper(const AdamStep& s) {
   return {float(s.b1),        float(s.b2),       float(1 - s.b1), float(1 - s.b2),
           float(s.step_size), float(s.sqrt_bc2), float(s.eps),    float(s.decay)};
 }
@@ -62,7 +62,7 @@ class AdamMomentsPrimitive final : public prim::Primitive {
   }
 
  private:
-  cpu::AdamHyper h_;
+  kernels::AdamHyper h_;
 };
 
 class AdamDirectionPrimitive final : public prim::Primitive {
@@ -83,7 +83,7 @@ class AdamDirectionPrimitive final : public prim::Primitive {
   }
 
  private:
-  cpu::AdamHyper h_;
+  kernels::AdamHyper h_;
 };
 
 // Inputs of the multi-tensor primitives: three groups of k f32 arrays; group 0's shapes name
@@ -146,7 +146,7 @@ class AdamMomentsMultiPrimitive final : public prim::Primitive {
   }
 
  private:
-  cpu::AdamHyper h_;
+  kernels::AdamHyper h_;
 };
 
 class AdamDirectionMultiPrimitive final : public prim::Primitive {
@@ -172,7 +172,7 @@ class AdamDirectionMultiPrimitive final : public prim::Primitive {
   }
 
  private:
-  cpu::AdamHyper h_;
+  kernels::AdamHyper h_;
   std::vector<float> decays_;
 };
 

@@ -8,12 +8,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshtrain/backend/cpu/paged_attention_kernel.h"
+#include "meshtrain/backend/paged_attention.h"
 #include "meshtrain/core/array.h"
 
 namespace mt {
 
-using cpu::PagedRows;
+using kernels::PagedRows;
 
 // An uninitialized pool (blocks, Hkv, block_size, D) for keys or values shaped as kv (B, Hkv,
 // T, D): kv's dtype and device, its heads split as kv's are under tensor parallelism.

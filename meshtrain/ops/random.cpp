@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/random.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/prim/dispatch.h"
@@ -57,7 +57,7 @@ namespace {
 // VJP is itself (the same mask).
 class DropoutPrimitive final : public prim::Primitive {
  public:
-  DropoutPrimitive(double rate, RngKey key, cpu::StreamBlock block = {})
+  DropoutPrimitive(double rate, RngKey key, kernels::StreamBlock block = {})
       : rate_(rate), key_(key), block_(std::move(block)) {}
   const char* name() const override { return "dropout"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override { return {in[0].shape(), in[0].dtype()}; }
@@ -73,13 +73,13 @@ class DropoutPrimitive final : public prim::Primitive {
     return layout::rules::gather_dims(in, mesh, {}, true);
   }
   prim::PrimitivePtr localize(const prim::LocalContext& ctx, const prim::PrimitivePtr&) const override {
-    return std::make_shared<DropoutPrimitive>(rate_, key_, cpu::StreamBlock{ctx.input_global[0].dims(), ctx.input_offsets[0]});
+    return std::make_shared<DropoutPrimitive>(rate_, key_, kernels::StreamBlock{ctx.input_global[0].dims(), ctx.input_offsets[0]});
   }
 
  private:
   double rate_;
   RngKey key_;
-  cpu::StreamBlock block_;
+  kernels::StreamBlock block_;
 };
 
 }  // namespace

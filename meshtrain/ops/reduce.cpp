@@ -4,9 +4,9 @@
 #include <cmath>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/backend/cpu/elementwise.h"
+#include "meshtrain/backend/elementwise.h"
 #include "meshtrain/backend/kernel_dispatch.h"
-#include "meshtrain/backend/cpu/reduce.h"
+#include "meshtrain/backend/reduce.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -108,7 +108,7 @@ class SumPrimitive final : public prim::Primitive {
     }
     return reduce_via(src, axes_, keepdims_, o.dtype, [](const Array& a, Array& out, int64_t outer, int64_t r,
                                                            int64_t inner) {
-      MT_KERNEL(out, reduce, cpu::ReduceOp::sum, a, out, outer, r, inner);
+      MT_KERNEL(out, reduce, kernels::ReduceOp::sum, a, out, outer, r, inner);
     });
   }
   uint32_t keeps_inputs() const override { return 0; }
@@ -128,15 +128,15 @@ class SumPrimitive final : public prim::Primitive {
 // max / min over axes; ties share the gradient evenly.
 class ExtremumPrimitive final : public prim::Primitive {
  public:
-  ExtremumPrimitive(cpu::ReduceOp op, std::vector<int> axes, bool keepdims)
+  ExtremumPrimitive(kernels::ReduceOp op, std::vector<int> axes, bool keepdims)
       : op_(op), axes_(std::move(axes)), keepdims_(keepdims) {}
-  const char* name() const override { return op_ == cpu::ReduceOp::max ? "max" : "min"; }
+  const char* name() const override { return op_ == kernels::ReduceOp::max ? "max" : "min"; }
   OutputInfo infer(const Inputs& in) const override {
     for (int a : axes_) MT_CHECK(in[0].shape()[a] > 0, "[", name(), "] reduction over empty axis of ", in[0].str());
     return {reduced_shape(in[0].shape(), axes_, keepdims_), in[0].dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    const cpu::ReduceOp op = op_;
+    const kernels::ReduceOp op = op_;
     return reduce_via(in[0], axes_, keepdims_, o.dtype, [op](const Array& a, Array& out, int64_t outer, int64_t r,
                                                               int64_t inner) { MT_KERNEL(out, reduce, op, a, out, outer, r, inner); });
   }
@@ -153,7 +153,7 @@ class ExtremumPrimitive final : public prim::Primitive {
   }
 
  private:
-  cpu::ReduceOp op_;
+  kernels::ReduceOp op_;
   std::vector<int> axes_;
   bool keepdims_;
 };
@@ -198,7 +198,7 @@ Array mean(const Array& x, std::vector<int> axes, bool keepdims) {
 }
 
 namespace {
-Array extremum(const Array& x, std::vector<int> axes, bool keepdims, cpu::ReduceOp op, const char* name) {
+Array extremum(const Array& x, std::vector<int> axes, bool keepdims, kernels::ReduceOp op, const char* name) {
   MT_CHECK(x.defined(), "[", name, "] undefined input array");
   axes = normalize_axes(x.shape(), axes, name);
   return prim::apply(std::make_shared<ExtremumPrimitive>(op, std::move(axes), keepdims), {x});
@@ -206,10 +206,10 @@ Array extremum(const Array& x, std::vector<int> axes, bool keepdims, cpu::Reduce
 }  // namespace
 
 Array max(const Array& x, std::vector<int> axes, bool keepdims) {
-  return extremum(x, std::move(axes), keepdims, cpu::ReduceOp::max, "max");
+  return extremum(x, std::move(axes), keepdims, kernels::ReduceOp::max, "max");
 }
 Array min(const Array& x, std::vector<int> axes, bool keepdims) {
-  return extremum(x, std::move(axes), keepdims, cpu::ReduceOp::min, "min");
+  return extremum(x, std::move(axes), keepdims, kernels::ReduceOp::min, "min");
 }
 
 Array logsumexp(const Array& x, std::vector<int> axes, bool keepdims) {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "meshtrain/backend/cpu/strided_copy.h"
+#include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"

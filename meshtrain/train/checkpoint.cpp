@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "meshtrain/backend/cpu/strided_copy.h"
+#include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"

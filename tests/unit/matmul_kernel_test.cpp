@@ -1,6 +1,6 @@
 // Checks mt::cpu::matmul against a double-precision triple loop for every dtype, transpose
 // combination, batch-broadcast mode and accumulate flag, plus edge cases and the f16 helpers.
-#include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/core/dtype.h"
 
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ namespace {
 uint16_t float_to_half_bits(float f) { return mt::f32_to_f16(f).bits; }
 float half_bits_to_float(uint16_t h) { return mt::f16_to_f32(mt::f16{h}); }
 
-using mt::cpu::MatmulDType;
+using mt::kernels::MatmulDType;
 
 uint16_t f32_to_bf16_bits(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);

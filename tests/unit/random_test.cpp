@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/random.h"
 #include "meshtrain/meshtrain.h"
 
 namespace mt {
@@ -147,7 +147,7 @@ TEST(Random, BernoulliAndDropoutMask) {
 // the double comparison uniform >= rate on every uniform value (k / 2^24) near the edge.
 TEST(Random, KeepThresholdEqualsTheDoubleComparison) {
   for (double rate : {0.0, 1e-9, 0.1, 1.0 / 3.0, 0.5, 0.9, 1.0 - 1e-9, 1.0}) {
-    const float t = mt::cpu::keep_threshold(rate);
+    const float t = mt::kernels::keep_threshold(rate);
     const int64_t edge = int64_t(std::ceil(rate * 16777216.0));
     for (int64_t k = std::max<int64_t>(0, edge - 3); k < std::min<int64_t>(16777216, edge + 3); ++k) {
       const float u = float(k) * (1.0f / 16777216.0f);

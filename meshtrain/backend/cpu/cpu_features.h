@@ -4,7 +4,7 @@
 //
 // AVX2 + FMA is the floor (the binaries are built for x86-64-v3). AVX-512, AVX512_BF16 and
 // AMX are accelerations oneDNN picks at run time. Where oneDNN has no bf16 GEMM (below
-// AVX-512), bf16 matmuls are widened to f32 (backend/cpu/matmul_kernel.cpp): same API,
+// AVX-512), bf16 matmuls are widened to f32 (backend/cpu/matmul.cpp): same API,
 // results within the bf16 tolerances, no speed-up.
 //
 // The cap: MESHTRAIN_MAX_CPU_ISA=avx2 (or avx512_core, avx512_core_bf16, avx512_core_amx,

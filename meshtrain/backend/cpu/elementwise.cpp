@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/elementwise.h"
+#include "meshtrain/backend/elementwise.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,23 +12,9 @@
 
 namespace mt::cpu {
 
-const char* unary_name(UnaryOp op) {
-#define MT_NAME(e, name, ...) name,
-  static const char* names[] = {MT_UNARY_OPS(MT_NAME)};
-  return names[int(op)];
-}
-const char* binary_name(BinaryOp op) {
-  static const char* names[] = {MT_BINARY_OPS(MT_NAME)};
-#undef MT_NAME
-  return names[int(op)];
-}
-bool unary_accepts_integers(UnaryOp op) {
-#define MT_INTEGER_OK(e, name, integer_ok) integer_ok,
-  static const bool ok[] = {MT_UNARY_OPS(MT_INTEGER_OK)};
-#undef MT_INTEGER_OK
-  return ok[int(op)];
-}
-bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+using kernels::UnaryOp;
+using kernels::BinaryOp;
+using kernels::is_comparison;
 
 namespace {
 

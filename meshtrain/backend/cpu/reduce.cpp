@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/reduce.h"
+#include "meshtrain/backend/reduce.h"
 
 #include <cmath>
 #include <limits>
@@ -9,6 +9,8 @@
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::ReduceOp;
 
 void reduce(ReduceOp op, const Array& x, Array& out, int64_t outer, int64_t r, int64_t inner) {
   dispatch_dtype(x.dtype(), [&](auto tag) {

@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/strided_copy.h"
+#include "meshtrain/backend/strided_copy.h"
 
 #include <cstring>
 

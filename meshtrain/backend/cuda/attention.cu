@@ -7,7 +7,7 @@
 // reference; dropout draws the same Philox elements as dropout() on the (BH, Tq, Tk) array.
 #include "meshtrain/backend/cuda/attention_dropout.cuh"
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/attention.h"
 
 namespace mt::cuda {
 
@@ -201,7 +201,7 @@ __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g
   for (int c = 0; c < d; ++c) dq[(bh * tq + i) * d + c] = from_f32<T>(dqr[c]);
 }
 
-AttentionDropout dropout_of(const cpu::FlashAttentionShape& s) {
+AttentionDropout dropout_of(const kernels::FlashAttentionShape& s) {
   return attention_dropout(s.dropout_rate, s.dropout_key.seed, s.dropout_key.stream);
 }
 
@@ -216,7 +216,7 @@ void dispatch_head_dim(int64_t d, F&& f) {
 
 bool flash_attention_supported(int64_t head_dim) { return head_dim > 0 && head_dim <= 64; }
 
-void flash_attention_forward(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
+void flash_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_forward_tc(q, k, v, s, out, lse);
@@ -233,7 +233,7 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
 }
 
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-                              const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+                              const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
   if (s.batch_heads * s.tq == 0 || s.tk == 0) {  // nothing attends: zero gradients, as the CPU
     for (Array* a : {&dq, &dk, &dv})
       if (a->nbytes() > 0) check(cudaMemsetAsync(a->raw(), 0, a->nbytes(), stream()), "flash_attention_backward");

@@ -26,7 +26,7 @@
 #include <type_traits>
 
 #include "meshtrain/backend/cuda/attention_tiles.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/attention.h"
 
 namespace mt::cuda {
 
@@ -513,14 +513,14 @@ bool has_tensor_core_kernels() {
 
 
 template <class F>
-void dispatch(const cpu::FlashAttentionShape& s, F&& f) {
+void dispatch(const kernels::FlashAttentionShape& s, F&& f) {
   auto with_dim = [&](auto ops) {
     if (s.d <= 32) f(ops, std::integral_constant<int, 32>{});
     else f(ops, std::integral_constant<int, 64>{});
   };
   switch (s.operands) {
-    case cpu::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}); break;
-    case cpu::FlashAttentionShape::Operands::tf32: with_dim(Tf32Ops{}); break;
+    case kernels::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}); break;
+    case kernels::FlashAttentionShape::Operands::tf32: with_dim(Tf32Ops{}); break;
     default: with_dim(F32Ops{}); break;
   }
 }
@@ -538,7 +538,7 @@ bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
   return q.dtype() == DType::f32 && head_dim > 0 && head_dim <= 64 && has_tensor_core_kernels();
 }
 
-void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const cpu::FlashAttentionShape& s,
+void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                                 Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
   const Params params = params_of(s, vector_rows(s, {&q, &k, &v}));
@@ -552,7 +552,7 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
 }
 
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-                                 const Array& g, const cpu::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
   const int64_t rows = s.batch_heads * s.tq;
   Array dvec = Array::empty({rows}, DType::f32, q.device());
   row_dot_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<float>(g), ptr<float>(out),

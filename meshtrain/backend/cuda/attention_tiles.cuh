@@ -7,7 +7,7 @@
 #include <cfloat>
 #include <initializer_list>
 
-#include "meshtrain/backend/cpu/attention_kernel.h"
+#include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/cuda/attention_dropout.cuh"
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/device_types.cuh"
@@ -119,14 +119,14 @@ __device__ inline void load_pair(Elem* ta, const float* xa, Elem* tb, const floa
 }
 
 // float4 row loads need d to be the kernel's MaxD and 16-byte aligned rows in every operand.
-inline bool vector_rows(const cpu::FlashAttentionShape& s, std::initializer_list<const Array*> operands) {
+inline bool vector_rows(const kernels::FlashAttentionShape& s, std::initializer_list<const Array*> operands) {
   if (s.d != 32 && s.d != 64) return false;
   for (const Array* a : operands)
     if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return false;
   return true;
 }
 
-inline Params params_of(const cpu::FlashAttentionShape& s, bool vector) {
+inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
   return {s.tq,
           s.tk,
           int(s.d),

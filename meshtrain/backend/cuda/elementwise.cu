@@ -9,12 +9,12 @@
 
 #include "meshtrain/backend/cpu/broadcast_iter.h"
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/elementwise.h"
 
 namespace mt::cuda {
 
-using cpu::BinaryOp;
-using cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 
 namespace {
 
@@ -300,36 +300,36 @@ void fill_pattern(void* dst, const void* pattern, size_t pattern_bytes, size_t c
 void unary(UnaryOp op, const Array& x, Array& out) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_device(x.dtype(), cpu::unary_name(op), [&](auto tag) {
+  dispatch_device(x.dtype(), kernels::unary_name(op), [&](auto tag) {
     using T = decltype(tag);
     if (op == UnaryOp::logical_not)
       unary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<bool>(out), n);
     else
       unary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(x), mptr<T>(out), n);
   });
-  check_launch(cpu::unary_name(op));
+  check_launch(kernels::unary_name(op));
 }
 
 void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   const bool same = a.shape() == out.shape() && b.shape() == out.shape();
-  const Strided s = same ? Strided{} : strided_for(out.shape(), {a.shape(), b.shape()}, cpu::binary_name(op));
+  const Strided s = same ? Strided{} : strided_for(out.shape(), {a.shape(), b.shape()}, kernels::binary_name(op));
   const OperandAccess acc = same ? OperandAccess{} : access_for(s, 2);
-  if (a.dtype() == DType::f32 && !cpu::is_comparison(op) && takes_f32x4(acc, n, {a.raw(), b.raw(), out.raw()})) {
+  if (a.dtype() == DType::f32 && !kernels::is_comparison(op) && takes_f32x4(acc, n, {a.raw(), b.raw(), out.raw()})) {
     binary_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(op, ptr<float>(a), ptr<float>(b),
                                                                       mptr<float>(out), n / 4, acc);
-    check_launch(cpu::binary_name(op));
+    check_launch(kernels::binary_name(op));
     return;
   }
-  dispatch_device(a.dtype(), cpu::binary_name(op), [&](auto tag) {
+  dispatch_device(a.dtype(), kernels::binary_name(op), [&](auto tag) {
     using T = decltype(tag);
-    if (cpu::is_comparison(op))
+    if (kernels::is_comparison(op))
       binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<bool>(out), n, s, acc);
     else
       binary_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(op, ptr<T>(a), ptr<T>(b), mptr<T>(out), n, s, acc);
   });
-  check_launch(cpu::binary_name(op));
+  check_launch(kernels::binary_name(op));
 }
 
 void where(const Array& cond, const Array& a, const Array& b, Array& out) {

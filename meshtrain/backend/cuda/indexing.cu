@@ -4,9 +4,9 @@
 // CPU accumulates; the order of additions differs from the CPU's index order).
 #include <vector>
 
-#include "meshtrain/backend/cpu/indexing_kernels.h"
+#include "meshtrain/backend/indexing.h"
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/indexing.h"
 
 namespace mt::cuda {
 

@@ -1,8 +1,12 @@
 // Fused softmax cross-entropy over the last axis, one block per row, with the CPU kernel's
-// formulas (loss_kernels.h): log-sum-exp in double from f32 exponentials, label smoothing,
+// formulas (cpu/loss.cpp): log-sum-exp in double from f32 exponentials, label smoothing,
 // ignored rows 0. Labels were validated by the caller.
+#include <limits>
+
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/elementwise.h"
+#include "meshtrain/backend/loss.h"
+#include "meshtrain/backend/reduce.h"
 
 namespace mt::cuda {
 
@@ -96,6 +100,15 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
     });
   });
   check_launch("cross_entropy_backward");
+}
+
+// The sum in double (as the CPU's), then one f32 multiply by 1/count for the mean.
+void cross_entropy_total(const Array& loss, int64_t count, bool mean, Array& out) {
+  if (!mean) return reduce(kernels::ReduceOp::sum, loss, out, 1, loss.numel(), 1);
+  Array total = Array::empty(Shape{}, DType::f32);
+  reduce(kernels::ReduceOp::sum, loss, total, 1, loss.numel(), 1);
+  const double inv = count > 0 ? 1.0 / double(count) : std::numeric_limits<double>::quiet_NaN();
+  binary(kernels::BinaryOp::mul, total, Array::scalar(inv, DType::f32), out);
 }
 
 }  // namespace mt::cuda

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/matmul.h"
 
 namespace mt::cuda {
 
-using cpu::MatmulDType;
+using kernels::MatmulDType;
 
 namespace {
 
@@ -79,13 +79,13 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 
 // Column-major view: first operand = B (N x K, or K x N stored), second = A.
 Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
-               bool ta, bool tb, bool tf32) {
+               bool ta, bool tb) {
   cudaDataType_t in = CUDA_R_32F, out = CUDA_R_32F;
   if (dtype == MatmulDType::bf16) in = out = CUDA_R_16BF;
   if (dtype == MatmulDType::f16) in = out = CUDA_R_16F;
   if (dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16) in = CUDA_R_16BF;
   const cublasComputeType_t compute =
-      dtype == MatmulDType::f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      dtype == MatmulDType::f32_as_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   Plan p;
   check_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "descriptor");
   const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -172,9 +172,10 @@ void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
 void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memory_order_relaxed); }
 
 void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
-            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate, bool tf32) {
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
   if (batch == 0 || M == 0 || N == 0) return;
-  const bool out_f32 = dtype == MatmulDType::f32 || dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16;
+  const bool out_f32 = dtype == MatmulDType::f32 || dtype == MatmulDType::f32_as_tf32 || dtype == MatmulDType::bf16_f32 ||
+                       dtype == MatmulDType::f32_as_bf16;
   if (K == 0) {  // an empty contraction is a zero product
     if (!accumulate)
       check(cudaMemsetAsync(c, 0, size_t(batch * M * N) * (out_f32 ? 4 : 2), stream()), "matmul");
@@ -192,7 +193,7 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
     b = b16.raw();
   }
   Lt& l = lt();
-  const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32};
+  const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, dtype == MatmulDType::f32_as_tf32};
   // The plan's handles and algorithm, copied under the lock: a tuning call may change the
   // algorithm of a plan another thread already holds.
   struct {
@@ -204,7 +205,7 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
   {
     std::lock_guard<std::mutex> lock(l.mutex);
     auto it = l.plans.find(key);
-    if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32)).first;
+    if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b)).first;
     Plan& p = it->second;
     if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
         2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)

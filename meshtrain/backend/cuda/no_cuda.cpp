@@ -1,7 +1,18 @@
 // The CUDA backend's stand-in in builds without CUDA (MESHTRAIN_CUDA=OFF, or no nvcc): no GPU
 // is ever visible, so Device::parse refuses "cuda" with a clear message and no array can reach
 // these kernels; they throw all the same, in case one is called directly.
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/attention.h"
+#include "meshtrain/backend/elementwise.h"
+#include "meshtrain/backend/indexing.h"
+#include "meshtrain/backend/loss.h"
+#include "meshtrain/backend/matmul.h"
+#include "meshtrain/backend/norm.h"
+#include "meshtrain/backend/optimizer.h"
+#include "meshtrain/backend/paged_attention.h"
+#include "meshtrain/backend/random.h"
+#include "meshtrain/backend/reduce.h"
+#include "meshtrain/backend/softmax.h"
+#include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 
@@ -31,15 +42,15 @@ const DeviceRuntime& cuda_runtime() {
 }
 
 namespace cuda {
-void unary(cpu::UnaryOp, const Array&, Array&) { no_cuda(); }
-void binary(cpu::BinaryOp, const Array&, const Array&, Array&) { no_cuda(); }
+void unary(kernels::UnaryOp, const Array&, Array&) { no_cuda(); }
+void binary(kernels::BinaryOp, const Array&, const Array&, Array&) { no_cuda(); }
 void where(const Array&, const Array&, const Array&, Array&) { no_cuda(); }
 void relu_backward(const Array&, const Array&, Array&) { no_cuda(); }
 void gelu_backward(const Array&, const Array&, bool, Array&) { no_cuda(); }
 void cast(const Array&, Array&) { no_cuda(); }
 void strided_copy(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
                   const std::vector<int64_t>&, size_t) { no_cuda(); }
-void reduce(cpu::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void reduce(kernels::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void argmax(const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, bool) { no_cuda(); }
 void causal_softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, float) { no_cuda(); }
@@ -51,25 +62,26 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
 bool flash_attention_supported(int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
 void set_matmul_tuning(bool) {}
-void flash_attention_forward_tc(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&,
+void flash_attention_forward_tc(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&,
                                 Array&) {
   no_cuda();
 }
 void flash_attention_backward_tc(const Array&, const Array&, const Array&, const Array&, const Array&, const Array&,
-                                 const cpu::FlashAttentionShape&, Array&, Array&, Array&) {
+                                 const kernels::FlashAttentionShape&, Array&, Array&, Array&) {
   no_cuda();
 }
-void flash_attention_forward(const Array&, const Array&, const Array&, const cpu::FlashAttentionShape&, Array&, Array&) {
+void flash_attention_forward(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&, Array&) {
   no_cuda();
 }
 void flash_attention_backward(const Array&, const Array&, const Array&, const Array&, const Array&, const Array&,
-                              const cpu::FlashAttentionShape&, Array&, Array&, Array&) {
+                              const kernels::FlashAttentionShape&, Array&, Array&, Array&) {
   no_cuda();
 }
 void paged_kv_write(Array&, const Array&, const std::vector<int64_t>&) { no_cuda(); }
-void paged_attention(const Array&, const Array&, const Array&, const cpu::PagedRows&, float, Array&) { no_cuda(); }
+void paged_attention(const Array&, const Array&, const Array&, const kernels::PagedRows&, float, Array&) { no_cuda(); }
 void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
 void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
+void cross_entropy_total(const Array&, int64_t, bool, Array&) { no_cuda(); }
 void check_indices(const Array&, int64_t, const char*, const std::string&) { no_cuda(); }
 void take(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void scatter_add(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
@@ -77,15 +89,15 @@ void take_along_axis(const Array&, const Array&, Array&, int) { no_cuda(); }
 void scatter_add_along_axis(const Array&, const Array&, Array&, int) { no_cuda(); }
 void top_k(const Array&, Array&, Array&, int64_t, int64_t, int64_t, int64_t) { no_cuda(); }
 void one_hot(const Array&, Array&, int64_t) { no_cuda(); }
-void dropout(const Array&, Array&, const RngKey&, double, const cpu::StreamBlock&) { no_cuda(); }
-void adam_moments(const Array&, const Array&, const Array&, const cpu::AdamHyper&, Array&) { no_cuda(); }
-void adam_direction(const Array&, const Array&, const Array*, const cpu::AdamHyper&, Array&) { no_cuda(); }
-void adam_moments_multi(const std::vector<Array>&, const cpu::AdamHyper&, Array&) { no_cuda(); }
-void adam_direction_multi(const std::vector<Array>&, const std::vector<float>&, const cpu::AdamHyper&, Array&) {
+void dropout(const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
+void adam_moments(const Array&, const Array&, const Array&, const kernels::AdamHyper&, Array&) { no_cuda(); }
+void adam_direction(const Array&, const Array&, const Array*, const kernels::AdamHyper&, Array&) { no_cuda(); }
+void adam_moments_multi(const std::vector<Array>&, const kernels::AdamHyper&, Array&) { no_cuda(); }
+void adam_direction_multi(const std::vector<Array>&, const std::vector<float>&, const kernels::AdamHyper&, Array&) {
   no_cuda();
 }
-void matmul(cpu::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-            bool, bool, bool) {
+void matmul(kernels::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+            bool, bool) {
   no_cuda();
 }
 }  // namespace cuda

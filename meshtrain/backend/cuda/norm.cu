@@ -3,7 +3,7 @@
 // statistics in f32 from double sums, two-pass variance, weight/bias gradients summed per
 // 64-row chunk and then over chunks in order (deterministic).
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/norm.h"
 
 namespace mt::cuda {
 

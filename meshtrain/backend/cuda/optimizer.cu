@@ -1,13 +1,13 @@
 // Adam/AdamW updates in two passes, with the CPU kernel's order of operations (this file is
-// compiled without FMA contraction, as optimizer_kernels.cpp is, so both round alike).
+// compiled without FMA contraction, as cpu/optimizer.cpp is, so both round alike).
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/optimizer.h"
 
 namespace mt::cuda {
 
 namespace {
 
-__global__ void adam_moments_kernel(const float* g, const float* m, const float* v, cpu::AdamHyper k, float* mo,
+__global__ void adam_moments_kernel(const float* g, const float* m, const float* v, kernels::AdamHyper k, float* mo,
                                     float* vo, int64_t n) {
   MT_GRID_LOOP(i, n) {
     const float gi = g[i];
@@ -16,7 +16,7 @@ __global__ void adam_moments_kernel(const float* g, const float* m, const float*
   }
 }
 
-__global__ void adam_direction_kernel(const float* m, const float* v, const float* p, cpu::AdamHyper k, float* out,
+__global__ void adam_direction_kernel(const float* m, const float* v, const float* p, kernels::AdamHyper k, float* out,
                                       int64_t n) {
   const float neg_step = -k.step_size;
   MT_GRID_LOOP(i, n) {
@@ -50,7 +50,7 @@ __device__ const Slice& slice_of_block(const SliceTable& t) {
   return t.s[j];
 }
 
-__global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, cpu::AdamHyper k, float* mo,
+__global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, kernels::AdamHyper k, float* mo,
                                           float* vo) {
   const Slice& s = slice_of_block(t);
   const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
@@ -62,7 +62,7 @@ __global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, 
   }
 }
 
-__global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, cpu::AdamHyper k, float* out) {
+__global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, kernels::AdamHyper k, float* out) {
   const Slice& s = slice_of_block(t);
   const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
   const int64_t end = min(s.n, start + kTile);
@@ -102,7 +102,7 @@ void launch_tables(const std::vector<Array>& in, COf c_of, DecayOf decay_of, Lau
 
 }  // namespace
 
-void adam_moments_multi(const std::vector<Array>& in, const cpu::AdamHyper& h, Array& out) {
+void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& h, Array& out) {
   const size_t k = in.size() / 3;
   float* mo = mptr<float>(out);
   float* vo = mo + out.numel() / 2;
@@ -114,7 +114,7 @@ void adam_moments_multi(const std::vector<Array>& in, const cpu::AdamHyper& h, A
       });
 }
 
-void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const cpu::AdamHyper& h,
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const kernels::AdamHyper& h,
                           Array& out) {
   const size_t k = in.size() / 3;
   float* uo = mptr<float>(out);
@@ -127,7 +127,7 @@ void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>
       });
 }
 
-void adam_moments(const Array& g, const Array& m, const Array& v, const cpu::AdamHyper& h, Array& out) {
+void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out) {
   const int64_t n = g.numel();
   if (n == 0) return;
   float* mo = mptr<float>(out);
@@ -136,7 +136,7 @@ void adam_moments(const Array& g, const Array& m, const Array& v, const cpu::Ada
   check_launch("adam_moments");
 }
 
-void adam_direction(const Array& m, const Array& v, const Array* p, const cpu::AdamHyper& h, Array& out) {
+void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h, Array& out) {
   const int64_t n = m.numel();
   if (n == 0) return;
   adam_direction_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<float>(m), ptr<float>(v),

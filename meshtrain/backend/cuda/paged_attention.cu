@@ -5,7 +5,7 @@
 // the probability-weighted values. Block tables, lengths and slots come from the host per
 // call (a few hundred integers).
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/paged_attention.h"
 
 #include <algorithm>
 
@@ -78,7 +78,7 @@ void paged_kv_write(Array& pool, const Array& kv, const std::vector<int64_t>& sl
   });
 }
 
-void paged_attention(const Array& q, const Array& k_pool, const Array& v_pool, const cpu::PagedRows& rows,
+void paged_attention(const Array& q, const Array& k_pool, const Array& v_pool, const kernels::PagedRows& rows,
                      float scale, Array& out) {
   int64_t longest = 1;
   for (int64_t len : rows.lengths) longest = std::max(longest, len);

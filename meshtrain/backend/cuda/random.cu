@@ -2,7 +2,7 @@
 // (global) array keeps its value when uniform_at(key, i) >= rate, so masks are bit-identical
 // to the CPU's for the same key, whatever the device or the sharding.
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/random.h"
 
 namespace mt::cuda {
 
@@ -76,7 +76,7 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uin
 
 }  // namespace
 
-void dropout(const Array& x, Array& out, const RngKey& key, double rate, const cpu::StreamBlock& block) {
+void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block) {
   const int64_t n = x.numel();
   if (n == 0) return;
   BlockMap map;

@@ -4,11 +4,11 @@
 #include <cfloat>
 
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/reduce.h"
 
 namespace mt::cuda {
 
-using cpu::ReduceOp;
+using kernels::ReduceOp;
 
 namespace {
 

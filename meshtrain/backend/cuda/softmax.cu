@@ -1,7 +1,7 @@
 // Softmax / log-softmax along R of (outer, R, inner), and the fused causal softmax of
 // attention. As on the CPU: max-shifted, exponentials in f32, sums in double.
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/softmax.h"
 
 namespace mt::cuda {
 

@@ -1,7 +1,7 @@
 // The one layout kernel (transpose, slice, broadcast, pad, concatenate are all this copy):
 // a dims-shaped block read with source strides, written with destination strides.
 #include "meshtrain/backend/cuda/device_types.cuh"
-#include "meshtrain/backend/cuda/kernels.h"
+#include "meshtrain/backend/strided_copy.h"
 
 namespace mt::cuda {
 

@@ -1,10 +1,12 @@
-#include "meshtrain/backend/cpu/optimizer_kernels.h"
+#include "meshtrain/backend/optimizer.h"
 
 #include <cmath>
 
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::AdamHyper;
 
 // Built with -ffp-contract=off: each product is rounded before its sum, as the composed ops
 // (and torch) round them, so the fused step equals the composed one bit for bit. The

@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/indexing_kernels.h"
+#include "meshtrain/backend/indexing.h"
 
 #include <algorithm>
 #include <cmath>

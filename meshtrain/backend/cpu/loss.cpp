@@ -1,11 +1,12 @@
-#include "meshtrain/backend/cpu/fast_math.h"
-#include "meshtrain/backend/cpu/loss_kernels.h"
+#include "meshtrain/backend/loss.h"
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
@@ -112,6 +113,14 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
       }
     }
   });
+}
+
+void cross_entropy_total(const Array& loss, int64_t count, bool mean, Array& out) {
+  double total = 0.0;
+  const float* pl = loss.data<float>();
+  for (int64_t i = 0; i < loss.numel(); ++i) total += double(pl[i]);
+  if (mean) total = count > 0 ? total / double(count) : std::numeric_limits<double>::quiet_NaN();
+  out.data<float>()[0] = float(total);
 }
 
 }  // namespace mt::cpu

@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/matmul_kernel.h"
+#include "meshtrain/backend/matmul.h"
 
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/dtype.h"
@@ -26,6 +26,8 @@
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::MatmulDType;
 
 namespace {
 
@@ -69,6 +71,7 @@ const char* dtype_name(MatmulDType dtype) {
     case MatmulDType::f16: return "f16";
     case MatmulDType::bf16_f32: return "bf16->f32";
     case MatmulDType::f32_as_bf16: return "f32 as bf16";
+    case MatmulDType::f32_as_tf32: return "f32 as tf32";
   }
   return "?";
 }
@@ -80,6 +83,7 @@ dnnl::memory::data_type to_dnnl(MatmulDType dtype) {
     case MatmulDType::f16: return dnnl::memory::data_type::f16;
     case MatmulDType::bf16_f32: return dnnl::memory::data_type::bf16;
     case MatmulDType::f32_as_bf16: break;  // never reaches oneDNN: run_as_bf16 picks bf16_f32 or f32
+    case MatmulDType::f32_as_tf32: break;  // never reaches oneDNN: matmul() runs it as f32
   }
   return dnnl::memory::data_type::undef;
 }
@@ -364,6 +368,7 @@ void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
 bool runs_natively(MatmulDType dtype) {
   switch (dtype) {
     case MatmulDType::f32:
+    case MatmulDType::f32_as_tf32:
     case MatmulDType::f32_as_bf16: return true;
     case MatmulDType::f16: return cpu_features().f16_gemm_native;
     case MatmulDType::bf16:
@@ -442,6 +447,7 @@ void matmul(MatmulDType dtype,
             void* c,        // (batch, M, N)
             int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
             bool trans_a, bool trans_b, bool accumulate) {
+  if (dtype == MatmulDType::f32_as_tf32) dtype = MatmulDType::f32;  // no TF32 unit on a CPU
   const PlanKey requested{dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate};
   MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ||
                dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16,

@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/random.h"
 
 #include <algorithm>
 
@@ -6,6 +6,9 @@
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::StreamBlock;
+using kernels::keep_threshold;
 
 namespace {
 

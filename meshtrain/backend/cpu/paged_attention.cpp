@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/paged_attention_kernel.h"
+#include "meshtrain/backend/paged_attention.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,6 +9,8 @@
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::PagedRows;
 
 void paged_kv_write(Array& pool, const Array& kv, const std::vector<int64_t>& slots) {
   const int64_t b = kv.dim(0), heads = kv.dim(1), t = kv.dim(2), d = kv.dim(3), block = pool.dim(2);

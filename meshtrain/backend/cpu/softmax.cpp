@@ -1,5 +1,5 @@
 #include "meshtrain/backend/cpu/fast_math.h"
-#include "meshtrain/backend/cpu/softmax_kernel.h"
+#include "meshtrain/backend/softmax.h"
 
 #include <algorithm>
 #include <cmath>

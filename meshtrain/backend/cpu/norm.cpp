@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/norm_kernels.h"
+#include "meshtrain/backend/norm.h"
 
 #include <algorithm>
 #include <cmath>

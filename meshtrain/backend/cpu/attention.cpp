@@ -1,4 +1,4 @@
-#include "meshtrain/backend/cpu/attention_kernel.h"
+#include "meshtrain/backend/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,11 +6,14 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/fast_math.h"
-#include "meshtrain/backend/cpu/random_kernels.h"
+#include "meshtrain/backend/random.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
+
+using kernels::FlashAttentionShape;
+using kernels::keep_threshold;
 
 namespace {
 

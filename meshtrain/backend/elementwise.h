@@ -1,7 +1,10 @@
 #pragma once
+// The elementwise kernel family: cpu/elementwise.cpp and cuda/elementwise.cu. The op lists,
+// their names and dtype rules are backend-neutral (namespace mt::kernels); the entry points
+// are declared once, for both backends, by MT_ELEMENTWISE_KERNELS.
 #include "meshtrain/core/array.h"
 
-namespace mt::cpu {
+namespace mt::kernels {
 
 // Every unary op once: X(enumerator, op name, accepts integer inputs). The enum, the names,
 // the kernel dispatch and the dtype check are all generated from this list.
@@ -27,17 +30,21 @@ const char* binary_name(BinaryOp op);
 bool unary_accepts_integers(UnaryOp op);
 bool is_comparison(BinaryOp op);  // eq, ne, lt, le, gt, ge, logical_and, logical_or: bool results
 
-// out = op(x); out: same shape, same dtype (bool for logical_not).
-void unary(UnaryOp op, const Array& x, Array& out);
-// out = op(a, b) with NumPy broadcasting; out has the broadcast shape.
-void binary(BinaryOp op, const Array& a, const Array& b, Array& out);
-// out = cond ? a : b, all three broadcast to out's shape.
-void where(const Array& cond, const Array& a, const Array& b, Array& out);
-// out = x > 0 ? g : 0 (ReLU's first-order VJP in one pass); all the same shape and dtype.
-void relu_backward(const Array& x, const Array& g, Array& out);
-// out = g · gelu'(x) (erf form, or the tanh form when approximate); all the same shape.
-void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out);
-// out = x converted to out's dtype (same shape).
-void cast(const Array& x, Array& out);
+}  // namespace mt::kernels
 
-}  // namespace mt::cpu
+// unary:   out = op(x); out: same shape, same dtype (bool for logical_not).
+// binary:  out = op(a, b) with NumPy broadcasting; out has the broadcast shape.
+// where:   out = cond ? a : b, all three broadcast to out's shape.
+// relu_backward: out = x > 0 ? g : 0 (ReLU's first-order VJP in one pass); all one shape and dtype.
+// gelu_backward: out = g · gelu'(x) (erf form, or the tanh form when approximate); all one shape.
+// cast:    out = x converted to out's dtype (same shape).
+#define MT_ELEMENTWISE_KERNELS                                                    \
+  void unary(kernels::UnaryOp op, const Array& x, Array& out);                    \
+  void binary(kernels::BinaryOp op, const Array& a, const Array& b, Array& out);  \
+  void where(const Array& cond, const Array& a, const Array& b, Array& out);      \
+  void relu_backward(const Array& x, const Array& g, Array& out);                 \
+  void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out); \
+  void cast(const Array& x, Array& out);
+
+namespace mt::cpu { MT_ELEMENTWISE_KERNELS }
+namespace mt::cuda { MT_ELEMENTWISE_KERNELS }

@@ -1,0 +1,57 @@
+#pragma once
+// The fused (flash-style) attention kernels: cpu/attention.cpp (the reference every GPU
+// kernel is tested against) and cuda/attention.cu with cuda/attention_tensor_core.cu.
+// softmax(scale · q kᵀ) v per (batch·head) with the bottom-right causal mask, optional dropout
+// on the probabilities (the Philox stream of `key` at the flat index of each probability in
+// the (B·H, Tq, Tk) array, as dropout()), without storing the probabilities: the backward
+// recomputes them from the saved row log-sum-exps.
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/rng.h"
+
+namespace mt::kernels {
+
+struct FlashAttentionShape {
+  int64_t batch_heads = 0, tq = 0, tk = 0, d = 0;  // q: (BH, Tq, D); k, v: (BH, Tk, D)
+  float scale = 1.0f;
+  bool causal = true;  // key j visible to query i when j <= i + (Tk - Tq)
+  double dropout_rate = 0.0;
+  RngKey dropout_key{};
+  // Optional key-padding mask (mask_batches, Tk): key j is visible to the queries of batch
+  // b = bh / heads only where key_mask[b · Tk + j] (row 0 for every b when mask_batches is 1).
+  // Masked scores take the lowest finite float, as the composed form's where(): a row with no
+  // visible key attends uniformly.
+  const bool* key_mask = nullptr;
+  int64_t heads = 1, mask_batches = 1;
+  // How the GPU's tensor-core kernels multiply (the matmul precision in force when the op
+  // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
+  // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.
+  enum class Operands : uint8_t { f32, tf32, bf16 } operands = Operands::f32;
+};
+
+}  // namespace mt::kernels
+
+// flash_attention_forward: out (BH, Tq, D) in q's dtype; lse (BH, Tq) f32 =
+//   log Σ_j exp(scale · q_i·k_j) over visible j.
+// flash_attention_backward: first-order gradients from the output cotangent g (BH, Tq, D);
+//   dq/dk/dv have q/k/v's shapes and dtype.
+#define MT_ATTENTION_KERNELS                                                                               \
+  void flash_attention_forward(const Array& q, const Array& k, const Array& v,                             \
+                               const kernels::FlashAttentionShape& s, Array& out, Array& lse);             \
+  void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out,          \
+                                const Array& lse, const Array& g, const kernels::FlashAttentionShape& s,   \
+                                Array& dq, Array& dk, Array& dv);
+
+namespace mt::cpu { MT_ATTENTION_KERNELS }
+namespace mt::cuda {
+MT_ATTENTION_KERNELS
+// The GPU kernels take head dims up to 64 (the CPU's any).
+bool flash_attention_supported(int64_t head_dim);
+// The tensor-core kernels (attention_tensor_core.cu) take f32 arrays with head dims up to 64
+// on sm_80 and newer, and key-padding masks; flash_attention_forward/backward choose them
+// where they apply, the CUDA-core kernels of attention.cu elsewhere.
+bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
+void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
+                                Array& out, Array& lse);
+void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
+}  // namespace mt::cuda

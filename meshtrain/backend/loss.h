@@ -1,0 +1,26 @@
+#pragma once
+// Fused softmax cross-entropy over the last axis: cpu/loss.cpp and cuda/loss.cu. Rows are
+// processed in f32 whatever the logits dtype; only one (N,) f32 log-sum-exp per row is kept
+// between forward and backward, never an (N, C) probability array.
+#include <cstdint>
+
+#include "meshtrain/core/array.h"
+
+// cross_entropy_forward: per row i with label y = labels[i] (already validated: ignore_index
+//   or in [0, C)):
+//     lse[i]  = log Σ_c exp(x[i, c])
+//     loss[i] = (1 - ε)(lse[i] - x[i, y]) + ε (lse[i] - mean_c x[i, c]),  0 when y == ignore_index.
+//   logits: (N, C) floating   labels: (N,) i32/i64   loss: (N,) f32   lse: (N,) f32
+// cross_entropy_backward: grad[i, c] = (exp(x[i, c] - lse[i]) - ε / C - (1 - ε)[c == y]) · row_scale[i];
+//   0 for ignored rows. lse, row_scale: (N,) f32; grad: (N, C) in the logits' dtype.
+// cross_entropy_total: out (a scalar, f32) = Σ_i loss[i] (summed in double), divided by `count`
+//   when `mean` (NaN when count is 0: every target ignored, as PyTorch).
+#define MT_LOSS_KERNELS                                                                                   \
+  void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, \
+                             Array& loss, Array& lse);                                                     \
+  void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse,                  \
+                              const Array& row_scale, int64_t ignore_index, float smoothing, Array& grad); \
+  void cross_entropy_total(const Array& loss, int64_t count, bool mean, Array& out);
+
+namespace mt::cpu { MT_LOSS_KERNELS }
+namespace mt::cuda { MT_LOSS_KERNELS }

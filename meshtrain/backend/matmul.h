@@ -1,0 +1,47 @@
+#pragma once
+// Batched matrix multiply: cpu/matmul.cpp (oneDNN, primitives cached so repeated shapes cost
+// only an execute) and cuda/matmul.cpp (cuBLASLt, descriptors and algorithms cached per shape).
+#include <cstddef>
+#include <cstdint>
+
+namespace mt::kernels {
+
+// The operands' storage and how they are multiplied:
+// - f32, bf16, f16: inputs and output in that dtype, f32 accumulation;
+// - bf16_f32: bf16 inputs, f32 output;
+// - f32_as_bf16: f32 inputs and output, each operand rounded to bf16 first (the rounding
+//   happens in the kernel's staging buffers, never in the caller's arrays);
+// - f32_as_tf32: f32 inputs and output; the GPU may use TF32 tensor cores. The CPU has no
+//   TF32 unit and computes these in f32, within TF32's tolerance.
+enum class MatmulDType { f32, bf16, f16, bf16_f32, f32_as_bf16, f32_as_tf32 };
+
+}  // namespace mt::kernels
+
+// matmul: C[b] = op(A[b]) @ op(B[b]), op transposing when trans_* is set. All buffers are dense
+//   row-major on the backend's device; bf16/f16 buffers hold raw 16-bit patterns.
+//   a: (batch_a, M, K), or (batch_a, K, M) when trans_a; b: (batch_b, K, N), or (batch_b, N, K)
+//   when trans_b; c: (batch, M, N). batch_a / batch_b are each 1 (broadcast) or batch.
+//   accumulate adds into c (beta = 1) instead of overwriting it. Throws mt::Error starting with
+//   "[matmul]" on bad arguments or library failures. Safe to call from several threads.
+//   Every dtype runs on every CPU: where oneDNN has no kernel for a 16-bit dtype
+//   (cpu_features(): bf16 below AVX-512, f16 below AVX512_FP16), the inputs are widened to f32,
+//   the f32 matmul runs and the output is rounded back to nearest even.
+#define MT_MATMUL_KERNELS                                                                          \
+  void matmul(kernels::MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch,     \
+              int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a,      \
+              bool trans_b, bool accumulate = false);
+
+namespace mt::cpu {
+MT_MATMUL_KERNELS
+// The number of cached oneDNN matmul primitives, and a way to drop them (e.g. after a run with
+// many one-off shapes). Clearing is safe while other threads are calling matmul.
+size_t matmul_cache_size();
+void matmul_clear_cache();
+}  // namespace mt::cpu
+namespace mt::cuda {
+MT_MATMUL_KERNELS
+// Whether large GEMMs may time cuBLASLt's candidate algorithms on first use. Multi-process runs
+// turn it off: each process would choose by its own timings, and replicated products must round
+// alike on every rank.
+void set_matmul_tuning(bool allowed);
+}  // namespace mt::cuda

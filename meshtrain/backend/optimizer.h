@@ -1,0 +1,44 @@
+#pragma once
+// Optimizer updates in few passes over a parameter's elements (the role of PyTorch's
+// foreach/fused AdamW): cpu/optimizer.cpp and cuda/optimizer.cu. The moments in one pass that
+// reads g, m, v once and writes m', v' once, the update in a second, instead of one memory pass
+// per elementwise op.
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/core/array.h"
+
+namespace mt::kernels {
+
+struct AdamHyper {
+  float b1, b2;  // moment decay rates
+  float one_minus_b1, one_minus_b2;
+  float step_size;  // lr / (1 - b1^t)
+  float sqrt_bc2;   // sqrt(1 - b2^t)
+  float eps;
+  float decay;  // lr · weight_decay (0: none)
+};
+
+}  // namespace mt::kernels
+
+// adam_moments: out [2, n] f32 = (m', v') for f32 g, m, v: m' = b1·m + (1-b1)·g, v' = b2·v + (1-b2)·g².
+// adam_direction: out f32 = -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p (p read when
+//   decay != 0), torch's order of operations.
+// The multi-tensor forms take k tensors in one call (one launch per few dozen tensors on the GPU,
+// their pointers in the launch's parameters) and write one flat result; tensor j's elements
+// start at the sum of the numels before it. Element for element they compute what the
+// single-tensor kernels compute.
+// adam_moments_multi: in = g_0..g_{k-1}, m_0.., v_0..; out [2, total]: row 0 the m's, row 1 the
+//   v's. out may be the buffer the m's and v's are views of (each element is read before it is
+//   written).
+// adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; out [total]; tensor j decays by
+//   decays[j] (h.decay unused; p_j is read only where decays[j] != 0).
+#define MT_OPTIMIZER_KERNELS                                                                                   \
+  void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out);  \
+  void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h, Array& out); \
+  void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& h, Array& out);              \
+  void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays,                   \
+                            const kernels::AdamHyper& h, Array& out);
+
+namespace mt::cpu { MT_OPTIMIZER_KERNELS }
+namespace mt::cuda { MT_OPTIMIZER_KERNELS }

@@ -1,0 +1,46 @@
+#pragma once
+// Random array kernels over the counter-based Philox stream of a key: cpu/random.cpp and
+// cuda/random.cu. Element i of an output is always stream element i (its row-major flat
+// index), whatever the chunking, so both backends draw the same values.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/rng.h"
+
+namespace mt::kernels {
+
+// Where an array's elements sit in the global array whose stream they draw from: a rank's
+// block of a sharded array takes the values of its global positions, so sharded random
+// arrays equal the single-device ones. Empty = the array is the whole global array.
+struct StreamBlock {
+  std::vector<int64_t> global_dims;
+  std::vector<int64_t> offsets;  // the block's start in each dim
+};
+
+// The f32 t with (u >= t) == (double(u) >= rate) for every uniform u (a multiple of 2^-24 in
+// [0, 1)): the keep test in f32, so the loops applying it vectorize on 8 floats.
+inline float keep_threshold(double rate) {
+  const double steps = std::ceil(rate * 16777216.0);
+  return float((steps < 0 ? 0 : steps) / 16777216.0);
+}
+
+}  // namespace mt::kernels
+
+// dropout: out[i] = uniform_at(key, i) >= rate ? x[i] / (1 - rate) : 0; x any shape, floating;
+//   out has x's shape and dtype.
+#define MT_RANDOM_KERNELS \
+  void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block = {});
+
+namespace mt::cpu {
+MT_RANDOM_KERNELS
+// Initialization draws on the host (and copies to a GPU), so these have no GPU twin.
+// out[i] = lo + (hi - lo) * uniform_at(key, i).   out: any shape, floating dtype.
+void random_uniform(const RngKey& key, Array& out, double lo, double hi, const kernels::StreamBlock& block = {});
+// out[i] = mean + std * normal_at(key, i).        out: any shape, floating dtype.
+void random_normal(const RngKey& key, Array& out, double mean, double std, const kernels::StreamBlock& block = {});
+// out[i] = uniform_at(key, i) < p.                out: any shape, bool.
+void bernoulli(const RngKey& key, Array& out, double p, const kernels::StreamBlock& block = {});
+}  // namespace mt::cpu
+namespace mt::cuda { MT_RANDOM_KERNELS }
