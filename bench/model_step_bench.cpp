@@ -2,7 +2,7 @@
 // of one workload on random tokens, reported as one JSON line — median seconds per step,
 // the AdamW update's share, model FLOPs per step, minor page faults per step after step 3, peak RSS — so the driver can
 // put it beside the PyTorch twin run in its own process.
-// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|tf32|bf16] [none|block|full] [cpu|cuda]
+// Usage: model_step_bench WORKLOAD BATCH SEQ WARMUP STEPS [f32|tf32|bf16|bf16-matmul] [none|block|full] [cpu|cuda]
 //        model_step_bench peak [cuda]  (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s; on the
 //                                       GPU: f32, tf32 and bf16 peaks of 8192^3 products)
 //   WORKLOAD: minigpt (the seed tutorial's 8-block config), minigpt4 (the 4 blocks the tutorial
@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/backend/cpu/cpu_features.h"
@@ -158,7 +159,10 @@ int main(int argc, char** argv) {
     // MT_ATTENTION=auto|composed|fused overrides the attention form (see AttentionKernel).
     if (const char* a = std::getenv("MT_ATTENTION")) set_attention_kernel(attention_kernel_from_name(a));
     set_default_device(device);
-    MatmulPrecisionScope scope(matmul_precision_from_name(precision));
+    // f32, tf32, bf16 (mixed precision: f32 master weights cast to bf16 once per step, bf16
+    // activations) or bf16-matmul (f32 throughout, matmul operands rounded to bf16).
+    PrecisionScope scope(precision_policy_from_name(precision));
+    const PrecisionPolicy& policy = precision_policy();
     Workload w = make_workload(name, B, T, remat);
     optim::Transform opt = optim::adamw(optim::constant_schedule(1e-4), 0.9, 0.999, 1e-8, 0.01);
     Params params = w.params, state = opt.init(params);
@@ -174,6 +178,8 @@ int main(int argc, char** argv) {
         std::string key = e.primitive.name();
         if (key == "matmul" || key == "dropout" || key == "add" || key == "transpose")
           for (const Array& x : e.inputs) key += " " + x.str();
+        else if (e.output.defined())
+          key += std::string(" -> ") + dtype_name(e.output.dtype());  // which kernel dtype ran
         auto& slot = op_time[key];
         slot.first += e.seconds;
         slot.second += 1;
@@ -189,7 +195,15 @@ int main(int argc, char** argv) {
       timing_ops = s >= warmup;
       const auto t0 = std::chrono::steady_clock::now();
       alloc.reset_peak();
-      auto [loss, grads] = value_and_grad([&](const Params& p) { return w.loss(p, RngKey{5, uint64_t(s)}); })(params);
+      Array loss;
+      Params grads;
+      {
+        // Cast once per step (nothing under f32), freed before the update as the Trainer does.
+        const Params compute = policy.cast_for_compute(params);
+        std::tie(loss, grads) = value_and_grad([&](const Params& p) {
+          return cast(w.loss(policy.compute_view(p, compute), RngKey{5, uint64_t(s)}), DType::f32);
+        })(params);
+      }
       const auto t1 = std::chrono::steady_clock::now();
       peak_grad = std::max(peak_grad, alloc.stats().peak_bytes_in_use);
       alloc.reset_peak();

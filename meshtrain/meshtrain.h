@@ -2,6 +2,7 @@
 // Public entry point of meshtrain: include this one header, use namespace mt.
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/autodiff/params.h"
+#include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/autodiff/remat.h"
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/core/allocator.h"

@@ -66,6 +66,7 @@ void run(const GenerateOptions& o) {
                                   ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
                                   : models::from_pretrained(o.model, po);
   apply_adapter(m, o.adapter, true);
+  m.params = precision_policy().cast_for_compute(m.params);  // --precision bf16: bf16 weights
   MT_CHECK(m.is_causal_lm() || m.is_seq2seq(), "[generate] ", o.model, ": model_type '", m.model_type,
            "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), " or ",
            models::model_types_text(models::ModelKind::seq2seq), ")");

@@ -117,7 +117,7 @@ void run(const PretrainOptions& o) {
                std::to_string(train_set->size()) + " train / " + std::to_string(n_eval) + " eval sequences of " +
                std::to_string(o.data.seq_len) + (corpus.held_out.empty() ? "" : " (held out: " + corpus.held_out + ")") + "; " + std::to_string(total) + " steps of " +
                std::to_string(global_batch * o.length.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
-               o.run.precision + " matmuls");
+               "precision " + o.run.precision);
 
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
                                                            o.learning_rate * 0.1);

@@ -33,11 +33,21 @@ void add_allow_new_heads_flag(CLI::App* cmd, bool& allow) {
 }
 
 void add_precision_flag(CLI::App* cmd, std::string& precision) {
+  // Checked when parsed, by the same function precision_scope uses (which also explains f16).
+  const auto known_policy = [](const std::string& name) {
+    try {
+      precision_policy_from_name(name, "--precision");
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
   cmd->add_option("--precision", precision,
-                  "matmul precision: f32, tf32 (GPU: TF32 tensor cores; CPU: f32), or bf16 (operands rounded to bf16, "
-                  "f32 accumulation; parameters, gradients and other ops stay f32)")
+                  "f32; tf32 (GPU: TF32 tensor cores; CPU: f32); bf16 (mixed precision: f32 master weights and "
+                  "optimizer state, parameters cast to bf16 once per step, bf16 activations, norms/softmax/losses "
+                  "computed in f32); bf16-matmul (everything f32, only matmul operands rounded to bf16)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "tf32", "bf16"}));
+      ->check(CLI::Validator(known_policy, "PRECISION"));
 }
 
 void add_device_flag(CLI::App* cmd, std::string& device) {
@@ -119,14 +129,15 @@ void print_cpu_line() {
   if (dist::world().rank() == 0) std::cerr << "meshtrain: " << cpu::cpu_summary() << "\n";
 }
 
-std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision) {
-  const MatmulPrecision p = matmul_precision_from_name(precision, "--precision");
+std::unique_ptr<PrecisionScope> precision_scope(const std::string& precision) {
+  PrecisionPolicy p = precision_policy_from_name(precision, "--precision");
   print_cpu_line();
-  if (p == MatmulPrecision::bf16 && !cpu::cpu_features().bf16_gemm_native && dist::world().rank() == 0)
-    std::cerr << "meshtrain: --precision bf16 is emulated on this CPU (" << cpu::cpu_features().isa
-              << ": no native bf16 GEMM below AVX-512): operands are rounded to bf16 and multiplied by the f32 GEMM, so "
+  const bool bf16 = p.compute_dtype == DType::bf16 || p.matmul == MatmulPrecision::bf16;
+  if (bf16 && current_device().is_cpu() && !cpu::cpu_features().bf16_gemm_native && dist::world().rank() == 0)
+    std::cerr << "meshtrain: --precision " << precision << " is emulated on this CPU (" << cpu::cpu_features().isa
+              << ": no native bf16 GEMM below AVX-512): bf16 operands are widened and multiplied by the f32 GEMM, so "
                  "results are bf16's but there is no speed-up over f32\n";
-  return std::make_unique<MatmulPrecisionScope>(p);
+  return std::make_unique<PrecisionScope>(std::move(p));
 }
 
 train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& params, const models::ParamRoles& roles,

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "meshtrain/models/pretrained.h"
+#include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/trainer.h"
@@ -22,7 +23,7 @@ struct RunFlags {
   bool fsdp = false;       // shard large weights over the data axis too
   bool resume = false;
   bool overwrite = false;
-  std::string precision = "f32";  // matmul precision: f32 or bf16 (see mt::MatmulPrecision)
+  std::string precision = "f32";  // f32, tf32, bf16 or bf16-matmul (see mt::PrecisionPolicy)
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
   std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)
@@ -33,7 +34,7 @@ struct RunFlags {
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
 // --device auto|cpu|cuda[:N] (part of the run flags; generate takes it alone).
 void add_device_flag(CLI::App* cmd, std::string& device);
-// --precision f32|tf32|bf16 (part of the run flags; generate takes it alone).
+// --precision f32|tf32|bf16|bf16-matmul (part of the run flags; generate takes it alone).
 void add_precision_flag(CLI::App* cmd, std::string& precision);
 // --allow-new-heads: parameters a model checkpoint lacks are initialized (and reported)
 // instead of refused.
@@ -64,9 +65,9 @@ train::Deployer make_deployer(const RunFlags& flags);
 // to f32)" (rank 0, stderr).
 void print_cpu_line();
 
-// The command's matmul precision; hold it for the whole command: `auto scope = precision_scope(flags.precision);`.
+// The command's precision policy (mt::PrecisionPolicy); hold it for the whole command: `auto scope = precision_scope(flags.precision);`.
 // Also prints the start-up line (print_cpu_line), and says when bf16 is emulated.
-std::unique_ptr<MatmulPrecisionScope> precision_scope(const std::string& precision);
+std::unique_ptr<PrecisionScope> precision_scope(const std::string& precision);
 
 // The model as --remat asks it to train (its config's recomputation policy).
 void apply_remat(const RunFlags& flags, models::PretrainedModel& model);

@@ -123,6 +123,8 @@ void run(const ServeFlags& f) {
   MT_CHECK(m.is_causal_lm(), "[serve] ", f.model, ": model_type '", m.model_type, "' is not a decoder (use ",
            models::model_types_text(models::ModelKind::decoder), ")");
   if (tensor_parallel) m.params = make_plan(deployer, m.params, m.param_roles(), rf).shard(m.params);
+  // Serving keeps no master copy: under --precision bf16 the weights are bf16 (half the memory).
+  m.params = precision_policy().cast_for_compute(m.params);
 
   serve::ServedModel served;
   served.name = f.served_model_name.empty() ? base_name(f.model) : f.served_model_name;
@@ -139,7 +141,7 @@ void run(const ServeFlags& f) {
   eo.max_queue = f.max_queue;
   eo.max_prefill_tokens = f.max_prefill_tokens;
   eo.max_model_len = f.max_model_len;
-  eo.precision = matmul_precision_from_name(f.precision, "--precision");
+  eo.precision = precision_policy().matmul;
   // The loop runs on this (the main) thread: under mpirun its model steps communicate, which
   // MPI allows the main thread alone. HTTP is served from other threads.
   eo.loop_on_caller = true;

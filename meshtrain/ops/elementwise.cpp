@@ -282,6 +282,31 @@ class CastPrimitive final : public prim::Primitive {
   DType to_;
 };
 
+// x cast to the dtype of x_cast, which already holds that cast (made once, reused by every
+// use): the output is x_cast itself, and the VJP casts the cotangent back to x's dtype, as
+// cast's does. Mixed precision casts the f32 master weights to bf16 once per step and hands
+// every gradient-accumulation micro-step this op, so no micro-step casts again.
+class PrecastPrimitive final : public prim::Primitive {
+ public:
+  const char* name() const override { return "precast"; }
+  OutputInfo infer(const Inputs& in) const override {
+    check_defined(in[0], "precast");
+    check_defined(in[1], "precast");
+    MT_CHECK(in[0].shape() == in[1].shape(), "[precast] ", in[0].str(), " and its cast ", in[1].str(),
+             " differ in shape");
+    MT_CHECK(is_floating(in[0].dtype()) && is_floating(in[1].dtype()), "[precast] expects floating arrays, got ",
+             in[0].str(), " and ", in[1].str());
+    return {in[1].shape(), in[1].dtype()};
+  }
+  // A new handle on the cast's storage (the tape attaches its node to the output).
+  Array run(const Inputs& in, const OutputInfo&, Inputs&) const override { return in[1].view_as_shape(in[1].shape()); }
+  uint32_t keeps_inputs() const override { return 0; }
+  Grads vjp(const Saved& s, const Array& g) const override { return {cast(g, s.dtypes[0]), Array()}; }
+  layout::RuleResult sharding(const std::vector<layout::ArgInfo>& in, const layout::MeshShape& mesh) const override {
+    return layout::rules::elementwise(in, mesh, Linearity::scaling);
+  }
+};
+
 // An array of `value` shaped and laid out like its input (whose values it never reads); a
 // partial-sum input gives a non-partial output without communicating.
 class FillLikePrimitive final : public prim::Primitive {
@@ -337,7 +362,7 @@ Array binary_moving_first(BinaryOp op, Array a, const Array& b) {
 }
 
 #define MT_NAME(e, name, ...) name,
-MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NAME) "where", "cast", "fill_like"});
+MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NAME) "where", "cast", "precast", "fill_like"});
 #undef MT_NAME
 
 }  // namespace
@@ -387,6 +412,11 @@ Array cast(const Array& x, DType dtype) {
   check_defined(x, "cast");
   if (x.dtype() == dtype) return x;
   return prim::apply(primitive_for<CastPrimitive, DType, kNumDTypes>(dtype), {x});
+}
+
+Array precast(const Array& x, const Array& x_cast) {
+  static const prim::PrimitivePtr primitive = std::make_shared<PrecastPrimitive>();
+  return prim::apply(primitive, {x, x_cast});
 }
 
 Array scalar_like(const Array& a, double value) { return Array::full(Shape{}, value, a.dtype(), a.device()); }

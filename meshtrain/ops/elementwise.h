@@ -51,6 +51,9 @@ Array gelu(const Array& x, bool approximate = false);
 // cond ? a : b with broadcasting; cond must be bool.
 Array where(const Array& cond, const Array& a, const Array& b);
 Array cast(const Array& x, DType dtype);
+// x_cast (which must equal cast(x, x_cast.dtype())) as a differentiable function of x: the
+// cast made once and reused, with cast's gradient (mixed precision's parameter copies).
+Array precast(const Array& x, const Array& x_cast);
 
 // Scalar conveniences: the scalar takes the array's dtype.
 Array add(const Array& a, double b);

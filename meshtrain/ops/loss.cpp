@@ -290,10 +290,14 @@ Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t 
 
 Array mse_loss(const Array& pred, const Array& target, Reduction reduction) {
   MT_CHECK(pred.defined() && target.defined(), "[mse_loss] undefined pred or target array");
-  MT_CHECK(is_floating(pred.dtype()), "[mse_loss] pred must be floating, got ", pred.str());
-  MT_CHECK(pred.dtype() == target.dtype() && pred.shape() == target.shape(), "[mse_loss] pred ", pred.str(),
-           " and target ", target.str(), " must have the same shape and dtype");
-  Array sq = square(sub(pred, target));
+  MT_CHECK(is_floating(pred.dtype()) && is_floating(target.dtype()), "[mse_loss] pred and target must be floating, got ",
+           pred.str(), " and ", target.str());
+  MT_CHECK(pred.shape() == target.shape(), "[mse_loss] pred ", pred.str(), " and target ", target.str(),
+           " must have the same shape");
+  // A loss computes in f32, as under torch.autocast: a bf16 model's predictions meet f32
+  // targets here.
+  const DType d = DType::f32;
+  Array sq = square(sub(cast(pred, d), cast(target, d)));
   if (reduction == Reduction::none) return sq;
   return reduction == Reduction::sum ? sum(sq) : mean(sq);
 }

@@ -21,7 +21,8 @@ Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_ind
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index = -100,
                               double label_smoothing = 0.0, Reduction reduction = Reduction::mean);
 
-// torch.nn.functional.mse_loss: (pred - target)² reduced; same shapes and dtype required.
+// torch.nn.functional.mse_loss: (pred - target)² reduced; same shapes required; computed and
+// returned in f32 whatever the inputs' float dtypes, as under torch.autocast.
 Array mse_loss(const Array& pred, const Array& target, Reduction reduction = Reduction::mean);
 
 }  // namespace mt

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "meshtrain/autodiff/node.h"
+#include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/distributed/spmd.h"
+#include "meshtrain/ops/elementwise.h"
 #include "meshtrain/train/trainer.h"
 
 namespace mt::train {
@@ -43,10 +45,13 @@ class Predictor {
     out.reserve(size_t(n));
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
     autodiff::NoGradGuard no_grad;
+    // Mixed precision: the parameters cast once; floating outputs come back as f32.
+    const Params compute = precision_policy().cast_for_compute(params);
     while (auto b = loader.next()) {
-      Batch outputs = pred_(params, deployer_.shard_batch(b->data));
+      Batch outputs = pred_(compute, deployer_.shard_batch(b->data));
       Batch host;
-      for (const auto& [name, a] : outputs) host.set(name, dist::to_host(a));
+      for (const auto& [name, a] : outputs)
+        host.set(name, dist::to_host(is_floating(a.dtype()) ? cast(a, DType::f32) : a));
       std::vector<Out> items = output_(host);
       MT_CHECK(int64_t(items.size()) == so.batch_size, "[predictor] output_fn returned ", items.size(),
                " outputs for a batch of ", so.batch_size);

@@ -5,6 +5,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/autodiff/value_and_grad.h"
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
@@ -27,6 +28,11 @@
 namespace mt::train {
 
 namespace fs = std::filesystem;
+
+namespace {
+// The loss a step reports and differentiates is f32 whatever the compute dtype.
+Array loss_in_f32(const Array& loss) { return cast(loss, DType::f32); }
+}  // namespace
 using json = nlohmann::json;
 
 Trainer::Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
@@ -84,14 +90,19 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   if (trace::enabled()) span.emplace("phase", "forward_backward");
   // Frozen parameters enter the loss as constants: no gradient is computed for them.
   auto [trainable, frozen] = optim::split_frozen(optimizer_, params_);
+  // Mixed precision: the parameters cast to the compute dtype once for every micro-step.
+  const PrecisionPolicy& policy = precision_policy();
+  Params compute = policy.cast_for_compute(trainable);
+  frozen = policy.cast_for_compute(frozen);
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Batch& batch = micro_batches[m];
     const RngKey micro_key = key.fold_in(m);
-    auto loss_of_trainable = [&](const Params& p) {
-      if (frozen.empty()) return loss_(p, batch, micro_key, true);
+    auto loss_of_trainable = [&](const Params& master) {
+      const Params p = policy.compute_view(master, compute);
+      if (frozen.empty()) return loss_in_f32(loss_(p, batch, micro_key, true));
       Params all = frozen;
       for (const auto& [path, v] : p) all.set(path, v);
-      return loss_(all, batch, micro_key, true);
+      return loss_in_f32(loss_(all, batch, micro_key, true));
     };
     auto [loss, g] = value_and_grad(loss_of_trainable)(trainable);
     losses.push_back(dist::to_host(loss).detach());
@@ -101,6 +112,9 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
       for (auto& [path, acc] : grads) acc = add_in_place(std::move(acc), g[path]);
     }
   }
+  // The bf16 copies and the extra handles on the parameters are dropped before the update: a
+  // lower peak, and the parameters stay sole-owned, so the update rewrites them in place.
+  compute = frozen = trainable = Params{};
   if (micro_batches.size() > 1)
     for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
   span.reset();
@@ -136,9 +150,10 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
   double total = 0;
   int64_t batches = 0;
   autodiff::NoGradGuard no_grad;
+  const Params compute = precision_policy().cast_for_compute(params_);
   while (auto b = loader.next()) {
     Batch batch = deployer_.shard_batch(b->data);
-    total += dist::to_host(loss_(params_, batch, deployer_.step_key(-1), false)).item();
+    total += dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
     ++batches;
   }
   return total / double(batches);

@@ -163,16 +163,16 @@ TEST_F(PretrainE2E, MiniGpt200StepsOnFourRanksMatchOneProcess) {
   EXPECT_NEAR(last_a, last_b, 0.02);
 }
 
-// bf16 matmuls (f32 parameters, gradients and other ops) train as well as f32. Registered
-// twice (tests/CMakeLists.txt): on oneDNN's native bf16 GEMM, and capped at AVX2 where bf16
-// is widened to f32.
-TEST_F(PretrainE2E, Bf16MatmulsTrainAsWellAsF32) {
+// Mixed precision (f32 master weights and AdamW state, bf16 parameters copies, activations
+// and matmuls, f32 losses) trains as well as f32. Registered twice (tests/CMakeLists.txt): on
+// oneDNN's native bf16 GEMM, and capped at AVX2 where bf16 is widened to f32.
+TEST_F(PretrainE2E, Bf16MixedPrecisionTrainsAsWellAsF32) {
   CliRun f32 = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --output-dir " + (dir_ / "f32").string());
   ASSERT_EQ(f32.code, 0) << f32.out;
   CliRun bf16 = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --precision bf16 --output-dir " +
                         (dir_ / "bf16").string());
   ASSERT_EQ(bf16.code, 0) << bf16.out;
-  EXPECT_NE(bf16.out.find("bf16 matmuls"), std::string::npos) << bf16.out;
+  EXPECT_NE(bf16.out.find("precision bf16"), std::string::npos) << bf16.out;
   const bool emulated = bf16.out.find("--precision bf16 is emulated on this CPU") != std::string::npos;
   if (const char* path = std::getenv("MT_TEST_BF16_PATH")) {
     EXPECT_EQ(emulated, std::string(path) == "emulated") << bf16.out;
@@ -185,7 +185,7 @@ TEST_F(PretrainE2E, Bf16MatmulsTrainAsWellAsF32) {
     last_a += a[s] / 10;
     last_c += c[s] / 10;
   }
-  std::cout << "  [max err] mean loss of steps 191-200, bf16 matmuls (" << (emulated ? "emulated" : "native")
+  std::cout << "  [max err] mean loss of steps 191-200, bf16 mixed precision (" << (emulated ? "emulated" : "native")
             << ") vs f32: " << std::abs(last_c - last_a) << " (" << last_c << " vs " << last_a
             << "); step 1: " << std::abs(c[1] - a[1]) << "\n";
   EXPECT_NEAR(c[1], a[1], 0.01);

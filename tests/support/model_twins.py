@@ -206,7 +206,6 @@ def t5_norm(x, w, eps):
 def t5_twin(P, ids, amask, dec, L, Ld, H, eps, num_buckets, max_distance, gated, tied):
     # T5ForConditionalGeneration's logits for source ids (mask amask) and decoder inputs dec.
     E = P['shared.weight'].shape[1]
-    lowest = torch.finfo(torch.float32).min
     def attention(x, kv, m, bias, allowed):
         B, Tq, Tk = x.shape[0], x.shape[1], kv.shape[1]
         q = (x @ P[m + '.q.weight'].t()).reshape(B, Tq, H, -1).transpose(1, 2)
@@ -215,7 +214,7 @@ def t5_twin(P, ids, amask, dec, L, Ld, H, eps, num_buckets, max_distance, gated,
         s = q @ k.transpose(-1, -2)
         if bias is not None:
             s = s + bias
-        s = s.masked_fill(~allowed, lowest)
+        s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
         a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, Tq, -1)
         return a @ P[m + '.o.weight'].t()
     def mlp(x, m):
@@ -256,7 +255,6 @@ def bart_twin(P, ids, amask, dec, L, Ld, H, Hd, scale_embedding, act):
     # BartForConditionalGeneration's logits (tied head plus final_logits_bias).
     W = P['model.shared.weight']
     E = W.shape[1]
-    lowest = torch.finfo(torch.float32).min
     scale = math.sqrt(E) if scale_embedding else 1.0
     def lin(x, m):
         return F.linear(x, P[m + '.weight'], P[m + '.bias'])
@@ -268,7 +266,8 @@ def bart_twin(P, ids, amask, dec, L, Ld, H, Hd, scale_embedding, act):
         q = (lin(x, m + '.q_proj') * D ** -0.5).reshape(B, Tq, heads, D).transpose(1, 2)
         k = lin(kv, m + '.k_proj').reshape(B, Tk, heads, D).transpose(1, 2)
         v = lin(kv, m + '.v_proj').reshape(B, Tk, heads, D).transpose(1, 2)
-        s = (q @ k.transpose(-1, -2)).masked_fill(~allowed, lowest)
+        s = q @ k.transpose(-1, -2)
+        s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
         return lin((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, Tq, E), m + '.out_proj')
     def activation(x):
         return F.gelu(x) if act == 'gelu' else F.relu(x) if act == 'relu' else gelu_new(x)

@@ -70,6 +70,13 @@ std::vector<PrimitiveCase> primitive_cases() {
                [](const std::vector<Array>& in) { return where(in[0], in[1], in[2]); }, "out = torch.where(x0, x1, x2)"});
   c.push_back({"cast", {rn({4, 5}, 31)}, [](const std::vector<Array>& in) { return cast(cast(in[0], DType::bf16), DType::f32); },
                "out = x0.to(torch.bfloat16).float()", true, {1e-6, 1e-6}});
+  c.push_back({"precast", {rn({4, 5}, 33)},
+               [](const std::vector<Array>& in) {
+                 // Its cast made apart (here an f32 copy, so finite differences see a smooth
+                 // function; the bf16 path is tests/oracle/mixed_precision_oracle_test).
+                 return precast(in[0], add(stop_gradient(in[0]), 0.0));
+               },
+               "out = x0.clone()"});
   c.push_back({"fill_like", {rn({4, 5}, 32)}, [](const std::vector<Array>& in) { return ones_like(in[0]); },
                "out = torch.ones_like(x0)", false});
 
