@@ -119,7 +119,7 @@ void run(const GlueOptions& o) {
   deployer.log("glue " + (o.train_file.empty() ? task.name : o.train_file) + ": " + std::to_string(train_set->size()) + " train / " +
                std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
                " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
-               deployer.mesh().str() + ", " + o.run.precision + " matmuls");
+               deployer.mesh().str() + ", " + "precision " + o.run.precision);
   train::Trainer trainer(deployer, collate, glue_loss(model, task), model->params, opt, plan);
 
   const std::string primary = glue_primary_metric(task);
@@ -148,11 +148,14 @@ void run(const GlueOptions& o) {
   json results = {{"task", task.name}, {"step", trainer.step()}};
   if (!r.evals.empty())
     for (const auto& [k, v] : r.evals.back()) results["eval_" + k] = v;
-  json best = io::read_json_file((out / "checkpoints" / "best" / "meta.json").string()).value("best", json());
-  results["best"] = best;
+  // No best checkpoint when the metric was never finite (a constant prediction's correlation).
+  const fs::path best_meta = out / "checkpoints" / "best" / "meta.json";
+  const bool has_best = fs::exists(best_meta);
+  results["best"] = has_best ? io::read_json_file(best_meta.string()).value("best", json()) : json();
   io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
-  std::cout << "eval results: " << results.dump() << "\nbest checkpoint (" << primary << "): "
-            << (out / "checkpoints" / "best").string() << "\n";
+  std::cout << "eval results: " << results.dump() << "\n";
+  if (has_best) std::cout << "best checkpoint (" << primary << "): " << (out / "checkpoints" / "best").string() << "\n";
+  else std::cout << "no best checkpoint: " << primary << " was never a finite number\n";
 }
 
 }  // namespace
