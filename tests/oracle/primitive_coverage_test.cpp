@@ -55,6 +55,48 @@ TEST(PrimitiveCoverage, EveryRegisteredPrimitiveAgainstTorch) {
             << seen.size() << " observed running\n";
 }
 
+// Every case again with its f32 inputs in bf16 (ggml's test-backend-ops runs each case per
+// type): the same torch code then computes in bf16 too, forward and VJPs, held to bf16's
+// tolerance. The label names the variant ("matmul [bf16]"). Mixed precision runs every
+// primitive of a model this way.
+TEST(PrimitiveCoverage, EveryPrimitiveInBf16AgainstTorch) {
+  int variants = 0;
+  for (const PrimitiveCase& c : primitive_cases()) {
+    std::vector<Array> inputs = c.inputs;
+    bool any = false;
+    for (Array& x : inputs)
+      if (x.dtype() == DType::f32) {
+        x = cast(x, DType::bf16);
+        any = true;
+      }
+    if (!any) continue;
+    Tolerance tol = default_tolerance(DType::bf16);
+    tol.atol = std::max(tol.atol, c.tol.atol), tol.rtol = std::max(tol.rtol, c.tol.rtol);
+    tol.scaled_atol = std::max(tol.scaled_atol, c.tol.scaled_atol);
+    // The optimizer's state and updates are f32 by design (the master copy): those primitives
+    // refuse bf16 with an error naming themselves.
+    static const std::set<std::string> f32_only = {"adam_moments", "adam_direction", "adam_moments_multi",
+                                                   "adam_direction_multi"};
+    if (f32_only.count(c.primitive)) {
+      try {
+        c.fn(inputs);
+        ADD_FAILURE() << c.primitive << " ran on bf16 arrays; it should refuse them";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("[" + c.primitive + "]"), std::string::npos) << e.what();
+        std::cout << "  " << c.primitive << " [bf16] refused: " << e.what() << "\n";
+      }
+      continue;
+    }
+    try {
+      check_against_torch(c.primitive + " [bf16]", c.fn, c.torch, inputs, tol, c.grads);
+      ++variants;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.primitive << " [bf16]: " << e.what();
+    }
+  }
+  std::cout << "  " << variants << " cases run in bf16\n";
+}
+
 // The observer sees each kernel call with its primitive, shapes and cost.
 TEST(PrimitiveCoverage, ObserverReportsKernelCallsWithCost) {
   std::vector<std::pair<std::string, double>> calls;
