@@ -9,6 +9,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -109,7 +110,7 @@ bool is_attention(const std::string& op) {
 
 OpProfile summarize(const trace::Recording& recording) {
   OpProfile p;
-  std::map<std::pair<std::string, std::string>, OpRow> rows;
+  std::map<std::tuple<std::string, std::string, std::string>, OpRow> rows;
   double gemm = 0, attention = 0, other_ops = 0, optimizer = 0, comm_wait = 0, data_wait = 0;
   for (const trace::Event& e : recording.events) {
     if (e.phase != 'X') continue;
@@ -119,9 +120,11 @@ OpProfile summarize(const trace::Recording& recording) {
       p.step_ms += ms;
     } else if (e.category == "op" || e.category == "op_backward" || e.category == "collective") {
       const std::string phase = e.category == "op" ? "forward" : e.category == "op_backward" ? "backward" : "collective";
-      OpRow& r = rows[{phase, e.name}];
+      const std::string dtype = phase == "collective" ? "" : e.op.dtype;
+      OpRow& r = rows[{phase, e.name, dtype}];
       r.name = e.name;
       r.phase = phase;
+      r.dtype = dtype;
       ++r.calls;
       r.total_ms += ms;
       if (phase == "collective") {
@@ -158,7 +161,7 @@ OpProfile summarize(const trace::Recording& recording) {
     std::vector<Open> open;
     auto close = [&](const Open& o) {
       const double self_ms = std::max(0.0, o.vjp->dur_us - o.children_us) / 1000;
-      OpRow& r = rows[{"backward", o.vjp->name + " (vjp self)"}];
+      OpRow& r = rows[{"backward", o.vjp->name + " (vjp self)", ""}];
       r.name = o.vjp->name + " (vjp self)";
       r.phase = "backward";
       ++r.calls;
@@ -212,8 +215,8 @@ std::string format_op_table(const OpProfile& p) {
     std::snprintf(line, sizeof line, "%s %s %.1f%%", i ? " |" : "", name.c_str(), p.breakdown[i].second);
     out << line;
   }
-  std::snprintf(line, sizeof line, "\n%-10s %-24s %7s %10s %7s %10s %10s\n", "phase", "op", "calls", "total ms", "% step",
-                "mean us", "GFLOP/s");
+  std::snprintf(line, sizeof line, "\n%-10s %-24s %-5s %7s %10s %7s %10s %10s\n", "phase", "op", "dtype", "calls",
+                "total ms", "% step", "mean us", "GFLOP/s");
   out << line;
   for (const OpRow& r : p.rows) {
     const double pct = p.step_ms > 0 ? 100.0 * r.total_ms / p.step_ms : 0.0;
@@ -226,8 +229,8 @@ std::string format_op_table(const OpProfile& p) {
       std::snprintf(line, sizeof line, "%.1f", r.flops / (r.total_ms * 1e6));
       rate = line;
     }
-    std::snprintf(line, sizeof line, "%-10s %-24s %7lld %10.3f %7.2f %10.1f %10s\n", r.phase.c_str(), r.name.c_str(),
-                  (long long)r.calls, r.total_ms, pct, mean_us, rate.c_str());
+    std::snprintf(line, sizeof line, "%-10s %-24s %-5s %7lld %10.3f %7.2f %10.1f %10s\n", r.phase.c_str(),
+                  r.name.c_str(), r.dtype.c_str(), (long long)r.calls, r.total_ms, pct, mean_us, rate.c_str());
     out << line;
   }
   return out.str();
@@ -302,7 +305,7 @@ void Profiler::finish() {
     const OpProfile profile = summarize(rec);
     json ops = {{"steps", profile.steps}, {"step_ms", profile.step_ms}, {"rank", 0}, {"rows", json::array()}};
     for (const OpRow& r : profile.rows)
-      ops["rows"].push_back({{"name", r.name}, {"phase", r.phase}, {"calls", r.calls}, {"total_ms", r.total_ms},
+      ops["rows"].push_back({{"name", r.name}, {"phase", r.phase}, {"dtype", r.dtype}, {"calls", r.calls}, {"total_ms", r.total_ms},
                              {"flops", r.flops}, {"bytes", r.bytes}});
     for (const auto& [k, v] : profile.breakdown) ops["breakdown"][k] = v;
     const std::string table = format_op_table(profile);

@@ -31,6 +31,7 @@ struct ProfileRange {
 struct OpRow {
   std::string name;
   std::string phase;  // "forward", "backward" or "collective"
+  std::string dtype;  // the kernel's output dtype (mixed precision shows which ran in bf16)
   int64_t calls = 0;
   double total_ms = 0;
   double flops = 0;  // summed over calls (ops); 0 when not counted
