@@ -161,7 +161,8 @@ void run(const FinetuneOptions& o) {
   Params host;
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
-  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string());
+  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string(),
+                                             dtype_from_name(o.run.save_dtype));
   deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
 }
 

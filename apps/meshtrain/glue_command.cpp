@@ -140,7 +140,7 @@ void run(const GlueOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (!deployer.is_main()) return;
-  models::save_pretrained(*model, model_dir.string());  // adapters merged
+  models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // adapters merged
   // LoRA: the adapter with the task head it trained, as PEFT saves a SEQ_CLS adapter.
   if (o.lora.enabled())
     models::save_adapter(*model, (out / "adapter").string(), o.model.empty() ? "(trained from --config)" : o.model,

@@ -53,14 +53,14 @@ optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_
 }
 
 void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
-                        const std::string& tokenizer_source, const std::string& out) {
+                        const std::string& tokenizer_source, const std::string& out, DType dtype) {
   const std::filesystem::path dir(out);
   if (lora.enabled()) {
     models::save_adapter(model, (dir / "adapter").string(), base_model);
     std::cout << "adapter in " << (dir / "adapter").string() << " (PEFT layout; apply with --adapter)" << std::endl;
   }
   if (!lora.enabled() || lora.merge) {
-    models::save_pretrained(model, (dir / "model").string());  // LoRA: merged into the weights
+    models::save_pretrained(model, (dir / "model").string(), dtype);  // LoRA: merged into the weights
     tokenizers::copy_tokenizer_files(tokenizer_source, (dir / "model").string());
     std::cout << "model in " << (dir / "model").string() << (lora.enabled() ? " (adapters merged)" : "") << std::endl;
   }

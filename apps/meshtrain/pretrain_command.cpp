@@ -149,7 +149,7 @@ void run(const PretrainOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (deployer.is_main()) {
-    models::save_pretrained(*model, model_dir.string());  // LoRA: merged into the weights
+    models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // LoRA: merged
     if (o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);
   }
   if (!r.evals.empty() && r.evals.back().count("eval_loss"))

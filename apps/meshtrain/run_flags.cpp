@@ -91,6 +91,11 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "chunks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "block", "full"}));
+  cmd->add_option("--save-dtype", f.save_dtype,
+                  "dtype of the exported model folder (checkpoints always keep the f32 master weights): f32 or bf16 "
+                  "(half the size; config.json's torch_dtype says which)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,

@@ -24,6 +24,7 @@ struct RunFlags {
   bool resume = false;
   bool overwrite = false;
   std::string precision = "f32";  // f32, tf32, bf16 or bf16-matmul (see mt::PrecisionPolicy)
+  std::string save_dtype = "f32";  // the exported model folder's dtype: f32 or bf16
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
   std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)

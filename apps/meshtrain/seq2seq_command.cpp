@@ -210,7 +210,8 @@ void run(const Seq2SeqOptions& o) {
   model->params = host;
   if (!deployer.is_main()) return;
   const fs::path model_dir = out / "model";
-  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string());
+  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
+                     dtype_from_name(o.run.save_dtype));
   std::string lines;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     lines += json{{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}}

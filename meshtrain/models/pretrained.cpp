@@ -303,9 +303,10 @@ PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions
   return m;
 }
 
-void save_pretrained(const PretrainedModel& model, const std::string& dir) {
+void save_pretrained(const PretrainedModel& model, const std::string& dir, DType dtype) {
+  MT_CHECK(is_floating(dtype), "[save_pretrained] ", dir, ": the saved dtype must be floating, got ", dtype_name(dtype));
   if (model.config.lora().enabled()) {  // the saved model computes what this one does
-    save_pretrained(merge_lora(model), dir);
+    save_pretrained(merge_lora(model), dir, dtype);
     return;
   }
   fs::create_directories(dir);
@@ -315,11 +316,15 @@ void save_pretrained(const PretrainedModel& model, const std::string& dir) {
   {
     std::ofstream out(fs::path(dir) / "config.json");
     MT_CHECK(out.good(), "[save_pretrained] cannot write ", dir, "/config.json");
-    out << model.spec().config_json(config).dump(2) << "\n";
+    nlohmann::json j = model.spec().config_json(config);
+    j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+    out << j.dump(2) << "\n";
   }
   // Parameters the model keeps in another shape go back to their Hugging Face shape.
   for (const ParamDef& d : model.spec().param_defs(config))
     if (d.file_shape && params.contains(d.path)) params.set(d.path, reshape(params[d.path], d.file_shape->dims()));
+  for (auto& [path, v] : params)
+    if (is_floating(v.dtype()) && v.dtype() != dtype) v = cast(v, dtype);
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
 }
 

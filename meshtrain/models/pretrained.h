@@ -127,7 +127,9 @@ PretrainedModel init_model(const nlohmann::json& config, const PretrainedOptions
 PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOptions& options = {});
 
 // Writes config.json and model.safetensors into `dir` (created if needed).
-void save_pretrained(const PretrainedModel& model, const std::string& dir);
+// `dtype` is the dtype of the saved floating tensors (f32, or bf16/f16 for half the size),
+// written to config.json as transformers' torch_dtype.
+void save_pretrained(const PretrainedModel& model, const std::string& dir, DType dtype = DType::f32);
 
 // The matching itself: the parameters of `spec`'s model with `config` from `checkpoint`.
 // When no checkpoint key carries the spec's base_prefix ("bert.", "transformer.", "model.")

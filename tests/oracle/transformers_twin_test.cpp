@@ -241,6 +241,34 @@ TEST_F(TransformersTwin, Gpt2LMHeadModel) {
                 "GPT2LMHeadModel");
 }
 
+// --save-dtype bf16: the folder holds bf16 tensors and says torch_dtype bfloat16; meshtrain
+// loads it back to f32 exactly as rounded, and transformers computes on it what meshtrain does.
+TEST_F(TransformersTwin, Gpt2SavedInBf16LoadsInTransformersAndBack) {
+  const PretrainedModel m = random_model(
+      {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", kVocab}, {"n_embd", 32},
+       {"n_layer", 2}, {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
+       {"activation_function", "gelu_new"}, {"bos_token_id", 1}, {"eos_token_id", 1}},
+      0.3);
+  save_pretrained(m, (dir_ / "model").string(), DType::bf16);
+  const json saved = json::parse(std::ifstream(dir_ / "model" / "config.json"));
+  EXPECT_EQ(saved.at("torch_dtype").get<std::string>(), "bfloat16");
+  for (const auto& [path, v] : io::load_safetensors((dir_ / "model" / "model.safetensors").string()))
+    EXPECT_EQ(v.dtype(), DType::bf16) << path;
+  const PretrainedModel back = from_pretrained((dir_ / "model").string(), {.load_tokenizer = false, .print_report = false});
+  for (const auto& [path, v] : m.params) {
+    ASSERT_EQ(back.params[path].dtype(), DType::f32) << path;
+    EXPECT_EQ(max_abs_diff(back.params[path], cast(cast(v, DType::bf16), DType::f32)), 0.0) << path;
+  }
+  const Batch x = decoder_batch();
+  const DecoderInputs in{.input_ids = x.ids, .attention_mask = x.mask, .position_ids = x.position_ids};
+  Params hf_in{{"input_ids", x.ids}, {"labels", x.labels}, {"attention_mask", x.mask}, {"position_ids", x.position_ids},
+               {"cotangent", Array::zeros(Shape{x.ids.dim(0), x.ids.dim(1), kVocab})}};
+  const Params hf = run_transformers(dir_, hf_in);
+  const double err = expect_close(back.decoder_logits(back.params, in, {}, false), hf["logits"], {1e-5, 1e-5},
+                                  "GPT-2 bf16 folder logits");
+  std::cout << "[transformers] GPT-2 saved in bf16, loaded by both: logits max err " << err << "\n";
+}
+
 TEST_F(TransformersTwin, LlamaForCausalLMWithGroupedQueries) {
   check_decoder(dir_, "LLaMA (GQA 4/2)", random_model(
                 {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", kVocab},
