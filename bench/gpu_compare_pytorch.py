@@ -4,8 +4,10 @@ GPT-2 124M (batch 16 x 1024), the BERT-base classifier (32 x 128, the seed's GLU
 the seed tutorial's miniGPT (4 blocks, 144 x 256), in f32, tf32 and bf16 matmuls. Each side
 runs in its own process (model_step_bench with device cuda, torch_model_step.py with
 TORCH_DEVICE=cuda); the GEMM peaks MFU is measured against are measured in the same run.
+meshtrain's bf16 is its mixed-precision policy (bf16 activations over f32 masters) and
+bf16-matmul its f32 run with bf16 matmul operands; PyTorch's side of both is eager autocast.
 
-Usage: gpu_compare_pytorch.py [--bin DIR] [--quick] [--workloads gpt2,bert,minigpt4] [--precisions f32,tf32,bf16]
+Usage: gpu_compare_pytorch.py [--bin DIR] [--quick] [--workloads gpt2,bert,minigpt4] [--precisions f32,tf32,bf16,bf16-matmul]
 """
 import argparse
 import json
@@ -40,7 +42,8 @@ def main():
     peak = run_json([bench, "peak", "cuda"])
     print("GPU:", peak.get("gpu"), "| GEMM peaks measured now (TFLOP/s): f32 %.1f, tf32 %.1f, bf16 %.1f" % (
         peak["gemm_f32_gflops"] / 1e3, peak["gemm_tf32_gflops"] / 1e3, peak["gemm_bf16_gflops"] / 1e3))
-    roof = {"f32": peak["gemm_f32_gflops"], "tf32": peak["gemm_tf32_gflops"], "bf16": peak["gemm_bf16_gflops"]}
+    roof = {"f32": peak["gemm_f32_gflops"], "tf32": peak["gemm_tf32_gflops"], "bf16": peak["gemm_bf16_gflops"],
+            "bf16-matmul": peak["gemm_bf16_gflops"]}
     torch_dims = {"minigpt4": ["50257,256,8,256,4"]}
     rows = []
     for w in a.workloads.split(","):
@@ -49,7 +52,8 @@ def main():
             ours = run_json([bench, w, str(B), str(T), str(warmup), str(steps), prec, "none", "cuda"])
             env = dict(os.environ, TORCH_DEVICE="cuda")
             theirs = run_json([sys.executable, torch_script, w.replace("minigpt4", "minigpt"), str(B), str(T),
-                               str(warmup), str(steps), "16", prec] + torch_dims.get(w, []), env)
+                               str(warmup), str(steps), "16", "bf16" if prec.startswith("bf16") else prec]
+                              + torch_dims.get(w, []), env)
             unit, per_step = ("samples/s", B) if w == "bert" else ("tok/s", B * T)
             row = {"workload": w, "precision": prec, "batch": [B, T], "unit": unit, "ours": ours, "torch": theirs}
             for side, r in (("ours", ours), ("torch", theirs)):
@@ -61,7 +65,7 @@ def main():
                         row[side + "_mfu"] = ours["flops_per_step"] / r["step_s"] / (roof[prec] * 1e9)
             rows.append(row)
             o, t = row.get("ours_rate"), row.get("torch_rate")
-            print("%-9s %-5s %-10s meshtrain %s | PyTorch eager %s | ratio %s | MFU %s / %s | peak MiB %s / %s" % (
+            print("%-9s %-11s %-10s meshtrain %s | PyTorch eager %s | ratio %s | MFU %s / %s | peak MiB %s / %s" % (
                 w, prec, "%dx%d" % (B, T),
                 "%.1f %s" % (o, unit) if o else ours.get("error"), "%.1f %s" % (t, unit) if t else theirs.get("error"),
                 "%.2f" % (o / t) if o and t else "-",

@@ -87,6 +87,39 @@ TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
   std::cout << "  " << covered << " primitives ran on the GPU and equal the CPU kernels\n";
 }
 
+// Every case's bf16 variant (its f32 inputs in bf16, as mixed precision runs every primitive)
+// on the GPU against the CPU, forward and VJPs, within bf16's tolerance.
+TEST(GpuPrimitives, EveryPrimitiveInBf16EqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  int variants = 0;
+  for (const PrimitiveCase& c : primitive_cases()) {
+    const std::optional<std::vector<Array>> bf16 = bf16_inputs(c);
+    if (!bf16 || f32_only_primitive(c.primitive)) continue;
+    SCOPED_TRACE(c.primitive + " [bf16]");
+    const Array ref = c.fn(*bf16);
+    Array ours;
+    {
+      DeviceScope scope(gpu);
+      ours = c.fn(on(*bf16, gpu));
+    }
+    const Tolerance tol = gpu_tolerance(DType::bf16, c.tol);
+    expect_close(ours.to(Device::cpu()), ref, tol, c.primitive + " [bf16] forward, gpu vs cpu");
+    ++variants;
+    if (!c.grads || !is_floating(ref.dtype())) continue;
+    const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
+    const auto cpu_grads = vjp(c.fn, *bf16, cot).second;
+    const std::vector<Array> gpu_grads = vjp_on_gpu(c.fn, *bf16, cot).second;
+    for (size_t i = 0; i < cpu_grads.size(); ++i) {
+      if (!cpu_grads[i].defined()) continue;
+      ASSERT_TRUE(gpu_grads[i].defined()) << c.primitive << " [bf16] input " << i << ": no gradient on the GPU";
+      expect_close(gpu_grads[i].to(Device::cpu()), cpu_grads[i], tol,
+                   c.primitive + " [bf16] vjp of input " + std::to_string(i) + ", gpu vs cpu");
+    }
+  }
+  std::cout << "  " << variants << " bf16 cases on the GPU equal the CPU kernels\n";
+}
+
 // Placement rules: mixed devices are an error naming the op and both devices; host reads copy.
 TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
   MT_REQUIRE_GPU();

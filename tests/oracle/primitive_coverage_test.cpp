@@ -62,22 +62,15 @@ TEST(PrimitiveCoverage, EveryRegisteredPrimitiveAgainstTorch) {
 TEST(PrimitiveCoverage, EveryPrimitiveInBf16AgainstTorch) {
   int variants = 0;
   for (const PrimitiveCase& c : primitive_cases()) {
-    std::vector<Array> inputs = c.inputs;
-    bool any = false;
-    for (Array& x : inputs)
-      if (x.dtype() == DType::f32) {
-        x = cast(x, DType::bf16);
-        any = true;
-      }
-    if (!any) continue;
+    const std::optional<std::vector<Array>> bf16 = bf16_inputs(c);
+    if (!bf16) continue;
+    const std::vector<Array>& inputs = *bf16;
     Tolerance tol = default_tolerance(DType::bf16);
     tol.atol = std::max(tol.atol, c.tol.atol), tol.rtol = std::max(tol.rtol, c.tol.rtol);
     tol.scaled_atol = std::max(tol.scaled_atol, c.tol.scaled_atol);
     // The optimizer's state and updates are f32 by design (the master copy): those primitives
     // refuse bf16 with an error naming themselves.
-    static const std::set<std::string> f32_only = {"adam_moments", "adam_direction", "adam_moments_multi",
-                                                   "adam_direction_multi"};
-    if (f32_only.count(c.primitive)) {
+    if (f32_only_primitive(c.primitive)) {
       try {
         c.fn(inputs);
         ADD_FAILURE() << c.primitive << " ran on bf16 arrays; it should refuse them";

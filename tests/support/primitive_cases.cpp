@@ -237,4 +237,21 @@ const std::vector<DistributedOnly>& distributed_only_primitives() {
   return all;
 }
 
+std::optional<std::vector<Array>> bf16_inputs(const PrimitiveCase& c) {
+  std::vector<Array> inputs = c.inputs;
+  bool any = false;
+  for (Array& x : inputs)
+    if (x.defined() && x.dtype() == DType::f32) {
+      x = cast(x, DType::bf16);
+      any = true;
+    }
+  if (!any) return std::nullopt;
+  return inputs;
+}
+
+bool f32_only_primitive(const std::string& name) {
+  return name == "adam_moments" || name == "adam_direction" || name == "adam_moments_multi" ||
+         name == "adam_direction_multi";
+}
+
 }  // namespace mt::testing
