@@ -70,7 +70,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "attention (causal, or with at most a key-padding mask): fused (flash-style: no T x T probabilities in "
                   "memory), composed (GEMMs + "
                   "fused softmax, probabilities kept for the backward) or auto (CPU: fused for f32 math, composed for "
-                  "bf16; GPU: fused where the tensor-core kernels apply, f32 arrays with head dim <= 64 on sm_80+, "
+                  "bf16 below 512 keys; GPU: fused where the tensor-core kernels apply, f32 arrays with head dim <= 64 on sm_80+, "
                   "else composed)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "composed", "fused"}));

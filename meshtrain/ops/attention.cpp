@@ -272,14 +272,17 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
   const AttentionKernel kernel = attention_kernel();
   // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
-  // bf16) the composed form's GEMMs run on the CPU's bf16 units (AMX) and beat the f32 vector
-  // kernel: GPT-2 B4 T256 1.83 vs 1.93 s/step, BERT B8 T128 1.31 vs 1.48 (bench/model_step_bench).
-  // On a GPU: fused wherever the tensor-core kernels take the arrays (f32, head dim <= 64,
-  // sm_80+).
+  // bf16) the composed form's GEMMs run on the CPU's bf16 units and beat the f32 vector kernel
+  // on short keys: GPT-2 B4 T256 1.37 vs 1.51 s/step, BERT B8 T128 0.97 vs 1.17 (bf16 policy,
+  // avx512_core_bf16). From 512 keys the (B, H, Tq, Tk) probabilities it keeps per layer cost
+  // more than they save: GPT-2 B8 T512 6.95 vs 6.70 s/step and 5.57 vs 3.91 GB peak RSS
+  // (bench/model_step_bench). On a GPU: fused wherever the tensor-core kernels take the arrays
+  // (f32, head dim <= 64, sm_80+).
   const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
+  const bool cpu_fused = q.device().is_cpu() && (f32_math || tk >= 512);
   const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, q.dim(3));
-  const bool fused = kernel == AttentionKernel::fused ||
-                     (kernel == AttentionKernel::automatic && ((q.device().is_cpu() && f32_math) || gpu_tensor_cores));
+  const bool fused =
+      kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && (cpu_fused || gpu_tensor_cores));
   // Decoders: causal, no mask. Encoders (BERT): not causal, at most a key-padding mask (on a
   // GPU, for the tensor-core kernels). Other masks and biases take the composed form.
   const bool decoder = o.causal && !mask.defined() && tq <= tk &&

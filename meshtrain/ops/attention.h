@@ -35,7 +35,9 @@ bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk);
 // `composed` (GEMMs, the fused causal softmax, dropout, with the (Tq, Tk) probabilities kept
 // for the backward), `fused` (flash_attention: none kept), or `automatic` (the default):
 // on the CPU fused for f32 math (its vector kernels run close to oneDNN's f32 GEMMs and keep
-// no T x T arrays) and composed for bf16 math (bf16 GEMMs on AMX are faster); on a GPU fused
+// no T x T arrays) and for bf16 math from 512 keys (where the kept probabilities cost more
+// memory and time than they save), composed for bf16 math below (its bf16 GEMMs are faster
+// there); on a GPU fused
 // where the tensor-core kernels take the arrays (f32, head dim <= 64, sm_80+), else composed.
 // Process-wide.
 enum class AttentionKernel { automatic, composed, fused };
