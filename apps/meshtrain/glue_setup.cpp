@@ -3,6 +3,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/models/bert.h"
+#include "meshtrain/models/model_spec.h"
+#include "meshtrain/models/user_config.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -34,7 +36,9 @@ json small_bert_config(const std::string& config, const data::GlueTask& task, in
   if (config != "small") {
     json user = io::read_json_file(config);
     MT_CHECK(user.is_object(), "[glue] ", config, ": a config must be a JSON object");
-    c.merge_patch(user);
+    MT_CHECK(user.value("model_type", std::string("bert")) == "bert", "[glue] ", config, ": model_type ",
+             user["model_type"].dump(), " is not bert (glue trains BERT classifiers)");
+    c = models::merge_user_config(models::model_spec("bert"), std::move(c), user, config, "glue");
     c["architectures"] = {"BertForSequenceClassification"};
     c["num_labels"] = task.num_labels();
     c.erase("id2label");

@@ -11,6 +11,7 @@
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/models/generate.h"
+#include "meshtrain/models/user_config.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/byte_tokenizer.h"
@@ -151,7 +152,7 @@ json decoder_config(const std::string& model_type, const std::string& config_fil
     MT_CHECK(user.is_object(), "[pretrain] ", config_file, ": a config must be a JSON object");
     MT_CHECK(!user.contains("model_type") || user["model_type"] == model_type, "[pretrain] ", config_file,
              ": model_type ", user.value("model_type", json()).dump(), " contradicts --model ", model_type);
-    c.merge_patch(user);
+    c = models::merge_user_config(spec, std::move(c), user, config_file, "pretrain");
   }
   MT_CHECK(c["vocab_size"].get<int64_t>() >= vocab_size, "[pretrain] vocab_size ", c["vocab_size"].get<int64_t>(),
            " is smaller than the tokenizer's ", vocab_size, " ids");

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/typo_hints.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
 
@@ -20,8 +21,15 @@ int main(int argc, char** argv) {
     mt::cli::add_seq2seq_command(app);
     mt::cli::add_serve_command(app);
     mt::cli::add_prepare_data_command(app);
+    if (auto message = mt::cli::unknown_command_message(app, argc, argv)) {
+      std::cerr << "meshtrain: " << *message << "\n";
+      return 2;
+    }
     try {
       app.parse(argc, argv);
+    } catch (const CLI::ExtrasError&) {
+      std::cerr << "meshtrain: " << mt::cli::unknown_flags_message(app, argc, argv) << "\n";
+      return 2;
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
     } catch (const mt::Error& e) {

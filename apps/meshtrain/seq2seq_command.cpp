@@ -15,6 +15,7 @@
 #include "meshtrain/io/json.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/data/jsonl_reader.h"
+#include "meshtrain/models/user_config.h"
 #include "meshtrain/optim/partition.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/rouge.h"
@@ -105,7 +106,12 @@ void run(const Seq2SeqOptions& o) {
       MT_CHECK(type == "t5" || type == "bart", "[seq2seq] unknown --config '", o.config, "' (small-t5, small-bart or a config.json)");
       config = models::model_spec(type).small_seq2seq_config(tok->vocab_size(), *pad, *eos);
     } else {
-      config = io::read_json_file(o.config);
+      const json user = io::read_json_file(o.config);
+      MT_CHECK(user.is_object() && user.contains("model_type") && user["model_type"].is_string(), "[seq2seq] ",
+               o.config, ": a config.json needs a model_type (", models::model_types_text(models::ModelKind::seq2seq),
+               ")");
+      config = models::merge_user_config(models::model_spec(user["model_type"].get<std::string>()), json::object(), user,
+                                         o.config, "seq2seq");
     }
     po.new_params = models::NewParams::all;
     po.init_key = deployer.init_key();

@@ -291,6 +291,7 @@ ModelSpec bart_model_spec() {
   s.kind = ModelKind::seq2seq;
   s.display_name = "BART";
   s.lora_targets = R"(\.(self_attn|encoder_attn)\.(q_proj|v_proj)$)";  // PEFT's default for BART
+  s.config_aliases = {{"hidden_size", "d_model"}, {"num_attention_heads", "encoder_attention_heads"}};
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig {
     return BartConfig::from_json(j);
   };

@@ -168,6 +168,10 @@ ModelSpec gpt2_model_spec() {
   s.kind = ModelKind::decoder;
   s.display_name = "GPT-2";
   s.lora_targets = R"(\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)$)";
+  s.config_aliases = {{"hidden_size", "n_embd"},
+                      {"num_hidden_layers", "n_layer"},
+                      {"num_attention_heads", "n_head"},
+                      {"max_position_embeddings", "n_positions"}};
   s.base_prefix = "transformer.";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return Gpt2Config::from_json(j); };
   s.config_json = [](const ModelConfig& c) { return c.as<Gpt2Config>().to_json(); };

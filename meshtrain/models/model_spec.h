@@ -62,6 +62,9 @@ struct ModelSpec {
   // The dense layers LoRA adapts by default (a regex searched in module paths, lora.h):
   // attention and MLP projections.
   std::string lora_targets;
+  // Hugging Face's other names for config keys (its config class's attribute_map), as
+  // (alias, key) pairs: a user's config may use either (models/user_config.h).
+  std::vector<std::pair<std::string, std::string>> config_aliases;
 
   // Decoders only (null for encoders).
   std::function<CausalLm(const ModelConfig&, const Params&)> causal_lm;

@@ -304,6 +304,7 @@ ModelSpec t5_model_spec() {
   s.kind = ModelKind::seq2seq;
   s.display_name = "T5";
   s.lora_targets = R"(\.(SelfAttention|EncDecAttention)\.(q|v)$)";  // PEFT's default for T5
+  s.config_aliases = {{"hidden_size", "d_model"}, {"num_attention_heads", "num_heads"}, {"num_hidden_layers", "num_layers"}};
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig { return T5Config::from_json(j); };
   s.config_json = [](const ModelConfig& c) { return c.as<T5Config>().to_json(); };
   s.architecture = [](const ModelConfig&) -> std::string { return "T5ForConditionalGeneration"; };

@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/support/cli_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -26,6 +28,39 @@ class CliErrors : public TempDir {
     EXPECT_EQ(r.out.find("terminate called"), std::string::npos);
   }
 };
+
+// Nothing typed is silently ignored: a mistyped command or flag names the nearest real one,
+// in the order typed; an unknown config key names the nearest key and the known ones, while
+// Hugging Face's aliases are honoured.
+TEST_F(CliErrors, TyposNameTheNearestCommandFlagOrKey) {
+  CliRun c = run_cli("generat --model x");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.out.find("unknown command 'generat'; did you mean 'generate'?"), std::string::npos) << c.out;
+  CliRun f = run_cli("pretrain --stepz 3 --lr 1e-3");
+  EXPECT_NE(f.code, 0);
+  const size_t steps = f.out.find("unknown flag '--stepz' for pretrain; did you mean '--steps'?");
+  const size_t lr = f.out.find("unknown flag '--lr' for pretrain; did you mean '--learning-rate'?");
+  EXPECT_NE(steps, std::string::npos) << f.out;
+  EXPECT_NE(lr, std::string::npos) << f.out;
+  EXPECT_LT(steps, lr) << "not in the order typed:\n" << f.out;
+  EXPECT_EQ(f.out.find("'3'"), std::string::npos) << "a flag's value reported as an argument:\n" << f.out;
+
+  const std::string unknown = write("unknown.json", R"({"n_layers": 2, "hidden_size": 64})");
+  expect_failure("pretrain --model gpt2 --steps 1 --config " + unknown + " --output-dir " + (dir_ / "u").string(),
+                 {"[pretrain] " + unknown + ": unknown key 'n_layers' for gpt2 (did you mean 'n_layer'?); known keys: "
+                  "activation_function, attn_pdrop, embd_pdrop, hidden_size, initializer_range"});
+  const std::string both = write("both.json", R"({"n_embd": 32, "hidden_size": 64})");
+  expect_failure("pretrain --model gpt2 --steps 1 --config " + both + " --output-dir " + (dir_ / "b").string(),
+                 {"'hidden_size' is gpt2's 'n_embd', given both as 64 and 32"});
+  // HF's aliases size the model: hidden_size is n_embd, num_hidden_layers n_layer.
+  const std::string aliases = write("aliases.json", R"({"hidden_size": 48, "num_hidden_layers": 1, "n_head": 4})");
+  CliRun ok = run_cli("pretrain --model gpt2 --steps 1 --seq-len 32 --config " + aliases + " --output-dir " +
+                      (dir_ / "a").string());
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  const nlohmann::json saved = nlohmann::json::parse(std::ifstream(dir_ / "a" / "model" / "config.json"));
+  EXPECT_EQ(saved.at("n_embd"), 48);
+  EXPECT_EQ(saved.at("n_layer"), 1);
+}
 
 TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("pretrain --no-such-flag", {"--no-such-flag"});
