@@ -106,9 +106,6 @@ void run(const FinetuneOptions& o) {
   SftCorpus corpus = make_sft_corpus(o.data, *tok, eos);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
-  MT_CHECK(corpus.eval == nullptr || corpus.eval->size() >= global_batch, "[finetune] the ", corpus.eval_rows,
-           " held-out rows make ", corpus.eval ? corpus.eval->size() : 0, " sequences, fewer than one global batch of ",
-           global_batch, ": raise --eval-fraction or lower --per-device-batch-size");
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 

@@ -142,21 +142,33 @@ data::SamplerOptions Trainer::sampler_options(int64_t per_device_batch_size, boo
 
 double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t per_device_batch_size) {
   MT_CHECK(dataset != nullptr, "[trainer] eval_loss needs a dataset");
+  MT_CHECK(dataset->size() > 0, "[trainer] the eval set is empty");
   trace::Span span("phase", "eval_loss");
   const data::SamplerOptions so = sampler_options(per_device_batch_size, false, 1);
-  MT_CHECK(dataset->size() >= so.batch_size, "[trainer] the eval set has ", dataset->size(),
-           " examples, fewer than one global batch of ", so.batch_size);
-  data::DataLoader<Batch> loader(dataset, data::IndexSampler(dataset->size(), so), collate_, 1);
+  const int64_t n = dataset->size(), whole = n / so.batch_size * so.batch_size;
+  // Every example counts, each with the same weight: the whole global batches run sharded
+  // over the data axis as in training; the tail (fewer rows than a global batch, which cannot
+  // be split evenly over the ranks) runs as one batch on every rank, replicated. Batch losses
+  // are means, so they are weighted by their rows.
   double total = 0;
-  int64_t batches = 0;
   autodiff::NoGradGuard no_grad;
   const Params compute = precision_policy().cast_for_compute(params_);
-  while (auto b = loader.next()) {
-    Batch batch = deployer_.shard_batch(b->data);
-    total += dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
-    ++batches;
+  auto batch_loss = [&](const Batch& batch) {
+    return dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
+  };
+  if (whole > 0) {
+    data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
+    while (auto b = loader.next()) total += batch_loss(deployer_.shard_batch(b->data)) * double(so.batch_size);
   }
-  return total / double(batches);
+  if (whole < n) {
+    data::SamplerOptions tail = so;
+    tail.batch_size = n - whole;
+    tail.process_index = 0, tail.process_count = 1;  // every rank reads the whole tail
+    auto rest = std::make_shared<data::SubsetDataset>(dataset, whole, n);
+    data::DataLoader<Batch> loader(rest, data::IndexSampler(rest->size(), tail), collate_, 1);
+    while (auto b = loader.next()) total += batch_loss(b->data) * double(n - whole);
+  }
+  return total / double(n);
 }
 
 void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const EpochProgress& epoch,

@@ -132,7 +132,9 @@ class Trainer {
   double train(const std::vector<Batch>& micro_batches);
 
   FitResult fit(std::shared_ptr<const data::Dataset> train, const FitOptions& options);
-  // The mean loss over a dataset (weighted by batch, no dropout-key changes).
+  // The mean loss over every example of a dataset, on any number of processes: batch means
+  // weighted by their rows; the rows after the last whole global batch run as one batch on
+  // every rank. No dropout.
   double eval_loss(std::shared_ptr<const data::Dataset> data, int64_t per_device_batch_size);
 
   // Prints on rank 0; during fit above the progress bar and after the metrics already

@@ -132,6 +132,20 @@ TEST_F(FinetuneE2E, LoraOnInstructionsHalvesHeldOutLossAndAnswersHeldOutPrompts)
   EXPECT_EQ(adapter["r"], 4);
 }
 
+// Small data works with the defaults: 64 rows hold out 6, fewer than a global batch of 8, and
+// every one of them is evaluated (the run used to stop: "fewer than one global batch").
+TEST_F(FinetuneE2E, SixtyFourRowsTrainWithTheDefaults) {
+  write_jsonl(dir_ / "small.jsonl", counting_rows(64, 7));
+  CliRun r = run_cli("finetune --model " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2 --data " +
+                     (dir_ / "small.jsonl").string() +
+                     " --prompt-field instruction --response-field output --lora-rank 2 --steps 3 --output-dir " +
+                     (dir_ / "out").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("58 train / 6 eval rows"), std::string::npos) << r.out;
+  EXPECT_GT(number_after(r.out, "eval loss before fine-tuning ([0-9.]+)"), 0.0);
+  EXPECT_NE(r.out.find("held-out answers after: "), std::string::npos) << r.out;
+}
+
 TEST_F(FinetuneE2E, BadRowsTargetsAndRanksFailBeforeWritingAnything) {
   const fs::path base = dir_ / "base";
   CliRun pre = run_cli("pretrain --model llama --data " + kShakespeare + " --seq-len 32 --steps 2 --eval-fraction 0.005 "

@@ -123,6 +123,43 @@ TEST(Trainer, LossFallsAndMeshesAgree) {
   }
 }
 
+// Every held-out row counts: 7 rows with a per-device batch of 2 (a global batch of 2n), on 1, 2
+// or 4 processes and on data=2,model=2, give the mean over the 7 rows' own losses (each row
+// alone, on one device). The rows after the last whole global batch run replicated.
+TEST(Trainer, EvalLossCoversEveryRowOnAnyNumberOfProcesses) {
+  const int n = dist::world().size();
+  TinyGptConfig c = config();
+  c.dropout = 0;  // this loss function drops out even in evaluation
+  auto rows = std::make_shared<data::SubsetDataset>(shakespeare(c.time), 0, 7);
+  const Params host = tiny_gpt_init(c, "single", nullptr);
+  double expected = 0;
+  for (int64_t i = 0; i < rows->size(); ++i) {
+    const train::Batch b = collate()({rows->get(i)});
+    TinyGptConfig one = c;
+    one.batch = 1;
+    expected += tiny_gpt_loss(one, host, b["ids"], b["labels"], 0).item() / double(rows->size());
+  }
+  std::vector<std::string> meshes = {"data=" + std::to_string(n)};
+  if (n == 4) meshes.push_back("data=2,model=2");
+  for (const std::string& mesh : meshes) {
+    train::Deployer deployer({.seed = 3, .mesh = mesh, .verbose = false});
+    train::ShardingPlan plan = deployer.sharding_rules(host, tiny_gpt_roles(c));
+    train::Trainer trainer(
+        deployer, collate(),
+        [c](const Params& p, const train::Batch& b, const RngKey& key) {
+          TinyGptConfig sized = c;  // the tiny GPT reshapes by its batch size: this batch's
+          sized.batch = b["ids"].dim(0);
+          return tiny_gpt_loss(sized, p, b["ids"], b["labels"], key.stream);
+        },
+        host, optim::adamw(optim::constant_schedule(1e-3)), plan);
+    const double got = trainer.eval_loss(rows, 2);
+    if (dist::world().rank() == 0)
+      std::cout << "  [max err] eval loss over 7 rows on " << mesh << " (global batch " << 2 * deployer.data_size()
+                << ") vs each row alone: " << std::abs(got - expected) << " (" << got << ")\n";
+    EXPECT_NEAR(got, expected, 2e-5) << mesh;
+  }
+}
+
 TEST(Trainer, ResumeReproducesTheUninterruptedRun) {
   const int n = dist::world().size();
   const std::string mesh = "data=" + std::to_string(n);
