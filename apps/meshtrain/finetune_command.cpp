@@ -84,6 +84,7 @@ int64_t exact_answers(const models::PretrainedModel& model, const Params& params
 
 void run(const FinetuneOptions& o) {
   check_output_dir(o.run, "finetune");
+  train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir;

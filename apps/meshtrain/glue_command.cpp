@@ -74,6 +74,7 @@ GlueData load_data(const GlueOptions& o) {
 
 void run(const GlueOptions& o) {
   check_output_dir(o.run, "glue");
+  train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";

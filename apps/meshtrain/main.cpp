@@ -5,8 +5,10 @@
 #include "apps/meshtrain/typo_hints.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
+#include "meshtrain/train/stop_signal.h"
 
 int main(int argc, char** argv) {
+  mt::train::start_signal_watcher();  // before any thread starts: Ctrl-C is received by one thread
   // Guarded: under mpirun an error on one rank ends the whole job instead of a hang.
   return mt::dist::run_guarded([&] {
     CLI::App app{"meshtrain: distributed training and inference of transformer language models"};
@@ -32,6 +34,10 @@ int main(int argc, char** argv) {
       return 2;
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
+    } catch (const mt::train::Interrupted& e) {
+      // Every rank stopped after the same step and the checkpoint is written: a clean exit.
+      if (mt::dist::world().rank() == 0) std::cerr << "meshtrain: " << e.what() << "\n";
+      return 130;
     } catch (const mt::Error& e) {
       // Under mpirun the guard must see it: it ends the ranks that wait in a collective.
       if (mt::dist::world().size() > 1) throw;

@@ -64,6 +64,7 @@ void print_sample(const models::PretrainedModel& model, const Params& params, co
 
 void run(const PretrainOptions& o) {
   check_output_dir(o.run, "pretrain");
+  train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir, model_dir = out / "model";

@@ -169,6 +169,9 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
 void check_output_dir(const RunFlags& f, const char* command) {
   const fs::path checkpoints = fs::path(f.output_dir) / "checkpoints";
   const bool has_checkpoints = !train::CheckpointManager(checkpoints.string()).all().empty() || fs::exists(checkpoints / "best");
+  if (f.resume && !has_checkpoints && dist::world().rank() == 0)
+    std::cerr << "meshtrain: --resume: " << checkpoints.string()
+              << " holds no checkpoint (the run ended or was killed before its first one); starting fresh\n";
   if (!has_checkpoints || f.resume) return;
   MT_CHECK(f.overwrite, "[", command, "] ", checkpoints.string(),
            " holds checkpoints of an earlier run: pass --resume to continue it, --overwrite to discard it, or another "

@@ -10,6 +10,7 @@
 #include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/train/deployer.h"
+#include "meshtrain/train/stop_signal.h"
 #include "meshtrain/train/trainer.h"
 
 namespace mt::cli {

@@ -84,6 +84,7 @@ void run(const Seq2SeqOptions& o) {
   MT_CHECK(o.model.empty() != o.config.empty(), "[seq2seq] pass exactly one of --model DIR and --config "
            "small-t5|small-bart|FILE");
   check_output_dir(o.run, "seq2seq");
+  train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
   const fs::path out = o.run.output_dir;

@@ -4,7 +4,6 @@
 // and stops cleanly on SIGINT / SIGTERM.
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -48,8 +47,6 @@ struct ServeFlags {
   int model_shards = 1;
 };
 
-std::atomic<bool> g_stop_requested{false};
-extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 
 std::string base_name(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -133,8 +130,7 @@ void run(const ServeFlags& f) {
   if (served.tokenizer) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, served.tokenizer->vocab_size()));
   // SIGINT / SIGTERM (mpirun forwards them to every rank) end rank 0's loop, which then tells
   // the other ranks to stop following: they must not die first.
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  train::arm_stop_request("stopping the server");
   serve::EngineOptions eo;
   eo.max_batch = f.max_batch;
   eo.kv_cache_bytes = f.kv_cache_mb << 20;
@@ -179,7 +175,7 @@ void run(const ServeFlags& f) {
   std::atomic<bool> serving{true};
   std::thread http([&] { server.run(); });
   std::thread watcher([&] {
-    while (serving.load() && !g_stop_requested.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    while (serving.load() && !train::stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     server.stop();
     engine.stop();
   });

@@ -1,6 +1,7 @@
 #include "meshtrain/train/trainer.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/jsonl_logger.h"
 #include "meshtrain/train/profiler.h"
+#include "meshtrain/train/stop_signal.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/tensorboard.h"
 
@@ -32,6 +34,15 @@ namespace fs = std::filesystem;
 namespace {
 // The loss a step reports and differentiates is f32 whatever the compute dtype.
 Array loss_in_f32(const Array& loss) { return cast(loss, DType::f32); }
+
+// Whether any rank was asked to stop (train/stop_signal.h): one small all-reduce a step under
+// mpirun, so that every rank stops after the same step.
+bool stop_agreed() {
+  int32_t stop = stop_requested() ? 1 : 0;
+  dist::Communicator& world = dist::world();
+  if (world.size() > 1) world.all_reduce(&stop, 1, DType::i32, dist::ReduceOp::max);
+  return stop != 0;
+}
 }  // namespace
 using json = nlohmann::json;
 
@@ -405,6 +416,18 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (profiler) profiler->step_end(step_);
     // Throughput counts data, step and logging, not the evaluation, checkpoints or hooks above.
     last_time = std::chrono::steady_clock::now();
+    if (stop_agreed()) {
+      // Ctrl-C or SIGTERM on any rank: every rank stops after this same step, with a checkpoint.
+      if (o.save_every == 0 || step_ % o.save_every != 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
+      if (profiler) profiler->finish();
+      writer.close();
+      refresh_curves(writer);
+      char name[32];
+      std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step_));
+      throw Interrupted(detail::concat("interrupted at step ", step_, "; checkpoint ", name, " written in ",
+                                       (fs::path(deployer_.workdir()) / "checkpoints").string(),
+                                       "; continue with --resume"));
+    }
   }
   if (profiler) profiler->finish();  // the data ran out inside the range
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();

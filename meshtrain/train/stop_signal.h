@@ -1,0 +1,31 @@
+#pragma once
+// Ctrl-C (SIGINT) and SIGTERM. One watcher thread receives them (start_signal_watcher blocks
+// both in every thread, so no compute thread is ever interrupted mid-kernel). Until a command
+// arms a stop request they end the process at once, as by default; once armed (training,
+// serving), the first asks the Trainer to stop after the step in flight, write a checkpoint
+// and return (Trainer::fit then throws Interrupted), and a second exits at once (status 130),
+// leaving the newest complete checkpoint: checkpoints are written atomically.
+#include <stdexcept>
+#include <string>
+
+namespace mt::train {
+
+// Call first thing in main(), before any other thread starts (threads inherit the blocked
+// signals). Without it the handlers are not installed and signals keep their defaults.
+void start_signal_watcher();
+// From now on the first SIGINT/SIGTERM sets stop_requested() (and prints `notice`) instead of
+// ending the process.
+void arm_stop_request(const char* notice = "stopping after this step (a checkpoint follows)");
+// Whether a stop was asked for (by a signal, or request_stop), on this process.
+bool stop_requested();
+void request_stop();
+void clear_stop_request();
+
+// Thrown by Trainer::fit after it stopped on request and wrote its checkpoint; what() is the
+// line to print ("interrupted at step N; checkpoint step_N written ...; continue with --resume").
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(const std::string& what) : std::runtime_error(what) {}
+};
+
+}  // namespace mt::train
