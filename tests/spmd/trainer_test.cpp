@@ -78,7 +78,9 @@ FitRun fit(const std::string& mesh, const std::string& workdir, int64_t max_step
   train::Trainer trainer(
       deployer, collate(),
       [local](const Params& p, const train::Batch& b, const RngKey& key) {
-        return tiny_gpt_loss(local, p, b["ids"], b["labels"], key.stream);
+        TinyGptConfig sized = local;  // eval's last batch is smaller: the tiny GPT reshapes by it
+        sized.batch = b["ids"].dim(0);
+        return tiny_gpt_loss(sized, p, b["ids"], b["labels"], key.stream);
       },
       host, optim::adamw(optim::warmup_cosine_decay_schedule(0.0, 3e-3, 10, 200), 0.9, 0.99, 1e-5, 0.01), plan);
   train::FitOptions o;
