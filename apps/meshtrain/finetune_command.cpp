@@ -113,8 +113,9 @@ void run(const FinetuneOptions& o) {
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
   const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-3 : 5e-5;
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, std::min(o.warmup_steps, total - 1), total,
-                                                           lr_peak * 0.1);
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "finetune"), span - 1);
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
@@ -143,6 +144,7 @@ void run(const FinetuneOptions& o) {
   f.save_every = o.save_steps;
   apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);

@@ -113,7 +113,9 @@ void run(const GlueOptions& o) {
   f.epochs = o.num_train_epochs;
   f.max_steps = o.max_steps > 0 ? o.max_steps : -1;
   const int64_t total = train::plan_steps(train_set->size(), f, deployer).total_steps;
-  optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, std::min(o.warmup_steps, total - 1), total);
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "glue"), span - 1);
+  optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, warmup, span);
   optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
   // LoRA: the adapters and the new task head (classifier, pooler) train, the encoder is frozen.
   if (o.lora.enabled()) opt = lora_optimizer(opt, R"((classifier|bert\.pooler)\..*)");  // = adapter's modules_to_save
@@ -133,6 +135,7 @@ void run(const GlueOptions& o) {
   f.save_best_by = "max:" + primary;
   apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
   f.tokens_per_example = o.max_seq_length;
   train::FitResult r = trainer.fit(train_set, f);

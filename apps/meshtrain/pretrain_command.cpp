@@ -105,9 +105,6 @@ void run(const PretrainOptions& o) {
   std::shared_ptr<const data::Dataset> train_set = corpus.dataset, eval_set = corpus.eval_dataset;
   const int64_t n_eval = eval_set ? eval_set->size() : 0;
   const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
-  MT_CHECK(eval_set == nullptr || eval_set->size() >= global_batch, "[pretrain] the held-out ", n_eval,
-           " sequences (--eval-fraction ", o.eval_fraction, ") make no global batch of ", global_batch,
-           ": raise --eval-fraction or pass 0");
   // The schedule's length is the Trainer's own step count.
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
@@ -120,8 +117,9 @@ void run(const PretrainOptions& o) {
                std::to_string(global_batch * o.length.grad_accum) + " sequences on mesh " + deployer.mesh().str() + ", " +
                "precision " + o.run.precision);
 
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1), total,
-                                                           o.learning_rate * 0.1);
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "pretrain"), span - 1);
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
@@ -133,6 +131,7 @@ void run(const PretrainOptions& o) {
   f.keep_last = o.keep_checkpoints;
   apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   const fs::path samples = out / "samples.txt";

@@ -7,6 +7,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
+#include "meshtrain/io/json.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/profiler.h"
 
@@ -164,6 +165,33 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
     std::cout << "\n" << std::flush;
   }
   return plan;
+}
+
+int64_t schedule_steps(const RunFlags& f, int64_t total) {
+  if (!f.resume) return total;
+  const std::optional<std::string> latest =
+      train::CheckpointManager((fs::path(f.output_dir) / "checkpoints").string()).latest();
+  if (!latest) return total;
+  const nlohmann::json meta = io::read_json_file((fs::path(*latest) / "meta.json").string());
+  const nlohmann::json extra = meta.value("extra", nlohmann::json::object());
+  const int64_t planned = extra.is_object() ? extra.value("schedule_steps", int64_t(0)) : 0;
+  if (planned <= 0 || planned == total) return total;
+  if (dist::world().rank() == 0)
+    std::cerr << "meshtrain: resuming a run planned for " << planned << " steps with " << total
+              << " steps: the learning rate keeps its " << planned << "-step schedule"
+              << (total > planned ? " (it stays at the schedule's final value after step " + std::to_string(planned) + ")"
+                                  : " (the run ends before the schedule does)")
+              << "\n";
+  return planned;
+}
+
+int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command) {
+  if (warmup < total) return warmup;
+  const int64_t scaled = std::max<int64_t>(1, total / 10);
+  if (dist::world().rank() == 0)
+    std::cerr << "meshtrain: [" << command << "] --warmup-steps " << warmup << " is not below the run's " << total
+              << " steps: warming up over " << scaled << (scaled == 1 ? " step" : " steps") << " (a tenth of the run) instead\n";
+  return scaled;
 }
 
 void check_output_dir(const RunFlags& f, const char* command) {

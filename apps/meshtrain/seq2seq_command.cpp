@@ -133,8 +133,9 @@ void run(const Seq2SeqOptions& o) {
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, std::min(o.warmup_steps, total - 1),
-                                                           total, o.learning_rate * 0.1);
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "seq2seq"), span - 1);
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
@@ -208,6 +209,7 @@ void run(const Seq2SeqOptions& o) {
   const std::string tokenizer_ref =
       o.lora.enabled() && !o.lora.merge ? fs::absolute(tokenizer_source).string() : "../../model";
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
   f.tokens_per_example = o.max_source_length + o.max_target_length;
   train::FitResult r = trainer.fit(train_set, f);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "meshtrain/autodiff/precision_policy.h"
@@ -34,6 +35,30 @@ namespace fs = std::filesystem;
 namespace {
 // The loss a step reports and differentiates is f32 whatever the compute dtype.
 Array loss_in_f32(const Array& loss) { return cast(loss, DType::f32); }
+
+// "n_layer: 2 → 3, lora.rank: 8 → (absent)": the keys whose values differ, checkpoint → now.
+std::string config_differences(const nlohmann::json& saved, const nlohmann::json& now, const std::string& prefix = "") {
+  using json = nlohmann::json;
+  std::vector<std::string> parts;
+  std::set<std::string> keys;
+  if (saved.is_object())
+    for (const auto& [k, v] : saved.items()) keys.insert(k);
+  if (now.is_object())
+    for (const auto& [k, v] : now.items()) keys.insert(k);
+  for (const std::string& k : keys) {
+    const json a = saved.is_object() && saved.contains(k) ? saved[k] : json(), b = now.is_object() && now.contains(k) ? now[k] : json();
+    if (a == b) continue;
+    if (a.is_object() && b.is_object()) {
+      parts.push_back(config_differences(a, b, prefix + k + "."));
+      continue;
+    }
+    parts.push_back(prefix + k + ": " + (a.is_null() ? "(absent)" : a.dump()) + " \u2192 " +
+                    (b.is_null() ? "(absent)" : b.dump()));
+  }
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
 
 // Whether any rank was asked to stop (train/stop_signal.h): one small all-reduce a step under
 // mpirun, so that every rank stops after the same step.
@@ -212,8 +237,9 @@ std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected
   // parameters with the same shapes and dtypes.
   if (expected_extra.contains("model_config") && state.extra.contains("model_config"))
     MT_CHECK(state.extra["model_config"] == expected_extra["model_config"], "[trainer] cannot resume from ", *latest,
-             ": it was trained with model config ", state.extra["model_config"].dump(), ", this run builds ",
-             expected_extra["model_config"].dump(), " (flags such as --seq-len or --config differ)");
+             ": its model config differs from this run's: ",
+             config_differences(state.extra["model_config"], expected_extra["model_config"]),
+             " (flags such as --seq-len or --config differ)");
   MT_CHECK(state.params.paths() == params_.paths(), "[trainer] checkpoint ", *latest,
            " holds different parameters than the model");
   for (const auto& [path, p] : params_)

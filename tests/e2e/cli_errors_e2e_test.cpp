@@ -62,6 +62,29 @@ TEST_F(CliErrors, TyposNameTheNearestCommandFlagOrKey) {
   EXPECT_EQ(saved.at("n_layer"), 1);
 }
 
+// Resume explains itself: a changed model names the keys that differ; a changed --steps keeps
+// the learning-rate schedule the run was planned with and says so; a warmup longer than the
+// run is scaled to a tenth of it, with a note; --resume without checkpoints starts fresh.
+TEST_F(CliErrors, ResumeExplainsItself) {
+  const std::string run = (dir_ / "run").string();
+  const std::string base = "pretrain --model gpt2 --data " + kShakespeare + " --seq-len 32 --sample-every 0 --save-steps 2 ";
+  CliRun fresh = run_cli(base + "--steps 4 --resume --output-dir " + run);
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("holds no checkpoint (the run ended or was killed before its first one); starting fresh"),
+            std::string::npos) << fresh.out;
+  EXPECT_NE(fresh.out.find("[pretrain] --warmup-steps 50 is not below the run's 4 steps: warming up over 1 step (a "
+                           "tenth of the run) instead"),
+            std::string::npos) << fresh.out;
+  const std::string deeper = write("deeper.json", R"({"n_layer": 3})");
+  expect_failure(base + "--steps 4 --resume --config " + deeper + " --output-dir " + run,
+                 {"its model config differs from this run's: n_layer: 4 \u2192 3"});
+  CliRun longer = run_cli(base + "--steps 6 --resume --output-dir " + run);
+  ASSERT_EQ(longer.code, 0) << longer.out;
+  EXPECT_NE(longer.out.find("resuming a run planned for 4 steps with 6 steps: the learning rate keeps its 4-step "
+                            "schedule (it stays at the schedule's final value after step 4)"),
+            std::string::npos) << longer.out;
+}
+
 TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("pretrain --no-such-flag", {"--no-such-flag"});
   expect_failure("pretrain --steps -3", {"--steps", "must be a positive integer, got '-3'"});
