@@ -138,8 +138,9 @@ Mesh Mesh::from_string(const std::string& spec) {
 Mesh Mesh::from_model_shards(int n_model_shards) {
   Communicator& w = world();
   MT_CHECK(n_model_shards > 0, "[mesh] n_model_shards must be positive, got ", n_model_shards);
-  MT_CHECK(w.size() % n_model_shards == 0, "[mesh] n_model_shards ", n_model_shards,
-           " does not divide the world size ", w.size());
+  MT_CHECK(w.size() % n_model_shards == 0, "[mesh] --model-shards ", n_model_shards, " does not divide the ", w.size(),
+           " process", w.size() == 1 ? "" : "es", " of this run: launch a multiple of ", n_model_shards,
+           ", e.g. mpirun -np ", n_model_shards, " meshtrain ...");
   return Mesh({"data", "model"}, {w.size() / n_model_shards, n_model_shards}, w);
 }
 

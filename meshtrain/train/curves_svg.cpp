@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/spelling.h"
 #include "meshtrain/io/mapped_file.h"
 
 namespace mt::train {
@@ -134,7 +136,16 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
         if (key.second == o.metric)
           p.lines.push_back({runs[r].label + "/" + key.first + "/" + key.second, who(r) + key.first + " " + key.second,
                              color(r), "stroke-width=\"2\"", pts});
-    MT_CHECK(!p.lines.empty(), "[plot] no run logged a metric named '", o.metric, "'");
+    if (p.lines.empty()) {
+      std::set<std::string> logged;
+      for (const RunMetrics& run : runs)
+        for (const auto& [key, pts] : run.series) logged.insert(key.second);
+      std::string list;
+      for (const std::string& m : logged) list += (list.empty() ? "" : ", ") + m;
+      const std::string near = nearest_spelling(o.metric, std::vector<std::string>(logged.begin(), logged.end()));
+      throw Error(detail::concat("[plot] no run logged a metric named '", o.metric, "'",
+                                 near.empty() ? "" : " (did you mean '" + near + "'?)", "; logged: ", list));
+    }
     panels.push_back(p);
     return panels;
   }

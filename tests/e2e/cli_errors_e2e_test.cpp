@@ -138,7 +138,7 @@ TEST_F(CliErrors, PlotOverlaysRuns) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("data-series=\"a/train/loss\" data-points=\"2\""), std::string::npos) << text;
   EXPECT_NE(text.find("data-series=\"b/train/loss\" data-points=\"2\""), std::string::npos);
-  expect_failure("plot " + (dir_ / "a").string() + " --metric nope -o " + svg, {"no run logged a metric named 'nope'"});
+  expect_failure("plot " + (dir_ / "a").string() + " --metric nope -o " + svg, {"no run logged a metric named 'nope'; logged: eval_loss, loss"});
 }
 
 TEST_F(CliErrors, MissingAndMalformedFilesAreNamed) {

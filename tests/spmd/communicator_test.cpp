@@ -392,7 +392,9 @@ TEST(Errors, SameMessageOnEveryRank) {
   EXPECT_EQ(error_of([] { Mesh::from_model_shards(1).axis_comm("tensor"); }),
             "[mesh] unknown axis 'tensor'; mesh 'data=" + ns + ",model=1' has axes data, model");
   EXPECT_EQ(error_of([&] { Mesh::from_model_shards(n + 1); }),
-            "[mesh] n_model_shards " + std::to_string(n + 1) + " does not divide the world size " + ns);
+            "[mesh] --model-shards " + std::to_string(n + 1) + " does not divide the " + ns + (n == 1 ? " process" : " processes") +
+                " of this run: launch a multiple of " + std::to_string(n + 1) + ", e.g. mpirun -np " +
+                std::to_string(n + 1) + " meshtrain ...");
   EXPECT_EQ(error_of([] { Mesh::from_string("data=2,model"); }),
             "[mesh] malformed mesh 'data=2,model': expected axis=size items separated by commas, e.g. "
             "'data=2,model=2'; got 'model'");

@@ -98,7 +98,9 @@ TEST(Mesh, ErrorsNameTheProblem) {
             "[mesh] mesh 'data=3,model=-1': the other axes have 3 devices, which does not divide the world size 1, "
             "so axis 'model' cannot be inferred");
   EXPECT_EQ(error_of([] { Mesh::from_model_shards(0); }), "[mesh] n_model_shards must be positive, got 0");
-  EXPECT_EQ(error_of([] { Mesh::from_model_shards(2); }), "[mesh] n_model_shards 2 does not divide the world size 1");
+  EXPECT_EQ(error_of([] { Mesh::from_model_shards(2); }),
+            "[mesh] --model-shards 2 does not divide the 1 process of this run: launch a multiple of 2, e.g. mpirun -np 2 "
+            "meshtrain ...");
 }
 
 TEST(Communicator, WorldWithoutMpirunIsLocal) {
