@@ -10,6 +10,7 @@
 
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/llama2c.h"
+#include "meshtrain/io/mapped_file.h"
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/torch_checkpoint.h"
 #include "meshtrain/models/chunked_lm_loss.h"
@@ -313,19 +314,17 @@ void save_pretrained(const PretrainedModel& model, const std::string& dir, DType
   ModelConfig config = model.config;
   Params params = model.params;
   if (model.spec().to_hf_layout) std::tie(config, params) = model.spec().to_hf_layout(config, std::move(params));
-  {
-    std::ofstream out(fs::path(dir) / "config.json");
-    MT_CHECK(out.good(), "[save_pretrained] cannot write ", dir, "/config.json");
-    nlohmann::json j = model.spec().config_json(config);
-    j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-    out << j.dump(2) << "\n";
-  }
+  // config.json last, each file written atomically: a folder never holds a config without its
+  // weights, even when the process is killed while saving.
+  nlohmann::json j = model.spec().config_json(config);
+  j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   // Parameters the model keeps in another shape go back to their Hugging Face shape.
   for (const ParamDef& d : model.spec().param_defs(config))
     if (d.file_shape && params.contains(d.path)) params.set(d.path, reshape(params[d.path], d.file_shape->dims()));
   for (auto& [path, v] : params)
     if (is_floating(v.dtype()) && v.dtype() != dtype) v = cast(v, dtype);
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
+  io::write_file_atomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
 }
 
 }  // namespace mt::models
