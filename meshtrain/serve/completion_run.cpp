@@ -88,6 +88,7 @@ std::string CompletionRun::apply(const TokenEvent& e) {
       first_token_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     ++c.tokens;
     if (!e.is_stop_token) {
+      c.ids.push_back(e.token);
       record_logprobs(e, c, c.text.size());  // (echo with logprobs is refused, so offsets start at 0)
       if (c.text_stream) piece = c.text_stream->push(e.token);
       if (c.text_stream && c.text_stream->stopped()) {
@@ -130,6 +131,8 @@ json CompletionRun::response() {
                                          {"text_offset", c.lp_offsets}}
                                   : json();
       choices.push_back({{"index", i}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}});
+      // Without a tokenizer there is no text to give: the generated ids are the answer.
+      if (!model_.tokenizer) choices.back()["token_ids"] = c.ids;
     }
   }
   const bool chat = request_.api == Api::chat;

@@ -43,6 +43,7 @@ class CompletionRun {
     std::unique_ptr<TextStream> text_stream;
     std::string text;       // released text
     int64_t tokens = 0;     // generated, end token included
+    std::vector<int64_t> ids;  // generated, end token excluded (a model without a tokenizer returns them)
     FinishReason finish = FinishReason::none;
     bool done = false;
     bool sent_role = false;  // chat streaming: the first delta carries the role

@@ -14,6 +14,8 @@
 #include "meshtrain/models/decoding.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/serve/batch_decoder.h"
+#include "meshtrain/serve/completion_run.h"
+#include "meshtrain/serve/openai_protocol.h"
 #include "meshtrain/serve/engine.h"
 #include "meshtrain/serve/paged_kv_cache.h"
 #include "tests/support/op_check.h"
@@ -221,6 +223,33 @@ TEST(ServeEngine, GreedyRequestsEqualGenerateAloneAndInABatchOf16) {
   for (size_t b = 8; b < st.batch_size_counts.size(); ++b) big_steps += st.batch_size_counts[b];
   std::cout << "  decode steps " << st.steps << ", of which " << big_steps << " ran 8 or more sequences\n";
   EXPECT_GT(big_steps, 0) << "the 16 requests never shared a step";
+}
+
+// A model served without a tokenizer: a prompt of token ids is answered with the generated
+// ids (token_ids; there is no text to give), the same ids generate gives.
+TEST(ServeEngine, WithoutATokenizerIdPromptsGetTokenIds) {
+  const CausalLm lm = tiny_gpt2();
+  Engine engine(lm, {});
+  ServedModel model;
+  model.name = "tiny";
+  model.max_model_len = 64;
+  model.max_prompt_tokens = 40;
+  model.max_tokens_limit = 63;
+  const std::vector<int64_t> prompt = {3, 5, 7};
+  ParsedRequest r = parse_completion_request(
+      {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}}, model);
+  const nlohmann::json answer = CompletionRun(engine, model, std::move(r), "cmpl-1").response();
+  const nlohmann::json& choice = answer["choices"][0];
+  ASSERT_TRUE(choice.contains("token_ids")) << answer.dump();
+  std::vector<int64_t> expected = alone(lm, prompt, 6);
+  if (!expected.empty() && lm.stop_tokens.size() && expected.back() == lm.stop_tokens[0]) expected.pop_back();
+  EXPECT_EQ(choice["token_ids"].get<std::vector<int64_t>>(), expected) << answer.dump();
+  try {
+    parse_completion_request({{"model", "tiny"}, {"prompt", "hello"}}, model);
+    ADD_FAILURE() << "a text prompt was accepted without a tokenizer";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("send the prompt as token ids"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServeEngine, ARequestJoiningMidFlightChangesNoOnesTokens) {
