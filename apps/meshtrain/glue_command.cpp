@@ -213,6 +213,14 @@ void add_glue_command(CLI::App& app) {
   cmd->add_option("--warmup-steps,--warmup_steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--max-train-samples", o->max_train_samples, "use the first N training rows");
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "use the first N dev rows");
+  // run_flax_glue's predict split (the GLUE test rows, without labels) is not run here.
+  cmd->add_option_function<int64_t>(
+      "--max-predict-samples",
+      [](const int64_t&) {
+        throw CLI::ValidationError("--max-predict-samples", "glue evaluates on the dev rows and writes no test-split "
+                                                            "predictions: use --max-eval-samples");
+      },
+      "(run_flax_glue's; refused: there is no predict split here)");
   o->run.output_dir = "runs/glue";
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] {

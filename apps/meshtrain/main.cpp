@@ -27,10 +27,15 @@ int main(int argc, char** argv) {
       std::cerr << "meshtrain: " << *message << "\n";
       return 2;
     }
+    // Both spellings of every flag (--learning_rate for --learning-rate and the reverse).
+    std::vector<std::string> args(argv + 1, argv + argc);
+    mt::cli::normalize_flag_spellings(app, args);
+    std::vector<char*> normalized = {argv[0]};
+    for (std::string& a : args) normalized.push_back(a.data());
     try {
-      app.parse(argc, argv);
+      app.parse(int(normalized.size()), normalized.data());
     } catch (const CLI::ExtrasError&) {
-      std::cerr << "meshtrain: " << mt::cli::unknown_flags_message(app, argc, argv) << "\n";
+      std::cerr << "meshtrain: " << mt::cli::unknown_flags_message(app, int(normalized.size()), normalized.data()) << "\n";
       return 2;
     } catch (const CLI::ParseError& e) {
       return app.exit(e);

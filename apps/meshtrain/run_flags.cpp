@@ -98,7 +98,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
-  cmd->add_flag("--overwrite", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
+  cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
                   "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
       ->check(CLI::NonNegativeNumber);
@@ -216,11 +216,13 @@ void check_output_dir(const RunFlags& f, const char* command) {
 }
 
 void add_step_flags(CLI::App* cmd, StepFlags& f) {
-  auto* steps = cmd->add_option("--steps", f.steps, "optimizer steps (default: --epochs over the data)");
-  auto* epochs = cmd->add_option("--epochs", f.epochs, "passes over the data")->capture_default_str();
+  // Also under Hugging Face's names (--max_steps, --num_train_epochs, ...), which its users type.
+  auto* steps = cmd->add_option("--steps,--max-steps", f.steps, "optimizer steps (default: --epochs over the data)");
+  auto* epochs = cmd->add_option("--epochs,--num-train-epochs", f.epochs, "passes over the data")->capture_default_str();
   steps->excludes(epochs)->check(positive());
   epochs->excludes(steps)->check(positive());
-  cmd->add_option("--per-device-batch-size", f.per_device_batch_size, "sequences per step on each data-parallel rank")
+  cmd->add_option("--per-device-batch-size,--per-device-train-batch-size", f.per_device_batch_size,
+                  "sequences per step on each data-parallel rank")
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step")->capture_default_str()->check(positive());

@@ -39,6 +39,28 @@ std::string conventional_flag(const std::string& flag) {
 
 }  // namespace
 
+void normalize_flag_spellings(CLI::App& app, std::vector<std::string>& args) {
+  if (args.empty()) return;
+  CLI::App* command = nullptr;
+  for (CLI::App* sub : app.get_subcommands({}))
+    if (sub->get_name() == args[0]) command = sub;
+  if (!command) return;
+  const std::vector<std::string> known = flag_names(*command);
+  const auto knows = [&](const std::string& f) { return std::find(known.begin(), known.end(), f) != known.end(); };
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const size_t eq = a.find('=');
+    const std::string flag = a.substr(0, eq);
+    if (knows(flag)) continue;
+    std::string other = flag;
+    const bool underscores = other.find('_') != std::string::npos;
+    for (size_t k = 2; k < other.size(); ++k)
+      if (other[k] == (underscores ? '_' : '-')) other[k] = underscores ? '-' : '_';
+    if (knows(other)) a = other + (eq == std::string::npos ? "" : a.substr(eq));
+  }
+}
+
 std::optional<std::string> unknown_command_message(CLI::App& app, int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return std::nullopt;
   const std::string word = argv[1];

@@ -65,6 +65,18 @@ TEST_F(CliErrors, TyposNameTheNearestCommandFlagOrKey) {
 // Resume explains itself: a changed model names the keys that differ; a changed --steps keeps
 // the learning-rate schedule the run was planned with and says so; a warmup longer than the
 // run is scaled to a tenth of it, with a note; --resume without checkpoints starts fresh.
+// One spelling across commands: Hugging Face's underscores and names work with every training
+// command (pretrain takes --max_steps, --learning_rate, --per_device_train_batch_size,
+// --output_dir); glue refuses run_flax_glue's --max_predict_samples by name, with the reason.
+TEST_F(CliErrors, HuggingFaceSpellingsWorkEverywhere) {
+  CliRun r = run_cli("pretrain --data " + kShakespeare + " --seq-len 32 --sample_every 0 --max_steps 2 --learning_rate 1e-3 "
+                     "--per_device_train_batch_size 4 --warmup_steps 1 --output_dir " + (dir_ / "hf").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 steps of 4 sequences"), std::string::npos) << r.out;
+  expect_failure("glue --task rte --data-dir " + kGlue + " --config small --max_predict_samples 5",
+                 {"--max-predict-samples", "writes no test-split predictions: use --max-eval-samples"});
+}
+
 TEST_F(CliErrors, ResumeExplainsItself) {
   const std::string run = (dir_ / "run").string();
   const std::string base = "pretrain --model gpt2 --data " + kShakespeare + " --seq-len 32 --sample-every 0 --save-steps 2 ";
