@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/run_flags.h"
 #include "apps/meshtrain/typo_hints.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
       return 2;
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
+    } catch (const mt::cli::DryRunDone&) {
+      return 0;
     } catch (const mt::train::Interrupted& e) {
       // Every rank stopped after the same step and the checkpoint is written: a clean exit.
       if (mt::dist::world().rank() == 0) std::cerr << "meshtrain: " << e.what() << "\n";

@@ -1,6 +1,7 @@
 #include "apps/meshtrain/run_flags.h"
 
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 
 #include "meshtrain/ops/attention.h"
@@ -83,6 +84,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_option("--output-dir,--output_dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
       ->capture_default_str();
   cmd->add_flag("--print-plan", f.print_plan, "print the sharding plan (path, shape, spec, bytes per rank)");
+  cmd->add_flag("--dry-run", f.dry_run,
+                "print the sharding plan and the training state per rank (weights, gradients, AdamW moments), then "
+                "exit without training");
   add_precision_flag(cmd, f.precision);
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
@@ -151,7 +155,7 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
   train::ShardingOptions so;
   so.fsdp = f.fsdp;
   train::ShardingPlan plan = deployer.sharding_rules(params, roles, so);
-  if (f.print_plan && deployer.is_main()) {
+  if ((f.print_plan || f.dry_run) && deployer.is_main()) {
     std::cout << "sharding plan on mesh " << deployer.mesh().str() << ":\n" << plan.table();
     // Where each rank runs, with its mesh coordinates.
     const dist::Mesh& mesh = deployer.mesh();
@@ -163,6 +167,31 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
       std::cout << ") on " << deployer.hosts()[size_t(r)];
     }
     std::cout << "\n" << std::flush;
+  }
+  if (f.dry_run) {
+    if (deployer.is_main()) {
+      // Per rank: the weights as the plan lays them out, f32 gradients of the same layout and
+      // AdamW's two f32 moments; bf16 adds the per-step bf16 copy. Activations depend on the
+      // batch, the sequence and --remat and are not estimated here.
+      double weights = 0, elements = 0;
+      for (const train::PlanEntry& e : plan.entries()) {
+        weights += double(e.bytes_per_rank);
+        elements += double(e.bytes_per_rank) / double(dtype_size(params[e.path].dtype()));
+      }
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      const double grads = 4 * elements, moments = 8 * elements;
+      const double copy = precision_policy_from_name(f.precision).casts_parameters() ? 2 * elements : 0;
+      std::cout << std::fixed << std::setprecision(3) << "training state per rank: weights " << weights / gib
+                << " GiB + gradients " << grads / gib << " GiB + AdamW moments " << moments / gib << " GiB"
+                << (copy > 0 ? " + bf16 copy " : "");
+      if (copy > 0) std::cout << copy / gib << " GiB";
+      std::cout << " = "
+                << (weights + grads + moments + copy) / gib
+                << " GiB (activations come on top; they depend on the batch, --seq-len and --remat)\n"
+                << "dry run: nothing trained\n"
+                << std::flush;
+    }
+    throw DryRunDone{};
   }
   return plan;
 }

@@ -21,6 +21,7 @@ struct RunFlags {
   uint64_t seed = 0;
   std::string output_dir;
   bool print_plan = false;
+  bool dry_run = false;    // print the plan and the training state per rank, then exit
   bool fsdp = false;       // shard large weights over the data axis too
   bool resume = false;
   bool overwrite = false;
@@ -89,5 +90,8 @@ int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
 // Training refuses to start over checkpoints of an earlier run unless --resume continues it
 // or --overwrite discards it: nothing saved is lost by accident. Call on every rank.
 void check_output_dir(const RunFlags& flags, const char* command);
+
+// Thrown by make_plan under --dry-run once the plan is printed: main exits 0.
+struct DryRunDone {};
 
 }  // namespace mt::cli

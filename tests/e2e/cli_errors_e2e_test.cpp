@@ -73,6 +73,14 @@ TEST_F(CliErrors, HuggingFaceSpellingsWorkEverywhere) {
                      "--per_device_train_batch_size 4 --warmup_steps 1 --output_dir " + (dir_ / "hf").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2 steps of 4 sequences"), std::string::npos) << r.out;
+  // --dry-run prints the plan and the training state per rank and trains nothing.
+  CliRun dry = run_cli("pretrain --model gpt2 --data " + kShakespeare + " --seq-len 32 --dry-run --output-dir " +
+                       (dir_ / "dry").string());
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  EXPECT_NE(dry.out.find("sharding plan on mesh data=1,model=1"), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("training state per rank: weights "), std::string::npos) << dry.out;
+  EXPECT_FALSE(fs::exists(dir_ / "dry" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir_ / "dry" / "checkpoints"));
   expect_failure("glue --task rte --data-dir " + kGlue + " --config small --max_predict_samples 5",
                  {"--max-predict-samples", "writes no test-split predictions: use --max-eval-samples"});
 }
