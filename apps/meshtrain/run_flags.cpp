@@ -101,6 +101,11 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "(half the size; config.json's torch_dtype says which)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--logging-steps", f.logging_steps,
+                  "where the output is not a terminal (a log file, mpirun): a progress line every N steps (0: every "
+                  "10 % of the run)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
@@ -272,6 +277,7 @@ int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deploy
 
 void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.resume = flags.resume;
+  f.progress_every = flags.logging_steps;
   f.profile_steps = flags.profile;
   f.log_mfu = true;
   f.peak_gflops = flags.peak_gflops;

@@ -278,6 +278,7 @@ std::vector<std::shared_ptr<MetricSink>> Trainer::open_metric_sinks(const FitOpt
   fs::create_directories(deployer_.workdir());
   ProgressOptions po;
   po.start_step = step_;
+  po.print_every = o.progress_every;
   sinks.push_back(std::make_shared<ProgressBar>(total_steps, po));
   JsonlLoggerOptions jo;
   jo.resume_step = step_;

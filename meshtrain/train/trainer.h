@@ -75,6 +75,8 @@ struct FitOptions {
   bool resume = false;
   nlohmann::json checkpoint_extra = nlohmann::json::object();  // stored in each checkpoint's meta.json
   bool progress = true;  // progress bar, metrics.jsonl and TensorBoard events (rank 0)
+  // Where the output is not a terminal: a progress line every this many steps (0: every 10 %).
+  int64_t progress_every = 0;
   // Logged with each step: the learning rate of a step, and tokens per example (for tokens/s).
   std::function<double(int64_t step)> learning_rate{};
   int64_t tokens_per_example = 0;

@@ -73,6 +73,13 @@ TEST_F(CliErrors, HuggingFaceSpellingsWorkEverywhere) {
                      "--per_device_train_batch_size 4 --warmup_steps 1 --output_dir " + (dir_ / "hf").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("2 steps of 4 sequences"), std::string::npos) << r.out;
+  // Not on a terminal, --logging_steps N gives a progress line every N steps, none skipped.
+  CliRun logged = run_cli("pretrain --data " + kShakespeare + " --seq-len 32 --sample-every 0 --steps 12 "
+                          "--logging_steps 3 --output-dir " + (dir_ / "logged").string());
+  ASSERT_EQ(logged.code, 0) << logged.out;
+  for (int s : {3, 6, 9, 12})
+    EXPECT_NE(logged.out.find("train " + std::to_string(s) + "/12 ["), std::string::npos) << "step " << s << ":\n"
+                                                                                          << logged.out;
   // --dry-run prints the plan and the training state per rank and trains nothing.
   CliRun dry = run_cli("pretrain --model gpt2 --data " + kShakespeare + " --seq-len 32 --dry-run --output-dir " +
                        (dir_ / "dry").string());
