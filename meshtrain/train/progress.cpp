@@ -120,6 +120,7 @@ void ProgressBar::update(int64_t step, const ProgressStats& stats) {
   last_line_ = format_line(step, stats);
   last_line_printed_ = false;
   bool last = total_ > 0 && step >= total_;
+  at_end_ = last;
   if (tty_) {
     double now = options_.clock();
     if (!last && now - last_draw_ < options_.min_redraw_seconds) return;
@@ -141,7 +142,12 @@ void ProgressBar::update(int64_t step, const ProgressStats& stats) {
 
 void ProgressBar::message(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (tty_ && drawn_) {
+  if (tty_ && drawn_ && at_end_) {
+    // The finished bar stays where it is, once; what follows goes below it.
+    *out_ << '\n' << line << '\n';
+    drawn_ = false;
+  } else if (tty_ && drawn_) {
+    // Above the bar, which is drawn again below the line.
     *out_ << "\r\x1b[K" << line << '\n';
     *out_ << '\r' << last_line_ << "\x1b[K";
   } else {

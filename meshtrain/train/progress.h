@@ -70,6 +70,7 @@ class ProgressBar : public MetricSink {
   double last_draw_ = -1e300;
   int64_t last_printed_bucket_ = -1;
   bool drawn_ = false;          // tty: a bar is on screen without a newline
+  bool at_end_ = false;         // the bar shows the last step
   bool finished_ = false;
   std::string last_line_;       // the latest update's line
   bool last_line_printed_ = true;

@@ -210,6 +210,25 @@ TEST(ProgressBar, TtyModeRedrawsInPlaceAndThrottles) {
             "\rtrain 4/4 [####] 100% | loss 4.0000 | 1s ETA 0s\x1b[K\n");
 }
 
+// On a terminal, lines after the last step (the final eval, the fit summary) go below the
+// finished bar, which stays on screen once (it was drawn again after every message).
+TEST(ProgressBar, TtyFinishedBarIsShownOnceAboveTheFinalMessages) {
+  std::ostringstream out;
+  FakeClock clock;
+  ProgressBar bar(2, {.out = &out, .mode = ProgressOptions::Mode::tty, .bar_width = 2, .clock = clock.fn()});
+  bar.update(1, {.loss = 1});
+  clock.now = 1;
+  bar.update(2, {.loss = 2});
+  bar.message("eval step 2: eval_loss 1.5");
+  bar.message("fit: 2 steps");
+  bar.finish();
+  EXPECT_EQ(out.str(),
+            "\rtrain 1/2 [#-]  50% | loss 1.0000 | 0s ETA 0s\x1b[K"
+            "\rtrain 2/2 [##] 100% | loss 2.0000 | 1s ETA 0s\x1b[K"
+            "\neval step 2: eval_loss 1.5\n"
+            "fit: 2 steps\n");
+}
+
 // ---------------------------------------------------------------- async writer
 
 // Records everything it is given; optionally waits on a gate or sleeps per record.
