@@ -106,6 +106,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "10 % of the run)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--reschedule", f.reschedule,
+                "with --resume and another --steps: fit the learning-rate schedule to the new step count (by default "
+                "the run keeps the schedule it was planned with)");
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
@@ -210,12 +213,18 @@ int64_t schedule_steps(const RunFlags& f, int64_t total) {
   const nlohmann::json extra = meta.value("extra", nlohmann::json::object());
   const int64_t planned = extra.is_object() ? extra.value("schedule_steps", int64_t(0)) : 0;
   if (planned <= 0 || planned == total) return total;
+  if (f.reschedule) {
+    if (dist::world().rank() == 0)
+      std::cerr << "meshtrain: --reschedule: the learning-rate schedule planned for " << planned
+                << " steps now spans " << total << " (the rate jumps to its place on the new schedule)\n";
+    return total;
+  }
   if (dist::world().rank() == 0)
     std::cerr << "meshtrain: resuming a run planned for " << planned << " steps with " << total
               << " steps: the learning rate keeps its " << planned << "-step schedule"
               << (total > planned ? " (it stays at the schedule's final value after step " + std::to_string(planned) + ")"
                                   : " (the run ends before the schedule does)")
-              << "\n";
+              << "; --reschedule fits it to " << total << " steps instead\n";
   return planned;
 }
 

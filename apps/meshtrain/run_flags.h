@@ -22,6 +22,7 @@ struct RunFlags {
   std::string output_dir;
   bool print_plan = false;
   bool dry_run = false;    // print the plan and the training state per rank, then exit
+  bool reschedule = false;  // --resume with another --steps: stretch the schedule to the new total
   int64_t logging_steps = 0;  // not on a terminal: a progress line every N steps (0: every 10 %)
   bool fsdp = false;       // shard large weights over the data axis too
   bool resume = false;

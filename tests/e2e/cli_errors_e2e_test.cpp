@@ -108,8 +108,13 @@ TEST_F(CliErrors, ResumeExplainsItself) {
   CliRun longer = run_cli(base + "--steps 6 --resume --output-dir " + run);
   ASSERT_EQ(longer.code, 0) << longer.out;
   EXPECT_NE(longer.out.find("resuming a run planned for 4 steps with 6 steps: the learning rate keeps its 4-step "
-                            "schedule (it stays at the schedule's final value after step 4)"),
+                            "schedule (it stays at the schedule's final value after step 4); --reschedule fits it "
+                            "to 6 steps instead"),
             std::string::npos) << longer.out;
+  CliRun rescheduled = run_cli(base + "--steps 8 --resume --reschedule --output-dir " + run);
+  ASSERT_EQ(rescheduled.code, 0) << rescheduled.out;
+  EXPECT_NE(rescheduled.out.find("--reschedule: the learning-rate schedule planned for 4 steps now spans 8"),
+            std::string::npos) << rescheduled.out;
 }
 
 TEST_F(CliErrors, FlagsAreChecked) {
