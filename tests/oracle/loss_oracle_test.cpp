@@ -218,7 +218,12 @@ TEST(LossErrors, NameLabelsAndShapes) {
   expect_error([&] { cross_entropy(logits, neg, -5, 1.5); }, {"[cross_entropy]", "label_smoothing 1.5"});
   expect_error([&] { cross_entropy_reference(logits, bad); }, {"[cross_entropy_reference]", "label 1000"});
   expect_error([&] { mse_loss(Array::zeros({2, 3}), Array::zeros({3, 2})); }, {"[mse_loss]", "(2, 3)", "(3, 2)"});
-  expect_error([&] { mse_loss(Array::zeros({2}), Array::zeros({2}, DType::bf16)); }, {"[mse_loss]", "bf16"});
+  expect_error([&] { mse_loss(Array::zeros({2}), Array::zeros({2}, DType::i64)); }, {"[mse_loss]", "i64"});
+  // Mixed float dtypes (a bf16 model's predictions, f32 targets) compute and return f32.
+  const Array pred = Array::from_vector(std::vector<float>{0.5f, 2.0f}, {2}), target = Array::from_vector(std::vector<float>{1.0f, 1.0f}, {2});
+  const Array mixed = mse_loss(cast(pred, DType::bf16), target);
+  EXPECT_EQ(mixed.dtype(), DType::f32);
+  EXPECT_FLOAT_EQ(float(mixed.item()), (0.25f + 1.0f) / 2);
 }
 
 }  // namespace
