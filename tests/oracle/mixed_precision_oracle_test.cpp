@@ -48,14 +48,8 @@ std::vector<double> train_meshtrain(const std::string& precision, Params params,
 // The PyTorch side: `twin_loss` (an expression over P and X) under autocast, AdamW on the f32
 // master tensors (torch.optim.AdamW: the same update, weight decay decoupled).
 std::vector<double> train_twin(const Params& params, const std::vector<Array>& extras, const std::string& twin_loss) {
-  std::string names = "names = [";
-  std::vector<OracleTensor> inputs;
-  for (const auto& [path, value] : params) {
-    names += "'" + path + "', ";
-    inputs.push_back(to_oracle(value));
-  }
-  for (const Array& e : extras) inputs.push_back(to_oracle(e));
-  const std::string code = twin_library() + names + "]\n" +
+  const TwinInputs in = twin_inputs(params, extras);
+  const std::string code = twin_library() + in.names +
                            "P = {n: x.detach().float().clone().requires_grad_(True) for n, x in zip(names, xs)}\n"
                            "X = xs[len(names):]\n"
                            "opt = torch.optim.AdamW(list(P.values()), lr=" +
@@ -74,7 +68,7 @@ std::vector<double> train_twin(const Params& params, const std::vector<Array>& e
                            "    opt.step()\n"
                            "    losses.append(loss.float().item())\n"
                            "out = torch.tensor(losses, dtype=torch.float64)\n";
-  OracleResult ref = TorchOracle::instance().run(code, inputs);
+  OracleResult ref = TorchOracle::instance().run(code, in.tensors);
   return ref.outputs[0].data;
 }
 

@@ -42,6 +42,23 @@ inline Params random_model_params(const std::vector<models::ParamDef>& defs, uin
   return p;
 }
 
+// The oracle's inputs for a twin: the parameters, then `extras`; `names` is the Python line
+// "names = ['path', ...]" the twin code starts with (xs[:len(names)] are the parameters).
+struct TwinInputs {
+  std::string names;
+  std::vector<OracleTensor> tensors;
+};
+inline TwinInputs twin_inputs(const Params& params, const std::vector<Array>& extras) {
+  TwinInputs t{"names = [", {}};
+  for (const auto& [path, value] : params) {
+    t.names += "'" + path + "', ";
+    t.tensors.push_back(to_oracle(value));
+  }
+  t.names += "]\n";
+  for (const Array& e : extras) t.tensors.push_back(to_oracle(e));
+  return t;
+}
+
 struct TwinErrors {
   double logits = 0, grads = 0;
 };
@@ -57,14 +74,9 @@ inline TwinErrors check_twin(const std::string& label, const Params& params, con
                              bool check_grads = true) {
   Array logits = model(params);
   Array cot = random_normal(logits.shape(), 4321);
-  std::string names = "names = [";
-  std::vector<OracleTensor> inputs;
-  for (const auto& [path, value] : params) {
-    names += "'" + path + "', ";
-    inputs.push_back(to_oracle(value));
-  }
-  for (const Array& e : extras) inputs.push_back(to_oracle(e));
-  std::string code = twin_library() + names + "]\nP = dict(zip(names, xs[:len(names)]))\nX = xs[len(names):]\n" +
+  const TwinInputs in = twin_inputs(params, extras);
+  const std::vector<OracleTensor>& inputs = in.tensors;
+  std::string code = twin_library() + in.names + "P = dict(zip(names, xs[:len(names)]))\nX = xs[len(names):]\n" +
                      "out = " + twin_call + "\n";
   std::vector<OracleTensor> cots;
   if (check_grads) cots.push_back(to_oracle(cot));
