@@ -150,7 +150,7 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
     return panels;
   }
   Panel loss{"loss", "loss (nats per token)", {}}, evals{"eval metrics", "value", {}}, lr{"learning rate", "learning rate", {}},
-      speed{"throughput", "", {}};
+      speed{"throughput", "", {}}, memory{"memory", "GB", {}};
   for (size_t r = 0; r < runs.size(); ++r) {
     const std::string base = runs[r].label + "/";
     for (const auto& [key, pts] : runs[r].series) {
@@ -166,13 +166,18 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
         evals.lines.push_back({id, who(r) + metric, color(r), "stroke-width=\"2\" stroke-dasharray=\"6 3\"", pts});
       } else if (metric == "lr") {
         lr.lines.push_back({id, who(r) + "learning rate", color(r), "stroke-width=\"2\"", pts});
+      } else if (metric == "rss_gb" || metric == "peak_rss_gb" || metric == "gpu_allocated_gb" ||
+                 metric == "gpu_reserved_gb" || metric == "gpu_peak_gb") {
+        const bool peak = metric == "peak_rss_gb" || metric == "gpu_peak_gb";
+        memory.lines.push_back({id, who(r) + metric, color(r),
+                                peak ? "stroke-width=\"2\"" : "stroke-width=\"1\" stroke-dasharray=\"4 2\"", pts});
       } else if (metric == "tokens_per_s" || metric == "examples_per_s") {
         speed.y_label = metric_unit(metric);
         speed.lines.push_back({id, who(r) + metric_unit(metric), color(r), "stroke-width=\"1.5\"", pts});
       }
     }
   }
-  for (Panel* p : {&loss, &evals, &lr, &speed})
+  for (Panel* p : {&loss, &evals, &lr, &speed, &memory})
     if (!p->lines.empty()) panels.push_back(*p);
   return panels;
 }

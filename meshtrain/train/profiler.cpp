@@ -20,6 +20,7 @@
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/host_name.h"
+#include "meshtrain/train/memory_usage.h"
 
 namespace mt::train {
 
@@ -38,17 +39,6 @@ ProfileRange ProfileRange::parse(const std::string& text) {
   MT_CHECK(r.last >= r.first, "[profile] the range '", text, "' ends before it starts");
   return r;
 }
-
-namespace {
-
-double rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  double pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * double(sysconf(_SC_PAGESIZE));
-}
-
-}  // namespace
 
 // Each kernel call as a span on the calling thread, ending now. The details stay raw here
 // (rank and dims per array) and are rendered when the trace is written.
@@ -268,7 +258,7 @@ void Profiler::step_end(int64_t step) {
   {
     trace::Span span("phase", "profiler");  // its own bookkeeping, so that the step stays covered
     trace::counter("memory", trace::arg("live_bytes", double(CachingAllocator::instance().stats().bytes_in_use)) + ", " +
-                                 trace::arg("rss_bytes", rss_bytes()));
+                                 trace::arg("rss_bytes", resident_bytes()));
   }
   step_span_.reset();
   if (step >= range_.last) finish();

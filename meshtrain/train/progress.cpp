@@ -87,6 +87,8 @@ std::string ProgressBar::format_line(int64_t step, const ProgressStats& stats) c
   if (stats.lr) line += " | lr " + printf_str("%.2e", *stats.lr);
   if (stats.tokens_per_s) line += " | " + format_rate(*stats.tokens_per_s) + " tok/s";
   if (stats.mfu) line += " | MFU " + printf_str("%.1f%%", 100.0 * *stats.mfu);
+  if (stats.peak_rss_gb) line += " | mem " + printf_str("%.2f GB", *stats.peak_rss_gb);
+  if (stats.gpu_peak_gb) line += " | GPU " + printf_str("%.2f GB", *stats.gpu_peak_gb);
   for (const auto& [name, v] : stats.extra) line += " | " + name + " " + format_value(v);
   double elapsed = options_.clock() - t0_;
   line += " | " + format_duration(elapsed);
@@ -186,6 +188,9 @@ void ProgressBar::write(const ScalarRecord& record) {
     else if (name == "tokens_per_s") stats.tokens_per_s = v;
     else if (name == "mfu") stats.mfu = v;
     else if (name == "model_flops_per_s") continue;  // the bar shows MFU instead
+    else if (name == "peak_rss_gb") stats.peak_rss_gb = v;
+    else if (name == "gpu_peak_gb") stats.gpu_peak_gb = v;
+    else if (name == "rss_gb" || name == "gpu_allocated_gb" || name == "gpu_reserved_gb") continue;  // metrics.jsonl
     else stats.extra[name] = v;
   }
   update(record.step, stats);

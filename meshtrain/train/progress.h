@@ -34,6 +34,8 @@ struct ProgressStats {
   std::optional<double> lr{};
   std::optional<double> tokens_per_s{};
   std::optional<double> mfu{};          // fraction of peak, shown as a percentage
+  std::optional<double> peak_rss_gb{};  // shown as "mem 3.1 GB"
+  std::optional<double> gpu_peak_gb{};  // shown as "GPU 12.3 GB"
   std::map<std::string, double> extra{};  // shown as "name value" after the known fields
 };
 

@@ -23,6 +23,7 @@
 #include "meshtrain/train/curves_svg.h"
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/jsonl_logger.h"
+#include "meshtrain/train/memory_usage.h"
 #include "meshtrain/train/profiler.h"
 #include "meshtrain/train/stop_signal.h"
 #include "meshtrain/train/progress.h"
@@ -297,6 +298,15 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   if (peak_gflops > 0) {
     logged["model_flops_per_s"] = model_flops * double(dist::world().size()) / seconds;
     logged["mfu"] = model_flops / seconds / (peak_gflops * 1e9);
+  }
+  // Rank 0's memory (the rank that logs), in GB.
+  const MemoryUsage m = memory_usage();
+  logged["rss_gb"] = m.rss_gb;
+  logged["peak_rss_gb"] = m.peak_rss_gb;
+  if (m.gpu_allocated_gb) {
+    logged["gpu_allocated_gb"] = *m.gpu_allocated_gb;
+    logged["gpu_reserved_gb"] = *m.gpu_reserved_gb;
+    logged["gpu_peak_gb"] = *m.gpu_peak_gb;
   }
   return logged;
 }

@@ -180,7 +180,14 @@ TEST(Trainer, ResumeReproducesTheUninterruptedRun) {
   if (dist::world().rank() == 0) {
     std::ifstream jl(dir + "/metrics.jsonl");
     int lines = 0;
-    for (std::string line; std::getline(jl, line);) lines += line.find("\"train\"") != std::string::npos;
+    for (std::string line; std::getline(jl, line);) {
+      if (line.find("\"train\"") == std::string::npos) continue;
+      ++lines;
+      // Every step says where the memory is: resident now and at the peak (rank 0's, GB).
+      const nlohmann::json j = nlohmann::json::parse(line);
+      EXPECT_GT(j.value("rss_gb", 0.0), 0.01) << line;
+      EXPECT_GE(j.value("peak_rss_gb", 0.0), j.value("rss_gb", 1e9)) << line;
+    }
     EXPECT_EQ(lines, 30);
     int scalars = 0;
     for (const auto& e : fs::directory_iterator(dir + "/tensorboard"))

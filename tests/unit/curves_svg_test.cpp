@@ -48,19 +48,23 @@ TEST_F(CurvesSvg, EverySeriesOneLineWithAPointPerStep) {
     run.series[{"train", "loss"}].emplace_back(s, 6.0 * std::exp(-s / 20.0) + 0.1 * std::sin(s));
     run.series[{"train", "lr"}].emplace_back(s, 1e-3 * std::min(1.0, s / 10.0));
     run.series[{"train", "tokens_per_s"}].emplace_back(s, 20000 + 100 * (s % 3));
+    run.series[{"train", "rss_gb"}].emplace_back(s, 2.0 + 0.1 * (s % 2));
+    run.series[{"train", "peak_rss_gb"}].emplace_back(s, 2.1);
     if (s % 10 == 0) {
       run.series[{"eval", "eval_loss"}].emplace_back(s, 5.0 * std::exp(-s / 25.0));
       run.series[{"eval", "accuracy"}].emplace_back(s, 0.5 + s / 200.0);
     }
   }
   auto series = check(train::render_curves_svg({run}, {.title = "demo"}), "full");
-  EXPECT_EQ(series.size(), 6u);  // loss raw + smoothed, eval loss, accuracy, lr, tokens/s
+  EXPECT_EQ(series.size(), 8u);  // loss raw + smoothed, eval loss, accuracy, lr, tokens/s, memory now + peak
   EXPECT_EQ(series["demo/train/loss"], 50);
   EXPECT_EQ(series["demo/train/loss/smoothed"], 50);
   EXPECT_EQ(series["demo/eval/eval_loss"], 5);
   EXPECT_EQ(series["demo/eval/accuracy"], 5);
   EXPECT_EQ(series["demo/train/lr"], 50);
   EXPECT_EQ(series["demo/train/tokens_per_s"], 50);
+  EXPECT_EQ(series["demo/train/rss_gb"], 50);
+  EXPECT_EQ(series["demo/train/peak_rss_gb"], 50);
   // Two runs overlaid on one metric.
   train::RunMetrics other = run;
   other.label = "other";

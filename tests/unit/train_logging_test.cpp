@@ -183,11 +183,12 @@ TEST(ProgressBar, UnknownTotalAndMessages) {
   clock.now = 75;
   bar.update(7, {.loss = 0.5, .tokens_per_s = 2.5e6});
   bar.write(ScalarRecord{7, "eval", {{"accuracy", 0.8125}, {"loss", 1e-5}}});
-  bar.write(ScalarRecord{8, "train", {{"loss", 0.25}, {"learning_rate", 2e-5}, {"tokens_per_s", 900}, {"mfu", 0.5}}});
+  bar.write(ScalarRecord{8, "train", {{"loss", 0.25}, {"learning_rate", 2e-5}, {"tokens_per_s", 900}, {"mfu", 0.5},
+                                      {"rss_gb", 1.0}, {"peak_rss_gb", 1.25}}});
   EXPECT_EQ(out.str(),
             "pretrain step 7 | loss 0.5000 | 2.50M tok/s | 1m15s\n"
             "eval step 7: accuracy 0.8125 | loss 1.000e-05\n"
-            "pretrain step 8 | loss 0.2500 | lr 2.00e-05 | 900 tok/s | MFU 50.0% | 1m15s\n");
+            "pretrain step 8 | loss 0.2500 | lr 2.00e-05 | 900 tok/s | MFU 50.0% | mem 1.25 GB | 1m15s\n");
 }
 
 TEST(ProgressBar, TtyModeRedrawsInPlaceAndThrottles) {

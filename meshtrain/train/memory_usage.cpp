@@ -1,0 +1,37 @@
+#include "meshtrain/train/memory_usage.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "meshtrain/core/device.h"
+
+namespace mt::train {
+
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * double(sysconf(_SC_PAGESIZE));
+}
+
+MemoryUsage memory_usage() {
+  constexpr double kGb = 1e9;
+  MemoryUsage m;
+  m.rss_gb = resident_bytes() / kGb;
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) m.peak_rss_gb = double(usage.ru_maxrss) * 1024.0 / kGb;  // KiB on Linux
+  m.peak_rss_gb = std::max(m.peak_rss_gb, m.rss_gb);  // the kernel updates ru_maxrss lazily
+  const Device d = current_device();
+  if (d.is_cuda()) {
+    const DeviceMemoryStats s = cuda_runtime().memory_stats(d.index);
+    m.gpu_allocated_gb = double(s.bytes_in_use) / kGb;
+    m.gpu_reserved_gb = double(s.bytes_reserved) / kGb;
+    m.gpu_peak_gb = double(s.peak_bytes_in_use) / kGb;
+  }
+  return m;
+}
+
+}  // namespace mt::train
