@@ -99,7 +99,8 @@ void run(const GlueOptions& o) {
   auto model = std::make_shared<models::PretrainedModel>(
       o.model.empty() ? models::init_model(small_bert_config(o.config, task, tok->vocab_size(), o.max_seq_length), po)
                       : models::from_pretrained(o.model, po));
-  MT_CHECK(model->model_type == "bert", "[glue] ", o.model, " is a ", model->model_type, " model; glue fine-tunes BERT");
+  MT_CHECK(model->config.holds<models::BertConfig>(), "[glue] ", o.model, " is a ", model->model_type,
+           " model; glue fine-tunes BERT");
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   glue_fixed_length(*tok, o.max_seq_length);
   train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);

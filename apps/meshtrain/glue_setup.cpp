@@ -36,9 +36,10 @@ json small_bert_config(const std::string& config, const data::GlueTask& task, in
   if (config != "small") {
     json user = io::read_json_file(config);
     MT_CHECK(user.is_object(), "[glue] ", config, ": a config must be a JSON object");
-    MT_CHECK(user.value("model_type", std::string("bert")) == "bert", "[glue] ", config, ": model_type ",
+    const models::ModelSpec& bert = models::model_spec("bert");
+    MT_CHECK(user.value("model_type", bert.model_type) == bert.model_type, "[glue] ", config, ": model_type ",
              user["model_type"].dump(), " is not bert (glue trains BERT classifiers)");
-    c = models::merge_user_config(models::model_spec("bert"), std::move(c), user, config, "glue");
+    c = models::merge_user_config(bert, std::move(c), user, config, "glue");
     c["architectures"] = {"BertForSequenceClassification"};
     c["num_labels"] = task.num_labels();
     c.erase("id2label");

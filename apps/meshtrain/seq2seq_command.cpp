@@ -5,6 +5,7 @@
 // and eval_results.json, and the final model as a Hugging Face directory. With --lora-rank
 // only LoRA adapters train (PEFT's q/v defaults for T5 and BART) and the adapter is saved in
 // PEFT's layout.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -103,8 +104,13 @@ void run(const Seq2SeqOptions& o) {
     MT_CHECK(pad && eos, "[seq2seq] ", o.tokenizer, " has no pad (<pad>, [PAD]) or end (</s>, [SEP], <|endoftext|>) token");
     json config;
     if (o.config.rfind("small-", 0) == 0) {
+      // small-<type> for every registered encoder-decoder.
       const std::string type = o.config.substr(6);
-      MT_CHECK(type == "t5" || type == "bart", "[seq2seq] unknown --config '", o.config, "' (small-t5, small-bart or a config.json)");
+      const std::vector<std::string> kinds = models::model_types(models::ModelKind::seq2seq);
+      std::string choices;
+      for (const std::string& k : kinds) choices += "small-" + k + ", ";
+      MT_CHECK(std::find(kinds.begin(), kinds.end(), type) != kinds.end(), "[seq2seq] unknown --config '", o.config,
+               "' (", choices, "or a config.json)");
       config = models::model_spec(type).small_seq2seq_config(tok->vocab_size(), *pad, *eos);
     } else {
       const json user = io::read_json_file(o.config);

@@ -68,6 +68,14 @@ json target_modules_json(const std::vector<ParamDef>& base_defs, const LoraOptio
   return regex;
 }
 
+// PEFT's fan_in_fan_out: the adapted weights are stored [in, out] (HF's Conv1D, GPT-2), so PEFT
+// transposes B·A when merging. Read from the weights' roles, not from the model's name.
+bool adapted_weights_are_in_out(const std::vector<ParamDef>& base_defs, const LoraOptions& o) {
+  for (const LoraModule& m : lora_targets(base_defs, o, ""))
+    if (m.role.in_dim == 0) return true;
+  return false;
+}
+
 // target_modules back to our targets regex (searched in module paths).
 std::string targets_from_json(const json& t, const std::string& where) {
   std::string regex = "^(?:";
@@ -183,8 +191,7 @@ void save_adapter(const PretrainedModel& model, const std::string& dir, const st
       {"lora_dropout", o.dropout},
       {"use_rslora", o.use_rslora},
       {"target_modules", target_modules_json(base_defs, o)},
-      // Conv1D stores [in, out]: PEFT transposes B·A when merging into such a weight.
-      {"fan_in_fan_out", model.model_type == "gpt2"},
+      {"fan_in_fan_out", adapted_weights_are_in_out(base_defs, o)},
       {"bias", "none"},
       {"inference_mode", true},
       {"init_lora_weights", true},

@@ -85,7 +85,7 @@ SentenceEmbedder::SentenceEmbedder(const std::string& dir) {
   o.bert_head = BertHead::none;
   o.print_report = false;
   model_ = from_pretrained(dir, o);
-  if (model_.model_type != "bert")
+  if (!model_.config.holds<BertConfig>())
     throw Error(dir + ": sentence embeddings need a BERT encoder, config.json has model_type '" + model_.model_type + "'");
   if (!model_.tokenizer) throw Error(dir + ": no tokenizer (tokenizer.json or vocab.txt) beside the model");
   config_ = read_sentence_embedding_config(dir, model_.config.as<BertConfig>().max_position_embeddings);
