@@ -21,6 +21,8 @@
 
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/models/causal_lm.h"
+#include "meshtrain/models/gpt2.h"
+#include "meshtrain/models/minigpt.h"
 #include "meshtrain/serve/http_server.h"
 
 namespace {

@@ -6,9 +6,6 @@
 #include <vector>
 
 #include "meshtrain/models/common.h"
-#include "meshtrain/models/gpt2.h"
-#include "meshtrain/models/llama.h"
-#include "meshtrain/models/minigpt.h"
 
 namespace mt::models {
 
@@ -21,10 +18,8 @@ struct CausalLm {
   std::function<Array(const DecoderInputs&, KvCache*)> forward;
 };
 
-// The closures hold the config and the Params handles (no copy of the weights).
-CausalLm gpt2_causal_lm(const Gpt2Config& c, const Params& p);
-CausalLm llama_causal_lm(const LlamaConfig& c, const Params& p);
-CausalLm minigpt_causal_lm(const MiniGptConfig& c, const Params& p);
+// Each decoder's factory lives beside its model (gpt2_causal_lm in gpt2.h, ...); its closure
+// holds the config and the Params handles (no copy of the weights).
 
 // The model seen through its first `vocab_size` logits: a vocabulary padded past the
 // tokenizer's ids (for divisible shards) never yields an id the tokenizer cannot decode.

@@ -198,4 +198,14 @@ ModelSpec gpt2_model_spec() {
   return s;
 }
 
+CausalLm gpt2_causal_lm(const Gpt2Config& c, const Params& p) {
+  CausalLm lm;
+  lm.model_type = "gpt2";
+  lm.vocab_size = c.vocab_size;
+  lm.max_positions = c.n_positions;
+  lm.stop_tokens = {c.eos_token_id};
+  lm.forward = [c, p](const DecoderInputs& in, KvCache* cache) { return gpt2_apply(c, p, in, {}, false, cache); };
+  return lm;
+}
+
 }  // namespace mt::models

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/remat.h"
+#include "meshtrain/models/causal_lm.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -56,5 +57,8 @@ Array gpt2_head(const Gpt2Config& c, const Params& p, const Array& hidden);
 // Logits (B, T, V) of the tied LM head.
 Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                  bool train = false, KvCache* cache = nullptr);
+
+// The model as generation sees it (causal_lm.h); the closure holds `c` and `p`'s handles.
+CausalLm gpt2_causal_lm(const Gpt2Config& c, const Params& p);
 
 }  // namespace mt::models

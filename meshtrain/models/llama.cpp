@@ -228,4 +228,14 @@ ModelSpec llama_model_spec() {
   return s;
 }
 
+CausalLm llama_causal_lm(const LlamaConfig& c, const Params& p) {
+  CausalLm lm;
+  lm.model_type = "llama";
+  lm.vocab_size = c.vocab_size;
+  lm.max_positions = c.max_position_embeddings;
+  lm.stop_tokens = {c.eos_token_id};
+  lm.forward = [c, p](const DecoderInputs& in, KvCache* cache) { return llama_apply(c, p, in, {}, false, cache); };
+  return lm;
+}
+
 }  // namespace mt::models

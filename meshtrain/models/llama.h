@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/remat.h"
+#include "meshtrain/models/causal_lm.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -63,5 +64,8 @@ Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, con
 // Logits (B, T, V) from lm_head (or the embedding when tied).
 Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                   bool train = false, KvCache* cache = nullptr);
+
+// The model as generation sees it (causal_lm.h); the closure holds `c` and `p`'s handles.
+CausalLm llama_causal_lm(const LlamaConfig& c, const Params& p);
 
 }  // namespace mt::models

@@ -159,4 +159,13 @@ ModelSpec minigpt_model_spec() {
   return s;
 }
 
+CausalLm minigpt_causal_lm(const MiniGptConfig& c, const Params& p) {
+  CausalLm lm;
+  lm.model_type = "minigpt";
+  lm.vocab_size = c.vocab_size;
+  lm.max_positions = c.maxlen;
+  lm.forward = [c, p](const DecoderInputs& in, KvCache* cache) { return minigpt_apply(c, p, in, {}, false, cache); };
+  return lm;
+}
+
 }  // namespace mt::models

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/remat.h"
+#include "meshtrain/models/causal_lm.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
 
@@ -53,5 +54,8 @@ Array minigpt_head(const MiniGptConfig& c, const Params& p, const Array& hidden,
 // Logits (B, T, V).
 Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                     bool train = false, KvCache* cache = nullptr);
+
+// The model as generation sees it (causal_lm.h); the closure holds `c` and `p`'s handles.
+CausalLm minigpt_causal_lm(const MiniGptConfig& c, const Params& p);
 
 }  // namespace mt::models
