@@ -369,6 +369,7 @@ MT_REGISTER_PRIMITIVES("elementwise", {MT_UNARY_OPS(MT_NAME) MT_BINARY_OPS(MT_NA
 
 Array add(const Array& a, const Array& b) { return binary(BinaryOp::add, a, b); }
 Array add_in_place(Array a, const Array& b) { return binary_moving_first(BinaryOp::add, std::move(a), b); }
+Array mul_in_place(Array a, const Array& b) { return binary_moving_first(BinaryOp::mul, std::move(a), b); }
 Array sub(const Array& a, const Array& b) { return binary(BinaryOp::sub, a, b); }
 Array mul(const Array& a, const Array& b) { return binary(BinaryOp::mul, a, b); }
 Array div(const Array& a, const Array& b) { return binary(BinaryOp::div, a, b); }

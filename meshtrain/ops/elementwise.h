@@ -10,6 +10,8 @@ Array add(const Array& a, const Array& b);
 // (Array::sole_owner), b is untraced and the result has a's shape and dtype; otherwise into
 // a new array. For loops that replace a value by its update: x = add_in_place(std::move(x), u).
 Array add_in_place(Array a, const Array& b);
+// mul(a, b), in a's storage under the same conditions (gradient clipping scales in place).
+Array mul_in_place(Array a, const Array& b);
 Array sub(const Array& a, const Array& b);
 Array mul(const Array& a, const Array& b);
 Array div(const Array& a, const Array& b);

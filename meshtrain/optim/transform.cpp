@@ -219,7 +219,7 @@ Transform clip_by_global_norm(double max_norm) {
   MT_CHECK(max_norm > 0, "[clip_by_global_norm] max_norm must be > 0, got ", max_norm);
   Transform t;
   t.init = [](const Params&) { return Params{}; };
-  t.update = [max_norm](const Params& updates, Params&, const Params&) {
+  t.update = [max_norm](Params updates, Params&, const Params&) {
     autodiff::NoGradGuard no_grad;
     if (updates.empty()) return updates;
     const Array norm = global_norm(updates);
@@ -227,9 +227,13 @@ Transform clip_by_global_norm(double max_norm) {
       // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy).
       const double coef = max_norm / (norm.item() + 1e-6);
       if (coef >= 1.0) return updates;
-      Params out;
-      for (const auto& [path, u] : updates) out.set(path, mul(u, coef));
-      return out;
+      // Scaled in the gradients' own buffers when the caller moved them in (GPT-2 Large's peak
+      // was one gradient-sized buffer higher with a scaled copy).
+      for (auto& [path, u] : updates) {
+        const Array factor = scalar_like(u, coef);
+        u = mul_in_place(std::move(u), factor);
+      }
+      return updates;
     }
     // On a GPU, as torch's clip_grad_norm_: coef = max_norm / (norm + 1e-6) clamped at 1, in
     // f32 on the device, and every gradient multiplied (by exactly 1 within bounds). The host
@@ -293,12 +297,12 @@ Transform chain(std::vector<Transform> transforms) {
       for (const auto& [path, v] : transforms[i].init(trainable)) s.set(std::to_string(i) + "." + path, v);
     return s;
   };
-  t.update = [transforms](const Params& updates, Params& state, const Params& params) {
-    Params u = updates;
+  t.update = [transforms](Params updates, Params& state, const Params& params) {
+    Params u = std::move(updates);
     for (size_t i = 0; i < transforms.size(); ++i) {
       const std::string prefix = std::to_string(i);
       Params inner = take_subtree(state, prefix);
-      u = transforms[i].update(u, inner, params);
+      u = transforms[i].update(std::move(u), inner, params);
       put_back_subtree(state, prefix, inner);
     }
     return u;

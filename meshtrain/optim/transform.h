@@ -17,8 +17,10 @@ struct Transform {
   // State for `params` (slots laid out like their parameters).
   std::function<Params(const Params& params)> init;
   // Turns incoming updates (gradients, or the previous transform's output) into outgoing
-  // updates, advancing `state`. `params` are the current parameters.
-  std::function<Params(const Params& updates, Params& state, const Params& params)> update;
+  // updates, advancing `state`. `params` are the current parameters. The updates come by
+  // value: a caller that moves them in (the Trainer, chain) lets a transform rewrite them in
+  // place (clip_by_global_norm scales the gradients' own buffers).
+  std::function<Params(Params updates, Params& state, const Params& params)> update;
   // Parameters this transform never updates (optim::freeze inside a partition): they get no
   // optimizer state, the Trainer computes no gradients for them and `update` receives none.
   // Null: every parameter is trainable.

@@ -156,7 +156,8 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
     for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
   span.reset();
   if (trace::enabled()) span.emplace("phase", "optimizer");
-  Params updates = optimizer_.update(grads, opt_state_, params_);
+  // Moved in: a transform may rewrite the gradients in place (clipping scales them there).
+  Params updates = optimizer_.update(std::move(grads), opt_state_, params_);
   grads = Params{};  // freed before the update is applied: a lower peak
   // Moved: when the trainer holds the only handles, the parameters are updated in place.
   params_ = optim::apply_updates(std::move(params_), updates);

@@ -180,5 +180,23 @@ TEST(Optim, ChainedAdamWUpdatesItsMomentsInPlace) {
   }
 }
 
+// Gradients moved into the optimizer are clipped in their own buffers (no gradient-sized copy),
+// to the values a copy gets; gradients the caller keeps are left as they were.
+TEST(Optim, ClippingMovedGradientsScalesThemInPlace) {
+  const optim::Transform clip = optim::clip_by_global_norm(0.5);
+  Params none;
+  const Params params{{"w", random_normal({8, 4}, 1)}};
+  const Params kept{{"w", random_normal({8, 4}, 7)}};
+  const std::vector<float> before = kept["w"].to_floats();
+  const Params copied = clip.update(kept, none, params);
+  EXPECT_EQ(kept["w"].to_floats(), before) << "the caller's gradients changed";
+  EXPECT_NE(copied["w"].impl()->storage.get(), kept["w"].impl()->storage.get());
+  Params moved{{"w", random_normal({8, 4}, 7)}};
+  const void* buffer = moved["w"].impl()->storage.get();
+  const Params clipped = clip.update(std::move(moved), none, params);
+  EXPECT_EQ(clipped["w"].impl()->storage.get(), buffer) << "a moved-in gradient was copied";
+  EXPECT_EQ(clipped["w"].to_floats(), copied["w"].to_floats());
+}
+
 }  // namespace
 }  // namespace mt::testing
