@@ -16,11 +16,6 @@ std::atomic<int> g_requests{0};
 std::atomic<bool> g_armed{false};
 std::atomic<const char*> g_notice{""};
 
-void say(const char* text) {
-  std::fputs(text, stderr);
-  std::fflush(stderr);
-}
-
 // Receives SIGINT and SIGTERM synchronously (sigwait), on its own thread: a signal never lands
 // in the middle of a kernel or a system call of another thread. (Delivered asynchronously, one
 // mid-step — even to a handler that did nothing — corrupted the heap in about 1 run of 4 of
@@ -35,7 +30,8 @@ void watch(sigset_t set) {
       std::fflush(stderr);
       continue;
     }
-    say("\nmeshtrain: exiting now; the newest complete checkpoint stays\n");
+    std::fputs("\nmeshtrain: exiting now; the newest complete checkpoint stays\n", stderr);
+    std::fflush(stderr);
     _exit(130);
   }
 }
@@ -55,8 +51,7 @@ void arm_stop_request(const char* notice) {
   g_notice.store(notice);
   g_armed.store(true);
 }
+bool stop_armed() { return g_armed.load(); }
 bool stop_requested() { return g_requests.load() > 0; }
-void request_stop() { g_requests.fetch_add(1); }
-void clear_stop_request() { g_requests.store(0); }
 
 }  // namespace mt::train

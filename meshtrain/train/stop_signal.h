@@ -16,10 +16,10 @@ void start_signal_watcher();
 // From now on the first SIGINT/SIGTERM sets stop_requested() (and prints `notice`) instead of
 // ending the process.
 void arm_stop_request(const char* notice = "stopping after this step (a checkpoint follows)");
-// Whether a stop was asked for (by a signal, or request_stop), on this process.
+// Whether a command armed the stop (every rank does, before training), and whether a signal
+// asked for it on this process.
+bool stop_armed();
 bool stop_requested();
-void request_stop();
-void clear_stop_request();
 
 // Thrown by Trainer::fit after it stopped on request and wrote its checkpoint; what() is the
 // line to print ("interrupted at step N; checkpoint step_N written ...; continue with --resume").

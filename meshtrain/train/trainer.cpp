@@ -62,8 +62,10 @@ std::string config_differences(const nlohmann::json& saved, const nlohmann::json
 }
 
 // Whether any rank was asked to stop (train/stop_signal.h): one small all-reduce a step under
-// mpirun, so that every rank stops after the same step.
+// mpirun, so that every rank stops after the same step; nothing at all where no command armed
+// the stop (the library used on its own).
 bool stop_agreed() {
+  if (!stop_armed()) return false;
   int32_t stop = stop_requested() ? 1 : 0;
   dist::Communicator& world = dist::world();
   if (world.size() > 1) world.all_reduce(&stop, 1, DType::i32, dist::ReduceOp::max);
