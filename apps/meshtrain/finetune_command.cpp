@@ -114,7 +114,7 @@ void run(const FinetuneOptions& o) {
   const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
   const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-3 : 5e-5;
   const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "finetune"), span - 1);
+  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "finetune");
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),

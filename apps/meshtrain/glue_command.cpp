@@ -115,7 +115,7 @@ void run(const GlueOptions& o) {
   f.max_steps = o.max_steps > 0 ? o.max_steps : -1;
   const int64_t total = train::plan_steps(train_set->size(), f, deployer).total_steps;
   const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "glue"), span - 1);
+  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "glue");
   optim::Schedule lr = optim::warmup_linear_decay_schedule(o.learning_rate, warmup, span);
   optim::Transform opt = optim::adamw(lr, 0.9, 0.999, 1e-6, o.weight_decay);
   // LoRA: the adapters and the new task head (classifier, pooler) train, the encoder is frozen.

@@ -118,7 +118,7 @@ void run(const PretrainOptions& o) {
                "precision " + o.run.precision);
 
   const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = std::min(fitting_warmup(o.warmup_steps, span, "pretrain"), span - 1);
+  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "pretrain");
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),

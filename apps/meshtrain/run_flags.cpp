@@ -230,7 +230,8 @@ int64_t schedule_steps(const RunFlags& f, int64_t total) {
 
 int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command) {
   if (warmup < total) return warmup;
-  const int64_t scaled = std::max<int64_t>(1, total / 10);
+  // At least a step, but below the run (a one-step run has no room to warm up).
+  const int64_t scaled = std::min(std::max<int64_t>(1, total / 10), total - 1);
   if (dist::world().rank() == 0)
     std::cerr << "meshtrain: [" << command << "] --warmup-steps " << warmup << " is not below the run's " << total
               << " steps: warming up over " << scaled << (scaled == 1 ? " step" : " steps") << " (a tenth of the run) instead\n";

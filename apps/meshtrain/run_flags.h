@@ -85,8 +85,9 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
 // resumed run was planned with (its checkpoints record it as "schedule_steps"), so changing
 // --steps extends or cuts the run without bending its schedule; the change is printed.
 int64_t schedule_steps(const RunFlags& flags, int64_t total);
-// Warmup steps that fit a run of `total` steps: `warmup` when below it, else a tenth of the
-// run (HF's warmup_ratio 0.1), with a note, so a short run does not end at its peak rate.
+// Warmup steps that fit a run of `total` steps (always below it): `warmup` when below it, else
+// a tenth of the run (HF's warmup_ratio 0.1), with a note, so a short run does not end at its
+// peak rate.
 int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
 
 // Training refuses to start over checkpoints of an earlier run unless --resume continues it
