@@ -296,8 +296,7 @@ Array mse_loss(const Array& pred, const Array& target, Reduction reduction) {
            " must have the same shape");
   // A loss computes in f32, as under torch.autocast: a bf16 model's predictions meet f32
   // targets here.
-  const DType d = DType::f32;
-  Array sq = square(sub(cast(pred, d), cast(target, d)));
+  Array sq = square(sub(cast(pred, DType::f32), cast(target, DType::f32)));
   if (reduction == Reduction::none) return sq;
   return reduction == Reduction::sum ? sum(sq) : mean(sq);
 }
