@@ -1,5 +1,7 @@
 #include "meshtrain/train/curves_svg.h"
 
+#include "meshtrain/train/memory_usage.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -166,9 +168,8 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
         evals.lines.push_back({id, who(r) + metric, color(r), "stroke-width=\"2\" stroke-dasharray=\"6 3\"", pts});
       } else if (metric == "lr") {
         lr.lines.push_back({id, who(r) + "learning rate", color(r), "stroke-width=\"2\"", pts});
-      } else if (metric == "rss_gb" || metric == "peak_rss_gb" || metric == "gpu_allocated_gb" ||
-                 metric == "gpu_reserved_gb" || metric == "gpu_peak_gb") {
-        const bool peak = metric == "peak_rss_gb" || metric == "gpu_peak_gb";
+      } else if (is_memory_metric(metric)) {
+        const bool peak = is_peak_memory_metric(metric);
         memory.lines.push_back({id, who(r) + metric, color(r),
                                 peak ? "stroke-width=\"2\"" : "stroke-width=\"1\" stroke-dasharray=\"4 2\"", pts});
       } else if (metric == "tokens_per_s" || metric == "examples_per_s") {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "meshtrain/core/allocator.h"
 #include "meshtrain/core/device.h"
 
 namespace mt::train {
@@ -24,6 +25,9 @@ MemoryUsage memory_usage() {
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) m.peak_rss_gb = double(usage.ru_maxrss) * 1024.0 / kGb;  // KiB on Linux
   m.peak_rss_gb = std::max(m.peak_rss_gb, m.rss_gb);  // the kernel updates ru_maxrss lazily
+  const AllocatorStats host = CachingAllocator::instance().stats();
+  m.host_allocated_gb = double(host.bytes_in_use) / kGb;
+  m.host_peak_gb = double(host.peak_bytes_in_use) / kGb;
   const Device d = current_device();
   if (d.is_cuda()) {
     const DeviceMemoryStats s = cuda_runtime().memory_stats(d.index);
@@ -32,6 +36,15 @@ MemoryUsage memory_usage() {
     m.gpu_peak_gb = double(s.peak_bytes_in_use) / kGb;
   }
   return m;
+}
+
+bool is_memory_metric(const std::string& name) {
+  return name == "rss_gb" || name == "host_allocated_gb" || name == "gpu_allocated_gb" || name == "gpu_reserved_gb" ||
+         is_peak_memory_metric(name);
+}
+
+bool is_peak_memory_metric(const std::string& name) {
+  return name == "peak_rss_gb" || name == "host_peak_gb" || name == "gpu_peak_gb";
 }
 
 }  // namespace mt::train

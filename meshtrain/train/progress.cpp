@@ -1,5 +1,7 @@
 #include "meshtrain/train/progress.h"
 
+#include "meshtrain/train/memory_usage.h"
+
 #include <cstdlib>
 
 #include <unistd.h>
@@ -190,7 +192,7 @@ void ProgressBar::write(const ScalarRecord& record) {
     else if (name == "model_flops_per_s") continue;  // the bar shows MFU instead
     else if (name == "peak_rss_gb") stats.peak_rss_gb = v;
     else if (name == "gpu_peak_gb") stats.gpu_peak_gb = v;
-    else if (name == "rss_gb" || name == "gpu_allocated_gb" || name == "gpu_reserved_gb") continue;  // metrics.jsonl
+    else if (is_memory_metric(name)) continue;  // the others: metrics.jsonl and curves.svg
     else stats.extra[name] = v;
   }
   update(record.step, stats);

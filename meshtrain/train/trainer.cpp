@@ -306,6 +306,8 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   const MemoryUsage m = memory_usage();
   logged["rss_gb"] = m.rss_gb;
   logged["peak_rss_gb"] = m.peak_rss_gb;
+  logged["host_allocated_gb"] = m.host_allocated_gb;
+  logged["host_peak_gb"] = m.host_peak_gb;
   if (m.gpu_allocated_gb) {
     logged["gpu_allocated_gb"] = *m.gpu_allocated_gb;
     logged["gpu_reserved_gb"] = *m.gpu_reserved_gb;
