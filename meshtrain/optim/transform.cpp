@@ -136,7 +136,11 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     write_count(s, 0);
     return s;
   };
-  t.update = [=](const Params& grads, Params& state, const Params& params) {
+  // The gradients come by value (moved in by the Trainer and chain) so that they are freed
+  // once the moments have read them: the updates are then written into memory the gradients
+  // held, and the step's peak is parameters + moments + one gradient-sized buffer, not two
+  // (GPT-2 Large: 3.1 GB less).
+  t.update = [=](Params grads, Params& state, const Params& params) {
     autodiff::NoGradGuard no_grad;
     check_same_paths(grads, params, "adam");
     const int64_t count = read_count(state) + 1;
@@ -183,6 +187,8 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
         ms = cut_flat(moments.view_row(0), shapes);
         vs = cut_flat(moments.view_row(1), shapes);
       }
+      fused_g.clear();
+      grads = Params{};  // read by the moments, no longer needed: freed before the updates exist
       const std::vector<Array> updates = cut_flat(adam_direction_multi(ms, vs, fused_p, s, fused_decay), shapes);
       for (size_t j = 0; j < fused.size(); ++j) {
         state.at("mu." + fused[j]) = std::move(ms[j]);
