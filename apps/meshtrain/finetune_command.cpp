@@ -131,7 +131,9 @@ void run(const FinetuneOptions& o) {
         << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
-  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
+  // Moved: the trainer holds the only handles, so each step updates the parameters in place
+  // and a sharded plan keeps no unsharded copy beside its shards.
+  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), std::move(model->params), opt, plan);
   std::optional<double> eval_before;
   if (corpus.eval) {
     eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);

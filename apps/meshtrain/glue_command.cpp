@@ -124,7 +124,9 @@ void run(const GlueOptions& o) {
                std::to_string(eval_set->size()) + " eval rows, " + std::to_string(model->params.total_elements()) +
                " parameters, " + std::to_string(total) + " steps of " + std::to_string(global_batch) + " on mesh " +
                deployer.mesh().str() + ", " + "precision " + o.run.precision);
-  train::Trainer trainer(deployer, collate, glue_loss(model, task), model->params, opt, plan);
+  // Moved: the trainer holds the only handles, so each step updates the parameters in place
+  // and a sharded plan keeps no unsharded copy beside its shards.
+  train::Trainer trainer(deployer, collate, glue_loss(model, task), std::move(model->params), opt, plan);
 
   const std::string primary = glue_primary_metric(task);
   f.per_device_eval_batch_size = o.per_device_eval_batch_size;

@@ -123,7 +123,9 @@ void run(const PretrainOptions& o) {
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay);
   optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
-  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), model->params, opt, plan);
+  // Moved: the trainer holds the only handles, so each step updates the parameters in place
+  // and a sharded plan keeps no unsharded copy beside its shards.
+  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), std::move(model->params), opt, plan);
 
   f.eval_data = eval_set;
   f.eval_every = o.eval_steps;

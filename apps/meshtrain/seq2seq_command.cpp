@@ -162,7 +162,8 @@ void run(const Seq2SeqOptions& o) {
 
   std::shared_ptr<const models::PretrainedModel> frozen_model = model;
   train::CollateFn collate = train::seq2seq_collate(t);
-  train::Trainer trainer(deployer, collate, train::seq2seq_loss_fn(frozen_model), model->params, opt, plan);
+  // Moved: the trainer holds the only handles (updates in place; no unsharded copy kept).
+  train::Trainer trainer(deployer, collate, train::seq2seq_loss_fn(frozen_model), std::move(model->params), opt, plan);
 
   models::GenerationConfig g;
   g.max_new_tokens = o.max_target_length;
