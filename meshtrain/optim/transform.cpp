@@ -7,6 +7,7 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/distributed/sharding.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
@@ -79,12 +80,30 @@ Transform sgd(Schedule lr, double momentum, bool nesterov, double weight_decay) 
 }
 
 namespace {
-// The fused optimizer kernels take plain f32 arrays of one shape; distributed arrays go
+// The fused optimizer kernels run elementwise on f32 arrays of one shape. Sharded arrays take
+// them too when all are laid out alike (the same mesh and spec, no partial sums: FSDP's
+// parameters, reduced gradients and moments): each rank steps its own blocks. Others go
 // through the composed ops, whose sharding rules place them.
+bool same_layout(const Array& a, const Array& b) {
+  if (a.distributed() != b.distributed()) return false;
+  if (!a.distributed()) return true;
+  const dist::Sharding &x = *dist::sharding_of(a), &y = *dist::sharding_of(b);
+  return x.mesh == y.mesh && x.spec == y.spec;
+}
+
 bool fusable(std::initializer_list<Array> arrays) {
+  const Array& first = *arrays.begin();
   for (const Array& a : arrays)
-    if (a.sharded() || a.dtype() != DType::f32 || a.shape() != arrays.begin()->shape()) return false;
+    if (a.dtype() != DType::f32 || a.shape() != first.shape() || !same_layout(a, first) ||
+        (a.distributed() && !dist::sharding_of(a)->spec.partial.empty()))
+      return false;
   return true;
+}
+
+// A rank's block of a fusable array (the array itself when it is not distributed), and back.
+Array local_block(const Array& a) { return a.distributed() ? dist::local_view(a) : a; }
+Array like_layout(Array local, const Array& model) {
+  return model.distributed() ? dist::global_view(local, *dist::sharding_of(model)) : local;
 }
 
 // The views of a flat 1-d array whose pieces have `shapes`, one after another (the
@@ -111,12 +130,14 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     std::vector<Shape> shapes;
     int64_t total = 0;
     Device device;
+    // Sharded parameters' pieces are their local blocks, each wrapped back in its layout.
     for (const auto& [path, p] : params)
-      if (fusable({p}) && (flat.empty() || p.device() == device)) {
-        device = p.device();
+      if (fusable({p}) && (flat.empty() || local_block(p).device() == device)) {
+        const Array local = local_block(p);
+        device = local.device();
         flat[path] = shapes.size();
-        shapes.push_back(p.shape());
-        total += p.numel();
+        shapes.push_back(local.shape());
+        total += local.numel();
       }
     std::vector<Array> ms, vs;
     if (!flat.empty()) {
@@ -127,11 +148,11 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     Params s;
     for (const auto& [path, p] : params) {
       auto it = flat.find(path);
-      s.set("mu." + path, it != flat.end() ? std::move(ms[it->second]) : zeros_like(p));
+      s.set("mu." + path, it != flat.end() ? like_layout(std::move(ms[it->second]), p) : zeros_like(p));
     }
     for (const auto& [path, p] : params) {
       auto it = flat.find(path);
-      s.set("nu." + path, it != flat.end() ? std::move(vs[it->second]) : zeros_like(p));
+      s.set("nu." + path, it != flat.end() ? like_layout(std::move(vs[it->second]), p) : zeros_like(p));
     }
     write_count(s, 0);
     return s;
@@ -159,12 +180,14 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       Array &m_slot = state.at("mu." + path), &v_slot = state.at("nu." + path);
       const Array &m0 = m_slot, &v0 = v_slot, &p = params[path];
       const bool decays = weight_decay != 0.0 && mask(path, p);
-      if (fusable({g, m0, v0, p}) && (fused.empty() || g.device() == fused_g.front().device())) {
+      if (fusable({g, m0, v0, p}) && (fused.empty() || local_block(g).device() == fused_g.front().device())) {
         fused.push_back(path);
-        fused_g.push_back(g);
-        fused_m.push_back(std::move(m_slot));  // moved: the state holds no second handle
-        fused_v.push_back(std::move(v_slot));
-        fused_p.push_back(p);
+        fused_g.push_back(local_block(g));
+        // The slots are emptied: the local blocks hold the only handles on the moments.
+        fused_m.push_back(local_block(m_slot));
+        fused_v.push_back(local_block(v_slot));
+        m_slot = Array(), v_slot = Array();
+        fused_p.push_back(local_block(p));
         fused_decay.push_back(decays ? rate * weight_decay : 0.0);
         continue;
       }
@@ -191,9 +214,10 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       grads = Params{};  // read by the moments, no longer needed: freed before the updates exist
       const std::vector<Array> updates = cut_flat(adam_direction_multi(ms, vs, fused_p, s, fused_decay), shapes);
       for (size_t j = 0; j < fused.size(); ++j) {
-        state.at("mu." + fused[j]) = std::move(ms[j]);
-        state.at("nu." + fused[j]) = std::move(vs[j]);
-        out.set(fused[j], updates[j]);
+        const Array& p = params[fused[j]];
+        state.at("mu." + fused[j]) = like_layout(std::move(ms[j]), p);
+        state.at("nu." + fused[j]) = like_layout(std::move(vs[j]), p);
+        out.set(fused[j], like_layout(updates[j], p));
       }
     }
     write_count(state, count);
