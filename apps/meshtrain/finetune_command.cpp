@@ -150,6 +150,7 @@ void run(const FinetuneOptions& o) {
   f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
+  trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   if (eval_before && !r.evals.empty() && r.evals.back().count("eval_loss")) {
     const double after = r.evals.back().at("eval_loss");

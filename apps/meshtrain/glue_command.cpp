@@ -142,6 +142,7 @@ void run(const GlueOptions& o) {
   f.learning_rate = lr;
   f.tokens_per_example = o.max_seq_length;
   train::FitResult r = trainer.fit(train_set, f);
+  trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   Params host;
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));

@@ -145,6 +145,7 @@ void run(const PretrainOptions& o) {
   // the model's own text).
   if (!o.run.resume) print_sample(*model, trainer.params(), *corpus.tokenizer, o, 0, samples, trainer);
   train::FitResult r = trainer.fit(train_set, f);
+  trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   // The final model as a Hugging Face-style directory beside the tokenizer files.
   Params host;

@@ -145,6 +145,10 @@ class Trainer {
 
   const Params& params() const { return params_; }
   const Params& opt_state() const { return opt_state_; }
+  // Frees the optimizer state once training is over (the last checkpoint holds it), so that
+  // what comes after — an exported model gathered from its shards, generation — has its
+  // memory. Training or checkpointing again afterwards is refused.
+  void release_optimizer_state();
   int64_t step() const { return step_; }
   const ShardingPlan* plan() const { return plan_ ? &*plan_ : nullptr; }
 
@@ -191,6 +195,7 @@ class Trainer {
   Params params_;
   optim::Transform optimizer_;
   Params opt_state_;
+  bool opt_state_released_ = false;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
