@@ -121,6 +121,10 @@ void run(const EvalOptions& o) {
                                       : models::from_pretrained(o.model, po);
   apply_adapter(model, o.adapter, deployer.is_main());
   train::ShardingPlan plan = make_plan(deployer, model.params, model.param_roles(), o.run);
+  if (o.run.dry_run) {
+    deployer.log("dry run: nothing evaluated");
+    throw train::DryRunDone("dry run: nothing evaluated");
+  }
   Params params = plan.shard(model.params);
   json result = model.is_causal_lm() ? eval_decoder(deployer, model, params, o) : eval_glue(deployer, model, params, o);
   result["model"] = o.model;

@@ -139,7 +139,7 @@ void run(const FinetuneOptions& o) {
     eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);
     deployer.log("eval loss before fine-tuning " + std::to_string(*eval_before));
   }
-  if (corpus.supervised) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "before", deployer);
+  if (corpus.supervised && !o.run.dry_run) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "before", deployer);
 
   f.eval_data = corpus.eval;
   f.eval_every = o.eval_steps;

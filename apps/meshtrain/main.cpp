@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/train/stop_signal.h"
+#include "meshtrain/train/trainer.h"
 
 int main(int argc, char** argv) {
   mt::train::start_signal_watcher();  // before any thread starts: Ctrl-C is received by one thread
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
       return 2;
     } catch (const CLI::ParseError& e) {
       return app.exit(e);
-    } catch (const mt::cli::DryRunDone&) {
+    } catch (const mt::train::DryRunDone&) {
       return 0;
     } catch (const mt::train::Interrupted& e) {
       // Every rank stopped after the same step and the checkpoint is written: a clean exit.

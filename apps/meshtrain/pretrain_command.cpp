@@ -143,7 +143,7 @@ void run(const PretrainOptions& o) {
     };
   // One sample before training shows where the model starts (fresh: noise; --init-from:
   // the model's own text).
-  if (!o.run.resume) print_sample(*model, trainer.params(), *corpus.tokenizer, o, 0, samples, trainer);
+  if (!o.run.resume && !o.run.dry_run) print_sample(*model, trainer.params(), *corpus.tokenizer, o, 0, samples, trainer);
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 

@@ -85,8 +85,8 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
       ->capture_default_str();
   cmd->add_flag("--print-plan", f.print_plan, "print the sharding plan (path, shape, spec, bytes per rank)");
   cmd->add_flag("--dry-run", f.dry_run,
-                "print the sharding plan and the training state per rank (weights, gradients, AdamW moments), then "
-                "exit without training");
+                "print the sharding plan and the training state per rank (weights, gradients, AdamW moments), run "
+                "one step on the first batch and print its measured memory per rank, then exit (nothing saved)");
   add_precision_flag(cmd, f.precision);
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
@@ -176,30 +176,24 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
     }
     std::cout << "\n" << std::flush;
   }
-  if (f.dry_run) {
-    if (deployer.is_main()) {
-      // Per rank: the weights as the plan lays them out, f32 gradients of the same layout and
-      // AdamW's two f32 moments; bf16 adds the per-step bf16 copy. Activations depend on the
-      // batch, the sequence and --remat and are not estimated here.
-      double weights = 0, elements = 0;
-      for (const train::PlanEntry& e : plan.entries()) {
-        weights += double(e.bytes_per_rank);
-        elements += double(e.bytes_per_rank) / double(dtype_size(params[e.path].dtype()));
-      }
-      const double gib = 1024.0 * 1024.0 * 1024.0;
-      const double grads = 4 * elements, moments = 8 * elements;
-      const double copy = precision_policy_from_name(f.precision).casts_parameters() ? 2 * elements : 0;
-      std::cout << std::fixed << std::setprecision(3) << "training state per rank: weights " << weights / gib
-                << " GiB + gradients " << grads / gib << " GiB + AdamW moments " << moments / gib << " GiB"
-                << (copy > 0 ? " + bf16 copy " : "");
-      if (copy > 0) std::cout << copy / gib << " GiB";
-      std::cout << " = "
-                << (weights + grads + moments + copy) / gib
-                << " GiB (activations come on top; they depend on the batch, --seq-len and --remat)\n"
-                << "dry run: nothing trained\n"
-                << std::flush;
+  if (f.dry_run && deployer.is_main()) {
+    // Per rank, before anything is allocated for training: the weights as the plan lays them
+    // out, f32 gradients of the same layout and AdamW's two f32 moments; bf16 adds the
+    // per-step bf16 copy. The Trainer then runs one step and measures it, activations included.
+    double weights = 0, elements = 0;
+    for (const train::PlanEntry& e : plan.entries()) {
+      weights += double(e.bytes_per_rank);
+      elements += double(e.bytes_per_rank) / double(dtype_size(params[e.path].dtype()));
     }
-    throw DryRunDone{};
+    const double gb = 1e9;
+    const double grads = 4 * elements, moments = 8 * elements;
+    const double copy = precision_policy_from_name(f.precision).casts_parameters() ? 2 * elements : 0;
+    std::cout << std::fixed << std::setprecision(2) << "training state per rank: weights " << weights / gb
+              << " GB + gradients " << grads / gb << " GB + AdamW moments " << moments / gb << " GB";
+    if (copy > 0) std::cout << " + bf16 copy " << copy / gb << " GB";
+    std::cout << " = " << (weights + grads + moments + copy) / gb
+              << " GB; activations come on top: one step runs next and is measured\n"
+              << std::flush;
   }
   return plan;
 }
@@ -291,6 +285,7 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.profile_steps = flags.profile;
   f.log_mfu = true;
   f.peak_gflops = flags.peak_gflops;
+  f.dry_run = flags.dry_run;
 }
 
 void apply_remat(const RunFlags& flags, models::PretrainedModel& model) {

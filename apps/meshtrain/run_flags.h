@@ -21,7 +21,7 @@ struct RunFlags {
   uint64_t seed = 0;
   std::string output_dir;
   bool print_plan = false;
-  bool dry_run = false;    // print the plan and the training state per rank, then exit
+  bool dry_run = false;    // print the plan and the state per rank, measure one step, exit
   bool reschedule = false;  // --resume with another --steps: stretch the schedule to the new total
   int64_t logging_steps = 0;  // not on a terminal: a progress line every N steps (0: every 10 %)
   bool fsdp = false;       // shard large weights over the data axis too
@@ -93,8 +93,5 @@ int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
 // Training refuses to start over checkpoints of an earlier run unless --resume continues it
 // or --overwrite discards it: nothing saved is lost by accident. Call on every rank.
 void check_output_dir(const RunFlags& flags, const char* command);
-
-// Thrown by make_plan under --dry-run once the plan is printed: main exits 0.
-struct DryRunDone {};
 
 }  // namespace mt::cli

@@ -26,6 +26,7 @@
 #include "meshtrain/train/jsonl_logger.h"
 #include "meshtrain/train/memory_usage.h"
 #include "meshtrain/train/profiler.h"
+#include "meshtrain/train/step_memory.h"
 #include "meshtrain/train/stop_signal.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/tensorboard.h"
@@ -295,6 +296,24 @@ Trainer::EpochProgress Trainer::resume_into(data::DataLoader<Batch>& loader, con
   return resumed->epoch;
 }
 
+void Trainer::dry_run_step(data::DataLoader<Batch>& loader, const FitOptions& o) {
+  std::vector<Batch> micro;
+  for (int m = 0; m < o.grad_accum_steps; ++m) {
+    std::optional<data::LoadedBatch<Batch>> b = loader.next();
+    MT_CHECK(b.has_value(), "[trainer] the dry run found no batch to step on");
+    micro.push_back(deployer_.shard_batch(b->data));
+  }
+  double trained_elements = 0;
+  for (const auto& [path, p] : params_)
+    if (!optim::is_frozen(optimizer_, path)) trained_elements += double(dist::local_view(p).numel());
+  const StepMemory m = max_over_ranks(measure_step_memory(params_, trained_elements, opt_state_, [&] { train(micro); }));
+  const std::string line = "dry run: one step's memory per rank" +
+                           std::string(dist::world().size() > 1 ? " (the largest over the ranks)" : "") + ": " +
+                           m.describe() + "; nothing saved";
+  print(line);
+  throw DryRunDone(line);
+}
+
 std::vector<std::shared_ptr<MetricSink>> Trainer::open_metric_sinks(const FitOptions& o, int64_t total_steps) {
   std::vector<std::shared_ptr<MetricSink>> sinks;
   if (!o.progress || !deployer_.is_main()) return sinks;
@@ -374,6 +393,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const StepPlan steps = plan_steps(train->size(), o, deployer_);
   data::DataLoader<Batch> loader(train, data::IndexSampler(train->size(), sampler_options(o.per_device_batch_size, o.shuffle, o.epochs)),
                                  collate_, 2);
+  if (o.dry_run) dry_run_step(loader, o);
   EpochProgress epoch = o.resume ? resume_into(loader, o) : EpochProgress{};
   std::optional<Profiler> profiler;
   if (!o.profile_steps.empty())

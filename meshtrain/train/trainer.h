@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -92,6 +93,16 @@ struct FitOptions {
   // "START:END": profile those optimizer steps (from 1, inclusive) into <workdir>/profile
   // (trace.json, ops.txt, ops.json; see profiler.h). Empty: off.
   std::string profile_steps{};
+  // Run one step on the first batch, print its memory per rank (train/step_memory.h) and
+  // throw DryRunDone: nothing is logged or saved.
+  bool dry_run = false;
+};
+
+// Thrown by Trainer::fit after a dry run's step (FitOptions::dry_run); what() is the line
+// rank 0 printed.
+class DryRunDone : public std::runtime_error {
+ public:
+  explicit DryRunDone(const std::string& what) : std::runtime_error(what) {}
 };
 
 // How many optimizer steps fit will run: an epoch is the full global batches of the dataset
@@ -181,6 +192,7 @@ class Trainer {
   // fit's pieces: the resume, the metric sinks, one step's log record, an epoch's line, the
   // final summary.
   EpochProgress resume_into(data::DataLoader<Batch>& loader, const FitOptions& o);
+  [[noreturn]] void dry_run_step(data::DataLoader<Batch>& loader, const FitOptions& o);
   std::vector<std::shared_ptr<MetricSink>> open_metric_sinks(const FitOptions& o, int64_t total_steps);
   std::map<std::string, MetricValue> step_record(double loss, double lr, double seconds, double model_flops,
                                                  double peak_gflops, const FitOptions& o) const;
