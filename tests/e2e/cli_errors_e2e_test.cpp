@@ -86,6 +86,8 @@ TEST_F(CliErrors, HuggingFaceSpellingsWorkEverywhere) {
   ASSERT_EQ(dry.code, 0) << dry.out;
   EXPECT_NE(dry.out.find("sharding plan on mesh data=1,model=1"), std::string::npos) << dry.out;
   EXPECT_NE(dry.out.find("training state per rank: weights "), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("dry run: one step's memory per rank: weights "), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find("activations and temporaries"), std::string::npos) << dry.out;
   EXPECT_FALSE(fs::exists(dir_ / "dry" / "metrics.jsonl"));
   EXPECT_FALSE(fs::exists(dir_ / "dry" / "checkpoints"));
   expect_failure("glue --task rte --data-dir " + kGlue + " --config small --max_predict_samples 5",
