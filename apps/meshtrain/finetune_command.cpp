@@ -117,7 +117,7 @@ void run(const FinetuneOptions& o) {
   const int64_t warmup = fitting_warmup(o.warmup_steps, span, "finetune");
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
+  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
   int64_t trainable = 0;
   for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
@@ -185,7 +185,7 @@ void add_finetune_command(CLI::App& app) {
   cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 1e-3 with LoRA, 5e-5 otherwise)");
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  add_max_grad_norm_flag(cmd, o->max_grad_norm);
   cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
   cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
   cmd->add_option("--check-rows", o->check_rows, "held-out prompts answered greedily before and after (SFT)")

@@ -121,7 +121,7 @@ void run(const PretrainOptions& o) {
   const int64_t warmup = fitting_warmup(o.warmup_steps, span, "pretrain");
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.95, o.adam_epsilon, o.weight_decay);
-  optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
+  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
   // Moved: the trainer holds the only handles, so each step updates the parameters in place
   // and a sharded plan keeps no unsharded copy beside its shards.
@@ -188,7 +188,7 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
   cmd->add_option("--adam-epsilon", o->adam_epsilon, "AdamW epsilon")->capture_default_str();
-  cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  add_max_grad_norm_flag(cmd, o->max_grad_norm);
   cmd->add_option("--eval-fraction", o->eval_fraction, "share held out for eval loss (0: none): every (1/fraction)-th document of a corpus of many, else the last sequences")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));

@@ -288,6 +288,20 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.dry_run = flags.dry_run;
 }
 
+optim::Transform gradient_clipping(double max_grad_norm) {
+  if (max_grad_norm > 0) return optim::clip_by_global_norm(max_grad_norm);
+  optim::Transform none;
+  none.init = [](const Params&) { return Params{}; };
+  none.update = [](Params gradients, Params&, const Params&) { return gradients; };
+  return none;
+}
+
+void add_max_grad_norm_flag(CLI::App* cmd, double& value) {
+  cmd->add_option("--max-grad-norm", value, "clip gradients to this global norm (0: no clipping)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
 void apply_remat(const RunFlags& flags, models::PretrainedModel& model) {
   model.config = model.config.with_remat(parse_remat(flags.remat));
 }

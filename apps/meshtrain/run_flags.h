@@ -74,6 +74,12 @@ void print_cpu_line();
 // Also prints the start-up line (print_cpu_line), and says when bf16 is emulated.
 std::unique_ptr<PrecisionScope> precision_scope(const std::string& precision);
 
+// --max-grad-norm: clipping to that global norm, or none for 0 (Hugging Face's convention);
+// either way a stateless first transform, so checkpoints keep the same state paths.
+optim::Transform gradient_clipping(double max_grad_norm);
+// Adds --max-grad-norm (>= 0) bound to `value`.
+void add_max_grad_norm_flag(CLI::App* cmd, double& value);
+
 // The model as --remat asks it to train (its config's recomputation policy).
 void apply_remat(const RunFlags& flags, models::PretrainedModel& model);
 

@@ -143,7 +143,7 @@ void run(const Seq2SeqOptions& o) {
   const int64_t warmup = fitting_warmup(o.warmup_steps, span, "seq2seq");
   optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
   optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({optim::clip_by_global_norm(o.max_grad_norm),
+  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
                                        o.lora.enabled() ? lora_optimizer(adamw) : adamw});
   // HF buffers (BART's final_logits_bias) are saved but never trained (LoRA freezes them
   // with the rest of the base).
@@ -272,7 +272,7 @@ void add_seq2seq_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--max-grad-norm", o->max_grad_norm, "clip gradients to this global norm")->capture_default_str();
+  add_max_grad_norm_flag(cmd, o->max_grad_norm);
   add_lora_flags(cmd, o->lora);
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] { run(*o); });

@@ -90,6 +90,11 @@ TEST_F(CliErrors, HuggingFaceSpellingsWorkEverywhere) {
   EXPECT_NE(dry.out.find("activations and temporaries"), std::string::npos) << dry.out;
   EXPECT_FALSE(fs::exists(dir_ / "dry" / "metrics.jsonl"));
   EXPECT_FALSE(fs::exists(dir_ / "dry" / "checkpoints"));
+  // --max-grad-norm 0 turns clipping off, as in Hugging Face; a negative norm is refused.
+  CliRun unclipped = run_cli("pretrain --data " + kShakespeare + " --seq-len 32 --sample-every 0 --steps 2 "
+                             "--max-grad-norm 0 --output-dir " + (dir_ / "unclipped").string());
+  EXPECT_EQ(unclipped.code, 0) << unclipped.out;
+  expect_failure("pretrain --data " + kShakespeare + " --max-grad-norm -1", {"--max-grad-norm", "-1"});
   expect_failure("glue --task rte --data-dir " + kGlue + " --config small --max_predict_samples 5",
                  {"--max-predict-samples", "writes no test-split predictions: use --max-eval-samples"});
 }
