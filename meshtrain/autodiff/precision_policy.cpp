@@ -19,7 +19,7 @@ Params PrecisionPolicy::cast_for_compute(const Params& master) const {
   return out;
 }
 
-Params PrecisionPolicy::compute_view(const Params& master, const Params& compute) const {
+Params PrecisionPolicy::compute_view(const Params& master, Params compute) const {
   if (!casts_parameters()) return master;
   Params out;
   for (const auto& [path, v] : master) {

@@ -29,7 +29,9 @@ struct PrecisionPolicy {
   Params cast_for_compute(const Params& master) const;
   // What the loss function reads: each parameter of `master` as precast(master, compute) where
   // `compute` holds its cast, so gradients flow to the f32 master; others as they are.
-  Params compute_view(const Params& master, const Params& compute) const;
+  // `compute` comes by value: a caller that moves its casts in (the last micro-step) leaves
+  // the tape the only holder, which frees each cast after its last use in the backward pass.
+  Params compute_view(const Params& master, Params compute) const;
 };
 
 // "f32", "tf32" (GPU matmuls on TF32 tensor cores; f32 on a CPU), "bf16" (the policy above),

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <regex>
 
+#include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/data/lm_dataset.h"
 #include "meshtrain/distributed/spmd.h"
@@ -85,10 +86,14 @@ double number_after(const std::string& text, const std::string& label) {
   return m.empty() ? 0.0 : std::stod(m[1]) * 1e9;
 }
 
-TEST(TrainingMemory, PeakIsTheStateActivationsAndAFixedMargin) {
+// Under `precision` (bf16: the parameters' bf16 copies must be gone by the backward pass's
+// end, else their 2 bytes per parameter count as activations and fail the bound).
+void check_training_memory(const std::string& precision) {
+  PrecisionScope scope(precision_policy_from_name(precision));
   const TinyGptConfig c = config();
-  const std::string dir =
-      (fs::temp_directory_path() / ("mt_training_memory_np" + std::to_string(dist::world().size()))).string();
+  const std::string dir = (fs::temp_directory_path() /
+                           ("mt_training_memory_" + precision + "_np" + std::to_string(dist::world().size())))
+                              .string();
   if (dist::world().rank() == 0) fs::remove_all(dir);
   dist::world().barrier();
   train::Deployer deployer({.seed = 5, .workdir = dir, .verbose = false});
@@ -130,9 +135,9 @@ TEST(TrainingMemory, PeakIsTheStateActivationsAndAFixedMargin) {
   const double peak = state + double(CachingAllocator::instance().stats().peak_bytes_in_use) - before;
 
   const double dry_peak = number_after(dry, "= peak"), dry_activations = number_after(dry, "temporaries");
-  std::printf("[rank %d] weights %.1f MB, state + gradients %.1f MB; fit peak %.1f MB; dry run: peak %.1f MB, "
+  std::printf("[rank %d, %s] weights %.1f MB, state + gradients %.1f MB; fit peak %.1f MB; dry run: peak %.1f MB, "
               "activations %.1f MB\n",
-              dist::world().rank(), weights / kMb, (state + gradients) / kMb, peak / kMb, dry_peak / kMb,
+              dist::world().rank(), precision.c_str(), weights / kMb, (state + gradients) / kMb, peak / kMb, dry_peak / kMb,
               dry_activations / kMb);
   // The dry run's activations are activations: far below a copy of the weights. Under FSDP
   // they also hold the gathered whole weights: this model has no --remat, and each layer's
@@ -145,6 +150,10 @@ TEST(TrainingMemory, PeakIsTheStateActivationsAndAFixedMargin) {
       << "the step holds more than the state, its gradients and the activations";
   EXPECT_NEAR(dry_peak, peak, 0.15 * peak) << dry;
 }
+
+TEST(TrainingMemory, PeakIsTheStateActivationsAndAFixedMargin) { check_training_memory("f32"); }
+
+TEST(TrainingMemory, Bf16AddsNoCopyOfTheWeightsToThePeak) { check_training_memory("bf16"); }
 
 }  // namespace
 }  // namespace mt::testing
