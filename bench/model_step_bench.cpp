@@ -6,7 +6,9 @@
 //        model_step_bench peak [cuda]  (the CPU line and the f32 / bf16 GEMM peaks, GFLOP/s; on the
 //                                       GPU: f32, tf32 and bf16 peaks of 8192^3 products)
 //   WORKLOAD: minigpt (the seed tutorial's 8-block config), minigpt4 (the 4 blocks the tutorial
-//   trains), gpt2 (124M), bert (base, 2-class sequence classifier); SEQ tokens per example;
+//   trains), gpt2 (124M), bert (base, 2-class sequence classifier), llama7b (LLaMA-7B-shaped,
+//   random init: the largest-model row, one GPU; llama:C,FF,L,H,V for other sizes); SEQ tokens
+//   per example;
 //   then --remat (what the backward pass recomputes instead of storing) and the device. On
 //   the GPU a step ends when its kernels have finished, and peak device memory is reported.
 #include <sys/resource.h>
@@ -17,6 +19,7 @@
 #include <map>
 #include <cstdio>
 #include <random>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -70,6 +73,37 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat rema
     w.flops_per_step = transformer_flops(L * (4 * C * C + 2 * C * FF) + 50257 * C, L, double(T), C, double(B * T));
     return w;
   }
+  if (name == "llama7b" || name.rfind("llama:", 0) == 0) {
+    // llama7b is the Redco paper's LLaMA-7B row (its Table 1), randomly initialized: 4096 wide,
+    // an 11008-wide SwiGLU MLP, 32 layers, 32 heads, 32000 tokens, untied head.
+    // llama:C,FF,L,H,V is any other size (a small one checks the workload on a CPU).
+    std::vector<int64_t> d{4096, 11008, 32, 32, 32000};
+    if (name != "llama7b") {
+      std::stringstream dims(name.substr(6));
+      std::string item;
+      for (size_t i = 0; i < d.size() && std::getline(dims, item, ','); ++i) d[i] = std::stoll(item);
+    }
+    const int64_t C = d[0], FF = d[1], L = d[2], H = d[3], V = d[4];
+    json config = {{"model_type", "llama"},      {"architectures", {"LlamaForCausalLM"}},
+                   {"vocab_size", V},            {"hidden_size", C},
+                   {"intermediate_size", FF},    {"num_hidden_layers", L},
+                   {"num_attention_heads", H},   {"num_key_value_heads", H},
+                   {"max_position_embeddings", std::max<int64_t>(2048, T)}};
+    auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
+    model->config = model->config.with_remat(remat);
+    w.params = std::move(model->params);
+    model->params = Params{};
+    Array ids = Array::from_vector(random_ids(size_t(B * T), V, 1), {B, T});
+    Array labels = Array::from_vector(random_ids(size_t(B * T), V, 2), {B, T});
+    w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
+      models::DecoderInputs in;
+      in.input_ids = ids;
+      return model->decoder_loss(p, in, labels, key, true);
+    };
+    w.flops_per_step = transformer_flops(double(L) * (4.0 * C * C + 3.0 * C * FF) + double(V) * C, double(L), double(T),
+                                         double(C), double(B * T));
+    return w;
+  }
   if (name == "gpt2") {
     json config = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 50257},
                    {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}};
@@ -109,7 +143,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat rema
     w.flops_per_step = transformer_flops(L * 12 * C * C + C * C, L, double(T), C, double(B * T));
     return w;
   }
-  throw Error("[model_step_bench] unknown workload '" + name + "' (minigpt, gpt2, bert)");
+  throw Error("[model_step_bench] unknown workload '" + name + "' (minigpt, minigpt4, gpt2, bert, llama7b, llama:C,FF,L,H,V)");
 }
 
 long minor_faults() {
@@ -198,17 +232,18 @@ int main(int argc, char** argv) {
       Array loss;
       Params grads;
       {
-        // Cast once per step (nothing under f32), freed before the update as the Trainer does.
-        const Params compute = policy.cast_for_compute(params);
+        // Cast once per step (nothing under f32) and handed to the tape, as the Trainer does.
+        Params compute = policy.cast_for_compute(params);
         std::tie(loss, grads) = value_and_grad([&](const Params& p) {
-          return cast(w.loss(policy.compute_view(p, compute), RngKey{5, uint64_t(s)}), DType::f32);
+          return cast(w.loss(policy.compute_view(p, std::move(compute)), RngKey{5, uint64_t(s)}), DType::f32);
         })(params);
       }
       const auto t1 = std::chrono::steady_clock::now();
       peak_grad = std::max(peak_grad, alloc.stats().peak_bytes_in_use);
       alloc.reset_peak();
       {
-        Params updates = opt.update(grads, state, params);
+        // Moved in, as the Trainer does: Adam frees the gradients before its updates exist.
+        Params updates = opt.update(std::move(grads), state, params);
         grads = Params{};
         params = optim::apply_updates(std::move(params), updates);  // in place
       }

@@ -6,9 +6,12 @@
 #   TORCH_DEVICE=cuda runs on the GPU (tf32: TF32 matmuls; bf16: torch.autocast("cuda", bfloat16)).
 #   TORCH_COMPILE=1 wraps the model in torch.compile (PyTorch 2.x; inductor, C++ codegen on the
 #   CPU); the compile happens in the warm-up steps, which are not timed.
+#   TORCH_REMAT=1 recomputes each GPT-2 block in backward (torch.utils.checkpoint), as --remat.
 #   WORKLOAD: minigpt (the seed tutorial's model; dims default to V 50257, C 256, H 8, FF 256,
-#   L 8), gpt2 (124M), bert (base, 2-class sequence classifier).
+#   L 8), gpt2 (124M; dims V,C,H,L give other sizes: 50257,1280,20,36 is GPT-2 Large), llama
+#   (LLaMA-7B-shaped, random init; dims V,C,H,FF,L), bert (base, 2-class sequence classifier).
 # bf16 runs the forward under torch.autocast("cpu", bfloat16): PyTorch's CPU mixed precision.
+import contextlib
 import json
 import math
 import os
@@ -25,6 +28,9 @@ B, T, WARMUP, STEPS, THREADS = map(int, sys.argv[2:7])
 PRECISION = sys.argv[7] if len(sys.argv) > 7 else "f32"
 assert PRECISION in ("f32", "tf32", "bf16"), PRECISION
 DEVICE = os.environ.get("TORCH_DEVICE", "cpu")
+REMAT = os.environ.get("TORCH_REMAT") == "1"
+if REMAT:
+    import torch.utils.checkpoint
 torch.set_num_threads(THREADS)
 torch.backends.cuda.matmul.allow_tf32 = PRECISION == "tf32"
 torch.backends.cudnn.allow_tf32 = PRECISION == "tf32"
@@ -109,8 +115,56 @@ class Gpt2(nn.Module):  # GPT2LMHeadModel: tied output embedding
     def forward(self, ids):
         x = self.drop(self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device)))
         for blk in self.h:
-            x = blk(x)
+            x = torch.utils.checkpoint.checkpoint(blk, x) if REMAT and self.training else blk(x)
         return self.ln_f(x) @ self.wte.weight.t()
+
+
+class RmsNorm(nn.Module):
+    def __init__(self, C, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(C)), eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x, cos, sin):  # (B, H, T, D), Hugging Face's half-split pairs
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+class LlamaBlock(nn.Module):  # pre-RMSNorm, rotary attention, SwiGLU MLP, no biases
+    def __init__(self, C, H, FF):
+        super().__init__()
+        self.H = H
+        self.ln_1, self.ln_2 = RmsNorm(C), RmsNorm(C)
+        self.q, self.k, self.v, self.o = (nn.Linear(C, C, bias=False) for _ in range(4))
+        self.gate, self.up, self.down = nn.Linear(C, FF, bias=False), nn.Linear(C, FF, bias=False), nn.Linear(FF, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        h = self.ln_1(x)
+        q, k, v = heads(self.q(h), self.H), heads(self.k(h), self.H), heads(self.v(h), self.H)
+        x = x + self.o(merge(attention(rotary(q, cos, sin), rotary(k, cos, sin), v, True, 0.0, self.training)))
+        h = self.ln_2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):  # LlamaForCausalLM: untied head
+    def __init__(self, V=32000, C=4096, H=32, FF=11008, L=32):
+        super().__init__()
+        self.head_dim = C // H
+        self.embed, self.norm, self.lm_head = nn.Embedding(V, C), RmsNorm(C), nn.Linear(C, V, bias=False)
+        self.layers = nn.ModuleList(LlamaBlock(C, H, FF) for _ in range(L))
+
+    def forward(self, ids):
+        d, t = self.head_dim, ids.shape[1]
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=ids.device).float() / d))
+        angles = torch.outer(torch.arange(t, device=ids.device).float(), inv)
+        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+        x = self.embed(ids)
+        for blk in self.layers:
+            x = torch.utils.checkpoint.checkpoint(blk, x, cos, sin) if REMAT and self.training else blk(x, cos, sin)
+        return self.lm_head(self.norm(x))
 
 
 class BertLayer(nn.Module):  # post-LayerNorm, erf-GELU, dropout 0.1
@@ -158,16 +212,25 @@ if WORKLOAD == "minigpt":
     ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     loss_fn = lambda: F.cross_entropy(model(ids).float().view(-1, V), labels.view(-1))
 elif WORKLOAD == "gpt2":
-    model = Gpt2()
-    ids, labels = torch.randint(0, 50257, (B, T)), torch.randint(0, 50257, (B, T))
-    loss_fn = lambda: F.cross_entropy(model(ids).float().view(-1, 50257), labels.view(-1))
+    V, C, H, L = map(int, sys.argv[8].split(",")) if len(sys.argv) > 8 else (50257, 768, 12, 12)
+    model = Gpt2(V, C, H, L, max(1024, T))
+    ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
+    loss_fn = lambda: F.cross_entropy(model(ids).float().view(-1, V), labels.view(-1))
+elif WORKLOAD == "llama":
+    V, C, H, FF, L = map(int, sys.argv[8].split(",")) if len(sys.argv) > 8 else (32000, 4096, 32, 11008, 32)
+    # Built on the device where torch can (2.x): a 7B model need not pass through host memory.
+    with (torch.device(DEVICE) if hasattr(torch, "get_default_device") or hasattr(torch.device, "__enter__") else
+          contextlib.nullcontext()):
+        model = Llama(V, C, H, FF, L)
+    ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
+    loss_fn = lambda: F.cross_entropy(model(ids).float().view(-1, V), labels.view(-1))
 elif WORKLOAD == "bert":
     model = BertClassifier()
     ids, types, mask = torch.randint(0, 30522, (B, T)), torch.zeros(B, T, dtype=torch.long), torch.ones(B, T)
     labels = torch.randint(0, 2, (B,))
     loss_fn = lambda: F.cross_entropy(model(ids, types, mask).float(), labels)
 else:
-    sys.exit(f"unknown workload {WORKLOAD} (minigpt, gpt2, bert)")
+    sys.exit(f"unknown workload {WORKLOAD} (minigpt, gpt2, llama, bert)")
 model.to(DEVICE).train()
 COMPILED = os.environ.get("TORCH_COMPILE") == "1"
 if COMPILED:
@@ -204,5 +267,6 @@ print(json.dumps({"side": "pytorch", "torch": torch.__version__, "workload": WOR
                   "step_s": times[len(times) // 2],
                   "minor_faults_per_step": (minor_faults() - faults_before) / counted if counted > 0 else 0.0,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                  "loss_first": losses[0], "loss_last": losses[-1], "device": DEVICE, "compiled": COMPILED,
+                  "loss_first": losses[0], "loss_last": losses[-1], "device": DEVICE, "compiled": COMPILED, "remat": REMAT,
+                  "parameters": sum(p.numel() for p in model.parameters()),
                   "peak_device_mb": torch.cuda.max_memory_allocated() / 2**20 if DEVICE == "cuda" else None}))
