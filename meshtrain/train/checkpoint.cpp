@@ -156,7 +156,35 @@ std::optional<std::string> CheckpointManager::latest() const {
   return done.back();
 }
 
-CheckpointState CheckpointManager::restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for) {
+namespace {
+// The saved entry's path, shape and dtype, read from meta.json.
+struct SavedEntry {
+  std::string path;
+  Shape shape;
+  DType dtype;
+};
+
+SavedEntry saved_entry(const json& entry, const std::string& group, const fs::path& meta_path) {
+  try {
+    return {entry.at("path").get<std::string>(), Shape(entry.at("shape").get<std::vector<int64_t>>()),
+            dtype_from_name(entry.at("dtype").get<std::string>())};
+  } catch (const json::exception& e) {
+    throw Error(std::string("[checkpoint] ") + meta_path.string() + ": bad entry in '" + group + "': " + e.what());
+  }
+}
+
+// The live array `into` offers for an entry when the saved values can be written into its
+// buffer: on the CPU, of the saved shape and dtype.
+Array live_target(const IntoFn& into, const std::string& group, const SavedEntry& e) {
+  if (!into) return Array();
+  Array live = into(group, e.path);
+  if (!live.defined() || !dist::local_view(live).device().is_cpu()) return Array();
+  return live;
+}
+}  // namespace
+
+CheckpointState CheckpointManager::restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for,
+                                           const IntoFn& into) {
   const fs::path meta_path = fs::path(path) / "meta.json";
   MT_CHECK(fs::exists(meta_path), "[checkpoint] ", path, " is not a complete checkpoint (no meta.json)");
   json meta = io::read_json_file(meta_path.string());
@@ -177,21 +205,33 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
              " ranks)");
     files.push_back(io::SafetensorsFile::open(f.string()));
   }
+  // Nothing is written into a live array unless every one offered matches its entry; else the
+  // arrays are restored beside them and the caller's checks say what differs.
+  bool into_matches = bool(into);
+  for (const std::string group : {"params", "opt_state"}) {
+    if (!meta.contains(group) || !into_matches) continue;
+    for (const json& entry : meta[group]) {
+      const SavedEntry e = saved_entry(entry, group, meta_path);
+      const Array live = live_target(into, group, e);
+      if (live.defined() && (live.shape() != e.shape || live.dtype() != e.dtype)) into_matches = false;
+    }
+  }
+  const IntoFn no_into;
+  const IntoFn& target = into_matches ? into : no_into;
   for (const std::string group : {"params", "opt_state"}) {
     Params& out = group == "params" ? state.params : state.opt_state;
     if (!meta.contains(group)) continue;
     for (const json& entry : meta[group]) {
-      std::string p;
-      Shape shape;
-      DType dtype;
-      try {
-        p = entry.at("path").get<std::string>();
-        shape = Shape(entry.at("shape").get<std::vector<int64_t>>());
-        dtype = dtype_from_name(entry.at("dtype").get<std::string>());
-      } catch (const json::exception& e) {
-        throw Error(std::string("[checkpoint] ") + meta_path.string() + ": bad entry in '" + group + "': " + e.what());
-      }
-      Array host = Array::zeros(shape, dtype, Device::cpu());
+      const SavedEntry e = saved_entry(entry, group, meta_path);
+      const std::string& p = e.path;
+      const Shape& shape = e.shape;
+      const DType dtype = e.dtype;
+      const PartitionSpec spec = spec_for ? spec_for(group, p) : PartitionSpec{};
+      Array live = live_target(target, group, e);
+      // A replicated live array takes the blocks straight into its buffer; a sharded one gets
+      // its block of the whole tensor below (one tensor's whole copy at a time).
+      const bool direct = live.defined() && !live.distributed() && dist::Sharding{mesh, spec}.is_trivial();
+      Array host = direct ? live : Array::zeros(shape, dtype, Device::cpu());
       int64_t covered = 0;
       const std::string key = group + "/" + p;
       for (const io::SafetensorsFile& f : files) {
@@ -217,8 +257,19 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
       }
       MT_CHECK(covered == shape.numel(), "[checkpoint] ", path, ": the blocks of '", key, "' cover ", covered, " of ",
                shape.numel(), " elements");
-      PartitionSpec spec = spec_for ? spec_for(group, p) : PartitionSpec{};
-      out.set(p, dist::shard(host.to(current_device()), mesh, spec, p));
+      if (direct) {
+        out.set(p, live);
+        continue;
+      }
+      Array placed = dist::shard(host.to(current_device()), mesh, spec, p);
+      host = Array();
+      if (live.defined() && dist::local_view(live).shape() == dist::local_view(placed).shape() &&
+          dist::local_view(placed).device().is_cpu()) {
+        const Array from = dist::local_view(placed), to = dist::local_view(live);
+        std::memcpy(to.raw(), from.raw(), to.nbytes());
+        placed = live;
+      }
+      out.set(p, placed);
     }
   }
   return state;

@@ -28,6 +28,9 @@ struct CheckpointState {
 
 // The layout to restore each array into (by path); nullptr means replicated.
 using SpecFn = std::function<dist::PartitionSpec(const std::string& group, const std::string& path)>;
+// The live array a saved one may be read into (undefined: none), e.g. the Trainer's own
+// parameters and optimizer state.
+using IntoFn = std::function<Array(const std::string& group, const std::string& path)>;
 
 // The metric a "best" checkpoint is kept by, parsed once from "max:<metric>" / "min:<metric>".
 struct BestMetric {
@@ -57,8 +60,13 @@ class CheckpointManager {
   std::vector<std::string> all() const;  // complete checkpoints, oldest first
 
   // Collective over `mesh`: reads `path` and lays every array out as `spec_for` says.
-  // A missing or corrupt file is an mt::Error naming it.
-  static CheckpointState restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for = {});
+  // A missing or corrupt file is an mt::Error naming it. Where `into` names a live host array
+  // of the saved shape and dtype (laid out as spec_for says), the saved values are written
+  // into its buffer, tensor by tensor, and the state holds that same array: a resume then
+  // needs no second copy of the state, and Adam's moments stay views of their flat buffer.
+  // When any array `into` offers differs in shape or dtype, none is written into.
+  static CheckpointState restore(const std::string& path, const dist::Mesh& mesh, const SpecFn& spec_for = {},
+                                 const IntoFn& into = {});
 
   const std::string& dir() const { return dir_; }
 

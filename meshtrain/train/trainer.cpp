@@ -260,7 +260,14 @@ std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected
     auto it = tree.find(path);
     return it == tree.end() ? dist::PartitionSpec{} : it->second;
   };
-  CheckpointState state = CheckpointManager::restore(*latest, deployer_.mesh(), layout_for);
+  // Read into the live parameters and optimizer state, tensor by tensor: no second copy of the
+  // state at the resume, and Adam's moments stay views of their flat buffer (updated in place
+  // from the first step on). A refused checkpoint may leave some of them overwritten.
+  auto live = [&](const std::string& group, const std::string& path) {
+    const Params& tree = group == "params" ? params_ : opt_state_;
+    return tree.contains(path) ? tree[path] : Array();
+  };
+  CheckpointState state = CheckpointManager::restore(*latest, deployer_.mesh(), layout_for, live);
   // The checkpoint must be this model's: same configuration (when both name one), same
   // parameters with the same shapes and dtypes.
   if (expected_extra.contains("model_config") && state.extra.contains("model_config"))

@@ -102,7 +102,6 @@ void check_training_memory(const std::string& precision) {
   o.max_steps = 3;
   o.progress = false;
   o.eval_at_end = false;
-  o.save_last = false;
 
   // The dry run: one step measured, then DryRunDone; that trainer is dropped.
   std::string dry;
@@ -118,6 +117,7 @@ void check_training_memory(const std::string& precision) {
     }
   }
   EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints")) << "a dry run saves nothing";
+  dist::world().barrier();
 
   std::unique_ptr<train::Trainer> trainer = make_trainer(deployer, c);
   const double weights = local_bytes(trainer->params()), moments = local_bytes(trainer->opt_state());
@@ -149,6 +149,21 @@ void check_training_memory(const std::string& precision) {
   EXPECT_LE(peak, state + gradients + dry_activations + 4 * kMb)
       << "the step holds more than the state, its gradients and the activations";
   EXPECT_NEAR(dry_peak, peak, 0.15 * peak) << dry;
+
+  // Resuming reads the checkpoint the fit left into the new trainer's own arrays: no second
+  // copy of the state, and the moments stay in place for the next step.
+  trainer.reset();
+  std::unique_ptr<train::Trainer> resumed = make_trainer(deployer, c);
+  train::FitOptions more = o;
+  more.max_steps = 4;
+  more.resume = true;
+  CachingAllocator::instance().reset_peak();
+  const double before_resume = double(CachingAllocator::instance().stats().bytes_in_use);
+  train::FitResult after = resumed->fit(shakespeare(c.time), more);
+  EXPECT_EQ(after.losses.size(), 1u) << "the resumed run continues at step 4";
+  const double resume_peak = state + double(CachingAllocator::instance().stats().peak_bytes_in_use) - before_resume;
+  std::printf("[rank %d, %s] resumed: peak %.1f MB\n", dist::world().rank(), precision.c_str(), resume_peak / kMb);
+  EXPECT_LE(resume_peak, state + gradients + dry_activations + 4 * kMb) << "the resume holds a second copy";
 }
 
 TEST(TrainingMemory, PeakIsTheStateActivationsAndAFixedMargin) { check_training_memory("f32"); }
