@@ -1,6 +1,9 @@
 #include "meshtrain/io/safetensors.h"
 #include "meshtrain/io/sharded_index.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -273,6 +276,15 @@ const TensorInfo& SafetensorsFile::info(const std::string& key) const {
 
 size_t SafetensorsFile::file_size() const { return file_->size(); }
 const void* SafetensorsFile::mapping() const { return file_->data(); }
+
+void SafetensorsFile::release(const std::string& key) const {
+  const TensorInfo& ti = info(key);
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(mapping()) + data_start_;
+  // Whole pages inside the tensor's bytes only: its neighbours' pages stay.
+  const uintptr_t begin = (base + ti.begin + page - 1) / page * page, end = (base + ti.end) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
 
 Array SafetensorsFile::get(const std::string& key) const {
   const TensorInfo& ti = info(key);

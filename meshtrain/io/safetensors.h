@@ -37,6 +37,11 @@ class SafetensorsFile {
   // it keeps alive. Other dtypes (and misaligned data) are converted/copied.
   Array get(const std::string& key) const;
   Params get_all() const;  // every tensor, in header order
+  // Drops the mapped pages of `key`'s bytes from this process (the page cache keeps them; a
+  // later read maps them again): a reader that copies tensors out one by one then holds one
+  // tensor of the file resident, not every tensor read so far. For read-only use: a change
+  // written through an Array aliasing those bytes is dropped with them.
+  void release(const std::string& key) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 

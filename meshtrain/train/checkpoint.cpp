@@ -254,6 +254,7 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
         cpu::strided_copy(block_host.raw(), block.shape().strides(), static_cast<char*>(host.raw()) + start * dtype_size(dtype),
                           strides, block.shape().dims(), dtype_size(dtype));
         covered += block.numel();
+        f.release(key);  // copied out: the file's pages need not stay in this process
       }
       MT_CHECK(covered == shape.numel(), "[checkpoint] ", path, ": the blocks of '", key, "' cover ", covered, " of ",
                shape.numel(), " elements");

@@ -159,6 +159,29 @@ TEST_F(SafetensorsTest, ReadingIsZeroCopyAndCopyOnWrite) {
   EXPECT_EQ(small.to_floats()[0], 42);
 }
 
+// A reader that copied a tensor out gives its mapped pages back; reading it again maps the
+// same bytes anew.
+TEST_F(SafetensorsTest, ReleasedTensorsLeaveResidentMemoryAndReadAgain) {
+  const int64_t n = 8 << 20;  // 32 MB of f32
+  std::string path = file("released.safetensors");
+  io::save_safetensors(path, Params{{"big", Array::full({n}, 0.25)}});
+  io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  double sum = 0;
+  {
+    const Array big = f.get("big");
+    for (float v : big.to_floats()) sum += v;
+  }
+  const long touched = rss_bytes();
+  f.release("big");
+  const long released = rss_bytes();
+  std::cout << "  RSS " << touched / 1024 << " KiB with the tensor read, " << released / 1024 << " KiB released\n";
+  EXPECT_GT(touched - released, long(f.file_size() / 2)) << "the mapped pages stayed resident";
+  EXPECT_DOUBLE_EQ(sum, 0.25 * double(n));
+  const std::vector<float> again = f.get("big").to_floats();
+  EXPECT_EQ(again.front(), 0.25f);
+  EXPECT_EQ(again.back(), 0.25f);
+}
+
 TEST_F(SafetensorsTest, OverwritingAMappedFileKeepsOldArraysValid) {
   std::string path = file("w.safetensors");
   io::save_safetensors(path, Params{{"x", Array::from_vector(std::vector<float>{1, 2}, {2})}});
