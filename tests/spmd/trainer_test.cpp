@@ -19,6 +19,7 @@
 #include "meshtrain/train/tensorboard_reader.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/support/op_check.h"
+#include "tests/support/shakespeare_lm.h"
 #include "tests/support/tiny_gpt.h"
 
 namespace mt::testing {
@@ -37,29 +38,12 @@ TinyGptConfig config() {
   return c;
 }
 
+// A fifth of the play is plenty for these runs.
 std::shared_ptr<const data::Dataset> shakespeare(int64_t seq_len, size_t text_bytes = 200000) {
-  std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_GT(text.size(), 1000000u);
-  text.resize(text_bytes);  // a fifth of the play is plenty for these runs
-  std::vector<int64_t> bytes(text.begin(), text.end());
-  for (auto& b : bytes) b = uint8_t(b);
-  return std::make_shared<data::PackedDataset>(bytes, seq_len);
+  return shakespeare_bytes(seq_len, text_bytes);
 }
 
-train::CollateFn collate() {
-  return [](const std::vector<data::Example>& examples) {
-    const int64_t n = int64_t(examples.size());
-    const int64_t t = int64_t(examples[0].tokens("tokens").size()) - 1;
-    std::vector<int64_t> ids, labels;
-    for (const auto& e : examples) {
-      const std::vector<int64_t>& tok = e.tokens("tokens");
-      ids.insert(ids.end(), tok.begin(), tok.end() - 1);
-      labels.insert(labels.end(), tok.begin() + 1, tok.end());
-    }
-    return train::Batch{{"ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
-  };
-}
+train::CollateFn collate() { return next_token_batch; }
 
 struct FitRun {
   std::vector<double> losses;

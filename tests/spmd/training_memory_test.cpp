@@ -8,14 +8,13 @@
 
 #include <filesystem>
 #include <cmath>
-#include <fstream>
 #include <regex>
 
 #include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/core/allocator.h"
-#include "meshtrain/data/lm_dataset.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/train/trainer.h"
+#include "tests/support/shakespeare_lm.h"
 #include "tests/support/tiny_gpt.h"
 
 namespace mt::testing {
@@ -38,25 +37,7 @@ TinyGptConfig config() {
   return c;
 }
 
-std::shared_ptr<const data::Dataset> shakespeare(int64_t seq_len) {
-  std::ifstream in(std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt", std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  text.resize(20000);
-  std::vector<int64_t> bytes(text.begin(), text.end());
-  for (auto& b : bytes) b = uint8_t(b);
-  return std::make_shared<data::PackedDataset>(bytes, seq_len);
-}
-
-train::Batch collate(const std::vector<data::Example>& examples) {
-  const int64_t n = int64_t(examples.size()), t = int64_t(examples[0].tokens("tokens").size()) - 1;
-  std::vector<int64_t> ids, labels;
-  for (const auto& e : examples) {
-    const std::vector<int64_t>& tok = e.tokens("tokens");
-    ids.insert(ids.end(), tok.begin(), tok.end() - 1);
-    labels.insert(labels.end(), tok.begin() + 1, tok.end());
-  }
-  return train::Batch{{"ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
-}
+std::shared_ptr<const data::Dataset> shakespeare(int64_t seq_len) { return shakespeare_bytes(seq_len, 20000); }
 
 // A fresh trainer over the model's parameters (moved in), FSDP over the ranks.
 std::unique_ptr<train::Trainer> make_trainer(train::Deployer& deployer, const TinyGptConfig& c) {
@@ -71,7 +52,7 @@ std::unique_ptr<train::Trainer> make_trainer(train::Deployer& deployer, const Ti
   };
   optim::Transform opt = optim::chain(
       {optim::clip_by_global_norm(1.0), optim::adamw(optim::constant_schedule(1e-3), 0.9, 0.95, 1e-8, 0.01)});
-  return std::make_unique<train::Trainer>(deployer, collate, loss, std::move(host), opt, plan);
+  return std::make_unique<train::Trainer>(deployer, next_token_batch, loss, std::move(host), opt, plan);
 }
 
 double local_bytes(const Params& tree) {
