@@ -19,7 +19,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/models/pretrained.h"
-#include "meshtrain/serve/chat_template.h"
+#include "meshtrain/serve/chat_template/chat_template.h"
 #include "meshtrain/serve/broadcast_runner.h"
 #include "meshtrain/serve/http_server.h"
 #include "meshtrain/tokenizers/tokenizer.h"

@@ -1,6 +1,6 @@
 #include "meshtrain/serve/openai_protocol.h"
 
-#include "meshtrain/serve/chat_template.h"
+#include "meshtrain/serve/chat_template/chat_template.h"
 
 #include <cmath>
 #include <random>

@@ -1,4 +1,4 @@
-// Chat templates (meshtrain/serve/chat_template.h) against jinja2 itself: every case renders
+// Chat templates (meshtrain/serve/chat_template/chat_template.h) against jinja2 itself: every case renders
 // with ChatTemplate and with tests/support/render_chat_template.py (/usr/bin/python3 with
 // python3-jinja2, the environment transformers' apply_chat_template uses) and the two outputs
 // must be equal byte for byte. The variables reach the oracle as nlohmann dumps them (sorted
@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/serve/chat_template.h"
+#include "meshtrain/serve/chat_template/chat_template.h"
 
 namespace {
 

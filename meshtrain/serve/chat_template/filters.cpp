@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 namespace mt::serve::chat_template_detail {
 

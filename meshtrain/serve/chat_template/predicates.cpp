@@ -1,7 +1,7 @@
 // The Jinja tests (`x is defined`, `x is not none`, `n is divisibleby 3`, ...) of the chat
 // template interpreter, with jinja2's definitions (bool counts as a number but not an integer;
 // Undefined is iterable; `sequence` needs len() and indexing).
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 namespace mt::serve::chat_template_detail {
 

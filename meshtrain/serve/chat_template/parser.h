@@ -1,11 +1,11 @@
 #pragma once
 // Internal to the chat template interpreter: the recursive-descent parser over the lexer's
-// tokens, with jinja2's grammar and precedences. Statements live in chat_template_parser.cpp,
-// expressions in chat_template_parse_expr.cpp.
+// tokens, with jinja2's grammar and precedences. Statements live in parser.cpp,
+// expressions in parse_expr.cpp.
 #include <string>
 #include <vector>
 
-#include "meshtrain/serve/chat_template_ast.h"
+#include "meshtrain/serve/chat_template/ast.h"
 
 namespace mt::serve::chat_template_detail {
 
@@ -42,7 +42,7 @@ class Parser {
   static std::string describe(const Token& t);
   [[noreturn]] void fail(const Token& at, const std::string& message) const;
 
-  // --- statements (chat_template_parser.cpp) ---
+  // --- statements (parser.cpp) ---
   // Parses nodes until one of `end_tags` opens a block tag (left current: that tag's name
   // token, which the caller consumes); at the end of the template when end_tags is empty.
   Body subparse(const std::vector<std::string>& end_tags, const std::string& block, const Pos& opened);
@@ -55,7 +55,7 @@ class Parser {
   NodePtr parse_with(const Pos& pos);
   Target parse_target(bool with_namespace, const char* end_name);
 
-  // --- expressions (chat_template_parse_expr.cpp) ---
+  // --- expressions (parse_expr.cpp) ---
   ExprPtr parse_expression(bool with_condexpr = true);
   ExprPtr parse_tuple(bool with_condexpr = true, const char* extra_end = nullptr, bool explicit_parentheses = false);
   ExprPtr parse_condexpr();

@@ -1,13 +1,13 @@
 #pragma once
 // Internal to the chat template interpreter: the tree-walking evaluator. One Interp per render
 // (the syntax tree is shared and read-only). Statements and expressions live in
-// chat_template_eval.cpp; attribute/item access, methods, tests and globals in
-// chat_template_methods.cpp; filters in chat_template_filters.cpp.
+// eval.cpp; attribute/item access, methods, tests and globals in
+// methods.cpp; filters in filters.cpp.
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "meshtrain/serve/chat_template_ast.h"
+#include "meshtrain/serve/chat_template/ast.h"
 
 namespace mt::serve::chat_template_detail {
 
@@ -19,7 +19,7 @@ class Interp {
   Interp(const ProgramTree& tree, const Value& variables);
   std::string render();
 
-  // --- statements and expressions (chat_template_eval.cpp) ---
+  // --- statements and expressions (eval.cpp) ---
   Flow exec_body(const Body& body, std::string& out);
   Flow exec(const Node& node, std::string& out);
   Value eval(const Expr& e);  // RuntimeFail inside becomes mt::Error naming e's position
@@ -30,7 +30,7 @@ class Interp {
   Value binary_op(const std::string& op, const Value& a, const Value& b);
   bool contains(const Value& container, const Value& item);
 
-  // --- access, methods, tests, globals (chat_template_methods.cpp) ---
+  // --- access, methods, tests, globals (methods.cpp) ---
   Value get_attr(const Value& obj, const std::string& name);
   Value get_item(const Value& obj, const Value& key);
   Value slice(const Value& obj, const std::optional<int64_t>& start, const std::optional<int64_t>& stop,
@@ -38,7 +38,7 @@ class Interp {
   bool apply_test(const std::string& name, const Value& subject, const CallArgs& args);
   void install_globals();
 
-  // --- filters (chat_template_filters.cpp) ---
+  // --- filters (filters.cpp) ---
   Value apply_filter(const std::string& name, const Value& subject, const CallArgs& args);
 
  private:

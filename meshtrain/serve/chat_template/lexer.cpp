@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/serve/chat_template_ast.h"
+#include "meshtrain/serve/chat_template/ast.h"
 
 namespace mt::serve::chat_template_detail {
 

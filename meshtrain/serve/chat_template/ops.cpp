@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 namespace mt::serve::chat_template_detail {
 

@@ -1,7 +1,7 @@
 // The chat template parser, statements: text, {{ output }}, if/elif/else, for (else, inline
 // if, tuple targets), set (value, namespace attribute, block), macro, break/continue, filter
 // blocks and with.
-#include "meshtrain/serve/chat_template_parser.h"
+#include "meshtrain/serve/chat_template/parser.h"
 
 #include "meshtrain/core/error.h"
 

@@ -4,7 +4,7 @@
 #include <ctime>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 namespace mt::serve::chat_template_detail {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "meshtrain/serve/chat_template_value.h"
+#include "meshtrain/serve/chat_template/value.h"
 
 namespace mt::serve::chat_template_detail {
 

@@ -1,10 +1,10 @@
 // Hugging Face chat templates (chat_template.h): lex and parse once, render per request with a
 // fresh evaluator over the shared, read-only syntax tree.
-#include "meshtrain/serve/chat_template.h"
+#include "meshtrain/serve/chat_template/chat_template.h"
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/serve/chat_template_ast.h"
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/ast.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 namespace mt::serve {
 

@@ -170,7 +170,7 @@ std::string html_escape(const std::string& s);
 // nothing for Undefined; throws RuntimeFail for the rest.
 List iterate(const Value& v);
 
-// --- UTF-8 text with Python's str semantics (chat_template_text.cpp) -------------------------
+// --- UTF-8 text with Python's str semantics (text.cpp) -------------------------
 std::u32string utf8_decode(const std::string& s);
 std::string utf8_encode(const std::u32string& s);
 void utf8_append(std::string& out, char32_t cp);

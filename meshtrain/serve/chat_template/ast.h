@@ -1,12 +1,12 @@
 #pragma once
 // Internal to the chat template interpreter: the tokens the lexer produces and the syntax tree
-// the parser builds from them (chat_template_lexer.cpp, chat_template_parser.cpp).
+// the parser builds from them (lexer.cpp, parser.cpp).
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "meshtrain/serve/chat_template_value.h"
+#include "meshtrain/serve/chat_template/value.h"
 
 namespace mt::serve::chat_template_detail {
 
@@ -115,15 +115,15 @@ struct ProgramTree {
   Body body;
 };
 
-// chat_template_lexer.cpp: the template as tokens (comments dropped, whitespace control and
+// lexer.cpp: the template as tokens (comments dropped, whitespace control and
 // trim_blocks/lstrip_blocks applied).
 std::vector<Token> lex_template(const std::string& source);
 
-// chat_template_parser.cpp: the syntax tree; throws mt::Error on syntax errors.
+// parser.cpp: the syntax tree; throws mt::Error on syntax errors.
 ProgramTree parse_template(const std::vector<Token>& tokens);
 
-// chat_template_builtins.cpp: whether a filter / test of that name exists (the parser rejects
-// the others, as Jinja does at compile time).
+// filters.cpp / predicates.cpp: whether a filter / test of that name exists (the parser
+// rejects the others, as Jinja does at compile time).
 bool has_filter(const std::string& name);
 bool has_test(const std::string& name);
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "meshtrain/serve/chat_template_value.h"
+#include "meshtrain/serve/chat_template/value.h"
 
 namespace mt::serve::chat_template_detail {
 

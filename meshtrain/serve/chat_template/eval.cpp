@@ -1,7 +1,7 @@
 // The chat template evaluator: statements (scoping as jinja2 does it: a for loop's body gets a
 // fresh scope per iteration, if does not open one, macros see their arguments and the
 // top-level variables) and expressions with Python's operator semantics.
-#include "meshtrain/serve/chat_template_eval.h"
+#include "meshtrain/serve/chat_template/eval.h"
 
 #include <cmath>
 

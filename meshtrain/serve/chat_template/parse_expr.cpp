@@ -3,7 +3,7 @@
 // **, unary - +, then primaries with their postfixes (.attr [index] [slice] (call)), filters
 // (|f(args)) and tests (is [not] t args).
 #include "meshtrain/core/error.h"
-#include "meshtrain/serve/chat_template_parser.h"
+#include "meshtrain/serve/chat_template/parser.h"
 
 namespace mt::serve::chat_template_detail {
 
