@@ -173,7 +173,8 @@ std::string render_args(const Event& e) {
   for (size_t k = 0; k + 1 < shapes.size(); ++k) inputs += (k ? ", " : "") + shapes[k];
   std::string out = arg("inputs", inputs) + ", " + arg("output", std::string(e.op.dtype) + (shapes.empty() ? "" : shapes.back())) +
                     ", " + arg("flops", e.op.flops) + ", " + arg("bytes", e.op.bytes) + ", " +
-                    arg("recorded", e.op.recorded ? 1.0 : 0.0) + ", " + arg("phase", e.op.phase);
+                    arg("recorded", e.op.recorded ? 1.0 : 0.0) + ", " + arg("phase", e.op.phase) + ", " +
+                    arg("kind", e.op.kind);
   if (!e.args.empty()) out += ", " + e.args;
   return out;
 }

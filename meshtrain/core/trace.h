@@ -19,6 +19,7 @@ struct OpDetails {
   double flops = 0, bytes = 0;
   bool recorded = false;        // a VJP was recorded
   const char* phase = "";       // current_phase() at the call
+  const char* kind = "";        // prim::OpKind's name: "gemm", "attention" or "other"
 };
 
 struct Event {

@@ -104,7 +104,7 @@ class MpiCommunicator final : public Communicator {
                               what);
         }
       }
-    });
+    }, count, dtype);
   }
 
   CommHandle all_gather_async(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -117,7 +117,7 @@ class MpiCommunicator final : public Communicator {
       const MPI_Datatype t = mpi_type(dtype);
       internal::check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : send, int(count), t, recv, int(count), t, comm),
                         what);
-    });
+    }, count, dtype);
   }
 
   CommHandle reduce_scatter_async(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op) override {
@@ -138,7 +138,7 @@ class MpiCommunicator final : public Communicator {
         const void* src = send == recv ? MPI_IN_PLACE : send;
         internal::check_mpi(MPI_Reduce_scatter_block(src, recv, n, mpi_type(dtype), mpi_op(op, dtype), comm), what);
       }
-    });
+    }, count, dtype);
   }
 
   CommHandle all_to_all_async(const void* send, void* recv, int64_t count, DType dtype) override {
@@ -149,7 +149,7 @@ class MpiCommunicator final : public Communicator {
       const MPI_Datatype t = mpi_type(dtype);
       const void* src = send == recv ? MPI_IN_PLACE : send;
       internal::check_mpi(MPI_Alltoall(src, int(count), t, recv, int(count), t, comm), what);
-    });
+    }, count, dtype);
   }
 
   CommHandle broadcast_async(void* data, int64_t count, DType dtype, int root) override {
@@ -158,7 +158,7 @@ class MpiCommunicator final : public Communicator {
     std::string what = describe("broadcast", nullptr, count, dtype) + " from root " + std::to_string(root);
     return submit(what, [=, comm = comm_] {
       internal::check_mpi(MPI_Bcast(data, int(count), mpi_type(dtype), root, comm), what);
-    });
+    }, count, dtype);
   }
 
   void barrier() override {
@@ -188,9 +188,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   // `what` names the collective on the communication thread (trace spans, the watchdog).
-  CommHandle submit(std::string what, std::function<void()> work) {
+  // `count` elements of `dtype` in this rank's buffer: the profile's bytes for the collective.
+  CommHandle submit(std::string what, std::function<void()> work, int64_t count = 0, DType dtype = DType::f32) {
     what += in_blocking_call() ? " [sync]" : " [async]";
-    return CommHandle(internal::MpiRuntime::instance().submit(std::move(what), std::move(work)));
+    return CommHandle(internal::MpiRuntime::instance().submit(std::move(what), std::move(work),
+                                                              double(count) * double(dtype_size(dtype))));
   }
 
   MPI_Comm comm_;

@@ -114,7 +114,9 @@ void MpiRuntime::thread_main() {
     set_busy(&task.what);
     std::string error;
     std::optional<trace::Span> span;  // the collective as it runs on this thread
-    if (trace::enabled()) span.emplace("collective", task.what.substr(0, task.what.find_first_of("( ")), trace::arg("what", task.what));
+    if (trace::enabled())
+      span.emplace("collective", task.what.substr(0, task.what.find_first_of("( ")),
+                   trace::arg("what", task.what) + ", " + trace::arg("bytes", task.bytes));
     try {
       task.work();
     } catch (const std::exception& e) {
@@ -192,7 +194,7 @@ void MpiRuntime::watchdog_main() {
   }
 }
 
-std::shared_ptr<CommState> MpiRuntime::submit(std::string what, std::function<void()> work) {
+std::shared_ptr<CommState> MpiRuntime::submit(std::string what, std::function<void()> work, double bytes) {
   auto state = std::make_shared<CommState>();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -200,7 +202,7 @@ std::shared_ptr<CommState> MpiRuntime::submit(std::string what, std::function<vo
       state->finish("[comm] " + what + " issued after MPI was finalized (during exit)");
       return state;
     }
-    queue_.push_back(Task{std::move(what), std::move(work), state});
+    queue_.push_back(Task{std::move(what), std::move(work), state, bytes});
   }
   cv_.notify_one();
   return state;

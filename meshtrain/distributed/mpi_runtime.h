@@ -26,8 +26,9 @@ class MpiRuntime {
   static MpiRuntime& instance();
 
   // Queues `work` behind every earlier submission; the returned state finishes with the
-  // message of any exception `work` throws. `what` names the work in errors and the watchdog.
-  std::shared_ptr<CommState> submit(std::string what, std::function<void()> work);
+  // message of any exception `work` throws. `what` names the work in errors and the watchdog;
+  // `bytes` (this rank's buffer) goes with it into the profile's collective span.
+  std::shared_ptr<CommState> submit(std::string what, std::function<void()> work, double bytes = 0);
   // submit() and wait; rethrows the work's error as mt::Error.
   void run(std::string what, std::function<void()> work);
 
@@ -48,6 +49,7 @@ class MpiRuntime {
     std::string what;
     std::function<void()> work;
     std::shared_ptr<CommState> state;
+    double bytes = 0;
   };
 
   MpiRuntime() = default;

@@ -38,6 +38,7 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
  public:
   explicit CausalSoftmaxPrimitive(double scale) : scale_(scale) {}
   const char* name() const override { return "causal_softmax"; }
+  prim::OpKind kind() const override { return prim::OpKind::attention; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array& scores = in[0];
     MT_CHECK(is_floating(scores.dtype()) && scores.ndim() >= 2,
@@ -96,6 +97,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key)
       : scale_(scale), causal_(causal), rate_(rate), key_(key), operands_(operands_of(matmul_precision())) {}
   const char* name() const override { return "flash_attention"; }
+  prim::OpKind kind() const override { return prim::OpKind::attention; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array &q = in[0], &k = in[1], &v = in[2];
     MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) &&

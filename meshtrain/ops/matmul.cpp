@@ -47,6 +47,7 @@ class MatmulPrimitive final : public prim::Primitive {
  public:
   MatmulPrimitive(bool ta, bool tb, MatmulPrecision precision) : ta_(ta), tb_(tb), precision_(precision) {}
   const char* name() const override { return "matmul"; }
+  prim::OpKind kind() const override { return prim::OpKind::gemm; }
 
   OutputInfo infer(const Inputs& in) const override {
     const Array &a = in[0], &b = in[1];

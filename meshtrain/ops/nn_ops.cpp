@@ -35,6 +35,8 @@ class SoftmaxPrimitive final : public prim::Primitive {
  public:
   SoftmaxPrimitive(int axis, bool log) : axis_(axis), log_(log) {}
   const char* name() const override { return log_ ? "log_softmax" : "softmax"; }
+  // A softmax is the composed attention's (over the scores); log_softmax belongs to losses.
+  prim::OpKind kind() const override { return log_ ? prim::OpKind::other : prim::OpKind::attention; }
   OutputInfo infer(const Inputs& in) const override {
     MT_CHECK(is_floating(in[0].dtype()), "[", name(), "] expects a floating array, got ", in[0].str());
     return {in[0].shape(), in[0].dtype()};

@@ -94,6 +94,7 @@ class PagedAttentionPrimitive final : public prim::Primitive {
  public:
   PagedAttentionPrimitive(PagedRows rows, double scale) : rows_(std::move(rows)), scale_(scale) {}
   const char* name() const override { return "paged_attention"; }
+  prim::OpKind kind() const override { return prim::OpKind::attention; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array &q = in[0], &k = in[1], &v = in[2];
     check_pool(k, "paged_attention");

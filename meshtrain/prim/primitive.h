@@ -41,6 +41,12 @@ struct LocalContext {
 class Primitive;
 using PrimitivePtr = std::shared_ptr<const Primitive>;
 
+// What a primitive's time counts as in the profiler's step breakdown.
+enum class OpKind { gemm, attention, other };
+inline const char* op_kind_name(OpKind kind) {
+  return kind == OpKind::gemm ? "gemm" : kind == OpKind::attention ? "attention" : "other";
+}
+
 // What a VJP receives: the values its primitive asked to keep, and the shapes, dtypes and
 // tracing of every input.
 struct Saved {
@@ -91,6 +97,8 @@ class Primitive {
   virtual Cost cost(const std::vector<Array>& inputs, const OutputInfo& out) const;
   // Whether this primitive's FLOPs are model FLOPs (GEMMs: the numerator of MFU).
   virtual bool counts_model_flops() const { return false; }
+  // The step breakdown's category of its time (the profiler reads it from the op's span).
+  virtual OpKind kind() const { return OpKind::other; }
 };
 
 // A shared instance of a primitive type without attributes.

@@ -62,6 +62,7 @@ void record_op_span(const prim::OpEvent& e) {
   d.bytes = c.bytes;
   d.recorded = e.recorded;
   d.phase = trace::current_phase();
+  d.kind = prim::op_kind_name(e.primitive.kind());
   trace::complete_op(e.primitive.name(), trace::in_backward() ? "op_backward" : "op", end - dur, dur, std::move(d));
 }
 
@@ -80,20 +81,13 @@ json to_json(const trace::Event& e, int pid) {
   return j;
 }
 
-// Bytes per rank of a collective from its description ("all_reduce(sum) of 1024 f32 on ...").
-double collective_bytes(const std::string& what) {
-  static const std::regex count_dtype(R"( of (\d+) (\w+) )");
-  std::smatch m;
-  if (!std::regex_search(what, m, count_dtype)) return 0;
-  const std::string dt = m[2].str();
-  const double size = dt == "f64" || dt == "i64" ? 8 : dt == "bf16" || dt == "f16" ? 2 : dt == "bool" ? 1 : 4;
-  return std::stod(m[1].str()) * size;
-}
-
-// The primitives the step breakdown counts as attention (their matmuls, when composed, are
-// GEMMs); their backward kernels run inside their VJPs, counted there.
-bool is_attention(const std::string& op) {
-  return op == "causal_softmax" || op == "softmax" || op == "flash_attention" || op == "paged_attention";
+// What each primitive's time counts as, from its op spans (prim::Primitive::kind); a VJP
+// span takes its primitive's. Spans of anything else (views, redistributions) are "other".
+std::map<std::string, std::string> kinds_by_op(const trace::Recording& recording) {
+  std::map<std::string, std::string> kinds;
+  for (const trace::Event& e : recording.events)
+    if (e.phase == 'X' && (e.category == "op" || e.category == "op_backward") && *e.op.kind) kinds[e.name] = e.op.kind;
+  return kinds;
 }
 
 }  // namespace
@@ -102,6 +96,11 @@ OpProfile summarize(const trace::Recording& recording) {
   OpProfile p;
   std::map<std::tuple<std::string, std::string, std::string>, OpRow> rows;
   double gemm = 0, attention = 0, other_ops = 0, optimizer = 0, comm_wait = 0, data_wait = 0;
+  const std::map<std::string, std::string> kinds = kinds_by_op(recording);
+  auto kind_of = [&](const std::string& op) {
+    auto it = kinds.find(op);
+    return it == kinds.end() ? std::string("other") : it->second;
+  };
   for (const trace::Event& e : recording.events) {
     if (e.phase != 'X') continue;
     const double ms = e.dur_us / 1000;
@@ -118,14 +117,14 @@ OpProfile summarize(const trace::Recording& recording) {
       ++r.calls;
       r.total_ms += ms;
       if (phase == "collective") {
-        r.bytes += collective_bytes(args_of(e).value("what", std::string()));
+        r.bytes += args_of(e).value("bytes", 0.0);
         continue;
       }
+      r.kind = e.op.kind;
       r.flops += e.op.flops;
       if (std::string(e.op.phase) == "optimizer") continue;  // counted in the optimizer's span
-      if (e.name == "matmul") gemm += ms;
-      else if (is_attention(e.name)) attention += ms;
-      else other_ops += ms;
+      const std::string kind = e.op.kind;
+      (kind == "gemm" ? gemm : kind == "attention" ? attention : other_ops) += ms;
     } else if (e.category == "phase" && e.name == "optimizer") {
       optimizer += ms;
     } else if (e.category == "comm_wait") {
@@ -156,7 +155,7 @@ OpProfile summarize(const trace::Recording& recording) {
       r.phase = "backward";
       ++r.calls;
       r.total_ms += self_ms;
-      (is_attention(o.vjp->name) ? attention : other_ops) += self_ms;
+      (kind_of(o.vjp->name) == "attention" ? attention : other_ops) += self_ms;
     };
     for (const trace::Event* e : list) {
       while (!open.empty() && e->ts_us >= open.back().vjp->ts_us + open.back().vjp->dur_us) {
@@ -177,7 +176,7 @@ OpProfile summarize(const trace::Recording& recording) {
   }
   for (auto& [key, row] : rows) {
     // Achieved FLOP rates for the GEMMs (attention's included); other ops' "flops" are nominal.
-    if (row.phase != "collective" && row.name != "matmul") row.flops = 0;
+    if (row.phase != "collective" && row.kind != "gemm") row.flops = 0;
     p.rows.push_back(row);
   }
   std::sort(p.rows.begin(), p.rows.end(), [](const OpRow& a, const OpRow& b) { return a.total_ms > b.total_ms; });

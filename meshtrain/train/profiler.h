@@ -32,6 +32,7 @@ struct OpRow {
   std::string name;
   std::string phase;  // "forward", "backward" or "collective"
   std::string dtype;  // the kernel's output dtype (mixed precision shows which ran in bf16)
+  std::string kind;   // ops: prim::OpKind's name ("gemm", "attention", "other")
   int64_t calls = 0;
   double total_ms = 0;
   double flops = 0;  // summed over calls (ops); 0 when not counted
