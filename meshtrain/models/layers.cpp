@@ -1,0 +1,78 @@
+#include "meshtrain/models/layers.h"
+
+#include <cmath>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/distributed/spmd.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/random.h"
+#include "meshtrain/ops/shape_ops.h"
+
+namespace mt::models {
+
+Array linear(const Array& x, const Array& weight, const Array& bias) {
+  Array y = matmul(x, weight, false, true);
+  return bias.defined() ? add(y, bias) : y;
+}
+
+Array conv1d(const Array& x, const Array& weight, const Array& bias) {
+  Array y = matmul(x, weight);
+  return bias.defined() ? add(y, bias) : y;
+}
+
+void check_activation(const std::string& name, const char* what) {
+  static const char* known[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh"};
+  for (const char* k : known)
+    if (name == k) return;
+  throw Error(detail::concat("[", what, "] unsupported activation '", name,
+                             "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish, tanh)"));
+}
+
+Array activation(const Array& x, const std::string& name) {
+  if (name == "gelu") return gelu(x, false);
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return gelu(x, true);
+  if (name == "relu") return relu(x);
+  if (name == "silu" || name == "swish") return silu(x);
+  if (name == "tanh") return tanh(x);
+  check_activation(name, "activation");
+  return x;
+}
+
+Array split_heads(const Array& x, int64_t heads) {
+  MT_CHECK(x.ndim() == 3 && x.dim(2) % heads == 0, "[split_heads] expects (B, T, H*D) with H = ", heads, ", got ",
+           x.str());
+  return swap_axes(reshape(x, {x.dim(0), x.dim(1), heads, x.dim(2) / heads}), 1, 2);
+}
+
+Array merge_heads(const Array& x) {
+  MT_CHECK(x.ndim() == 4, "[merge_heads] expects (B, H, T, D), got ", x.str());
+  return reshape(swap_axes(x, 1, 2), {x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});
+}
+
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const Array& x, const BlockFn& body) {
+  if (remat == Remat::none) return body(p, x);
+  return checkpoint([body](const Params& bp, const std::vector<Array>& xs) { return body(bp, xs[0]); },
+                    p.with_prefix(prefix), {x});
+}
+
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const std::vector<Array>& inputs,
+                        const MultiInputBlockFn& body) {
+  if (remat == Remat::none) return body(p, inputs);
+  // Undefined inputs (no mask, no bias) stay out of the checkpoint's traced inputs.
+  std::vector<Array> defined;
+  std::vector<int> where;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined()) where.push_back(int(i)), defined.push_back(inputs[i]);
+  const size_t n = inputs.size();
+  return checkpoint(
+      [body, where, n](const Params& bp, const std::vector<Array>& xs) {
+        std::vector<Array> all(n);
+        for (size_t i = 0; i < where.size(); ++i) all[size_t(where[i])] = xs[i];
+        return body(bp, all);
+      },
+      p.with_prefix(prefix), defined);
+}
+
+}  // namespace mt::models

@@ -1,0 +1,40 @@
+#pragma once
+// The dense layers in both storage conventions (nn.Linear [out, in], HF Conv1D [in, out]),
+// Hugging Face's activations, head splitting, and the transformer block wrapper that
+// recomputes a block in the backward pass under --remat.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/autodiff/params.h"
+#include "meshtrain/autodiff/remat.h"
+#include "meshtrain/core/array.h"
+
+namespace mt::models {
+
+// nn.Linear: x @ weightᵀ + bias with weight [out, in]; bias may be undefined.
+Array linear(const Array& x, const Array& weight, const Array& bias = Array());
+// HF Conv1D: x @ weight + bias with weight [in, out].
+Array conv1d(const Array& x, const Array& weight, const Array& bias);
+// Hugging Face activation names: gelu (erf), gelu_new / gelu_pytorch_tanh (tanh), relu,
+// silu / swish, tanh.
+Array activation(const Array& x, const std::string& name);
+void check_activation(const std::string& name, const char* what);
+// (B, T, H*D) -> (B, H, T, D) and back.
+Array split_heads(const Array& x, int64_t heads);
+Array merge_heads(const Array& x);
+
+// One transformer block, x -> body(bp, x), where bp holds the parameters whose paths start
+// with `prefix` (the block's weights and their adapters). With remat != none the block keeps
+// only x for the backward pass and is rerun there (mt::checkpoint), so body must read its
+// weights from bp, not from the whole tree.
+using BlockFn = std::function<Array(const Params& bp, const Array& x)>;
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const Array& x, const BlockFn& body);
+// The same for a block that reads more traced arrays than its input (an encoder's output for
+// cross-attention, a position bias computed from parameters outside the block): all of them
+// come in through `inputs`, inputs[0] being the residual stream.
+using MultiInputBlockFn = std::function<Array(const Params& bp, const std::vector<Array>& inputs)>;
+Array transformer_block(Remat remat, const Params& p, const std::string& prefix, const std::vector<Array>& inputs,
+                        const MultiInputBlockFn& body);
+
+}  // namespace mt::models
