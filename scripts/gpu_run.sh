@@ -5,7 +5,7 @@
 #   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
 #   gpu_run.sh largest LLaMA-7B-shaped fp32 AdamW, seq 1024, --remat full on one GPU (meshtrain's
 #                      model_step_bench, then PyTorch's twin if it fits): step time and device peak
-#   gpu_run.sh all     tests and bench
+#   gpu_run.sh all     tests and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,13 +58,13 @@ if [ "$mode" = examples ]; then
 fi
 if [ "$mode" = largest ]; then
   echo "== model_step_bench llama7b 1 1024 (fp32 AdamW, --remat full)"
-  "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
+  timeout 180 "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
   rc=$?
   cat "$out/largest_meshtrain.json"; tail -3 "$out/largest_meshtrain.err"
   echo "meshtrain exit $rc"
   [ $rc = 0 ] || status=1
   echo "== PyTorch twin (torch.utils.checkpoint per block)"
-  TORCH_DEVICE=cuda TORCH_REMAT=1 python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
+  TORCH_DEVICE=cuda TORCH_REMAT=1 timeout 180 python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
