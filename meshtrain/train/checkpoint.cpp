@@ -53,13 +53,13 @@ void collect(const std::string& group, const Params& arrays, const dist::Mesh& m
   }
 }
 
+}  // namespace
+
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
   return buf;
 }
-
-}  // namespace
 
 CheckpointManager::CheckpointManager(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {}
 
@@ -207,17 +207,14 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
   }
   // Nothing is written into a live array unless every one offered matches its entry; else the
   // arrays are restored beside them and the caller's checks say what differs.
-  bool into_matches = bool(into);
-  for (const std::string group : {"params", "opt_state"}) {
-    if (!meta.contains(group) || !into_matches) continue;
-    for (const json& entry : meta[group]) {
+  bool write_into = bool(into);
+  for (const std::string group : {"params", "opt_state"})
+    for (const json& entry : meta.value(group, json::array())) {
+      if (!write_into) break;
       const SavedEntry e = saved_entry(entry, group, meta_path);
       const Array live = live_target(into, group, e);
-      if (live.defined() && (live.shape() != e.shape || live.dtype() != e.dtype)) into_matches = false;
+      write_into = !live.defined() || (live.shape() == e.shape && live.dtype() == e.dtype);
     }
-  }
-  const IntoFn no_into;
-  const IntoFn& target = into_matches ? into : no_into;
   for (const std::string group : {"params", "opt_state"}) {
     Params& out = group == "params" ? state.params : state.opt_state;
     if (!meta.contains(group)) continue;
@@ -227,7 +224,7 @@ CheckpointState CheckpointManager::restore(const std::string& path, const dist::
       const Shape& shape = e.shape;
       const DType dtype = e.dtype;
       const PartitionSpec spec = spec_for ? spec_for(group, p) : PartitionSpec{};
-      Array live = live_target(target, group, e);
+      const Array live = write_into ? live_target(into, group, e) : Array();
       // A replicated live array takes the blocks straight into its buffer; a sharded one gets
       // its block of the whole tensor below (one tensor's whole copy at a time).
       const bool direct = live.defined() && !live.distributed() && dist::Sharding{mesh, spec}.is_trivial();

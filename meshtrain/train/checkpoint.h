@@ -44,6 +44,9 @@ struct BestMetric {
   const char* mode_name() const { return mode == Mode::max ? "max" : "min"; }
 };
 
+// The directory name of step `step`'s checkpoint: "step_00000042".
+std::string step_name(int64_t step);
+
 class CheckpointManager {
  public:
   // Checkpoints live in `dir`/step_<N>; the newest `keep_last` are kept (0 keeps all).

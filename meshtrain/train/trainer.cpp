@@ -1,7 +1,6 @@
 #include "meshtrain/train/trainer.h"
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <iomanip>
 #include <set>
@@ -514,9 +513,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       if (profiler) profiler->finish();
       writer.close();
       refresh_curves(writer);
-      char name[32];
-      std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step_));
-      throw Interrupted(detail::concat("interrupted at step ", step_, "; checkpoint ", name, " written in ",
+      throw Interrupted(detail::concat("interrupted at step ", step_, "; checkpoint ", step_name(step_), " written in ",
                                        (fs::path(deployer_.workdir()) / "checkpoints").string(),
                                        "; continue with --resume"));
     }
