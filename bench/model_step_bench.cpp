@@ -54,6 +54,24 @@ std::vector<int64_t> random_ids(size_t n, int64_t vocab, uint32_t seed) {
   return v;
 }
 
+// A decoder language model from its config.json, trained on random tokens (B, T) below `vocab`;
+// the caller fills in its FLOPs.
+Workload decoder_workload(const json& config, int64_t vocab, int64_t B, int64_t T, Remat remat) {
+  Workload w;
+  auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
+  model->config = model->config.with_remat(remat);
+  w.params = std::move(model->params);
+  model->params = Params{};
+  Array ids = Array::from_vector(random_ids(size_t(B * T), vocab, 1), {B, T});
+  Array labels = Array::from_vector(random_ids(size_t(B * T), vocab, 2), {B, T});
+  w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
+    models::DecoderInputs in;
+    in.input_ids = ids;
+    return model->decoder_loss(p, in, labels, key, true);
+  };
+  return w;
+}
+
 Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat remat) {
   Workload w;
   if (name == "minigpt" || name == "minigpt4") {
@@ -89,17 +107,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat rema
                    {"intermediate_size", FF},    {"num_hidden_layers", L},
                    {"num_attention_heads", H},   {"num_key_value_heads", H},
                    {"max_position_embeddings", std::max<int64_t>(2048, T)}};
-    auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
-    model->config = model->config.with_remat(remat);
-    w.params = std::move(model->params);
-    model->params = Params{};
-    Array ids = Array::from_vector(random_ids(size_t(B * T), V, 1), {B, T});
-    Array labels = Array::from_vector(random_ids(size_t(B * T), V, 2), {B, T});
-    w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
-      models::DecoderInputs in;
-      in.input_ids = ids;
-      return model->decoder_loss(p, in, labels, key, true);
-    };
+    w = decoder_workload(config, V, B, T, remat);
     w.flops_per_step = transformer_flops(double(L) * (4.0 * C * C + 3.0 * C * FF) + double(V) * C, double(L), double(T),
                                          double(C), double(B * T));
     return w;
@@ -107,17 +115,7 @@ Workload make_workload(const std::string& name, int64_t B, int64_t T, Remat rema
   if (name == "gpt2") {
     json config = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 50257},
                    {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}};
-    auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
-    model->config = model->config.with_remat(remat);
-    w.params = model->params;
-    model->params = Params{};
-    Array ids = Array::from_vector(random_ids(size_t(B * T), 50257, 1), {B, T});
-    Array labels = Array::from_vector(random_ids(size_t(B * T), 50257, 2), {B, T});
-    w.loss = [model, ids, labels](const Params& p, const RngKey& key) {
-      models::DecoderInputs in;
-      in.input_ids = ids;
-      return model->decoder_loss(p, in, labels, key, true);
-    };
+    w = decoder_workload(config, 50257, B, T, remat);
     const double C = 768, L = 12;
     w.flops_per_step = transformer_flops(L * 12 * C * C + 50257 * C, L, double(T), C, double(B * T));
     return w;
