@@ -20,11 +20,6 @@ mkdir -p "$work/tok"
 cp "$root/../shared/data/tokenizers/gpt2-encoder.json" "$work/tok/vocab.json"
 cp "$root/../shared/data/tokenizers/gpt2-vocab.bpe" "$work/tok/merges.txt"
 echo '{"n_embd": 1280, "n_layer": 36, "n_head": 20}' > "$work/large.json"
-isa=avx2
-grep -q avx512f /proc/cpuinfo && isa=avx512
-grep -q avx512_bf16 /proc/cpuinfo && isa=avx512_core_bf16
-grep -q amx_bf16 /proc/cpuinfo && isa=avx512_core_amx
-echo "memory_bench: GPT-2 Large, B1 T512, fp32 AdamW, $steps steps, $threads threads, cpu $isa"
 flags=(pretrain --model gpt2 --config "$work/large.json" --tokenizer "$work/tok" --seq-len 512
        --per-device-batch-size 1 --steps "$steps" --remat full --sample-every 0)
 
@@ -48,8 +43,11 @@ run_meshtrain() {  # NAME EXTRA_FLAGS...
   report "$name" "$(tail -1 "$work/rss")" "$(parameters "$work/log")" "$work/run/metrics.jsonl"
 }
 
+# The dry run first: its output also names the CPU's ISA as meshtrain's kernels see it.
 rm -rf "$work/run"
-"$bin" "${flags[@]}" --output-dir "$work/run" --dry-run 2>&1 | grep '^dry run' | sed 's/^/meshtrain f32 /'
+"$bin" "${flags[@]}" --output-dir "$work/run" --dry-run > "$work/dry" 2>&1 || { tail -5 "$work/dry"; exit 1; }
+echo "memory_bench: GPT-2 Large, B1 T512, fp32 AdamW, $steps steps, $threads threads, $(grep -o 'cpu: [^,]*' "$work/dry" | head -1)"
+grep '^dry run' "$work/dry" | sed 's/^/meshtrain f32 /'
 run_meshtrain "meshtrain f32" --precision f32
 run_meshtrain "meshtrain bf16" --precision bf16
 

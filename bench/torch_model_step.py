@@ -219,8 +219,7 @@ elif WORKLOAD == "gpt2":
 elif WORKLOAD == "llama":
     V, C, H, FF, L = map(int, sys.argv[8].split(",")) if len(sys.argv) > 8 else (32000, 4096, 32, 11008, 32)
     # Built on the device where torch can (2.x): a 7B model need not pass through host memory.
-    with (torch.device(DEVICE) if hasattr(torch, "get_default_device") or hasattr(torch.device, "__enter__") else
-          contextlib.nullcontext()):
+    with torch.device(DEVICE) if hasattr(torch.device, "__enter__") else contextlib.nullcontext():
         model = Llama(V, C, H, FF, L)
     ids, labels = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     loss_fn = lambda: F.cross_entropy(model(ids).float().view(-1, V), labels.view(-1))
