@@ -289,11 +289,7 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
 }
 
 optim::Transform gradient_clipping(double max_grad_norm) {
-  if (max_grad_norm > 0) return optim::clip_by_global_norm(max_grad_norm);
-  optim::Transform none;
-  none.init = [](const Params&) { return Params{}; };
-  none.update = [](Params gradients, Params&, const Params&) { return gradients; };
-  return none;
+  return max_grad_norm > 0 ? optim::clip_by_global_norm(max_grad_norm) : optim::identity();
 }
 
 void add_max_grad_norm_flag(CLI::App* cmd, double& value) {

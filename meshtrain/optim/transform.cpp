@@ -314,6 +314,13 @@ std::function<bool(const std::string&)> any_frozen(const std::vector<Transform>&
 }
 }  // namespace
 
+Transform identity() {
+  Transform t;
+  t.init = [](const Params&) { return Params{}; };
+  t.update = [](Params updates, Params&, const Params&) { return updates; };
+  return t;
+}
+
 Transform chain(std::vector<Transform> transforms) {
   Transform t;
   t.frozen = any_frozen(transforms);

@@ -49,6 +49,9 @@ Transform adamw(Schedule lr, double b1 = 0.9, double b2 = 0.999, double eps = 1e
 // Scales all updates by max_norm / (‖updates‖₂ + 1e-6) when that is below one
 // (torch.nn.utils.clip_grad_norm_).
 Transform clip_by_global_norm(double max_norm);
+// Passes the updates through unchanged and keeps no state (optax.identity): a slot in a chain
+// that is sometimes empty (no clipping) without moving the other parts' state paths.
+Transform identity();
 // Applies the transforms in order; state entries are prefixed "<index>.".
 Transform chain(std::vector<Transform> transforms);
 // Gradient accumulation: averages k incoming updates and runs `inner` on every k-th call;

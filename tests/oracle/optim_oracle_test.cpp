@@ -74,6 +74,8 @@ TEST(OptimOracle, MatchesTorchStepByStep) {
       {"sgd nesterov wd", [] { return sgd(constant_schedule(0.05), 0.9, true, 0.01); },
        "opt = torch.optim.SGD([w, b], lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)"},
       {"adam", [] { return adam(constant_schedule(0.01)); }, "opt = torch.optim.Adam([w, b], lr=0.01)"},
+      {"identity + adam", [] { return chain({identity(), adam(constant_schedule(0.01))}); },
+       "opt = torch.optim.Adam([w, b], lr=0.01)"},
       {"adamw masked", [] { return adamw(constant_schedule(0.01), 0.9, 0.98, 1e-6, 0.1); },
        "opt = torch.optim.AdamW([{'params': [w], 'weight_decay': 0.1}, {'params': [b], 'weight_decay': 0.0}], lr=0.01, betas=(0.9, 0.98), eps=1e-6)"},
       {"adamw regex mask", [] { return adamw(constant_schedule(0.01), 0.9, 0.999, 1e-8, 0.1, decay_mask_regex("b")); },
