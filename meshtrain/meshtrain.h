@@ -18,6 +18,7 @@
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/random.h"
+#include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/distributed/sharded_random.h"

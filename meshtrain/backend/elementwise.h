@@ -38,13 +38,22 @@ bool is_comparison(BinaryOp op);  // eq, ne, lt, le, gt, ge, logical_and, logica
 // relu_backward: out = x > 0 ? g : 0 (ReLU's first-order VJP in one pass); all one shape and dtype.
 // gelu_backward: out = g · gelu'(x) (erf form, or the tanh form when approximate); all one shape.
 // cast:    out = x converted to out's dtype (same shape).
-#define MT_ELEMENTWISE_KERNELS                                                    \
-  void unary(kernels::UnaryOp op, const Array& x, Array& out);                    \
-  void binary(kernels::BinaryOp op, const Array& a, const Array& b, Array& out);  \
-  void where(const Array& cond, const Array& a, const Array& b, Array& out);      \
-  void relu_backward(const Array& x, const Array& g, Array& out);                 \
-  void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out); \
-  void cast(const Array& x, Array& out);
+// bias_activation: out = act(pre), pre = y + bias rounded to y's dtype (as the composed add
+//   rounds it), bias (C,) along y's last dim in any float dtype; act is relu, gelu (erf) or
+//   gelu_tanh. The linear layer's epilogue in one pass.
+// bias_activation_backward: dpre = g · act'(pre) (y's dtype, rounded as the composed VJP),
+//   and when dbias is non-null dbias (C,) = the column sums of dpre in bias's dtype, summed in
+//   f64 per 64-row chunk and then over chunks in order (deterministic for any thread count).
+#define MT_ELEMENTWISE_KERNELS                                                                         \
+  void unary(kernels::UnaryOp op, const Array& x, Array& out);                                         \
+  void binary(kernels::BinaryOp op, const Array& a, const Array& b, Array& out);                       \
+  void where(const Array& cond, const Array& a, const Array& b, Array& out);                           \
+  void relu_backward(const Array& x, const Array& g, Array& out);                                      \
+  void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out);                    \
+  void cast(const Array& x, Array& out);                                                               \
+  void bias_activation(kernels::UnaryOp act, const Array& y, const Array& bias, Array& out);            \
+  void bias_activation_backward(kernels::UnaryOp act, const Array& y, const Array& bias, const Array& g, \
+                                Array& dpre, Array* dbias);
 
 namespace mt::cpu { MT_ELEMENTWISE_KERNELS }
 namespace mt::cuda { MT_ELEMENTWISE_KERNELS }

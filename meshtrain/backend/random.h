@@ -19,6 +19,20 @@ struct StreamBlock {
   std::vector<int64_t> offsets;  // the block's start in each dim
 };
 
+// The global flat index of element (row, 0) of an array viewed as rows of its last dim, for a
+// block described by `block` (the row itself when the array is the whole global array): rows
+// run over consecutive stream elements, so a kernel draws a row's uniforms in one call.
+inline int64_t row_stream_start(const Shape& local, const StreamBlock& block, int64_t row) {
+  if (block.global_dims.empty() || local.ndim() == 0) return row * (local.ndim() == 0 ? 1 : local.dim(-1));
+  const std::vector<int64_t> gstrides = Shape(block.global_dims).strides();
+  int64_t g = block.offsets.back() * gstrides.back(), rem = row;
+  for (int d = local.ndim() - 2; d >= 0; --d) {
+    g += (rem % local[d] + block.offsets[size_t(d)]) * gstrides[size_t(d)];
+    rem /= local[d];
+  }
+  return g;
+}
+
 // The f32 t with (u >= t) == (double(u) >= rate) for every uniform u (a multiple of 2^-24 in
 // [0, 1)): the keep test in f32, so the loops applying it vectorize on 8 floats.
 inline float keep_threshold(double rate) {
@@ -30,8 +44,12 @@ inline float keep_threshold(double rate) {
 
 // dropout: out[i] = uniform_at(key, i) >= rate ? x[i] / (1 - rate) : 0; x any shape, floating;
 //   out has x's shape and dtype.
-#define MT_RANDOM_KERNELS \
-  void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block = {});
+// dropout_add: out[i] = x[i] + dropout(branch)[i], the residual add of a dropped branch in one
+//   pass (the mask drawn at the branch's positions); x, branch and out share shape and dtype.
+#define MT_RANDOM_KERNELS                                                                                  \
+  void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block = {}); \
+  void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& key, double rate,                \
+                   const kernels::StreamBlock& block = {});
 
 namespace mt::cpu {
 MT_RANDOM_KERNELS

@@ -107,29 +107,7 @@ Grads UnaryPrimitive::vjp(const Saved& s, const Array& g) const {
       return {mul(g, mul(sg, add(mul(x, sub(ones_like(sg), sg)), 1.0)))};
     }
     case UnaryOp::gelu_erf:
-    case UnaryOp::gelu_tanh: {
-      const bool approximate = op_ == UnaryOp::gelu_tanh;
-      if (!autodiff::grad_enabled()) {
-        // First order: one fused pass. A recorded backward (second order) composes ops.
-        MT_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), "[gelu] cotangent ", g.str(), " for input ",
-                 x.str());
-        Array dx = Array::empty(x.shape(), x.dtype(), x.device());
-        MT_KERNEL(dx, gelu_backward, x, g, approximate, dx);
-        return {dx};
-      }
-      if (!approximate) {
-        // Φ(x) + x·φ(x)
-        Array cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
-        Array pdf = mul(exp(mul(mul(x, x), -0.5)), 1.0 / std::sqrt(2.0 * M_PI));
-        return {mul(g, add(cdf, mul(x, pdf)))};
-      }
-      const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
-      Array x2 = mul(x, x);
-      Array t = tanh(mul(mul(x, add(mul(x2, c), 1.0)), k));
-      Array left = mul(add(t, 1.0), 0.5);
-      Array dt = mul(sub(ones_like(t), mul(t, t)), mul(add(mul(x2, 3.0 * c), 1.0), k));
-      return {mul(g, add(left, mul(mul(x, dt), 0.5)))};
-    }
+    case UnaryOp::gelu_tanh: return {gelu_vjp(x, g, op_ == UnaryOp::gelu_tanh)};
     case UnaryOp::logical_not: break;
   }
   return prim::Primitive::vjp(s, g);
@@ -401,6 +379,28 @@ Array erf(const Array& x) { return unary(UnaryOp::erf, x); }
 Array sin(const Array& x) { return unary(UnaryOp::sin, x); }
 Array cos(const Array& x) { return unary(UnaryOp::cos, x); }
 Array sigmoid(const Array& x) { return unary(UnaryOp::sigmoid, x); }
+Array gelu_vjp(const Array& x, const Array& g, bool approximate) {
+  if (!autodiff::grad_enabled()) {
+    // First order: one fused pass. A recorded backward (second order) composes ops.
+    MT_CHECK(g.shape() == x.shape() && g.dtype() == x.dtype(), "[gelu] cotangent ", g.str(), " for input ", x.str());
+    Array dx = Array::empty(x.shape(), x.dtype(), x.device());
+    MT_KERNEL(dx, gelu_backward, x, g, approximate, dx);
+    return dx;
+  }
+  if (!approximate) {
+    // Φ(x) + x·φ(x)
+    Array cdf = mul(add(erf(mul(x, M_SQRT1_2)), 1.0), 0.5);
+    Array pdf = mul(exp(mul(mul(x, x), -0.5)), 1.0 / std::sqrt(2.0 * M_PI));
+    return mul(g, add(cdf, mul(x, pdf)));
+  }
+  const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
+  Array x2 = mul(x, x);
+  Array t = tanh(mul(mul(x, add(mul(x2, c), 1.0)), k));
+  Array left = mul(add(t, 1.0), 0.5);
+  Array dt = mul(sub(ones_like(t), mul(t, t)), mul(add(mul(x2, 3.0 * c), 1.0), k));
+  return mul(g, add(left, mul(mul(x, dt), 0.5)));
+}
+
 Array relu(const Array& x) { return unary(UnaryOp::relu, x); }
 Array silu(const Array& x) { return unary(UnaryOp::silu, x); }
 Array gelu(const Array& x, bool approximate) { return unary(approximate ? UnaryOp::gelu_tanh : UnaryOp::gelu_erf, x); }

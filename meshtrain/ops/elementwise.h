@@ -49,6 +49,9 @@ Array relu(const Array& x);
 Array silu(const Array& x);
 // approximate=false: x·Φ(x) with erf (BERT); true: the tanh form (GPT-2's gelu_new).
 Array gelu(const Array& x, bool approximate = false);
+// GeLU's VJP, g · gelu'(x): one fused pass when the backward is not recorded, else written
+// with ops (so it is differentiated again: second-order gradients).
+Array gelu_vjp(const Array& x, const Array& g, bool approximate);
 
 // cond ? a : b with broadcasting; cond must be bool.
 Array where(const Array& cond, const Array& a, const Array& b);

@@ -95,24 +95,6 @@ void check_norm_inputs(const char* op, const Array& x, const Array& weight, cons
            "] weight and bias dtypes differ: ", weight.str(), " vs ", bias.str());
 }
 
-// The norms' VJP composed from ops, in f32: used when the backward pass is itself
-// recorded (exact higher-order gradients) and as the reference for the fused kernel.
-Grads norm_vjp_composed(bool center, const Array& x, const Array& weight, const Array& bias, double eps,
-                        const Array& g) {
-  Array xf = to_f32(x), gf = to_f32(g);
-  Array xc = center ? sub(xf, mean(xf, {-1}, true)) : xf;
-  Array rs = rsqrt(add(mean(mul(xc, xc), {-1}, true), eps));
-  Array xhat = mul(xc, rs);
-  Array gy = weight.defined() ? mul(gf, to_f32(weight)) : gf;
-  Array t = sub(gy, mul(xhat, mean(mul(gy, xhat), {-1}, true)));
-  if (center) t = sub(t, mean(gy, {-1}, true));
-  const Shape feature{x.dim(-1)};
-  Grads out{cast(mul(rs, t), x.dtype()), Array(), Array()};
-  if (weight.defined()) out[1] = cast(sum_to(mul(gf, xhat), feature), weight.dtype());
-  if (bias.defined()) out[2] = cast(sum_to(gf, feature), bias.dtype());
-  return out;
-}
-
 // layer_norm(x, weight, bias) / rms_norm(x, weight): inputs x, weight, bias (either may be
 // undefined); the kernel saves each row's mean and 1/std for the fused backward.
 class NormPrimitive final : public prim::Primitive {
@@ -134,7 +116,7 @@ class NormPrimitive final : public prim::Primitive {
   }
   Grads vjp(const Saved& s, const Array& g) const override {
     const Array &x = s.inputs[0], &weight = s.inputs[1], &bias = s.inputs[2];
-    if (autodiff::grad_enabled()) return norm_vjp_composed(center_, x, weight, bias, eps_, g);
+    if (autodiff::grad_enabled()) return norm_vjp(center_, x, weight, bias, eps_, g);
     // First order: one fused pass from the saved statistics.
     Array gx = g.dtype() == x.dtype() ? g : cast(g, x.dtype());
     Array dx = Array::empty(x.shape(), x.dtype(), x.device());
@@ -163,6 +145,24 @@ Array norm_impl(bool center, const Array& x, const Array& weight, const Array& b
 }
 
 }  // namespace
+
+// The norms' VJP composed from ops, in f32: used when the backward pass is itself
+// recorded (exact higher-order gradients) and as the reference for the fused kernel.
+std::vector<Array> norm_vjp(bool center, const Array& x, const Array& weight, const Array& bias, double eps,
+                        const Array& g) {
+  Array xf = to_f32(x), gf = to_f32(g);
+  Array xc = center ? sub(xf, mean(xf, {-1}, true)) : xf;
+  Array rs = rsqrt(add(mean(mul(xc, xc), {-1}, true), eps));
+  Array xhat = mul(xc, rs);
+  Array gy = weight.defined() ? mul(gf, to_f32(weight)) : gf;
+  Array t = sub(gy, mul(xhat, mean(mul(gy, xhat), {-1}, true)));
+  if (center) t = sub(t, mean(gy, {-1}, true));
+  const Shape feature{x.dim(-1)};
+  Grads out{cast(mul(rs, t), x.dtype()), Array(), Array()};
+  if (weight.defined()) out[1] = cast(sum_to(mul(gf, xhat), feature), weight.dtype());
+  if (bias.defined()) out[2] = cast(sum_to(gf, feature), bias.dtype());
+  return out;
+}
 
 Array softmax(const Array& x, int axis) { return softmax_impl(x, axis, false); }
 Array log_softmax(const Array& x, int axis) { return softmax_impl(x, axis, true); }

@@ -1,4 +1,6 @@
 #pragma once
+#include <vector>
+
 #include "meshtrain/core/array.h"
 
 namespace mt {
@@ -19,5 +21,10 @@ Array layer_norm(const Array& x, const Array& weight, const Array& bias, double 
 // in f32 and rounded once to x's dtype. weight is (C,) or undefined; its dtype may differ
 // from x's as for layer_norm.
 Array rms_norm(const Array& x, const Array& weight, double eps = 1e-6);
+
+// The norms' VJP written with ops in f32 (differentiable again; the reference of the fused
+// kernels): {dx, dweight, dbias}, undefined where the parameter is. `center` is layer norm.
+std::vector<Array> norm_vjp(bool center, const Array& x, const Array& weight, const Array& bias, double eps,
+                            const Array& g);
 
 }  // namespace mt

@@ -139,6 +139,28 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"dropout", {rn({4, 6}, 92), ne(dropout(Array::ones({4, 6}), 0.25, key, true), Array::zeros({4, 6}))},
                [key](const std::vector<Array>& in) { return dropout(in[0], 0.25, key, true); },
                "out = x0 * x1 / 0.75"});
+  // The fused forms: the linear epilogue, the residual add of a dropped branch, and the
+  // post-norm residual step (torch is handed the dropout mask, as above).
+  c.push_back({"bias_activation", {rn({4, 3, 5}, 120), rn({5}, 121)},
+               [](const std::vector<Array>& in) { return bias_activation(in[0], in[1], FusedActivation::gelu_tanh); },
+               "out = F.gelu(x0 + x1, approximate='tanh')"});
+  c.push_back({"bias_activation", {rn({6, 7}, 122), rn({7}, 123)},
+               [](const std::vector<Array>& in) { return bias_activation(in[0], in[1], FusedActivation::gelu); },
+               "out = F.gelu(x0 + x1)"});
+  const Array keep46 = ne(dropout(Array::ones({4, 6}), 0.25, key, true), Array::zeros({4, 6}));
+  c.push_back({"add_dropout", {rn({4, 6}, 124), rn({4, 6}, 125), keep46},
+               [key](const std::vector<Array>& in) { return add_dropout(in[0], in[1], 0.25, key, true); },
+               "out = x0 + x1 * x2 / 0.75"});
+  // (4, 8): the sharded runs split the rows, so each rank draws its block's mask.
+  const Array keep48 = ne(dropout(Array::ones({4, 8}), 0.25, key, true), Array::zeros({4, 8}));
+  c.push_back({"add_dropout_layer_norm", {rn({4, 8}, 126), rn({4, 8}, 127), rn({8}, 128), rn({8}, 129), keep48},
+               [key](const std::vector<Array>& in) {
+                 return add_dropout_layer_norm(in[0], in[1], in[2], in[3], 1e-5, 0.25, key, true);
+               },
+               "out = F.layer_norm(x0 + x1 * x4 / 0.75, (8,), x2, x3, 1e-5)"});
+  c.push_back({"add_dropout_rms_norm", {rn({4, 8}, 130), rn({4, 8}, 131), rn({8}, 132), keep48},
+               [key](const std::vector<Array>& in) { return add_dropout_rms_norm(in[0], in[1], in[2], 1e-6, 0.25, key, true); },
+               "s = x0 + x1 * x3 / 0.75\nout = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * x2"});
   c.push_back({"cross_entropy", {rn({8, 7}, 93), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8})},
                [](const std::vector<Array>& in) { return cross_entropy(in[0], in[1], -100, 0.1); },
                "out = F.cross_entropy(x0, x1, ignore_index=-100, label_smoothing=0.1)"});

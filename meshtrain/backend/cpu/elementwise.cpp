@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "meshtrain/backend/cpu/broadcast_iter.h"
 #include "meshtrain/backend/cpu/fast_math.h"
@@ -20,6 +21,20 @@ namespace {
 
 constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+
+// gelu'(v): the tanh form's derivative when approximate, else Φ(v) + v·φ(v).
+template <bool approximate>
+inline float gelu_derivative(float v) {
+  if constexpr (approximate) {
+    constexpr float c = 0.044715f;
+    const float t = fast_tanh(kSqrt2OverPi * (v + c * v * v * v));
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
+  } else {
+    constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
+    return 0.5f * (1.0f + fast_erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
+  }
+}
+
 
 // C is the compute type: float for floating dtypes, the integer type itself otherwise.
 template <UnaryOp op, class C>
@@ -118,6 +133,32 @@ void dispatch_binary(BinaryOp op, F&& f) {
   dispatch_op<Enum MT_BINARY_OPS(MT_ENUM_VALUE)>(op, f);
 }
 #undef MT_ENUM_VALUE
+
+// The activations bias_activation fuses, as f(pre) and f'(pre).
+template <UnaryOp act>
+inline float activation_value(float v) {
+  return apply_unary<act, float>(v);
+}
+template <UnaryOp act>
+inline float activation_derivative(float v) {
+  return gelu_derivative<act == UnaryOp::gelu_tanh>(v);
+}
+
+template <class F>
+void dispatch_fused_activation(UnaryOp act, F&& f) {
+  switch (act) {
+    case UnaryOp::relu: f(std::integral_constant<UnaryOp, UnaryOp::relu>{}); return;
+    case UnaryOp::gelu_erf: f(std::integral_constant<UnaryOp, UnaryOp::gelu_erf>{}); return;
+    case UnaryOp::gelu_tanh: f(std::integral_constant<UnaryOp, UnaryOp::gelu_tanh>{}); return;
+    default: break;
+  }
+  throw Error(detail::concat("[bias_activation] activation ", kernels::unary_name(act),
+                             " is not fused (relu, gelu, gelu_tanh are)"));
+}
+
+// Rows per chunk of the bias gradient's partial sums: fixed, so the summation order does not
+// depend on the thread count.
+constexpr int64_t kBiasRowChunk = 64;
 
 }  // namespace
 
@@ -257,22 +298,11 @@ void gelu_backward(const Array& x, const Array& g, bool approximate, Array& out)
     const T* pg = g.data<T>();
     T* po = out.data<T>();
     if (approximate) {
-      constexpr float c = 0.044715f;
 #pragma omp parallel for if (n > grain::compute) schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = load_f32(px[i]);
-        const float t = fast_tanh(kSqrt2OverPi * (v + c * v * v * v));
-        const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
-        po[i] = store_f32<T>(load_f32(pg[i]) * d);
-      }
+      for (int64_t i = 0; i < n; ++i) po[i] = store_f32<T>(load_f32(pg[i]) * gelu_derivative<true>(load_f32(px[i])));
     } else {
-      constexpr float inv_sqrt_2pi = 0.39894228040143267794f;
 #pragma omp parallel for if (n > grain::compute) schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = load_f32(px[i]);
-        const float d = 0.5f * (1.0f + fast_erf(v * kSqrt1_2)) + v * inv_sqrt_2pi * fast_exp(-0.5f * v * v);
-        po[i] = store_f32<T>(load_f32(pg[i]) * d);
-      }
+      for (int64_t i = 0; i < n; ++i) po[i] = store_f32<T>(load_f32(pg[i]) * gelu_derivative<false>(load_f32(px[i])));
     }
   });
 }
@@ -293,6 +323,88 @@ void cast(const Array& x, Array& out) {
         else po[i] = from_double<O>(to_double(px[i]));
       }
     });
+  });
+}
+
+void bias_activation(UnaryOp act, const Array& y, const Array& bias, Array& out) {
+  const int64_t c = y.dim(-1), n = c > 0 ? y.numel() / c : 0;
+  dispatch_fused_activation(act, [&](auto act_tag) {
+    constexpr UnaryOp a = decltype(act_tag)::value;
+    dispatch_float(y.dtype(), "bias_activation", [&](auto yt) {
+      dispatch_float(bias.dtype(), "bias_activation", [&](auto bt) {
+        using T = decltype(yt);
+        using B = decltype(bt);
+        const T* py = y.data<T>();
+        const B* pb = bias.data<B>();
+        T* po = out.data<T>();
+        std::vector<float> bf(static_cast<size_t>(c));
+        for (int64_t i = 0; i < c; ++i) bf[size_t(i)] = load_f32(pb[i]);
+        const float* b = bf.data();
+#pragma omp parallel for if (n * c > grain::compute && n > 1) schedule(static)
+        for (int64_t r = 0; r < n; ++r) {
+          const T* yr = py + r * c;
+          T* orow = po + r * c;
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i)
+            orow[i] = store_f32<T>(activation_value<a>(load_f32(store_f32<T>(load_f32(yr[i]) + b[i]))));
+        }
+      });
+    });
+  });
+}
+
+void bias_activation_backward(UnaryOp act, const Array& y, const Array& bias, const Array& g, Array& dpre,
+                              Array* dbias) {
+  const int64_t c = y.dim(-1), n = c > 0 ? y.numel() / c : 0;
+  const int64_t chunks = (n + kBiasRowChunk - 1) / kBiasRowChunk;
+  std::vector<double> part(dbias ? size_t(chunks * c) : 0);
+  dispatch_fused_activation(act, [&](auto act_tag) {
+    constexpr UnaryOp a = decltype(act_tag)::value;
+    dispatch_float(y.dtype(), "bias_activation", [&](auto yt) {
+      dispatch_float(bias.dtype(), "bias_activation", [&](auto bt) {
+        using T = decltype(yt);
+        using B = decltype(bt);
+        const T* py = y.data<T>();
+        const T* pg = g.data<T>();
+        const B* pb = bias.data<B>();
+        T* pd = dpre.data<T>();
+        std::vector<float> bf(static_cast<size_t>(c));
+        for (int64_t i = 0; i < c; ++i) bf[size_t(i)] = load_f32(pb[i]);
+        const float* b = bf.data();
+#pragma omp parallel for if (n * c > grain::compute && chunks > 1) schedule(static)
+        for (int64_t ch = 0; ch < chunks; ++ch) {
+          double* acc = dbias ? part.data() + ch * c : nullptr;
+          const int64_t r1 = std::min(n, (ch + 1) * kBiasRowChunk);
+          for (int64_t r = ch * kBiasRowChunk; r < r1; ++r) {
+            const T* yr = py + r * c;
+            const T* gr = pg + r * c;
+            T* dr = pd + r * c;
+// Vectorized as the compiler vectorizes gelu_backward (no simd pragma), so both round alike.
+            for (int64_t i = 0; i < c; ++i) {
+              const float pre = load_f32(store_f32<T>(load_f32(yr[i]) + b[i]));
+              const float gv = load_f32(gr[i]);
+              // ReLU passes g or 0 (as relu_backward: no 0·inf), the GeLUs scale it.
+              if constexpr (a == UnaryOp::relu) dr[i] = store_f32<T>(pre > 0.0f ? gv : 0.0f);
+              else dr[i] = store_f32<T>(gv * activation_derivative<a>(pre));
+            }
+            if (acc) {
+#pragma omp simd
+              for (int64_t i = 0; i < c; ++i) acc[i] += double(load_f32(dr[i]));
+            }
+          }
+        }
+      });
+    });
+  });
+  if (!dbias) return;
+  dispatch_float(dbias->dtype(), "bias_activation", [&](auto ot) {
+    using O = decltype(ot);
+    O* po = dbias->data<O>();
+    for (int64_t i = 0; i < c; ++i) {
+      double s = 0;
+      for (int64_t ch = 0; ch < chunks; ++ch) s += part[size_t(ch * c + i)];
+      po[i] = store_f32<O>(float(s));
+    }
   });
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/rng.h"
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
@@ -34,10 +35,27 @@ void dispatch_x_w(const Array& x, const Array& w, const Array& b, const char* op
   dispatch_float(x.dtype(), op, [&](auto xt) { dispatch_float(param, op, [&](auto wt) { f(xt, wt); }); });
 }
 
+// The branch's dropout for one row: its keep threshold, scale and the row's uniforms.
+struct RowDropout {
+  const kernels::DropoutBranch* branch;
+  float threshold = 0, scale = 0;
+  explicit RowDropout(const kernels::DropoutBranch* b) : branch(b) {
+    if (!b) return;
+    threshold = kernels::keep_threshold(b->rate);
+    scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
+  }
+  void uniforms(int64_t row, int64_t c, float* out) const {
+    fill_uniform(branch->key, uint64_t(kernels::row_stream_start(branch->input.defined() ? branch->input.shape()
+                                                                                           : branch->grad.shape(),
+                                                                  branch->block, row)),
+                 c, out);
+  }
+};
+
 }  // namespace
 
 void norm_forward(bool center, const Array& x, const Array& weight, const Array& bias, double eps, Array& y,
-                  Array& mean, Array& rstd) {
+                  Array& mean, Array& rstd, const kernels::DropoutBranch* branch) {
   const char* op = center ? "layer_norm" : "rms_norm";
   dispatch_x_w(x, weight, bias, op, [&](auto xt, auto wt) {
     using T = decltype(xt);
@@ -49,6 +67,9 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
     const W* pb = bias.defined() ? bias.data<W>() : nullptr;
     float* pmean = mean.data<float>();
     float* prstd = rstd.data<float>();
+    const RowDropout drop(branch);
+    const T* pbranch = branch ? branch->input.data<T>() : nullptr;
+    T* psum = branch ? branch->sum.data<T>() : nullptr;
     // Affine parameters converted once, not per row; absent ones become 1 and 0 so the
     // row loops stay branch-free.
     std::vector<float> wf(static_cast<size_t>(c), 1.0f), bf(static_cast<size_t>(c), 0.0f);
@@ -56,11 +77,28 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
     if (pb) load_row(pb, bf.data(), c);
 #pragma omp parallel if (n * c > grain::row && n > 1)
     {
-      std::vector<float> row(static_cast<size_t>(c));
+      std::vector<float> row(static_cast<size_t>(c)), u(branch ? size_t(c) : 0);
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
         float* xr = row.data();
         load_row(px + r * c, xr, c);
+        if (branch) {
+          // s = x + dropout(branch), rounded as the composed ops round it; s is what is normalized.
+          drop.uniforms(r, c, u.data());
+          const T* br = pbranch + r * c;
+          T* sr = psum + r * c;
+          float* ur = u.data();
+          // The dropped term in its own loop (no product-sum contraction into an FMA), then the sum.
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i)
+            ur[i] = load_f32(store_f32<T>(ur[i] >= drop.threshold ? load_f32(br[i]) * drop.scale : 0.0f));
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i) {
+            const T sum = store_f32<T>(xr[i] + ur[i]);
+            sr[i] = sum;
+            xr[i] = load_f32(sum);
+          }
+        }
         double s = 0;
         if (center) {
 #pragma omp simd reduction(+ : s)
@@ -88,7 +126,7 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
 }
 
 void norm_backward(bool center, const Array& g, const Array& x, const Array& weight, const Array& mean,
-                   const Array& rstd, Array& dx, Array* dweight, Array* dbias) {
+                   const Array& rstd, Array& dx, Array* dweight, Array* dbias, const kernels::DropoutBranch* branch) {
   const char* op = center ? "layer_norm" : "rms_norm";
   dispatch_x_w(x, weight, Array(), op, [&](auto xt, auto wt) {
     using T = decltype(xt);
@@ -102,13 +140,15 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
     const float* prstd = rstd.data<float>();
     std::vector<float> wf(static_cast<size_t>(c), 1.0f);  // 1 without a weight: branch-free rows
     if (pw) load_row(pw, wf.data(), c);
+    const RowDropout drop(branch);
+    T* pgrad = branch ? branch->grad.data<T>() : nullptr;
     const int64_t chunks = (n + kRowChunk - 1) / kRowChunk;
     const bool want_w = dweight != nullptr, want_b = dbias != nullptr;
     // Per-chunk partial sums of g * xhat (weight) and g (bias), reduced in chunk order below.
     std::vector<double> part_w(want_w ? size_t(chunks * c) : 0), part_b(want_b ? size_t(chunks * c) : 0);
 #pragma omp parallel if (n * c > grain::row && chunks > 1)
     {
-      std::vector<float> xhat(static_cast<size_t>(c)), gr(xhat.size()), gy(xhat.size());
+      std::vector<float> xhat(static_cast<size_t>(c)), gr(xhat.size()), gy(xhat.size()), u(branch ? xhat.size() : 0);
 #pragma omp for schedule(static)
       for (int64_t ch = 0; ch < chunks; ++ch) {
         double* acc_w = want_w ? part_w.data() + ch * c : nullptr;
@@ -132,6 +172,15 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
           T* dxr = pdx + r * c;
 #pragma omp simd
           for (int64_t i = 0; i < c; ++i) dxr[i] = store_f32<T>(rs * (gy[size_t(i)] - a - xhat[size_t(i)] * b));
+          if (branch) {
+            // The branch's gradient: dropout(dx) with the forward's mask, drawn again.
+            drop.uniforms(r, c, u.data());
+            const float* ur = u.data();
+            T* br = pgrad + r * c;
+#pragma omp simd
+            for (int64_t i = 0; i < c; ++i)
+              br[i] = store_f32<T>(ur[i] >= drop.threshold ? load_f32(dxr[i]) * drop.scale : 0.0f);
+          }
           const float* g_row = gr.data();
           const float* xhat_row = xhat.data();
           if (acc_w) {

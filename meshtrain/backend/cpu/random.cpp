@@ -21,20 +21,13 @@ void for_each_chunk(const RngKey& key, const Shape& local, const StreamBlock& bl
   const int64_t total = local.numel();
   // Runs of consecutive global indices: the whole array, or one per row of the block.
   int64_t run_len = total, runs = total > 0 ? 1 : 0;
-  std::vector<int64_t> gstrides;
-  if (!block.global_dims.empty() && local.ndim() > 0) {
+  const bool blocked = !block.global_dims.empty() && local.ndim() > 0;
+  if (blocked) {
     run_len = local.dim(-1);
     runs = run_len > 0 ? total / run_len : 0;
-    gstrides = Shape(block.global_dims).strides();
   }
   auto global_start = [&](int64_t run) -> int64_t {
-    if (gstrides.empty()) return 0;
-    int64_t g = block.offsets.back() * gstrides.back(), rem = run;
-    for (int d = local.ndim() - 2; d >= 0; --d) {
-      g += (rem % local[d] + block.offsets[size_t(d)]) * gstrides[size_t(d)];
-      rem /= local[d];
-    }
-    return g;
+    return blocked ? kernels::row_stream_start(local, block, run) : 0;
   };
   const int64_t chunks_per_run = (run_len + kChunk - 1) / kChunk;
   const int64_t work = runs * chunks_per_run;
@@ -97,6 +90,30 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const S
         const float kept = load_f32(xs[j]) * scale;  // a dropped inf or NaN still gives 0
         os[j] = store_f32<T>(u[j] >= threshold ? kept : 0.0f);
       }
+    });
+  });
+}
+
+void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& key, double rate,
+                 const StreamBlock& block) {
+  dispatch_float(x.dtype(), "add_dropout", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pb = branch.data<T>();
+    T* po = out.data<T>();
+    const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, threshold = keep_threshold(rate);
+    for_each_chunk<false>(key, branch.shape(), block, [&](int64_t start, int64_t n, const float* u) {
+      const T* xs = px + start;
+      const T* bs = pb + start;
+      T* os = po + start;
+      // Rounded as the composed x + dropout(branch): the dropped term first (its own loop, so
+      // the compiler cannot contract the product and the sum into one FMA), then the sum.
+      float dropped[4096];
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j)
+        dropped[j] = load_f32(store_f32<T>(u[j] >= threshold ? load_f32(bs[j]) * scale : 0.0f));
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) os[j] = store_f32<T>(load_f32(xs[j]) + dropped[j]);
     });
   });
 }

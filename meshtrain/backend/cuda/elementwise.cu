@@ -234,20 +234,66 @@ __global__ void relu_backward_kernel(const T* x, const T* g, T* out, int64_t n) 
   MT_GRID_LOOP(i, n) out[i] = load(x[i]) > compute_t<T>(0) ? g[i] : store<T>(compute_t<T>(0));
 }
 
+__device__ inline float gelu_derivative(float v, bool approximate) {
+  if (approximate) {
+    constexpr float c = 0.044715f;
+    const float t = tanhf(kSqrt2OverPi * (v + c * v * v * v));
+    return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
+  }
+  return 0.5f * (1.0f + erff(v * kSqrt1_2)) + v * 0.39894228040143267794f * expf(-0.5f * v * v);
+}
+
 template <class T>
 __global__ void gelu_backward_kernel(const T* x, const T* g, T* out, int64_t n, bool approximate) {
+  MT_GRID_LOOP(i, n) out[i] = from_f32<T>(to_f32(g[i]) * gelu_derivative(to_f32(x[i]), approximate));
+}
+
+// The linear layer's epilogue: out = act(y + bias), the pre-activation rounded to T as the
+// composed add rounds it.
+template <class T, class B>
+__global__ void bias_activation_kernel(UnaryOp act, const T* y, const B* bias, T* out, int64_t n, int64_t c) {
   MT_GRID_LOOP(i, n) {
-    const float v = to_f32(x[i]);
-    float d;
-    if (approximate) {
-      constexpr float c = 0.044715f;
-      const float t = tanhf(kSqrt2OverPi * (v + c * v * v * v));
-      d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * c * v * v);
-    } else {
-      d = 0.5f * (1.0f + erff(v * kSqrt1_2)) + v * 0.39894228040143267794f * expf(-0.5f * v * v);
-    }
-    out[i] = from_f32<T>(to_f32(g[i]) * d);
+    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[i % c])));
+    out[i] = from_f32<T>(apply_unary(act, pre));
   }
+}
+
+template <class T, class B>
+__global__ void bias_activation_backward_kernel(UnaryOp act, const T* y, const B* bias, const T* g, T* dpre,
+                                                int64_t n, int64_t c) {
+  MT_GRID_LOOP(i, n) {
+    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[i % c])));
+    const float gv = to_f32(g[i]);
+    dpre[i] = from_f32<T>(act == UnaryOp::relu ? (pre > 0.0f ? gv : 0.0f)
+                                               : gv * gelu_derivative(pre, act == UnaryOp::gelu_tanh));
+  }
+}
+
+// Column sums of dpre (N, C) per 64-row chunk in f64, then over chunks in order: the CPU
+// kernel's summation order, deterministic.
+constexpr int64_t kBiasRowChunk = 64;
+template <class T>
+__global__ void column_chunk_sums_kernel(const T* d, double* part, int64_t n, int64_t c) {
+  const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= c) return;
+  const int64_t ch = blockIdx.x, r0 = ch * kBiasRowChunk, r1 = min(n, r0 + kBiasRowChunk);
+  double s = 0;
+  for (int64_t r = r0; r < r1; ++r) s += double(to_f32(d[r * c + i]));
+  part[ch * c + i] = s;
+}
+
+template <class O>
+__global__ void sum_chunks_kernel(const double* part, O* out, int64_t chunks, int64_t c) {
+  MT_GRID_LOOP(i, c) {
+    double s = 0;
+    for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * c + i];
+    out[i] = from_f32<O>(float(s));
+  }
+}
+
+void check_fused_activation(UnaryOp act) {
+  MT_CHECK(act == UnaryOp::relu || act == UnaryOp::gelu_erf || act == UnaryOp::gelu_tanh,
+           "[bias_activation] activation ", kernels::unary_name(act), " is not fused (relu, gelu, gelu_tanh are)");
 }
 
 template <class I, class O>
@@ -378,6 +424,49 @@ void cast(const Array& x, Array& out) {
     });
   });
   check_launch("cast");
+}
+
+void bias_activation(UnaryOp act, const Array& y, const Array& bias, Array& out) {
+  check_fused_activation(act);
+  const int64_t n = y.numel(), c = y.dim(-1);
+  if (n == 0) return;
+  dispatch_device_float(y.dtype(), "bias_activation", [&](auto yt) {
+    dispatch_device_float(bias.dtype(), "bias_activation", [&](auto bt) {
+      using T = decltype(yt);
+      using B = decltype(bt);
+      bias_activation_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(act, ptr<T>(y), ptr<B>(bias), mptr<T>(out), n, c);
+    });
+  });
+  check_launch("bias_activation");
+}
+
+void bias_activation_backward(UnaryOp act, const Array& y, const Array& bias, const Array& g, Array& dpre,
+                              Array* dbias) {
+  check_fused_activation(act);
+  const int64_t n = y.numel(), c = y.dim(-1);
+  if (n == 0) return;
+  const int64_t rows = n / c, chunks = (rows + kBiasRowChunk - 1) / kBiasRowChunk;
+  dispatch_device_float(y.dtype(), "bias_activation", [&](auto yt) {
+    dispatch_device_float(bias.dtype(), "bias_activation", [&](auto bt) {
+      using T = decltype(yt);
+      using B = decltype(bt);
+      bias_activation_backward_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(act, ptr<T>(y), ptr<B>(bias), ptr<T>(g),
+                                                                                mptr<T>(dpre), n, c);
+      check_launch("bias_activation_backward");
+      if (!dbias) return;
+      // Scratch for f64 partial sums: 8-byte elements (there is no f64 dtype; i64 has the size).
+      Array part = Array::empty({chunks, c}, DType::i64, y.device());
+      double* pp = static_cast<double*>(part.raw());
+      const dim3 grid(unsigned(chunks), unsigned((c + kThreads - 1) / kThreads));
+      column_chunk_sums_kernel<<<grid, kThreads, 0, stream()>>>(ptr<T>(dpre), pp, rows, c);
+      check_launch("bias_activation_backward");
+      dispatch_device_float(dbias->dtype(), "bias_activation", [&](auto ot) {
+        using O = decltype(ot);
+        sum_chunks_kernel<<<blocks_for(c), kThreads, 0, stream()>>>(pp, mptr<O>(*dbias), chunks, c);
+      });
+      check_launch("bias_activation_backward");
+    });
+  });
 }
 
 }  // namespace mt::cuda

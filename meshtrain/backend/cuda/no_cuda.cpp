@@ -48,6 +48,8 @@ void where(const Array&, const Array&, const Array&, Array&) { no_cuda(); }
 void relu_backward(const Array&, const Array&, Array&) { no_cuda(); }
 void gelu_backward(const Array&, const Array&, bool, Array&) { no_cuda(); }
 void cast(const Array&, Array&) { no_cuda(); }
+void bias_activation(kernels::UnaryOp, const Array&, const Array&, Array&) { no_cuda(); }
+void bias_activation_backward(kernels::UnaryOp, const Array&, const Array&, const Array&, Array&, Array*) { no_cuda(); }
 void strided_copy(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
                   const std::vector<int64_t>&, size_t) { no_cuda(); }
 void reduce(kernels::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
@@ -55,8 +57,12 @@ void argmax(const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, bool) { no_cuda(); }
 void causal_softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, float) { no_cuda(); }
 void softmax_backward(const Array&, const Array&, Array&, int64_t, int64_t, float) { no_cuda(); }
-void norm_forward(bool, const Array&, const Array&, const Array&, double, Array&, Array&, Array&) { no_cuda(); }
-void norm_backward(bool, const Array&, const Array&, const Array&, const Array&, const Array&, Array&, Array*, Array*) {
+void norm_forward(bool, const Array&, const Array&, const Array&, double, Array&, Array&, Array&,
+                  const kernels::DropoutBranch*) {
+  no_cuda();
+}
+void norm_backward(bool, const Array&, const Array&, const Array&, const Array&, const Array&, Array&, Array*, Array*,
+                   const kernels::DropoutBranch*) {
   no_cuda();
 }
 bool flash_attention_supported(int64_t) { return false; }
@@ -90,6 +96,7 @@ void scatter_add_along_axis(const Array&, const Array&, Array&, int) { no_cuda()
 void top_k(const Array&, Array&, Array&, int64_t, int64_t, int64_t, int64_t) { no_cuda(); }
 void one_hot(const Array&, Array&, int64_t) { no_cuda(); }
 void dropout(const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
+void dropout_add(const Array&, const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
 void adam_moments(const Array&, const Array&, const Array&, const kernels::AdamHyper&, Array&) { no_cuda(); }
 void adam_direction(const Array&, const Array&, const Array*, const kernels::AdamHyper&, Array&) { no_cuda(); }
 void adam_moments_multi(const std::vector<Array>&, const kernels::AdamHyper&, Array&) { no_cuda(); }

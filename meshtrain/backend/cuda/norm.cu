@@ -1,8 +1,10 @@
 // Layer norm (center) and RMS norm over the last dim of x viewed as (N, C), forward and the
 // first-order backward from the saved statistics, with the CPU kernel's arithmetic:
 // statistics in f32 from double sums, two-pass variance, weight/bias gradients summed per
-// 64-row chunk and then over chunks in order (deterministic).
-#include "meshtrain/backend/cuda/device_types.cuh"
+// 64-row chunk and then over chunks in order (deterministic). With a dropout branch the
+// forward first forms s = x + dropout(branch) in the same kernel (each thread reads back only
+// the elements it wrote), and the backward writes dropout(dx) beside dx.
+#include "meshtrain/backend/cuda/stream_block.cuh"
 #include "meshtrain/backend/norm.h"
 
 namespace mt::cuda {
@@ -18,12 +20,55 @@ __device__ inline float param_or(const W* p, int64_t i, float absent) {
   return p ? to_f32(p[i]) : absent;
 }
 
+// The branch of a fused residual norm on the device (branch == nullptr: a plain norm).
+template <class T>
+struct DeviceBranch {
+  const T* input = nullptr;  // forward
+  T* sum = nullptr;          // forward: x + dropout(input)
+  T* grad = nullptr;         // backward: dropout(dx)
+  uint64_t seed = 0, stream_id = 0;
+  double rate = 0;
+  float scale = 0;
+  BlockMap map;
+};
+
+template <class T>
+DeviceBranch<T> device_branch(const kernels::DropoutBranch* b, const Shape& shape) {
+  DeviceBranch<T> d;
+  if (!b) return d;
+  d.input = b->input.defined() ? ptr<T>(b->input) : nullptr;
+  // The branch's output arrays are written through handles the caller owns.
+  d.sum = b->sum.defined() ? static_cast<T*>(b->sum.raw()) : nullptr;
+  d.grad = b->grad.defined() ? static_cast<T*>(b->grad.raw()) : nullptr;
+  d.seed = b->key.seed;
+  d.stream_id = b->key.stream;
+  d.rate = b->rate;
+  d.scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
+  d.map = block_map(shape, b->block, "layer_norm");
+  return d;
+}
+
+template <class T>
+__device__ inline bool keeps(const DeviceBranch<T>& br, int64_t i) {
+  return double(uniform_at_block(br.map, i, br.seed, br.stream_id)) >= br.rate;
+}
+
 template <class T, class W>
 __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W* b, double eps, T* y, float* mean,
-                                   float* rstd, int64_t c) {
+                                   float* rstd, int64_t c, DeviceBranch<T> br) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * c;
+  if (br.input) {
+    // s = x + dropout(branch), rounded as the composed ops; the rows below read s.
+    T* sr = br.sum + r * c;
+    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+      const float dropped =
+          to_f32(keeps(br, r * c + i) ? from_f32<T>(to_f32(br.input[r * c + i]) * br.scale) : from_f32<T>(0.0f));
+      sr[i] = from_f32<T>(to_f32(xr[i]) + dropped);
+    }
+    xr = sr;
+  }
   double s = 0;
   if (center) {
     for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += double(to_f32(xr[i]));
@@ -48,7 +93,7 @@ __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W
 
 template <class T, class W>
 __global__ void norm_backward_dx_kernel(bool center, const T* g, const T* x, const W* w, const float* mean,
-                                        const float* rstd, T* dx, int64_t c) {
+                                        const float* rstd, T* dx, int64_t c, DeviceBranch<T> br) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const float mu = center ? mean[r] : 0.0f, rs = rstd[r];
@@ -69,7 +114,9 @@ __global__ void norm_backward_dx_kernel(bool center, const T* g, const T* x, con
   for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
     const float xhat = (to_f32(xr[i]) - mu) * rs;
     const float gy = to_f32(gr[i]) * param_or(w, i, 1.0f);
-    dxr[i] = from_f32<T>(rs * (gy - a - xhat * bcoef));
+    const T d = from_f32<T>(rs * (gy - a - xhat * bcoef));
+    dxr[i] = d;
+    if (br.grad) br.grad[r * c + i] = keeps(br, r * c + i) ? from_f32<T>(to_f32(d) * br.scale) : from_f32<T>(0.0f);
   }
 }
 
@@ -111,7 +158,7 @@ int norm_threads(int64_t c) { return c <= 64 ? 64 : c <= 128 ? 128 : c <= 256 ? 
 }  // namespace
 
 void norm_forward(bool center, const Array& x, const Array& weight, const Array& bias, double eps, Array& y,
-                  Array& mean, Array& rstd) {
+                  Array& mean, Array& rstd, const kernels::DropoutBranch* branch) {
   const char* op = center ? "layer_norm" : "rms_norm";
   const int64_t c = x.dim(-1), n = row_count(x);
   if (n * c == 0) return;
@@ -120,13 +167,13 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
     using W = decltype(wt);
     norm_forward_kernel<<<unsigned(n), norm_threads(c), 0, stream()>>>(
         center, ptr<T>(x), weight.defined() ? ptr<W>(weight) : nullptr, bias.defined() ? ptr<W>(bias) : nullptr, eps,
-        mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), c);
+        mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), c, device_branch<T>(branch, x.shape()));
   });
   check_launch(op);
 }
 
 void norm_backward(bool center, const Array& g, const Array& x, const Array& weight, const Array& mean,
-                   const Array& rstd, Array& dx, Array* dweight, Array* dbias) {
+                   const Array& rstd, Array& dx, Array* dweight, Array* dbias, const kernels::DropoutBranch* branch) {
   const char* op = center ? "layer_norm" : "rms_norm";
   const int64_t c = x.dim(-1), n = row_count(x);
   if (n * c == 0) return;
@@ -135,7 +182,7 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
     using W = decltype(wt);
     norm_backward_dx_kernel<<<unsigned(n), norm_threads(c), 0, stream()>>>(
         center, ptr<T>(g), ptr<T>(x), weight.defined() ? ptr<W>(weight) : nullptr, ptr<float>(mean), ptr<float>(rstd),
-        mptr<T>(dx), c);
+        mptr<T>(dx), c, device_branch<T>(branch, x.shape()));
     check_launch(op);
     if (!dweight && !dbias) return;
     const int64_t chunks = (n + kRowChunk - 1) / kRowChunk;

@@ -2,36 +2,12 @@
 // (global) array keeps its value when uniform_at(key, i) >= rate, so masks are bit-identical
 // to the CPU's for the same key, whatever the device or the sharding.
 #include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/cuda/stream_block.cuh"
 #include "meshtrain/backend/random.h"
 
 namespace mt::cuda {
 
 namespace {
-
-// Where local elements sit in the global array: local dims, global strides, block offsets.
-struct BlockMap {
-  int ndim = 0;  // 0: the array is the whole global array
-  int64_t local[kMaxDims] = {};
-  int64_t global_stride[kMaxDims] = {};
-  int64_t offset[kMaxDims] = {};
-};
-
-__device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
-  if (b.ndim == 0) return uint64_t(i);
-  int64_t g = 0;
-  for (int d = b.ndim - 1; d >= 0; --d) {
-    const int64_t c = i % b.local[d];
-    i /= b.local[d];
-    g += (c + b.offset[d]) * b.global_stride[d];
-  }
-  return uint64_t(g);
-}
-
-__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
-  uint32_t w[4];
-  philox_block(block, seed, stream_id, w);
-  return w[lane];
-}
 
 // The whole array (not a block of a sharded one): one Philox block gives the 4 uniforms of
 // elements 4b .. 4b+3, so each thread computes it once for its 4 elements.
@@ -74,22 +50,24 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uin
   }
 }
 
+// x + dropout(branch) in one pass, each element's uniform drawn at its global position.
+template <class T>
+__global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
+                                   double rate, float scale, BlockMap map) {
+  MT_GRID_LOOP(i, n) {
+    const float uniform = uniform_at_block(map, i, seed, stream_id);
+    // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
+    const float dropped = to_f32(double(uniform) >= rate ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+    out[i] = from_f32<T>(to_f32(x[i]) + dropped);
+  }
+}
+
 }  // namespace
 
 void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  BlockMap map;
-  if (!block.global_dims.empty() && x.ndim() > 0) {
-    MT_CHECK(x.ndim() <= kMaxDims, "[dropout] more than ", kMaxDims, " dims on the GPU");
-    const std::vector<int64_t> gs = Shape(block.global_dims).strides();
-    map.ndim = x.ndim();
-    for (int d = 0; d < x.ndim(); ++d) {
-      map.local[d] = x.dim(d);
-      map.global_stride[d] = gs[size_t(d)];
-      map.offset[d] = block.offsets[size_t(d)];
-    }
-  }
+  const BlockMap map = block_map(x.shape(), block, "dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
   dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
@@ -106,6 +84,20 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
                                                                scale, map);
   });
   check_launch("dropout");
+}
+
+void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& key, double rate,
+                 const kernels::StreamBlock& block) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const BlockMap map = block_map(branch.shape(), block, "add_dropout");
+  const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  dispatch_device_float(x.dtype(), "add_dropout", [&](auto tag) {
+    using T = decltype(tag);
+    dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed,
+                                                                 key.stream, rate, scale, map);
+  });
+  check_launch("add_dropout");
 }
 
 }  // namespace mt::cuda

@@ -1,0 +1,55 @@
+#pragma once
+// Where a block of a sharded array sits in its global array, on the device: the random kernels
+// draw element i's uniform at its global flat index, so a rank's block masks exactly as the
+// whole array would (and as the CPU kernels do for the same key).
+#include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/random.h"
+
+namespace mt::cuda {
+
+// Local dims, global strides, block offsets; ndim 0: the array is the whole global array.
+struct BlockMap {
+  int ndim = 0;
+  int64_t local[kMaxDims] = {};
+  int64_t global_stride[kMaxDims] = {};
+  int64_t offset[kMaxDims] = {};
+};
+
+inline BlockMap block_map(const Shape& local, const kernels::StreamBlock& block, const char* op) {
+  BlockMap map;
+  if (block.global_dims.empty() || local.ndim() == 0) return map;
+  MT_CHECK(local.ndim() <= kMaxDims, "[", op, "] more than ", kMaxDims, " dims on the GPU");
+  const std::vector<int64_t> gs = Shape(block.global_dims).strides();
+  map.ndim = local.ndim();
+  for (int d = 0; d < local.ndim(); ++d) {
+    map.local[d] = local[d];
+    map.global_stride[d] = gs[size_t(d)];
+    map.offset[d] = block.offsets[size_t(d)];
+  }
+  return map;
+}
+
+__device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
+  if (b.ndim == 0) return uint64_t(i);
+  int64_t g = 0;
+  for (int d = b.ndim - 1; d >= 0; --d) {
+    const int64_t c = i % b.local[d];
+    i /= b.local[d];
+    g += (c + b.offset[d]) * b.global_stride[d];
+  }
+  return uint64_t(g);
+}
+
+__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
+  uint32_t w[4];
+  philox_block(block, seed, stream_id, w);
+  return w[lane];
+}
+
+// The uniform of local element i of a block: core/rng's uniform_at(key, global index).
+__device__ inline float uniform_at_block(const BlockMap& map, int64_t i, uint64_t seed, uint64_t stream_id) {
+  const uint64_t g = global_index(map, i);
+  return philox_uniform(philox_word(g / 4, uint32_t(g % 4), seed, stream_id));
+}
+
+}  // namespace mt::cuda
