@@ -170,10 +170,10 @@ struct BartLayer {
   }
   // Post-LN: norm(x + dropout(y)).
   Array add_norm(const Array& x, const Array& y, const Params& p, const std::string& norm, const RngKey& key) const {
-    return layer_norm(add(x, dropout(y, c.dropout, key, train)), p[norm + ".weight"], p[norm + ".bias"], 1e-5);
+    return residual_layer_norm(x, y, p[norm + ".weight"], p[norm + ".bias"], 1e-5, c.dropout, key, train);
   }
   Array mlp(const Params& p, const std::string& b, const Array& x, const RngKey& key) const {
-    Array h = activation(linear(x, p, b + "fc1"), c.activation_function);
+    Array h = bias_and_activation(adapted_linear(x, p, b + "fc1", Array(), ac), p[b + "fc1.bias"], c.activation_function);
     return linear(dropout(h, c.activation_dropout, key, train), p, b + "fc2");
   }
 };

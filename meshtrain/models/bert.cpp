@@ -204,12 +204,14 @@ Array bert_encoder(const BertConfig& c, const Params& p, const BertInputs& in, c
       AttentionOptions opt{.causal = c.is_decoder, .scale = 0, .dropout_rate = c.attention_probs_dropout_prob,
                            .dropout_key = lk.fold_in(0), .train = train};
       Array a = lin(merge_heads(scaled_dot_product_attention(q, k, v, mask, opt)), "attention.output.dense");
-      x = layer_norm(add(dropout(a, c.hidden_dropout_prob, lk.fold_in(1), train), x),
-                     p[pre + "attention.output.LayerNorm.weight"], p[pre + "attention.output.LayerNorm.bias"],
-                     c.layer_norm_eps);
-      Array m = lin(activation(lin(x, "intermediate.dense"), c.hidden_act), "output.dense");
-      return layer_norm(add(dropout(m, c.hidden_dropout_prob, lk.fold_in(2), train), x), p[pre + "output.LayerNorm.weight"],
-                        p[pre + "output.LayerNorm.bias"], c.layer_norm_eps);
+      x = residual_layer_norm(x, a, p[pre + "attention.output.LayerNorm.weight"],
+                              p[pre + "attention.output.LayerNorm.bias"], c.layer_norm_eps, c.hidden_dropout_prob,
+                              lk.fold_in(1), train);
+      const std::string inter = pre + "intermediate.dense";
+      Array m = bias_and_activation(adapted_linear(x, p, inter, Array(), ac), p[inter + ".bias"], c.hidden_act);
+      m = lin(m, "output.dense");
+      return residual_layer_norm(x, m, p[pre + "output.LayerNorm.weight"], p[pre + "output.LayerNorm.bias"],
+                                 c.layer_norm_eps, c.hidden_dropout_prob, lk.fold_in(2), train);
     };
     x = transformer_block(c.remat, p, pre, x, block);
   }

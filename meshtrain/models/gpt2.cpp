@@ -142,11 +142,12 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
                            .train = train};
       Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
       a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
-      x = add(x, dropout(a, c.resid_pdrop, lk.fold_in(1), train));
+      x = residual_add(x, a, c.resid_pdrop, lk.fold_in(1), train);
       h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
-      Array m = activation(adapted_conv1d(h, p, b + "mlp.c_fc", p[b + "mlp.c_fc.bias"], ac), c.activation_function);
+      Array m = bias_and_activation(adapted_conv1d(h, p, b + "mlp.c_fc", Array(), ac), p[b + "mlp.c_fc.bias"],
+                                    c.activation_function);
       m = adapted_conv1d(m, p, b + "mlp.c_proj", p[b + "mlp.c_proj.bias"], ac);
-      return add(x, dropout(m, c.resid_pdrop, lk.fold_in(2), train));
+      return residual_add(x, m, c.resid_pdrop, lk.fold_in(2), train);
     };
     x = transformer_block(c.remat, p, b, x, block);
   }

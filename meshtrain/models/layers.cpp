@@ -5,8 +5,10 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/random.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -38,6 +40,27 @@ Array activation(const Array& x, const std::string& name) {
   if (name == "tanh") return tanh(x);
   check_activation(name, "activation");
   return x;
+}
+
+Array bias_and_activation(const Array& y, const Array& bias, const std::string& name) {
+  if (!bias.defined()) return activation(y, name);
+  if (fused_layers()) {
+    if (name == "gelu") return mt::bias_activation(y, bias, FusedActivation::gelu);
+    if (name == "gelu_new" || name == "gelu_pytorch_tanh") return mt::bias_activation(y, bias, FusedActivation::gelu_tanh);
+    if (name == "relu") return mt::bias_activation(y, bias, FusedActivation::relu);
+  }
+  return activation(add(y, bias), name);
+}
+
+Array residual_add(const Array& x, const Array& branch, double rate, const RngKey& key, bool train) {
+  if (fused_layers() && train && rate > 0) return add_dropout(x, branch, rate, key, train);
+  return add(x, dropout(branch, rate, key, train));
+}
+
+Array residual_layer_norm(const Array& x, const Array& branch, const Array& weight, const Array& bias, double eps,
+                          double rate, const RngKey& key, bool train) {
+  if (fused_layers()) return add_dropout_layer_norm(x, branch, weight, bias, eps, rate, key, train);
+  return layer_norm(add(x, dropout(branch, rate, key, train)), weight, bias, eps);
 }
 
 Array split_heads(const Array& x, int64_t heads) {

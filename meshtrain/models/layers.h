@@ -9,6 +9,7 @@
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/array.h"
+#include "meshtrain/core/rng.h"
 
 namespace mt::models {
 
@@ -20,6 +21,17 @@ Array conv1d(const Array& x, const Array& weight, const Array& bias);
 // silu / swish, tanh.
 Array activation(const Array& x, const std::string& name);
 void check_activation(const std::string& name, const char* what);
+
+// The block steps the fused ops (ops/fused_ops.h) replace, fused when fused_layers() is on
+// (the default) and composed otherwise:
+// activation(y + bias), fused for relu and the GeLUs (y being a linear layer's output
+// without its bias);
+Array bias_and_activation(const Array& y, const Array& bias, const std::string& activation_name);
+// x + dropout(branch), the pre-norm block's residual step;
+Array residual_add(const Array& x, const Array& branch, double rate, const RngKey& key, bool train);
+// layer_norm(x + dropout(branch)), the post-norm block's residual step.
+Array residual_layer_norm(const Array& x, const Array& branch, const Array& weight, const Array& bias, double eps,
+                          double rate, const RngKey& key, bool train);
 // (B, T, H*D) -> (B, H, T, D) and back.
 Array split_heads(const Array& x, int64_t heads);
 Array merge_heads(const Array& x);

@@ -115,12 +115,13 @@ Array minigpt_hidden(const MiniGptConfig& c, const Params& p, const DecoderInput
             v = split_heads(proj("value"), c.num_heads);
       Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, {.causal = true}));
       a = dense(a, b + "attn.out");
-      x = layer_norm(add(x, dropout(a, c.dropout_rate, lk.fold_in(0), train)), p[b + "ln1.weight"], p[b + "ln1.bias"],
-                     c.layer_norm_epsilon);
-      Array m = relu(dense(x, b + "ffn.linear1"));
+      x = residual_layer_norm(x, a, p[b + "ln1.weight"], p[b + "ln1.bias"], c.layer_norm_epsilon, c.dropout_rate,
+                              lk.fold_in(0), train);
+      const std::string fc = b + "ffn.linear1";
+      Array m = bias_and_activation(adapted_linear(x, p, fc, Array(), ac), p[fc + ".bias"], "relu");
       m = dense(m, b + "ffn.linear2");
-      return layer_norm(add(x, dropout(m, c.dropout_rate, lk.fold_in(1), train)), p[b + "ln2.weight"],
-                        p[b + "ln2.bias"], c.layer_norm_epsilon);
+      return residual_layer_norm(x, m, p[b + "ln2.weight"], p[b + "ln2.bias"], c.layer_norm_epsilon, c.dropout_rate,
+                                 lk.fold_in(1), train);
     };
     x = transformer_block(c.remat, p, b, x, block);
   }

@@ -195,7 +195,7 @@ struct T5Layer {
     return adapted_linear(a, p, m + ".wo", Array(), ac);
   }
   Array residual(const Array& x, const Array& y, const RngKey& key) const {
-    return add(x, dropout(y, c.dropout_rate, key, train));
+    return residual_add(x, y, c.dropout_rate, key, train);
   }
 };
 
