@@ -151,19 +151,9 @@ class AddDropoutPrimitive final : public prim::Primitive {
 
 void check_residual_norm_inputs(const char* op, const Array& x, const Array& branch, const Array& weight,
                                 const Array& bias, double eps) {
-  MT_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating input, got ", x.str());
-  MT_CHECK(x.ndim() >= 1 && x.dim(-1) > 0, "[", op, "] needs a non-empty last dimension to normalize, got ", x.str());
+  check_norm_arguments(op, x, weight, bias, eps);
   MT_CHECK(x.shape() == branch.shape() && x.dtype() == branch.dtype(), "[", op, "] residual ", x.str(), " and branch ",
            branch.str(), " must have one shape and dtype");
-  MT_CHECK(std::isfinite(eps) && eps >= 0, "[", op, "] eps must be finite and >= 0, got ", eps);
-  const Shape feature{x.dim(-1)};
-  for (const Array* p : {&weight, &bias}) {
-    if (!p->defined()) continue;
-    MT_CHECK(is_floating(p->dtype()) && p->shape() == feature, "[", op, "] ", p == &weight ? "weight " : "bias ",
-             p->str(), " does not match ", feature.str(), " (the last dim of ", x.str(), ")");
-  }
-  MT_CHECK(!weight.defined() || !bias.defined() || weight.dtype() == bias.dtype(), "[", op,
-           "] weight and bias dtypes differ: ", weight.str(), " vs ", bias.str());
 }
 
 // Inputs x, branch, weight, bias (either may be undefined). The kernel keeps the sum and the

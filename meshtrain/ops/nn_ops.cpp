@@ -78,23 +78,6 @@ Array softmax_impl(const Array& x, int axis, bool log) {
 
 // ---- layer norm / RMS norm ---------------------------------------------------------
 
-void check_norm_inputs(const char* op, const Array& x, const Array& weight, const Array& bias, double eps) {
-  MT_CHECK(x.defined(), "[", op, "] undefined input array");
-  MT_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating input, got ", x.str());
-  MT_CHECK(x.ndim() >= 1 && x.dim(-1) > 0, "[", op, "] needs a non-empty last dimension to normalize, got ",
-           x.str());
-  MT_CHECK(std::isfinite(eps) && eps >= 0, "[", op, "] eps must be finite and >= 0, got ", eps);
-  const Shape feature{x.dim(-1)};
-  for (auto [name, p] : {std::pair<const char*, const Array*>{"weight", &weight}, {"bias", &bias}}) {
-    if (!p->defined()) continue;
-    MT_CHECK(is_floating(p->dtype()), "[", op, "] ", name, " must be floating, got ", p->str());
-    MT_CHECK(p->shape() == feature, "[", op, "] ", name, " shape ", p->shape().str(), " does not match ",
-             feature.str(), " (the last dim of input ", x.str(), ")");
-  }
-  MT_CHECK(!weight.defined() || !bias.defined() || weight.dtype() == bias.dtype(), "[", op,
-           "] weight and bias dtypes differ: ", weight.str(), " vs ", bias.str());
-}
-
 // layer_norm(x, weight, bias) / rms_norm(x, weight): inputs x, weight, bias (either may be
 // undefined); the kernel saves each row's mean and 1/std for the fused backward.
 class NormPrimitive final : public prim::Primitive {
@@ -102,7 +85,7 @@ class NormPrimitive final : public prim::Primitive {
   NormPrimitive(bool center, double eps) : center_(center), eps_(eps) {}
   const char* name() const override { return center_ ? "layer_norm" : "rms_norm"; }
   OutputInfo infer(const Inputs& in) const override {
-    check_norm_inputs(name(), in[0], in[1], in[2], eps_);
+    check_norm_arguments(name(), in[0], in[1], in[2], eps_);
     return {in[0].shape(), in[0].dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs& aux) const override {
@@ -145,6 +128,23 @@ Array norm_impl(bool center, const Array& x, const Array& weight, const Array& b
 }
 
 }  // namespace
+
+void check_norm_arguments(const char* op, const Array& x, const Array& weight, const Array& bias, double eps) {
+  MT_CHECK(x.defined(), "[", op, "] undefined input array");
+  MT_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating input, got ", x.str());
+  MT_CHECK(x.ndim() >= 1 && x.dim(-1) > 0, "[", op, "] needs a non-empty last dimension to normalize, got ",
+           x.str());
+  MT_CHECK(std::isfinite(eps) && eps >= 0, "[", op, "] eps must be finite and >= 0, got ", eps);
+  const Shape feature{x.dim(-1)};
+  for (auto [name, p] : {std::pair<const char*, const Array*>{"weight", &weight}, {"bias", &bias}}) {
+    if (!p->defined()) continue;
+    MT_CHECK(is_floating(p->dtype()), "[", op, "] ", name, " must be floating, got ", p->str());
+    MT_CHECK(p->shape() == feature, "[", op, "] ", name, " shape ", p->shape().str(), " does not match ",
+             feature.str(), " (the last dim of input ", x.str(), ")");
+  }
+  MT_CHECK(!weight.defined() || !bias.defined() || weight.dtype() == bias.dtype(), "[", op,
+           "] weight and bias dtypes differ: ", weight.str(), " vs ", bias.str());
+}
 
 // The norms' VJP composed from ops, in f32: used when the backward pass is itself
 // recorded (exact higher-order gradients) and as the reference for the fused kernel.

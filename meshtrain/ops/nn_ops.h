@@ -22,6 +22,10 @@ Array layer_norm(const Array& x, const Array& weight, const Array& bias, double 
 // from x's as for layer_norm.
 Array rms_norm(const Array& x, const Array& weight, double eps = 1e-6);
 
+// The norms' argument checks (`op` names the caller in the errors): a floating x with a
+// non-empty last dim, weight/bias (C,) floating of one dtype when defined, eps finite >= 0.
+void check_norm_arguments(const char* op, const Array& x, const Array& weight, const Array& bias, double eps);
+
 // The norms' VJP written with ops in f32 (differentiable again; the reference of the fused
 // kernels): {dx, dweight, dbias}, undefined where the parameter is. `center` is layer norm.
 std::vector<Array> norm_vjp(bool center, const Array& x, const Array& weight, const Array& bias, double eps,

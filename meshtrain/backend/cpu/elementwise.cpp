@@ -160,6 +160,22 @@ void dispatch_fused_activation(UnaryOp act, F&& f) {
 // depend on the thread count.
 constexpr int64_t kBiasRowChunk = 64;
 
+// Calls f(activation tag, y's element type tag, bias as f32 (C,)) for bias_activation's
+// kernels: the activation, y's dtype and the bias's dtype (converted once) dispatched.
+template <class F>
+void with_bias_activation(UnaryOp act, const Array& y, const Array& bias, F&& f) {
+  const int64_t c = y.dim(-1);
+  std::vector<float> b(static_cast<size_t>(c));
+  dispatch_float(bias.dtype(), "bias_activation", [&](auto bt) {
+    using B = decltype(bt);
+    const B* pb = bias.data<B>();
+    for (int64_t i = 0; i < c; ++i) b[size_t(i)] = load_f32(pb[i]);
+  });
+  dispatch_fused_activation(act, [&](auto act_tag) {
+    dispatch_float(y.dtype(), "bias_activation", [&](auto yt) { f(act_tag, yt, b.data()); });
+  });
+}
+
 }  // namespace
 
 void unary(UnaryOp op, const Array& x, Array& out) {
@@ -328,28 +344,19 @@ void cast(const Array& x, Array& out) {
 
 void bias_activation(UnaryOp act, const Array& y, const Array& bias, Array& out) {
   const int64_t c = y.dim(-1), n = c > 0 ? y.numel() / c : 0;
-  dispatch_fused_activation(act, [&](auto act_tag) {
+  with_bias_activation(act, y, bias, [&](auto act_tag, auto yt, const float* b) {
     constexpr UnaryOp a = decltype(act_tag)::value;
-    dispatch_float(y.dtype(), "bias_activation", [&](auto yt) {
-      dispatch_float(bias.dtype(), "bias_activation", [&](auto bt) {
-        using T = decltype(yt);
-        using B = decltype(bt);
-        const T* py = y.data<T>();
-        const B* pb = bias.data<B>();
-        T* po = out.data<T>();
-        std::vector<float> bf(static_cast<size_t>(c));
-        for (int64_t i = 0; i < c; ++i) bf[size_t(i)] = load_f32(pb[i]);
-        const float* b = bf.data();
+    using T = decltype(yt);
+    const T* py = y.data<T>();
+    T* po = out.data<T>();
 #pragma omp parallel for if (n * c > grain::compute && n > 1) schedule(static)
-        for (int64_t r = 0; r < n; ++r) {
-          const T* yr = py + r * c;
-          T* orow = po + r * c;
+    for (int64_t r = 0; r < n; ++r) {
+      const T* yr = py + r * c;
+      T* orow = po + r * c;
 #pragma omp simd
-          for (int64_t i = 0; i < c; ++i)
-            orow[i] = store_f32<T>(activation_value<a>(load_f32(store_f32<T>(load_f32(yr[i]) + b[i]))));
-        }
-      });
-    });
+      for (int64_t i = 0; i < c; ++i)
+        orow[i] = store_f32<T>(activation_value<a>(load_f32(store_f32<T>(load_f32(yr[i]) + b[i]))));
+    }
   });
 }
 
@@ -358,43 +365,34 @@ void bias_activation_backward(UnaryOp act, const Array& y, const Array& bias, co
   const int64_t c = y.dim(-1), n = c > 0 ? y.numel() / c : 0;
   const int64_t chunks = (n + kBiasRowChunk - 1) / kBiasRowChunk;
   std::vector<double> part(dbias ? size_t(chunks * c) : 0);
-  dispatch_fused_activation(act, [&](auto act_tag) {
+  with_bias_activation(act, y, bias, [&](auto act_tag, auto yt, const float* b) {
     constexpr UnaryOp a = decltype(act_tag)::value;
-    dispatch_float(y.dtype(), "bias_activation", [&](auto yt) {
-      dispatch_float(bias.dtype(), "bias_activation", [&](auto bt) {
-        using T = decltype(yt);
-        using B = decltype(bt);
-        const T* py = y.data<T>();
-        const T* pg = g.data<T>();
-        const B* pb = bias.data<B>();
-        T* pd = dpre.data<T>();
-        std::vector<float> bf(static_cast<size_t>(c));
-        for (int64_t i = 0; i < c; ++i) bf[size_t(i)] = load_f32(pb[i]);
-        const float* b = bf.data();
+    using T = decltype(yt);
+    const T* py = y.data<T>();
+    const T* pg = g.data<T>();
+    T* pd = dpre.data<T>();
 #pragma omp parallel for if (n * c > grain::compute && chunks > 1) schedule(static)
-        for (int64_t ch = 0; ch < chunks; ++ch) {
-          double* acc = dbias ? part.data() + ch * c : nullptr;
-          const int64_t r1 = std::min(n, (ch + 1) * kBiasRowChunk);
-          for (int64_t r = ch * kBiasRowChunk; r < r1; ++r) {
-            const T* yr = py + r * c;
-            const T* gr = pg + r * c;
-            T* dr = pd + r * c;
-// Vectorized as the compiler vectorizes gelu_backward (no simd pragma), so both round alike.
-            for (int64_t i = 0; i < c; ++i) {
-              const float pre = load_f32(store_f32<T>(load_f32(yr[i]) + b[i]));
-              const float gv = load_f32(gr[i]);
-              // ReLU passes g or 0 (as relu_backward: no 0·inf), the GeLUs scale it.
-              if constexpr (a == UnaryOp::relu) dr[i] = store_f32<T>(pre > 0.0f ? gv : 0.0f);
-              else dr[i] = store_f32<T>(gv * activation_derivative<a>(pre));
-            }
-            if (acc) {
-#pragma omp simd
-              for (int64_t i = 0; i < c; ++i) acc[i] += double(load_f32(dr[i]));
-            }
-          }
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      double* acc = dbias ? part.data() + ch * c : nullptr;
+      const int64_t r1 = std::min(n, (ch + 1) * kBiasRowChunk);
+      for (int64_t r = ch * kBiasRowChunk; r < r1; ++r) {
+        const T* yr = py + r * c;
+        const T* gr = pg + r * c;
+        T* dr = pd + r * c;
+        // No simd pragma: vectorized as gelu_backward's loop is, so both round alike.
+        for (int64_t i = 0; i < c; ++i) {
+          const float pre = load_f32(store_f32<T>(load_f32(yr[i]) + b[i]));
+          const float gv = load_f32(gr[i]);
+          // ReLU passes g or 0 (as relu_backward: no 0·inf), the GeLUs scale it.
+          if constexpr (a == UnaryOp::relu) dr[i] = store_f32<T>(pre > 0.0f ? gv : 0.0f);
+          else dr[i] = store_f32<T>(gv * activation_derivative<a>(pre));
         }
-      });
-    });
+        if (acc) {
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i) acc[i] += double(load_f32(dr[i]));
+        }
+      }
+    }
   });
   if (!dbias) return;
   dispatch_float(dbias->dtype(), "bias_activation", [&](auto ot) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/backend/cpu/broadcast_iter.h"
+#include "meshtrain/backend/cuda/chunk_sums.cuh"
 #include "meshtrain/backend/cuda/device_types.cuh"
 #include "meshtrain/backend/elementwise.h"
 
@@ -271,24 +272,14 @@ __global__ void bias_activation_backward_kernel(UnaryOp act, const T* y, const B
 
 // Column sums of dpre (N, C) per 64-row chunk in f64, then over chunks in order: the CPU
 // kernel's summation order, deterministic.
-constexpr int64_t kBiasRowChunk = 64;
 template <class T>
 __global__ void column_chunk_sums_kernel(const T* d, double* part, int64_t n, int64_t c) {
   const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= c) return;
-  const int64_t ch = blockIdx.x, r0 = ch * kBiasRowChunk, r1 = min(n, r0 + kBiasRowChunk);
+  const int64_t ch = blockIdx.x, r0 = ch * kRowChunk, r1 = min(n, r0 + kRowChunk);
   double s = 0;
   for (int64_t r = r0; r < r1; ++r) s += double(to_f32(d[r * c + i]));
   part[ch * c + i] = s;
-}
-
-template <class O>
-__global__ void sum_chunks_kernel(const double* part, O* out, int64_t chunks, int64_t c) {
-  MT_GRID_LOOP(i, c) {
-    double s = 0;
-    for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * c + i];
-    out[i] = from_f32<O>(float(s));
-  }
 }
 
 void check_fused_activation(UnaryOp act) {
@@ -445,7 +436,7 @@ void bias_activation_backward(UnaryOp act, const Array& y, const Array& bias, co
   check_fused_activation(act);
   const int64_t n = y.numel(), c = y.dim(-1);
   if (n == 0) return;
-  const int64_t rows = n / c, chunks = (rows + kBiasRowChunk - 1) / kBiasRowChunk;
+  const int64_t rows = n / c, chunks = (rows + kRowChunk - 1) / kRowChunk;
   dispatch_device_float(y.dtype(), "bias_activation", [&](auto yt) {
     dispatch_device_float(bias.dtype(), "bias_activation", [&](auto bt) {
       using T = decltype(yt);

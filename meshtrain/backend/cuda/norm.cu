@@ -4,14 +4,13 @@
 // 64-row chunk and then over chunks in order (deterministic). With a dropout branch the
 // forward first forms s = x + dropout(branch) in the same kernel (each thread reads back only
 // the elements it wrote), and the backward writes dropout(dx) beside dx.
+#include "meshtrain/backend/cuda/chunk_sums.cuh"
 #include "meshtrain/backend/cuda/stream_block.cuh"
 #include "meshtrain/backend/norm.h"
 
 namespace mt::cuda {
 
 namespace {
-
-constexpr int64_t kRowChunk = 64;
 
 int64_t row_count(const Array& x) { return x.ndim() == 0 ? 1 : x.numel() / x.dim(-1); }
 
@@ -136,15 +135,6 @@ __global__ void norm_param_partials_kernel(bool center, const T* g, const T* x, 
   }
   if (part_w) part_w[ch * c + i] = sw;
   if (part_b) part_b[ch * c + i] = sb;
-}
-
-template <class O>
-__global__ void sum_chunks_kernel(const double* part, O* out, int64_t chunks, int64_t c) {
-  MT_GRID_LOOP(i, c) {
-    double s = 0;
-    for (int64_t ch = 0; ch < chunks; ++ch) s += part[ch * c + i];
-    out[i] = from_f32<O>(float(s));
-  }
 }
 
 template <class F>
