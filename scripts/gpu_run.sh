@@ -5,7 +5,9 @@
 #   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
 #   gpu_run.sh largest LLaMA-7B-shaped fp32 AdamW, seq 1024, --remat full on one GPU (meshtrain's
 #                      model_step_bench, then PyTorch's twin if it fits): step time and device peak
-#   gpu_run.sh all     tests and bench (largest apart: it needs the whole GPU for minutes)
+#   gpu_run.sh fusion  GPT-2 B16 T1024 bf16 steps with the fused layer ops and with the composed
+#                      ones (MT_FUSED_LAYERS=0): the fused primitives' effect on the GPU (issue 44)
+#   gpu_run.sh all     tests, fusion and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,6 +70,14 @@ if [ "$mode" = largest ]; then
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
+fi
+if [ "$mode" = fusion ] || [ "$mode" = all ]; then
+  for f in 1 0; do
+    echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_FUSED_LAYERS=$f"
+    MT_FUSED_LAYERS=$f timeout 120 "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+      > "$out/fusion_$f.json" 2> "$out/fusion_$f.err" || status=1
+    cat "$out/fusion_$f.json"; tail -2 "$out/fusion_$f.err"
+  done
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
