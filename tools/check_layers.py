@@ -30,7 +30,7 @@ LAYERS = [
     ("models", ["meshtrain/models/"]),
     ("train", ["meshtrain/train/", "meshtrain/meshtrain.h"]),
     ("serve", ["meshtrain/serve/"]),
-    ("apps", ["apps/"]),
+    ("apps", ["apps/", "python/"]),  # the CLI and the Python front end: everything below
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(meshtrain/[^"]+)"', re.M)
 
@@ -47,7 +47,7 @@ def layer_of(path):
 
 def check(root):
     violations, unknown = [], []
-    for top in ("meshtrain", "apps"):
+    for top in ("meshtrain", "apps", "python"):
         for dirpath, _, files in os.walk(os.path.join(root, top)):
             for f in files:
                 if not f.endswith((".h", ".cpp", ".cu", ".cuh")):

@@ -1,0 +1,187 @@
+// Models and tokenizers from Python: from_pretrained gives a Model (the architecture and its
+// config) and its parameters as a flat {Hugging Face name: Array} dict, kept apart as in
+// Flax, so any parameters of the model's layout (a Trainer's, adapted ones) go through
+// apply/loss/generate/save_pretrained.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/bert.h"
+#include "meshtrain/models/generate.h"
+#include "meshtrain/models/pretrained.h"
+#include "meshtrain/models/seq2seq_generate.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+#include "python/src/bindings.h"
+
+namespace py = pybind11;
+using namespace mt;
+
+namespace {
+
+using ParamDict = std::map<std::string, Array>;
+
+Params params_of(const ParamDict& d) {
+  Params p;
+  for (const auto& [k, v] : d) p.set(k, v);
+  return p;
+}
+
+ParamDict dict_of(const Params& p) {
+  ParamDict d;
+  for (const auto& [k, v] : p) d.emplace(k, v);
+  return d;
+}
+
+RngKey key_or_default(const py::object& key) {
+  if (key.is_none()) return RngKey{};
+  auto v = key.cast<std::vector<uint64_t>>();
+  MT_CHECK(v.size() == 2, "[model] a key is a (seed, stream) pair from meshtrain.random.key");
+  return RngKey{v[0], v[1]};
+}
+
+Array optional(const std::optional<Array>& a) { return a.value_or(Array()); }
+
+// A loaded architecture: config, tokenizer, stop tokens; its own parameters are handed out
+// once and not kept by the Python object.
+class Model {
+ public:
+  explicit Model(models::PretrainedModel m) : m_(std::move(m)) { m_.params = Params(); }
+
+  std::string model_type() const { return m_.model_type; }
+  std::string architecture() const { return m_.architecture; }
+  std::string config_json() const { return m_.config_json().dump(); }
+  std::shared_ptr<tokenizers::Tokenizer> tokenizer() const { return m_.tokenizer; }
+
+  Array apply(const ParamDict& params, const Array& input_ids, const std::optional<Array>& attention_mask,
+              const std::optional<Array>& token_type_ids, const std::optional<Array>& decoder_input_ids,
+              const py::object& key, bool training) const {
+    const Params p = params_of(params);
+    const RngKey k = key_or_default(key);
+    if (m_.is_causal_lm()) return m_.decoder_logits(p, {input_ids, optional(attention_mask), Array()}, k, training);
+    if (m_.is_seq2seq()) {
+      MT_CHECK(decoder_input_ids.has_value(), "[", m_.model_type, "] an encoder-decoder needs decoder_input_ids");
+      return m_.seq2seq_logits(p, {input_ids, optional(attention_mask), *decoder_input_ids, Array()}, k, training);
+    }
+    MT_CHECK(m_.config.holds<models::BertConfig>(), "[model] apply does not know model_type '", m_.model_type, "'");
+    models::BertInputs in;
+    in.input_ids = input_ids, in.attention_mask = optional(attention_mask), in.token_type_ids = optional(token_type_ids);
+    models::BertOutputs out = models::bert_apply(m_.config.as<models::BertConfig>(), p, in, k, training);
+    return out.logits.defined() ? out.logits : out.last_hidden_state;
+  }
+
+  Array loss(const ParamDict& params, const Array& input_ids, const Array& labels,
+             const std::optional<Array>& attention_mask, const std::optional<Array>& decoder_input_ids,
+             const py::object& key, bool training) const {
+    const Params p = params_of(params);
+    const RngKey k = key_or_default(key);
+    if (m_.is_causal_lm()) {
+      // Labels as transformers takes them (the inputs themselves): position t predicts t + 1,
+      // so they are shifted left here and the last position ignored.
+      MT_CHECK(labels.ndim() == 2, "[", m_.model_type, "] labels must be (B, T), got ", labels.str());
+      const int64_t t = labels.dim(1);
+      Array last = Array::full(Shape{labels.dim(0), 1}, -100.0, labels.dtype(), labels.device());
+      Array shifted = t > 1 ? concatenate({slice(labels, 1, 1, t), last}, 1) : last;
+      return m_.decoder_loss(p, {input_ids, optional(attention_mask), Array()}, shifted, k, training);
+    }
+    MT_CHECK(m_.is_seq2seq(), "[", m_.model_type, "] loss is the language-modelling loss of decoders and "
+             "encoder-decoders; for an encoder, take cross_entropy of apply's logits");
+    MT_CHECK(decoder_input_ids.has_value(), "[", m_.model_type, "] an encoder-decoder needs decoder_input_ids");
+    return m_.seq2seq_loss(p, {input_ids, optional(attention_mask), *decoder_input_ids, Array()}, labels, k, training);
+  }
+
+  std::vector<std::vector<int64_t>> generate(const ParamDict& params, const std::vector<std::vector<int64_t>>& prompts,
+                                             int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
+                                             int64_t num_beams, uint64_t seed,
+                                             const std::optional<std::vector<int64_t>>& stop_tokens) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::GenerationConfig g;
+    g.max_new_tokens = max_new_tokens, g.temperature = temperature, g.top_k = top_k, g.top_p = top_p;
+    g.num_beams = num_beams, g.seed = seed;
+    if (stop_tokens) g.stop_tokens = *stop_tokens;
+    py::gil_scoped_release release;
+    if (m.is_seq2seq()) return models::generate_seq2seq(m.seq2seq_lm(), prompts, g).tokens;
+    return models::generate(m.causal_lm(), prompts, g).tokens;
+  }
+
+  void save_pretrained(const ParamDict& params, const std::string& dir, const std::string& dtype) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::save_pretrained(m, dir, dtype_from_name(dtype));
+  }
+
+  ParamDict init(const py::object& key) const {
+    models::PretrainedOptions o;
+    o.init_key = key_or_default(key);
+    o.load_tokenizer = false;
+    return dict_of(models::init_model(m_.config_json(), o).params);
+  }
+
+ private:
+  models::PretrainedModel m_;
+};
+
+py::tuple from_pretrained(const std::string& path, const std::string& dtype, std::optional<int64_t> num_labels,
+                          bool allow_new_params) {
+  models::PretrainedOptions o;
+  o.dtype = dtype_from_name(dtype);
+  o.num_labels = num_labels;
+  o.new_params = allow_new_params ? models::NewParams::heads : models::NewParams::none;
+  models::PretrainedModel m = models::from_pretrained(path, o);
+  ParamDict params = dict_of(m.params);
+  return py::make_tuple(Model(std::move(m)), params);
+}
+
+}  // namespace
+
+void bind_models(py::module_& m) {
+  py::class_<tokenizers::Tokenizer, std::shared_ptr<tokenizers::Tokenizer>>(m, "Tokenizer")
+      .def_static("from_file", [](const std::string& path) { return tokenizers::load_tokenizer(path); },
+                  py::arg("path"))
+      .def("encode",
+           [](const tokenizers::Tokenizer& t, const std::string& text, bool add_special_tokens) {
+             std::vector<int32_t> ids = t.encode(text, add_special_tokens).ids;
+             return std::vector<int64_t>(ids.begin(), ids.end());
+           },
+           py::arg("text"), py::arg("add_special_tokens") = true)
+      .def("encode_batch",
+           [](const tokenizers::Tokenizer& t, const std::vector<std::string>& texts, bool add_special_tokens) {
+             std::vector<tokenizers::Encoding> e;
+             {
+               py::gil_scoped_release release;
+               e = t.encode_batch(texts, add_special_tokens);
+             }
+             std::vector<std::vector<int64_t>> out;
+             for (const auto& enc : e) out.emplace_back(enc.ids.begin(), enc.ids.end());
+             return out;
+           },
+           py::arg("texts"), py::arg("add_special_tokens") = true)
+      .def("decode",
+           [](const tokenizers::Tokenizer& t, const std::vector<int64_t>& ids, bool skip_special_tokens) {
+             std::vector<int32_t> v(ids.begin(), ids.end());
+             return t.decode(v, skip_special_tokens);
+           },
+           py::arg("ids"), py::arg("skip_special_tokens") = true)
+      .def_property_readonly("vocab_size", &tokenizers::Tokenizer::vocab_size)
+      .def("token_to_id", &tokenizers::Tokenizer::token_to_id);
+
+  py::module_ models_m = m.def_submodule("models", "models from Hugging Face folders, meshtrain runs and llama2.c files");
+  py::class_<Model>(models_m, "Model")
+      .def_property_readonly("model_type", &Model::model_type)
+      .def_property_readonly("architecture", &Model::architecture)
+      .def_property_readonly("config_json", &Model::config_json)
+      .def_property_readonly("tokenizer", &Model::tokenizer)
+      .def("apply", &Model::apply, py::arg("params"), py::arg("input_ids"), py::arg("attention_mask") = py::none(),
+           py::arg("token_type_ids") = py::none(), py::arg("decoder_input_ids") = py::none(),
+           py::arg("key") = py::none(), py::arg("training") = false)
+      .def("loss", &Model::loss, py::arg("params"), py::arg("input_ids"), py::arg("labels"),
+           py::arg("attention_mask") = py::none(), py::arg("decoder_input_ids") = py::none(),
+           py::arg("key") = py::none(), py::arg("training") = false)
+      .def("generate", &Model::generate, py::arg("params"), py::arg("prompts"), py::arg("max_new_tokens") = 32,
+           py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("num_beams") = 1,
+           py::arg("seed") = 0, py::arg("stop_tokens") = py::none())
+      .def("save_pretrained", &Model::save_pretrained, py::arg("params"), py::arg("dir"), py::arg("dtype") = "f32")
+      .def("init", &Model::init, py::arg("key") = py::none());
+  models_m.def("from_pretrained", &from_pretrained, py::arg("path"), py::arg("dtype") = "f32",
+               py::arg("num_labels") = py::none(), py::arg("allow_new_params") = false);
+}

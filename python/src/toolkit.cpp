@@ -1,0 +1,310 @@
+// The Redco layer from Python: Deployer, Trainer, Predictor and the optimizers over Python
+// collate/loss/predict functions. The C++ Trainer runs with the GIL released; the loader
+// thread's collate and the training thread's loss take it back for the Python call. Examples
+// stay Python objects: the C++ side sees each as its index, and the collate wrapper hands the
+// user's function the rows themselves.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "meshtrain/meshtrain.h"
+#include "python/src/bindings.h"
+
+namespace py = pybind11;
+using namespace mt;
+using train::Batch;
+
+namespace {
+
+// A dataset of n Python examples, each seen by the C++ side as {"__index__": i}.
+class IndexDataset final : public data::Dataset {
+ public:
+  explicit IndexDataset(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  data::Example get(int64_t index) const override {
+    MT_CHECK(index >= 0 && index < n_, "[dataset] index ", index, " outside [0, ", n_, ")");
+    return data::Example{{"__index__", index}};
+  }
+
+ private:
+  int64_t n_;
+};
+
+// The examples a collate wrapper reads (held with the GIL: copies and releases happen under
+// it), and the first Python exception a user's function raised during a fit, which fit raises
+// again as itself (with its traceback) once the engine has unwound.
+struct Rows {
+  py::list examples;
+  std::shared_ptr<py::error_already_set> error;
+  ~Rows() {
+    py::gil_scoped_acquire gil;
+    examples = py::list();
+    error.reset();
+  }
+  // Calls fn under the GIL, keeping a Python exception it raises.
+  template <class F>
+  auto call(F&& fn) {
+    try {
+      return fn();
+    } catch (py::error_already_set& e) {
+      if (!error) error = std::make_shared<py::error_already_set>(e);
+      throw;
+    }
+  }
+};
+
+// Runs the engine (f) with the GIL released; when it fails because a user's function raised,
+// raises that Python exception itself instead of the engine's report of it.
+template <class F>
+auto run_released(Rows& rows, F&& f) {
+  rows.error.reset();
+  try {
+    py::gil_scoped_release release;
+    return f();
+  } catch (...) {
+    if (rows.error) {
+      auto e = std::move(rows.error);
+      throw *e;
+    }
+    throw;
+  }
+}
+
+Batch batch_of(const py::handle& out, const char* what) {
+  if (!py::isinstance<py::dict>(out))
+    throw Error(detail::concat("[", what, "] must return a dict of arrays, got ", std::string(py::str(out.get_type()))));
+  py::module_ mt_py = py::module_::import("meshtrain");
+  Batch b;
+  for (auto [k, v] : out.cast<py::dict>()) b.set(k.cast<std::string>(), mt_py.attr("array")(v).cast<Array>());
+  return b;
+}
+
+py::dict dict_of(const Params& p) {
+  py::dict d;
+  for (const auto& [k, v] : p) d[py::str(k)] = v;
+  return d;
+}
+
+train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>& rows) {
+  // The function object is released under the GIL too.
+  auto f = std::shared_ptr<py::function>(new py::function(fn), [](py::function* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [f, rows](const std::vector<data::Example>& examples) {
+    py::gil_scoped_acquire gil;
+    return rows->call([&] {
+      py::list batch;
+      for (const data::Example& e : examples) batch.append(rows->examples[size_t(e.as_int("__index__"))]);
+      return batch_of((*f)(batch), "collate_fn");
+    });
+  };
+}
+
+std::shared_ptr<py::function> held(const py::function& fn) {
+  return std::shared_ptr<py::function>(new py::function(fn), [](py::function* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// The Python loss: (flat params dict, batch dict, key (seed, stream), training) -> scalar
+// Array or (scalar, aux).
+train::LossFn loss_of(const py::function& fn, const std::shared_ptr<Rows>& rows) {
+  auto f = held(fn);
+  return [f, rows](const Params& p, const Batch& b, const RngKey& key, bool training) -> Array {
+    py::gil_scoped_acquire gil;
+    return rows->call([&] {
+      py::object r = (*f)(dict_of(p), dict_of(b), py::make_tuple(key.seed, key.stream), training);
+      if (py::isinstance<py::tuple>(r) && py::len(r) == 2) r = r.cast<py::tuple>()[0];
+      if (!py::isinstance<Array>(r))
+        throw Error("[loss_fn] must return a meshtrain array (a scalar), or (scalar, aux)");
+      return r.cast<Array>();
+    });
+  };
+}
+
+optim::Schedule schedule_of(const py::object& lr) {
+  if (py::isinstance<py::float_>(lr) || py::isinstance<py::int_>(lr)) return optim::constant_schedule(lr.cast<double>());
+  return lr.cast<optim::Schedule>();
+}
+
+class PyTrainer {
+ public:
+  PyTrainer(train::Deployer& deployer, const py::function& collate, const py::function& loss,
+            const std::map<std::string, Array>& params, optim::Transform optimizer)
+      : rows_(std::make_shared<Rows>()) {
+    Params p;
+    for (const auto& [k, v] : params) p.set(k, v);
+    trainer_ = std::make_unique<train::Trainer>(deployer, collate_of(collate, rows_), loss_of(loss, rows_), std::move(p),
+                                                std::move(optimizer));
+  }
+  py::dict fit(const py::list& examples, int64_t per_device_batch_size, int64_t epochs, int64_t max_steps,
+               const py::object& eval_examples, int64_t eval_every, int64_t save_every, bool resume, bool shuffle,
+               int grad_accum_steps, bool progress) {
+    rows_->examples = examples;
+    train::FitOptions o;
+    o.per_device_batch_size = per_device_batch_size, o.epochs = epochs, o.max_steps = max_steps;
+    o.eval_every = eval_every, o.save_every = save_every, o.resume = resume, o.shuffle = shuffle;
+    o.grad_accum_steps = grad_accum_steps, o.progress = progress;
+    std::shared_ptr<const data::Dataset> train = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
+    if (!eval_examples.is_none()) {
+      // Eval rows follow the training rows in the one list the collate wrapper reads.
+      const int64_t n = int64_t(py::len(examples));
+      py::list both;
+      for (auto e : examples) both.append(e);
+      for (auto e : eval_examples.cast<py::list>()) both.append(e);
+      rows_->examples = both;
+      o.eval_data = std::make_shared<OffsetDataset>(n, int64_t(py::len(eval_examples)));
+    }
+    train::FitResult r = run_released(*rows_, [&] { return trainer_->fit(train, o); });
+    py::dict out;
+    out["losses"] = r.losses;
+    out["evals"] = r.evals;
+    out["steps"] = r.steps;
+    return out;
+  }
+  py::dict params() const { return dict_of(trainer_->params()); }
+  double eval_loss(const py::list& examples, int64_t per_device_batch_size) {
+    rows_->examples = examples;
+    auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
+    return run_released(*rows_, [&] { return trainer_->eval_loss(data, per_device_batch_size); });
+  }
+  int64_t step() const { return trainer_->step(); }
+
+ private:
+  // Rows [offset, offset + n) of the examples list.
+  class OffsetDataset final : public data::Dataset {
+   public:
+    OffsetDataset(int64_t offset, int64_t n) : offset_(offset), n_(n) {}
+    int64_t size() const override { return n_; }
+    data::Example get(int64_t index) const override {
+      MT_CHECK(index >= 0 && index < n_, "[dataset] index ", index, " outside [0, ", n_, ")");
+      return data::Example{{"__index__", offset_ + index}};
+    }
+
+   private:
+    int64_t offset_, n_;
+  };
+  std::shared_ptr<Rows> rows_;
+  std::unique_ptr<train::Trainer> trainer_;
+};
+
+// Predictor over Python functions: pred_fn(flat params dict, batch dict) -> dict of arrays,
+// output_fn(dict of NumPy arrays) -> one output per example. Outputs stay Python objects in a
+// list owned here; the C++ Predictor sees their positions.
+class PyPredictor {
+ public:
+  PyPredictor(train::Deployer& deployer, const py::function& collate, const py::function& pred,
+              const py::function& output)
+      : deployer_(deployer), rows_(std::make_shared<Rows>()), collate_(held(collate)), pred_(held(pred)),
+        output_(held(output)) {}
+
+  py::list predict(const py::list& examples, const std::map<std::string, Array>& params,
+                   int64_t per_device_batch_size) {
+    rows_->examples = examples;
+    auto results = std::make_shared<py::list>();
+    auto rows = rows_;
+    auto pred = pred_;
+    auto output = output_;
+    train::PredFn pred_fn = [pred, rows](const Params& p, const Batch& b) {
+      py::gil_scoped_acquire gil;
+      return rows->call([&] { return batch_of((*pred)(dict_of(p), dict_of(b)), "pred_fn"); });
+    };
+    auto output_fn = [output, rows, results](const Batch& host) {
+      py::gil_scoped_acquire gil;
+      return rows->call([&] {
+        py::dict arrays;
+        for (const auto& [k, v] : host) arrays[py::str(k)] = py::module_::import("numpy").attr("asarray")(v);
+        py::object outs = (*output)(arrays);
+        std::vector<int64_t> at;
+        for (auto o : outs) {
+          at.push_back(int64_t(py::len(*results)));
+          results->append(o);
+        }
+        return at;
+      });
+    };
+    train::Predictor<int64_t> predictor(deployer_, collate_of(*collate_, rows_), pred_fn, output_fn);
+    Params p;
+    for (const auto& [k, v] : params) p.set(k, v);
+    auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
+    std::vector<int64_t> at = run_released(*rows_, [&] { return predictor.predict(p, data, per_device_batch_size); });
+    py::list out;
+    for (int64_t i : at) out.append((*results)[size_t(i)]);
+    return out;
+  }
+
+ private:
+  train::Deployer& deployer_;
+  std::shared_ptr<Rows> rows_;
+  std::shared_ptr<py::function> collate_, pred_, output_;
+};
+
+}  // namespace
+
+void bind_toolkit(py::module_& m) {
+  py::class_<optim::Transform>(m, "Transform");
+  py::module_ optim_m = m.def_submodule("optim", "optax-like gradient transforms and schedules");
+  optim_m.def("constant_schedule", &optim::constant_schedule);
+  optim_m.def("linear_schedule", &optim::linear_schedule, py::arg("init"), py::arg("end"), py::arg("steps"));
+  optim_m.def("cosine_decay_schedule", &optim::cosine_decay_schedule, py::arg("init"), py::arg("steps"),
+              py::arg("alpha") = 0.0);
+  optim_m.def("warmup_cosine_decay_schedule", &optim::warmup_cosine_decay_schedule, py::arg("init"), py::arg("peak"),
+              py::arg("warmup"), py::arg("decay_steps"), py::arg("end") = 0.0);
+  optim_m.def("warmup_linear_decay_schedule", &optim::warmup_linear_decay_schedule, py::arg("peak"),
+              py::arg("warmup"), py::arg("total_steps"), py::arg("end") = 0.0);
+  optim_m.def("sgd",
+              [](const py::object& lr, double momentum, bool nesterov, double wd) {
+                return optim::sgd(schedule_of(lr), momentum, nesterov, wd);
+              },
+              py::arg("learning_rate"), py::arg("momentum") = 0.0, py::arg("nesterov") = false,
+              py::arg("weight_decay") = 0.0);
+  optim_m.def("adam",
+              [](const py::object& lr, double b1, double b2, double eps) { return optim::adam(schedule_of(lr), b1, b2, eps); },
+              py::arg("learning_rate"), py::arg("b1") = 0.9, py::arg("b2") = 0.999, py::arg("eps") = 1e-8);
+  optim_m.def("adamw",
+              [](const py::object& lr, double b1, double b2, double eps, double wd) {
+                return optim::adamw(schedule_of(lr), b1, b2, eps, wd);
+              },
+              py::arg("learning_rate"), py::arg("b1") = 0.9, py::arg("b2") = 0.999, py::arg("eps") = 1e-8,
+              py::arg("weight_decay") = 0.01);
+  optim_m.def("clip_by_global_norm", &optim::clip_by_global_norm, py::arg("max_norm"));
+  optim_m.def("identity", &optim::identity);
+  optim_m.def("chain", [](const std::vector<optim::Transform>& ts) { return optim::chain(ts); });
+
+  py::class_<train::Deployer>(m, "Deployer")
+      .def(py::init([](const std::string& mesh, int n_model_shards, const std::string& workdir, uint64_t seed,
+                       const std::string& device, bool verbose) {
+             train::DeployerOptions o;
+             o.mesh = mesh, o.n_model_shards = n_model_shards, o.workdir = workdir, o.seed = seed, o.device = device;
+             o.verbose = verbose;
+             return std::make_unique<train::Deployer>(o);
+           }),
+           py::arg("mesh") = "", py::arg("n_model_shards") = 1, py::arg("workdir") = "runs/default",
+           py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true)
+      .def_property_readonly("workdir", [](const train::Deployer& d) { return d.options().workdir; })
+      .def_property_readonly("data_size", &train::Deployer::data_size)
+      .def_property_readonly("data_index", &train::Deployer::data_index);
+
+  py::class_<PyTrainer>(m, "_Trainer")
+      .def(py::init<train::Deployer&, const py::function&, const py::function&, const std::map<std::string, Array>&,
+                    optim::Transform>(),
+           py::keep_alive<1, 2>())
+      .def("fit", &PyTrainer::fit, py::arg("examples"), py::arg("per_device_batch_size"), py::arg("epochs"),
+           py::arg("max_steps"), py::arg("eval_examples"), py::arg("eval_every"), py::arg("save_every"),
+           py::arg("resume"), py::arg("shuffle"), py::arg("grad_accum_steps"), py::arg("progress"))
+      .def("params", &PyTrainer::params)
+      .def("eval_loss",
+           [](PyTrainer& t, const py::list& examples, int64_t per_device_batch_size) {
+             return t.eval_loss(examples, per_device_batch_size);
+           })
+      .def_property_readonly("step", &PyTrainer::step);
+
+  py::class_<PyPredictor>(m, "_Predictor")
+      .def(py::init<train::Deployer&, const py::function&, const py::function&, const py::function&>(),
+           py::keep_alive<1, 2>())
+      .def("predict", &PyPredictor::predict, py::arg("examples"), py::arg("params"),
+           py::arg("per_device_batch_size"));
+}

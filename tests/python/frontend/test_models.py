@@ -1,0 +1,95 @@
+"""Models and tokenizers from Python against Hugging Face transformers and tokenizers (the
+project's .venv; skipped where they are not installed): the tiny HF checkpoints of
+../shared/data load with their tokenizers, give transformers' logits, loss and greedy ids,
+and save_pretrained writes folders transformers loads."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import meshtrain as mt
+from conftest import max_err
+
+transformers = pytest.importorskip("transformers")
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "models")
+GPT2 = os.path.join(DATA, "hf-tiny-gpt2")
+BERT = os.path.join(DATA, "hf-tiny-bert")
+TEXTS = ["Hello world, this is meshtrain.", "A second, longer sentence with café and 123 numbers."]
+
+
+def test_gpt2_logits_loss_and_greedy_ids_equal_transformers(report, tmp_path):
+    model, params = mt.models.from_pretrained(GPT2)
+    assert model.model_type == "gpt2" and "transformer.wte.weight" in params
+    hf_tok = transformers.AutoTokenizer.from_pretrained(GPT2)
+    ids = [model.tokenizer.encode(t) for t in TEXTS]
+    assert ids == [hf_tok(t)["input_ids"] for t in TEXTS]
+    assert model.tokenizer.decode(ids[1]) == TEXTS[1]
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(GPT2).eval()
+    x = np.array(ids[0], dtype=np.int64)[None]
+    logits = model.apply(params, mt.array(x))
+    labels = mt.array(x)
+    loss = model.loss(params, mt.array(x), labels)
+    with torch.no_grad():
+        out = hf(torch.tensor(x), labels=torch.tensor(x))
+    assert report("gpt2 logits", max_err(logits, out.logits)) <= 1e-5
+    assert report("gpt2 loss", max_err(loss, out.loss)) <= 1e-5
+
+    new = model.generate(params, [ids[0]], max_new_tokens=8)
+    # transformers' greedy decoding, step by step (its generate() does not import under this
+    # torch 1.13 on Python 3.11).
+    seq = torch.tensor(x)
+    with torch.no_grad():
+        for _ in range(8):
+            nxt = hf(seq).logits[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+    hf_ids = seq[0, x.shape[1]:].tolist()
+    assert len(new[0]) >= 1 and new[0] == hf_ids[:len(new[0])]
+
+    # Parameters changed in Python go back out through save_pretrained.
+    changed = dict(params)
+    changed["transformer.ln_f.bias"] = params["transformer.ln_f.bias"] + 0.5
+    model.save_pretrained(changed, str(tmp_path / "out"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    with torch.no_grad():
+        again = back(torch.tensor(x)).logits
+    assert report("saved gpt2 logits", max_err(model.apply(changed, mt.array(x)), again)) <= 1e-5
+
+
+def test_gpt2_gradients_through_a_python_loss(report):
+    model, params = mt.models.from_pretrained(GPT2)
+    x = np.array([model.tokenizer.encode(TEXTS[0])], dtype=np.int64)
+    value, grads = mt.value_and_grad(lambda p: model.loss(p, mt.array(x), mt.array(x)))(params)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(GPT2)
+    out = hf(torch.tensor(x), labels=torch.tensor(x))
+    out.loss.backward()
+    named = dict(hf.named_parameters())
+    worst = 0.0
+    for name in ("transformer.h.0.mlp.c_fc.weight", "transformer.h.0.ln_1.weight", "transformer.wpe.weight"):
+        g = named[name].grad
+        worst = max(worst, max_err(grads[name], g) / max(1.0, float(g.abs().max())))
+    assert report("gpt2 gradients (relative to max |g|)", worst) <= 1e-4
+
+
+def test_bert_hidden_states_equal_transformers(report):
+    model, params = mt.models.from_pretrained(BERT)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(BERT)
+    tok = mt.Tokenizer.from_file(BERT)
+    assert tok.encode_batch(TEXTS) == [hf_tok(t)["input_ids"] for t in TEXTS]
+    ids = np.array([tok.encode(TEXTS[0])], dtype=np.int64)
+    got = model.apply(params, mt.array(ids))
+    # The checkpoint's architecture decides the head meshtrain loads: vocabulary logits for an
+    # LM head, else the encoder's hidden states; transformers' matching class is the reference.
+    lm_head = got.shape[-1] == hf_tok.vocab_size
+    hf_class = transformers.BertForMaskedLM if lm_head else transformers.BertModel
+    hf = hf_class.from_pretrained(BERT).eval()
+    with torch.no_grad():
+        out = hf(torch.tensor(ids))
+    want = out.logits if lm_head else out.last_hidden_state
+    assert report("bert " + ("logits" if lm_head else "hidden"), max_err(got, want)) <= 1e-5
+
+
+def test_errors_name_the_path():
+    with pytest.raises(mt.Error, match="no-such-dir"):
+        mt.models.from_pretrained("/tmp/no-such-dir")
