@@ -309,6 +309,25 @@ def grad(fn, has_aux=False):
 from ._meshtrain import Deployer, Tokenizer, models, optim  # noqa: E402
 
 
+def _init_model(config, key=None):
+    """(model, params) of a config.json's content (a dict with its model_type), freshly
+    initialized from key (seed, stream)."""
+    import json
+    return models._init_model(json.dumps(config), key)
+
+
+models.init_model = _init_model
+
+
+def sharding_rules(deployer, params, roles=None, fsdp=False, fsdp_min_elements=1 << 14):
+    """The automatic sharding plan of params (a pytree) on the deployer's mesh: roles from a
+    model (model.param_roles()) or {path: (kind, in_dim, out_dim)} with the pytree's paths
+    ('layer/w'); fsdp also splits parameters of at least fsdp_min_elements over the data
+    axis. Print it to see it."""
+    leaves, _ = tree_flatten(params)
+    return deployer.sharding_rules(leaves, roles, fsdp, fsdp_min_elements)
+
+
 class Trainer:
     """Trains params (a pytree) with the C++ Trainer over Python functions, as Redco's:
 
@@ -319,14 +338,14 @@ class Trainer:
     and checkpoints in the deployer's workdir, exactly as the C++ Trainer writes them; the
     GIL is released while the engine computes."""
 
-    def __init__(self, deployer, collate_fn, loss_fn, params, optimizer):
+    def __init__(self, deployer, collate_fn, loss_fn, params, optimizer, sharding_rules=None):
         leaves, self._spec = tree_flatten(params)
         spec = self._spec
 
         def flat_loss(flat, batch, key, training):
             return loss_fn(_unflatten(spec, flat), batch, key, training)
 
-        self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer)
+        self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer, sharding_rules)
 
     def fit(self, examples, per_device_batch_size=8, epochs=1, max_steps=-1, eval_examples=None, eval_every=0,
             save_every=0, resume=False, shuffle=True, grad_accum_steps=1, progress=True):

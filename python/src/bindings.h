@@ -2,6 +2,13 @@
 // The parts of the _meshtrain extension, each registering its names on the module.
 #include <pybind11/pybind11.h>
 
+#include "meshtrain/models/param_roles.h"
+
+// A model's parameter roles as one Python object (a std::map would convert to a dict).
+struct PyParamRoles {
+  mt::models::ParamRoles roles;
+};
+
 // Deployer, Trainer and the optimizers (toolkit.cpp).
 void bind_toolkit(pybind11::module_& m);
 // Models (from_pretrained, apply, loss, generate, save_pretrained) and tokenizers (models.cpp).

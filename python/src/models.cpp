@@ -51,6 +51,7 @@ class Model {
   std::string architecture() const { return m_.architecture; }
   std::string config_json() const { return m_.config_json().dump(); }
   std::shared_ptr<tokenizers::Tokenizer> tokenizer() const { return m_.tokenizer; }
+  PyParamRoles param_roles() const { return {m_.param_roles()}; }
 
   Array apply(const ParamDict& params, const Array& input_ids, const std::optional<Array>& attention_mask,
               const std::optional<Array>& token_type_ids, const std::optional<Array>& decoder_input_ids,
@@ -132,6 +133,22 @@ py::tuple from_pretrained(const std::string& path, const std::string& dtype, std
   return py::make_tuple(Model(std::move(m)), params);
 }
 
+// A model of this config.json content with freshly initialized parameters.
+py::tuple init_model(const std::string& config_json, const py::object& key) {
+  models::PretrainedOptions o;
+  o.init_key = key_or_default(key);
+  o.load_tokenizer = false;
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("[init_model] the config is not JSON: ") + e.what());
+  }
+  models::PretrainedModel m = models::init_model(config, o);
+  ParamDict params = dict_of(m.params);
+  return py::make_tuple(Model(std::move(m)), params);
+}
+
 }  // namespace
 
 void bind_models(py::module_& m) {
@@ -171,6 +188,7 @@ void bind_models(py::module_& m) {
       .def_property_readonly("architecture", &Model::architecture)
       .def_property_readonly("config_json", &Model::config_json)
       .def_property_readonly("tokenizer", &Model::tokenizer)
+      .def("param_roles", &Model::param_roles)
       .def("apply", &Model::apply, py::arg("params"), py::arg("input_ids"), py::arg("attention_mask") = py::none(),
            py::arg("token_type_ids") = py::none(), py::arg("decoder_input_ids") = py::none(),
            py::arg("key") = py::none(), py::arg("training") = false)
@@ -182,6 +200,7 @@ void bind_models(py::module_& m) {
            py::arg("seed") = 0, py::arg("stop_tokens") = py::none())
       .def("save_pretrained", &Model::save_pretrained, py::arg("params"), py::arg("dir"), py::arg("dtype") = "f32")
       .def("init", &Model::init, py::arg("key") = py::none());
+  models_m.def("_init_model", &init_model, py::arg("config_json"), py::arg("key") = py::none());
   models_m.def("from_pretrained", &from_pretrained, py::arg("path"), py::arg("dtype") = "f32",
                py::arg("num_labels") = py::none(), py::arg("allow_new_params") = false);
 }

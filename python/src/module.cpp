@@ -56,7 +56,8 @@ Array from_numpy(const py::array& a, const std::string& device) {
 // The array's values as a new NumPy array; bf16 comes back as float32 unless `raw` (then the
 // bit patterns as uint16).
 py::array to_numpy(const Array& x, bool raw) {
-  Array host = x.detach().to(Device::cpu());
+  // A sharded array is gathered first: a collective, so every rank converts it (SPMD).
+  Array host = (x.distributed() ? dist::to_host(x.detach()) : x.detach()).to(Device::cpu());
   if (host.dtype() == DType::bf16 && !raw) host = cast(host, DType::f32);
   std::vector<py::ssize_t> shape(host.shape().dims().begin(), host.shape().dims().end());
   py::array out(numpy_dtype_of(host.dtype()), shape);
@@ -124,6 +125,7 @@ PYBIND11_MODULE(_meshtrain, m) {
       .def_property_readonly("shape", [](const Array& x) { return py::tuple(py::cast(x.shape().dims())); })
       .def_property_readonly("dtype", [](const Array& x) { return std::string(dtype_name(x.dtype())); })
       .def_property_readonly("device", [](const Array& x) { return x.device().str(); })
+      .def_property_readonly("sharded", &Array::distributed)
       .def_property_readonly("ndim", &Array::ndim)
       .def_property_readonly("size", &Array::numel)
       .def("item", [](const Array& x) -> py::object {

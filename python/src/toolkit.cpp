@@ -130,15 +130,38 @@ optim::Schedule schedule_of(const py::object& lr) {
   return lr.cast<optim::Schedule>();
 }
 
+// Roles from Python: a model's (Model.param_roles()) or a dict {path: (kind, in_dim, out_dim)}
+// with kind one of ParamKind's names ("attention_qkv", "mlp_in", ...); paths without a role
+// are "other" (replicated, or split over data under FSDP).
+models::ParamRoles roles_of(const py::object& roles) {
+  if (roles.is_none()) return {};
+  if (py::isinstance<PyParamRoles>(roles)) return roles.cast<const PyParamRoles&>().roles;
+  models::ParamRoles out;
+  for (auto [k, v] : roles.cast<py::dict>()) {
+    auto t = v.cast<py::tuple>();
+    const std::string kind = t[0].cast<std::string>();
+    models::ParamRole r;
+    bool found = false;
+    for (int i = 0; i <= int(models::ParamKind::other); ++i)
+      if (kind == models::param_kind_name(models::ParamKind(i))) r.kind = models::ParamKind(i), found = true;
+    MT_CHECK(found, "[sharding_rules] unknown parameter kind '", kind, "' for ", k.cast<std::string>());
+    r.in_dim = py::len(t) > 1 ? t[1].cast<int>() : -1;
+    r.out_dim = py::len(t) > 2 ? t[2].cast<int>() : -1;
+    out[k.cast<std::string>()] = r;
+  }
+  return out;
+}
+
 class PyTrainer {
  public:
   PyTrainer(train::Deployer& deployer, const py::function& collate, const py::function& loss,
-            const std::map<std::string, Array>& params, optim::Transform optimizer)
+            const std::map<std::string, Array>& params, optim::Transform optimizer,
+            std::optional<train::ShardingPlan> plan)
       : rows_(std::make_shared<Rows>()) {
     Params p;
     for (const auto& [k, v] : params) p.set(k, v);
     trainer_ = std::make_unique<train::Trainer>(deployer, collate_of(collate, rows_), loss_of(loss, rows_), std::move(p),
-                                                std::move(optimizer));
+                                                std::move(optimizer), std::move(plan));
   }
   py::dict fit(const py::list& examples, int64_t per_device_batch_size, int64_t epochs, int64_t max_steps,
                const py::object& eval_examples, int64_t eval_every, int64_t save_every, bool resume, bool shuffle,
@@ -285,12 +308,31 @@ void bind_toolkit(py::module_& m) {
            py::arg("mesh") = "", py::arg("n_model_shards") = 1, py::arg("workdir") = "runs/default",
            py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true)
       .def_property_readonly("workdir", [](const train::Deployer& d) { return d.options().workdir; })
+      .def("sharding_rules",
+           [](const train::Deployer& d, const std::map<std::string, Array>& params, const py::object& roles, bool fsdp,
+              int64_t fsdp_min_elements) {
+             Params p;
+             for (const auto& [k, v] : params) p.set(k, v);
+             train::ShardingOptions o;
+             o.fsdp = fsdp;
+             o.fsdp_min_elements = fsdp_min_elements;
+             return d.sharding_rules(p, roles_of(roles), o);
+           },
+           py::arg("params"), py::arg("roles") = py::none(), py::arg("fsdp") = false,
+           py::arg("fsdp_min_elements") = int64_t(1) << 14)
+      .def("log", &train::Deployer::log)
+      .def_property_readonly("is_main", &train::Deployer::is_main)
       .def_property_readonly("data_size", &train::Deployer::data_size)
       .def_property_readonly("data_index", &train::Deployer::data_index);
 
+  py::class_<PyParamRoles>(m, "ParamRoles");
+  py::class_<train::ShardingPlan>(m, "ShardingPlan")
+      .def("table", &train::ShardingPlan::table)
+      .def("__repr__", &train::ShardingPlan::table);
+
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init<train::Deployer&, const py::function&, const py::function&, const std::map<std::string, Array>&,
-                    optim::Transform>(),
+                    optim::Transform, std::optional<train::ShardingPlan>>(),
            py::keep_alive<1, 2>())
       .def("fit", &PyTrainer::fit, py::arg("examples"), py::arg("per_device_batch_size"), py::arg("epochs"),
            py::arg("max_steps"), py::arg("eval_examples"), py::arg("eval_every"), py::arg("save_every"),

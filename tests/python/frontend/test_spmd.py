@@ -1,0 +1,40 @@
+"""mpirun -np 2 python3: the Python Trainer under data=2, model=2 and FSDP over data=2
+equals one process (losses and trained parameters), as the C++ programs do."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "spmd_trainer.py")
+
+
+def run(tmp_path, mesh, fsdp, np_):
+    out = tmp_path / f"{mesh}-{fsdp}-{np_}.json"
+    cmd = [sys.executable, SCRIPT, mesh, fsdp, str(out), str(tmp_path / f"run-{mesh}-{fsdp}-{np_}")]
+    if np_ > 1:
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            pytest.fail("mpirun (openmpi-bin) is not installed")
+        extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        cmd = [mpirun, "--oversubscribe", *extra, "-np", str(np_), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"] + cmd
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.load(open(out))
+
+
+@pytest.mark.parametrize("mesh,fsdp", [("data=2,model=1", "0"), ("data=1,model=2", "0"), ("data=2,model=1", "1")])
+def test_two_processes_equal_one(tmp_path, mesh, fsdp):
+    one = run(tmp_path, "data=1,model=1", "0", 1)
+    two = run(tmp_path, mesh, fsdp, 2)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(two["losses"], one["losses"]))
+    print(f"  [spmd] {mesh} fsdp={fsdp}: {len(two['losses'])} steps, loss {one['losses'][0]:.4f} -> "
+          f"{one['losses'][-1]:.4f}, max rel diff vs one process {worst:.2e}")
+    assert len(two["losses"]) == len(one["losses"]) == 8
+    assert worst <= 1e-5
+    for k, v in one["checksum"].items():
+        assert abs(two["checksum"][k] - v) <= 1e-4 * max(1.0, abs(v)), k
+    assert two["sharded"] == (mesh != "data=2,model=1" or fsdp == "1")
