@@ -54,4 +54,12 @@ void arm_stop_request(const char* notice) {
 bool stop_armed() { return g_armed.load(); }
 bool stop_requested() { return g_requests.load() > 0; }
 
+void request_stop() {
+  if (g_requests.fetch_add(1) == 0) {
+    std::fprintf(stderr, "\nmeshtrain: %s; again to stop now\n", g_notice.load());
+    std::fflush(stderr);
+  }
+}
+void clear_stop_request() { g_requests.store(0); }
+
 }  // namespace mt::train

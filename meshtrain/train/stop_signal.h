@@ -20,6 +20,11 @@ void arm_stop_request(const char* notice = "stopping after this step (a checkpoi
 // asked for it on this process.
 bool stop_armed();
 bool stop_requested();
+// What a first signal does once armed, for front ends that receive Ctrl-C themselves (Python's
+// KeyboardInterrupt): prints the notice and asks the Trainer to stop after the step in flight.
+void request_stop();
+// Forgets a request already served, before the next fit.
+void clear_stop_request();
 
 // Thrown by Trainer::fit after it stopped on request and wrote its checkpoint; what() is the
 // line to print ("interrupted at step N; checkpoint step_N written ...; continue with --resume").

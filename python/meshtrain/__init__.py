@@ -319,6 +319,31 @@ def _init_model(config, key=None):
 models.init_model = _init_model
 
 
+# optax's interface over pytrees: state = opt.init(params);
+# updates, state = opt.update(grads, state, params); params = mt.optim.apply_updates(params, updates)
+def _opt_init(self, params):
+    leaves, _ = tree_flatten(params)
+    return self._init(leaves)
+
+
+def _opt_update(self, grads, state, params):
+    g, spec = tree_flatten(grads)
+    p, _ = tree_flatten(params)
+    updates, state = self._update(g, state, p)
+    return _unflatten(spec, updates), state
+
+
+def _apply_updates(params, updates):
+    p, spec = tree_flatten(params)
+    u, _ = tree_flatten(updates)
+    return _unflatten(spec, optim._apply_updates(p, u))
+
+
+_core.Transform.init = _opt_init
+_core.Transform.update = _opt_update
+optim.apply_updates = _apply_updates
+
+
 def sharding_rules(deployer, params, roles=None, fsdp=False, fsdp_min_elements=1 << 14):
     """The automatic sharding plan of params (a pytree) on the deployer's mesh: roles from a
     model (model.param_roles()) or {path: (kind, in_dim, out_dim)} with the pytree's paths

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "meshtrain/meshtrain.h"
+#include "meshtrain/train/stop_signal.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -42,12 +43,19 @@ struct Rows {
     examples = py::list();
     error.reset();
   }
-  // Calls fn under the GIL, keeping a Python exception it raises.
+  // Calls fn under the GIL, keeping a Python exception it raises. A first Ctrl-C during a fit
+  // (KeyboardInterrupt, raised in whatever Python code the main thread runs: the loss) asks
+  // the Trainer to stop after this step and write its checkpoint, and fn runs again (the
+  // functions are pure: the interrupted call's partial graph is dropped); a second stops now.
   template <class F>
   auto call(F&& fn) {
     try {
       return fn();
     } catch (py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) && train::stop_armed() && !train::stop_requested()) {
+        train::request_stop();
+        return call(std::forward<F>(fn));
+      }
       if (!error) error = std::make_shared<py::error_already_set>(e);
       throw;
     }
@@ -62,6 +70,13 @@ auto run_released(Rows& rows, F&& f) {
   try {
     py::gil_scoped_release release;
     return f();
+  } catch (const train::Interrupted& e) {
+    // Stopped on Ctrl-C after writing its checkpoint: KeyboardInterrupt, saying where.
+    std::string what = e.what();
+    const size_t at = what.rfind("--resume");
+    if (at != std::string::npos) what.replace(at, 8, "fit(..., resume=True)");
+    PyErr_SetString(PyExc_KeyboardInterrupt, what.c_str());
+    throw py::error_already_set();
   } catch (...) {
     if (rows.error) {
       auto e = std::move(rows.error);
@@ -78,6 +93,12 @@ Batch batch_of(const py::handle& out, const char* what) {
   Batch b;
   for (auto [k, v] : out.cast<py::dict>()) b.set(k.cast<std::string>(), mt_py.attr("array")(v).cast<Array>());
   return b;
+}
+
+Params params_of(const std::map<std::string, Array>& d) {
+  Params p;
+  for (const auto& [k, v] : d) p.set(k, v);
+  return p;
 }
 
 py::dict dict_of(const Params& p) {
@@ -181,6 +202,9 @@ class PyTrainer {
       rows_->examples = both;
       o.eval_data = std::make_shared<OffsetDataset>(n, int64_t(py::len(eval_examples)));
     }
+    // Ctrl-C stops after the step in flight, with a checkpoint (Rows::call).
+    train::arm_stop_request("stopping after this step (a checkpoint follows)");
+    train::clear_stop_request();
     train::FitResult r = run_released(*rows_, [&] { return trainer_->fit(train, o); });
     py::dict out;
     out["losses"] = r.losses;
@@ -268,7 +292,19 @@ class PyPredictor {
 }  // namespace
 
 void bind_toolkit(py::module_& m) {
-  py::class_<optim::Transform>(m, "Transform");
+  // optax's shape: state = opt.init(params); updates, state = opt.update(grads, state, params);
+  // params = optim.apply_updates(params, updates), over flat {path: Array} dicts (the package
+  // wraps them for pytrees).
+  py::class_<optim::Transform>(m, "Transform")
+      .def("_init", [](const optim::Transform& t, const std::map<std::string, Array>& params) {
+        return dict_of(t.init(params_of(params)));
+      })
+      .def("_update", [](const optim::Transform& t, const std::map<std::string, Array>& grads,
+                         const std::map<std::string, Array>& state, const std::map<std::string, Array>& params) {
+        Params s = params_of(state);
+        Params u = t.update(params_of(grads), s, params_of(params));
+        return py::make_tuple(dict_of(u), dict_of(s));
+      });
   py::module_ optim_m = m.def_submodule("optim", "optax-like gradient transforms and schedules");
   optim_m.def("constant_schedule", &optim::constant_schedule);
   optim_m.def("linear_schedule", &optim::linear_schedule, py::arg("init"), py::arg("end"), py::arg("steps"));
@@ -295,6 +331,9 @@ void bind_toolkit(py::module_& m) {
               py::arg("weight_decay") = 0.01);
   optim_m.def("clip_by_global_norm", &optim::clip_by_global_norm, py::arg("max_norm"));
   optim_m.def("identity", &optim::identity);
+  optim_m.def("_apply_updates", [](const std::map<std::string, Array>& params, const std::map<std::string, Array>& u) {
+    return dict_of(optim::apply_updates(params_of(params), params_of(u)));
+  });
   optim_m.def("chain", [](const std::vector<optim::Transform>& ts) { return optim::chain(ts); });
 
   py::class_<train::Deployer>(m, "Deployer")

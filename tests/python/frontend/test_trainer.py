@@ -118,3 +118,61 @@ def test_predictor_returns_outputs_in_order_and_eval_loss_counts_every_row(tmp_p
     trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.sgd(0.0))
     per_row = [loss_fn(p, {k: mt.array(v) for k, v in collate([e]).items()}, None, False).item() for e in examples]
     assert abs(trainer.eval_loss(examples, per_device_batch_size=4) - np.mean(per_row)) <= 1e-6
+
+
+def test_optax_style_loop_equals_the_trainer(tmp_path):
+    """opt.init / opt.update / optim.apply_updates over a pytree: the Trainer's step by hand."""
+    examples = make_examples(32, 11)
+    opt = mt.optim.chain([mt.optim.clip_by_global_norm(1.0), mt.optim.adamw(3e-3, weight_decay=0.1)])
+    trainer = mt.Trainer(mt.Deployer(workdir=str(tmp_path / "o"), device="cpu", verbose=False), collate, loss_fn,
+                         init_params(12), opt)
+    out = trainer.fit(examples, per_device_batch_size=8, epochs=1, shuffle=False, progress=False)
+
+    p = mt.tree_map(mt.array, init_params(12))
+    state = opt.init(p)
+    losses = []
+    for i in range(0, 32, 8):
+        batch = {k: mt.array(v) for k, v in collate(examples[i:i + 8]).items()}
+        value, g = mt.value_and_grad(loss_fn)(p, batch, None, True)
+        updates, state = opt.update(g, state, p)
+        p = mt.optim.apply_updates(p, updates)
+        losses.append(value.item())
+    assert out["losses"] == losses
+    np.testing.assert_array_equal(np.asarray(trainer.params["l2"]["w"]), np.asarray(p["l2"]["w"]))
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_continues(tmp_path):
+    """SIGINT mid-fit: the step in flight finishes, its checkpoint is written, fit raises
+    KeyboardInterrupt naming it; --resume then gives the uninterrupted run's losses."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    here = os.path.dirname(__file__)
+    script = os.path.join(here, "interrupted_fit.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+
+    whole = subprocess.run([sys.executable, script, str(tmp_path / "whole"), "1", str(tmp_path / "whole.json")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    full = json.load(open(tmp_path / "whole.json"))["losses"]
+    assert len(full) == 32
+
+    proc = subprocess.Popen([sys.executable, script, str(tmp_path / "cut"), "0", str(tmp_path / "cut.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(1.0)  # ~10 steps of 0.1 s
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    cut = json.load(open(tmp_path / "cut.json"))
+    step = cut["step"]
+    assert 0 < step < 32 and f"interrupted at step {step}" in cut["interrupted"], cut
+    assert os.path.isdir(tmp_path / "cut" / "checkpoints" / f"step_{step:08d}"), os.listdir(tmp_path / "cut" / "checkpoints")
+    print(f"  [ctrl-c] stopped at step {step}: {cut['interrupted']}")
+
+    resumed = subprocess.run([sys.executable, script, str(tmp_path / "cut"), "1", str(tmp_path / "rest.json")], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rest = json.load(open(tmp_path / "rest.json"))["losses"]
+    assert rest == full[step:]
