@@ -179,6 +179,38 @@ void bind_models(py::module_& m) {
              return t.decode(v, skip_special_tokens);
            },
            py::arg("ids"), py::arg("skip_special_tokens") = true)
+      .def("enable_truncation",
+           [](tokenizers::Tokenizer& t, size_t max_length) {
+             t.set_truncation(tokenizers::TruncationParams{.max_length = max_length});
+           },
+           py::arg("max_length"))
+      .def("enable_padding",
+           [](tokenizers::Tokenizer& t, std::optional<size_t> length, int32_t pad_id, const std::string& pad_token,
+              const std::string& direction) {
+             MT_CHECK(direction == "right" || direction == "left", "[tokenizer] padding direction is 'right' or "
+                      "'left', got '", direction, "'");
+             tokenizers::PaddingParams p;
+             p.length = length, p.pad_id = pad_id, p.pad_token = pad_token;
+             p.direction = direction == "left" ? tokenizers::Side::left : tokenizers::Side::right;
+             t.set_padding(p);
+           },
+           py::arg("length") = py::none(), py::arg("pad_id") = 0, py::arg("pad_token") = "[PAD]",
+           py::arg("direction") = "right")
+      .def("encode_batch_with_mask",
+           [](const tokenizers::Tokenizer& t, const std::vector<std::string>& texts, bool add_special_tokens) {
+             std::vector<tokenizers::Encoding> e;
+             {
+               py::gil_scoped_release release;
+               e = t.encode_batch(texts, add_special_tokens);
+             }
+             std::vector<std::vector<int64_t>> ids, mask;
+             for (const auto& enc : e) {
+               ids.emplace_back(enc.ids.begin(), enc.ids.end());
+               mask.emplace_back(enc.attention_mask.begin(), enc.attention_mask.end());
+             }
+             return py::make_tuple(ids, mask);
+           },
+           py::arg("texts"), py::arg("add_special_tokens") = true)
       .def_property_readonly("vocab_size", &tokenizers::Tokenizer::vocab_size)
       .def("token_to_id", &tokenizers::Tokenizer::token_to_id);
 

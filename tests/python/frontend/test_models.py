@@ -93,3 +93,15 @@ def test_bert_hidden_states_equal_transformers(report):
 def test_errors_name_the_path():
     with pytest.raises(mt.Error, match="no-such-dir"):
         mt.models.from_pretrained("/tmp/no-such-dir")
+
+
+def test_tokenizer_truncation_and_padding_equal_transformers():
+    path = os.path.join(DATA, "..", "tokenizers", "bert-base-uncased-tokenizer.json")
+    tok = mt.Tokenizer.from_file(path)
+    tok.enable_truncation(12)
+    tok.enable_padding(length=12)
+    texts = ["short one", "a considerably longer sentence that will certainly be cut somewhere", ""]
+    ids, mask = tok.encode_batch_with_mask(texts)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="[PAD]")
+    want = hf(texts, truncation=True, max_length=12, padding="max_length")
+    assert ids == want["input_ids"] and mask == want["attention_mask"]
