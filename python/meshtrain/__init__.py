@@ -306,7 +306,7 @@ def grad(fn, has_aux=False):
 
 
 # ---- the Redco layer: Deployer, Trainer, optimizers -------------------------------------
-from ._meshtrain import Deployer, Tokenizer, models, optim  # noqa: E402
+from ._meshtrain import Deployer, Tokenizer, metrics, models, optim  # noqa: E402
 
 
 def _init_model(config, key=None):
@@ -317,6 +317,15 @@ def _init_model(config, key=None):
 
 
 models.init_model = _init_model
+
+
+def _small_seq2seq_config(model_type, vocab_size, pad_id, eos_id):
+    """A small encoder-decoder config of the family (2 + 2 layers, width 128), as a dict."""
+    import json
+    return json.loads(models._small_seq2seq_config(model_type, vocab_size, pad_id, eos_id))
+
+
+models.small_seq2seq_config = _small_seq2seq_config
 
 
 # optax's interface over pytrees: state = opt.init(params);
@@ -339,6 +348,16 @@ def _apply_updates(params, updates):
     return _unflatten(spec, optim._apply_updates(p, u))
 
 
+def _lora_optimizer(inner, also_train=None):
+    """inner on the LoRA adapters (and parameters matching the regex also_train), everything
+    else frozen: no optimizer state and no gradients for the base weights."""
+    pattern = models.lora_parameter_pattern()
+    if also_train:
+        pattern = f"(?:{pattern})|(?:{also_train})"
+    return optim.partition([(pattern, inner), (".*", optim.freeze())])
+
+
+optim.lora = _lora_optimizer
 _core.Transform.init = _opt_init
 _core.Transform.update = _opt_update
 optim.apply_updates = _apply_updates

@@ -8,9 +8,11 @@
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/generate.h"
+#include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/rouge.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -58,6 +60,7 @@ class Model {
               const py::object& key, bool training) const {
     const Params p = params_of(params);
     const RngKey k = key_or_default(key);
+    py::gil_scoped_release release;  // the forward pass lets other Python threads run
     if (m_.is_causal_lm()) return m_.decoder_logits(p, {input_ids, optional(attention_mask), Array()}, k, training);
     if (m_.is_seq2seq()) {
       MT_CHECK(decoder_input_ids.has_value(), "[", m_.model_type, "] an encoder-decoder needs decoder_input_ids");
@@ -109,6 +112,38 @@ class Model {
     models::PretrainedModel m = m_;
     m.params = params_of(params);
     models::save_pretrained(m, dir, dtype_from_name(dtype));
+  }
+
+  // LoRA: the model carrying the adapters' options, and params with fresh adapters (B zero).
+  py::tuple add_lora(const ParamDict& params, int64_t rank, double alpha, double dropout, const std::string& targets,
+                     bool use_rslora, const py::object& key) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::LoraOptions o;
+    o.rank = rank, o.alpha = alpha, o.dropout = dropout, o.targets = targets, o.use_rslora = use_rslora;
+    models::add_lora(m, o, key_or_default(key));
+    ParamDict out = dict_of(m.params);
+    return py::make_tuple(Model(std::move(m)), out);
+  }
+  void save_adapter(const ParamDict& params, const std::string& dir, const std::string& base_model,
+                    const std::vector<std::string>& modules_to_save) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::save_adapter(m, dir, base_model, modules_to_save);
+  }
+  py::tuple load_adapter(const ParamDict& params, const std::string& dir) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::load_adapter(m, dir);
+    ParamDict out = dict_of(m.params);
+    return py::make_tuple(Model(std::move(m)), out);
+  }
+  py::tuple merge_lora(const ParamDict& params) const {
+    models::PretrainedModel m = m_;
+    m.params = params_of(params);
+    models::PretrainedModel merged = models::merge_lora(m);
+    ParamDict out = dict_of(merged.params);
+    return py::make_tuple(Model(std::move(merged)), out);
   }
 
   ParamDict init(const py::object& key) const {
@@ -231,7 +266,37 @@ void bind_models(py::module_& m) {
            py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("num_beams") = 1,
            py::arg("seed") = 0, py::arg("stop_tokens") = py::none())
       .def("save_pretrained", &Model::save_pretrained, py::arg("params"), py::arg("dir"), py::arg("dtype") = "f32")
-      .def("init", &Model::init, py::arg("key") = py::none());
+      .def("init", &Model::init, py::arg("key") = py::none())
+      .def("add_lora", &Model::add_lora, py::arg("params"), py::arg("rank") = 8, py::arg("alpha") = 8.0,
+           py::arg("dropout") = 0.0, py::arg("targets") = "", py::arg("use_rslora") = false,
+           py::arg("key") = py::none())
+      .def("save_adapter", &Model::save_adapter, py::arg("params"), py::arg("dir"), py::arg("base_model") = "",
+           py::arg("modules_to_save") = std::vector<std::string>{})
+      .def("load_adapter", &Model::load_adapter, py::arg("params"), py::arg("dir"))
+      .def("merge_lora", &Model::merge_lora, py::arg("params"));
+  models_m.def("lora_parameter_pattern", &models::lora_parameter_pattern);
+  models_m.def(
+      "_small_seq2seq_config",
+      [](const std::string& model_type, int64_t vocab_size, int64_t pad_id, int64_t eos_id) {
+        const models::ModelSpec& spec = models::model_spec(model_type);
+        MT_CHECK(spec.small_seq2seq_config, "[small_seq2seq_config] '", model_type, "' is not an encoder-decoder");
+        return spec.small_seq2seq_config(vocab_size, pad_id, eos_id).dump();
+      },
+      py::arg("model_type"), py::arg("vocab_size"), py::arg("pad_id"), py::arg("eos_id"));
+
+  py::module_ metrics = m.def_submodule("metrics", "evaluation metrics");
+  metrics.def(
+      "rouge",
+      [](const std::vector<std::string>& targets, const std::vector<std::string>& predictions, bool use_stemmer) {
+        const train::RougeScores r = train::mean_rouge(targets, predictions, use_stemmer);
+        py::dict out;
+        for (auto [name, s] : {std::pair<const char*, const train::RougeScore*>{"rouge1", &r.rouge1},
+                               {"rouge2", &r.rouge2}, {"rougeL", &r.rougeL}, {"rougeLsum", &r.rougeLsum}})
+          out[name] = py::dict(py::arg("precision") = s->precision, py::arg("recall") = s->recall,
+                               py::arg("fmeasure") = s->fmeasure);
+        return out;
+      },
+      py::arg("targets"), py::arg("predictions"), py::arg("use_stemmer") = false);
   models_m.def("_init_model", &init_model, py::arg("config_json"), py::arg("key") = py::none());
   models_m.def("from_pretrained", &from_pretrained, py::arg("path"), py::arg("dtype") = "f32",
                py::arg("num_labels") = py::none(), py::arg("allow_new_params") = false);

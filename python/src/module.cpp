@@ -163,7 +163,9 @@ PYBIND11_MODULE(_meshtrain, m) {
   m.def("scalar_like", &scalar_like);
 
   // ---- matmul, reductions, shapes ----
-  m.def("matmul", [](const Array& a, const Array& b) { return matmul(a, b); });
+  // The larger kernels let other Python threads run (the GIL released while they compute).
+  const auto release = py::call_guard<py::gil_scoped_release>();
+  m.def("matmul", [](const Array& a, const Array& b) { return matmul(a, b); }, release);
   m.def("sum", [](const Array& x, const py::object& axis, bool keepdims) { return sum(x, axes_of(axis), keepdims); },
         py::arg("x"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
   m.def("mean", [](const Array& x, const py::object& axis, bool keepdims) { return mean(x, axes_of(axis), keepdims); },
@@ -202,10 +204,10 @@ PYBIND11_MODULE(_meshtrain, m) {
         [](const Array& x, const std::optional<Array>& w, const std::optional<Array>& b, double eps) {
           return layer_norm(x, w.value_or(Array()), b.value_or(Array()), eps);
         },
-        py::arg("x"), py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("eps") = 1e-5);
+        py::arg("x"), py::arg("weight") = py::none(), py::arg("bias") = py::none(), py::arg("eps") = 1e-5, release);
   m.def("rms_norm",
         [](const Array& x, const std::optional<Array>& w, double eps) { return rms_norm(x, w.value_or(Array()), eps); },
-        py::arg("x"), py::arg("weight") = py::none(), py::arg("eps") = 1e-6);
+        py::arg("x"), py::arg("weight") = py::none(), py::arg("eps") = 1e-6, release);
   m.def("cross_entropy",
         [](const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,
            const std::string& reduction) {
@@ -215,7 +217,7 @@ PYBIND11_MODULE(_meshtrain, m) {
           return cross_entropy(logits, labels, ignore_index, label_smoothing, r);
         },
         py::arg("logits"), py::arg("labels"), py::arg("ignore_index") = -100, py::arg("label_smoothing") = 0.0,
-        py::arg("reduction") = "mean");
+        py::arg("reduction") = "mean", release);
   m.def("mse_loss", [](const Array& a, const Array& b) { return mse_loss(a, b); });
   m.def("dropout",
         [](const Array& x, double rate, const py::object& key, bool training) {

@@ -331,6 +331,14 @@ void bind_toolkit(py::module_& m) {
               py::arg("weight_decay") = 0.01);
   optim_m.def("clip_by_global_norm", &optim::clip_by_global_norm, py::arg("max_norm"));
   optim_m.def("identity", &optim::identity);
+  optim_m.def("freeze", &optim::freeze);
+  optim_m.def("partition",
+              [](const std::vector<std::pair<std::string, optim::Transform>>& rules) {
+                std::vector<optim::PartitionRule> r;
+                for (const auto& [pattern, t] : rules) r.push_back({pattern, t});
+                return optim::partition(r);
+              },
+              py::arg("rules"));
   optim_m.def("_apply_updates", [](const std::map<std::string, Array>& params, const std::map<std::string, Array>& u) {
     return dict_of(optim::apply_updates(params_of(params), params_of(u)));
   });

@@ -105,3 +105,35 @@ def test_tokenizer_truncation_and_padding_equal_transformers():
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="[PAD]")
     want = hf(texts, truncation=True, max_length=12, padding="max_length")
     assert ids == want["input_ids"] and mask == want["attention_mask"]
+
+
+def test_lora_trains_only_adapters_and_peft_loads_them(report, tmp_path):
+    """add_lora, a few Trainer steps with mt.optim.lora, save_adapter; PEFT applies the adapter
+    to transformers' model and gives meshtrain's logits."""
+    peft = pytest.importorskip("peft")
+    base, params = mt.models.from_pretrained(GPT2)
+    model, lp = base.add_lora(params, rank=2, alpha=4.0, key=mt.random.key(3))
+    adapters = [k for k in lp if "lora_" in k]
+    assert adapters and len(lp) == len(params) + len(adapters)
+    x = np.array([base.tokenizer.encode(TEXTS[1])], dtype=np.int64)
+    assert max_err(model.apply(lp, mt.array(x)), np.asarray(base.apply(params, mt.array(x)))) == 0  # B = 0
+
+    examples = [{"ids": x[0]}] * 8
+    trainer = mt.Trainer(mt.Deployer(workdir=str(tmp_path / "run"), device="cpu", verbose=False),
+                         lambda rows: {"ids": np.stack([r["ids"] for r in rows])},
+                         lambda p, b, key, training: model.loss(p, b["ids"], b["ids"]), lp,
+                         mt.optim.lora(mt.optim.adamw(1e-1)))
+    trainer.fit(examples, per_device_batch_size=4, epochs=2, progress=False)
+    trained = trainer.params
+    changed = [k for k in lp if not np.array_equal(np.asarray(trained[k]), np.asarray(lp[k]))]
+    assert changed and all("lora_" in k for k in changed), changed
+
+    model.save_adapter(trained, str(tmp_path / "adapter"), base_model=GPT2)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(GPT2)
+    with_adapter = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        want = with_adapter(torch.tensor(x)).logits
+    assert report("peft logits", max_err(model.apply(trained, mt.array(x)), want)) <= 1e-5
+    merged_model, merged = model.merge_lora(trained)
+    assert not any("lora_" in k for k in merged)
+    assert report("merged logits", max_err(merged_model.apply(merged, mt.array(x)), want)) <= 1e-5
