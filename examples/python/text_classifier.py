@@ -45,7 +45,7 @@ def main():
               "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": MAX_LEN,
               "num_labels": 2}
     deployer = mt.Deployer(workdir=workdir, verbose=False)
-    model, params = mt.models.init_model(config, mt.random.key(0))
+    model, params = mt.models.init_model(config, deployer.init_key)
 
     def loss_fn(p, batch, key, training):  # dropout while training, none when evaluated
         logits = model.apply(p, batch["input_ids"], attention_mask=batch["attention_mask"], key=key,

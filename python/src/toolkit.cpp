@@ -368,6 +368,11 @@ void bind_toolkit(py::module_& m) {
            py::arg("params"), py::arg("roles") = py::none(), py::arg("fsdp") = false,
            py::arg("fsdp_min_elements") = int64_t(1) << 14)
       .def("log", &train::Deployer::log)
+      .def_property_readonly("init_key",
+                             [](const train::Deployer& d) {
+                               const RngKey k = d.init_key();
+                               return py::make_tuple(k.seed, k.stream);
+                             })
       .def_property_readonly("is_main", &train::Deployer::is_main)
       .def_property_readonly("data_size", &train::Deployer::data_size)
       .def_property_readonly("data_index", &train::Deployer::data_index);
