@@ -20,7 +20,17 @@ done
 for e in text_classifier causal_lm maml; do
   [ -x "$build/examples/example_$e" ] && bins="$bins $build/examples/example_$e"
 done
+# The Python front end (import meshtrain) and its examples, when built: run on the GPU by
+# gpu_run.sh python (a Python of the same minor version is needed there).
+if [ -d "$build/python/meshtrain" ]; then
+  mkdir -p "$stage/python/meshtrain" "$stage/examples"
+  cp "$build"/python/meshtrain/*.py "$build"/python/meshtrain/_meshtrain*.so "$stage/python/meshtrain/"
+  strip --strip-unneeded "$stage"/python/meshtrain/_meshtrain*.so
+  cp "$root"/examples/python/*.py "$stage/examples/"
+  bins="$bins $(ls "$build"/python/meshtrain/_meshtrain*.so)"
+fi
 for b in $bins; do
+  case "$b" in *.so) continue ;; esac
   cp "$b" "$stage/bin/"
   strip --strip-unneeded "$stage/bin/$(basename "$b")"
 done

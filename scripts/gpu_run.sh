@@ -7,7 +7,9 @@
 #                      model_step_bench, then PyTorch's twin if it fits): step time and device peak
 #   gpu_run.sh fusion  GPT-2 B16 T1024 bf16 steps with the fused layer ops and with the composed
 #                      ones (MT_FUSED_LAYERS=0): the fused primitives' effect on the GPU (issue 44)
-#   gpu_run.sh all     tests, fusion and bench (largest apart: it needs the whole GPU for minutes)
+#   gpu_run.sh python  the Python front end's examples on the GPU (the Deployer's device "auto"):
+#                      the SST-2 classifier and the miniGPT tutorial with LoRA (issue 46)
+#   gpu_run.sh all     tests, fusion, python and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -78,6 +80,19 @@ if [ "$mode" = fusion ] || [ "$mode" = all ]; then
       > "$out/fusion_$f.json" 2> "$out/fusion_$f.err" || status=1
     cat "$out/fusion_$f.json"; tail -2 "$out/fusion_$f.err"
   done
+fi
+if [ "$mode" = python ] || [ "$mode" = all ]; then
+  if [ -d "$here/python/meshtrain" ]; then
+    echo "== Python front end on the GPU ($(python3 -c 'import sys; print(sys.version.split()[0])'))"
+    for e in "text_classifier.py $here/data 60 400 /tmp/mt-py/tc" "causal_lm.py $here/data 100 40 /tmp/mt-py/clm"; do
+      set -- $e
+      PYTHONPATH="$here/python" timeout 120 python3 "$here/examples/$@" > "$out/python_$1.log" 2>&1
+      rc=$?
+      grep -E "device|loss|accuracy|LoRA|Error" "$out/python_$1.log" | tail -6
+      echo "python $1 exit $rc"
+      [ $rc = 0 ] || status=1
+    done
+  fi
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
