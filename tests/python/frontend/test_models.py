@@ -137,3 +137,22 @@ def test_lora_trains_only_adapters_and_peft_loads_them(report, tmp_path):
     merged_model, merged = model.merge_lora(trained)
     assert not any("lora_" in k for k in merged)
     assert report("merged logits", max_err(merged_model.apply(merged, mt.array(x)), want)) <= 1e-5
+
+
+def test_llama2c_checkpoint_loads_generates_and_exports_to_transformers(report, tmp_path):
+    """stories260K (llama2.c's format, GQA) from Python: loaded, generating, and exported to a
+    Hugging Face folder that transformers' LLaMA gives the same logits for."""
+    path = os.path.join(DATA, "stories260K", "stories260K.bin")
+    model, params = mt.models.from_pretrained(path)
+    assert model.model_type == "llama"
+    prompt = [1, 403, 407, 261, 378]
+    ids = model.generate(params, [prompt], max_new_tokens=12)[0]
+    assert len(ids) >= 1 and ids == model.generate(params, [prompt], max_new_tokens=12)[0]
+    model.save_pretrained(params, str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    x = np.array([prompt + ids], dtype=np.int64)
+    with torch.no_grad():
+        want = hf(torch.tensor(x)).logits
+    assert report("stories260K logits", max_err(model.apply(params, mt.array(x)), want)) <= 1e-4
+    # Greedy: each generated id is the argmax after the tokens before it.
+    assert want[0, len(prompt) - 1:-1].argmax(-1).tolist()[:len(ids)] == ids
