@@ -369,7 +369,16 @@ def sharding_rules(deployer, params, roles=None, fsdp=False, fsdp_min_elements=1
     ('layer/w'); fsdp also splits parameters of at least fsdp_min_elements over the data
     axis. Print it to see it."""
     leaves, _ = tree_flatten(params)
-    return deployer.sharding_rules(leaves, roles, fsdp, fsdp_min_elements)
+    return deployer._sharding_rules(leaves, roles, fsdp, fsdp_min_elements)
+
+
+def _print_plan(deployer, params, roles=None, fsdp=False):
+    """Prints (on rank 0) the plan's table: each parameter's shape, layout and bytes per rank."""
+    deployer.log(sharding_rules(deployer, params, roles, fsdp).table())
+
+
+Deployer.sharding_rules = sharding_rules
+Deployer.print_plan = _print_plan
 
 
 class Trainer:

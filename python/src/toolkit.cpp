@@ -355,7 +355,7 @@ void bind_toolkit(py::module_& m) {
            py::arg("mesh") = "", py::arg("n_model_shards") = 1, py::arg("workdir") = "runs/default",
            py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true)
       .def_property_readonly("workdir", [](const train::Deployer& d) { return d.options().workdir; })
-      .def("sharding_rules",
+      .def("_sharding_rules",
            [](const train::Deployer& d, const std::map<std::string, Array>& params, const py::object& roles, bool fsdp,
               int64_t fsdp_min_elements) {
              Params p;

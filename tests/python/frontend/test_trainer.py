@@ -176,3 +176,18 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_resume_continues(tmp_
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rest = json.load(open(tmp_path / "rest.json"))["losses"]
     assert rest == full[step:]
+
+
+def test_eval_examples_are_evaluated_and_the_plan_prints(tmp_path, capfd):
+    examples, held_out = make_examples(32, 13), make_examples(10, 14)
+    deployer = mt.Deployer(workdir=str(tmp_path / "e"), device="cpu", verbose=False)
+    params = init_params(15)
+    deployer.print_plan(params, {"l1/w": ("mlp_in", 0, 1), "l2/w": ("mlp_out", 0, 1)})
+    assert "l1/w" in capfd.readouterr().out
+    trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.sgd(0.05),
+                         sharding_rules=deployer.sharding_rules(params))
+    out = trainer.fit(examples, per_device_batch_size=8, epochs=2, eval_examples=held_out, eval_every=4,
+                      progress=False)
+    evals = [e["eval_loss"] for e in out["evals"]]
+    assert len(evals) == 2  # steps 4 and 8
+    assert abs(evals[-1] - trainer.eval_loss(held_out, per_device_batch_size=8)) <= 1e-6
