@@ -13,14 +13,20 @@
 //   logits: (N, C) floating   labels: (N,) i32/i64   loss: (N,) f32   lse: (N,) f32
 // cross_entropy_backward: grad[i, c] = (exp(x[i, c] - lse[i]) - ε / C - (1 - ε)[c == y]) · row_scale[i];
 //   0 for ignored rows. lse, row_scale: (N,) f32; grad: (N, C) in the logits' dtype.
-// cross_entropy_total: out (a scalar, f32) = Σ_i loss[i] (summed in double), divided by `count`
-//   when `mean` (NaN when count is 0: every target ignored, as PyTorch).
+// cross_entropy_total: out (a scalar, f32) = Σ_i loss[i] (summed in double), divided by count
+//   (an i64 scalar on the device) when `mean` (NaN when count is 0: every target ignored, as
+//   PyTorch).
+// cross_entropy_count: count (an i64 scalar) = the labels that are not ignore_index, on the
+//   device, so the mean needs no host read of the labels; a label outside [0, C) (C the
+//   logits' last dim) is an error naming its flat position and both arrays (on the GPU the
+//   verdict, one word, is read back).
 #define MT_LOSS_KERNELS                                                                                   \
   void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, \
                              Array& loss, Array& lse);                                                     \
   void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse,                  \
                               const Array& row_scale, int64_t ignore_index, float smoothing, Array& grad); \
-  void cross_entropy_total(const Array& loss, int64_t count, bool mean, Array& out);
+  void cross_entropy_total(const Array& loss, const Array& count, bool mean, Array& out);                  \
+  void cross_entropy_count(const Array& logits, const Array& labels, int64_t ignore_index, Array& count);
 
 namespace mt::cpu { MT_LOSS_KERNELS }
 namespace mt::cuda { MT_LOSS_KERNELS }

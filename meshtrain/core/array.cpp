@@ -1,10 +1,13 @@
 #include "meshtrain/core/array.h"
 
+#include <atomic>
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
 #include "meshtrain/core/allocator.h"
+#include "meshtrain/core/host_reads.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/element.h"
 
@@ -80,9 +83,12 @@ Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype)
   });
   return a.to(current_device());
 }
+std::atomic<uint64_t> g_host_reads{0};
+
 template <class Dst>
 std::vector<Dst> to_host(const Array& a) {
   MT_CHECK(!a.sharded(), "[to_host] ", a.str(), " is sharded: gather it with dist::to_host first");
+  if (!a.device().is_cuda()) g_host_reads.fetch_add(1, std::memory_order_relaxed);  // a device copy counts in to()
   std::vector<Dst> out(size_t(a.numel()));
   const Array host = a.to(Device::cpu());
   dispatch_dtype(a.dtype(), [&](auto tag) {
@@ -130,8 +136,10 @@ Array Array::to(Device target) const {
   Array out = empty(shape(), dtype(), target);
   out.impl()->layout = impl_->layout;  // a trivial (one-rank) layout travels with the values
   if (nbytes() == 0) return out;
-  if (target.is_cpu())
+  if (target.is_cpu()) {
+    g_host_reads.fetch_add(1, std::memory_order_relaxed);
     cuda_runtime().copy_to_host(out.raw(), raw(), nbytes());
+  }
   else if (device().is_cpu())
     cuda_runtime().copy_from_host(out.raw(), raw(), nbytes());
   else
@@ -199,4 +207,8 @@ std::string Array::repr(int max_elements) const {
   return os.str();
 }
 
+}  // namespace mt
+
+namespace mt {
+uint64_t host_read_count() { return g_host_reads.load(std::memory_order_relaxed); }
 }  // namespace mt

@@ -71,28 +71,34 @@ Array ignore_mask(const Array& labels, int64_t ignore_index) {
   return ne(labels, Array::full(Shape{}, double(ignore_index), labels.dtype(), labels.device()));
 }
 
+// g / max(count, 1) on the device: the mean's divisor, with every target ignored giving a zero
+// gradient rather than 0 · inf = NaN. count is the forward's i64 scalar.
+Array per_target(const Array& gf, const Array& count) {
+  Array c = cast(count, DType::f32);
+  return div(gf, maximum(c, scalar_like(c, 1.0)));
+}
+
 // The fused rule's gradient written with ops, so that it can itself be differentiated.
 Array composed_grad(const Array& logits, const Array& labels, const Array& g, int64_t ignore_index, double smoothing,
-                    Reduction reduction, int64_t classes, int64_t count) {
+                    Reduction reduction, int64_t classes, const Array& count) {
   Array x = cast(logits, DType::f32);
   Array p = exp(sub(x, logsumexp(x, {-1}, true)));
   Array valid = ignore_mask(labels, ignore_index);
   Array safe = where(valid, labels, zeros_like(labels));
   Array q = add(mul(one_hot(safe, classes, DType::f32), 1.0 - smoothing), smoothing / double(classes));
   Array gf = cast(g, DType::f32);
-  // With every target ignored the mask zeroes the gradient; avoid 0 · inf = NaN.
-  if (reduction == Reduction::mean) gf = div(gf, double(std::max<int64_t>(count, 1)));
+  if (reduction == Reduction::mean) gf = per_target(gf, count);
   Array scale = mul(cast(valid, DType::f32), gf);  // labels.shape
   return cast(mul(sub(p, q), expand_dims(scale, -1)), logits.dtype());
 }
 
-// Per-row multipliers of the fused backward from the output cotangent.
-Array row_scales(const Array& g, Reduction reduction, int64_t rows, int64_t count) {
+// Per-row multipliers of the fused backward from the output cotangent, on the device (no
+// read of the cotangent or the count to the host).
+Array row_scales(const Array& g, Reduction reduction, int64_t rows, const Array& count) {
   Array gf = cast(g, DType::f32);
   if (reduction == Reduction::none) return gf.view_as_shape(Shape{rows});
-  double v = gf.item();
-  if (reduction == Reduction::mean) v /= double(std::max<int64_t>(count, 1));
-  return Array::full(Shape{rows}, v, DType::f32, g.device());
+  if (reduction == Reduction::mean) gf = per_target(gf, count);
+  return broadcast_to(gf, Shape{rows});  // a (rows,) array, as the kernel reads it
 }
 
 // Fused cross-entropy: one pass computes each row's loss and log-sum-exp; the backward
@@ -108,20 +114,23 @@ class CrossEntropyPrimitive final : public prim::Primitive {
   }
   Array run(const Inputs& in, const OutputInfo&, Inputs& aux) const override {
     const Array &logits = in[0], &labels = in[1];
-    const CeShape s = check_cross_entropy(logits, labels, ignore_index_, smoothing_, "cross_entropy");
-    Array rows = Array::empty(Shape{s.rows}, DType::f32);
-    Array lse = Array::empty(Shape{s.rows}, DType::f32);
+    const int64_t n = labels.numel();
+    // The targets' count on the device (the labels validated there): no host read mid-step.
+    Array count = Array::empty(Shape{}, DType::i64);
+    MT_KERNEL(labels, cross_entropy_count, logits, labels, ignore_index_, count);
+    Array rows = Array::empty(Shape{n}, DType::f32);
+    Array lse = Array::empty(Shape{n}, DType::f32);
     MT_KERNEL(logits, cross_entropy_forward, logits, labels, ignore_index_, float(smoothing_), rows, lse);
-    aux = {lse, Array::scalar(double(s.count), DType::i64)};
+    aux = {lse, count};
     if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
     Array total = Array::empty(Shape{}, DType::f32);
-    MT_KERNEL(rows, cross_entropy_total, rows, s.count, reduction_ == Reduction::mean, total);
+    MT_KERNEL(rows, cross_entropy_total, rows, count, reduction_ == Reduction::mean, total);
     return total;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
     const Array &logits = s.inputs[0], &labels = s.inputs[1];
     const int64_t classes = logits.dim(-1), rows = labels.numel();
-    const int64_t count = int64_t(s.aux[1].item());
+    const Array& count = s.aux[1];
     // Under nested differentiation the backward pass must itself be recorded.
     if (autodiff::grad_enabled())
       return {composed_grad(logits, labels, g, ignore_index_, smoothing_, reduction_, classes, count), Array()};

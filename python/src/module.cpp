@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "meshtrain/core/host_reads.h"
 #include "meshtrain/meshtrain.h"
 #include "python/src/bindings.h"
 
@@ -140,6 +141,8 @@ PYBIND11_MODULE(_meshtrain, m) {
       .def("__repr__", [](const Array& x) { return "meshtrain.Array(" + x.str() + ", device=" + x.device().str() + ")"; });
 
   m.def("from_numpy", &from_numpy, py::arg("array"), py::arg("device") = "");
+  m.def("host_read_count", &host_read_count,
+        "reads of array values to the host so far (each a stream wait on a GPU)");
   m.def("cast", [](const Array& x, const std::string& dtype) { return cast(x, dtype_from_name(dtype)); });
   m.def("full", [](const std::vector<int64_t>& shape, double value, const std::string& dtype) {
     return Array::full(Shape(shape), value, dtype_from_name(dtype));

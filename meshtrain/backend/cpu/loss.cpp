@@ -8,6 +8,7 @@
 
 #include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
@@ -115,7 +116,22 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
   });
 }
 
-void cross_entropy_total(const Array& loss, int64_t count, bool mean, Array& out) {
+void cross_entropy_count(const Array& logits, const Array& labels, int64_t ignore_index, Array& count) {
+  const int64_t classes = logits.dim(-1);
+  int64_t n = 0;
+  for (int64_t j = 0; j < labels.numel(); ++j) {
+    const int64_t y = label_of(labels, j);
+    if (y == ignore_index) continue;
+    MT_CHECK(y >= 0 && y < classes, "[cross_entropy] label ", y, " out of range for ", classes,
+             " classes at flat position ", j, " (logits ", logits.str(), ", labels ", labels.str(), ", ignore_index ",
+             ignore_index, ")");
+    ++n;
+  }
+  count.data<int64_t>()[0] = n;
+}
+
+void cross_entropy_total(const Array& loss, const Array& count_array, bool mean, Array& out) {
+  const int64_t count = count_array.data<int64_t>()[0];
   double total = 0.0;
   const float* pl = loss.data<float>();
   for (int64_t i = 0; i < loss.numel(); ++i) total += double(pl[i]);

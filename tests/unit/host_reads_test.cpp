@@ -1,0 +1,76 @@
+// Host reads inside a training step (issue 45): on a GPU each read of array values to the host
+// waits for the stream, so the forward and backward of a step must not read any. The CPU build
+// counts the same reads (host_read_count), so this test keeps them at 0 wherever it runs:
+// GPT-2 and the BERT classifier (padding mask, ignored labels) read nothing between the
+// batch and the loss; an out-of-range label is still an error naming its position.
+#include <gtest/gtest.h>
+
+#include "meshtrain/core/host_reads.h"
+#include "meshtrain/models/bert.h"
+#include "meshtrain/models/gpt2.h"
+#include "tests/support/model_twins.h"
+
+namespace mt::testing {
+namespace {
+
+using namespace mt::models;
+
+// Reads made by value_and_grad of `loss` (the step's forward and backward), and the loss.
+std::pair<uint64_t, Array> reads_of(const std::function<Array(const Params&)>& loss, const Params& p) {
+  const uint64_t before = host_read_count();
+  auto [value, grads] = value_and_grad(loss)(p);
+  return {host_read_count() - before, value};
+}
+
+TEST(HostReads, Gpt2StepReadsNothingBeforeItsLoss) {
+  Gpt2Config c;
+  c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.1;
+  Params p = random_model_params(gpt2_param_defs(c), 1);
+  Array ids = random_ints({2, 16}, 2, 0, c.vocab_size);
+  std::vector<int64_t> l = random_ints({2, 16}, 3, 0, c.vocab_size).to_ints();
+  l[3] = l[17] = -100;  // ignored targets
+  Array labels = Array::from_vector(l, {2, 16});
+  auto [reads, loss] = reads_of([&](const Params& q) {
+    return cross_entropy(gpt2_apply(c, q, {.input_ids = ids}, RngKey{1, 0}, true), labels);
+  }, p);
+  EXPECT_EQ(reads, 0u);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+TEST(HostReads, BertClassifierWithPaddingReadsNothingBeforeItsLoss) {
+  BertConfig c;
+  c.vocab_size = 37, c.hidden_size = 24, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+  c.intermediate_size = 48, c.max_position_embeddings = 32, c.head = BertHead::sequence_classification;
+  c.num_labels = 3;
+  Params p = random_model_params(bert_param_defs(c), 4);
+  std::vector<int64_t> m(4 * 16, 1);
+  for (int i = 10; i < 16; ++i) m[size_t(3 * 16 + i)] = 0;
+  BertInputs in{.input_ids = random_ints({4, 16}, 5, 0, c.vocab_size), .attention_mask = Array::from_vector(m, {4, 16})};
+  Array labels = Array::from_vector(std::vector<int64_t>{0, 2, -100, 1}, {4});
+  auto [reads, loss] = reads_of([&](const Params& q) {
+    return cross_entropy(bert_apply(c, q, in, RngKey{2, 0}, true).logits, labels);
+  }, p);
+  EXPECT_EQ(reads, 0u);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+TEST(HostReads, CrossEntropyStillNamesAnOutOfRangeLabel) {
+  Array logits = random_normal({3, 5}, 6);
+  Array labels = Array::from_vector(std::vector<int64_t>{1, -100, 7}, {3});
+  try {
+    cross_entropy(logits, labels);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 7 out of range for 5 classes at flat position 2"), std::string::npos)
+        << e.what();
+  }
+  // Every target ignored: the mean is NaN (as PyTorch), its gradient 0.
+  Array none = Array::from_vector(std::vector<int64_t>{-100, -100, -100}, {3});
+  auto [value, grads] = value_and_grad([&](const Params& q) { return cross_entropy(q["x"], none); })(Params{{"x", logits}});
+  EXPECT_TRUE(std::isnan(value.item()));
+  for (float g : grads["x"].to_floats()) EXPECT_EQ(g, 0.0f);
+}
+
+}  // namespace
+}  // namespace mt::testing
