@@ -323,21 +323,18 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
   MT_CHECK((positions.ndim() == 1 && positions.dim(0) == t) ||
                (positions.ndim() == 2 && positions.dim(1) == t && x.ndim() == 4 && positions.dim(0) == x.dim(0)),
            "[rotary] positions ", positions.str(), " do not match x ", x.str(), " (expected (T,) or (B, T))");
-  // Angles in f32 as Hugging Face computes them: inv_freq_i = theta^(-2i/D), angle = pos · inv_freq.
-  std::vector<int64_t> pos = positions.to_ints();
+  // Angles in f32 as Hugging Face computes them: inv_freq_i = theta^(-2i/D), angle = pos · inv_freq,
+  // formed on the positions' device with ops: no host read of the positions mid-step.
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
-  std::vector<float> cos_v(pos.size() * size_t(half)), sin_v(cos_v.size());
-  for (size_t p = 0; p < pos.size(); ++p)
-    for (int64_t i = 0; i < half; ++i) {
-      float angle = float(pos[p]) * inv_freq[size_t(i)];
-      cos_v[p * size_t(half) + size_t(i)] = std::cos(angle);
-      sin_v[p * size_t(half) + size_t(i)] = std::sin(angle);
-    }
-  Shape table = positions.ndim() == 1 ? Shape{t, half} : Shape{positions.dim(0), 1, t, half};
-  Array cos_t = Array::from_vector(cos_v, table, x.dtype()).to(x.device());
-  Array sin_t = Array::from_vector(sin_v, table, x.dtype()).to(x.device());
+  Array freq = Array::from_vector(inv_freq, Shape{half});
+  if (freq.device() != positions.device()) freq = freq.to(positions.device());
+  Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
+  if (positions.ndim() == 2) angles = expand_dims(angles, 1);             // (B, 1, T, half)
+  // Integer positions are never traced: the tables carry no gradient.
+  auto on_x = [&](const Array& a) { return a.device() == x.device() ? a : a.to(x.device()); };
+  Array cos_t = on_x(cast(cos(angles), x.dtype())), sin_t = on_x(cast(sin(angles), x.dtype()));
   if (!interleaved) {
     Array x1 = slice(x, -1, 0, half), x2 = slice(x, -1, half, d);
     return concatenate({sub(mul(x1, cos_t), mul(x2, sin_t)), add(mul(x2, cos_t), mul(x1, sin_t))}, -1);

@@ -1,13 +1,15 @@
 // Host reads inside a training step (issue 45): on a GPU each read of array values to the host
 // waits for the stream, so the forward and backward of a step must not read any. The CPU build
 // counts the same reads (host_read_count), so this test keeps them at 0 wherever it runs:
-// GPT-2 and the BERT classifier (padding mask, ignored labels) read nothing between the
-// batch and the loss; an out-of-range label is still an error naming its position.
+// GPT-2, LLaMA (rotary positions) and the BERT classifier (padding mask, ignored labels) read
+// nothing between the batch and the loss; an out-of-range label is still an error naming its
+// position.
 #include <gtest/gtest.h>
 
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/gpt2.h"
+#include "meshtrain/models/llama.h"
 #include "tests/support/model_twins.h"
 
 namespace mt::testing {
@@ -50,6 +52,19 @@ TEST(HostReads, BertClassifierWithPaddingReadsNothingBeforeItsLoss) {
   Array labels = Array::from_vector(std::vector<int64_t>{0, 2, -100, 1}, {4});
   auto [reads, loss] = reads_of([&](const Params& q) {
     return cross_entropy(bert_apply(c, q, in, RngKey{2, 0}, true).logits, labels);
+  }, p);
+  EXPECT_EQ(reads, 0u);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+TEST(HostReads, LlamaStepWithRotaryPositionsReadsNothingBeforeItsLoss) {
+  LlamaConfig c;
+  c.vocab_size = 33, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2;
+  Params p = random_model_params(llama_param_defs(c), 7);
+  Array ids = random_ints({2, 16}, 8, 0, c.vocab_size);
+  auto [reads, loss] = reads_of([&](const Params& q) {
+    return cross_entropy(llama_apply(c, q, {.input_ids = ids}, RngKey{3, 0}, true), ids);
   }, p);
   EXPECT_EQ(reads, 0u);
   EXPECT_TRUE(std::isfinite(loss.item()));
