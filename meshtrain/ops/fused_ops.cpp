@@ -77,7 +77,7 @@ class BiasActivationPrimitive final : public prim::Primitive {
     const Array &y = s.inputs[0], &bias = s.inputs[1];
     if (autodiff::grad_enabled()) {
       // Recorded (second order): the composed VJP, written with ops.
-      Array pre = add(y, bias);
+      Array pre = add(y, as_dtype(bias, y.dtype()));
       Array dpre = act_ == FusedActivation::relu ? where(gt(pre, zeros_like(pre)), g, zeros_like(g))
                                                   : gelu_vjp(pre, g, act_ == FusedActivation::gelu_tanh);
       return {dpre, s.wants(1) ? as_dtype(sum_to(dpre, bias.shape()), bias.dtype()) : Array()};

@@ -61,5 +61,9 @@ void request_stop() {
   }
 }
 void clear_stop_request() { g_requests.store(0); }
+void disarm_stop_request() {
+  g_armed.store(false);
+  g_requests.store(0);
+}
 
 }  // namespace mt::train

@@ -25,6 +25,9 @@ bool stop_requested();
 void request_stop();
 // Forgets a request already served, before the next fit.
 void clear_stop_request();
+// Back to the unarmed default once a front end's fit is over: a later signal is not taken for a
+// stop request nobody will serve.
+void disarm_stop_request();
 
 // Thrown by Trainer::fit after it stopped on request and wrote its checkpoint; what() is the
 // line to print ("interrupted at step N; checkpoint step_N written ...; continue with --resume").

@@ -72,10 +72,21 @@ def _as_array(x, like=None):
     return array(x)
 
 
+def _promoted(arr, scalar):
+    """An integer array meeting a fractional Python scalar becomes float32 (NumPy's promotion),
+    instead of the scalar being truncated to the array's dtype."""
+    if (isinstance(arr, Array) and arr.dtype in ("i32", "i64") and isinstance(scalar, numbers.Real)
+            and not isinstance(scalar, numbers.Integral) and not float(scalar).is_integer()):
+        return _core.cast(arr, "f32")
+    return arr
+
+
 def _binary(fn):
     def op(a, b):
         if not isinstance(a, Array) and isinstance(b, Array):
+            b = _promoted(b, a)
             return fn(_as_array(a, b), b)
+        a = _promoted(a, b)
         return fn(a, _as_array(b, a))
     return op
 
@@ -160,6 +171,11 @@ def _getitem(x, key):
     consumed = _builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
     if consumed > x.ndim:
         raise Error(f"[index] {consumed} indices for an array of {x.ndim} dims {x.shape}")
+    advanced = _builtins.sum(1 for k in key if not (k is None or k is Ellipsis or isinstance(k, (slice, numbers.Integral))))
+    if advanced > 1:
+        # NumPy pairs several index arrays elementwise; taking them one after the other would
+        # give their outer product instead: refused rather than silently different.
+        raise Error("[index] more than one integer-array index (NumPy pairs them elementwise): index one axis at a time")
     expanded = []
     for k in key:
         if k is Ellipsis:
@@ -186,9 +202,19 @@ def _getitem(x, key):
                 raise Error(f"[index] index {int(k)} out of range for axis {axis} of size {n} (array {out.shape})")
             out = squeeze(_core.slice(out, axis, i, i + 1), axis)
         else:
-            idx = k if isinstance(k, Array) else array(_np.asarray(k, dtype=_np.int64))
-            out = take(out, idx, axis)
-            axis += idx.ndim
+            if not isinstance(k, Array):
+                k = _np.asarray(k)
+                if k.dtype == _np.bool_:
+                    # A boolean mask selects the positions where it is true (NumPy's rule).
+                    if k.ndim != 1 or k.shape[0] != out.shape[axis]:
+                        raise Error(f"[index] boolean mask of shape {k.shape} for axis {axis} of size "
+                                    f"{out.shape[axis]}: only a 1-d mask over one axis is supported")
+                    k = _np.nonzero(k)[0]
+                k = array(k.astype(_np.int64))
+            elif k.dtype == "bool":
+                raise Error("[index] a boolean mask must be given as a NumPy array or list, not an engine array")
+            out = take(out, k, axis)
+            axis += k.ndim
     return out
 
 
@@ -219,6 +245,7 @@ Array.__hash__ = object.__hash__
 Array.__getitem__ = _getitem
 Array.__array__ = lambda self, dtype=None, copy=None: (self.numpy() if dtype is None else self.numpy().astype(dtype))
 Array.__len__ = lambda self: self.shape[0]
+Array.__iter__ = lambda self: (self[i] for i in range(self.shape[0]))
 Array.__float__ = lambda self: float(self.item())
 Array.__int__ = lambda self: int(self.item())
 Array.__bool__ = lambda self: bool(self.item())

@@ -6,13 +6,31 @@
 #include <pybind11/pybind11.h>
 
 #include "meshtrain/core/array.h"
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
+#if MT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
 using namespace mt;
 
 namespace {
+
+// Waits for every stream of the GPU (the producer's, whichever it is), not only the engine's.
+void synchronize_device_fully(Device device) {
+#if MT_WITH_CUDA
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device.index);
+  const cudaError_t err = cudaDeviceSynchronize();
+  cudaSetDevice(previous);
+  MT_CHECK(err == cudaSuccess, "[from_dlpack] synchronizing ", device.str(), ": ", cudaGetErrorString(err));
+#else
+  (void)device;
+#endif
+}
 
 constexpr const char* kCapsuleName = "dltensor";
 constexpr const char* kUsedCapsuleName = "used_dltensor";
@@ -51,12 +69,15 @@ struct Export {
 
 py::capsule to_dlpack(const Array& x) {
   MT_CHECK(!x.distributed(), "[dlpack] ", x.str(), " is sharded over a mesh: gather it first (dist::to_host)");
+  const DLDataType dtype = dl_dtype(x.dtype());  // before anything is allocated: bool throws
+  // The consumer reads on its own stream: the kernels that write x must be done first.
+  synchronize(x.device());
   auto* e = new Export{x.detach(), x.shape().dims(), {}};
   DLTensor& t = e->tensor.dl_tensor;
   t.data = e->array.raw();
   t.device = x.device().is_cuda() ? DLDevice{kDLCUDA, x.device().index} : DLDevice{kDLCPU, 0};
   t.ndim = int32_t(e->shape.size());
-  t.dtype = dl_dtype(x.dtype());
+  t.dtype = dtype;
   t.shape = e->shape.data();
   t.strides = nullptr;  // compact row-major
   t.byte_offset = 0;
@@ -96,6 +117,9 @@ Array from_dlpack(const py::object& obj) {
   impl->dtype = dtype;
   impl->device = device;
   void* data = static_cast<char*>(t.data) + t.byte_offset;
+  // The producer's kernels may still be writing it on their stream (unknown to this engine):
+  // wait for the whole device before the engine's own stream reads it.
+  if (device.is_cuda()) synchronize_device_fully(device);
   impl->storage = std::shared_ptr<void>(data, [m](void*) {
     if (m->deleter) m->deleter(m);
   });

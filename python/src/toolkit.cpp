@@ -39,8 +39,9 @@ struct Rows {
   py::list examples;
   std::shared_ptr<py::error_already_set> error;
   ~Rows() {
+    // The list and the error are released here, under the GIL, whatever thread ends them.
     py::gil_scoped_acquire gil;
-    examples = py::list();
+    py::object released = std::move(examples);
     error.reset();
   }
   // Calls fn under the GIL, keeping a Python exception it raises. A first Ctrl-C during a fit
@@ -70,6 +71,8 @@ auto run_released(Rows& rows, F&& f) {
   try {
     py::gil_scoped_release release;
     return f();
+  } catch (py::error_already_set&) {
+    throw;  // a Python error that reached here itself
   } catch (const train::Interrupted& e) {
     // Stopped on Ctrl-C after writing its checkpoint: KeyboardInterrupt, saying where.
     std::string what = e.what();
@@ -202,9 +205,12 @@ class PyTrainer {
       rows_->examples = both;
       o.eval_data = std::make_shared<OffsetDataset>(n, int64_t(py::len(eval_examples)));
     }
-    // Ctrl-C stops after the step in flight, with a checkpoint (Rows::call).
+    // Ctrl-C stops after the step in flight, with a checkpoint (Rows::call); only during fit.
     train::arm_stop_request("stopping after this step (a checkpoint follows)");
     train::clear_stop_request();
+    struct Disarm {
+      ~Disarm() { train::disarm_stop_request(); }
+    } disarm;
     train::FitResult r = run_released(*rows_, [&] { return trainer_->fit(train, o); });
     py::dict out;
     out["losses"] = r.losses;

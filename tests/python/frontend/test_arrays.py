@@ -98,3 +98,21 @@ def test_dlpack_refuses_what_it_cannot_share():
         mt.from_dlpack(torch.ones(3, 4).t())
     with pytest.raises(mt.Error, match="bool"):
         mt.array([True, False]).__dlpack__()
+
+
+def test_indexing_refuses_what_numpy_would_do_differently_and_iterates():
+    a = rand((4, 5), 8)
+    x = mt.array(a)
+    mask = np.array([True, False, True, False])
+    np.testing.assert_array_equal(np.asarray(x[mask]), a[mask])  # a mask selects, NumPy's rule
+    with pytest.raises(mt.Error, match="more than one integer-array index"):
+        x[[0, 1], [1, 2]]
+    rows = [np.asarray(r) for r in x]
+    assert len(rows) == 4 and np.array_equal(rows[2], a[2])
+
+
+def test_fractional_scalars_promote_integer_arrays():
+    ids = mt.array([1, 2, 3])
+    np.testing.assert_allclose(np.asarray(ids * 0.5), [0.5, 1.0, 1.5])
+    np.testing.assert_array_equal(np.asarray(ids > 1.5), [False, True, True])
+    assert (ids + 2).dtype == "i64"
