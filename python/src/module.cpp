@@ -131,9 +131,14 @@ PYBIND11_MODULE(_meshtrain, m) {
       .def_property_readonly("size", &Array::numel)
       .def("item", [](const Array& x) -> py::object {
         if (x.numel() != 1) throw Error(detail::concat("[item] needs a one-element array, got ", x.str()));
-        if (x.dtype() == DType::i32 || x.dtype() == DType::i64) return py::int_(int64_t(x.item()));
-        if (x.dtype() == DType::boolean) return py::bool_(x.item() != 0);
-        return py::float_(x.item());
+        // A value laid out over a mesh is gathered first (a collective: every rank asks).
+        const Array v = x.distributed() ? dist::to_host(x.detach()) : x;
+        if (v.dtype() == DType::i32 || v.dtype() == DType::i64) {
+          const Array h = v.to(Device::cpu());  // read as stored: exact beyond 2^53
+          return py::int_(v.dtype() == DType::i64 ? h.data<int64_t>()[0] : int64_t(h.data<int32_t>()[0]));
+        }
+        if (v.dtype() == DType::boolean) return py::bool_(v.item() != 0);
+        return py::float_(v.item());
       })
       .def("numpy", &to_numpy, py::arg("raw") = false)
       .def("detach", &Array::detach)

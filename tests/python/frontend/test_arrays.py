@@ -37,6 +37,7 @@ def test_lists_scalars_and_float64_become_engine_dtypes():
     x = mt.array(3.5)
     assert x.shape == () and x.item() == 3.5 and float(x) == 3.5
     assert mt.array([7]).item() == 7 and isinstance(mt.array([7]).item(), int)
+    assert mt.array([2**60 + 1]).item() == 2**60 + 1  # integers read exactly, not through a double
 
 
 def test_operators_match_numpy():
