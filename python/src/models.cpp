@@ -14,6 +14,7 @@
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/rouge.h"
 #include "python/src/bindings.h"
+#include "python/src/conversions.h"
 
 namespace py = pybind11;
 using namespace mt;
@@ -21,24 +22,14 @@ using namespace mt;
 namespace {
 
 using ParamDict = std::map<std::string, Array>;
+using mt::python::key_of;
+using mt::python::params_of;
 
-Params params_of(const ParamDict& d) {
-  Params p;
-  for (const auto& [k, v] : d) p.set(k, v);
-  return p;
-}
-
-ParamDict dict_of(const Params& p) {
+// Parameters back to Python as a dict.
+ParamDict map_of(const Params& p) {
   ParamDict d;
   for (const auto& [k, v] : p) d.emplace(k, v);
   return d;
-}
-
-RngKey key_or_default(const py::object& key) {
-  if (key.is_none()) return RngKey{};
-  auto v = key.cast<std::vector<uint64_t>>();
-  MT_CHECK(v.size() == 2, "[model] a key is a (seed, stream) pair from meshtrain.random.key");
-  return RngKey{v[0], v[1]};
 }
 
 Array optional(const std::optional<Array>& a) { return a.value_or(Array()); }
@@ -59,7 +50,7 @@ class Model {
               const std::optional<Array>& token_type_ids, const std::optional<Array>& decoder_input_ids,
               const py::object& key, bool training) const {
     const Params p = params_of(params);
-    const RngKey k = key_or_default(key);
+    const RngKey k = key_of(key);
     py::gil_scoped_release release;  // the forward pass lets other Python threads run
     if (m_.is_causal_lm()) return m_.decoder_logits(p, {input_ids, optional(attention_mask), Array()}, k, training);
     if (m_.is_seq2seq()) {
@@ -77,7 +68,7 @@ class Model {
              const std::optional<Array>& attention_mask, const std::optional<Array>& decoder_input_ids,
              const py::object& key, bool training) const {
     const Params p = params_of(params);
-    const RngKey k = key_or_default(key);
+    const RngKey k = key_of(key);
     if (m_.is_causal_lm()) {
       // Labels as transformers takes them (the inputs themselves): position t predicts t + 1,
       // so they are shifted left here and the last position ignored.
@@ -121,8 +112,8 @@ class Model {
     m.params = params_of(params);
     models::LoraOptions o;
     o.rank = rank, o.alpha = alpha, o.dropout = dropout, o.targets = targets, o.use_rslora = use_rslora;
-    models::add_lora(m, o, key_or_default(key));
-    ParamDict out = dict_of(m.params);
+    models::add_lora(m, o, key_of(key));
+    ParamDict out = map_of(m.params);
     return py::make_tuple(Model(std::move(m)), out);
   }
   void save_adapter(const ParamDict& params, const std::string& dir, const std::string& base_model,
@@ -135,22 +126,22 @@ class Model {
     models::PretrainedModel m = m_;
     m.params = params_of(params);
     models::load_adapter(m, dir);
-    ParamDict out = dict_of(m.params);
+    ParamDict out = map_of(m.params);
     return py::make_tuple(Model(std::move(m)), out);
   }
   py::tuple merge_lora(const ParamDict& params) const {
     models::PretrainedModel m = m_;
     m.params = params_of(params);
     models::PretrainedModel merged = models::merge_lora(m);
-    ParamDict out = dict_of(merged.params);
+    ParamDict out = map_of(merged.params);
     return py::make_tuple(Model(std::move(merged)), out);
   }
 
   ParamDict init(const py::object& key) const {
     models::PretrainedOptions o;
-    o.init_key = key_or_default(key);
+    o.init_key = key_of(key);
     o.load_tokenizer = false;
-    return dict_of(models::init_model(m_.config_json(), o).params);
+    return map_of(models::init_model(m_.config_json(), o).params);
   }
 
  private:
@@ -164,14 +155,14 @@ py::tuple from_pretrained(const std::string& path, const std::string& dtype, std
   o.num_labels = num_labels;
   o.new_params = allow_new_params ? models::NewParams::heads : models::NewParams::none;
   models::PretrainedModel m = models::from_pretrained(path, o);
-  ParamDict params = dict_of(m.params);
+  ParamDict params = map_of(m.params);
   return py::make_tuple(Model(std::move(m)), params);
 }
 
 // A model of this config.json content with freshly initialized parameters.
 py::tuple init_model(const std::string& config_json, const py::object& key) {
   models::PretrainedOptions o;
-  o.init_key = key_or_default(key);
+  o.init_key = key_of(key);
   o.load_tokenizer = false;
   nlohmann::json config;
   try {
@@ -180,7 +171,7 @@ py::tuple init_model(const std::string& config_json, const py::object& key) {
     throw Error(std::string("[init_model] the config is not JSON: ") + e.what());
   }
   models::PretrainedModel m = models::init_model(config, o);
-  ParamDict params = dict_of(m.params);
+  ParamDict params = map_of(m.params);
   return py::make_tuple(Model(std::move(m)), params);
 }
 

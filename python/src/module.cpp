@@ -12,9 +12,13 @@
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/meshtrain.h"
 #include "python/src/bindings.h"
+#include "python/src/conversions.h"
 
 namespace py = pybind11;
 using namespace mt;
+using mt::python::dict_of;
+using mt::python::key_of;
+using mt::python::params_of;
 
 namespace {
 
@@ -69,13 +73,7 @@ py::array to_numpy(const Array& x, bool raw) {
 // value_and_grad over {path: Array}: fn receives the traced parameters as a dict and returns
 // a scalar Array, or (scalar, aux) when has_aux. Returns (value, aux or None, grads dict).
 py::tuple value_and_grad_flat(const py::function& fn, const std::map<std::string, Array>& params, bool with_aux) {
-  Params p;
-  for (const auto& [k, v] : params) p.set(k, v);
-  auto to_dict = [](const Params& q) {
-    py::dict d;
-    for (const auto& [k, v] : q) d[py::str(k)] = v;
-    return d;
-  };
+  const Params p = params_of(params);
   auto scalar_of = [](const py::object& r) -> Array {
     if (!py::isinstance<Array>(r))
       throw Error("[value_and_grad] the function must return a meshtrain array (a scalar), or (scalar, aux) with "
@@ -84,13 +82,13 @@ py::tuple value_and_grad_flat(const py::function& fn, const std::map<std::string
   };
   py::dict grads;
   if (!with_aux) {
-    auto [value, g] = mt::value_and_grad([&](const Params& q) { return scalar_of(fn(to_dict(q))); })(p);
+    auto [value, g] = mt::value_and_grad([&](const Params& q) { return scalar_of(fn(dict_of(q))); })(p);
     for (const auto& [k, v] : g) grads[py::str(k)] = v;
     return py::make_tuple(value, py::none(), grads);
   }
   auto out = mt::value_and_grad(
       [&](const Params& q) {
-        py::object r = fn(to_dict(q));
+        py::object r = fn(dict_of(q));
         if (!py::isinstance<py::tuple>(r) || py::len(r) != 2)
           throw Error("[value_and_grad] with has_aux=True the function must return (scalar, aux)");
         py::tuple t = r.cast<py::tuple>();
@@ -105,15 +103,6 @@ std::vector<int> axes_of(const py::object& axis) {
   if (axis.is_none()) return {};
   if (py::isinstance<py::int_>(axis)) return {axis.cast<int>()};
   return axis.cast<std::vector<int>>();
-}
-
-RngKey key_of(const py::object& key) {
-  if (py::isinstance<py::tuple>(key) || py::isinstance<py::list>(key)) {
-    auto v = key.cast<std::vector<uint64_t>>();
-    if (v.size() == 2) return RngKey{v[0], v[1]};
-  }
-  if (py::isinstance<py::int_>(key)) return RngKey{key.cast<uint64_t>(), 0};
-  throw Error("[random] a key is an int seed or a (seed, stream) pair from meshtrain.random.key");
 }
 
 }  // namespace
@@ -236,7 +225,7 @@ PYBIND11_MODULE(_meshtrain, m) {
         [](const Array& q, const Array& k, const Array& v, const std::optional<Array>& mask, bool causal, double scale,
            double dropout_rate, const py::object& key, bool training) {
           AttentionOptions o{.causal = causal, .scale = scale, .dropout_rate = dropout_rate,
-                             .dropout_key = key.is_none() ? RngKey{} : key_of(key), .train = training};
+                             .dropout_key = key_of(key), .train = training};
           return scaled_dot_product_attention(q, k, v, mask.value_or(Array()), o);
         },
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("causal") = false,

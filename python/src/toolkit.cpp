@@ -11,10 +11,14 @@
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/train/stop_signal.h"
 #include "python/src/bindings.h"
+#include "python/src/conversions.h"
 
 namespace py = pybind11;
 using namespace mt;
 using train::Batch;
+using mt::python::dict_of;
+using mt::python::held;
+using mt::python::params_of;
 
 namespace {
 
@@ -98,24 +102,8 @@ Batch batch_of(const py::handle& out, const char* what) {
   return b;
 }
 
-Params params_of(const std::map<std::string, Array>& d) {
-  Params p;
-  for (const auto& [k, v] : d) p.set(k, v);
-  return p;
-}
-
-py::dict dict_of(const Params& p) {
-  py::dict d;
-  for (const auto& [k, v] : p) d[py::str(k)] = v;
-  return d;
-}
-
 train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>& rows) {
-  // The function object is released under the GIL too.
-  auto f = std::shared_ptr<py::function>(new py::function(fn), [](py::function* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
+  auto f = held(fn);
   return [f, rows](const std::vector<data::Example>& examples) {
     py::gil_scoped_acquire gil;
     return rows->call([&] {
@@ -124,13 +112,6 @@ train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>&
       return batch_of((*f)(batch), "collate_fn");
     });
   };
-}
-
-std::shared_ptr<py::function> held(const py::function& fn) {
-  return std::shared_ptr<py::function>(new py::function(fn), [](py::function* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
 }
 
 // The Python loss: (flat params dict, batch dict, key (seed, stream), training) -> scalar
@@ -182,8 +163,7 @@ class PyTrainer {
             const std::map<std::string, Array>& params, optim::Transform optimizer,
             std::optional<train::ShardingPlan> plan)
       : rows_(std::make_shared<Rows>()) {
-    Params p;
-    for (const auto& [k, v] : params) p.set(k, v);
+    Params p = params_of(params);
     trainer_ = std::make_unique<train::Trainer>(deployer, collate_of(collate, rows_), loss_of(loss, rows_), std::move(p),
                                                 std::move(optimizer), std::move(plan));
   }
@@ -280,8 +260,7 @@ class PyPredictor {
       });
     };
     train::Predictor<int64_t> predictor(deployer_, collate_of(*collate_, rows_), pred_fn, output_fn);
-    Params p;
-    for (const auto& [k, v] : params) p.set(k, v);
+    const Params p = params_of(params);
     auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
     std::vector<int64_t> at = run_released(*rows_, [&] { return predictor.predict(p, data, per_device_batch_size); });
     py::list out;
@@ -364,8 +343,7 @@ void bind_toolkit(py::module_& m) {
       .def("_sharding_rules",
            [](const train::Deployer& d, const std::map<std::string, Array>& params, const py::object& roles, bool fsdp,
               int64_t fsdp_min_elements) {
-             Params p;
-             for (const auto& [k, v] : params) p.set(k, v);
+             const Params p = params_of(params);
              train::ShardingOptions o;
              o.fsdp = fsdp;
              o.fsdp_min_elements = fsdp_min_elements;
