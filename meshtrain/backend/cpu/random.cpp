@@ -12,12 +12,14 @@ using kernels::keep_threshold;
 
 namespace {
 
+// Elements per chunk: the most a for_each_chunk callback receives.
+constexpr int64_t kChunk = 4096;
+
 // Runs fn(local_start, n, uniforms_or_normals) over chunks of the array in parallel. Each
 // local element i takes stream element g(i), its global flat index: chunk boundaries and
 // sharding change no value because every element depends only on its global position.
 template <bool kNormal, class Fn>
 void for_each_chunk(const RngKey& key, const Shape& local, const StreamBlock& block, Fn&& fn) {
-  constexpr int64_t kChunk = 4096;
   const int64_t total = local.numel();
   // Runs of consecutive global indices: the whole array, or one per row of the block.
   int64_t run_len = total, runs = total > 0 ? 1 : 0;
@@ -108,7 +110,7 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
       T* os = po + start;
       // Rounded as the composed x + dropout(branch): the dropped term first (its own loop, so
       // the compiler cannot contract the product and the sum into one FMA), then the sum.
-      float dropped[4096];
+      float dropped[kChunk];
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j)
         dropped[j] = load_f32(store_f32<T>(u[j] >= threshold ? load_f32(bs[j]) * scale : 0.0f));
