@@ -153,6 +153,7 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
   }
   Panel loss{"loss", "loss (nats per token)", {}}, evals{"eval metrics", "value", {}}, lr{"learning rate", "learning rate", {}},
       speed{"throughput", "", {}}, memory{"memory", "GB", {}};
+  std::map<std::string, Panel> method;
   for (size_t r = 0; r < runs.size(); ++r) {
     const std::string base = runs[r].label + "/";
     for (const auto& [key, pts] : runs[r].series) {
@@ -175,11 +176,21 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
       } else if (metric == "tokens_per_s" || metric == "examples_per_s") {
         speed.y_label = metric_unit(metric);
         speed.lines.push_back({id, who(r) + metric_unit(metric), color(r), "stroke-width=\"1.5\"", pts});
+      } else if (split == "train" && metric != "mfu" && metric != "model_flops_per_s") {
+        // A method's own metrics (train/step_metrics.h): one panel per group, "rewards/chosen"
+        // and "rewards/rejected" together, since a group shares a scale.
+        const std::string group = metric.substr(0, metric.find('/'));
+        Panel& p = method[group];
+        p.title = p.y_label = group;
+        // One run: a color per line of the group, so chosen and rejected can be told apart.
+        p.lines.push_back({id, who(r) + metric, runs.size() > 1 ? color(r) : color(p.lines.size()),
+                           "stroke-width=\"1.5\"", pts});
       }
     }
   }
   for (Panel* p : {&loss, &evals, &lr, &speed, &memory})
     if (!p->lines.empty()) panels.push_back(*p);
+  for (const auto& [group, p] : method) panels.push_back(p);
   return panels;
 }
 

@@ -26,6 +26,7 @@
 #include "meshtrain/train/memory_usage.h"
 #include "meshtrain/train/profiler.h"
 #include "meshtrain/train/step_memory.h"
+#include "meshtrain/train/step_metrics.h"
 #include "meshtrain/train/stop_signal.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/tensorboard.h"
@@ -123,7 +124,12 @@ double Trainer::train(const std::vector<Batch>& micro_batches) {
   double loss;
   if (custom_step_) {
     trace::Span span("phase", "custom_step");
+    // A custom step records its metrics as it means them (its own averaging).
+    MetricRecorder recorder;
     loss = custom_step_(params_, opt_state_, micro_batches, key);
+    MetricMeans means;
+    means.add(recorder.take(), 1.0);
+    step_metrics_ = means.read();
   } else {
     loss = default_step(micro_batches, key);
   }
@@ -143,6 +149,7 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   // The losses are read after the optimizer is enqueued: on a GPU the host then queues the
   // update while the backward pass still runs, instead of waiting for it first.
   std::vector<Array> losses;
+  MetricMeans recorded;  // the loss function's metrics, each micro-batch weighted alike
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "forward_backward");
   // Frozen parameters enter the loss as constants: no gradient is computed for them.
@@ -160,10 +167,19 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
     const bool last = m + 1 == micro_batches.size();
     auto loss_of_trainable = [&](const Params& master) {
       const Params p = last ? policy.compute_view(master, std::move(compute)) : policy.compute_view(master, compute);
-      if (frozen.empty()) return loss_in_f32(loss_(p, batch, micro_key, true));
-      Params all = frozen;
-      for (const auto& [path, v] : p) all.set(path, v);
-      return loss_in_f32(loss_(all, batch, micro_key, true));
+      // Open only around the forward call: recomputation in the backward pass (remat) does
+      // not record twice.
+      MetricRecorder recorder;
+      Array loss;
+      if (frozen.empty()) {
+        loss = loss_in_f32(loss_(p, batch, micro_key, true));
+      } else {
+        Params all = frozen;
+        for (const auto& [path, v] : p) all.set(path, v);
+        loss = loss_in_f32(loss_(all, batch, micro_key, true));
+      }
+      recorded.add(recorder.take(), 1.0);
+      return loss;
     };
     auto [loss, g] = value_and_grad(loss_of_trainable)(trainable);
     losses.push_back(dist::to_host(loss).detach());
@@ -187,6 +203,7 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   params_ = optim::apply_updates(std::move(params_), updates);
   double loss_total = 0;
   for (const Array& loss : losses) loss_total += loss.item();
+  step_metrics_ = recorded.read();
   return loss_total / double(micro_batches.size());
 }
 
@@ -203,6 +220,11 @@ data::SamplerOptions Trainer::sampler_options(int64_t per_device_batch_size, boo
 }
 
 double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t per_device_batch_size) {
+  return eval_metrics(std::move(dataset), per_device_batch_size).at("eval_loss");
+}
+
+std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::Dataset> dataset,
+                                                    int64_t per_device_batch_size) {
   MT_CHECK(dataset != nullptr, "[trainer] eval_loss needs a dataset");
   MT_CHECK(dataset->size() > 0, "[trainer] the eval set is empty");
   trace::Span span("phase", "eval_loss");
@@ -215,12 +237,17 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
   double total = 0;
   autodiff::NoGradGuard no_grad;
   const Params compute = precision_policy().cast_for_compute(params_);
-  auto batch_loss = [&](const Batch& batch) {
-    return dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
+  MetricMeans recorded;
+  auto batch_loss = [&](const Batch& batch, double rows) {
+    MetricRecorder recorder;
+    const double loss = dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
+    recorded.add(recorder.take(), rows);
+    return loss;
   };
   if (whole > 0) {
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
-    while (auto b = loader.next()) total += batch_loss(deployer_.shard_batch(b->data)) * double(so.batch_size);
+    while (auto b = loader.next())
+      total += batch_loss(deployer_.shard_batch(b->data), double(so.batch_size)) * double(so.batch_size);
   }
   if (whole < n) {
     data::SamplerOptions tail = so;
@@ -228,9 +255,11 @@ double Trainer::eval_loss(std::shared_ptr<const data::Dataset> dataset, int64_t 
     tail.process_index = 0, tail.process_count = 1;  // every rank reads the whole tail
     auto rest = std::make_shared<data::SubsetDataset>(dataset, whole, n);
     data::DataLoader<Batch> loader(rest, data::IndexSampler(rest->size(), tail), collate_, 1);
-    while (auto b = loader.next()) total += batch_loss(b->data) * double(n - whole);
+    while (auto b = loader.next()) total += batch_loss(b->data, double(n - whole)) * double(n - whole);
   }
-  return total / double(n);
+  std::map<std::string, double> metrics = recorded.read("eval_");
+  metrics["eval_loss"] = total / double(n);
+  return metrics;
 }
 
 void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const EpochProgress& epoch,
@@ -343,6 +372,7 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
                                                         double peak_gflops, const FitOptions& o) const {
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   std::map<std::string, MetricValue> logged{{"loss", loss}};
+  for (const auto& [name, value] : step_metrics_) logged[name] = value;
   if (o.learning_rate) logged["lr"] = lr;
   if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / seconds;
   else logged["examples_per_s"] = double(examples_per_step) / seconds;
@@ -424,8 +454,8 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     trace::Span span("phase", "eval");
     std::map<std::string, double> metrics;
     if (o.eval_data)
-      metrics["eval_loss"] = eval_loss(o.eval_data, o.per_device_eval_batch_size > 0 ? o.per_device_eval_batch_size
-                                                                                         : o.per_device_batch_size);
+      metrics = eval_metrics(o.eval_data, o.per_device_eval_batch_size > 0 ? o.per_device_eval_batch_size
+                                                                            : o.per_device_batch_size);
     if (o.eval_fn)
       for (const auto& [k, v] : o.eval_fn(params_)) metrics[k] = v;
     if (metrics.empty()) return metrics;

@@ -149,6 +149,11 @@ class Trainer {
   // weighted by their rows; the rows after the last whole global batch run as one batch on
   // every rank. No dropout.
   double eval_loss(std::shared_ptr<const data::Dataset> data, int64_t per_device_batch_size);
+  // eval_loss under "eval_loss" and the means of the metrics the loss function records
+  // (step_metrics.h) under "eval_<name>", weighted like the loss.
+  std::map<std::string, double> eval_metrics(std::shared_ptr<const data::Dataset> data, int64_t per_device_batch_size);
+  // The metrics the loss function recorded in the last step (means over its micro-batches).
+  const std::map<std::string, double>& last_step_metrics() const { return step_metrics_; }
 
   // Prints on rank 0; during fit above the progress bar and after the metrics already
   // pushed, so text from an on_step hook does not tear the bar.
@@ -162,6 +167,7 @@ class Trainer {
   void release_optimizer_state();
   int64_t step() const { return step_; }
   const ShardingPlan* plan() const { return plan_ ? &*plan_ : nullptr; }
+  const Deployer& deployer() const { return deployer_; }
 
  private:
   Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
@@ -213,6 +219,7 @@ class Trainer {
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
   AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
+  std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
 };
 
 }  // namespace mt::train
