@@ -30,6 +30,7 @@ LAYERS = [
     ("models", ["meshtrain/models/"]),
     ("train", ["meshtrain/train/", "meshtrain/meshtrain.h"]),
     ("serve", ["meshtrain/serve/"]),
+    ("posttrain", ["meshtrain/posttrain/"]),  # DPO, GRPO, distillation: training + generation
     ("apps", ["apps/", "python/"]),  # the CLI and the Python front end: everything below
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"(meshtrain/[^"]+)"', re.M)

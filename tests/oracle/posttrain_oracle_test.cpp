@@ -1,0 +1,249 @@
+// Post-training losses against their references: DPO's loss, rewards and gradient against
+// TRL's own DPOTrainer.dpo_loss (sigmoid, conservative, IPO); sequence log-probabilities and
+// the DPO loss from logits against a PyTorch twin (value and gradient); and, on a small
+// GPT-2, the first step of DPO — the policy equal to its reference — is ln 2 with every
+// reward 0 for each way of holding the reference, with the gradient
+// −β/2 · mean ∇(log π(y_w) − log π(y_l)).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/models/peft_adapter.h"
+#include "meshtrain/posttrain/dpo.h"
+#include "meshtrain/posttrain/preference_data.h"
+#include "meshtrain/posttrain/token_logprobs.h"
+#include "meshtrain/train/step_metrics.h"
+#include "tests/support/op_check.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using posttrain::DpoLossType;
+using posttrain::DpoOptions;
+
+// TRL's answer for `mode` (tests/python/trl_losses.py) on the tensors of `in`.
+json trl(const std::string& mode, const json& in) {
+  const fs::path path = fs::temp_directory_path() / ("mt_trl_" + mode + "_" + std::to_string(getpid()) + ".json");
+  std::ofstream(path) << in.dump();
+  const std::string cmd = std::string(MT_VENV_PYTHON) + " " + MT_SOURCE_DIR + "/tests/python/trl_losses.py " + mode + " " +
+                          path.string();
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; p && (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = p ? pclose(p) : -1;
+  fs::remove(path);
+  EXPECT_EQ(status, 0) << cmd;
+  return json::parse(out);
+}
+
+Array vec(const std::vector<double>& v) { return Array::from_vector(v, {int64_t(v.size())}); }
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / double(v.size());
+}
+
+struct DpoCase {
+  const char* name;
+  DpoLossType loss;
+  double label_smoothing;
+};
+
+TEST(DpoOracle, LossRewardsMetricsAndGradientEqualTrl) {
+  // Sums over responses of 3..9 tokens.
+  const std::vector<double> pc{-10, -12.5, -8, -20, -7.25}, pr{-11, -12, -9.5, -18, -7.5};
+  const std::vector<double> rc{-10.5, -12, -8.5, -19, -7.0}, rr{-10.8, -12.2, -9, -18.5, -8.0};
+  const std::vector<double> nc{4, 5, 3, 9, 6}, nr{5, 4, 3, 8, 7};
+  for (const DpoCase& c : {DpoCase{"sigmoid", DpoLossType::sigmoid, 0.0}, DpoCase{"conservative", DpoLossType::sigmoid, 0.1},
+                           DpoCase{"ipo", DpoLossType::ipo, 0.0}}) {
+    SCOPED_TRACE(c.name);
+    DpoOptions o;
+    o.beta = 0.1;
+    o.loss = c.loss;
+    o.label_smoothing = c.label_smoothing;
+    const bool ipo = c.loss == DpoLossType::ipo;
+    // TRL averages the log-probabilities over tokens for IPO before dpo_loss sees them.
+    auto per = [&](const std::vector<double>& v, const std::vector<double>& n) {
+      std::vector<double> out = v;
+      if (ipo)
+        for (size_t i = 0; i < v.size(); ++i) out[i] /= n[i];
+      return out;
+    };
+    const json ref = trl("dpo", {{"beta", o.beta},
+                                 {"loss_type", ipo ? "ipo" : "sigmoid"},
+                                 {"label_smoothing", o.label_smoothing},
+                                 {"policy_chosen", per(pc, nc)},
+                                 {"policy_rejected", per(pr, nr)},
+                                 {"ref_chosen", per(rc, nc)},
+                                 {"ref_rejected", per(rr, nr)}});
+    Params p;
+    p.set("chosen", vec(pc));
+    p.set("rejected", vec(pr));
+    const posttrain::PairLogps reference{vec(rc), vec(rr), vec(nc), vec(nr)};
+    train::MetricRecorder recorder;
+    auto [loss, grads] = value_and_grad([&](const Params& q) {
+      return posttrain::dpo_loss({q["chosen"], q["rejected"], vec(nc), vec(nr)}, reference, o);
+    })(p);
+    const auto metrics = recorder.take();
+    const std::vector<double> losses = ref["losses"], cr = ref["chosen_rewards"], rj = ref["rejected_rewards"];
+    const double loss_err = std::abs(loss.item() - mean_of(losses));
+    std::cout << c.name << ": loss " << loss.item() << " vs TRL " << mean_of(losses) << " (|err| " << loss_err << ")\n";
+    EXPECT_LT(loss_err, 1e-6);
+    const std::vector<double> gc = ref["grad_chosen"], gr = ref["grad_rejected"];
+    const std::vector<double> ours_gc = grads["chosen"].to_doubles(), ours_gr = grads["rejected"].to_doubles();
+    double grad_err = 0;
+    // IPO's TRL gradient is with respect to the token means: ours, with respect to the sums, is it / n.
+    for (size_t i = 0; i < gc.size(); ++i)
+      grad_err = std::max({grad_err, std::abs(ours_gc[i] - gc[i] / (ipo ? nc[i] : 1.0)),
+                           std::abs(ours_gr[i] - gr[i] / (ipo ? nr[i] : 1.0))});
+    std::cout << "  gradient max |err| " << grad_err << "\n";
+    EXPECT_LT(grad_err, 1e-6);
+    // The metrics are TRL's definitions over TRL's rewards.
+    std::vector<double> margins, wins;
+    for (size_t i = 0; i < cr.size(); ++i) margins.push_back(cr[i] - rj[i]), wins.push_back(cr[i] > rj[i] ? 1.0 : 0.0);
+    EXPECT_NEAR(metrics.at("rewards/chosen").item(), mean_of(cr), 1e-6);
+    EXPECT_NEAR(metrics.at("rewards/rejected").item(), mean_of(rj), 1e-6);
+    EXPECT_NEAR(metrics.at("rewards/margins").item(), mean_of(margins), 1e-6);
+    EXPECT_NEAR(metrics.at("rewards/accuracies").item(), mean_of(wins), 1e-7);
+    EXPECT_NEAR(metrics.at("logps/chosen").item(), mean_of(per(pc, nc)), 1e-5);
+    EXPECT_NEAR(metrics.at("logps/rejected").item(), mean_of(per(pr, nr)), 1e-5);
+  }
+}
+
+TEST(DpoOracle, FromLogitsValueAndGradientMatchPyTorch) {
+  // Policy and reference logits for chosen and rejected rows; labels with prompt/padding -100.
+  const int64_t b = 3, t = 6, v = 11;
+  Array labels_c = random_ints({b, t}, 1, 0, v), labels_r = random_ints({b, t}, 2, 0, v);
+  std::vector<int64_t> lc = labels_c.to_ints(), lr = labels_r.to_ints();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      if (j < 1 + i % 2) lc[size_t(i * t + j)] = lr[size_t(i * t + j)] = -100;  // the prompt
+      if (j >= t - i) lr[size_t(i * t + j)] = -100;                             // padding
+    }
+  labels_c = Array::from_vector(lc, {b, t});
+  labels_r = Array::from_vector(lr, {b, t});
+  DpoOptions o;
+  o.beta = 0.2;
+  check_against_torch(
+      "dpo from logits",
+      [&](const std::vector<Array>& x) {
+        const posttrain::PairLogps policy{posttrain::sequence_logprobs(x[0], x[4]), posttrain::sequence_logprobs(x[1], x[5]),
+                                          Array(), Array()};
+        const posttrain::PairLogps reference{posttrain::sequence_logprobs(x[2], x[4]),
+                                             posttrain::sequence_logprobs(x[3], x[5]), Array(), Array()};
+        return posttrain::dpo_loss(policy, reference, o);
+      },
+      "import torch.nn.functional as F\n"
+      "def seq(logits, labels):\n"
+      "    mask = labels != -100\n"
+      "    lp = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)\n"
+      "    return (lp * mask).sum(-1)\n"
+      "h = (seq(x0, x4) - seq(x2, x4).detach()) - (seq(x1, x5) - seq(x3, x5).detach())\n"
+      "out = -F.logsigmoid(0.2 * h).mean()\n",
+      {random_normal({b, t, v}, 3), random_normal({b, t, v}, 4), random_normal({b, t, v}, 5), random_normal({b, t, v}, 6),
+       labels_c, labels_r});
+}
+
+// A small GPT-2 and a batch of preference pairs drawn from its vocabulary.
+struct SmallDecoder {
+  std::shared_ptr<models::PretrainedModel> model;
+  std::shared_ptr<const data::Dataset> pairs;
+};
+
+SmallDecoder small_decoder(bool lora) {
+  nlohmann::json c = models::model_spec("gpt2").small_config(64, 32, 0);
+  c["n_layer"] = 2, c["n_embd"] = 32, c["n_head"] = 2;
+  auto model = std::make_shared<models::PretrainedModel>(models::init_model(c));
+  if (lora) {
+    models::LoraOptions lo;
+    lo.rank = 4, lo.alpha = 8;
+    models::add_lora(*model, lo, RngKey{7, 0});
+  }
+  std::vector<data::Example> ex;
+  std::mt19937 rng(11);
+  auto ids = [&](int n) {
+    std::vector<int64_t> v;
+    for (int i = 0; i < n; ++i) v.push_back(int64_t(rng() % 63) + 1);
+    return v;
+  };
+  for (int i = 0; i < 4; ++i)
+    ex.push_back(posttrain::preference_example({ids(3 + i), ids(2 + i % 3), ids(4 - i % 2)}, 12, 0));
+  return {model, data::make_dataset(ex)};
+}
+
+train::Batch batch_of(const data::Dataset& d) {
+  std::vector<data::Example> ex;
+  for (int64_t i = 0; i < d.size(); ++i) ex.push_back(d.get(i));
+  return posttrain::preference_collate()(ex);
+}
+
+TEST(DpoModel, FirstStepIsLn2WithZeroRewardsForEveryReference) {
+  train::Deployer deployer({.seed = 1, .workdir = (fs::temp_directory_path() / "mt_dpo_first").string(), .verbose = false});
+  DpoOptions o;
+  o.beta = 0.5;
+  for (const char* kind : {"adapters_off", "frozen_copy", "precomputed"}) {
+    SCOPED_TRACE(kind);
+    SmallDecoder s = small_decoder(std::string(kind) == "adapters_off");
+    posttrain::DpoReference ref;
+    std::shared_ptr<const data::Dataset> pairs = s.pairs;
+    if (std::string(kind) == "frozen_copy") ref = posttrain::DpoReference::frozen_copy(s.model->params, nullptr);
+    if (std::string(kind) == "precomputed") {
+      ref.kind = posttrain::DpoReference::Kind::precomputed;
+      pairs = posttrain::with_reference_logps(pairs, *s.model, s.model->params, deployer, 2);
+    }
+    const train::LossFn loss = posttrain::dpo_loss_fn(s.model, ref, o);
+    const train::Batch batch = batch_of(*pairs);
+    train::MetricRecorder recorder;
+    auto [value, grads] = value_and_grad([&](const Params& p) { return loss(p, batch, RngKey{3, 0}, true); })(s.model->params);
+    const auto m = recorder.take();
+    std::cout << kind << ": first loss " << value.item() << " (ln 2 = " << std::log(2.0) << ")\n";
+    EXPECT_NEAR(value.item(), std::log(2.0), 1e-6);
+    for (const char* name : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"})
+      EXPECT_NEAR(m.at(name).item(), 0.0, 1e-6) << name;
+    if (std::string(kind) != "frozen_copy") continue;
+    // At h = 0 the sigmoid loss's gradient is −β/2 · mean ∇(log π(y_w) − log π(y_l)).
+    auto [_, expected] = value_and_grad([&](const Params& p) {
+      const posttrain::PairLogps l = posttrain::pair_logps(*s.model, p, batch, RngKey{3, 0}, false);
+      return mul(mean(sub(l.chosen, l.rejected)), scalar_like(l.chosen, -o.beta / 2));
+    })(s.model->params);
+    double err = 0, scale = 0;
+    for (const auto& [path, g] : grads) {
+      err = std::max(err, max_abs_diff(g, expected[path]));
+      for (double x : expected[path].to_doubles()) scale = std::max(scale, std::abs(x));
+    }
+    std::cout << "  first-step gradient max |err| " << err << " (max |grad| " << scale << ")\n";
+    EXPECT_LT(err, 1e-6 + 1e-5 * scale);
+  }
+}
+
+TEST(DpoModel, PreferenceExamplesTargetOnlyTheResponses) {
+  bool truncated = true;
+  data::Example e = posttrain::preference_example({{5, 6, 7}, {8, 9}, {10}}, 6, 0, &truncated);
+  EXPECT_FALSE(truncated);
+  EXPECT_EQ(e.tokens("chosen_tokens"), (std::vector<int64_t>{5, 6, 7, 8, 9, 0, 0}));
+  EXPECT_EQ(e.tokens("chosen_targets"), (std::vector<int64_t>{-100, -100, -100, 8, 9, -100, -100}));
+  EXPECT_EQ(e.tokens("rejected_tokens"), (std::vector<int64_t>{5, 6, 7, 10, 0, 0, 0}));
+  EXPECT_EQ(e.tokens("rejected_targets"), (std::vector<int64_t>{-100, -100, -100, 10, -100, -100, -100}));
+  // Too long: the prompt keeps its end (half the sequence), the responses their start.
+  e = posttrain::preference_example({{1, 2, 3, 4, 5, 6}, {7, 8, 9, 10}, {11}}, 5, 0, &truncated);
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(e.tokens("chosen_tokens"), (std::vector<int64_t>{4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(e.tokens("rejected_tokens"), (std::vector<int64_t>{4, 5, 6, 11, 0, 0}));
+  EXPECT_EQ(error_of([] { posttrain::preference_example({{1}, {}, {2}}, 5, 0); }),
+            "[dpo] a preference pair needs a chosen and a rejected response");
+}
+
+}  // namespace
+}  // namespace mt::testing
