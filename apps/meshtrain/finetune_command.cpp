@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/held_out_answers.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -42,44 +43,11 @@ struct FinetuneOptions {
   RunFlags run;
 };
 
-// Greedy continuation of one prompt (special tokens as in training), decoded without it.
-std::string complete(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
-                     const std::string& prompt, int64_t new_tokens, std::optional<int64_t> eos) {
-  tokenizers::Encoding e = tok.encode(prompt, true);
-  std::vector<int64_t> ids(e.ids.begin(), e.ids.end());
-  models::PretrainedModel m = model;
-  m.params = params;
-  models::GenerationConfig g;
-  g.max_new_tokens = new_tokens;
-  if (eos) g.stop_tokens = {*eos};
-  models::CausalLm lm = m.causal_lm();
-  models::GenerationResult r = models::generate(models::restrict_vocab(lm, std::min(lm.vocab_size, tok.vocab_size())), {ids}, g);
-  std::vector<int32_t> out;
-  for (int64_t t : r.tokens[0])
-    if (!eos || t != *eos) out.push_back(int32_t(t));
-  return tok.decode(out, true);
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-// How many held-out responses the model reproduces exactly; prints the first few.
-int64_t exact_answers(const models::PretrainedModel& model, const Params& params, const tokenizers::Tokenizer& tok,
-                      const SftCorpus& c, const FinetuneOptions& o, std::optional<int64_t> eos, const std::string& when,
-                      const train::Deployer& deployer) {
-  const int64_t n = std::min<int64_t>(o.check_rows, int64_t(c.eval_prompts.size()));
-  int64_t right = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const std::string prompt = prompt_text(o.data.template_text, c.eval_prompts[size_t(i)]);
-    const std::string got = complete(model, params, tok, prompt, o.sample_tokens, eos);
-    const bool ok = trim(got) == trim(c.eval_responses[size_t(i)]);
-    right += ok;
-    if (i < 3) deployer.log("  [" + when + "] " + json(prompt).dump() + " -> " + json(got).dump() + (ok ? "  (right)" : ""));
-  }
-  deployer.log("held-out answers " + when + ": " + std::to_string(right) + "/" + std::to_string(n) + " exact");
-  return right;
+// The held-out rows' template prompts, as generation sees them.
+std::vector<std::string> held_out_prompts(const SftCorpus& c, const FinetuneOptions& o) {
+  std::vector<std::string> prompts;
+  for (const std::string& p : c.eval_prompts) prompts.push_back(prompt_text(o.data.template_text, p));
+  return prompts;
 }
 
 void run(const FinetuneOptions& o) {
@@ -139,7 +107,9 @@ void run(const FinetuneOptions& o) {
     eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);
     deployer.log("eval loss before fine-tuning " + std::to_string(*eval_before));
   }
-  if (corpus.supervised && !o.run.dry_run) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "before", deployer);
+  if (corpus.supervised && !o.run.dry_run)
+    exact_answers(*model, trainer.params(), *tok, held_out_prompts(corpus, o), corpus.eval_responses, o.check_rows,
+                  o.sample_tokens, eos, "before", deployer);
 
   f.eval_data = corpus.eval;
   f.eval_every = o.eval_steps;
@@ -159,7 +129,9 @@ void run(const FinetuneOptions& o) {
          << std::setprecision(3) << 100.0 * (1.0 - after / *eval_before) << " % lower)";
     deployer.log(line.str());
   }
-  if (corpus.supervised) exact_answers(*model, trainer.params(), *tok, corpus, o, eos, "after", deployer);
+  if (corpus.supervised)
+    exact_answers(*model, trainer.params(), *tok, held_out_prompts(corpus, o), corpus.eval_responses, o.check_rows,
+                  o.sample_tokens, eos, "after", deployer);
 
   Params host;
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/meshtrain/chat_setup.h"
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -52,49 +53,6 @@ std::string base_name(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   std::string name = std::filesystem::path(path).filename().string();
   return name.empty() ? path : name;
-}
-
-// A special token's text from tokenizer_config.json: a string or {"content": ...}.
-std::string special_token_content(const nlohmann::json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
-}
-
-// The model directory's chat template (chat_template.jinja, or tokenizer_config.json's
-// "chat_template": a string, or a list of named templates of which "default" is used),
-// with the BOS / EOS texts it refers to. --chat-template FILE overrides it.
-void load_chat_template(serve::ServedModel& m, const std::string& model_path, const std::string& override_file) {
-  namespace fs = std::filesystem;
-  auto read = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    MT_CHECK(in, "[serve] cannot read ", p.string());
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  const fs::path dir = fs::is_directory(model_path) ? fs::path(model_path) : fs::path();
-  std::string source;
-  if (!dir.empty() && fs::exists(dir / "tokenizer_config.json")) {
-    const std::string file = (dir / "tokenizer_config.json").string();
-    nlohmann::json cfg = nlohmann::json::parse(read(file), nullptr, false);
-    MT_CHECK(!cfg.is_discarded() && cfg.is_object(), "[serve] ", file, " is not a JSON object");
-    m.bos_token = special_token_content(cfg.value("bos_token", nlohmann::json()));
-    m.eos_token = special_token_content(cfg.value("eos_token", nlohmann::json()));
-    const nlohmann::json t = cfg.value("chat_template", nlohmann::json());
-    if (t.is_string()) source = t.get<std::string>();
-    if (t.is_array())
-      for (const auto& named : t)
-        if (named.is_object() && named.value("name", "") == "default" && named.contains("template"))
-          source = named["template"].get<std::string>();
-  }
-  if (!dir.empty() && fs::exists(dir / "chat_template.jinja")) source = read(dir / "chat_template.jinja");
-  if (!override_file.empty()) source = read(override_file);
-  if (source.empty()) return;
-  try {
-    m.chat_template = std::make_shared<serve::ChatTemplate>(source);
-  } catch (const Error& e) {
-    MT_CHECK(false, "[serve] the chat template of ", override_file.empty() ? model_path : override_file,
-             " does not parse: ", e.what());
-  }
 }
 
 void run(const ServeFlags& f) {
@@ -146,7 +104,7 @@ void run(const ServeFlags& f) {
     serve::follow_steps(lm, serve::kv_cache_size(eo));
     return;
   }
-  load_chat_template(served, f.model, f.chat_template);
+  load_chat_template(served, f.model, f.chat_template, "serve");
 
   std::unique_ptr<serve::SequenceRunner> runner;
   if (tensor_parallel) runner = std::make_unique<serve::BroadcastRunner>(lm, serve::kv_cache_size(eo));
