@@ -29,6 +29,7 @@ void check_dpo_options(const DpoOptions& o) {
            o.label_smoothing);
   MT_CHECK(o.loss == DpoLossType::sigmoid || o.label_smoothing == 0, "[dpo] label smoothing applies to the sigmoid loss, not ",
            dpo_loss_name(o.loss));
+  MT_CHECK(o.rpo_alpha >= 0, "[dpo] rpo_alpha must be >= 0, got ", o.rpo_alpha);
 }
 
 namespace {
@@ -73,7 +74,14 @@ Array dpo_loss(const PairLogps& policy_sums, const PairLogps& reference_sums, co
   train::record_metric("rewards/margins", mean(sub(chosen_rewards, rejected_rewards)));
   train::record_metric("logps/chosen", mean(policy.chosen.detach()));
   train::record_metric("logps/rejected", mean(policy.rejected.detach()));
-  return mean(losses);
+  Array loss = mean(losses);
+  if (o.rpo_alpha > 0) {
+    // TRL's nll_loss: the cross-entropy of the chosen responses, a mean over all their tokens.
+    const Array nll = neg(div(sum(policy_sums.chosen), sum(policy_sums.chosen_tokens)));
+    train::record_metric("nll_loss", nll.detach());
+    loss = add(loss, mul(nll, scalar_like(nll, o.rpo_alpha)));
+  }
+  return loss;
 }
 
 DpoReference DpoReference::frozen_copy(const Params& params, const train::ShardingPlan* plan) {

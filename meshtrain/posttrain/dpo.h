@@ -17,7 +17,7 @@
 // The loss records TRL's metrics (train/step_metrics.h): rewards/chosen, rewards/rejected
 // (β times the policy/reference log-ratio of each response, means over the pairs),
 // rewards/accuracies (the share of pairs whose chosen reward is the larger),
-// rewards/margins, logps/chosen and logps/rejected.
+// rewards/margins, logps/chosen and logps/rejected (and nll_loss with RPO).
 #include <memory>
 #include <string>
 
@@ -38,11 +38,16 @@ struct DpoOptions {
   double beta = 0.1;
   DpoLossType loss = DpoLossType::sigmoid;
   double label_smoothing = 0.0;  // sigmoid only: the assumed share of flipped preferences
+  // RPO (Pang et al. 2024, TRL's rpo_alpha): adds alpha times the policy's mean negative
+  // log-likelihood of the chosen responses' tokens, so that the chosen answers do not lose
+  // likelihood while the margin grows. 0: off.
+  double rpo_alpha = 0.0;
   // Dropout in the policy while training (TRL's disable_dropout turns it off by default, so
   // the first step compares equal models).
   bool dropout = false;
 };
-// Throws naming the option: β <= 0, label smoothing outside [0, 0.5), smoothing with IPO.
+// Throws naming the option: β <= 0, label smoothing outside [0, 0.5), smoothing with IPO,
+// a negative RPO alpha.
 void check_dpo_options(const DpoOptions& options);
 
 // Sequence log-probabilities (B,) of the chosen and rejected responses, and their target
