@@ -15,5 +15,6 @@ void add_plot_command(CLI::App& app);
 void add_seq2seq_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_prepare_data_command(CLI::App& app);
+void add_dpo_command(CLI::App& app);
 
 }  // namespace mt::cli

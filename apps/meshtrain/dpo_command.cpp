@@ -1,0 +1,211 @@
+// `meshtrain dpo`: preference tuning of a decoder (Hugging Face directory, meshtrain run or
+// llama2.c file) on rows of a prompt and a chosen and a rejected response, by DPO or IPO
+// (posttrain/dpo.h), fully or with LoRA adapters. The reference is the model as loaded: with
+// LoRA its base with the adapters left out; otherwise a frozen copy, or with
+// --precompute-ref its log-probabilities computed once before training. It reports the
+// held-out preference metrics (TRL's names, prefixed eval_) and, for text rows, the held-out
+// prompts answered exactly with the chosen response before and after, and writes the adapter
+// and/or the model as finetune does.
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "apps/meshtrain/chat_setup.h"
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/held_out_answers.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/lora_flags.h"
+#include "apps/meshtrain/preference_rows.h"
+#include "apps/meshtrain/run_flags.h"
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/posttrain/dpo.h"
+#include "meshtrain/posttrain/preference_data.h"
+#include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/trainer.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DpoCommandOptions {
+  std::string model;
+  std::string tokenizer;
+  PreferenceFlags data;
+  LoraFlags lora;
+  StepFlags length{0, 1, 8, 1};
+  double beta = 0.1;
+  std::string loss = "sigmoid";
+  double label_smoothing = 0.0;
+  double rpo_alpha = 0.0;
+  bool precompute_ref = false;
+  bool dropout = false;
+  double learning_rate = 0;  // 0: 5e-5 with LoRA, 1e-6 for all weights (TRL's default)
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 0;
+  int64_t check_rows = 32;
+  int64_t sample_tokens = 32;
+  RunFlags run;
+};
+
+std::string metric_line(const std::map<std::string, double>& m) {
+  std::ostringstream line;
+  line << std::setprecision(4);
+  for (const char* k : {"eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen",
+                        "eval_rewards/rejected"})
+    if (m.count(k)) line << (line.tellp() > 0 ? ", " : "") << (k + 5) << " " << m.at(k);
+  return line.str();
+}
+
+void run(const DpoCommandOptions& o) {
+  check_output_dir(o.run, "dpo");
+  train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
+  posttrain::DpoOptions dpo;
+  dpo.beta = o.beta;
+  dpo.loss = posttrain::parse_dpo_loss(o.loss);
+  dpo.label_smoothing = o.label_smoothing;
+  dpo.rpo_alpha = o.rpo_alpha;
+  dpo.dropout = o.dropout;
+  posttrain::check_dpo_options(dpo);
+  train::Deployer deployer = make_deployer(o.run);
+  const auto precision = precision_scope(o.run.precision);
+  const fs::path out = o.run.output_dir;
+  models::PretrainedOptions po;
+  po.print_report = deployer.is_main();
+  po.load_tokenizer = o.tokenizer.empty();
+  auto model = std::make_shared<models::PretrainedModel>(
+      train::is_checkpoint_path(o.model) ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
+                                         : models::from_pretrained(o.model, po));
+  MT_CHECK(model->is_causal_lm(), "[dpo] ", o.model, ": model_type '", model->model_type, "' is not a decoder");
+  std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
+  MT_CHECK(tok != nullptr, "[dpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
+  const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
+  std::optional<int64_t> eos = end_of_text_id(*tok);
+  if (!eos && !model->causal_lm().stop_tokens.empty()) eos = model->causal_lm().stop_tokens[0];
+
+  // Everything that can be wrong with the data, the template or LoRA fails here, before a
+  // file is written.
+  serve::ServedModel chat;
+  load_chat_template(chat, o.model, o.data.chat_template, "dpo");
+  PreferenceCorpus corpus = make_preference_corpus(o.data, *tok, eos, chat);
+  if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
+  apply_remat(o.run, *model);
+  train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
+
+  posttrain::DpoReference reference;
+  std::string reference_text = "the base model with the adapters left out";
+  if (o.precompute_ref) {
+    reference.kind = posttrain::DpoReference::Kind::precomputed;
+    reference_text = "log-probabilities precomputed over the data";
+  } else if (!o.lora.enabled()) {
+    reference = posttrain::DpoReference::frozen_copy(model->params, &plan);
+    reference_text = "a frozen copy of the model";
+  }
+
+  train::FitOptions f;
+  const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
+  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 5e-5 : 1e-6;
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "dpo");
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
+  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
+                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  int64_t trainable = 0;
+  for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
+  std::ostringstream intro;
+  intro << "dpo: " << model->model_type << " from " << o.model << " ("
+        << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string("all weights, "))
+        << trainable << " of " << model->params.total_elements() << " parameters trained), " << posttrain::dpo_loss_name(dpo.loss)
+        << " loss, beta " << dpo.beta << (dpo.label_smoothing > 0 ? ", label smoothing " + std::to_string(dpo.label_smoothing) : "")
+        << (dpo.rpo_alpha > 0 ? ", RPO alpha " + std::to_string(dpo.rpo_alpha) : "")
+        << ", reference: " << reference_text << "; " << o.data.data << ": " << corpus.rows - corpus.eval_rows << " train / "
+        << corpus.eval_rows << " eval pairs (" << (corpus.conversational ? "conversations" : "text") << ", "
+        << corpus.truncated << " truncated), " << total << " steps of "
+        << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum << " pairs of " << o.data.seq_len
+        << " tokens on mesh " << deployer.mesh().str();
+  deployer.log(intro.str());
+
+  train::Trainer trainer(deployer, posttrain::preference_collate(), posttrain::dpo_loss_fn(model, reference, dpo),
+                         std::move(model->params), opt, plan);
+  std::shared_ptr<const data::Dataset> train_data = corpus.train, eval_data = corpus.eval;
+  if (o.precompute_ref) {
+    // The reference's scores under the parameters as loaded (a resumed run restores its own
+    // only inside fit): with LoRA the adapters are left out.
+    train_data = posttrain::with_reference_logps(train_data, *model, trainer.params(), deployer, o.length.per_device_batch_size);
+    if (eval_data)
+      eval_data = posttrain::with_reference_logps(eval_data, *model, trainer.params(), deployer, o.length.per_device_batch_size);
+    deployer.log("reference log-probabilities precomputed for " + std::to_string(corpus.rows) + " pairs");
+  }
+  if (eval_data && !o.run.dry_run)
+    deployer.log("eval before training: " + metric_line(trainer.eval_metrics(eval_data, o.length.per_device_batch_size)));
+  if (!corpus.eval_prompts.empty() && !o.run.dry_run)
+    exact_answers(*model, trainer.params(), *tok, corpus.eval_prompts, corpus.eval_chosen, o.check_rows, o.sample_tokens,
+                  eos, "before", deployer);
+
+  f.eval_data = eval_data;
+  f.eval_every = o.eval_steps;
+  f.save_every = o.save_steps;
+  apply_run_flags(o.run, f);
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
+  f.checkpoint_extra["dpo"] = {{"beta", dpo.beta}, {"loss", posttrain::dpo_loss_name(dpo.loss)},
+                               {"label_smoothing", dpo.label_smoothing}, {"rpo_alpha", dpo.rpo_alpha}};
+  f.learning_rate = lr;
+  f.tokens_per_example = 2 * o.data.seq_len;
+  train::FitResult r = trainer.fit(train_data, f);
+  trainer.release_optimizer_state();
+  if (!r.evals.empty()) deployer.log("eval after training: " + metric_line(r.evals.back()));
+  if (!corpus.eval_prompts.empty())
+    exact_answers(*model, trainer.params(), *tok, corpus.eval_prompts, corpus.eval_chosen, o.check_rows, o.sample_tokens,
+                  eos, "after", deployer);
+
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  model->params = host;
+  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string(),
+                                             dtype_from_name(o.run.save_dtype));
+  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+}
+
+}  // namespace
+
+void add_dpo_command(CLI::App& app) {
+  auto o = std::make_shared<DpoCommandOptions>();
+  o->run.output_dir = "runs/dpo";
+  CLI::App* cmd = app.add_subcommand(
+      "dpo", "preference-tune a decoder on prompt/chosen/rejected rows (DPO or IPO; all weights or LoRA adapters)");
+  cmd->add_option("--model", o->model, "model directory (Hugging Face or meshtrain run/checkpoint) or llama2.c .bin")
+      ->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  add_preference_flags(cmd, o->data);
+  cmd->add_option("--beta", o->beta, "how far the policy may move from the reference (DPO's beta, IPO's tau)")
+      ->capture_default_str();
+  cmd->add_option("--loss", o->loss, "sigmoid (DPO) or ipo")->capture_default_str()->check(CLI::IsMember({"sigmoid", "ipo"}));
+  cmd->add_option("--label-smoothing", o->label_smoothing, "conservative DPO: the assumed share of flipped labels, in [0, 0.5)")
+      ->capture_default_str();
+  cmd->add_option("--rpo-alpha", o->rpo_alpha,
+                  "RPO: add this times the chosen responses' NLL, so they keep their likelihood (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--precompute-ref", o->precompute_ref,
+                "score the data with the reference once before training and hold no reference model");
+  cmd->add_flag("--dropout", o->dropout, "keep the model's dropout on while training (off by default, as TRL)");
+  add_lora_flags(cmd, o->lora);
+  add_step_flags(cmd, o->length);
+  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 5e-5 with LoRA, 1e-6 otherwise)");
+  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
+  add_max_grad_norm_flag(cmd, o->max_grad_norm);
+  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
+  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  cmd->add_option("--check-rows", o->check_rows, "held-out prompts answered greedily before and after (text rows)")
+      ->capture_default_str();
+  cmd->add_option("--sample-tokens", o->sample_tokens, "tokens generated per held-out prompt")->capture_default_str();
+  add_run_flags(cmd, o->run, true);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace mt::cli
