@@ -3,7 +3,8 @@
 // the DPO loss from logits against a PyTorch twin (value and gradient); and, on a small
 // GPT-2, the first step of DPO — the policy equal to its reference — is ln 2 with every
 // reward 0 for each way of holding the reference, with the gradient
-// −β/2 · mean ∇(log π(y_w) − log π(y_l)).
+// −β/2 · mean ∇(log π(y_w) − log π(y_l)). Distillation's loss from logits against a PyTorch
+// twin, and the chunked path through two GPT-2s of different sizes equal to the whole one.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/peft_adapter.h"
+#include "meshtrain/posttrain/distillation.h"
 #include "meshtrain/posttrain/dpo.h"
 #include "meshtrain/posttrain/preference_data.h"
 #include "meshtrain/posttrain/token_logprobs.h"
@@ -243,6 +245,70 @@ TEST(DpoModel, PreferenceExamplesTargetOnlyTheResponses) {
   EXPECT_EQ(e.tokens("rejected_tokens"), (std::vector<int64_t>{4, 5, 6, 11, 0, 0}));
   EXPECT_EQ(error_of([] { posttrain::preference_example({{1}, {}, {2}}, 5, 0); }),
             "[dpo] a preference pair needs a chosen and a rejected response");
+}
+
+
+// ---------------------------------------------------------------- distillation
+
+TEST(DistillOracle, FromLogitsValueAndGradientMatchPyTorch) {
+  const int64_t b = 2, t = 5, v = 13;
+  std::vector<int64_t> l = random_ints({b, t}, 21, 0, v).to_ints();
+  l[0] = l[1] = l[size_t(t + 4)] = -100;  // a prompt and padding
+  posttrain::DistillOptions o;
+  o.temperature = 2.5;
+  o.alpha = 0.7;
+  check_against_torch(
+      "distillation from logits",
+      [&](const std::vector<Array>& x) { return posttrain::distillation_loss_from_logits(x[0], x[1], x[2], o); },
+      "import torch.nn.functional as F\n"
+      "T, a = 2.5, 0.7\n"
+      "mask = (x2 != -100).double()\n"
+      "lpt = torch.log_softmax(x1.detach().double() / T, -1)\n"
+      "lps = torch.log_softmax(x0.double() / T, -1)\n"
+      "kl = ((lpt.exp() * (lpt - lps)).sum(-1) * mask).sum() / mask.sum()\n"
+      "ce = F.cross_entropy(x0.double().reshape(-1, x0.shape[-1]), x2.reshape(-1), ignore_index=-100)\n"
+      "out = (a * T * T * kl + (1 - a) * ce).float()\n",
+      {random_normal({b, t, v}, 22, DType::f32, 2.0), random_normal({b, t, v}, 23, DType::f32, 2.0),
+       Array::from_vector(l, {b, t})});
+}
+
+std::shared_ptr<models::PretrainedModel> gpt2_of(int64_t width, int64_t layers, int64_t vocab, uint64_t seed) {
+  nlohmann::json c = models::model_spec("gpt2").small_config(vocab, 32, 0);
+  c["n_layer"] = layers, c["n_embd"] = width, c["n_head"] = 2;
+  models::PretrainedOptions po;
+  po.init_key = RngKey{seed, 0};
+  return std::make_shared<models::PretrainedModel>(models::init_model(c, po));
+}
+
+TEST(DistillModel, ChunkedTeacherAndStudentEqualTheWholeLogits) {
+  auto teacher = gpt2_of(48, 3, 64, 1), student = gpt2_of(16, 1, 64, 2);
+  const Array ids = random_ints({3, 10}, 5, 0, 64);
+  std::vector<int64_t> l = random_ints({3, 10}, 6, 0, 64).to_ints();
+  for (int i = 0; i < 4; ++i) l[size_t(i)] = -100;
+  const Array labels = Array::from_vector(l, {3, 10});
+  models::DecoderInputs in;
+  in.input_ids = ids;
+  posttrain::DistillOptions o;
+  o.temperature = 2.0, o.alpha = 0.5;
+  // 64 logits per chunk: one position of 3 rows at a time, 10 chunks.
+  auto [chunked, g1] = value_and_grad([&](const Params& p) {
+    return posttrain::distillation_loss(*student, p, *teacher, teacher->params, in, labels, RngKey{0, 0}, false, o, 3 * 64);
+  })(student->params);
+  auto [whole, g2] = value_and_grad([&](const Params& p) {
+    Array zt;
+    {
+      autodiff::NoGradGuard no_grad;
+      zt = teacher->decoder_logits(teacher->params, in, RngKey{0, 0}, false);
+    }
+    return posttrain::distillation_loss_from_logits(student->decoder_logits(p, in, RngKey{0, 0}, false), zt, labels, o);
+  })(student->params);
+  double err = 0;
+  for (const auto& [path, g] : g1) err = std::max(err, max_abs_diff(g, g2[path]));
+  std::cout << "chunked " << chunked.item() << " vs whole " << whole.item() << ", gradient max |err| " << err << "\n";
+  EXPECT_NEAR(chunked.item(), whole.item(), 1e-5);
+  EXPECT_LT(err, 1e-5);
+  expect_error([&] { posttrain::check_teacher(*gpt2_of(16, 1, 128, 3), *student); },
+               {"[distill] the teacher", "has a vocabulary of 128 ids and the student", "one of 64"});
 }
 
 }  // namespace
