@@ -121,17 +121,24 @@ double Trainer::train(const std::vector<Batch>& micro_batches) {
   MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   MT_CHECK(!opt_state_released_, "[trainer] cannot train: the optimizer state was released (release_optimizer_state)");
   const RngKey key = deployer_.step_key(step_);
+  std::vector<Batch> rolled;
+  if (rollout_) {
+    trace::Span span("phase", "rollout");
+    rolled = rollout_(params_, micro_batches, step_, key.fold_in(0x7011));
+    MT_CHECK(!rolled.empty(), "[trainer] the rollout returned no batch");
+  }
+  const std::vector<Batch>& batches = rollout_ ? rolled : micro_batches;
   double loss;
   if (custom_step_) {
     trace::Span span("phase", "custom_step");
     // A custom step records its metrics as it means them (its own averaging).
     MetricRecorder recorder;
-    loss = custom_step_(params_, opt_state_, micro_batches, key);
+    loss = custom_step_(params_, opt_state_, batches, key);
     MetricMeans means;
     means.add(recorder.take(), 1.0);
     step_metrics_ = means.read();
   } else {
-    loss = default_step(micro_batches, key);
+    loss = default_step(batches, key);
   }
   ++step_;
   return loss;

@@ -39,6 +39,13 @@ using LossFn = std::function<Array(const Params&, const Batch&, const RngKey&, b
 using TrainStepFn = std::function<double(Params& params, Params& opt_state, const std::vector<Batch>& micro_batches,
                                          const RngKey& key)>;
 
+// Turns a step's micro-batches into the ones the loss sees, with the parameters of that step
+// in hand: reinforcement learning's rollout (generate with the current policy, score, return
+// the scored completions as batches). Called on every rank before each step (collectives
+// allowed); `step` counts optimizer steps from 0.
+using RolloutFn = std::function<std::vector<Batch>(const Params& params, const std::vector<Batch>& micro_batches,
+                                                   int64_t step, const RngKey& key)>;
+
 template <class F>
 LossFn to_loss_fn(F f) {
   if constexpr (std::is_invocable_v<F, const Params&, const Batch&, const RngKey&, bool>) {
@@ -140,6 +147,8 @@ class Trainer {
 
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
+  // Runs `rollout` on each step's micro-batches first (see RolloutFn).
+  void set_rollout(RolloutFn rollout) { rollout_ = std::move(rollout); }
   // One optimizer step on these micro-batches (global arrays, e.g. from Deployer::shard_batch);
   // returns the mean loss. fit calls it for every step.
   double train(const std::vector<Batch>& micro_batches);
@@ -216,6 +225,7 @@ class Trainer {
   bool opt_state_released_ = false;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
+  RolloutFn rollout_;
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
   AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
