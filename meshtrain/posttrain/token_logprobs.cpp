@@ -20,12 +20,14 @@ constexpr int64_t kChunkLogits = int64_t(1) << 22;
 
 Array target_mask(const Array& labels) { return cast(ne(labels, scalar_like(labels, -100)), DType::f32); }
 
-Array token_logprobs(const Array& logits, const Array& labels) {
+Array token_logprobs(const Array& logits, const Array& labels, double temperature) {
   MT_CHECK(logits.ndim() == 3 && labels.ndim() == 2 && labels.dim(0) == logits.dim(0) && labels.dim(1) == logits.dim(1),
            "[token_logprobs] logits ", logits.shape().str(), " and labels ", labels.shape().str(),
            " must be (B, T, V) and (B, T)");
   MT_CHECK(!is_floating(labels.dtype()), "[token_logprobs] labels must be integer ids, got ", dtype_name(labels.dtype()));
-  const Array x = cast(logits, DType::f32);
+  MT_CHECK(temperature > 0, "[token_logprobs] the temperature must be positive, got ", temperature);
+  const Array f = cast(logits, DType::f32);
+  const Array x = temperature == 1.0 ? f : div(f, scalar_like(f, temperature));
   const Array targeted = ne(labels, scalar_like(labels, -100));
   // Ignored positions read id 0 and are zeroed after: the gather needs an id everywhere.
   const Array ids = where(targeted, labels, zeros_like(labels));
@@ -37,8 +39,9 @@ Array token_logprobs(const Array& logits, const Array& labels) {
 Array sequence_logprobs(const Array& logits, const Array& labels) { return sum(token_logprobs(logits, labels), {1}); }
 
 Array decoder_token_logprobs(const models::PretrainedModel& model, const Params& p, const models::DecoderInputs& in,
-                             const Array& labels, const RngKey& dropout_key, bool train) {
-  if (model.config.remat() != Remat::full) return token_logprobs(model.decoder_logits(p, in, dropout_key, train), labels);
+                             const Array& labels, const RngKey& dropout_key, bool train, double temperature) {
+  if (model.config.remat() != Remat::full)
+    return token_logprobs(model.decoder_logits(p, in, dropout_key, train), labels, temperature);
   const models::ModelSpec& s = model.spec();
   const Array hidden = s.decoder_hidden(model.config, p, in, dropout_key, train);
   Params head_params;
@@ -50,8 +53,8 @@ Array decoder_token_logprobs(const models::PretrainedModel& model, const Params&
   const int64_t b = hidden.dim(0), t = hidden.dim(1);
   const int64_t positions = std::clamp<int64_t>(kChunkLogits / std::max<int64_t>(1, b * vocab), 1, std::max<int64_t>(1, (t + 3) / 4));
   const models::ModelConfig config = model.config;
-  auto chunk = [config, &s, dropout_key, train](const Params& hp, const std::vector<Array>& xs) {
-    return token_logprobs(s.decoder_head(config, hp, xs[0], dropout_key, train), xs[1]);
+  auto chunk = [config, &s, dropout_key, train, temperature](const Params& hp, const std::vector<Array>& xs) {
+    return token_logprobs(s.decoder_head(config, hp, xs[0], dropout_key, train), xs[1], temperature);
   };
   std::vector<Array> parts;
   for (int64_t t0 = 0; t0 < t; t0 += positions) {

@@ -10,9 +10,10 @@
 
 namespace mt::posttrain {
 
-// (B, T) f32 log-probabilities of labels (B, T) under logits (B, T, V); 0 where label == -100.
+// (B, T) f32 log-probabilities of labels (B, T) under logits (B, T, V) divided by
+// `temperature` (the sampling temperature, as GRPO scores its samples); 0 where label == -100.
 // Labels are checked like take_along_axis checks its indices.
-Array token_logprobs(const Array& logits, const Array& labels);
+Array token_logprobs(const Array& logits, const Array& labels, double temperature = 1.0);
 
 // (B,) sums of token_logprobs over each row's targets.
 Array sequence_logprobs(const Array& logits, const Array& labels);
@@ -25,6 +26,6 @@ Array target_mask(const Array& labels);
 // config.remat() == full the head runs over recomputed chunks of positions, so (B, T, V)
 // logits never exist whole (as chunked_lm_loss does for the cross-entropy).
 Array decoder_token_logprobs(const models::PretrainedModel& model, const Params& p, const models::DecoderInputs& in,
-                             const Array& labels, const RngKey& dropout_key, bool train);
+                             const Array& labels, const RngKey& dropout_key, bool train, double temperature = 1.0);
 
 }  // namespace mt::posttrain

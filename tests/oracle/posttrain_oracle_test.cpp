@@ -5,6 +5,8 @@
 // reward 0 for each way of holding the reference, with the gradient
 // −β/2 · mean ∇(log π(y_w) − log π(y_l)). Distillation's loss from logits against a PyTorch
 // twin, and the chunked path through two GPT-2s of different sizes equal to the whole one.
+// GRPO's objective, gradient, kl and clip_ratio against TRL's GRPOTrainer.compute_loss, with
+// and without a sampling policy apart; group advantages against their definition.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -20,6 +22,7 @@
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/posttrain/distillation.h"
 #include "meshtrain/posttrain/dpo.h"
+#include "meshtrain/posttrain/grpo.h"
 #include "meshtrain/posttrain/preference_data.h"
 #include "meshtrain/posttrain/token_logprobs.h"
 #include "meshtrain/train/step_metrics.h"
@@ -309,6 +312,88 @@ TEST(DistillModel, ChunkedTeacherAndStudentEqualTheWholeLogits) {
   EXPECT_LT(err, 1e-5);
   expect_error([&] { posttrain::check_teacher(*gpt2_of(16, 1, 128, 3), *student); },
                {"[distill] the teacher", "has a vocabulary of 128 ids and the student", "one of 64"});
+}
+
+
+// ---------------------------------------------------------------- GRPO
+
+std::vector<std::vector<double>> rows_of(const Array& a) {
+  const std::vector<double> v = a.to_doubles();
+  std::vector<std::vector<double>> out(size_t(a.dim(0)));
+  for (int64_t i = 0; i < a.dim(0); ++i) out[size_t(i)].assign(v.begin() + i * a.dim(1), v.begin() + (i + 1) * a.dim(1));
+  return out;
+}
+
+TEST(GrpoOracle, ObjectiveGradientKlAndClipRatioEqualTrl) {
+  const int64_t n = 4, t = 6;
+  const Array logps = random_uniform({n, t}, 31, -3.0, -0.1);
+  // Mask: completions of 6, 4, 5 and 2 tokens.
+  std::vector<double> mask(size_t(n * t), 0.0);
+  const int lengths[] = {6, 4, 5, 2};
+  for (int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < lengths[i]; ++j) mask[size_t(i * t + j)] = 1.0;
+  const Array m = Array::from_vector(mask, {n, t});
+  const Array ref = add(logps, random_uniform({n, t}, 32, -0.5, 0.5));
+  const Array adv = Array::from_vector(std::vector<double>{1.2, -0.4, 0.7, -1.5}, {n});
+  for (int64_t iterations : {2, 1}) {
+    SCOPED_TRACE(iterations);
+    // Two iterations: the sampling policy apart by up to ±0.4 nats, so some ratios clip.
+    const Array old = iterations > 1 ? add(logps, random_uniform({n, t}, 33, -0.4, 0.4)) : logps;
+    posttrain::GrpoOptions o;
+    o.beta = 0.04, o.epsilon = 0.2, o.num_iterations = iterations;
+    const json ref_out = trl("grpo", {{"per_token_logps", rows_of(logps)}, {"old_per_token_logps", rows_of(old)},
+                                      {"ref_per_token_logps", rows_of(ref)}, {"advantages", adv.to_doubles()},
+                                      {"completion_mask", rows_of(m)}, {"beta", o.beta}, {"epsilon", o.epsilon},
+                                      {"num_iterations", iterations}});
+    Params p;
+    p.set("logps", logps);
+    train::MetricRecorder recorder;
+    auto [loss, grads] =
+        value_and_grad([&](const Params& q) { return posttrain::grpo_loss(q["logps"], iterations > 1 ? old : q["logps"], ref, adv, m, o); })(p);
+    const auto metrics = recorder.take();
+    const double err = std::abs(loss.item() - ref_out["loss"].get<double>());
+    const std::vector<std::vector<double>> g = ref_out["grad"];
+    const std::vector<double> ours = grads["logps"].to_doubles();
+    double grad_err = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < t; ++j) grad_err = std::max(grad_err, std::abs(ours[size_t(i * t + j)] - g[size_t(i)][size_t(j)]));
+    std::cout << "iterations " << iterations << ": loss " << loss.item() << " vs TRL " << ref_out["loss"] << " (|err| " << err
+              << "), gradient |err| " << grad_err << ", kl " << metrics.at("kl").item() << " vs " << ref_out["kl"]
+              << ", clip_ratio " << metrics.at("clip_ratio").item() << " vs " << ref_out["clip_ratio"] << "\n";
+    EXPECT_LT(err, 1e-6);
+    EXPECT_LT(grad_err, 1e-7);
+    EXPECT_NEAR(metrics.at("kl").item(), ref_out["kl"].get<double>(), 1e-6);
+    EXPECT_NEAR(metrics.at("clip_ratio").item(), ref_out["clip_ratio"].get<double>(), 1e-7);
+    if (iterations > 1) EXPECT_GT(ref_out["clip_ratio"].get<double>(), 0.0);  // the case exercises clipping
+  }
+}
+
+TEST(GrpoOracle, OneIterationGradientIsTheAdvantageWeightedLikelihoodGradient) {
+  // β = 0, ratio 1: ∂L/∂logp_it = −A_i / (completion tokens of the batch).
+  const Array logps = random_uniform({2, 3}, 41, -2.0, -0.1);
+  const Array m = Array::from_vector(std::vector<double>{1, 1, 0, 1, 1, 1}, {2, 3});
+  const Array adv = Array::from_vector(std::vector<double>{0.5, -2.0}, {2});
+  posttrain::GrpoOptions o;
+  o.beta = 0;
+  Params p;
+  p.set("logps", logps);
+  auto [loss, grads] = value_and_grad([&](const Params& q) { return posttrain::grpo_loss(q["logps"], q["logps"], Array(), adv, m, o); })(p);
+  EXPECT_NEAR(loss.item(), -(0.5 * 2 - 2.0 * 3) / 5.0, 1e-6);  // −Σ A over tokens / 5
+  const std::vector<double> g = grads["logps"].to_doubles();
+  const std::vector<double> want{-0.1, -0.1, 0, 0.4, 0.4, 0.4};
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], want[i], 1e-7) << i;
+}
+
+TEST(GrpoOracle, GroupAdvantagesNormaliseWithinEachGroup) {
+  std::vector<double> sd;
+  const std::vector<double> a = posttrain::group_advantages({1, 0, 0, 1, 2, 2, 2, 2}, 4, &sd);
+  // Group 1: mean 0.5, unbiased std sqrt(1/3); group 2: all equal, advantage 0.
+  const double s1 = std::sqrt(1.0 / 3.0);
+  EXPECT_NEAR(sd[0], s1, 1e-12);
+  EXPECT_NEAR(a[0], 0.5 / (s1 + 1e-4), 1e-12);
+  EXPECT_NEAR(a[1], -0.5 / (s1 + 1e-4), 1e-12);
+  EXPECT_EQ(a[5], 0.0);
+  EXPECT_EQ(error_of([] { posttrain::group_advantages({1, 2, 3}, 2); }), "[grpo] 3 rewards do not form groups of 2");
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ def grpo(cfg):
     fake = types.SimpleNamespace(
         beta=cfg["beta"], epsilon_low=cfg["epsilon"], epsilon_high=cfg["epsilon"], num_iterations=cfg["num_iterations"],
         _metrics=metrics, control=types.SimpleNamespace(should_evaluate=False),
-        accelerator=types.SimpleNamespace(gather_for_metrics=lambda x: x),
+        args=types.SimpleNamespace(report_to=[]),  # the profiling decorator asks
+        accelerator=types.SimpleNamespace(gather_for_metrics=lambda x: x, is_main_process=True),
         # The model's forward is replaced by the log-probabilities under test.
         _get_per_token_logps=lambda model, ids, mask, keep: logps)
     completion_mask = t(cfg["completion_mask"])
