@@ -17,5 +17,6 @@ void add_serve_command(CLI::App& app);
 void add_prepare_data_command(CLI::App& app);
 void add_dpo_command(CLI::App& app);
 void add_distill_command(CLI::App& app);
+void add_grpo_command(CLI::App& app);
 
 }  // namespace mt::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     mt::cli::add_prepare_data_command(app);
     mt::cli::add_dpo_command(app);
     mt::cli::add_distill_command(app);
+    mt::cli::add_grpo_command(app);
     if (auto message = mt::cli::unknown_command_message(app, argc, argv)) {
       std::cerr << "meshtrain: " << *message << "\n";
       return 2;
