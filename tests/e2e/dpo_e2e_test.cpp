@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/cli_run.h"
+#include "tests/support/counting_task.h"
 #include "tests/support/run_metrics.h"
 #include "tests/support/temp_dir.h"
 
@@ -24,23 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-struct Counting {
-  std::string prompt;
-  int digit;
-};
-
-std::vector<Counting> counting(int n, uint32_t seed) {
-  static const char* words[] = {"apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pixel", "ember", "lunar",
-                                "frost", "cedar", "amber", "delta", "sigma", "noble", "quiet", "rapid", "solar", "vivid"};
-  std::mt19937 rng(seed);
-  std::vector<Counting> rows;
-  for (int i = 0; i < n; ++i) {
-    const int d = int(rng() % 9);
-    rows.push_back({std::string(words[rng() % 20]) + std::to_string(rng() % 100) + " counts to " + std::to_string(d), d});
-  }
-  return rows;
-}
 
 double number_after(const std::string& text, const std::string& pattern) {
   std::smatch m;
@@ -60,26 +44,13 @@ std::vector<json> lines_of(const fs::path& metrics, const std::string& split) {
 
 class DpoE2E : public TempDir {
  protected:
-  // The fine-tuned model every test starts from (built once per test: ~7 s).
-  fs::path sft_model() {
-    const fs::path base = dir_ / "base", sft = dir_ / "sft", rows = dir_ / "sft.jsonl";
-    EXPECT_EQ(run_cli("pretrain --model gpt2 --seq-len 64 --steps 150 --output-dir " + base.string()).code, 0);
-    std::ofstream out(rows);
-    for (const Counting& c : counting(600, 7))
-      out << json{{"instruction", c.prompt}, {"output", std::to_string(c.digit + 1)}}.dump() << "\n";
-    out.close();
-    CliRun r = run_cli("finetune --model " + (base / "model").string() + " --data " + rows.string() +
-                       " --prompt-field instruction --response-field output --seq-len 32 --learning-rate 1e-3 --epochs 1 "
-                       "--output-dir " + sft.string());
-    EXPECT_EQ(r.code, 0);
-    return sft / "model";
-  }
+  fs::path sft_model() { return counting_sft_model(dir_); }
   // Pairs: the right answer chosen, the prompt's own digit (the model's commonest error) rejected.
   fs::path pairs(int n, uint32_t seed) {
     const fs::path path = dir_ / ("pairs" + std::to_string(seed) + ".jsonl");
     std::ofstream out(path);
     for (const Counting& c : counting(n, seed))
-      out << json{{"prompt", c.prompt}, {"chosen", std::to_string(c.digit + 1)}, {"rejected", std::to_string(c.digit)}}.dump()
+      out << json{{"prompt", c.prompt}, {"chosen", c.answer()}, {"rejected", std::to_string(c.digit)}}.dump()
           << "\n";
     return path;
   }
