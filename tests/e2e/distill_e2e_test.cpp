@@ -5,6 +5,8 @@
 // exactly; a teacher of another vocabulary and bad options are clear errors.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -31,12 +33,25 @@ double number_after(const std::string& text, const std::string& pattern) {
 
 class DistillE2E : public TempDir {
  protected:
-  fs::path teacher() {
-    const fs::path t = dir_ / "teacher";
-    EXPECT_EQ(run_cli("pretrain --model gpt2 --data " + kShakespeare + " --tokenizer bytes --seq-len 64 --steps 400 "
-                      "--output-dir " + t.string()).code,
-              0);
-    return t / "model";
+  static void SetUpTestSuite() {
+    shared() = fs::temp_directory_path() / ("mt_distill_teacher_" + std::to_string(getpid()));
+    fs::create_directories(shared());
+  }
+  static void TearDownTestSuite() { fs::remove_all(shared()); }
+  static fs::path& shared() {
+    static fs::path dir;
+    return dir;
+  }
+  // The teacher, pretrained once for the suite (~12 s).
+  static fs::path teacher() {
+    static const fs::path model = [] {
+      const fs::path t = shared() / "teacher";
+      EXPECT_EQ(run_cli("pretrain --model gpt2 --data " + kShakespeare + " --tokenizer bytes --seq-len 64 --steps 400 "
+                        "--output-dir " + t.string()).code,
+                0);
+      return t / "model";
+    }();
+    return model;
   }
 };
 

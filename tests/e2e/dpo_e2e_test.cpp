@@ -44,7 +44,9 @@ std::vector<json> lines_of(const fs::path& metrics, const std::string& split) {
 
 class DpoE2E : public TempDir {
  protected:
-  fs::path sft_model() { return counting_sft_model(dir_); }
+  static void SetUpTestSuite() { SharedCountingModel::set_up(); }
+  static void TearDownTestSuite() { SharedCountingModel::tear_down(); }
+  static fs::path sft_model() { return SharedCountingModel::sft_model(); }
   // Pairs: the right answer chosen, the prompt's own digit (the model's commonest error) rejected.
   fs::path pairs(int n, uint32_t seed) {
     const fs::path path = dir_ / ("pairs" + std::to_string(seed) + ".jsonl");

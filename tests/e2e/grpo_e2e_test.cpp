@@ -40,6 +40,9 @@ std::vector<json> train_lines(const fs::path& run) {
 
 class GrpoE2E : public TempDir {
  protected:
+  static void SetUpTestSuite() { SharedCountingModel::set_up(); }
+  static void TearDownTestSuite() { SharedCountingModel::tear_down(); }
+  static fs::path sft_model() { return SharedCountingModel::sft_model(); }
   fs::path prompts(int n, uint32_t seed) {
     const fs::path path = dir_ / ("prompts" + std::to_string(seed) + ".jsonl");
     std::ofstream out(path);
@@ -64,7 +67,7 @@ class GrpoE2E : public TempDir {
 };
 
 TEST_F(GrpoE2E, ExactMatchRewardRaisesHeldOutReward) {
-  const fs::path model = counting_sft_model(dir_), run = dir_ / "grpo";
+  const fs::path model = sft_model(), run = dir_ / "grpo";
   CliRun r = run_cli("grpo --model " + model.string() + " --data " + prompts(300, 10).string() +
                      " --reward exact_match:answer --num-generations 8 --max-completion-length 4 --temperature 1.0 "
                      "--lora-rank 8 --learning-rate 3e-3 --steps 300 --per-device-batch-size 4 --eval-fraction 0.2 "
@@ -92,7 +95,7 @@ TEST_F(GrpoE2E, ExactMatchRewardRaisesHeldOutReward) {
 }
 
 TEST_F(GrpoE2E, SeededRolloutsRepeatAndResumeExactly) {
-  const fs::path model = counting_sft_model(dir_);
+  const fs::path model = sft_model();
   const std::string data = prompts(64, 11).string();
   for (int64_t iterations : {1, 2}) {
     SCOPED_TRACE(iterations);
@@ -149,6 +152,33 @@ TEST_F(GrpoE2E, FailingRewardsStopBeforeAnyUpdateAndBadRowsAreErrors) {
   CliRun one = run_cli("grpo --model " + model + " --data " + data + " --reward exact_match:answer --num-generations 1 "
                        "--output-dir " + (dir_ / "one").string());
   EXPECT_NE(one.out.find("[grpo] num_generations must be at least 2"), std::string::npos) << one.out;
+}
+
+
+TEST_F(GrpoE2E, ChatPromptsAreRenderedAndTheRewardCommandSeesThem) {
+  const std::string model = std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2";
+  const std::string tmpl = write("chat.jinja",
+                                 "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                                 "{% if add_generation_prompt %}<assistant>{% endif %}");
+  std::string rows;
+  for (int i = 0; i < 12; ++i)
+    rows += json{{"prompt", {{{"role", "user"}, {"content", "say " + std::to_string(i)}}}}, {"answer", std::to_string(i)}}.dump() + "\n";
+  // 1 when the program got the rendered prompt and the row's answer, else 0.
+  const std::string scorer = write("scorer.py",
+                                   "import json, sys\n"
+                                   "for line in sys.stdin:\n"
+                                   "    r = json.loads(line)\n"
+                                   "    ok = r['prompt'].startswith('<user>say ') and r['prompt'].endswith('<assistant>') and 'answer' in r\n"
+                                   "    print(1 if ok else 0)\n");
+  const fs::path run = dir_ / "chat";
+  CliRun r = run_cli("grpo --model " + model + " --data " + write("chat.jsonl", rows) + " --chat-template " + tmpl +
+                     " --reward-command '/usr/bin/python3 " + scorer + "' --num-generations 2 --max-completion-length 3 "
+                     "--per-device-batch-size 2 --steps 2 --output-dir " + run.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("eval prompts (conversations)"), std::string::npos) << r.out;
+  const std::vector<json> steps = train_lines(run);
+  ASSERT_EQ(steps.size(), 2u);
+  for (const json& s : steps) EXPECT_EQ(s["rewards/command"].get<double>(), 1.0);
 }
 
 }  // namespace

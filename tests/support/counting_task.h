@@ -2,6 +2,8 @@
 // The post-training end-to-end tests' task: "<word><n> counts to d" -> "d+1" (the answer
 // depends on the last digit only), and a small GPT-2 pretrained on the default corpus then
 // fine-tuned on 600 such rows for one epoch, which answers about half of new prompts.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -34,6 +36,7 @@ inline std::vector<Counting> counting(int n, uint32_t seed) {
 }
 
 // Builds the fine-tuned model under `dir` (~7 s on 2 cores) and returns its model folder.
+// Test suites build it once (CountingSuite) and share it read-only.
 inline std::filesystem::path counting_sft_model(const std::filesystem::path& dir) {
   const std::filesystem::path base = dir / "base", sft = dir / "sft", rows = dir / "sft.jsonl";
   EXPECT_EQ(run_cli("pretrain --model gpt2 --seq-len 64 --steps 150 --output-dir " + base.string()).code, 0);
@@ -47,5 +50,24 @@ inline std::filesystem::path counting_sft_model(const std::filesystem::path& dir
   EXPECT_EQ(r.code, 0);
   return sft / "model";
 }
+
+// One fine-tuned counting model shared by a test suite's tests: the fixture calls set_up()
+// and tear_down() from its SetUpTestSuite / TearDownTestSuite; the first test that asks
+// builds it in the suite's own folder, removed after the suite.
+struct SharedCountingModel {
+  static void set_up() {
+    dir() = std::filesystem::temp_directory_path() / ("mt_counting_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir());
+  }
+  static void tear_down() { std::filesystem::remove_all(dir()); }
+  static std::filesystem::path sft_model() {
+    static const std::filesystem::path model = counting_sft_model(dir());
+    return model;
+  }
+  static std::filesystem::path& dir() {
+    static std::filesystem::path d;
+    return d;
+  }
+};
 
 }  // namespace mt::testing
