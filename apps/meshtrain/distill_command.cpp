@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/decoder_training.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -34,23 +35,9 @@ struct DistillCommandOptions {
   StepFlags length{0, 1, 8, 1};
   double temperature = 2.0;
   double alpha = 0.5;
-  double learning_rate = 0;  // 0: 1e-3 with LoRA or a new student, 5e-5 for a pretrained one
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
-  int64_t eval_steps = 0;
-  int64_t save_steps = 0;
+  OptimizerFlags optimizer{0, 10};  // learning rate 0: 1e-3 for a new student or LoRA, 5e-5 for a pretrained one
   RunFlags run;
 };
-
-std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, const models::PretrainedOptions& po,
-                                                      const char* role) {
-  auto m = std::make_shared<models::PretrainedModel>(
-      train::is_checkpoint_path(path) ? train::load_checkpoint_model(path, dist::Mesh::single(), po)
-                                      : models::from_pretrained(path, po));
-  MT_CHECK(m->is_causal_lm(), "[distill] the ", role, " ", path, " (", m->model_type, ") is not a decoder");
-  return m;
-}
 
 // A new student: --config's keys over a small decoder of the config's model_type (default:
 // the teacher's), with the teacher's vocabulary exactly.
@@ -108,17 +95,16 @@ void run(const DistillCommandOptions& o) {
   posttrain::check_distill_options(d);
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
-  const fs::path out = o.run.output_dir;
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
-  auto teacher = load_decoder(o.teacher, po, "teacher");
+  auto teacher = load_decoder(o.teacher, po, "distill");
   MT_CHECK(teacher->tokenizer != nullptr, "[distill] the teacher ", o.teacher, " has no tokenizer");
   std::shared_ptr<tokenizers::Tokenizer> tok = teacher->tokenizer;
   std::optional<int64_t> eos = end_of_text_id(*tok);
   if (!eos && !teacher->causal_lm().stop_tokens.empty()) eos = teacher->causal_lm().stop_tokens[0];
   po.load_tokenizer = false;
   auto student = o.student.empty() ? new_student(o.config, *teacher, o.data.seq_len, eos, deployer.init_key())
-                                   : load_decoder(o.student, po, "student");
+                                   : load_decoder(o.student, po, "distill");
   posttrain::check_teacher(*teacher, *student);
 
   const DistillData corpus = distill_data(o.data, tok, eos);
@@ -132,12 +118,9 @@ void run(const DistillCommandOptions& o) {
 
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
-  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : (o.lora.enabled() || o.student.empty()) ? 1e-3 : 5e-5;
-  const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "distill");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm), o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  const DecoderOptimizer opt = decoder_optimizer(o.optimizer, o.run, total, (o.lora.enabled() || o.student.empty()) ? 1e-3 : 5e-5,
+                                                 o.lora, student->params, "distill");
+  const std::string tokenizer_source = o.teacher;  // the student speaks the teacher's tokens
   int64_t teacher_size = 0;
   for (const auto& [path, p] : teacher_params) teacher_size += p.numel();
   std::ostringstream intro;
@@ -150,7 +133,7 @@ void run(const DistillCommandOptions& o) {
   deployer.log(intro.str());
 
   train::Trainer trainer(deployer, lm_collate(), posttrain::distillation_loss_fn(student, teacher, teacher_params, d),
-                         std::move(student->params), opt, plan);
+                         std::move(student->params), opt.transform, plan);
   if (corpus.eval && !o.run.dry_run) {
     // The teacher scored as a student of itself: its KL is 0 and its ce_loss the bar.
     train::Trainer teacher_eval(deployer, lm_collate(), posttrain::distillation_loss_fn(teacher, teacher, teacher_params, d),
@@ -159,26 +142,13 @@ void run(const DistillCommandOptions& o) {
     deployer.log("student eval before: " + ce_line(trainer.eval_metrics(corpus.eval, o.length.per_device_batch_size)));
   }
   f.eval_data = corpus.eval;
-  f.eval_every = o.eval_steps;
-  f.save_every = o.save_steps;
-  apply_run_flags(o.run, f);
-  const std::string tokenizer_source = fs::absolute(o.teacher).string();
-  f.checkpoint_extra = train::checkpoint_model_extra(student->config_json(), tokenizer_source, student->config.lora());
-  f.checkpoint_extra["schedule_steps"] = span;
+  apply_training_flags(o.optimizer, o.run, opt, *student, tokenizer_source, f);
   f.checkpoint_extra["distill"] = {{"teacher", fs::absolute(o.teacher).string()}, {"temperature", d.temperature}, {"alpha", d.alpha}};
-  f.learning_rate = lr;
   f.tokens_per_example = o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
-  trainer.release_optimizer_state();
   if (!r.evals.empty() && r.evals.back().count("eval_ce_loss")) deployer.log("student eval after: " + ce_line(r.evals.back()));
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  student->params = host;
-  if (deployer.is_main())
-    save_trained_model(*student, o.lora, o.student.empty() ? std::string() : o.student, o.teacher, out.string(),
-                       dtype_from_name(o.run.save_dtype));
-  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+  export_trained_model(trainer, *student, o.lora, o.student.empty() ? std::string() : o.student, tokenizer_source, o.run, deployer);
 }
 
 }  // namespace
@@ -202,13 +172,7 @@ void add_distill_command(CLI::App& app) {
       ->capture_default_str();
   add_lora_flags(cmd, o->lora);
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate,
-                  "peak learning rate (default: 1e-3 for a new student or LoRA, 5e-5 for a pretrained one)");
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
-  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  add_optimizer_flags(cmd, o->optimizer, "peak learning rate (default: 1e-3 for a new student or LoRA, 5e-5 for a pretrained one)");
   add_run_flags(cmd, o->run, true);
   cmd->callback([o, s, c] {
     MT_CHECK(!o->student.empty() || !o->config.empty(), "[distill] name the student: --student DIR or --config JSON");

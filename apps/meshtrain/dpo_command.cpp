@@ -12,6 +12,7 @@
 
 #include "apps/meshtrain/chat_setup.h"
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/decoder_training.h"
 #include "apps/meshtrain/held_out_answers.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
@@ -40,12 +41,7 @@ struct DpoCommandOptions {
   double rpo_alpha = 0.0;
   bool precompute_ref = false;
   bool dropout = false;
-  double learning_rate = 0;  // 0: 5e-5 with LoRA, 1e-6 for all weights (TRL's default)
-  int64_t warmup_steps = 0;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
-  int64_t eval_steps = 0;
-  int64_t save_steps = 0;
+  OptimizerFlags optimizer{0, 0};  // learning rate 0: 5e-5 with LoRA, 1e-6 for all weights (TRL's default)
   int64_t check_rows = 32;
   int64_t sample_tokens = 32;
   RunFlags run;
@@ -72,14 +68,10 @@ void run(const DpoCommandOptions& o) {
   posttrain::check_dpo_options(dpo);
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
-  const fs::path out = o.run.output_dir;
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
-  auto model = std::make_shared<models::PretrainedModel>(
-      train::is_checkpoint_path(o.model) ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
-                                         : models::from_pretrained(o.model, po));
-  MT_CHECK(model->is_causal_lm(), "[dpo] ", o.model, ": model_type '", model->model_type, "' is not a decoder");
+  auto model = load_decoder(o.model, po, "dpo");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[dpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -107,19 +99,11 @@ void run(const DpoCommandOptions& o) {
 
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
-  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 5e-5 : 1e-6;
-  const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "dpo");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
-                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
-  int64_t trainable = 0;
-  for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
+  const DecoderOptimizer opt = decoder_optimizer(o.optimizer, o.run, total, o.lora.enabled() ? 5e-5 : 1e-6, o.lora, model->params, "dpo");
   std::ostringstream intro;
   intro << "dpo: " << model->model_type << " from " << o.model << " ("
         << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string("all weights, "))
-        << trainable << " of " << model->params.total_elements() << " parameters trained), " << posttrain::dpo_loss_name(dpo.loss)
+        << opt.trainable << " of " << model->params.total_elements() << " parameters trained), " << posttrain::dpo_loss_name(dpo.loss)
         << " loss, beta " << dpo.beta << (dpo.label_smoothing > 0 ? ", label smoothing " + std::to_string(dpo.label_smoothing) : "")
         << (dpo.rpo_alpha > 0 ? ", RPO alpha " + std::to_string(dpo.rpo_alpha) : "")
         << ", reference: " << reference_text << "; " << o.data.data << ": " << corpus.rows - corpus.eval_rows << " train / "
@@ -130,7 +114,7 @@ void run(const DpoCommandOptions& o) {
   deployer.log(intro.str());
 
   train::Trainer trainer(deployer, posttrain::preference_collate(), posttrain::dpo_loss_fn(model, reference, dpo),
-                         std::move(model->params), opt, plan);
+                         std::move(model->params), opt.transform, plan);
   std::shared_ptr<const data::Dataset> train_data = corpus.train, eval_data = corpus.eval;
   if (o.precompute_ref) {
     // The reference's scores under the parameters as loaded (a resumed run restores its own
@@ -147,28 +131,18 @@ void run(const DpoCommandOptions& o) {
                   eos, "before", deployer);
 
   f.eval_data = eval_data;
-  f.eval_every = o.eval_steps;
-  f.save_every = o.save_steps;
-  apply_run_flags(o.run, f);
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
-  f.checkpoint_extra["schedule_steps"] = span;
+  apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   f.checkpoint_extra["dpo"] = {{"beta", dpo.beta}, {"loss", posttrain::dpo_loss_name(dpo.loss)},
                                {"label_smoothing", dpo.label_smoothing}, {"rpo_alpha", dpo.rpo_alpha}};
-  f.learning_rate = lr;
   f.tokens_per_example = 2 * o.data.seq_len;
   train::FitResult r = trainer.fit(train_data, f);
-  trainer.release_optimizer_state();
+  trainer.release_optimizer_state();  // generation below gets its memory
   if (!r.evals.empty()) deployer.log("eval after training: " + metric_line(r.evals.back()));
   if (!corpus.eval_prompts.empty())
     exact_answers(*model, trainer.params(), *tok, corpus.eval_prompts, corpus.eval_chosen, o.check_rows, o.sample_tokens,
                   eos, "after", deployer);
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
-  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string(),
-                                             dtype_from_name(o.run.save_dtype));
-  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+  export_trained_model(trainer, *model, o.lora, o.model, tokenizer_source, o.run, deployer);
 }
 
 }  // namespace
@@ -195,12 +169,7 @@ void add_dpo_command(CLI::App& app) {
   cmd->add_flag("--dropout", o->dropout, "keep the model's dropout on while training (off by default, as TRL)");
   add_lora_flags(cmd, o->lora);
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 5e-5 with LoRA, 1e-6 otherwise)");
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
-  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  add_optimizer_flags(cmd, o->optimizer, "peak learning rate (default: 5e-5 with LoRA, 1e-6 otherwise)");
   cmd->add_option("--check-rows", o->check_rows, "held-out prompts answered greedily before and after (text rows)")
       ->capture_default_str();
   cmd->add_option("--sample-tokens", o->sample_tokens, "tokens generated per held-out prompt")->capture_default_str();

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/decoder_training.h"
 #include "apps/meshtrain/held_out_answers.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
@@ -32,12 +33,7 @@ struct FinetuneOptions {
   SftFlags data;
   LoraFlags lora;
   StepFlags length{0, 3, 8, 1};
-  double learning_rate = 0;  // 0: 1e-3 with LoRA, 5e-5 for all weights
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
-  int64_t eval_steps = 0;
-  int64_t save_steps = 0;
+  OptimizerFlags optimizer{0, 10};  // learning rate 0: 1e-3 with LoRA, 5e-5 for all weights
   int64_t check_rows = 32;  // held-out rows whose greedy answers are compared
   int64_t sample_tokens = 32;
   RunFlags run;
@@ -55,15 +51,10 @@ void run(const FinetuneOptions& o) {
   train::arm_stop_request();  // Ctrl-C: stop after the step, checkpoint, exit 130
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
-  const fs::path out = o.run.output_dir;
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
-  auto model = std::make_shared<models::PretrainedModel>(
-      train::is_checkpoint_path(o.model) ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
-                                         : models::from_pretrained(o.model, po));
-  MT_CHECK(model->is_causal_lm(), "[finetune] ", o.model, ": model_type '", model->model_type,
-           "' is not a decoder (use glue for BERT)");
+  auto model = load_decoder(o.model, po, "finetune");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[finetune] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -80,19 +71,12 @@ void run(const FinetuneOptions& o) {
 
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, corpus.train->size(), deployer, f);
-  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-3 : 5e-5;
-  const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "finetune");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
-                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
-  int64_t trainable = 0;
-  for (const auto& [path, p] : optim::split_frozen(opt, model->params).first) trainable += p.numel();
+  const DecoderOptimizer opt =
+      decoder_optimizer(o.optimizer, o.run, total, o.lora.enabled() ? 1e-3 : 5e-5, o.lora, model->params, "finetune");
   std::ostringstream intro;
   intro << "finetune: " << model->model_type << " from " << o.model << " ("
         << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string("all weights, "))
-        << trainable << " of " << model->params.total_elements() << " parameters trained) on " << o.data.data << ": "
+        << opt.trainable << " of " << model->params.total_elements() << " parameters trained) on " << o.data.data << ": "
         << corpus.rows - corpus.eval_rows << " train / " << corpus.eval_rows << " eval rows ("
         << (corpus.supervised ? "prompt/response, loss on responses" : "text") << ", " << corpus.target_tokens
         << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.length.grad_accum
@@ -101,7 +85,7 @@ void run(const FinetuneOptions& o) {
 
   // Moved: the trainer holds the only handles, so each step updates the parameters in place
   // and a sharded plan keeps no unsharded copy beside its shards.
-  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), std::move(model->params), opt, plan);
+  train::Trainer trainer(deployer, lm_collate(), lm_loss(model), std::move(model->params), opt.transform, plan);
   std::optional<double> eval_before;
   if (corpus.eval) {
     eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);
@@ -112,12 +96,7 @@ void run(const FinetuneOptions& o) {
                   o.sample_tokens, eos, "before", deployer);
 
   f.eval_data = corpus.eval;
-  f.eval_every = o.eval_steps;
-  f.save_every = o.save_steps;
-  apply_run_flags(o.run, f);
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
-  f.checkpoint_extra["schedule_steps"] = span;
-  f.learning_rate = lr;
+  apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   f.tokens_per_example = o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
@@ -133,12 +112,7 @@ void run(const FinetuneOptions& o) {
     exact_answers(*model, trainer.params(), *tok, held_out_prompts(corpus, o), corpus.eval_responses, o.check_rows,
                   o.sample_tokens, eos, "after", deployer);
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
-  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string(),
-                                             dtype_from_name(o.run.save_dtype));
-  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+  export_trained_model(trainer, *model, o.lora, o.model, tokenizer_source, o.run, deployer);
 }
 
 }  // namespace
@@ -154,12 +128,7 @@ void add_finetune_command(CLI::App& app) {
   add_sft_data_flags(cmd, o->data);
   add_lora_flags(cmd, o->lora);
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 1e-3 with LoRA, 5e-5 otherwise)");
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
-  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  add_optimizer_flags(cmd, o->optimizer, "peak learning rate (default: 1e-3 with LoRA, 5e-5 otherwise)");
   cmd->add_option("--check-rows", o->check_rows, "held-out prompts answered greedily before and after (SFT)")
       ->capture_default_str();
   cmd->add_option("--sample-tokens", o->sample_tokens, "tokens generated per held-out prompt")->capture_default_str();

@@ -14,6 +14,7 @@
 
 #include "apps/meshtrain/chat_setup.h"
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/decoder_training.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -42,12 +43,7 @@ struct GrpoCommandOptions {
   double eval_fraction = 0.1;
   LoraFlags lora;
   StepFlags length{0, 1, 4, 1};
-  double learning_rate = 0;  // 0: 1e-5 with LoRA, 1e-6 for all weights (TRL's default)
-  int64_t warmup_steps = 0;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
-  int64_t eval_steps = 0;
-  int64_t save_steps = 0;
+  OptimizerFlags optimizer{0, 0};  // learning rate 0: 1e-5 with LoRA, 1e-6 for all weights (TRL's default)
   RunFlags run;
 };
 
@@ -130,14 +126,10 @@ void run(const GrpoCommandOptions& o) {
   if (!o.reward_command.empty()) rewards.push_back(posttrain::command_reward(o.reward_command));
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
-  const fs::path out = o.run.output_dir;
   models::PretrainedOptions po;
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
-  auto model = std::make_shared<models::PretrainedModel>(
-      train::is_checkpoint_path(o.model) ? train::load_checkpoint_model(o.model, dist::Mesh::single(), po)
-                                         : models::from_pretrained(o.model, po));
-  MT_CHECK(model->is_causal_lm(), "[grpo] ", o.model, ": model_type '", model->model_type, "' is not a decoder");
+  auto model = load_decoder(o.model, po, "grpo");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[grpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -171,12 +163,7 @@ void run(const GrpoCommandOptions& o) {
   if (length.steps > 0 && o.grpo.num_iterations > 1) length.epochs = 1;
   const int64_t total = plan_fit(length, ordered->size(), deployer, f);
   f.shuffle = false;
-  const double lr_peak = o.learning_rate > 0 ? o.learning_rate : o.lora.enabled() ? 1e-5 : 1e-6;
-  const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "grpo");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, lr_peak, warmup, span, lr_peak * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm), o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  const DecoderOptimizer opt = decoder_optimizer(o.optimizer, o.run, total, o.lora.enabled() ? 1e-5 : 1e-6, o.lora, model->params, "grpo");
   std::string reward_names;
   for (const auto& r : rewards) reward_names += (reward_names.empty() ? "" : " + ") + r.name;
   std::ostringstream intro;
@@ -193,7 +180,7 @@ void run(const GrpoCommandOptions& o) {
 
   auto rollout = std::make_shared<posttrain::GrpoRollout>(model, indexed, rewards, o.grpo, deployer, tok, stops, reference);
   train::Trainer trainer(deployer, posttrain::prompt_index_collate(), posttrain::grpo_loss_fn(model, o.grpo),
-                         std::move(model->params), opt, plan);
+                         std::move(model->params), opt.transform, plan);
   trainer.set_rollout([rollout](const Params& p, const std::vector<train::Batch>& micro, int64_t step, const RngKey& key) {
     return (*rollout)(p, micro, step, key);
   });
@@ -201,25 +188,15 @@ void run(const GrpoCommandOptions& o) {
     if (!o.run.dry_run) deployer.log("held-out greedy " + reward_line(rollout->evaluate(trainer.params(), *prompts.eval)));
     f.eval_fn = [rollout, eval = prompts.eval](const Params& p) { return rollout->evaluate(p, *eval); };
   }
-  f.eval_every = o.eval_steps;
-  f.save_every = o.save_steps;
-  apply_run_flags(o.run, f);
-  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), fs::absolute(tokenizer_source).string(), model->config.lora());
-  f.checkpoint_extra["schedule_steps"] = span;
+  apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   f.checkpoint_extra["grpo"] = {{"num_generations", o.grpo.num_generations}, {"beta", o.grpo.beta},
                                 {"epsilon", o.grpo.epsilon}, {"num_iterations", o.grpo.num_iterations},
                                 {"temperature", o.grpo.temperature}, {"reward", o.reward}, {"reward_command", o.reward_command}};
-  f.learning_rate = lr;
   train::FitResult r = trainer.fit(ordered, f);
   trainer.release_optimizer_state();
   if (!r.evals.empty() && r.evals.back().count("eval_reward")) deployer.log("held-out greedy after: " + reward_line(r.evals.back()));
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
-  if (deployer.is_main()) save_trained_model(*model, o.lora, o.model, tokenizer_source, out.string(),
-                                             dtype_from_name(o.run.save_dtype));
-  deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
+  export_trained_model(trainer, *model, o.lora, o.model, tokenizer_source, o.run, deployer);
 }
 
 }  // namespace
@@ -261,12 +238,7 @@ void add_grpo_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.5));
   add_lora_flags(cmd, o->lora);
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (default: 1e-5 with LoRA, 1e-6 otherwise)");
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
-  cmd->add_option("--eval-steps", o->eval_steps, "evaluate every N steps (0: each epoch)")->capture_default_str();
-  cmd->add_option("--save-steps", o->save_steps, "checkpoint every N steps (0: only the last)")->capture_default_str();
+  add_optimizer_flags(cmd, o->optimizer, "peak learning rate (default: 1e-5 with LoRA, 1e-6 otherwise)");
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] { run(*o); });
 }
