@@ -10,6 +10,7 @@
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/posttrain/dpo.h"
+#include "meshtrain/posttrain/rank0_share.h"
 #include "meshtrain/posttrain/sampling.h"
 #include "meshtrain/posttrain/token_logprobs.h"
 
@@ -79,37 +80,11 @@ namespace {
 
 // Doubles (or rank 0's error) to every rank, bit for bit.
 void share_numbers(std::vector<double>& values, std::string& failure) {
-  dist::Communicator& world = dist::world();
-  if (world.size() == 1) return;
-  std::vector<int64_t> flat;
-  if (world.rank() == 0) {
-    if (!failure.empty()) {
-      flat.push_back(-1);
-      for (char ch : failure) flat.push_back(int64_t(static_cast<unsigned char>(ch)));
-    } else {
-      flat.push_back(int64_t(values.size()));
-      for (double v : values) {
-        int64_t bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        flat.push_back(bits);
-      }
-    }
-  }
-  int64_t size = int64_t(flat.size());
-  world.broadcast(&size, 1, DType::i64, 0);
-  flat.resize(size_t(size));
-  world.broadcast(flat.data(), size, DType::i64, 0);
-  if (world.rank() == 0) return;
-  values.clear();
-  if (flat[0] < 0) {
-    for (size_t i = 1; i < flat.size(); ++i) failure += char(flat[i]);
-    return;
-  }
-  for (size_t i = 1; i < flat.size(); ++i) {
-    double v;
-    std::memcpy(&v, &flat[i], sizeof v);
-    values.push_back(v);
-  }
+  std::vector<int64_t> words(values.size());
+  std::memcpy(words.data(), values.data(), values.size() * sizeof(double));
+  share_from_rank0(words, failure);
+  values.resize(words.size());
+  std::memcpy(values.data(), words.data(), words.size() * sizeof(double));
 }
 
 Array scalar(double v) { return Array::from_vector(std::vector<double>{v}, {}); }

@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/posttrain/rank0_share.h"
 #include "meshtrain/serve/broadcast_runner.h"
 #include "meshtrain/serve/engine.h"
 
@@ -15,42 +16,28 @@ namespace mt::posttrain {
 namespace {
 
 // Rank 0's completions (or its failure) to every rank: [choices, microseconds, then per
-// choice: stopped, length, tokens...], or [-1, the message's bytes...].
+// choice: stopped, length, tokens...].
 void share(SampledCompletions& c, std::string& failure) {
-  dist::Communicator& world = dist::world();
-  if (world.size() == 1) return;
-  std::vector<int64_t> flat;
-  if (world.rank() == 0) {
-    if (!failure.empty()) {
-      flat.push_back(-1);
-      for (char ch : failure) flat.push_back(int64_t(static_cast<unsigned char>(ch)));
-    } else {
-      flat.push_back(int64_t(c.tokens.size()));
-      flat.push_back(int64_t(c.seconds * 1e6));
-      for (size_t i = 0; i < c.tokens.size(); ++i) {
-        flat.push_back(c.stopped[i] ? 1 : 0);
-        flat.push_back(int64_t(c.tokens[i].size()));
-        flat.insert(flat.end(), c.tokens[i].begin(), c.tokens[i].end());
-      }
+  std::vector<int64_t> words;
+  if (dist::world().rank() == 0 && failure.empty()) {
+    words.push_back(int64_t(c.tokens.size()));
+    words.push_back(int64_t(c.seconds * 1e6));
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      words.push_back(c.stopped[i] ? 1 : 0);
+      words.push_back(int64_t(c.tokens[i].size()));
+      words.insert(words.end(), c.tokens[i].begin(), c.tokens[i].end());
     }
   }
-  int64_t size = int64_t(flat.size());
-  world.broadcast(&size, 1, DType::i64, 0);
-  flat.resize(size_t(size));
-  world.broadcast(flat.data(), size, DType::i64, 0);
-  if (world.rank() == 0) return;
+  share_from_rank0(words, failure);
+  if (dist::world().rank() == 0 || !failure.empty()) return;
   c = SampledCompletions{};
-  if (flat[0] < 0) {
-    for (size_t i = 1; i < flat.size(); ++i) failure += char(flat[i]);
-    return;
-  }
   size_t at = 0;
-  const int64_t choices = flat[at++];
-  c.seconds = double(flat[at++]) * 1e-6;
+  const int64_t choices = words[at++];
+  c.seconds = double(words[at++]) * 1e-6;
   for (int64_t i = 0; i < choices; ++i) {
-    c.stopped.push_back(flat[at++] != 0);
-    const int64_t len = flat[at++];
-    c.tokens.emplace_back(flat.begin() + int64_t(at), flat.begin() + int64_t(at) + len);
+    c.stopped.push_back(words[at++] != 0);
+    const int64_t len = words[at++];
+    c.tokens.emplace_back(words.begin() + int64_t(at), words.begin() + int64_t(at) + len);
     at += size_t(len);
     c.generated_tokens += len;
   }
