@@ -181,5 +181,38 @@ TEST_F(GrpoE2E, ChatPromptsAreRenderedAndTheRewardCommandSeesThem) {
   for (const json& s : steps) EXPECT_EQ(s["rewards/command"].get<double>(), 1.0);
 }
 
+
+// Two processes (data=2): rank 0 samples and scores, both train on their halves; the losses
+// equal one process's, and a failing reward command ends both ranks with its message.
+TEST_F(GrpoE2E, TwoProcessesEqualOneAndFailTogether) {
+  const std::string model = std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2";
+  // A reward that varies between samples (the completion's length in characters), from a program.
+  const std::string scorer = write("length.py", "import json, sys\nfor l in sys.stdin: print(len(json.loads(l)['completion']))\n");
+  const std::string args = "grpo --model " + model + " --data " + prompts(40, 13).string() +
+                           " --reward-command '/usr/bin/python3 " + scorer + "' --num-generations 4 --max-completion-length 4 "
+                           "--steps 3 --learning-rate 1e-3 --seed 2 --output-dir ";
+  CliRun one = run_cli(args + (dir_ / "np1").string() + " --per-device-batch-size 4");
+  ASSERT_EQ(one.code, 0) << one.out;
+  CliRun two = run_cli_mpi(2, args + (dir_ / "np2").string() + " --per-device-batch-size 2");
+  ASSERT_EQ(two.code, 0) << two.out;
+  const auto a = train_losses(dir_ / "np1"), b = train_losses(dir_ / "np2");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  double diff = 0;
+  for (const auto& [step, loss] : a) diff = std::max(diff, std::abs(loss - b.at(step)));
+  const std::vector<json> la = train_lines(dir_ / "np1"), lb = train_lines(dir_ / "np2");
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i]["reward"], lb[i]["reward"]) << "step " << i + 1;
+  std::cout << "  grpo on 2 processes vs 1: max |loss diff| over 3 steps " << diff << " (losses " << a.at(1) << ", "
+            << a.at(2) << ", " << a.at(3) << "; rewards " << la[0]["reward"] << ", " << la[1]["reward"] << ", " << la[2]["reward"]
+            << ")\n";
+  EXPECT_NE(a.at(2), 0.0);  // the comparison has something to compare
+  EXPECT_LT(diff, 1e-5);
+  CliRun bad = run_cli_mpi(2, "grpo --model " + model + " --data " + prompts(40, 13).string() +
+                                  " --reward-command 'echo broken >&2; exit 4' --num-generations 2 --per-device-batch-size 2 "
+                                  "--steps 2 --output-dir " + (dir_ / "bad").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("exited with status 4; its stderr:\nbroken"), std::string::npos) << bad.out;
+}
+
 }  // namespace
 }  // namespace mt::testing
