@@ -11,6 +11,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/host_reads.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/distributed/layout_tree.h"
@@ -152,6 +153,7 @@ void Trainer::print(const std::string& text) {
 }
 
 double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
+  const uint64_t reads_at_start = host_read_count();
   Params grads;
   // The losses are read after the optimizer is enqueued: on a GPU the host then queues the
   // update while the backward pass still runs, instead of waiting for it first.
@@ -208,6 +210,7 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   grads = Params{};  // freed before the update is applied: a lower peak
   // Moved: when the trainer holds the only handles, the parameters are updated in place.
   params_ = optim::apply_updates(std::move(params_), updates);
+  step_host_reads_ = host_read_count() - reads_at_start;
   double loss_total = 0;
   for (const Array& loss : losses) loss_total += loss.item();
   step_metrics_ = recorded.read();
@@ -380,6 +383,7 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   std::map<std::string, MetricValue> logged{{"loss", loss}};
   for (const auto& [name, value] : step_metrics_) logged[name] = value;
+  if (!custom_step_) logged["host_reads"] = double(step_host_reads_);
   if (o.learning_rate) logged["lr"] = lr;
   if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / seconds;
   else logged["examples_per_s"] = double(examples_per_step) / seconds;

@@ -163,6 +163,9 @@ class Trainer {
   std::map<std::string, double> eval_metrics(std::shared_ptr<const data::Dataset> data, int64_t per_device_batch_size);
   // The metrics the loss function recorded in the last step (means over its micro-batches).
   const std::map<std::string, double>& last_step_metrics() const { return step_metrics_; }
+  // Host reads inside the last step, between its batches and its loss read (0 is the goal:
+  // logged as host_reads in metrics.jsonl).
+  uint64_t last_step_host_reads() const { return step_host_reads_; }
 
   // Prints on rank 0; during fit above the progress bar and after the metrics already
   // pushed, so text from an on_step hook does not tear the bar.
@@ -230,6 +233,9 @@ class Trainer {
   AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
+  // Reads of array values to the host (core/host_reads.h) in the last default step between
+  // its batch and its loss read: each one a wait for the device on a GPU (issue 45).
+  uint64_t step_host_reads_ = 0;
 };
 
 }  // namespace mt::train
