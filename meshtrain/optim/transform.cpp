@@ -16,9 +16,19 @@ namespace mt::optim {
 
 namespace {
 
-// The number of updates already applied, kept in the state as a 0-d i64 array.
-int64_t read_count(const Params& state) { return int64_t(state.at("count").item()); }
-void write_count(Params& state, int64_t count) { state.set("count", Array::scalar(double(count), DType::i64)); }
+// The number of updates already applied, kept in the state as a 0-d i64 array on the host
+// whatever the device: the step reads it (for the learning rate and Adam's bias corrections),
+// and a host array's value waits for no device, so it is read in place, without counting a
+// host read (core/host_reads.h). A count restored elsewhere (another device, a layout) is
+// read the counted way.
+int64_t read_count(const Params& state) {
+  const Array& c = state.at("count");
+  if (c.device().is_cpu() && !c.distributed() && c.dtype() == DType::i64 && c.numel() == 1) return *c.data<int64_t>();
+  return int64_t(c.item());
+}
+void write_count(Params& state, int64_t count) {
+  state.set("count", Array::scalar(double(count), DType::i64, Device::cpu()));
+}
 
 Params zero_slots(const Params& params, const std::string& prefix) {
   Params out;
@@ -254,8 +264,9 @@ Transform clip_by_global_norm(double max_norm) {
     if (updates.empty()) return updates;
     const Array norm = global_norm(updates);
     if (!norm.device().is_cuda()) {
-      // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy).
-      const double coef = max_norm / (norm.item() + 1e-6);
+      // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy). A
+      // CPU value waits for nothing: read in place, not counted as a host read.
+      const double coef = max_norm / (double(*norm.data<float>()) + 1e-6);
       if (coef >= 1.0) return updates;
       // Scaled in the gradients' own buffers when the caller moved them in (GPT-2 Large's peak
       // was one gradient-sized buffer higher with a scaled copy).

@@ -3,10 +3,19 @@
 // counts the same reads (host_read_count), so this test keeps them at 0 wherever it runs:
 // GPT-2, LLaMA (rotary positions) and the BERT classifier (padding mask, ignored labels) read
 // nothing between the batch and the loss; an out-of-range label is still an error naming its
-// position.
+// position; and a whole Trainer step — forward, backward, gradient clipping, AdamW — reads
+// nothing between its batch and its loss read, as metrics.jsonl's host_reads says.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "meshtrain/core/host_reads.h"
+#include "meshtrain/train/trainer.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"
@@ -85,6 +94,47 @@ TEST(HostReads, CrossEntropyStillNamesAnOutOfRangeLabel) {
   auto [value, grads] = value_and_grad([&](const Params& q) { return cross_entropy(q["x"], none); })(Params{{"x", logits}});
   EXPECT_TRUE(std::isnan(value.item()));
   for (float g : grads["x"].to_floats()) EXPECT_EQ(g, 0.0f);
+}
+
+
+TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
+  Gpt2Config c;
+  c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+  Params p = random_model_params(gpt2_param_defs(c), 4);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("mt_host_reads_" + std::to_string(getpid()));
+  train::Deployer deployer({.seed = 1, .workdir = dir.string(), .verbose = false});
+  std::vector<data::Example> rows;
+  for (int64_t i = 0; i < 8; ++i) rows.push_back({{"tokens", random_ints({17}, 10 + uint64_t(i), 0, c.vocab_size).to_ints()}});
+  auto collate = [](const std::vector<data::Example>& ex) {
+    std::vector<int64_t> ids, labels;
+    for (const data::Example& e : ex) {
+      const std::vector<int64_t>& t = e.tokens("tokens");
+      ids.insert(ids.end(), t.begin(), t.end() - 1);
+      labels.insert(labels.end(), t.begin() + 1, t.end());
+    }
+    const int64_t n = int64_t(ex.size());
+    return train::Batch{{"ids", Array::from_vector(ids, {n, 16})}, {"labels", Array::from_vector(labels, {n, 16})}};
+  };
+  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
+    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
+  };
+  // A tight clip so that the gradients are scaled, and AdamW: the CLI's optimizer.
+  train::Trainer trainer(deployer, collate, loss, p,
+                         optim::chain({optim::clip_by_global_norm(0.01), optim::adamw(optim::constant_schedule(1e-3))}));
+  train::FitOptions o;
+  o.per_device_batch_size = 2, o.grad_accum_steps = 2, o.max_steps = 2;
+  trainer.fit(data::make_dataset(rows), o);
+  EXPECT_EQ(trainer.last_step_host_reads(), 0u);
+  std::ifstream in(dir / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("split", "") != "train") continue;
+    ++steps;
+    EXPECT_EQ(j["host_reads"].get<double>(), 0.0) << line;
+  }
+  EXPECT_EQ(steps, 2);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
