@@ -4,11 +4,14 @@
 // "epoch | train loss | eval metrics" line per epoch and writes metrics.jsonl, TensorBoard
 // events, eval_results.json, the best checkpoint by the task's metric and the final model.
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <iostream>
 
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/glue_setup.h"
+#include "apps/meshtrain/glue_token_cache.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/data/classification_files.h"
@@ -40,6 +43,7 @@ struct GlueOptions {
   int64_t warmup_steps = 0;
   int64_t max_train_samples = -1, max_eval_samples = -1;
   bool allow_new_heads = false;
+  bool no_token_cache = false;
   LoraFlags lora;
   RunFlags run;
 };
@@ -80,8 +84,6 @@ void run(const GlueOptions& o) {
   const fs::path out = o.run.output_dir, model_dir = out / "model";
   const GlueData glue_data = load_data(o);
   const data::GlueTask& task = glue_data.task;
-  const auto& train_set = glue_data.train;
-  const auto& eval_set = glue_data.eval;
 
   // The model and its tokenizer (kept in <output-dir>/model so checkpoints carry it).
   MT_CHECK(!o.model.empty() || !o.tokenizer.empty(), "[glue] training from --config needs --tokenizer (e.g. a BERT vocab.txt)");
@@ -104,6 +106,25 @@ void run(const GlueOptions& o) {
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   glue_fixed_length(*tok, o.max_seq_length);
   train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);
+  // Every row tokenized once, before the first step (and read back from the cache beside the
+  // data on the next run), not in each batch of each epoch and evaluation.
+  const std::string cache_dir =
+      o.no_token_cache ? std::string()
+                       : token_cache_dir(o.train_file.empty() ? data::glue_task_dir(o.data_dir, task)
+                                                              : fs::absolute(o.train_file).parent_path().string());
+  std::shared_ptr<const data::Dataset> train_set, eval_set;
+  {
+    TokenCacheReport tr, er;
+    train_set = pretokenize_glue(glue_data.train, *tok, task, o.max_seq_length, model_dir.string(), cache_dir,
+                                 task.name + "-train", &tr);
+    eval_set = pretokenize_glue(glue_data.eval, *tok, task, o.max_seq_length, model_dir.string(), cache_dir,
+                                task.name + "-eval", &er);
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(2) << "glue: " << train_set->size() + eval_set->size() << " rows "
+         << (tr.from_cache && er.from_cache ? "read from the token cache" : "tokenized") << " in " << tr.seconds + er.seconds
+         << " s" << (tr.path.empty() ? std::string(" (no cache)") : " (" + fs::path(tr.path).parent_path().string() + ")");
+    deployer.log(line.str());
+  }
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
 
@@ -215,6 +236,8 @@ void add_glue_command(CLI::App& app) {
   cmd->add_option("--weight-decay,--weight_decay", o->weight_decay, "AdamW weight decay (not on biases and LayerNorm)")
       ->capture_default_str();
   cmd->add_option("--warmup-steps,--warmup_steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_flag("--no-token-cache", o->no_token_cache,
+                "tokenize the rows again instead of reading (or writing) the token cache beside the data");
   cmd->add_option("--max-train-samples", o->max_train_samples, "use the first N training rows");
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "use the first N dev rows");
   // run_flax_glue's predict split (the GLUE test rows, without labels) is not run here.

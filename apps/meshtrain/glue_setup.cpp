@@ -57,12 +57,50 @@ void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len) {
   tok.set_padding(pad);
 }
 
+namespace {
+
+void add_labels(train::Batch& b, const std::vector<data::Example>& examples, const data::GlueTask& task) {
+  const int64_t n = int64_t(examples.size());
+  if (task.is_regression()) {
+    std::vector<float> labels;
+    for (const auto& e : examples) labels.push_back(float(e.as_float("label")));
+    b.set("labels", Array::from_vector(labels, {n}));
+  } else {
+    std::vector<int64_t> labels;
+    for (const auto& e : examples) labels.push_back(e.as_int("label"));
+    b.set("labels", Array::from_vector(labels, {n}));
+  }
+}
+
+// Examples tokenized ahead (glue_token_cache.h) carry their ids.
+train::Batch pretokenized_batch(const std::vector<data::Example>& examples, const data::GlueTask& task, int64_t max_len) {
+  const int64_t n = int64_t(examples.size());
+  std::vector<int64_t> ids, types, mask;
+  for (const data::Example& e : examples) {
+    const std::vector<int64_t>& i = e.tokens("input_ids");
+    MT_CHECK(int64_t(i.size()) == max_len, "[glue] a pretokenized row of ", i.size(), " ids, not ", max_len);
+    ids.insert(ids.end(), i.begin(), i.end());
+    const std::vector<int64_t>& t = e.tokens("token_type_ids");
+    types.insert(types.end(), t.begin(), t.end());
+    const std::vector<int64_t>& m = e.tokens("attention_mask");
+    mask.insert(mask.end(), m.begin(), m.end());
+  }
+  train::Batch b{{"input_ids", Array::from_vector(ids, {n, max_len})},
+                 {"token_type_ids", Array::from_vector(types, {n, max_len})},
+                 {"attention_mask", Array::from_vector(mask, {n, max_len})}};
+  add_labels(b, examples, task);
+  return b;
+}
+
+}  // namespace
+
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
                               int64_t max_len) {
   MT_CHECK(tok->truncation() && tok->padding() && tok->padding()->length == size_t(max_len),
            "[glue] the tokenizer must truncate and pad to ", max_len);
-  return [tok, task](const std::vector<data::Example>& examples) {
+  return [tok, task, max_len](const std::vector<data::Example>& examples) {
     const int64_t n = int64_t(examples.size());
+    if (!examples.empty() && examples[0].contains("input_ids")) return pretokenized_batch(examples, task, max_len);
     std::vector<tokenizers::Encoding> enc;
     if (task.text_b.empty()) {
       std::vector<std::string> texts;
@@ -83,15 +121,7 @@ train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, 
     train::Batch b{{"input_ids", Array::from_vector(ids, {n, t})},
                    {"token_type_ids", Array::from_vector(types, {n, t})},
                    {"attention_mask", Array::from_vector(mask, {n, t})}};
-    if (task.is_regression()) {
-      std::vector<float> labels;
-      for (const auto& e : examples) labels.push_back(float(e.as_float("label")));
-      b.set("labels", Array::from_vector(labels, {n}));
-    } else {
-      std::vector<int64_t> labels;
-      for (const auto& e : examples) labels.push_back(e.as_int("label"));
-      b.set("labels", Array::from_vector(labels, {n}));
-    }
+    add_labels(b, examples, task);
     return b;
   };
 }

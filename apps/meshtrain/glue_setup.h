@@ -27,7 +27,8 @@ nlohmann::json small_bert_config(const std::string& config, const data::GlueTask
 void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len);
 
 // Tokenizes {"text_a", ["text_b",] "label"} examples to max_len (truncated, padded):
-// input_ids, token_type_ids, attention_mask, labels (i64, or f32 for regression).
+// input_ids, token_type_ids, attention_mask, labels (i64, or f32 for regression). Examples
+// tokenized ahead (glue_token_cache.h) bring their ids and are not tokenized again.
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
                               int64_t max_len);
 train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task);

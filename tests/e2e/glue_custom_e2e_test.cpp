@@ -12,6 +12,7 @@
 
 #include "meshtrain/io/safetensors.h"
 #include "tests/support/cli_run.h"
+#include "tests/support/run_metrics.h"
 #include "tests/support/temp_dir.h"
 
 namespace mt::testing {
@@ -147,6 +148,51 @@ TEST_F(GlueCustomE2E, LoraOnAPretrainedBertSavesAPeftClassifierAdapter) {
   CliRun h = run_cli("eval --model " + kTinyBert + " --adapter " + (dir_ / "headless").string() + eval);
   EXPECT_NE(h.code, 0);
   EXPECT_NE(h.out.find("needs its classifier 'base_model.model.classifier.weight'"), std::string::npos) << h.out;
+}
+
+
+// The rows are tokenized once per run before training, cached beside the data: a second run
+// reads the cache and trains identically; another length or edited rows tokenize anew;
+// --no-token-cache writes none.
+TEST_F(GlueCustomE2E, TokenCacheIsReusedAndKeyedByWhatTheTokensDependOn) {
+  std::string csv = "sentence,label\n", tsv;
+  for (const auto& [text, label] : sst2("train", 96)) {
+    std::string quoted;
+    for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    csv += "\"" + quoted + "\"," + label + "\n";
+  }
+  std::string dev = "sentence,label\n";
+  for (const auto& [text, label] : sst2("dev", 32)) {
+    std::string quoted;
+    for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    dev += "\"" + quoted + "\"," + label + "\n";
+  }
+  const std::string train = write("train.csv", csv), valid = write("dev.csv", dev);
+  auto run = [&](const std::string& name, const std::string& extra, int length = 48) {
+    CliRun r = run_cli("glue --config small --tokenizer " + kVocab + " --max_seq_length " + std::to_string(length) + " --num_train_epochs 1 "
+                       "--per_device_train_batch_size 16 --train_file " + train + " --validation_file " + valid +
+                       " --output_dir " + (dir_ / name).string() + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.out;
+  };
+  const std::string first = run("a", "");
+  EXPECT_NE(first.find("128 rows tokenized in"), std::string::npos) << first;
+  const fs::path cache = dir_ / ".meshtrain_cache";
+  ASSERT_TRUE(fs::is_directory(cache));
+  auto files = [&] { return std::distance(fs::directory_iterator(cache), fs::directory_iterator{}); };
+  EXPECT_EQ(files(), 2);  // train and eval
+  const std::string second = run("b", "");
+  EXPECT_NE(second.find("128 rows read from the token cache"), std::string::npos) << second;
+  EXPECT_EQ(train_losses(dir_ / "a"), train_losses(dir_ / "b"));
+  EXPECT_EQ(read_json(dir_ / "a" / "eval_results.json")["eval_accuracy"], read_json(dir_ / "b" / "eval_results.json")["eval_accuracy"]);
+  EXPECT_NE(run("c", "", 32).find("128 rows tokenized in"), std::string::npos);
+  EXPECT_EQ(files(), 4);
+  write("train.csv", csv + "\"one more row\",1\n");  // edited data: a new key
+  EXPECT_NE(run("d", "").find("129 rows tokenized in"), std::string::npos);
+  const std::string off = run("e", " --no-token-cache");
+  EXPECT_NE(off.find("tokenized in"), std::string::npos);
+  EXPECT_NE(off.find("(no cache)"), std::string::npos) << off;
+  EXPECT_EQ(files(), 5);
 }
 
 }  // namespace
