@@ -333,7 +333,7 @@ def grad(fn, has_aux=False):
 
 
 # ---- the Redco layer: Deployer, Trainer, optimizers -------------------------------------
-from ._meshtrain import Deployer, Tokenizer, metrics, models, optim  # noqa: E402
+from ._meshtrain import Deployer, Tokenizer, metrics, models, optim, posttrain  # noqa: E402
 
 
 def _init_model(config, key=None):
@@ -445,6 +445,12 @@ class Trainer:
     @property
     def step(self):
         return self._trainer.step
+
+    @property
+    def last_step_metrics(self):
+        """What the loss function recorded (posttrain.record_metric) in the last step: means
+        over its micro-batches."""
+        return self._trainer.last_step_metrics
 
 
 class Predictor:

@@ -15,3 +15,5 @@ void bind_toolkit(pybind11::module_& m);
 void bind_models(pybind11::module_& m);
 // DLPack export and import (dlpack.cpp).
 void bind_dlpack(pybind11::module_& m);
+// Post-training losses and metrics: DPO, GRPO, distillation, record_metric (posttrain.cpp).
+void bind_posttrain(pybind11::module_& m);

@@ -252,4 +252,5 @@ PYBIND11_MODULE(_meshtrain, m) {
   bind_toolkit(m);
   bind_models(m);
   bind_dlpack(m);
+  bind_posttrain(m);
 }

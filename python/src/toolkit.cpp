@@ -205,6 +205,7 @@ class PyTrainer {
     return run_released(*rows_, [&] { return trainer_->eval_loss(data, per_device_batch_size); });
   }
   int64_t step() const { return trainer_->step(); }
+  std::map<std::string, double> last_step_metrics() const { return trainer_->last_step_metrics(); }
 
  private:
   // Rows [offset, offset + n) of the examples list.
@@ -378,7 +379,8 @@ void bind_toolkit(py::module_& m) {
            [](PyTrainer& t, const py::list& examples, int64_t per_device_batch_size) {
              return t.eval_loss(examples, per_device_batch_size);
            })
-      .def_property_readonly("step", &PyTrainer::step);
+      .def_property_readonly("step", &PyTrainer::step)
+      .def_property_readonly("last_step_metrics", &PyTrainer::last_step_metrics);
 
   py::class_<PyPredictor>(m, "_Predictor")
       .def(py::init<train::Deployer&, const py::function&, const py::function&, const py::function&>(),
