@@ -25,12 +25,6 @@ using json = nlohmann::json;
 
 const std::string kShakespeare = std::string(MT_DATA_DIR) + "/text/tinyshakespeare.txt";
 
-double number_after(const std::string& text, const std::string& pattern) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(text, m, std::regex(pattern))) << pattern << " not in:\n" << text;
-  return m.empty() ? -1 : std::stod(m[1].str());
-}
-
 class DistillE2E : public TempDir {
  protected:
   static void SetUpTestSuite() {
@@ -94,14 +88,7 @@ TEST_F(DistillE2E, SelfDistilledLoraStartsAtKlZeroAndResumesExactly) {
   const auto all = train_losses(dir_ / "self");
   ASSERT_EQ(all.size(), 8u);
   const fs::path resumed = dir_ / "resumed";
-  fs::copy(dir_ / "self", resumed, fs::copy_options::recursive);
-  fs::remove_all(resumed / "checkpoints" / "step_00000008");
-  std::ifstream m(resumed / "metrics.jsonl");
-  std::string kept;
-  for (std::string line; std::getline(m, line);)
-    if (json::parse(line).value("step", int64_t(0)) <= 4) kept += line + "\n";
-  m.close();
-  std::ofstream(resumed / "metrics.jsonl") << kept;
+  stopped_copy(dir_ / "self", resumed, 4, 8);
   ASSERT_EQ(run_cli(args + resumed.string() + " --resume").code, 0);
   EXPECT_EQ(train_losses(resumed), all) << "the resumed run trained differently";
 }

@@ -26,22 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-double number_after(const std::string& text, const std::string& pattern) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(text, m, std::regex(pattern))) << pattern << " not in:\n" << text;
-  return m.empty() ? -1 : std::stod(m[1].str());
-}
-
-std::vector<json> lines_of(const fs::path& metrics, const std::string& split) {
-  std::vector<json> out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    json j = json::parse(line);
-    if (j.value("split", "") == split) out.push_back(j);
-  }
-  return out;
-}
-
 class DpoE2E : public TempDir {
  protected:
   static void SetUpTestSuite() { SharedCountingModel::set_up(); }
@@ -65,7 +49,7 @@ TEST_F(DpoE2E, LoraDpoStartsAtLn2AndRaisesPreferenceAndExactAnswers) {
                      run.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("reference: the base model with the adapters left out"), std::string::npos) << r.out;
-  const std::vector<json> train = lines_of(run / "metrics.jsonl", "train");
+  const std::vector<json> train = metric_lines(run, "train");
   ASSERT_EQ(train.size(), 90u);
   // The policy starts as its reference: DPO's loss ln 2 plus RPO's NLL, every reward 0.
   const double first_dpo = train[0]["loss"].get<double>() - train[0]["nll_loss"].get<double>();
@@ -74,7 +58,7 @@ TEST_F(DpoE2E, LoraDpoStartsAtLn2AndRaisesPreferenceAndExactAnswers) {
   EXPECT_NEAR(first_dpo, std::log(2.0), 1e-6);
   for (const char* k : {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"})
     EXPECT_EQ(train[0][k].get<double>(), 0.0) << k;
-  const std::vector<json> evals = lines_of(run / "metrics.jsonl", "eval");
+  const std::vector<json> evals = metric_lines(run, "eval");
   ASSERT_FALSE(evals.empty());
   const double accuracy = evals.back()["eval_rewards/accuracies"].get<double>();
   const double before = number_after(r.out, R"(held-out answers before: (\d+)/)");
@@ -111,14 +95,7 @@ TEST_F(DpoE2E, FrozenAndPrecomputedReferencesAgreeAndResumeExactly) {
   EXPECT_LT(a.at(8), a.at(1));
   // Stopped after the step-4 checkpoint and resumed: the same 8 losses.
   const fs::path resumed = dir_ / "resumed";
-  fs::copy(dir_ / "frozen", resumed, fs::copy_options::recursive);
-  fs::remove_all(resumed / "checkpoints" / "step_00000008");
-  std::ifstream in(resumed / "metrics.jsonl");
-  std::string kept;
-  for (std::string line; std::getline(in, line);)
-    if (json::parse(line).value("step", int64_t(0)) <= 4) kept += line + "\n";
-  in.close();
-  std::ofstream(resumed / "metrics.jsonl") << kept;
+  stopped_copy(dir_ / "frozen", resumed, 4, 8);
   ASSERT_EQ(run_cli(args + resumed.string() + " --resume").code, 0);
   EXPECT_EQ(train_losses(resumed), a) << "the resumed run trained differently";
 }

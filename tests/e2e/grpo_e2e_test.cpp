@@ -24,20 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-double number_after(const std::string& text, const std::string& pattern) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(text, m, std::regex(pattern))) << pattern << " not in:\n" << text;
-  return m.empty() ? -1 : std::stod(m[1].str());
-}
-
-std::vector<json> train_lines(const fs::path& run) {
-  std::vector<json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (json j = json::parse(line); j.value("split", "") == "train") out.push_back(j);
-  return out;
-}
-
 class GrpoE2E : public TempDir {
  protected:
   static void SetUpTestSuite() { SharedCountingModel::set_up(); }
@@ -48,21 +34,6 @@ class GrpoE2E : public TempDir {
     std::ofstream out(path);
     for (const Counting& c : counting(n, seed)) out << json{{"prompt", c.prompt}, {"answer", c.answer()}}.dump() << "\n";
     return path;
-  }
-  // Drops what a run wrote after checkpoint `keep` (as if stopped there).
-  fs::path stopped_copy(const fs::path& run, int64_t keep, int64_t last) {
-    const fs::path copy = dir_ / (run.filename().string() + "_resumed");
-    fs::copy(run, copy, fs::copy_options::recursive);
-    char name[32];
-    std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(last));
-    fs::remove_all(copy / "checkpoints" / name);
-    std::ifstream in(copy / "metrics.jsonl");
-    std::string kept;
-    for (std::string line; std::getline(in, line);)
-      if (json::parse(line).value("step", int64_t(0)) <= keep) kept += line + "\n";
-    in.close();
-    std::ofstream(copy / "metrics.jsonl") << kept;
-    return copy;
   }
 };
 
@@ -76,7 +47,7 @@ TEST_F(GrpoE2E, ExactMatchRewardRaisesHeldOutReward) {
   EXPECT_NE(r.out.find("reference: the base model with the adapters left out"), std::string::npos) << r.out;
   const double before = number_after(r.out, R"(held-out greedy reward ([0-9.]+))");
   const double after = number_after(r.out, R"(held-out greedy after: reward ([0-9.]+))");
-  const std::vector<json> steps = train_lines(run);
+  const std::vector<json> steps = metric_lines(run, "train");
   ASSERT_EQ(steps.size(), 300u);
   double first = 0, last = 0;
   for (size_t i = 0; i < 30; ++i) first += steps[i]["reward"].get<double>() / 30, last += steps[270 + i]["reward"].get<double>() / 30;
@@ -106,13 +77,14 @@ TEST_F(GrpoE2E, SeededRolloutsRepeatAndResumeExactly) {
     const fs::path a = dir_ / ("a" + std::to_string(iterations)), b = dir_ / ("b" + std::to_string(iterations));
     ASSERT_EQ(run_cli(args + a.string()).code, 0);
     ASSERT_EQ(run_cli(args + b.string()).code, 0);
-    const std::vector<json> la = train_lines(a), lb = train_lines(b);
+    const std::vector<json> la = metric_lines(a, "train"), lb = metric_lines(b, "train");
     ASSERT_EQ(la.size(), 8u);
     for (size_t i = 0; i < la.size(); ++i) {
       EXPECT_EQ(la[i]["reward"], lb[i]["reward"]) << "step " << i + 1;
       EXPECT_EQ(la[i]["loss"], lb[i]["loss"]) << "step " << i + 1;
     }
-    const fs::path resumed = stopped_copy(a, 4, 8);
+    const fs::path resumed = dir_ / ("resumed" + std::to_string(iterations));
+    stopped_copy(a, resumed, 4, 8);
     ASSERT_EQ(run_cli(args + resumed.string() + " --resume").code, 0);
     EXPECT_EQ(train_losses(resumed), train_losses(a)) << "the resumed run trained differently";
   }
@@ -176,7 +148,7 @@ TEST_F(GrpoE2E, ChatPromptsAreRenderedAndTheRewardCommandSeesThem) {
                      "--per-device-batch-size 2 --steps 2 --output-dir " + run.string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("eval prompts (conversations)"), std::string::npos) << r.out;
-  const std::vector<json> steps = train_lines(run);
+  const std::vector<json> steps = metric_lines(run, "train");
   ASSERT_EQ(steps.size(), 2u);
   for (const json& s : steps) EXPECT_EQ(s["rewards/command"].get<double>(), 1.0);
 }
@@ -200,7 +172,7 @@ TEST_F(GrpoE2E, TwoProcessesEqualOneAndFailTogether) {
   ASSERT_EQ(b.size(), 3u);
   double diff = 0;
   for (const auto& [step, loss] : a) diff = std::max(diff, std::abs(loss - b.at(step)));
-  const std::vector<json> la = train_lines(dir_ / "np1"), lb = train_lines(dir_ / "np2");
+  const std::vector<json> la = metric_lines(dir_ / "np1", "train"), lb = metric_lines(dir_ / "np2", "train");
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i]["reward"], lb[i]["reward"]) << "step " << i + 1;
   std::cout << "  grpo on 2 processes vs 1: max |loss diff| over 3 steps " << diff << " (losses " << a.at(1) << ", "
             << a.at(2) << ", " << a.at(3) << "; rewards " << la[0]["reward"] << ", " << la[1]["reward"] << ", " << la[2]["reward"]
