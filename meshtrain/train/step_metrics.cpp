@@ -28,18 +28,23 @@ MetricRecorder::~MetricRecorder() { innermost = outer_; }
 std::map<std::string, Array> MetricRecorder::take() { return std::exchange(values_, {}); }
 
 void MetricMeans::add(const std::map<std::string, Array>& values, double weight) {
-  for (const auto& [name, v] : values) parts_.push_back({name, v, weight});
+  for (const auto& [name, v] : values) {
+    Sum& s = sums_[name];
+    Array& into = v.sharded() ? s.laid_out : s.plain;
+    const Array weighted = mul(v, weight);
+    into = into.defined() ? mt::add(into, weighted) : weighted;
+    s.weight += weight;
+  }
 }
 
 std::map<std::string, double> MetricMeans::read(const std::string& prefix) const {
-  std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, weight)
-  for (const Part& p : parts_) {
-    auto& [s, w] = sums[p.name];
-    s += dist::to_host(p.value).item() * p.weight;
-    w += p.weight;
-  }
   std::map<std::string, double> out;
-  for (const auto& [name, sw] : sums) out[prefix + name] = sw.first / sw.second;
+  for (const auto& [name, s] : sums_) {
+    double total = 0;
+    for (const Array* a : {&s.laid_out, &s.plain})
+      if (a->defined()) total += dist::to_host(*a).item();
+    out[prefix + name] = total / s.weight;
+  }
   return out;
 }
 

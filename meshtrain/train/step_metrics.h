@@ -34,23 +34,23 @@ class MetricRecorder {
   MetricRecorder* outer_ = nullptr;
 };
 
-// Running means of recorded metrics over micro-batches or eval batches: add arrays now,
-// read them on the host once at the end (one read per metric, after the work is queued).
+// Running means of recorded metrics over micro-batches or eval batches: weighted sums kept
+// on the device as values are added, read on the host once at the end (at most two reads per
+// metric — mesh-laid-out values and plain ones are summed apart — after the work is queued).
 class MetricMeans {
  public:
   // Adds each of `values` with `weight` (rows of the batch, or 1 per micro-batch).
   void add(const std::map<std::string, Array>& values, double weight);
   // name -> weighted mean; the names prefixed by `prefix`.
   std::map<std::string, double> read(const std::string& prefix = "") const;
-  bool empty() const { return parts_.empty(); }
+  bool empty() const { return sums_.empty(); }
 
  private:
-  struct Part {
-    std::string name;
-    Array value;
-    double weight;
+  struct Sum {
+    Array laid_out, plain;  // Σ value·weight of each kind
+    double weight = 0;
   };
-  std::vector<Part> parts_;
+  std::map<std::string, Sum> sums_;
 };
 
 }  // namespace mt::train

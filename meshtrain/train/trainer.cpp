@@ -244,20 +244,22 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   // over the data axis as in training; the tail (fewer rows than a global batch, which cannot
   // be split evenly over the ranks) runs as one batch on every rank, replicated. Batch losses
   // are means, so they are weighted by their rows.
-  double total = 0;
+  // The sums of loss x rows stay on the device and are read once at the end, not once per
+  // batch (each read a wait for the device); the sharded batches' and the tail's apart, as
+  // they are laid out differently.
+  Array sharded_sum, tail_sum;
   autodiff::NoGradGuard no_grad;
   const Params compute = precision_policy().cast_for_compute(params_);
   MetricMeans recorded;
-  auto batch_loss = [&](const Batch& batch, double rows) {
+  auto add_batch = [&](const Batch& batch, double rows, Array& sum) {
     MetricRecorder recorder;
-    const double loss = dist::to_host(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false))).item();
+    const Array weighted = mul(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false)), rows);
+    sum = sum.defined() ? add(sum, weighted) : weighted;
     recorded.add(recorder.take(), rows);
-    return loss;
   };
   if (whole > 0) {
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
-    while (auto b = loader.next())
-      total += batch_loss(deployer_.shard_batch(b->data), double(so.batch_size)) * double(so.batch_size);
+    while (auto b = loader.next()) add_batch(deployer_.shard_batch(b->data), double(so.batch_size), sharded_sum);
   }
   if (whole < n) {
     data::SamplerOptions tail = so;
@@ -265,8 +267,11 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
     tail.process_index = 0, tail.process_count = 1;  // every rank reads the whole tail
     auto rest = std::make_shared<data::SubsetDataset>(dataset, whole, n);
     data::DataLoader<Batch> loader(rest, data::IndexSampler(rest->size(), tail), collate_, 1);
-    while (auto b = loader.next()) total += batch_loss(b->data, double(n - whole)) * double(n - whole);
+    while (auto b = loader.next()) add_batch(b->data, double(n - whole), tail_sum);
   }
+  double total = 0;
+  for (const Array* sum : {&sharded_sum, &tail_sum})
+    if (sum->defined()) total += dist::to_host(*sum).item();
   std::map<std::string, double> metrics = recorded.read("eval_");
   metrics["eval_loss"] = total / double(n);
   return metrics;

@@ -4,7 +4,8 @@
 // GPT-2, LLaMA (rotary positions) and the BERT classifier (padding mask, ignored labels) read
 // nothing between the batch and the loss; an out-of-range label is still an error naming its
 // position; and a whole Trainer step — forward, backward, gradient clipping, AdamW — reads
-// nothing between its batch and its loss read, as metrics.jsonl's host_reads says.
+// nothing between its batch and its loss read, as metrics.jsonl's host_reads says; an
+// evaluation reads its loss once at the end, whatever its number of batches.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -134,6 +135,13 @@ TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
     EXPECT_EQ(j["host_reads"].get<double>(), 0.0) << line;
   }
   EXPECT_EQ(steps, 2);
+  // Evaluation reads its loss once at the end, not once per batch: 7 rows in batches of 2
+  // (three whole batches and a tail of one, summed apart) are two reads.
+  rows.resize(7);
+  const uint64_t before = host_read_count();
+  const double eval = trainer.eval_loss(data::make_dataset(rows), 2);
+  EXPECT_EQ(host_read_count() - before, 2u);
+  EXPECT_TRUE(std::isfinite(eval));
   std::filesystem::remove_all(dir);
 }
 
