@@ -5,6 +5,7 @@
 // log-probabilities, forward + backward, AdamW) and the share of it spent generating.
 //
 //   grpo_rollout_bench [--model small|gpt2] [--prompts P] [--generations G] [--new-tokens N]
+//                      [--device auto|cpu|cuda]
 //
 // small: `meshtrain pretrain`'s default GPT-2 (0.84M parameters, byte vocabulary); gpt2:
 // GPT-2 small's shapes (124M) with GPT-2's tokenizer. Random weights, completions run to N
@@ -12,6 +13,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
@@ -19,6 +21,7 @@
 #include <thread>
 
 #include "meshtrain/backend/cpu/cpu_features.h"
+#include "meshtrain/core/device.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/posttrain/grpo_rollout.h"
 #include "meshtrain/posttrain/sampling.h"
@@ -94,27 +97,34 @@ double serve_tokens_per_s(const models::PretrainedModel& m, const std::vector<st
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string which = "small";
+  std::string which = "small", device = "cpu";
   int64_t p = 8, g = 8, n = 32;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--model")) which = argv[i + 1];
     else if (!std::strcmp(argv[i], "--prompts")) p = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--generations")) g = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--new-tokens")) n = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
   }
+  // The Deployer makes `device` the default: the model's weights are made there.
+  train::Deployer deployer({.seed = 1, .workdir = (std::filesystem::temp_directory_path() / "mt_grpo_bench").string(),
+                            .verbose = false, .device = device});
+  // The packed data on the GPU machine (scripts/gpu_pack.sh), else the build's.
+  const char* data_env = std::getenv("MT_DATA_DIR");
+  const std::string data_dir = data_env && *data_env ? data_env : MT_DATA_DIR;
   nlohmann::json config = models::model_spec("gpt2").small_config(320, 128, 256);
   if (which == "gpt2")
     config = {{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_positions", 1024}, {"n_embd", 768}, {"n_layer", 12}, {"n_head", 12}};
   auto model = std::make_shared<models::PretrainedModel>(models::init_model(config));
   const int64_t vocab = model->causal_lm().vocab_size;
   std::cout << "grpo_rollout_bench: cpu " << cpu::cpu_features().isa << ", " << std::thread::hardware_concurrency()
-            << " hardware threads; " << which << " (" << model->params.total_elements() << " parameters), " << p
+            << " hardware threads, device " << current_device().str() << "; " << which << " (" << model->params.total_elements() << " parameters), " << p
             << " prompts of 16 tokens x " << g << " completions of " << n << " tokens\n";
   // The tokenizer step (c) decodes with: bytes for the small model, GPT-2's for GPT-2; every
   // path samples from its ids only.
   const std::string dir = (std::filesystem::temp_directory_path() / "mt_grpo_bench_tok").string();
   std::shared_ptr<tokenizers::Tokenizer> tok = which == "gpt2"
-                                                   ? tokenizers::load_tokenizer(std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2")
+                                                   ? tokenizers::load_tokenizer(data_dir + "/models/hf-tiny-gpt2")
                                                    : tokenizers::make_byte_tokenizer(dir);
   const auto prompts = make_prompts(p, std::min<int64_t>(vocab, tok->vocab_size()));
 
@@ -138,7 +148,6 @@ int main(int argc, char** argv) {
   auto indexed = posttrain::with_prompt_indices(data::make_dataset(rows));
   posttrain::GrpoOptions go;
   go.num_generations = g, go.max_completion_length = n, go.temperature = 1.0, go.beta = 0.04;
-  train::Deployer deployer({.seed = 1, .workdir = (std::filesystem::temp_directory_path() / "mt_grpo_bench").string(), .verbose = false});
   posttrain::GrpoReference ref;
   ref.kind = posttrain::GrpoReference::Kind::frozen_copy;
   ref.frozen = model->params;

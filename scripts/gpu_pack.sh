@@ -14,7 +14,7 @@ rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data/text" "$stage/data/models" "$stage/data/glue" "$stage/data/tokenizers"
 
 bins="$build/apps/meshtrain/meshtrain $(ls "$build"/tests/gpu_*_test 2>/dev/null || true)"
-for b in model_step_bench attention_bench; do
+for b in model_step_bench attention_bench grpo_rollout_bench; do
   [ -x "$build/bench/$b" ] && bins="$bins $build/bench/$b"
 done
 for e in text_classifier causal_lm maml; do
@@ -47,7 +47,7 @@ for b in $bins; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u | while re
 done
 
 cp "$data/text/tinyshakespeare.txt" "$stage/data/text/"
-cp -r "$data/models/hf-tiny-bert" "$stage/data/models/"
+cp -r "$data/models/hf-tiny-bert" "$data/models/hf-tiny-gpt2" "$stage/data/models/"
 cp -r "$data/glue/MRPC" "$data/glue/SST-2" "$stage/data/glue/"
 cp "$data/tokenizers/bert-base-uncased-tokenizer.json" "$stage/data/tokenizers/"
 cp "$root/scripts/gpu_run.sh" "$stage/"

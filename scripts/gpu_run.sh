@@ -9,7 +9,10 @@
 #                      ones (MT_FUSED_LAYERS=0): the fused primitives' effect on the GPU (issue 44)
 #   gpu_run.sh python  the Python front end's examples on the GPU (the Deployer's device "auto"):
 #                      the SST-2 classifier and the miniGPT tutorial with LoRA (issue 46)
-#   gpu_run.sh all     tests, fusion, python and bench (largest apart: it needs the whole GPU for minutes)
+#   gpu_run.sh posttrain  DPO, GRPO and distillation (3 steps each of meshtrain dpo/grpo/distill on
+#                      hf-tiny-gpt2, --device cuda), then grpo_rollout_bench: rollout tokens/s
+#                      against serve over HTTP, and a GRPO step's share spent generating (issue 51)
+#   gpu_run.sh all     tests, fusion, python, posttrain and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -91,6 +94,41 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
       grep -E "device|loss|accuracy|LoRA|Error" "$out/python_$1.log" | tail -6
       echo "python $1 exit $rc"
       [ $rc = 0 ] || status=1
+    done
+  fi
+fi
+if [ "$mode" = posttrain ] || [ "$mode" = all ]; then
+  pt=/tmp/mt-posttrain
+  rm -rf "$pt" && mkdir -p "$pt"
+  python3 - "$pt" <<'PY'
+import json, random, sys
+d = sys.argv[1]
+r = random.Random(1)
+with open(f"{d}/prefs.jsonl", "w") as f, open(f"{d}/prompts.jsonl", "w") as g, open(f"{d}/text.jsonl", "w") as h:
+    for i in range(64):
+        a, b = r.randrange(10), r.randrange(10)
+        f.write(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}) + "\n")
+        g.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
+        h.write(json.dumps({"text": f"{a} plus {b} is {a + b}"}) + "\n")
+PY
+  tiny="$here/data/models/hf-tiny-gpt2"
+  for cmd in "dpo --model $tiny --data $pt/prefs.jsonl --lora-rank 1" \
+             "grpo --model $tiny --data $pt/prompts.jsonl --reward exact_match:answer --num-generations 4 --max-completion-length 4" \
+             "distill --teacher $tiny --student $tiny --data $pt/text.jsonl --lora-rank 1"; do
+    set -- $cmd
+    echo "== meshtrain $1 on the GPU"
+    timeout 120 "$here/bin/meshtrain" $cmd --steps 3 --per-device-batch-size 4 --device cuda --output-dir "$pt/$1" \
+      > "$out/posttrain_$1.log" 2>&1
+    rc=$?
+    grep -E "device|^$1:|loss|reward|eval|Error|error" "$out/posttrain_$1.log" | tail -6
+    echo "meshtrain $1 exit $rc"
+    [ $rc = 0 ] || status=1
+  done
+  if [ -x "$here/bin/grpo_rollout_bench" ]; then
+    for m in small gpt2; do
+      echo "== grpo_rollout_bench --model $m --device cuda"
+      timeout 200 "$here/bin/grpo_rollout_bench" --model $m --device cuda > "$out/grpo_rollout_$m.log" 2>&1 || status=1
+      cat "$out/grpo_rollout_$m.log" | tail -5
     done
   fi
 fi
