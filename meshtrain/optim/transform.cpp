@@ -16,19 +16,21 @@ namespace mt::optim {
 
 namespace {
 
-// The number of updates already applied, kept in the state as a 0-d i64 array on the host
-// whatever the device: the step reads it (for the learning rate and Adam's bias corrections),
-// and a host array's value waits for no device, so it is read in place, without counting a
-// host read (core/host_reads.h). A count restored elsewhere (another device, a layout) is
-// read the counted way.
-int64_t read_count(const Params& state) {
-  const Array& c = state.at("count");
+// Counters of the optimizer state (the updates applied, multi_steps' micro-step), kept as 0-d
+// i64 arrays on the host whatever the device: a step reads them (for the learning rate,
+// Adam's bias corrections, whether to apply), and a host array's value waits for no device,
+// so it is read in place, without counting a host read (core/host_reads.h). A counter
+// restored elsewhere (another device, a layout) is read the counted way.
+int64_t read_host_counter(const Params& state, const std::string& name) {
+  const Array& c = state.at(name);
   if (c.device().is_cpu() && !c.distributed() && c.dtype() == DType::i64 && c.numel() == 1) return *c.data<int64_t>();
   return int64_t(c.item());
 }
-void write_count(Params& state, int64_t count) {
-  state.set("count", Array::scalar(double(count), DType::i64, Device::cpu()));
+void write_host_counter(Params& state, const std::string& name, int64_t value) {
+  state.set(name, Array::scalar(double(value), DType::i64, Device::cpu()));
 }
+int64_t read_count(const Params& state) { return read_host_counter(state, "count"); }
+void write_count(Params& state, int64_t count) { write_host_counter(state, "count", count); }
 
 Params zero_slots(const Params& params, const std::string& prefix) {
   Params out;
@@ -365,12 +367,12 @@ Transform multi_steps(Transform inner, int every_k) {
   t.init = [inner](const Params& params) {
     Params s = zero_slots(split_frozen(inner, params).first, "acc.");
     for (const auto& [path, v] : inner.init(params)) s.set("inner." + path, v);
-    s.set("mini_step", Array::scalar(0.0, DType::i64));
+    write_host_counter(s, "mini_step", 0);
     return s;
   };
   t.update = [inner, every_k](const Params& updates, Params& state, const Params& params) {
     autodiff::NoGradGuard no_grad;
-    const int64_t mini = int64_t(state.at("mini_step").item()) + 1;
+    const int64_t mini = read_host_counter(state, "mini_step") + 1;
     Params acc;
     for (const auto& [path, u] : updates) acc.set(path, add(state["acc." + path], div(u, double(every_k))));
     Params out;
@@ -379,14 +381,14 @@ Transform multi_steps(Transform inner, int every_k) {
         state.set("acc." + path, a);
         out.set(path, zeros_like(a));
       }
-      state.set("mini_step", Array::scalar(double(mini), DType::i64));
+      write_host_counter(state, "mini_step", mini);
       return out;
     }
     Params inner_state = take_subtree(state, "inner");
     out = inner.update(acc, inner_state, params);
     put_back_subtree(state, "inner", inner_state);
     for (const auto& [path, a] : acc) state.set("acc." + path, zeros_like(a));
-    state.set("mini_step", Array::scalar(0.0, DType::i64));
+    write_host_counter(state, "mini_step", 0);
     return out;
   };
   return t;

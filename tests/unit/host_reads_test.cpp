@@ -135,6 +135,12 @@ TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
     EXPECT_EQ(j["host_reads"].get<double>(), 0.0) << line;
   }
   EXPECT_EQ(steps, 2);
+  // optax's MultiSteps accumulating over 2 calls: its micro-step counter is not a read either.
+  train::Trainer accumulating(deployer, collate, loss, p, optim::multi_steps(optim::adamw(optim::constant_schedule(1e-3)), 2));
+  train::FitOptions o2 = o;
+  o2.progress = false;
+  accumulating.fit(data::make_dataset(rows), o2);
+  EXPECT_EQ(accumulating.last_step_host_reads(), 0u);
   // Evaluation reads its loss once at the end, not once per batch: 7 rows in batches of 2
   // (three whole batches and a tail of one, summed apart) are two reads.
   rows.resize(7);
