@@ -119,9 +119,7 @@ Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, co
 Array PretrainedModel::chunked_head_loss(const Params& p, const Array& hidden, const Array& labels,
                                          const RngKey& dropout_key, bool train) const {
   const ModelSpec& s = spec();
-  Params head_params;
-  for (const std::string& prefix : s.head_prefixes)
-    for (const auto& [path, value] : p.with_prefix(prefix)) head_params.set(path, value);
+  const Params head_params = head_params_of(s.head_prefixes, p);
   const ModelConfig c = config;
   HeadFn head = [c, dropout_key, train, &s](const Params& hp, const Array& h) {
     return s.decoder_head(c, hp, h, dropout_key, train);

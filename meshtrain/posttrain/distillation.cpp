@@ -5,6 +5,7 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/nn_ops.h"
@@ -42,17 +43,7 @@ struct HeadInput {
 HeadInput head_input(const models::PretrainedModel& m, const Params& p, const models::DecoderInputs& in,
                      const RngKey& key, bool train) {
   const models::ModelSpec& s = m.spec();
-  HeadInput h{s.decoder_hidden(m.config, p, in, key, train), Params{}};
-  for (const std::string& prefix : s.head_prefixes)
-    for (const auto& [path, value] : p.with_prefix(prefix)) h.head.set(path, value);
-  return h;
-}
-
-int64_t widest(const Params& head) {
-  int64_t v = 1;
-  for (const auto& [path, w] : head)
-    if (w.ndim() == 2) v = std::max(v, w.dim(0));
-  return v;
+  return {s.decoder_hidden(m.config, p, in, key, train), models::head_params_of(s.head_prefixes, p)};
 }
 
 }  // namespace
@@ -105,10 +96,9 @@ Array distillation_loss(const models::PretrainedModel& student, const Params& p,
     t = head_input(teacher, teacher_params, in, RngKey{0, 0}, false);
   }
   const HeadInput s = head_input(student, p, in, dropout_key, train);
-  const int64_t b = s.hidden.dim(0), n = s.hidden.dim(1);
-  const int64_t vocab = std::max(widest(s.head), widest(t.head));
-  const int64_t positions =
-      std::clamp<int64_t>(chunk_logits / std::max<int64_t>(1, b * vocab), 1, std::max<int64_t>(1, (n + 3) / 4));
+  const int64_t n = s.hidden.dim(1);
+  const int64_t positions = models::head_chunk_positions(
+      s.hidden.dim(0), n, std::max(models::head_vocab(s.head), models::head_vocab(t.head)), chunk_logits);
   const models::ModelSpec& ss = student.spec();
   const models::ModelSpec& ts = teacher.spec();
   const models::ModelConfig sc = student.config, tc = teacher.config;

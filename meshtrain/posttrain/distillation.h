@@ -14,6 +14,7 @@
 
 #include "meshtrain/autodiff/params.h"
 #include "meshtrain/core/array.h"
+#include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/train/trainer.h"
 
@@ -41,7 +42,7 @@ Array distillation_loss_from_logits(const Array& student_logits, const Array& te
 Array distillation_loss(const models::PretrainedModel& student, const Params& p, const models::PretrainedModel& teacher,
                         const Params& teacher_params, const models::DecoderInputs& in, const Array& labels,
                         const RngKey& dropout_key, bool train, const DistillOptions& options,
-                        int64_t chunk_logits = int64_t(1) << 22);
+                        int64_t chunk_logits = models::kChunkLogits);
 
 // The Trainer's loss function over lm_collate-style batches {"input_ids", "labels"}; the
 // teacher's parameters are held (laid out and cast by the caller).

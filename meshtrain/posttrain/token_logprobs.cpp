@@ -4,19 +4,13 @@
 
 #include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 
 namespace mt::posttrain {
-
-namespace {
-
-// The logits a chunk may hold at once under --remat full (as chunked_lm_loss sizes them).
-constexpr int64_t kChunkLogits = int64_t(1) << 22;
-
-}  // namespace
 
 Array target_mask(const Array& labels) { return cast(ne(labels, scalar_like(labels, -100)), DType::f32); }
 
@@ -44,14 +38,10 @@ Array decoder_token_logprobs(const models::PretrainedModel& model, const Params&
     return token_logprobs(model.decoder_logits(p, in, dropout_key, train), labels, temperature);
   const models::ModelSpec& s = model.spec();
   const Array hidden = s.decoder_hidden(model.config, p, in, dropout_key, train);
-  Params head_params;
-  for (const std::string& prefix : s.head_prefixes)
-    for (const auto& [path, value] : p.with_prefix(prefix)) head_params.set(path, value);
-  int64_t vocab = 1;
-  for (const auto& [path, w] : head_params)
-    if (w.ndim() == 2) vocab = std::max(vocab, w.dim(0));
-  const int64_t b = hidden.dim(0), t = hidden.dim(1);
-  const int64_t positions = std::clamp<int64_t>(kChunkLogits / std::max<int64_t>(1, b * vocab), 1, std::max<int64_t>(1, (t + 3) / 4));
+  const Params head_params = models::head_params_of(s.head_prefixes, p);
+  const int64_t t = hidden.dim(1);
+  const int64_t positions =
+      models::head_chunk_positions(hidden.dim(0), t, models::head_vocab(head_params), models::kChunkLogits);
   const models::ModelConfig config = model.config;
   auto chunk = [config, &s, dropout_key, train, temperature](const Params& hp, const std::vector<Array>& xs) {
     return token_logprobs(s.decoder_head(config, hp, xs[0], dropout_key, train), xs[1], temperature);
