@@ -1,16 +1,16 @@
 #include "meshtrain/posttrain/dpo.h"
 
+#include <array>
+
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/data/data_loader.h"
-#include "meshtrain/data/index_sampler.h"
-#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/lora.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/posttrain/preference_data.h"
 #include "meshtrain/posttrain/token_logprobs.h"
+#include "meshtrain/train/predictor.h"
 #include "meshtrain/train/step_metrics.h"
 
 namespace mt::posttrain {
@@ -87,10 +87,17 @@ Array dpo_loss(const PairLogps& policy_sums, const PairLogps& reference_sums, co
 DpoReference DpoReference::frozen_copy(const Params& params, const train::ShardingPlan* plan) {
   DpoReference r;
   r.kind = Kind::frozen_copy;
-  Params copy;
-  // A copy of its own (not handles on the policy's arrays): the policy is updated in place.
-  for (const auto& [path, a] : params) copy.set(path, a.clone());
-  r.frozen = precision_policy().cast_for_compute(plan ? plan->shard(copy) : copy);
+  // Storage of its own (not the policy's, which is updated in place): laid out first, so that
+  // only what the layout did not copy already (replicated arrays) is cloned — no transient
+  // whole copy of the model beside its shards.
+  Params laid = plan ? plan->shard(params) : params;
+  for (auto& [path, a] : laid)
+    if (a.shares_storage(params[path])) {
+      Params one;
+      one.set(path, params[path].clone());
+      a = plan ? plan->shard(one)[path] : one[path];
+    }
+  r.frozen = precision_policy().cast_for_compute(laid);
   return r;
 }
 
@@ -140,42 +147,36 @@ train::LossFn dpo_loss_fn(std::shared_ptr<const models::PretrainedModel> model, 
 
 std::shared_ptr<const data::Dataset> with_reference_logps(std::shared_ptr<const data::Dataset> dataset,
                                                           const models::PretrainedModel& model, const Params& params,
-                                                          const train::Deployer& deployer,
-                                                          int64_t per_device_batch_size) {
+                                                          train::Deployer& deployer, int64_t per_device_batch_size) {
   MT_CHECK(dataset && dataset->size() > 0, "[dpo] no preference pairs to score with the reference");
-  autodiff::NoGradGuard no_grad;
-  const Params ref = precision_policy().cast_for_compute(without_adapters(params));
-  const int64_t n = dataset->size();
+  // The Predictor walks the data as evaluation does (sharded batches, the tail padded) and
+  // brings each pair's four numbers back in order, in the compute dtype's precision.
+  const Params ref = without_adapters(params);
+  train::Predictor<std::array<double, 4>> predictor(
+      deployer, preference_collate(),
+      [&model](const Params& p, const train::Batch& b) {
+        const PairLogps l = pair_logps(model, p, b, RngKey{0, 0}, false);
+        return train::Batch{{"c", l.chosen}, {"r", l.rejected}, {"ct", l.chosen_tokens}, {"rt", l.rejected_tokens}};
+      },
+      [](const train::Batch& out) {
+        const std::vector<double> c = out["c"].to_doubles(), r = out["r"].to_doubles(), ct = out["ct"].to_doubles(),
+                                  rt = out["rt"].to_doubles();
+        std::vector<std::array<double, 4>> rows;
+        for (size_t i = 0; i < c.size(); ++i) rows.push_back({c[i], r[i], ct[i], rt[i]});
+        return rows;
+      });
+  const std::vector<std::array<double, 4>> scores = predictor.predict(ref, dataset, per_device_batch_size);
   std::vector<data::Example> out;
-  out.reserve(size_t(n));
-  for (int64_t i = 0; i < n; ++i) out.push_back(dataset->get(i));
-  const train::CollateFn collate = preference_collate();
-  // Global batches sharded over the data ranks like training's; the rest of the rows (fewer
-  // than a global batch) as one batch on every rank.
-  const int64_t global = per_device_batch_size * deployer.data_size();
-  auto score = [&](int64_t begin, int64_t end, bool sharded) {
-    std::vector<data::Example> local;
-    const int64_t rows = end - begin;
-    const int64_t per_rank = sharded ? rows / deployer.data_size() : rows;
-    const int64_t first = sharded ? begin + per_rank * deployer.data_index() : begin;
-    for (int64_t i = first; i < first + per_rank; ++i) local.push_back(out[size_t(i)]);
-    train::Batch batch = collate(local);
-    if (sharded) batch = deployer.shard_batch(batch);
-    const PairLogps l = pair_logps(model, ref, batch, RngKey{0, 0}, false);
-    const std::vector<double> cv = dist::to_host(l.chosen).to_doubles(), rv = dist::to_host(l.rejected).to_doubles();
-    const std::vector<double> ctv = dist::to_host(l.chosen_tokens).to_doubles();
-    const std::vector<double> rtv = dist::to_host(l.rejected_tokens).to_doubles();
-    for (int64_t i = 0; i < rows; ++i) {
-      data::Example& e = out[size_t(begin + i)];
-      e.set("ref_chosen_logp", cv[size_t(i)]);
-      e.set("ref_rejected_logp", rv[size_t(i)]);
-      e.set("ref_chosen_tokens", ctv[size_t(i)]);
-      e.set("ref_rejected_tokens", rtv[size_t(i)]);
-    }
-  };
-  const int64_t whole = n / global * global;
-  for (int64_t b = 0; b < whole; b += global) score(b, b + global, true);
-  if (whole < n) score(whole, n, false);
+  out.reserve(scores.size());
+  for (int64_t i = 0; i < dataset->size(); ++i) {
+    data::Example e = dataset->get(i);
+    const std::array<double, 4>& s = scores[size_t(i)];
+    e.set("ref_chosen_logp", s[0]);
+    e.set("ref_rejected_logp", s[1]);
+    e.set("ref_chosen_tokens", s[2]);
+    e.set("ref_rejected_tokens", s[3]);
+    out.push_back(std::move(e));
+  }
   return data::make_dataset(std::move(out));
 }
 
