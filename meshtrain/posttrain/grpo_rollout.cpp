@@ -129,38 +129,27 @@ std::vector<double> GrpoRollout::score(const std::vector<const data::Example*>& 
 
 std::vector<train::Batch> GrpoRollout::operator()(const Params& params, const std::vector<train::Batch>& micro_batches,
                                                   int64_t step, const RngKey& key) {
-  std::vector<int64_t> indices;
-  for (const train::Batch& b : micro_batches)
-    for (int64_t i : dist::to_host(b["index"]).to_ints()) indices.push_back(i);
+  std::vector<std::vector<int64_t>> indices;
+  for (const train::Batch& b : micro_batches) indices.push_back(dist::to_host(b["index"]).to_ints());
   // Within a group of num_iterations steps the prompts are the group's first (the data
   // repeats them: grpo's data plan); the kept rollout serves them.
   if (step % options_.num_iterations != 0 && !buffer_.empty() && indices == buffer_indices_) return buffer_;
-  buffer_ = sample_and_score(params, micro_batches, key);
-  buffer_indices_ = indices;
+  buffer_ = sample_and_score(params, indices, key);
+  buffer_indices_ = std::move(indices);
   return buffer_;
 }
 
-std::vector<train::Batch> GrpoRollout::sample_and_score(const Params& params, const std::vector<train::Batch>& micro_batches,
-                                                        const RngKey& key) {
-  const int64_t g = options_.num_generations;
-  std::vector<std::vector<int64_t>> micro_indices;
+SampledCompletions GrpoRollout::sample(const Params& compute, const std::vector<data::Example>& rows, int64_t n,
+                                       double temperature, uint64_t seed, std::vector<std::string>& texts) const {
   std::vector<std::vector<int64_t>> prompts;
-  std::vector<data::Example> rows;
-  for (const train::Batch& b : micro_batches) {
-    micro_indices.push_back(dist::to_host(b["index"]).to_ints());
-    for (int64_t i : micro_indices.back()) {
-      rows.push_back(prompts_->get(i));
-      prompts.push_back(rows.back().tokens("prompt_tokens"));
-    }
-  }
-  const Params compute = precision_policy().cast_for_compute(params);
+  for (const data::Example& row : rows) prompts.push_back(row.tokens("prompt_tokens"));
   SamplingOptions so;
-  so.n = g;
+  so.n = n;
   so.max_new_tokens = options_.max_completion_length;
-  so.temperature = options_.temperature;
+  so.temperature = temperature;
   so.top_p = options_.top_p;
   so.top_k = options_.top_k;
-  so.seed = key.seed * 0x9E3779B97F4A7C15ull ^ key.stream;
+  so.seed = seed;
   so.stop_tokens = stop_tokens_;
   so.vocab_limit = tokenizer_->vocab_size();
   SampledCompletions c;
@@ -168,16 +157,34 @@ std::vector<train::Batch> GrpoRollout::sample_and_score(const Params& params, co
     autodiff::NoGradGuard no_grad;
     c = sample_completions(*model_, compute, prompts, so);
   }
-  const size_t choices = c.tokens.size();
-  std::vector<std::string> texts;
-  std::vector<const data::Example*> row_of;
-  for (size_t i = 0; i < choices; ++i) {
-    std::vector<int32_t> ids;
-    for (size_t t = 0; t < c.tokens[i].size(); ++t)
-      if (!(c.stopped[i] && t + 1 == c.tokens[i].size())) ids.push_back(int32_t(c.tokens[i][t]));
+  // The completions' text, without the stop token that ended them.
+  texts.clear();
+  for (size_t i = 0; i < c.tokens.size(); ++i) {
+    const size_t kept = c.tokens[i].size() - (c.stopped[i] ? 1 : 0);
+    const std::vector<int32_t> ids(c.tokens[i].begin(), c.tokens[i].begin() + long(kept));
     texts.push_back(tokenizer_->decode(ids, true));
-    row_of.push_back(&rows[i / size_t(g)]);
   }
+  return c;
+}
+
+std::vector<train::Batch> GrpoRollout::sample_and_score(const Params& params,
+                                                        const std::vector<std::vector<int64_t>>& micro_indices,
+                                                        const RngKey& key) {
+  const int64_t g = options_.num_generations;
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<data::Example> rows;
+  for (const std::vector<int64_t>& idx : micro_indices)
+    for (int64_t i : idx) {
+      rows.push_back(prompts_->get(i));
+      prompts.push_back(rows.back().tokens("prompt_tokens"));
+    }
+  const Params compute = precision_policy().cast_for_compute(params);
+  std::vector<std::string> texts;
+  const SampledCompletions c =
+      sample(compute, rows, g, options_.temperature, key.seed * 0x9E3779B97F4A7C15ull ^ key.stream, texts);
+  const size_t choices = c.tokens.size();
+  std::vector<const data::Example*> row_of;
+  for (size_t i = 0; i < choices; ++i) row_of.push_back(&rows[i / size_t(g)]);
   std::vector<std::vector<double>> per_function;
   const std::vector<double> rewards = score(row_of, texts, &per_function);
   std::vector<double> group_std;
@@ -248,31 +255,13 @@ std::vector<train::Batch> GrpoRollout::sample_and_score(const Params& params, co
 }
 
 std::map<std::string, double> GrpoRollout::evaluate(const Params& params, const data::Dataset& data) const {
-  std::vector<std::vector<int64_t>> prompts;
   std::vector<data::Example> rows;
-  for (int64_t i = 0; i < data.size(); ++i) {
-    rows.push_back(data.get(i));
-    prompts.push_back(rows.back().tokens("prompt_tokens"));
-  }
-  SamplingOptions so;
-  so.n = 1;
-  so.max_new_tokens = options_.max_completion_length;
-  so.temperature = 0;
-  so.stop_tokens = stop_tokens_;
-  so.vocab_limit = tokenizer_->vocab_size();
-  SampledCompletions c;
-  {
-    autodiff::NoGradGuard no_grad;
-    c = sample_completions(*model_, precision_policy().cast_for_compute(params), prompts, so);
-  }
+  for (int64_t i = 0; i < data.size(); ++i) rows.push_back(data.get(i));
   std::vector<std::string> texts;
+  const SampledCompletions c = sample(precision_policy().cast_for_compute(params), rows, 1, 0.0, 0, texts);  // greedy
   std::vector<const data::Example*> row_of;
   std::vector<double> lengths;
   for (size_t i = 0; i < c.tokens.size(); ++i) {
-    std::vector<int32_t> ids;
-    for (size_t t = 0; t < c.tokens[i].size(); ++t)
-      if (!(c.stopped[i] && t + 1 == c.tokens[i].size())) ids.push_back(int32_t(c.tokens[i][t]));
-    texts.push_back(tokenizer_->decode(ids, true));
     row_of.push_back(&rows[i]);
     lengths.push_back(double(c.tokens[i].size()));
   }

@@ -21,6 +21,7 @@
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/posttrain/grpo.h"
 #include "meshtrain/posttrain/rewards.h"
+#include "meshtrain/posttrain/sampling.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/trainer.h"
@@ -71,7 +72,12 @@ class GrpoRollout {
                             std::vector<std::vector<double>>* per_function = nullptr) const;
 
  private:
-  std::vector<train::Batch> sample_and_score(const Params& params, const std::vector<train::Batch>& micro_batches,
+  // The rows' prompts (prompt_tokens) sampled n times each at `temperature` (0: greedy) with
+  // parameters already cast for compute, and the completions' texts.
+  SampledCompletions sample(const Params& compute, const std::vector<data::Example>& rows, int64_t n, double temperature,
+                            uint64_t seed, std::vector<std::string>& texts) const;
+  // One rollout: the prompts of each micro-batch (dataset indices) sampled, scored, batched.
+  std::vector<train::Batch> sample_and_score(const Params& params, const std::vector<std::vector<int64_t>>& micro_indices,
                                              const RngKey& key);
 
   std::shared_ptr<const models::PretrainedModel> model_;
@@ -83,7 +89,7 @@ class GrpoRollout {
   std::vector<int64_t> stop_tokens_;
   GrpoReference reference_;
   std::vector<train::Batch> buffer_;  // the last rollout, reused for num_iterations steps
-  std::vector<int64_t> buffer_indices_;
+  std::vector<std::vector<int64_t>> buffer_indices_;
 };
 
 }  // namespace mt::posttrain

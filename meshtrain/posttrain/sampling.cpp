@@ -8,6 +8,7 @@
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/posttrain/rank0_share.h"
+#include "meshtrain/serve/batch_decoder.h"
 #include "meshtrain/serve/broadcast_runner.h"
 #include "meshtrain/serve/engine.h"
 
@@ -63,7 +64,7 @@ SampledCompletions sample_completions(const models::PretrainedModel& model, cons
   eo.precision = matmul_precision();
   eo.loop_on_caller = true;  // MPI: the model steps communicate from the main thread
   // Room for every sequence decoded together, at its longest.
-  const int64_t bytes_per_token = serve::LocalRunner(lm, {int64_t(1) << 16, 1}).kv_bytes_per_token();
+  const int64_t bytes_per_token = serve::BatchDecoder(lm).kv_bytes_per_token();
   eo.kv_cache_bytes = eo.max_batch * (int64_t(longest) + o.max_new_tokens) * bytes_per_token;
   dist::Communicator& world = dist::world();
   SampledCompletions out;
