@@ -6,7 +6,6 @@
 // base with the adapters off). Reports the held-out prompts' greedy reward before and after
 // and writes the adapter and/or the model as finetune does.
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -15,6 +14,7 @@
 #include "apps/meshtrain/chat_setup.h"
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/decoder_training.h"
+#include "apps/meshtrain/jsonl_objects.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -55,22 +55,13 @@ struct PromptSet {
 // The rows of --data as prompts: text through the template, or message lists through the chat
 // template; every row must hold the fields the rewards read.
 PromptSet read_prompts(const GrpoCommandOptions& o, const tokenizers::Tokenizer& tok, const serve::ServedModel& chat) {
-  std::ifstream in(o.data);
-  MT_CHECK(in, "[grpo] cannot read ", o.data);
   const std::vector<std::string> needed = posttrain::reward_fields(o.reward);
   std::vector<data::Example> rows;
-  size_t line_no = 0;
   PromptSet s;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string at = "[grpo] " + o.data + ":" + std::to_string(line_no) + ": ";
-    const json row = json::parse(line, nullptr, false);
-    MT_CHECK(!row.is_discarded() && row.is_object(), at, "not a JSON object");
-    std::string keys;
-    for (const auto& [k, v] : row.items()) keys += (keys.empty() ? "" : ", ") + k;
-    MT_CHECK(row.contains(o.prompt_field), at, "no '", o.prompt_field, "' field (fields: ", keys, ")");
-    for (const std::string& f : needed) MT_CHECK(row.contains(f), at, "no '", f, "' field for the reward (fields: ", keys, ")");
+  for_each_json_object(o.data, "grpo", [&](const json& row, const std::string& at) {
+    const json& p = required_field(row, o.prompt_field, at);
+    for (const std::string& f : needed)
+      MT_CHECK(row.contains(f), at, "no '", f, "' field for the reward (fields: ", keys_of(row), ")");
     data::Example fields;
     for (const auto& [k, v] : row.items()) {
       if (v.is_string()) fields.set(k, v.get<std::string>());
@@ -78,7 +69,6 @@ PromptSet read_prompts(const GrpoCommandOptions& o, const tokenizers::Tokenizer&
       else if (v.is_number()) fields.set(k, v.get<double>());
       else fields.set(k, v.dump());
     }
-    const json& p = row[o.prompt_field];
     std::string text;
     std::vector<int64_t> ids;
     if (p.is_array()) {
@@ -97,7 +87,7 @@ PromptSet read_prompts(const GrpoCommandOptions& o, const tokenizers::Tokenizer&
       ids.assign(e.ids.begin(), e.ids.end());
     }
     rows.push_back(posttrain::prompt_example(text, ids, fields));
-  }
+  });
   MT_CHECK(!rows.empty(), "[grpo] ", o.data, " has no rows");
   const int64_t n = int64_t(rows.size());
   const int64_t n_eval = o.eval_fraction > 0 ? std::max<int64_t>(1, int64_t(double(n) * o.eval_fraction)) : 0;

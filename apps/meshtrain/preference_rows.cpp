@@ -1,9 +1,8 @@
 #include "apps/meshtrain/preference_rows.h"
 
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
+#include "apps/meshtrain/jsonl_objects.h"
 #include "apps/meshtrain/sft_data.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/posttrain/preference_data.h"
@@ -37,19 +36,6 @@ struct Row {
   std::string plain_chosen;   // text rows: the chosen field itself (the held-out answer)
 };
 
-std::string where(const std::string& path, size_t line) { return "[dpo] " + path + ":" + std::to_string(line) + ": "; }
-
-std::string keys_of(const json& row) {
-  std::string k;
-  for (const auto& [key, v] : row.items()) k += (k.empty() ? "" : ", ") + key;
-  return k;
-}
-
-const json& field(const json& row, const std::string& name, const std::string& at) {
-  MT_CHECK(row.contains(name), at, "no '", name, "' field (fields: ", keys_of(row), ")");
-  return row[name];
-}
-
 std::string text_of(const json& v, const std::string& name, const std::string& at) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number()) return v.dump();
@@ -79,8 +65,8 @@ std::string render(const json& messages, const serve::ServedModel& chat, bool ge
 // rendered with the generation prompt; each response is what the full conversation's
 // rendering adds after it.
 Row conversation_row(const json& row, const PreferenceFlags& f, const serve::ServedModel& chat, const std::string& at) {
-  json chosen = messages_of(field(row, f.chosen_field, at), f.chosen_field, at);
-  json rejected = messages_of(field(row, f.rejected_field, at), f.rejected_field, at);
+  json chosen = messages_of(required_field(row, f.chosen_field, at), f.chosen_field, at);
+  json rejected = messages_of(required_field(row, f.rejected_field, at), f.rejected_field, at);
   json prompt = json::array();
   if (row.contains(f.prompt_field)) {
     prompt = messages_of(row[f.prompt_field], f.prompt_field, at);
@@ -115,33 +101,25 @@ PreferenceCorpus make_preference_corpus(const PreferenceFlags& f, const tokenize
   MT_CHECK(r != std::string::npos && p != std::string::npos && p < r, "[dpo] --template must contain {prompt} before {response}, got '",
            f.template_text, "'");
   const std::string tail = f.template_text.substr(r + std::string("{response}").size());
-  std::ifstream in(f.data);
-  MT_CHECK(in, "[dpo] cannot read ", f.data);
   PreferenceCorpus c;
   std::vector<Row> rows;
-  size_t line_no = 0;
   int kinds = 0;  // 1: text rows seen, 2: conversations seen
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string at = where(f.data, line_no);
-    json row = json::parse(line, nullptr, false);
-    MT_CHECK(!row.is_discarded() && row.is_object(), at, "not a JSON object");
-    const bool conversational = field(row, f.chosen_field, at).is_array();
+  for_each_json_object(f.data, "dpo", [&](const json& row, const std::string& at) {
+    const bool conversational = required_field(row, f.chosen_field, at).is_array();
     kinds |= conversational ? 2 : 1;
     MT_CHECK(kinds != 3, at, "text rows and conversations mixed in one file");
     if (conversational) {
       rows.push_back(conversation_row(row, f, chat, at));
-      continue;
+      return;
     }
     Row x;
-    const std::string prompt = text_of(field(row, f.prompt_field, at), f.prompt_field, at);
+    const std::string prompt = text_of(required_field(row, f.prompt_field, at), f.prompt_field, at);
     x.prompt = prompt_text(f.template_text, prompt);
-    x.plain_chosen = text_of(field(row, f.chosen_field, at), f.chosen_field, at);
+    x.plain_chosen = text_of(required_field(row, f.chosen_field, at), f.chosen_field, at);
     x.chosen = x.plain_chosen + tail;
-    x.rejected = text_of(field(row, f.rejected_field, at), f.rejected_field, at) + tail;
+    x.rejected = text_of(required_field(row, f.rejected_field, at), f.rejected_field, at) + tail;
     rows.push_back(std::move(x));
-  }
+  });
   MT_CHECK(!rows.empty(), "[dpo] ", f.data, " has no rows");
   c.conversational = kinds == 2;
   c.rows = int64_t(rows.size());
