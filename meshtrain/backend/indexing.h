@@ -1,14 +1,22 @@
 #pragma once
 // Gather / scatter-add / top-k kernels: cpu/indexing.cpp and cuda/indexing.cu. Index arrays are
-// i32 or i64 and have been validated by the caller (check_indices), so kernels never see an
-// out-of-range index.
+// i32 or i64 and have been validated by the caller (ops/index_checks.h: index_verdict, its
+// verdict read at once or, inside a deferred-check scope, with the step's loss, the kernels then
+// reading a copy with the bad entries zeroed), so kernels never see an out-of-range index.
 #include <cstdint>
 #include <string>
 
 #include "meshtrain/core/array.h"
 
-// check_indices: throws mt::Error "[op] index v out of range [0, size) ..." naming the first bad
-//   index, the axis size, `context` (the shapes involved). idx: any shape, i32 or i64.
+namespace mt {
+// index_verdict's "every index is in range".
+inline constexpr int64_t kNoBadIndex = INT64_MAX;
+}  // namespace mt
+
+// index_verdict: first (an i64 scalar on idx's device) = the smallest flat position j with
+//   idx[j] outside [0, size) and idx[j] != skip, or kNoBadIndex (INT64_MAX) when there is none;
+//   written, never read here. With `safe` (idx-shaped, idx's dtype): safe = idx with those
+//   entries replaced by 0. idx: any shape, i32 or i64 (another dtype is an error naming `op`).
 // take: out[o, j, r] = x[o, idx[j], r]. x (outer, A, inner); idx (n_idx,); out (outer, n_idx,
 //   inner) in x's dtype.
 // scatter_add: out[o, a, r] = Σ over j with idx[j] == a of upd[o, j, r]; rows never hit are zero.
@@ -24,7 +32,7 @@
 //   dtype; indices (outer, k, inner) i64.
 // one_hot: out[..., c] = (ids[...] == c); ids (n,) validated; out (n, C), any dtype.
 #define MT_INDEXING_KERNELS                                                                                   \
-  void check_indices(const Array& idx, int64_t size, const char* op, const std::string& context);             \
+  void index_verdict(const Array& idx, int64_t size, int64_t skip, Array& first, Array* safe, const char* op); \
   void take(const Array& x, const Array& idx, Array& out, int64_t outer, int64_t a, int64_t inner);           \
   void scatter_add(const Array& upd, const Array& idx, Array& out, int64_t outer, int64_t a, int64_t inner);  \
   void take_along_axis(const Array& x, const Array& idx, Array& out, int axis);                               \

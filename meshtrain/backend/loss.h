@@ -17,16 +17,15 @@
 //   (an i64 scalar on the device) when `mean` (NaN when count is 0: every target ignored, as
 //   PyTorch).
 // cross_entropy_count: count (an i64 scalar) = the labels that are not ignore_index, on the
-//   device, so the mean needs no host read of the labels; a label outside [0, C) (C the
-//   logits' last dim) is an error naming its flat position and both arrays (on the GPU the
-//   verdict, one word, is read back).
+//   device, so the mean needs no host read of the labels. The labels were validated first
+//   (ops/index_checks.h), so every other label is in [0, C).
 #define MT_LOSS_KERNELS                                                                                   \
   void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, \
                              Array& loss, Array& lse);                                                     \
   void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse,                  \
                               const Array& row_scale, int64_t ignore_index, float smoothing, Array& grad); \
   void cross_entropy_total(const Array& loss, const Array& count, bool mean, Array& out);                  \
-  void cross_entropy_count(const Array& logits, const Array& labels, int64_t ignore_index, Array& count);
+  void cross_entropy_count(const Array& labels, int64_t ignore_index, Array& count);
 
 namespace mt::cpu { MT_LOSS_KERNELS }
 namespace mt::cuda { MT_LOSS_KERNELS }

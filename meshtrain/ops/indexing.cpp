@@ -9,6 +9,7 @@
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/index_checks.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -79,8 +80,10 @@ class TakePrimitive final : public IndexPrimitive {
     return {splice(in[0].shape(), axis_, in[1].shape()), in[0].dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    const Array &x = in[0], &indices = in[1];
-    MT_KERNEL(indices, check_indices, indices, x.shape()[axis_], "take", detail::concat("x ", x.str(), ", axis ", axis_));
+    const Array& x = in[0];
+    const int64_t a = x.shape()[axis_];
+    const Array indices = checked_indices(
+        in[1], a, "take", index_range_message("take", a, in[1].shape(), detail::concat("x ", x.str(), ", axis ", axis_)));
     int64_t outer, inner;
     split_at(x.shape(), axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
@@ -106,11 +109,15 @@ class ScatterAddPrimitive final : public IndexPrimitive {
     return {shape_, updates.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    MT_KERNEL(in[1], check_indices, in[1], shape_[axis_], "scatter_add", detail::concat("target shape ", shape_.str(), ", axis ", axis_));
+    const int64_t a = shape_[axis_];
+    const Array indices =
+        checked_indices(in[1], a, "scatter_add",
+                        index_range_message("scatter_add", a, in[1].shape(),
+                                            detail::concat("target shape ", shape_.str(), ", axis ", axis_)));
     int64_t outer, inner;
     split_at(shape_, axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
-    MT_KERNEL(out, scatter_add, in[0], in[1], out, outer, shape_[axis_], inner);
+    MT_KERNEL(out, scatter_add, in[0], indices, out, outer, a, inner);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override { return {take(g, s.inputs[1], axis_), Array()}; }
@@ -128,8 +135,12 @@ class TakeAlongAxisPrimitive final : public IndexPrimitive {
     return {in[1].shape(), in[0].dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    const Array &x = in[0], &indices = in[1];
-    MT_KERNEL(indices, check_indices, indices, x.shape()[axis_], "take_along_axis", detail::concat("x ", x.str(), ", axis ", axis_));
+    const Array& x = in[0];
+    const int64_t a = x.shape()[axis_];
+    const Array indices =
+        checked_indices(in[1], a, "take_along_axis",
+                        index_range_message("take_along_axis", a, in[1].shape(),
+                                            detail::concat("x ", x.str(), ", axis ", axis_)));
     Array out = Array::empty(o.shape, o.dtype);
     MT_KERNEL(out, take_along_axis, x, indices, out, axis_);
     return out;
@@ -151,10 +162,13 @@ class ScatterAddAlongAxisPrimitive final : public IndexPrimitive {
     return {shape_, updates.dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    MT_KERNEL(in[1], check_indices, in[1], shape_[axis_], "scatter_add_along_axis",
-                       detail::concat("target shape ", shape_.str(), ", axis ", axis_));
+    const int64_t a = shape_[axis_];
+    const Array indices =
+        checked_indices(in[1], a, "scatter_add_along_axis",
+                        index_range_message("scatter_add_along_axis", a, in[1].shape(),
+                                            detail::concat("target shape ", shape_.str(), ", axis ", axis_)));
     Array out = Array::empty(o.shape, o.dtype);
-    MT_KERNEL(out, scatter_add_along_axis, in[0], in[1], out, axis_);
+    MT_KERNEL(out, scatter_add_along_axis, in[0], indices, out, axis_);
     return out;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
@@ -182,15 +196,19 @@ class EmbeddingPrimitive final : public prim::Primitive {
     return {Shape(dims), in[0].dtype()};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs& aux) const override {
-    const Array &table = in[0], &ids = in[1];
+    const Array& table = in[0];
     const int64_t v = table.dim(0), d = table.dim(1);
     Array out = Array::empty(o.shape, o.dtype);
     if (!masked_) {
-      MT_KERNEL(ids, check_indices, ids, v, "embedding", detail::concat("table ", table.str()));
+      const Array ids = checked_indices(in[1], v, "embedding",
+                                        index_range_message("embedding", v, in[1].shape(), "table " + table.str()));
       MT_KERNEL(out, take, table, ids, out, 1, v, d);
       return out;
     }
-    MT_KERNEL(ids, check_indices, ids, vocab_, "embedding", detail::concat("table (", vocab_, ", ", d, ")"));
+    const Array ids =
+        checked_indices(in[1], vocab_, "embedding",
+                        index_range_message("embedding", vocab_, in[1].shape(),
+                                            detail::concat("table (", vocab_, ", ", d, ")")));
     // Local row of each id (0 where another rank holds it) and whether this rank holds it.
     std::vector<int64_t> all = ids.to_ints(), local(all.size());
     std::vector<float> held(all.size()), trained(all.size());
@@ -242,9 +260,12 @@ class OneHotPrimitive final : public prim::Primitive {
     return {Shape(dims), dtype_};
   }
   Array run(const Inputs& in, const OutputInfo& o, Inputs&) const override {
-    MT_KERNEL(in[0], check_indices, in[0], num_classes_, "one_hot", detail::concat("num_classes ", num_classes_));
+    const Array ids =
+        checked_indices(in[0], num_classes_, "one_hot",
+                        index_range_message("one_hot", num_classes_, in[0].shape(),
+                                            detail::concat("num_classes ", num_classes_)));
     Array out = Array::empty(o.shape, o.dtype);
-    MT_KERNEL(out, one_hot, in[0], out, num_classes_);
+    MT_KERNEL(out, one_hot, ids, out, num_classes_);
     return out;
   }
   bool differentiable(const Inputs&, const OutputInfo&) const override { return false; }

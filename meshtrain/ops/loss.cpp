@@ -9,6 +9,7 @@
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/index_checks.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
@@ -113,22 +114,32 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     return {reduction_ == Reduction::none ? in[1].shape() : Shape{}, DType::f32};
   }
   Array run(const Inputs& in, const OutputInfo&, Inputs& aux) const override {
-    const Array &logits = in[0], &labels = in[1];
-    const int64_t n = labels.numel();
-    // The targets' count on the device (the labels validated there): no host read mid-step.
-    Array count = Array::empty(Shape{}, DType::i64);
-    MT_KERNEL(labels, cross_entropy_count, logits, labels, ignore_index_, count);
+    const Array& logits = in[0];
+    const int64_t n = in[1].numel(), classes = logits.dim(-1);
+    // Validated on the device (read at once, or with the step's loss inside a Trainer step),
+    // and the targets counted there: no host read mid-step.
+    const Array labels = checked_indices(
+        in[1], classes, "cross_entropy",
+        [classes, ignore = ignore_index_, l = logits.str(), y = in[1].str()](int64_t position, int64_t value) {
+          return detail::concat("[cross_entropy] label ", value, " out of range for ", classes,
+                                " classes at flat position ", position, " (logits ", l, ", labels ", y,
+                                ", ignore_index ", ignore, ")");
+        },
+        ignore_index_);
+    Array count = Array::empty(Shape{}, DType::i64, labels.device());
+    MT_KERNEL(labels, cross_entropy_count, labels, ignore_index_, count);
     Array rows = Array::empty(Shape{n}, DType::f32);
     Array lse = Array::empty(Shape{n}, DType::f32);
     MT_KERNEL(logits, cross_entropy_forward, logits, labels, ignore_index_, float(smoothing_), rows, lse);
-    aux = {lse, count};
+    // The checked labels: inside a deferred scope the backward reads the same in-bounds copy.
+    aux = {lse, count, labels};
     if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
     Array total = Array::empty(Shape{}, DType::f32);
     MT_KERNEL(rows, cross_entropy_total, rows, count, reduction_ == Reduction::mean, total);
     return total;
   }
   Grads vjp(const Saved& s, const Array& g) const override {
-    const Array &logits = s.inputs[0], &labels = s.inputs[1];
+    const Array &logits = s.inputs[0], &labels = s.aux[2];
     const int64_t classes = logits.dim(-1), rows = labels.numel();
     const Array& count = s.aux[1];
     // Under nested differentiation the backward pass must itself be recorded.

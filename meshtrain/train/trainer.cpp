@@ -17,6 +17,7 @@
 #include "meshtrain/distributed/layout_tree.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/deferred_checks.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/async_metric_writer.h"
@@ -121,6 +122,7 @@ void Trainer::release_optimizer_state() {
 double Trainer::train(const std::vector<Batch>& micro_batches) {
   MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   MT_CHECK(!opt_state_released_, "[trainer] cannot train: the optimizer state was released (release_optimizer_state)");
+  MT_CHECK(broken_.empty(), "[trainer] cannot train: ", broken_);
   const RngKey key = deployer_.step_key(step_);
   std::vector<Batch> rolled;
   if (rollout_) {
@@ -154,6 +156,9 @@ void Trainer::print(const std::string& text) {
 
 double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   const uint64_t reads_at_start = host_read_count();
+  // Index checks (token ids, labels) record their verdicts on the device; they are read with
+  // the loss, so the step does not wait for the device midway.
+  DeferredChecks checks;
   Params grads;
   // The losses are read after the optimizer is enqueued: on a GPU the host then queues the
   // update while the backward pass still runs, instead of waiting for it first.
@@ -213,6 +218,14 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   step_host_reads_ = host_read_count() - reads_at_start;
   double loss_total = 0;
   for (const Array& loss : losses) loss_total += loss.item();
+  try {
+    checks.read();
+  } catch (const Error& e) {
+    broken_ = detail::concat("step ", step_ + 1, " read an invalid input (", e.what(),
+                             ") after its update was applied; nothing was saved from it — fix the data and resume "
+                             "from the last checkpoint");
+    throw Error(detail::concat("[trainer] ", broken_));
+  }
   step_metrics_ = recorded.read();
   return loss_total / double(micro_batches.size());
 }
@@ -249,6 +262,7 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   // they are laid out differently.
   Array sharded_sum, tail_sum;
   autodiff::NoGradGuard no_grad;
+  DeferredChecks checks;  // read with the sums, at the end
   const Params compute = precision_policy().cast_for_compute(params_);
   MetricMeans recorded;
   auto add_batch = [&](const Batch& batch, double rows, Array& sum) {
@@ -272,6 +286,7 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   double total = 0;
   for (const Array* sum : {&sharded_sum, &tail_sum})
     if (sum->defined()) total += dist::to_host(*sum).item();
+  checks.read();
   std::map<std::string, double> metrics = recorded.read("eval_");
   metrics["eval_loss"] = total / double(n);
   return metrics;
@@ -281,6 +296,7 @@ void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const
                               const FitOptions& o, const BestMetric* best, double value) {
   trace::Span span("phase", "checkpoint");
   MT_CHECK(!opt_state_released_, "[trainer] cannot checkpoint: the optimizer state was released (release_optimizer_state)");
+  MT_CHECK(broken_.empty(), "[trainer] cannot checkpoint: ", broken_);
   json meta = o.checkpoint_extra.is_object() ? o.checkpoint_extra : json::object();
   meta["epoch_progress"] = {{"loss_sum", epoch.loss_sum}, {"steps", epoch.steps}};
   meta["data"] = data_state;

@@ -226,6 +226,9 @@ class Trainer {
   optim::Transform optimizer_;
   Params opt_state_;
   bool opt_state_released_ = false;
+  // Set when a step's deferred check failed after its update was applied: the parameters are
+  // no longer those of any step, so the trainer neither trains nor saves again.
+  std::string broken_;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
   RolloutFn rollout_;

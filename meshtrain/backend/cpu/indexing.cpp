@@ -69,17 +69,22 @@ inline void copy_elems(char* dst, const char* src, int64_t n, size_t es) {
 
 }  // namespace
 
-void check_indices(const Array& idx, int64_t size, const char* op, const std::string& context) {
+void index_verdict(const Array& idx, int64_t size, int64_t skip, Array& first, Array* safe, const char* op) {
   MT_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64, "[", op, "] indices must be i32 or i64, got ",
            idx.str());
+  int64_t bad = kNoBadIndex;
   dispatch_index(idx, [&](const auto* pi) {
+    using I = std::remove_const_t<std::remove_pointer_t<decltype(pi)>>;
+    I* ps = safe ? safe->data<I>() : nullptr;
     const int64_t n = idx.numel();
     for (int64_t j = 0; j < n; ++j) {
-      int64_t v = int64_t(pi[j]);
-      MT_CHECK(v >= 0 && v < size, "[", op, "] index ", v, " out of range [0, ", size, ") at flat position ", j,
-               " of indices ", idx.shape().str(), "; ", context);
+      const int64_t v = int64_t(pi[j]);
+      const bool ok = (v >= 0 && v < size) || v == skip;
+      if (!ok && bad == kNoBadIndex) bad = j;
+      if (ps) ps[j] = ok ? pi[j] : I(0);
     }
   });
+  first.data<int64_t>()[0] = bad;
 }
 
 void take(const Array& x, const Array& idx, Array& out, int64_t outer, int64_t a, int64_t inner) {

@@ -1,6 +1,6 @@
 // Gather / scatter-add / top-k / one-hot kernels. Index arrays are validated first
-// (check_indices: a device scan, then one wait for its verdict), so kernels never see an
-// out-of-range index. Scatter-adds accumulate with atomics (f32 for floating dtypes, as the
+// (index_verdict: a device scan writing the first bad position, which the caller reads at once
+// or with the step's loss), so kernels never see an out-of-range index. Scatter-adds accumulate with atomics (f32 for floating dtypes, as the
 // CPU accumulates; the order of additions differs from the CPU's index order).
 #include <vector>
 
@@ -19,11 +19,15 @@ void dispatch_index(const Array& idx, const char* op, F&& f) {
   else throw Error(detail::concat("[", op, "] indices must be i32 or i64, got ", idx.str()));
 }
 
+// `first` starts at kNoBadIndex; positions are non-negative, so the unsigned minimum is theirs.
 template <class I>
-__global__ void first_bad_index_kernel(const I* idx, int64_t n, int64_t size, unsigned long long* first) {
+__global__ void index_verdict_kernel(const I* idx, int64_t n, int64_t size, int64_t skip, unsigned long long* first,
+                                     I* safe) {
   MT_GRID_LOOP(j, n) {
     const int64_t v = int64_t(idx[j]);
-    if (v < 0 || v >= size) atomicMin(first, (unsigned long long)j);
+    const bool ok = (v >= 0 && v < size) || v == skip;
+    if (!ok) atomicMin(first, (unsigned long long)j);
+    if (safe) safe[j] = ok ? idx[j] : I(0);
   }
 }
 
@@ -190,25 +194,19 @@ Strided index_layout(const Shape& idx_shape, const std::vector<int64_t>& target_
 
 }  // namespace
 
-void check_indices(const Array& idx, int64_t size, const char* op, const std::string& context) {
+void index_verdict(const Array& idx, int64_t size, int64_t skip, Array& first, Array* safe, const char* op) {
   MT_CHECK(idx.dtype() == DType::i32 || idx.dtype() == DType::i64, "[", op, "] indices must be i32 or i64, got ",
            idx.str());
+  const int64_t none = kNoBadIndex;
+  fill_pattern(first.raw(), &none, 8, 1);
   const int64_t n = idx.numel();
   if (n == 0) return;
-  Array first = Array::empty(Shape{}, DType::i64, idx.device());
-  const uint64_t none = UINT64_MAX;
-  fill_pattern(first.raw(), &none, 8, 1);
   dispatch_index(idx, op, [&](auto tag) {
     using I = decltype(tag);
-    first_bad_index_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<I>(idx), n, size,
-                                                                      static_cast<unsigned long long*>(first.raw()));
+    index_verdict_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(
+        ptr<I>(idx), n, size, skip, static_cast<unsigned long long*>(first.raw()), safe ? mptr<I>(*safe) : nullptr);
   });
   check_launch(op);
-  uint64_t bad = 0;
-  cuda_runtime().copy_to_host(&bad, first.raw(), 8);
-  if (bad == UINT64_MAX) return;
-  // Report exactly as the CPU does: the first bad position, its value, the shapes.
-  cpu::check_indices(idx.to(Device::cpu()), size, op, context);
 }
 
 void take(const Array& x, const Array& idx, Array& out, int64_t outer, int64_t a, int64_t inner) {

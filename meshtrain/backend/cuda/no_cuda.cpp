@@ -88,7 +88,7 @@ void paged_attention(const Array&, const Array&, const Array&, const kernels::Pa
 void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
 void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
 void cross_entropy_total(const Array&, const Array&, bool, Array&) { no_cuda(); }
-void check_indices(const Array&, int64_t, const char*, const std::string&) { no_cuda(); }
+void index_verdict(const Array&, int64_t, int64_t, Array&, Array*, const char*) { no_cuda(); }
 void take(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void scatter_add(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void take_along_axis(const Array&, const Array&, Array&, int) { no_cuda(); }
@@ -97,7 +97,7 @@ void top_k(const Array&, Array&, Array&, int64_t, int64_t, int64_t, int64_t) { n
 void one_hot(const Array&, Array&, int64_t) { no_cuda(); }
 void dropout(const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
 void dropout_add(const Array&, const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
-void cross_entropy_count(const Array&, const Array&, int64_t, Array&) { no_cuda(); }
+void cross_entropy_count(const Array&, int64_t, Array&) { no_cuda(); }
 void adam_moments(const Array&, const Array&, const Array&, const kernels::AdamHyper&, Array&) { no_cuda(); }
 void adam_direction(const Array&, const Array&, const Array*, const kernels::AdamHyper&, Array&) { no_cuda(); }
 void adam_moments_multi(const std::vector<Array>&, const kernels::AdamHyper&, Array&) { no_cuda(); }

@@ -1,0 +1,32 @@
+#include "meshtrain/ops/index_checks.h"
+
+#include <utility>
+
+#include "meshtrain/backend/indexing.h"
+#include "meshtrain/backend/kernel_dispatch.h"
+#include "meshtrain/core/error.h"
+
+namespace mt {
+
+CheckMessage index_range_message(const char* op, int64_t size, const Shape& indices, std::string context) {
+  return [op, size, shape = indices.str(), context = std::move(context)](int64_t position, int64_t value) {
+    return detail::concat("[", op, "] index ", value, " out of range [0, ", size, ") at flat position ", position,
+                          " of indices ", shape, "; ", context);
+  };
+}
+
+Array checked_indices(const Array& idx, int64_t size, const char* op, CheckMessage message, int64_t skip) {
+  Array first = Array::empty(Shape{}, DType::i64, idx.device());
+  DeferredChecks* deferred = DeferredChecks::current();
+  if (!deferred) {
+    MT_KERNEL(idx, index_verdict, idx, size, skip, first, nullptr, op);
+    settle_now({first, idx, std::move(message)});
+    return idx;
+  }
+  Array safe = Array::empty(idx.shape(), idx.dtype(), idx.device());
+  MT_KERNEL(idx, index_verdict, idx, size, skip, first, &safe, op);
+  deferred->record({first, idx, std::move(message)});
+  return safe;
+}
+
+}  // namespace mt

@@ -1,0 +1,147 @@
+// Deferred index checks (issue 45): inside a DeferredChecks scope (a Trainer step, an
+// evaluation) an out-of-range index or label does not stop the host at the op; its verdict is
+// recorded on the device and read with the loss, and the error then names the op, the value and
+// its flat position as the immediate check does. Meanwhile the kernels read in bounds (the bad
+// entries zeroed), so the step finishes without a fault. A Trainer whose step read a bad label
+// stops: it neither trains nor checkpoints again, and the checkpoint saved before stays intact.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "meshtrain/autodiff/value_and_grad.h"
+#include "meshtrain/models/gpt2.h"
+#include "meshtrain/ops/deferred_checks.h"
+#include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/loss.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/support/model_twins.h"
+
+namespace mt::testing {
+namespace {
+
+using namespace mt::models;
+
+// The message of the error `f` throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(DeferredChecks, AnOutOfRangeLabelIsReportedWhenTheLossIsReadNotAtTheOp) {
+  Array logits = random_normal({3, 5}, 6);
+  Array labels = Array::from_vector(std::vector<int64_t>{1, -100, 7}, {3});
+  DeferredChecks checks;
+  Array loss, grad;
+  // Forward and backward run to the end: the fused kernels read the zeroed copy, in bounds.
+  EXPECT_EQ(error_of([&] {
+              auto [value, grads] =
+                  value_and_grad([&](const Params& q) { return cross_entropy(q["x"], labels); })(Params{{"x", logits}});
+              loss = value, grad = grads["x"];
+            }),
+            "");
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  for (float g : grad.to_floats()) EXPECT_TRUE(std::isfinite(g));
+  EXPECT_GE(checks.pending(), 1u);
+  const std::string message = error_of([&] { checks.read(); });
+  EXPECT_TRUE(contains(message, "[cross_entropy] label 7 out of range for 5 classes at flat position 2")) << message;
+  EXPECT_TRUE(contains(message, "deferred")) << message;
+  // Read once: the verdicts are forgotten, a second read finds nothing.
+  EXPECT_EQ(checks.pending(), 0u);
+  EXPECT_EQ(error_of([&] { checks.read(); }), "");
+}
+
+TEST(DeferredChecks, AnOutOfRangeTokenIdGivesAZeroRowUntilItsVerdictIsRead) {
+  Array table = random_normal({5, 4}, 2);
+  Array ids = Array::from_vector(std::vector<int64_t>{0, 4, 2, 9}, {2, 2});
+  // Outside a scope: the immediate error, before any kernel runs.
+  const std::string immediate = error_of([&] { embedding(table, ids); });
+  EXPECT_TRUE(contains(immediate, "[embedding] index 9 out of range [0, 5) at flat position 3 of indices (2, 2)"))
+      << immediate;
+  DeferredChecks checks;
+  Array rows = embedding(table, ids);
+  const std::vector<float> got = rows.to_floats(), t = table.to_floats();
+  for (int64_t d = 0; d < 4; ++d) {
+    EXPECT_EQ(got[size_t(4 + d)], t[size_t(16 + d)]);  // id 4, looked up as usual
+    EXPECT_EQ(got[size_t(12 + d)], t[size_t(d)]);     // id 9 read as 0 until the verdict is read
+  }
+  const std::string deferred = error_of([&] { checks.read(); });
+  EXPECT_TRUE(contains(deferred, "[embedding] index 9 out of range [0, 5) at flat position 3 of indices (2, 2)"))
+      << deferred;
+}
+
+TEST(DeferredChecks, ScopesNestAndTheInnermostCollects) {
+  Array x = random_normal({4, 3}, 1);
+  Array bad = Array::from_vector(std::vector<int32_t>{0, 5}, {2});
+  DeferredChecks outer;
+  {
+    DeferredChecks inner;
+    take(x, bad, 0);
+    EXPECT_EQ(inner.pending(), 1u);
+    EXPECT_EQ(outer.pending(), 0u);
+    EXPECT_TRUE(contains(error_of([&] { inner.read(); }), "[take] index 5 out of range [0, 4) at flat position 1"));
+  }
+  EXPECT_EQ(DeferredChecks::current(), &outer);
+  take(x, Array::from_vector(std::vector<int32_t>{3, 1}, {2}), 0);
+  EXPECT_EQ(outer.pending(), 1u);
+  EXPECT_EQ(error_of([&] { outer.read(); }), "");
+}
+
+TEST(DeferredChecks, ATrainerStepWithABadLabelStopsAndLeavesTheSavedCheckpoint) {
+  Gpt2Config c;
+  c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+  Params p = random_model_params(gpt2_param_defs(c), 4);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("mt_deferred_checks_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  train::Deployer deployer({.seed = 1, .workdir = dir.string(), .verbose = false});
+  std::vector<data::Example> rows;
+  for (int64_t i = 0; i < 8; ++i) {
+    std::vector<int64_t> t = random_ints({17}, 10 + uint64_t(i), 0, c.vocab_size).to_ints();
+    if (i == 4) t[16] = c.vocab_size;  // only a label: row 4 opens step 3's batch
+    rows.push_back({{"tokens", t}});
+  }
+  auto collate = [](const std::vector<data::Example>& ex) {
+    std::vector<int64_t> ids, labels;
+    for (const data::Example& e : ex) {
+      const std::vector<int64_t>& t = e.tokens("tokens");
+      ids.insert(ids.end(), t.begin(), t.end() - 1);
+      labels.insert(labels.end(), t.begin() + 1, t.end());
+    }
+    const int64_t n = int64_t(ex.size());
+    return train::Batch{{"ids", Array::from_vector(ids, {n, 16})}, {"labels", Array::from_vector(labels, {n, 16})}};
+  };
+  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
+    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
+  };
+  train::Trainer trainer(deployer, collate, loss, p, optim::adamw(optim::constant_schedule(1e-3)));
+  train::FitOptions o;
+  o.per_device_batch_size = 2, o.max_steps = 4, o.shuffle = false, o.save_every = 2, o.progress = false;
+  const std::string message = error_of([&] { trainer.fit(data::make_dataset(rows), o); });
+  EXPECT_TRUE(contains(message, "step 3")) << message;
+  EXPECT_TRUE(contains(message, "label 41 out of range for 41 classes at flat position 15")) << message;
+  EXPECT_EQ(trainer.step(), 2);  // the failed step is not counted, though its update was applied
+  // The trainer refuses to go on or to save its state, which took the bad step's update.
+  EXPECT_TRUE(contains(error_of([&] { trainer.train({collate({rows[0], rows[1]})}); }), "cannot train")) ;
+  // The step-2 checkpoint is the latest, and it loads.
+  train::CheckpointManager manager((dir / "checkpoints").string());
+  ASSERT_TRUE(manager.latest().has_value());
+  EXPECT_EQ(std::filesystem::path(*manager.latest()).filename().string(), train::step_name(2));
+  EXPECT_EQ(manager.all().size(), 1u);
+  const train::CheckpointState saved = train::CheckpointManager::restore(*manager.latest(), deployer.mesh());
+  EXPECT_EQ(saved.step, 2);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt::testing
