@@ -110,6 +110,12 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                 "with --resume and another --steps: fit the learning-rate schedule to the new step count (by default "
                 "the run keeps the schedule it was planned with)");
   cmd->add_flag("--resume", f.resume, "continue from the newest checkpoint in --output-dir");
+  cmd->add_option("--checkpoint-writes", f.checkpoint_writes,
+                  "write checkpoint files from a copy while training goes on (background), or before it does "
+                  "(foreground); auto: in the background for a state on a GPU whose host copy fits in half the available "
+                  "memory (on the CPU the copy would add the state to the peak memory)")
+      ->check(CLI::IsMember({"auto", "background", "foreground"}))
+      ->capture_default_str();
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
                   "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
@@ -286,6 +292,7 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.log_mfu = true;
   f.peak_gflops = flags.peak_gflops;
   f.dry_run = flags.dry_run;
+  if (flags.checkpoint_writes != "auto") f.background_checkpoints = flags.checkpoint_writes == "background";
 }
 
 optim::Transform gradient_clipping(double max_grad_norm) {

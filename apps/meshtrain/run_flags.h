@@ -34,6 +34,7 @@ struct RunFlags {
   std::string remat = "none";     // what the backward pass recomputes: none, block or full (autodiff/remat.h)
   std::string device = "auto";    // auto, cpu, cuda, cuda:N (core/device.h)
   std::string attention = "auto";  // auto, composed or fused (mt::AttentionKernel)
+  std::string checkpoint_writes = "auto";  // auto, background or foreground (train/background_checkpoints.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);

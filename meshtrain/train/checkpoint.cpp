@@ -63,50 +63,60 @@ std::string step_name(int64_t step) {
 
 CheckpointManager::CheckpointManager(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {}
 
-std::string CheckpointManager::write(const CheckpointState& state, const dist::Mesh& mesh, const std::string& name,
-                                     const json& extra_meta) {
+StagedCheckpoint CheckpointManager::stage(const CheckpointState& state, const dist::Mesh& mesh,
+                                          const std::string& name, const json& extra_meta) const {
   dist::Communicator& comm = mesh.comm();
-  const std::string final_dir = (fs::path(dir_) / name).string();
-  const std::string tmp_dir = (fs::path(dir_) / (".tmp_" + name)).string();
+  StagedCheckpoint staged;
+  staged.name = name;
+  staged.final_dir = (fs::path(dir_) / name).string();
+  staged.tmp_dir = (fs::path(dir_) / (".tmp_" + name)).string();
+  staged.file = (fs::path(staged.tmp_dir) / ("rank_" + std::to_string(comm.rank()) + ".safetensors")).string();
   if (comm.rank() == 0) {
-    fs::remove_all(tmp_dir);
-    fs::create_directories(tmp_dir);
+    fs::remove_all(staged.tmp_dir);
+    fs::create_directories(staged.tmp_dir);
   }
   comm.barrier();
-  json meta = {{"step", state.step}, {"epoch", state.epoch}, {"mesh", mesh.str()}, {"world_size", comm.size()},
-               {"params", json::array()}, {"opt_state", json::array()}, {"extra", state.extra}};
-  for (auto it = extra_meta.begin(); it != extra_meta.end(); ++it) meta[it.key()] = it.value();
-  Params tensors;
-  std::map<std::string, std::string> offsets;
-  collect("params", state.params, mesh, tensors, offsets, meta);
-  collect("opt_state", state.opt_state, mesh, tensors, offsets, meta);
-  io::save_safetensors((fs::path(tmp_dir) / ("rank_" + std::to_string(comm.rank()) + ".safetensors")).string(), tensors,
-                       offsets);
-  comm.barrier();
+  staged.meta = {{"step", state.step}, {"epoch", state.epoch}, {"mesh", mesh.str()}, {"world_size", comm.size()},
+                 {"params", json::array()}, {"opt_state", json::array()}, {"extra", state.extra}};
+  for (auto it = extra_meta.begin(); it != extra_meta.end(); ++it) staged.meta[it.key()] = it.value();
+  collect("params", state.params, mesh, staged.tensors, staged.offsets, staged.meta);
+  collect("opt_state", state.opt_state, mesh, staged.tensors, staged.offsets, staged.meta);
+  return staged;
+}
+
+void CheckpointManager::write_files(const StagedCheckpoint& staged) {
+  io::save_safetensors(staged.file, staged.tensors, staged.offsets);
+}
+
+std::string CheckpointManager::commit(const StagedCheckpoint& staged, const dist::Mesh& mesh) const {
+  dist::Communicator& comm = mesh.comm();
+  comm.barrier();  // every rank's file is complete
   if (comm.rank() == 0) {
-    std::ofstream out(fs::path(tmp_dir) / "meta.json");
-    out << meta.dump(2) << "\n";
+    const fs::path meta_path = fs::path(staged.tmp_dir) / "meta.json";
+    std::ofstream out(meta_path);
+    out << staged.meta.dump(2) << "\n";
     out.close();
-    MT_CHECK(out, "[checkpoint] cannot write ", (fs::path(tmp_dir) / "meta.json").string());
+    MT_CHECK(out, "[checkpoint] cannot write ", meta_path.string());
     // The old checkpoint of the same name goes only once the new one is complete.
-    const std::string old_dir = final_dir + ".old";
+    const std::string old_dir = staged.final_dir + ".old";
     fs::remove_all(old_dir);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
-    fs::rename(tmp_dir, final_dir);
+    if (fs::exists(staged.final_dir)) fs::rename(staged.final_dir, old_dir);
+    fs::rename(staged.tmp_dir, staged.final_dir);
     fs::remove_all(old_dir);
+    if (staged.prune && keep_last_ > 0) {
+      std::vector<std::string> done = all();
+      for (size_t i = 0; i + size_t(keep_last_) < done.size(); ++i) fs::remove_all(done[i]);
+    }
   }
   comm.barrier();
-  return final_dir;
+  return staged.final_dir;
 }
 
 std::string CheckpointManager::save(const CheckpointState& state, const dist::Mesh& mesh) {
-  std::string path = write(state, mesh, step_name(state.step), json::object());
-  if (keep_last_ > 0 && mesh.comm().rank() == 0) {
-    std::vector<std::string> done = all();
-    for (size_t i = 0; i + size_t(keep_last_) < done.size(); ++i) fs::remove_all(done[i]);
-  }
-  mesh.comm().barrier();
-  return path;
+  StagedCheckpoint staged = stage(state, mesh, step_name(state.step), json::object());
+  staged.prune = true;
+  write_files(staged);
+  return commit(staged, mesh);
 }
 
 BestMetric BestMetric::parse(const std::string& spec) {
@@ -120,19 +130,27 @@ bool BestMetric::improves(double value, double previous) const {
   return mode == Mode::max ? value > previous : value < previous;
 }
 
-bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const BestMetric& metric,
-                                  double value) {
+bool CheckpointManager::beats_best(const BestMetric& metric, double value) const {
   // A NaN or infinite metric (a diverged run, a constant prediction's correlation) is never
   // the best; JSON would store it as null.
   if (!std::isfinite(value)) return false;
   const fs::path meta_path = fs::path(dir_) / "best" / "meta.json";
-  if (fs::exists(meta_path)) {
-    json old = io::read_json_file(meta_path.string());
-    if (old.contains("best") && old["best"].value("metric", "") == metric.name && old["best"].contains("value") &&
-        old["best"]["value"].is_number() && !metric.improves(value, old["best"]["value"].get<double>()))
-      return false;
-  }
-  write(state, mesh, "best", {{"best", {{"metric", metric.name}, {"value", value}, {"mode", metric.mode_name()}}}});
+  if (!fs::exists(meta_path)) return true;
+  json old = io::read_json_file(meta_path.string());
+  return !(old.contains("best") && old["best"].value("metric", "") == metric.name && old["best"].contains("value") &&
+           old["best"]["value"].is_number() && !metric.improves(value, old["best"]["value"].get<double>()));
+}
+
+json CheckpointManager::best_meta(const BestMetric& metric, double value) {
+  return {{"best", {{"metric", metric.name}, {"value", value}, {"mode", metric.mode_name()}}}};
+}
+
+bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh& mesh, const BestMetric& metric,
+                                  double value) {
+  if (!beats_best(metric, value)) return false;
+  StagedCheckpoint staged = stage(state, mesh, "best", best_meta(metric, value));
+  write_files(staged);
+  commit(staged, mesh);
   return true;
 }
 

@@ -6,6 +6,7 @@
 // so a crash never leaves a half checkpoint as the newest. Restoring assembles each array
 // from the blocks and lays it out for any mesh: a run saved on 4 ranks resumes on 1.
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,20 @@ struct BestMetric {
 // The directory name of step `step`'s checkpoint: "step_00000042".
 std::string step_name(int64_t step);
 
+// One rank's part of a checkpoint between staging and commit: the arrays it writes (host
+// copies when staged to be written in the background), their offsets, and the meta.json that
+// rank 0 writes at the commit.
+struct StagedCheckpoint {
+  std::string name;       // "step_00000042", "best"
+  std::string tmp_dir;    // written here,
+  std::string final_dir;  // renamed to this at the commit
+  std::string file;       // this rank's safetensors file
+  Params tensors;
+  std::map<std::string, std::string> offsets;
+  nlohmann::json meta;
+  bool prune = false;  // drop step checkpoints beyond keep_last at the commit
+};
+
 class CheckpointManager {
  public:
   // Checkpoints live in `dir`/step_<N>; the newest `keep_last` are kept (0 keeps all).
@@ -72,10 +87,22 @@ class CheckpointManager {
                                  const IntoFn& into = {});
 
   const std::string& dir() const { return dir_; }
+  int keep_last() const { return keep_last_; }
+
+  // A save in three parts, so that the file writing can run beside training
+  // (train/background_checkpoints.h). stage — collective: prepares the temporary directory
+  // and takes this rank's arrays (the live ones: a background writer copies them first).
+  // write_files — this rank's file; no communication, any thread. commit — collective:
+  // meta.json, the rename, and the pruning of old steps.
+  StagedCheckpoint stage(const CheckpointState& state, const dist::Mesh& mesh, const std::string& name,
+                         const nlohmann::json& extra_meta) const;
+  static void write_files(const StagedCheckpoint& staged);
+  std::string commit(const StagedCheckpoint& staged, const dist::Mesh& mesh) const;
+  // Whether `value` would replace the stored best (by `metric`); NaN and infinities never do.
+  bool beats_best(const BestMetric& metric, double value) const;
+  static nlohmann::json best_meta(const BestMetric& metric, double value);
 
  private:
-  std::string write(const CheckpointState& state, const dist::Mesh& mesh, const std::string& name,
-                    const nlohmann::json& extra_meta);
   std::string dir_;
   int keep_last_;
 };

@@ -304,8 +304,9 @@ void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const
   meta["mesh"] = deployer_.mesh().str();
   CheckpointState state{step_, 0, params_, opt_state_, meta};
   CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string(), o.keep_last);
-  if (kind == CheckpointKind::best) manager.save_best(state, deployer_.mesh(), *best, value);
-  else manager.save(state, deployer_.mesh());
+  if (!checkpoints_) checkpoints_ = std::make_unique<BackgroundCheckpoints>(deployer_.mesh(), o.background_checkpoints);
+  if (kind == CheckpointKind::best) checkpoints_->save_best(manager, state, *best, value);
+  else checkpoints_->save(manager, state);
 }
 
 std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected_extra) {
@@ -463,6 +464,12 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const std::optional<BestMetric> best =
       o.save_best_by.empty() ? std::nullopt : std::optional<BestMetric>(BestMetric::parse(o.save_best_by));
   const StepPlan steps = plan_steps(train->size(), o, deployer_);
+  // A checkpoint still being written when fit ends or throws is completed by the writer's
+  // destructor (one process) before fit returns.
+  struct ReleaseWriter {
+    std::unique_ptr<BackgroundCheckpoints>& writer;
+    ~ReleaseWriter() { writer.reset(); }
+  } release_writer{checkpoints_};
   data::DataLoader<Batch> loader(train, data::IndexSampler(train->size(), sampler_options(o.per_device_batch_size, o.shuffle, o.epochs)),
                                  collate_, 2);
   if (o.dry_run) dry_run_step(loader, o);
@@ -572,6 +579,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (stop_agreed()) {
       // Ctrl-C or SIGTERM on any rank: every rank stops after this same step, with a checkpoint.
       if (o.save_every == 0 || step_ % o.save_every != 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
+      if (checkpoints_) checkpoints_->complete();
       if (profiler) profiler->finish();
       writer.close();
       refresh_curves(writer);
@@ -584,6 +592,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
   if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0))
     save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
+  if (checkpoints_) checkpoints_->complete();
   writer.close();
   refresh_curves(writer);
   result.steps = step_;

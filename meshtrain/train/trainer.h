@@ -20,6 +20,7 @@
 #include "meshtrain/optim/transform.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
+#include "meshtrain/train/background_checkpoints.h"
 
 namespace mt::train {
 
@@ -79,6 +80,10 @@ struct FitOptions {
   bool save_last = true;
   int keep_last = 3;
   std::string save_best_by{};
+  // Checkpoint files written by a thread from host copies while the steps go on
+  // (train/background_checkpoints.h); nullopt: for a state on a GPU whose host copy fits in half
+  // the available memory (on the CPU the copy would add the state to the peak).
+  std::optional<bool> background_checkpoints{};
   // Continue from the newest checkpoint in the workdir, exactly where it stopped.
   bool resume = false;
   nlohmann::json checkpoint_extra = nlohmann::json::object();  // stored in each checkpoint's meta.json
@@ -229,6 +234,8 @@ class Trainer {
   // Set when a step's deferred check failed after its update was applied: the parameters are
   // no longer those of any step, so the trainer neither trains nor saves again.
   std::string broken_;
+  // The checkpoint writer of the fit in progress (null outside fit).
+  std::unique_ptr<BackgroundCheckpoints> checkpoints_;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
   RolloutFn rollout_;

@@ -1,15 +1,21 @@
 // Checkpoints: save and restore across meshes, across process counts (4 ranks -> 1 and
 // 1 -> 4, through CTest fixtures), best-by-metric, keep-last, and refusal of a corrupt
-// checkpoint while the previous one still loads.
+// checkpoint while the previous one still loads; a background save writes the values of its
+// step whatever later steps do to the live arrays, byte for byte what a foreground save writes,
+// and becomes the newest only when committed.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
 #include "meshtrain/distributed/spmd.h"
+#include "meshtrain/train/background_checkpoints.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/sharding_rules.h"
 #include "tests/support/op_check.h"
@@ -129,6 +135,43 @@ TEST(Checkpoint, KeepLastBestAndCorruption) {
 
 // Cross process counts: run once with MT_CKPT_ROLE=save and again (another -np) with
 // MT_CKPT_ROLE=restore on the same MT_CKPT_DIR (CTest fixtures order them).
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(Checkpoint, BackgroundSaveWritesItsStepsValuesAndIsNewestOnlyOnceCommitted) {
+  Mesh mesh = world_mesh();
+  train::ShardingPlan plan = train::auto_sharding_rules(tiny_gpt_init(kConfig, "single", nullptr), mesh, tiny_gpt_roles(kConfig));
+  train::CheckpointState state = make_state(mesh, plan);
+  std::map<std::string, std::vector<double>> before;
+  for (const auto& [path, x] : state.params) before[path] = dist::to_host(x).to_doubles();
+  const std::string dir = scratch_dir("background"), fg_dir = scratch_dir("foreground");
+  train::CheckpointManager manager(dir, 0), foreground(fg_dir, 0);
+  foreground.save(make_state(mesh, plan), mesh);
+  {
+    train::BackgroundCheckpoints writer(mesh, true);
+    writer.save(manager, state);
+    EXPECT_TRUE(writer.in_flight());
+    EXPECT_TRUE(writer.last_in_background());
+    EXPECT_FALSE(manager.latest().has_value());  // not the newest before its commit
+    // The next step rewrites the live parameters in place: the file keeps step 1's values.
+    for (auto& [path, x] : state.params) {
+      Array local = dist::local_view(x);
+      std::memset(local.raw(), 0, local.nbytes());
+    }
+    writer.complete();
+    EXPECT_FALSE(writer.in_flight());
+  }
+  ASSERT_TRUE(manager.latest().has_value());
+  const train::CheckpointState got = train::CheckpointManager::restore(*manager.latest(), mesh);
+  for (const auto& [path, x] : got.params) EXPECT_EQ(dist::to_host(x).to_doubles(), before[path]) << path;
+  const std::string rank_file = "rank_" + std::to_string(dist::world().rank()) + ".safetensors";
+  EXPECT_EQ(file_bytes(fs::path(*manager.latest()) / rank_file),
+            file_bytes(fs::path(*foreground.latest()) / rank_file));
+  EXPECT_EQ(file_bytes(fs::path(*manager.latest()) / "meta.json"), file_bytes(fs::path(*foreground.latest()) / "meta.json"));
+}
+
 TEST(CheckpointWorlds, SaveOrRestore) {
   const char* role = std::getenv("MT_CKPT_ROLE");
   const char* dir = std::getenv("MT_CKPT_DIR");

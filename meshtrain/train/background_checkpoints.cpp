@@ -1,0 +1,106 @@
+#include "meshtrain/train/background_checkpoints.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::train {
+
+namespace {
+
+// MemAvailable from /proc/meminfo, in bytes (0 where it cannot be read: write in the foreground).
+double available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024.0;
+  return 0;
+}
+
+double staged_bytes(const StagedCheckpoint& staged) {
+  double bytes = 0;
+  for (const auto& [key, a] : staged.tensors) bytes += double(a.nbytes());
+  return bytes;
+}
+
+}  // namespace
+
+BackgroundCheckpoints::BackgroundCheckpoints(const dist::Mesh& mesh, std::optional<bool> background)
+    : mesh_(&mesh), background_(background) {}
+
+BackgroundCheckpoints::~BackgroundCheckpoints() {
+  join();
+  if (!staged_) return;
+  if (mesh_->comm().size() == 1 && !error_) {
+    try {
+      manager_->commit(*staged_, *mesh_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[checkpoint] %s was not completed: %s\n", staged_->final_dir.c_str(), e.what());
+    }
+  }
+}
+
+void BackgroundCheckpoints::join() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void BackgroundCheckpoints::complete() {
+  join();
+  if (!staged_) return;
+  StagedCheckpoint staged = std::move(*staged_);
+  staged_.reset();
+  if (error_) {
+    std::exception_ptr e = std::exchange(error_, nullptr);
+    std::rethrow_exception(e);
+  }
+  manager_->commit(staged, *mesh_);
+}
+
+void BackgroundCheckpoints::start(const CheckpointManager& manager, StagedCheckpoint staged) {
+  // Auto: in the background when the state lives on a GPU and its host copy fits in half the
+  // available memory. On the CPU the copy would compete with the training state itself for the
+  // same memory (the peak a run is sized by would grow by the state), so it is asked for.
+  bool on_gpu = false;
+  for (const auto& [key, a] : staged.tensors) on_gpu = on_gpu || !a.device().is_cpu();
+  const bool background = background_.value_or(on_gpu && staged_bytes(staged) <= 0.5 * available_bytes());
+  last_in_background_ = background;
+  if (!background) {
+    CheckpointManager::write_files(staged);
+    manager.commit(staged, *mesh_);
+    return;
+  }
+  // The live arrays change with the next step: the thread writes copies (a GPU array comes to
+  // host memory, where the writer reads it).
+  for (auto& [key, a] : staged.tensors) a = a.device().is_cpu() ? a.clone() : a.to(Device::cpu());
+  manager_.emplace(manager);
+  staged_.emplace(std::move(staged));
+  writer_ = std::thread([this] {
+    try {
+      CheckpointManager::write_files(*staged_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+void BackgroundCheckpoints::save(const CheckpointManager& manager, const CheckpointState& state) {
+  complete();
+  StagedCheckpoint staged = manager.stage(state, *mesh_, step_name(state.step), nlohmann::json::object());
+  staged.prune = true;
+  start(manager, std::move(staged));
+}
+
+bool BackgroundCheckpoints::save_best(const CheckpointManager& manager, const CheckpointState& state,
+                                      const BestMetric& metric, double value) {
+  complete();  // a best in flight is compared once it is on disk
+  if (!manager.beats_best(metric, value)) return false;
+  start(manager, manager.stage(state, *mesh_, "best", CheckpointManager::best_meta(metric, value)));
+  return true;
+}
+
+}  // namespace mt::train
