@@ -9,6 +9,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libsentencepiece-dev
+  # images: PNG and JPEG decoding (data/image_decode.h)
+  libpng-dev libjpeg62-turbo-dev
   # meshtrain serve: the HTTP server
   libcpp-httplib-dev
   python3-torch python3-numpy python3-sklearn python3-scipy python3-protobuf python3-crcmod
