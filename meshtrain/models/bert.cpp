@@ -1,5 +1,6 @@
 #include "meshtrain/models/bert.h"
 
+#include "meshtrain/models/class_labels.h"
 #include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/models/pretrained.h"
@@ -49,23 +50,9 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
   c.is_decoder = config_get<bool>(j, "is_decoder", w, false);
   std::string pos = config_get<std::string>(j, "position_embedding_type", w, "absolute");
   MT_CHECK(pos == "absolute", "[", w, "] position_embedding_type '", pos, "' is not supported (only 'absolute')");
-  if (j.contains("num_labels")) c.num_labels = config_get<int64_t>(j, "num_labels", w);
-  else if (j.contains("id2label") && j["id2label"].is_object()) c.num_labels = int64_t(j["id2label"].size());
-  if (j.contains("id2label") && j["id2label"].is_object() && int64_t(j["id2label"].size()) == c.num_labels) {
-    std::vector<std::string> names(size_t(c.num_labels));
-    bool complete = true;
-    for (const auto& [id, name] : j["id2label"].items()) {
-      int64_t i = -1;
-      try {
-        i = std::stoll(id);
-      } catch (const std::exception&) {
-      }
-      complete = complete && i >= 0 && i < c.num_labels && name.is_string() && names[size_t(i)].empty();
-      if (complete) names[size_t(i)] = name.get<std::string>();
-    }
-    // HF's placeholder names carry nothing; keep the default.
-    if (complete && names[0] != "LABEL_0") c.label_names = std::move(names);
-  }
+  ClassLabels labels = read_class_labels(j, w);
+  c.num_labels = labels.num_labels;
+  c.label_names = std::move(labels.names);
   std::string arch = "BertModel";
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     arch = j["architectures"][0].get<std::string>();
@@ -78,14 +65,7 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json BertConfig::to_json() const {
-  nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
-  const bool named = int64_t(label_names.size()) == num_labels;
-  for (int64_t i = 0; i < num_labels; ++i) {
-    const std::string name = named ? label_names[size_t(i)] : "LABEL_" + std::to_string(i);
-    id2label[std::to_string(i)] = name;
-    label2id[name] = i;
-  }
-  return {{"model_type", "bert"},
+  nlohmann::json j = {{"model_type", "bert"},
           {"architectures", {bert_architecture(head)}},
           {"vocab_size", vocab_size},
           {"hidden_size", hidden_size},
@@ -102,9 +82,9 @@ nlohmann::json BertConfig::to_json() const {
           {"layer_norm_eps", layer_norm_eps},
           {"pad_token_id", pad_token_id},
           {"is_decoder", is_decoder},
-          {"position_embedding_type", "absolute"},
-          {"id2label", id2label},
-          {"label2id", label2id}};
+          {"position_embedding_type", "absolute"}};
+  write_class_labels(j, num_labels, label_names);
+  return j;
 }
 
 void BertConfig::validate() const {

@@ -10,7 +10,8 @@ namespace {
 // rather than static registration objects, which a static library's linker may drop.
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = {minigpt_model_spec(), gpt2_model_spec(), llama_model_spec(),
-                                               bert_model_spec(),    t5_model_spec(),   bart_model_spec()};
+                                               bert_model_spec(),    t5_model_spec(),   bart_model_spec(),
+                                               vit_model_spec()};
   return specs;
 }
 

@@ -24,9 +24,9 @@ namespace mt::models {
 struct PretrainedOptions;
 
 // What a model is for: an encoder (BERT: classification heads over a sequence), a decoder
-// language model (generation, pretraining on text) or an encoder-decoder (T5, BART:
-// sequence-to-sequence tasks).
-enum class ModelKind { encoder, decoder, seq2seq };
+// language model (generation, pretraining on text), an encoder-decoder (T5, BART:
+// sequence-to-sequence tasks) or an image encoder (ViT: pixel_values in, no text).
+enum class ModelKind { encoder, decoder, seq2seq, vision };
 
 struct ModelSpec {
   std::string model_type;  // config.json's "model_type"
@@ -108,5 +108,6 @@ ModelSpec gpt2_model_spec();
 ModelSpec llama_model_spec();
 ModelSpec minigpt_model_spec();
 ModelSpec t5_model_spec();
+ModelSpec vit_model_spec();
 
 }  // namespace mt::models

@@ -33,6 +33,7 @@ struct Batch {
   Array ids, mask, labels;                    // labels in HF's convention (the model shifts them for decoders)
   Array decoder_ids, decoder_mask;            // encoder-decoders
   Array position_ids;                         // decoders: arange, given to both sides
+  Array pixel_values;                         // image models: (B, C, H, W) f32 instead of ids
 };
 
 Array ints(const std::vector<int64_t>& v, int64_t b, int64_t t) { return Array::from_vector(v, Shape{b, t}); }
@@ -87,7 +88,9 @@ void check_against_transformers(const std::filesystem::path& dir_, const std::st
 
     Array logits = meshtrain_logits(m, m.params);
     Array cot = random_normal(logits.shape(), 4321);
-    Params in{{"input_ids", batch.ids}, {"labels", batch.labels}, {"cotangent", cot}};
+    Params in{{"labels", batch.labels}, {"cotangent", cot}};
+    if (batch.ids.defined()) in.set("input_ids", batch.ids);
+    if (batch.pixel_values.defined()) in.set("pixel_values", batch.pixel_values);
     if (batch.mask.defined()) in.set("attention_mask", batch.mask);
     if (batch.position_ids.defined()) in.set("position_ids", batch.position_ids);
     if (batch.decoder_ids.defined()) in.set("decoder_input_ids", batch.decoder_ids);
@@ -192,6 +195,29 @@ TEST_F(TransformersTwin, BertForMaskedLM) {
   check_against_transformers(dir_, "BERT masked LM", random_model(bert_config("BertForMaskedLM"), 0.3), x, logits,
         [&](const PretrainedModel& m, const Params& p) { return cross_entropy(logits(m, p), x.labels); },
         "BertForMaskedLM");
+}
+
+json vit_config(const std::string& arch) {
+  return {{"model_type", "vit"},          {"architectures", {arch}},   {"hidden_size", 32},
+          {"num_hidden_layers", 2},       {"num_attention_heads", 4},  {"intermediate_size", 37},
+          {"image_size", 12},             {"patch_size", 4},           {"num_channels", 3},
+          {"hidden_act", "gelu"},         {"layer_norm_eps", 1e-12},   {"num_labels", 5},
+          {"hidden_dropout_prob", 0.1},   {"attention_probs_dropout_prob", 0.1}, {"qkv_bias", true}};
+}
+
+// ViT-GPT2's image side: patches through a strided convolution (kept as a Linear over
+// flattened patches), [CLS], learned positions, pre-norm blocks, the classifier on [CLS].
+TEST_F(TransformersTwin, ViTForImageClassification) {
+  Batch x;
+  x.pixel_values = random_normal({3, 3, 12, 12}, 77);
+  x.labels = Array::from_vector(std::vector<int64_t>{4, 0, 2}, Shape{3});
+  auto logits = [&](const PretrainedModel& m, const Params& p) {
+    return vit_apply(m.config.as<VitConfig>(), p, x.pixel_values).logits;
+  };
+  check_against_transformers(dir_, "ViT classifier", random_model(vit_config("ViTForImageClassification"), 0.3), x,
+                             logits,
+        [&](const PretrainedModel& m, const Params& p) { return cross_entropy(logits(m, p), x.labels); },
+        "ViTForImageClassification");
 }
 
 // A decoder batch: HF's labels are the ids (-100 at padding) and the model shifts them;

@@ -8,9 +8,9 @@ IN.safetensors and writes OUT.safetensors:
 
   .venv/bin/python3 transformers_twin.py MODEL_DIR IN.safetensors OUT.safetensors
 
-IN holds input_ids and optionally attention_mask, token_type_ids, position_ids,
-decoder_input_ids, decoder_attention_mask, labels (integers) and cotangent (f32, the
-logits' shape). Used by tests/oracle/transformers_twin_test.cpp.
+IN holds input_ids (or pixel_values, f32, for image models) and optionally attention_mask,
+token_type_ids, position_ids, decoder_input_ids, decoder_attention_mask, labels (integers) and
+cotangent (f32, the logits' shape). Used by tests/oracle/transformers_twin_test.cpp.
 """
 import json
 import os
@@ -34,6 +34,8 @@ def main():
     model.eval()  # no dropout
     tensors = load_file(in_path)
     inputs = {k: tensors[k].long() for k in INPUT_KEYS if k in tensors}
+    if "pixel_values" in tensors:  # image models
+        inputs["pixel_values"] = tensors["pixel_values"].float()
     out = model(**inputs, return_dict=True)
     total = out.logits.new_zeros(())
     result = {"logits": out.logits.detach().contiguous()}
