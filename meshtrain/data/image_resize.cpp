@@ -1,5 +1,6 @@
 #include "meshtrain/data/image_resize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -103,27 +104,54 @@ uint8_t clip8(int64_t v) {
   return uint8_t(v >> kPrecisionBits);
 }
 
-// Resamples along x (horizontal) or y, from `in` (w x h) to the new size on that axis.
-Image resample_axis(const Image& in, int64_t out_size, bool horizontal, const Filter& f) {
-  const Taps t = taps_for(horizontal ? in.width : in.height, out_size, f);
+// Along x: each output pixel's three channels from its taps in one pass over the row.
+Image resample_horizontal(const Image& in, int64_t out_width, const Filter& f) {
+  const Taps t = taps_for(in.width, out_width, f);
   Image out;
-  out.width = horizontal ? out_size : in.width;
-  out.height = horizontal ? in.height : out_size;
+  out.width = out_width, out.height = in.height;
   out.rgb.resize(size_t(out.width * out.height * 3));
-  for (int64_t y = 0; y < out.height; ++y)
-    for (int64_t x = 0; x < out.width; ++x) {
-      const int64_t i = horizontal ? x : y;
-      const int32_t* k = &t.k[size_t(i * t.width)];
-      for (int c = 0; c < 3; ++c) {
-        int64_t acc = int64_t(1) << (kPrecisionBits - 1);
-        for (int64_t j = 0; j < t.count[size_t(i)]; ++j) {
-          const int64_t s = t.first[size_t(i)] + j;
-          acc += int64_t(horizontal ? in.at(y, s, c) : in.at(s, x, c)) * k[j];
-        }
-        out.rgb[size_t((y * out.width + x) * 3 + c)] = clip8(acc);
+  for (int64_t y = 0; y < in.height; ++y) {
+    const uint8_t* row = in.rgb.data() + size_t(y * in.width * 3);
+    uint8_t* o = out.rgb.data() + size_t(y * out_width * 3);
+    for (int64_t x = 0; x < out_width; ++x) {
+      const int32_t* k = &t.k[size_t(x * t.width)];
+      const uint8_t* src = row + t.first[size_t(x)] * 3;
+      int64_t r = int64_t(1) << (kPrecisionBits - 1), g = r, b = r;
+      for (int64_t j = 0; j < t.count[size_t(x)]; ++j) {
+        r += int64_t(src[3 * j]) * k[j];
+        g += int64_t(src[3 * j + 1]) * k[j];
+        b += int64_t(src[3 * j + 2]) * k[j];
       }
+      o[3 * x] = clip8(r), o[3 * x + 1] = clip8(g), o[3 * x + 2] = clip8(b);
     }
+  }
   return out;
+}
+
+// Along y: each output row is a weighted sum of whole input rows (contiguous, vectorizable).
+Image resample_vertical(const Image& in, int64_t out_height, const Filter& f) {
+  const Taps t = taps_for(in.height, out_height, f);
+  Image out;
+  out.width = in.width, out.height = out_height;
+  out.rgb.resize(size_t(out.width * out.height * 3));
+  const int64_t n = in.width * 3;
+  std::vector<int64_t> acc(static_cast<size_t>(n));
+  for (int64_t y = 0; y < out_height; ++y) {
+    std::fill(acc.begin(), acc.end(), int64_t(1) << (kPrecisionBits - 1));
+    const int32_t* k = &t.k[size_t(y * t.width)];
+    for (int64_t j = 0; j < t.count[size_t(y)]; ++j) {
+      const uint8_t* src = in.rgb.data() + size_t((t.first[size_t(y)] + j) * n);
+      const int64_t w = k[j];
+      for (int64_t i = 0; i < n; ++i) acc[size_t(i)] += int64_t(src[i]) * w;
+    }
+    uint8_t* o = out.rgb.data() + size_t(y * n);
+    for (int64_t i = 0; i < n; ++i) o[i] = clip8(acc[size_t(i)]);
+  }
+  return out;
+}
+
+Image resample_axis(const Image& in, int64_t out_size, bool horizontal, const Filter& f) {
+  return horizontal ? resample_horizontal(in, out_size, f) : resample_vertical(in, out_size, f);
 }
 
 // PIL's scale-only affine transform: the source coordinate of each output centre accumulated
