@@ -14,10 +14,15 @@ struct KvCache;
 //   attention_mask (B, P + T) 1 = token, 0 = padding (left-padded batches); undefined = all;
 //   position_ids   (B, T) or (T,); undefined = from the mask (cumsum - 1, padding at 1, as
 //                  HF generate) or P + arange(T) without a mask.
+//   encoder_hidden_states (B, S, C) floating: what a decoder with cross-attention blocks
+//                  (GPT-2's add_cross_attention, the text side of an image captioner) attends to;
+//   encoder_attention_mask (B, S) 1 = attend; undefined = all.
 struct DecoderInputs {
   Array input_ids{};
   Array attention_mask{};
   Array position_ids{};
+  Array encoder_hidden_states{};
+  Array encoder_attention_mask{};
 };
 
 // i64 (n,) = start, start + 1, ...

@@ -32,6 +32,7 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   c.initializer_range = config_get<double>(j, "initializer_range", w, 0.02);
   c.scale_attn_weights = config_get<bool>(j, "scale_attn_weights", w, true);
   c.scale_attn_by_inverse_layer_idx = config_get<bool>(j, "scale_attn_by_inverse_layer_idx", w, false);
+  c.add_cross_attention = config_get<bool>(j, "add_cross_attention", w, false);
   c.bos_token_id = config_get<int64_t>(j, "bos_token_id", w, 50256);
   c.eos_token_id = config_get<int64_t>(j, "eos_token_id", w, 50256);
   c.validate();
@@ -56,6 +57,7 @@ nlohmann::json Gpt2Config::to_json() const {
           {"initializer_range", initializer_range},
           {"scale_attn_weights", scale_attn_weights},
           {"scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx},
+          {"add_cross_attention", add_cross_attention},
           {"bos_token_id", bos_token_id},
           {"eos_token_id", eos_token_id}};
 }
@@ -93,6 +95,17 @@ std::vector<ParamDef> gpt2_param_defs(const Gpt2Config& c) {
     d.push_back({b + "attn.c_attn.bias", {3, e}, vector_role(ParamKind::bias), InitKind::zeros});
     d.back().file_shape = Shape{3 * e};
     conv(b + "attn.c_proj", e, e, ParamKind::attention_out, proj_std);
+    if (c.add_cross_attention) {
+      norm(b + "ln_cross_attn");
+      // keys | values from the encoder's states, [in, 2, out] as c_attn's q | k | v.
+      d.push_back({b + "crossattention.c_attn.weight", {e, 2, e}, ParamRole{ParamKind::attention_qkv, 0, 2},
+                   InitKind::normal, std});
+      d.back().file_shape = Shape{e, 2 * e};
+      d.push_back({b + "crossattention.c_attn.bias", {2, e}, vector_role(ParamKind::bias), InitKind::zeros});
+      d.back().file_shape = Shape{2 * e};
+      conv(b + "crossattention.q_attn", e, e, ParamKind::attention_qkv, std);
+      conv(b + "crossattention.c_proj", e, e, ParamKind::attention_out, proj_std);
+    }
     norm(b + "ln_2");
     conv(b + "mlp.c_fc", e, f, ParamKind::mlp_in, std);
     conv(b + "mlp.c_proj", f, e, ParamKind::mlp_out, proj_std);
@@ -116,13 +129,25 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
   x = dropout(x, c.embd_pdrop, dropout_key.fold_in(0), train);
   const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
   const Array mask = r.mask;
+  const Array memory = in.encoder_hidden_states;
+  MT_CHECK(!c.add_cross_attention || (memory.defined() && memory.ndim() == 3 && memory.dim(0) == r.ids.dim(0) &&
+                                      memory.dim(2) == e),
+           "[gpt2] a decoder with cross-attention needs encoder_hidden_states (B, S, ", e, ") for input_ids ",
+           r.ids.str(), ", got ", memory.defined() ? memory.str() : "none");
+  MT_CHECK(c.add_cross_attention || !memory.defined(),
+           "[gpt2] encoder_hidden_states given to a model without cross-attention (add_cross_attention is false)");
+  const Array memory_mask = padding_mask(in.encoder_attention_mask, "gpt2 encoder_attention_mask");
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "transformer.h." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
     double scale = c.scale_attn_weights ? 1.0 / std::sqrt(double(hd)) : 1.0;
     if (c.scale_attn_by_inverse_layer_idx) scale /= double(l + 1);
     // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
-    auto block = [c, b, lk, scale, mask, ac, e, train, cache, l](const Params& p, Array x) {
+    // The encoder's states come in as an input, not a capture: under remat the block reruns
+    // from its inputs, and the gradient reaches the encoder through them.
+    auto block = [c, b, lk, scale, mask, ac, e, train, cache, l, memory_mask](const Params& p,
+                                                                             const std::vector<Array>& inputs) {
+      Array x = inputs[0];
       Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
       // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
       // a c_attn adapter shares A(x) and slices its B [3, out, r] the same way.
@@ -143,13 +168,28 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
       Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
       a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
       x = residual_add(x, a, c.resid_pdrop, lk.fold_in(1), train);
+      if (c.add_cross_attention) {
+        h = layer_norm(x, p[b + "ln_cross_attn.weight"], p[b + "ln_cross_attn.bias"], c.layer_norm_epsilon);
+        const std::string ca = b + "crossattention.";
+        Array cq = split_heads(conv1d(h, p[ca + "q_attn.weight"], p[ca + "q_attn.bias"]), c.n_head);
+        auto memory_side = [&](int64_t s) {
+          Array w = reshape(slice(p[ca + "c_attn.weight"], 1, s, s + 1), {e, e});
+          Array bias = reshape(slice(p[ca + "c_attn.bias"], 0, s, s + 1), {e});
+          return split_heads(conv1d(inputs[1], w, bias), c.n_head);
+        };
+        AttentionOptions copt{.causal = false, .scale = scale, .dropout_rate = c.attn_pdrop,
+                              .dropout_key = lk.fold_in(3), .train = train};
+        Array ctx = merge_heads(scaled_dot_product_attention(cq, memory_side(0), memory_side(1), memory_mask, copt));
+        ctx = conv1d(ctx, p[ca + "c_proj.weight"], p[ca + "c_proj.bias"]);
+        x = residual_add(x, ctx, c.resid_pdrop, lk.fold_in(4), train);
+      }
       h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
       Array m = bias_and_activation(adapted_conv1d(h, p, b + "mlp.c_fc", Array(), ac), p[b + "mlp.c_fc.bias"],
                                     c.activation_function);
       m = adapted_conv1d(m, p, b + "mlp.c_proj", p[b + "mlp.c_proj.bias"], ac);
       return residual_add(x, m, c.resid_pdrop, lk.fold_in(2), train);
     };
-    x = transformer_block(c.remat, p, b, x, block);
+    x = transformer_block(c.remat, p, b, memory.defined() ? std::vector<Array>{x, memory} : std::vector<Array>{x}, block);
   }
   return layer_norm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], c.layer_norm_epsilon);
 }

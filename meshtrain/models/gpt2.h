@@ -31,6 +31,11 @@ struct Gpt2Config {
   double initializer_range = 0.02;
   bool scale_attn_weights = true;
   bool scale_attn_by_inverse_layer_idx = false;
+  // Cross-attention blocks (transformers' add_cross_attention: the decoder of a
+  // VisionEncoderDecoderModel): per block ln_cross_attn, then crossattention.q_attn on the
+  // states and crossattention.c_attn (keys | values) on DecoderInputs::encoder_hidden_states
+  // (width n_embd), crossattention.c_proj; unmasked, scaled as the self-attention.
+  bool add_cross_attention = false;
   int64_t bos_token_id = 50256, eos_token_id = 50256;
 
   int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }

@@ -34,6 +34,7 @@ struct Batch {
   Array decoder_ids, decoder_mask;            // encoder-decoders
   Array position_ids;                         // decoders: arange, given to both sides
   Array pixel_values;                         // image models: (B, C, H, W) f32 instead of ids
+  Array encoder_states, encoder_mask;         // decoders with cross-attention: (B, S, C) f32, (B, S)
 };
 
 Array ints(const std::vector<int64_t>& v, int64_t b, int64_t t) { return Array::from_vector(v, Shape{b, t}); }
@@ -91,6 +92,8 @@ void check_against_transformers(const std::filesystem::path& dir_, const std::st
     Params in{{"labels", batch.labels}, {"cotangent", cot}};
     if (batch.ids.defined()) in.set("input_ids", batch.ids);
     if (batch.pixel_values.defined()) in.set("pixel_values", batch.pixel_values);
+    if (batch.encoder_states.defined()) in.set("encoder_hidden_states", batch.encoder_states);
+    if (batch.encoder_mask.defined()) in.set("encoder_attention_mask", batch.encoder_mask);
     if (batch.mask.defined()) in.set("attention_mask", batch.mask);
     if (batch.position_ids.defined()) in.set("position_ids", batch.position_ids);
     if (batch.decoder_ids.defined()) in.set("decoder_input_ids", batch.decoder_ids);
@@ -265,6 +268,52 @@ TEST_F(TransformersTwin, Gpt2LMHeadModel) {
                  {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
                  {"activation_function", "gelu_new"}, {"bos_token_id", 1}, {"eos_token_id", 1}}, 0.3),
                 "GPT2LMHeadModel");
+}
+
+// The decoder of a ViT-GPT2 captioner: GPT-2 blocks with cross-attention (ln_cross_attn,
+// crossattention.q_attn / c_attn / c_proj) over encoder states, one row's last two masked.
+TEST_F(TransformersTwin, Gpt2WithCrossAttention) {
+  Batch x = decoder_batch();
+  x.encoder_states = random_normal({2, 5, 32}, 91);
+  x.encoder_mask = ints({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, 2, 5);
+  const DecoderInputs in{.input_ids = x.ids, .attention_mask = x.mask, .position_ids = x.position_ids,
+                         .encoder_hidden_states = x.encoder_states, .encoder_attention_mask = x.encoder_mask};
+  const Array targets = next_token_targets(x.labels);
+  const PretrainedModel model = random_model(
+      {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", kVocab}, {"n_embd", 32},
+       {"n_layer", 2}, {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
+       {"activation_function", "gelu_new"}, {"bos_token_id", 1}, {"eos_token_id", 1}, {"add_cross_attention", true}},
+      0.3);
+  check_against_transformers(
+      dir_, "GPT-2 + cross-attention", model, x,
+      [&](const PretrainedModel& m, const Params& p) { return m.decoder_logits(p, in, {}, false); },
+      [&](const PretrainedModel& m, const Params& p) { return m.decoder_loss(p, in, targets, {}, false); },
+      "GPT2LMHeadModel");
+  // The states are required with cross-attention and refused without it; remat reruns the block
+  // from its inputs, so the same logits and gradients come back.
+  expect_error([&] { model.decoder_logits(model.params, {.input_ids = x.ids}, {}, false); },
+               {"needs encoder_hidden_states (B, S, 32)"});
+  const PretrainedModel plain = random_model(
+      {{"model_type", "gpt2"}, {"vocab_size", kVocab}, {"n_embd", 32}, {"n_layer", 1}, {"n_head", 4}, {"n_positions", 16}},
+      0.3);
+  expect_error([&] { plain.decoder_logits(plain.params, in, {}, false); }, {"add_cross_attention is false"});
+  PretrainedModel rematted = model;
+  rematted.config = model.config.with_remat(Remat::block);
+  auto loss_of = [&](const PretrainedModel& m) {
+    return [&](const Params& p) {
+      DecoderInputs with = in;
+      with.encoder_hidden_states = p["memory"];
+      Params q = p;
+      return m.decoder_loss(q, with, targets, {}, false);
+    };
+  };
+  Params with_memory = model.params;
+  with_memory.set("memory", x.encoder_states);
+  auto [l0, g0] = value_and_grad(loss_of(model))(with_memory);
+  auto [l1, g1] = value_and_grad(loss_of(rematted))(with_memory);
+  EXPECT_EQ(max_abs_diff(l0, l1), 0.0);
+  EXPECT_LE(max_abs_diff(g0["memory"], g1["memory"]), 1e-6);
+  EXPECT_GT(max_abs_diff(g0["memory"], zeros_like(g0["memory"])), 0.0);  // the gradient reaches the encoder
 }
 
 // --save-dtype bf16: the folder holds bf16 tensors and says torch_dtype bfloat16; meshtrain

@@ -9,8 +9,8 @@ IN.safetensors and writes OUT.safetensors:
   .venv/bin/python3 transformers_twin.py MODEL_DIR IN.safetensors OUT.safetensors
 
 IN holds input_ids (or pixel_values, f32, for image models) and optionally attention_mask,
-token_type_ids, position_ids, decoder_input_ids, decoder_attention_mask, labels (integers) and
-cotangent (f32, the logits' shape). Used by tests/oracle/transformers_twin_test.cpp.
+token_type_ids, position_ids, decoder_input_ids, decoder_attention_mask, encoder_attention_mask,
+labels (integers), encoder_hidden_states and cotangent (f32, the logits' shape). Used by tests/oracle/transformers_twin_test.cpp.
 """
 import json
 import os
@@ -21,7 +21,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 INPUT_KEYS = ["input_ids", "attention_mask", "token_type_ids", "position_ids", "decoder_input_ids",
-              "decoder_attention_mask", "labels"]
+              "decoder_attention_mask", "labels", "encoder_attention_mask"]
+FLOAT_INPUT_KEYS = ["pixel_values", "encoder_hidden_states"]
 
 
 def main():
@@ -34,8 +35,9 @@ def main():
     model.eval()  # no dropout
     tensors = load_file(in_path)
     inputs = {k: tensors[k].long() for k in INPUT_KEYS if k in tensors}
-    if "pixel_values" in tensors:  # image models
-        inputs["pixel_values"] = tensors["pixel_values"].float()
+    for k in FLOAT_INPUT_KEYS:  # image models; decoders with cross-attention
+        if k in tensors:
+            inputs[k] = tensors[k].float()
     out = model(**inputs, return_dict=True)
     total = out.logits.new_zeros(())
     result = {"logits": out.logits.detach().contiguous()}
@@ -47,7 +49,8 @@ def main():
     total.backward()
     try:
         with torch.no_grad():
-            result["logits_f64"] = model.double()(**inputs, return_dict=True).logits.float().contiguous()
+            wide = {k: (v.double() if k in FLOAT_INPUT_KEYS else v) for k, v in inputs.items()}
+            result["logits_f64"] = model.double()(**wide, return_dict=True).logits.float().contiguous()
     except RuntimeError as e:  # this transformers' BART builds f32 masks from f64's lowest value
         print(f"no f64 reference for {architecture}: {e}")
     for name, p in model.named_parameters():
