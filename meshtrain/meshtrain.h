@@ -59,6 +59,7 @@
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/vit.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/tokenizers/wordpiece.h"
 #include "meshtrain/tokenizers/bpe.h"

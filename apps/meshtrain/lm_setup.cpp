@@ -144,7 +144,7 @@ json decoder_config(const std::string& model_type, const std::string& config_fil
                     std::optional<int64_t> eos_id) {
   const int64_t vocab = (vocab_size + 63) / 64 * 64;
   const models::ModelSpec& spec = models::model_spec(model_type);
-  MT_CHECK(spec.small_config != nullptr, "[pretrain] model '", model_type, "' is not a decoder (use ",
+  MT_CHECK(spec.kind == models::ModelKind::decoder && spec.small_config != nullptr, "[pretrain] model '", model_type, "' is not a decoder (use ",
            models::model_types_text(models::ModelKind::decoder), ")");
   json c = spec.small_config(vocab, seq_len, eos_id.value_or(0));
   if (!config_file.empty()) {

@@ -11,7 +11,7 @@ namespace {
 const std::vector<ModelSpec>& registry() {
   static const std::vector<ModelSpec> specs = {minigpt_model_spec(), gpt2_model_spec(), llama_model_spec(),
                                                bert_model_spec(),    t5_model_spec(),   bart_model_spec(),
-                                               vit_model_spec()};
+                                               vit_model_spec(),     vision_encoder_decoder_model_spec()};
   return specs;
 }
 

@@ -25,8 +25,9 @@ struct PretrainedOptions;
 
 // What a model is for: an encoder (BERT: classification heads over a sequence), a decoder
 // language model (generation, pretraining on text), an encoder-decoder (T5, BART:
-// sequence-to-sequence tasks) or an image encoder (ViT: pixel_values in, no text).
-enum class ModelKind { encoder, decoder, seq2seq, vision };
+// sequence-to-sequence tasks), an image encoder (ViT: pixel_values in, no text) or an
+// image-to-text model (ViT-GPT2: pixel_values in, a caption out).
+enum class ModelKind { encoder, decoder, seq2seq, vision, image_to_text };
 
 struct ModelSpec {
   std::string model_type;  // config.json's "model_type"
@@ -109,5 +110,6 @@ ModelSpec llama_model_spec();
 ModelSpec minigpt_model_spec();
 ModelSpec t5_model_spec();
 ModelSpec vit_model_spec();
+ModelSpec vision_encoder_decoder_model_spec();
 
 }  // namespace mt::models

@@ -88,7 +88,7 @@ void VitConfig::validate() const {
   check_activation(hidden_act, "vit config");
 }
 
-std::vector<ParamDef> vit_param_defs(const VitConfig& c) {
+std::vector<ParamDef> vit_param_defs(const VitConfig& c, const std::string& prefix) {
   c.validate();
   const int64_t e = c.hidden_size, f = c.intermediate_size;
   const double std = c.initializer_range;
@@ -102,13 +102,13 @@ std::vector<ParamDef> vit_param_defs(const VitConfig& c) {
     d.push_back({p + ".bias", {e}, vector_role(ParamKind::norm), InitKind::zeros});
   };
   // Added to every position's state: laid out as norms are (replicated).
-  d.push_back({"vit.embeddings.cls_token", {1, 1, e}, vector_role(ParamKind::norm), InitKind::normal, std});
-  d.push_back({"vit.embeddings.position_embeddings", {1, c.num_patches() + 1, e}, vector_role(ParamKind::norm),
+  d.push_back({prefix + "embeddings.cls_token", {1, 1, e}, vector_role(ParamKind::norm), InitKind::normal, std});
+  d.push_back({prefix + "embeddings.position_embeddings", {1, c.num_patches() + 1, e}, vector_role(ParamKind::norm),
                InitKind::normal, std});
-  lin("vit.embeddings.patch_embeddings.projection", e, c.patch_features(), ParamKind::dense);
+  lin(prefix + "embeddings.patch_embeddings.projection", e, c.patch_features(), ParamKind::dense);
   d[d.size() - 2].file_shape = Shape{e, c.num_channels, c.patch_size, c.patch_size};  // the Conv2d's
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string b = "vit.encoder.layer." + std::to_string(l) + ".";
+    const std::string b = prefix + "encoder.layer." + std::to_string(l) + ".";
     norm(b + "layernorm_before");
     lin(b + "attention.attention.query", e, e, ParamKind::attention_qkv, c.qkv_bias);
     lin(b + "attention.attention.key", e, e, ParamKind::attention_qkv, c.qkv_bias);
@@ -118,8 +118,8 @@ std::vector<ParamDef> vit_param_defs(const VitConfig& c) {
     lin(b + "intermediate.dense", f, e, ParamKind::mlp_in);
     lin(b + "output.dense", e, f, ParamKind::mlp_out);
   }
-  norm("vit.layernorm");
-  if (c.add_pooling_layer) lin("vit.pooler.dense", e, e, ParamKind::dense);
+  norm(prefix + "layernorm");
+  if (c.add_pooling_layer) lin(prefix + "pooler.dense", e, e, ParamKind::dense);
   if (c.head == VitHead::image_classification) lin("classifier", c.num_labels, e, ParamKind::dense);
   return d;
 }
@@ -134,7 +134,8 @@ Array image_patches(const Array& pixel_values, int64_t patch_size) {
   return reshape(x, {b, hp * wp, ch * patch_size * patch_size});
 }
 
-Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values, const RngKey& dropout_key, bool train) {
+Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values, const RngKey& dropout_key, bool train,
+                  const std::string& prefix) {
   c.validate();
   MT_CHECK(pixel_values.defined() && pixel_values.ndim() == 4 && is_floating(pixel_values.dtype()),
            "[vit] pixel_values must be floating (B, C, H, W), got ",
@@ -145,15 +146,15 @@ Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values
            c.image_size, ") for this model (num_channels ", c.num_channels, ", image_size ", c.image_size,
            "): resize with the model's preprocessor_config.json");
   const int64_t b = pixel_values.dim(0), e = c.hidden_size;
-  const DType dtype = p["vit.embeddings.cls_token"].dtype();
+  const DType dtype = p[prefix + "embeddings.cls_token"].dtype();
   const AdapterContext ac{c.lora, dropout_key.fold_in(path_hash("lora")), train};
-  const std::string proj = "vit.embeddings.patch_embeddings.projection";
+  const std::string proj = prefix + "embeddings.patch_embeddings.projection";
   Array patches = adapted_linear(image_patches(cast(pixel_values, dtype), c.patch_size), p, proj, p[proj + ".bias"], ac);
-  Array cls = broadcast_to(p["vit.embeddings.cls_token"], Shape{b, 1, e});
-  Array x = add(concatenate({cls, patches}, 1), p["vit.embeddings.position_embeddings"]);
+  Array cls = broadcast_to(p[prefix + "embeddings.cls_token"], Shape{b, 1, e});
+  Array x = add(concatenate({cls, patches}, 1), p[prefix + "embeddings.position_embeddings"]);
   x = dropout(x, c.hidden_dropout_prob, dropout_key.fold_in(0), train);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string pre = "vit.encoder.layer." + std::to_string(l) + ".";
+    const std::string pre = prefix + "encoder.layer." + std::to_string(l) + ".";
     const RngKey lk = dropout_key.fold_in(uint64_t(l + 1));
     // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
     auto block = [c, pre, lk, ac, train](const Params& p, Array x) {
@@ -176,7 +177,7 @@ Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values
     };
     x = transformer_block(c.remat, p, pre, x, block);
   }
-  return layer_norm(x, p["vit.layernorm.weight"], p["vit.layernorm.bias"], c.layer_norm_eps);
+  return layer_norm(x, p[prefix + "layernorm.weight"], p[prefix + "layernorm.bias"], c.layer_norm_eps);
 }
 
 VitOutputs vit_apply(const VitConfig& c, const Params& p, const Array& pixel_values, const RngKey& dropout_key,

@@ -62,7 +62,9 @@ struct VitConfig {
 };
 
 const char* vit_architecture(VitHead head);
-std::vector<ParamDef> vit_param_defs(const VitConfig& c);
+// `prefix`: where the ViTModel's parameters live ("vit." in HF's ViT classes, "encoder." in a
+// VisionEncoderDecoderModel).
+std::vector<ParamDef> vit_param_defs(const VitConfig& c, const std::string& prefix = "vit.");
 Params vit_init(const VitConfig& c, const RngKey& key, DType dtype = DType::f32);
 
 struct VitOutputs {
@@ -77,7 +79,7 @@ VitOutputs vit_apply(const VitConfig& c, const Params& p, const Array& pixel_val
                      bool train = false);
 // The encoder's output (after the final LayerNorm): what a decoder cross-attends to.
 Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values, const RngKey& dropout_key = {},
-                  bool train = false);
+                  bool train = false, const std::string& prefix = "vit.");
 // (B, C, H, W) -> (B, N, C·P·P): each P x P patch's values in the Conv2d weight's (C, P, P) order,
 // patches row by row.
 Array image_patches(const Array& pixel_values, int64_t patch_size);

@@ -223,6 +223,32 @@ TEST_F(TransformersTwin, ViTForImageClassification) {
         "ViTForImageClassification");
 }
 
+// ViT-GPT2 as transformers' VisionEncoderDecoderModel: a ViT encoder 24 wide (projected to the
+// decoder's 32 by enc_to_dec_proj), GPT-2 with cross-attention; teacher-forced logits, the loss
+// against labels (-100 ignored) and every parameter's gradient.
+TEST_F(TransformersTwin, VisionEncoderDecoderModel) {
+  json enc = vit_config("ViTModel");
+  enc["hidden_size"] = 24, enc["num_attention_heads"] = 3, enc["intermediate_size"] = 29;
+  json dec = {{"model_type", "gpt2"}, {"vocab_size", kVocab}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4},
+              {"n_positions", 16}, {"add_cross_attention", true}, {"is_decoder", true}, {"bos_token_id", 1},
+              {"eos_token_id", 2}};
+  const json config = {{"model_type", "vision-encoder-decoder"}, {"architectures", {"VisionEncoderDecoderModel"}},
+                       {"encoder", enc}, {"decoder", dec}, {"decoder_start_token_id", 1}, {"pad_token_id", 2},
+                       {"eos_token_id", 2}};
+  Batch x;
+  x.pixel_values = random_normal({2, 3, 12, 12}, 78);
+  x.labels = ints({5, 9, 14, 3, 7, 2, 11, 6, 2, -100, -100, -100}, 2, 6);
+  const Array decoder_ids = shift_labels_right(x.labels, 1, 2);
+  EXPECT_EQ(decoder_ids.to_ints(), (std::vector<int64_t>{1, 5, 9, 14, 3, 7, 1, 11, 6, 2, 2, 2}));
+  x.decoder_ids = decoder_ids;
+  auto logits = [&](const PretrainedModel& m, const Params& p) {
+    return vision_encoder_decoder_logits(m.config.as<VisionEncoderDecoderConfig>(), p, x.pixel_values, decoder_ids);
+  };
+  check_against_transformers(dir_, "ViT-GPT2", random_model(config, 0.3), x, logits,
+        [&](const PretrainedModel& m, const Params& p) { return cross_entropy(logits(m, p), x.labels); },
+        "VisionEncoderDecoderModel");
+}
+
 // A decoder batch: HF's labels are the ids (-100 at padding) and the model shifts them;
 // meshtrain's cross_entropy takes the next-token targets themselves.
 Batch decoder_batch(int64_t vocab = kVocab) {

@@ -94,7 +94,8 @@ TEST(ModelRegistry, EncoderDecodersRunTeacherForcingAndStepwiseDecodingFromTheir
 }
 
 TEST(ModelRegistry, UnknownTypesNameTheKnownOnes) {
-  expect_error([] { model_spec("mbart"); }, {"unknown model_type 'mbart'", "minigpt, gpt2, llama, bert, t5, bart or vit"});
+  expect_error([] { model_spec("mbart"); }, {"unknown model_type 'mbart'", "minigpt, gpt2, llama, bert, t5, bart, vit or vision-encoder-decoder"});
+  EXPECT_EQ(model_types_text(ModelKind::image_to_text), "vision-encoder-decoder");
   EXPECT_EQ(model_types_text(ModelKind::vision), "vit");
   EXPECT_EQ(model_types_text(ModelKind::seq2seq), "t5 or bart");
   EXPECT_EQ(model_types_text(ModelKind::decoder), "minigpt, gpt2 or llama");
