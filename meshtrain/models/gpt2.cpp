@@ -121,7 +121,8 @@ Params gpt2_init(const Gpt2Config& c, const RngKey& key, DType dtype) {
 }
 
 Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
-                  KvCache* cache) {
+                  KvCache* cache, Seq2SeqCache* cross) {
+  MT_CHECK(cross == nullptr || cache == &cross->self, "[gpt2] a cross-attention cache must hold the self-attention cache");
   c.validate();
   ResolvedDecoderInputs r = resolve_decoder_inputs(in, cache, c.n_positions, "gpt2");
   const int64_t e = c.n_embd, hd = e / c.n_head;
@@ -145,8 +146,8 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
     // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
     // The encoder's states come in as an input, not a capture: under remat the block reruns
     // from its inputs, and the gradient reaches the encoder through them.
-    auto block = [c, b, lk, scale, mask, ac, e, train, cache, l, memory_mask](const Params& p,
-                                                                             const std::vector<Array>& inputs) {
+    auto block = [c, b, lk, scale, mask, ac, e, train, cache, cross, l, memory_mask](const Params& p,
+                                                                                    const std::vector<Array>& inputs) {
       Array x = inputs[0];
       Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
       // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
@@ -179,7 +180,10 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
         };
         AttentionOptions copt{.causal = false, .scale = scale, .dropout_rate = c.attn_pdrop,
                               .dropout_key = lk.fold_in(3), .train = train};
-        Array ctx = merge_heads(scaled_dot_product_attention(cq, memory_side(0), memory_side(1), memory_mask, copt));
+        // Generating: the encoder side is projected once and kept in the cache.
+        auto [ck, cv] = cross ? cross->cross(size_t(l), [&] { return std::pair{memory_side(0), memory_side(1)}; })
+                              : std::pair{memory_side(0), memory_side(1)};
+        Array ctx = merge_heads(scaled_dot_product_attention(cq, ck, cv, memory_mask, copt));
         ctx = conv1d(ctx, p[ca + "c_proj.weight"], p[ca + "c_proj.bias"]);
         x = residual_add(x, ctx, c.resid_pdrop, lk.fold_in(4), train);
       }

@@ -13,6 +13,7 @@
 #include "meshtrain/models/causal_lm.h"
 #include "meshtrain/models/common.h"
 #include "meshtrain/models/lora_options.h"
+#include "meshtrain/models/seq2seq.h"
 
 namespace mt::models {
 
@@ -55,8 +56,10 @@ Params gpt2_init(const Gpt2Config& c, const RngKey& key, DType dtype = DType::f3
 
 // Final hidden states (B, T, C) after ln_f. Dropout (embd, attention, residual) only in
 // training; `cache` (optional) receives this call's keys and values.
+// `cross`: with cross-attention, the generation cache (its `self` must be `cache`) that keeps
+// each layer's keys and values of the encoder states, projected on the first step only.
 Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
-                  bool train = false, KvCache* cache = nullptr);
+                  bool train = false, KvCache* cache = nullptr, Seq2SeqCache* cross = nullptr);
 // The tied LM head on hidden states: hidden @ wteᵀ.
 Array gpt2_head(const Gpt2Config& c, const Params& p, const Array& hidden);
 // Logits (B, T, V) of the tied LM head.

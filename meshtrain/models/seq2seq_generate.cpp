@@ -81,10 +81,6 @@ GenerationResult generate_seq2seq(const Seq2SeqLm& lm, const std::vector<std::ve
                                   const GenerationConfig& config) {
   autodiff::NoGradGuard no_grad;
   MT_CHECK(lm.encode && lm.decode, "[generate] the encoder-decoder has no encode/decode functions");
-  GenerationConfig c = config;
-  if (!c.forced_bos_token_id) c.forced_bos_token_id = lm.forced_bos_token_id;
-  if (!c.forced_eos_token_id) c.forced_eos_token_id = lm.forced_eos_token_id;
-  check_generation_config(c, lm.vocab_size);
   MT_CHECK(!sources.empty(), "[generate] no sources");
   size_t longest = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
@@ -97,13 +93,23 @@ GenerationResult generate_seq2seq(const Seq2SeqLm& lm, const std::vector<std::ve
   if (lm.max_source_positions > 0)
     MT_CHECK(int64_t(longest) <= lm.max_source_positions, "[generate] a source of ", longest,
              " tokens exceeds the model's maximum of ", lm.max_source_positions, " positions");
+  auto [ids, mask] = right_pad(sources, lm.pad_token_id);
+  return generate_from_encoded(lm, lm.encode(ids, mask), config);
+}
+
+GenerationResult generate_from_encoded(const Seq2SeqLm& lm, EncoderOutput encoded, const GenerationConfig& config) {
+  autodiff::NoGradGuard no_grad;
+  MT_CHECK(lm.decode, "[generate] the encoder-decoder has no decode function");
+  MT_CHECK(encoded.batch() > 0, "[generate] nothing encoded");
+  GenerationConfig c = config;
+  if (!c.forced_bos_token_id) c.forced_bos_token_id = lm.forced_bos_token_id;
+  if (!c.forced_eos_token_id) c.forced_eos_token_id = lm.forced_eos_token_id;
+  check_generation_config(c, lm.vocab_size);
   std::vector<int64_t> stops = c.stop_tokens;
   if (stops.empty() && !c.ignore_model_stop_tokens) stops = {lm.eos_token_id};
   int64_t budget = c.max_new_tokens;
   if (lm.max_target_positions > 0) budget = std::min(budget, lm.max_target_positions - 1);  // the start token's position
-
-  auto [ids, mask] = right_pad(sources, lm.pad_token_id);
-  Seq2SeqState state(lm, lm.encode(ids, mask), c.use_cache);
+  Seq2SeqState state(lm, std::move(encoded), c.use_cache);
   return run_search(state, c, stops, budget);
 }
 

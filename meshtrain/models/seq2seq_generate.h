@@ -20,6 +20,10 @@ namespace mt::models {
 GenerationResult generate_seq2seq(const Seq2SeqLm& lm, const std::vector<std::vector<int64_t>>& sources,
                                   const GenerationConfig& config = {});
 
+// The same from an encoder output already computed (an image encoder's states: lm.encode is
+// not called). Rows follow the encoder output's.
+GenerationResult generate_from_encoded(const Seq2SeqLm& lm, EncoderOutput encoded, const GenerationConfig& config = {});
+
 // Right-pads sources to the longest: ids (B, S) and mask (B, S) i64.
 // The model's logits cut to the first `vocab_size` ids (a vocabulary padded past the
 // tokenizer's never yields an id it cannot decode); vocabulary-sharded logits are gathered.

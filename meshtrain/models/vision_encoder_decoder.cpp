@@ -2,6 +2,8 @@
 
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/models/pretrained.h"
+#include "meshtrain/models/seq2seq_generate.h"
+#include "meshtrain/autodiff/node.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/shape_ops.h"
 
@@ -102,6 +104,33 @@ Array vision_decoder_logits(const VisionEncoderDecoderConfig& c, const Params& p
   const Params decoder = p.subtree("decoder");
   const Gpt2Config dc = c.decoder_config();
   return gpt2_head(dc, decoder, gpt2_hidden(dc, decoder, in, dropout_key.fold_in(2), train, cache));
+}
+
+Seq2SeqLm vision_seq2seq_lm(const VisionEncoderDecoderConfig& c, const Params& p) {
+  Seq2SeqLm lm;
+  lm.model_type = "vision-encoder-decoder";
+  lm.vocab_size = c.decoder.vocab_size;
+  lm.max_target_positions = c.decoder.n_positions;
+  lm.decoder_start_token_id = c.decoder_start_token_id;
+  lm.pad_token_id = c.pad_token_id;
+  lm.eos_token_id = c.eos_token_id;
+  lm.encode = [](const Array&, const Array&) -> EncoderOutput {
+    throw Error("[vision-encoder-decoder] the encoder takes pixel values: use vision_encode / generate_captions");
+  };
+  const Params decoder = p.subtree("decoder");
+  const Gpt2Config dc = c.decoder_config();
+  lm.decode = [dc, decoder](const Array& ids, const EncoderOutput& enc, Seq2SeqCache* cache) {
+    const DecoderInputs in{.input_ids = ids, .encoder_hidden_states = enc.hidden};
+    return gpt2_head(dc, decoder, gpt2_hidden(dc, decoder, in, {}, false, cache ? &cache->self : nullptr, cache));
+  };
+  return lm;
+}
+
+GenerationResult generate_captions(const VisionEncoderDecoderConfig& c, const Params& p, const Array& pixel_values,
+                                   const GenerationConfig& config) {
+  autodiff::NoGradGuard no_grad;
+  EncoderOutput encoded{vision_encode(c, p, pixel_values), Array()};
+  return generate_from_encoded(vision_seq2seq_lm(c, p), std::move(encoded), config);
 }
 
 Array vision_encoder_decoder_logits(const VisionEncoderDecoderConfig& c, const Params& p, const Array& pixel_values,

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/autodiff/remat.h"
+#include "meshtrain/models/generate.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/lora_options.h"
 #include "meshtrain/models/vit.h"
@@ -53,6 +54,15 @@ Array vision_decoder_logits(const VisionEncoderDecoderConfig& c, const Params& p
 Array vision_encoder_decoder_logits(const VisionEncoderDecoderConfig& c, const Params& p, const Array& pixel_values,
                                     const Array& decoder_input_ids, const Array& decoder_attention_mask = Array(),
                                     const RngKey& dropout_key = {}, bool train = false);
+// The model as an encoder-decoder for generation (seq2seq_generate.h's generate_from_encoded):
+// decode runs the GPT-2 decoder against a cache of its self-attention keys/values and of each
+// layer's cross-attention keys/values, projected from the image states once. encode, which
+// takes token ids, is not available: images go through vision_encode.
+Seq2SeqLm vision_seq2seq_lm(const VisionEncoderDecoderConfig& c, const Params& p);
+// Captions (token ids, the start token excluded) for pixel_values (B, C, H, W): greedy,
+// sampling or beam search as `config` says.
+GenerationResult generate_captions(const VisionEncoderDecoderConfig& c, const Params& p, const Array& pixel_values,
+                                   const GenerationConfig& config = {});
 // HF's shift_tokens_right: labels (B, T) -> decoder_input_ids, decoder_start_token_id first,
 // -100 replaced by pad_token_id.
 Array shift_labels_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id);

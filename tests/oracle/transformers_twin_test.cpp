@@ -249,6 +249,50 @@ TEST_F(TransformersTwin, VisionEncoderDecoderModel) {
         "VisionEncoderDecoderModel");
 }
 
+// Captioning as transformers' generate does it: greedy and beam search over the images, with
+// the cross-attention keys and values cached (equal to recomputing every step without a cache).
+TEST_F(TransformersTwin, VisionEncoderDecoderGeneratesAsTransformers) {
+  json enc = vit_config("ViTModel");
+  enc["hidden_size"] = 24, enc["num_attention_heads"] = 3, enc["intermediate_size"] = 29;
+  json dec = {{"model_type", "gpt2"}, {"vocab_size", kVocab}, {"n_embd", 32}, {"n_layer", 2}, {"n_head", 4},
+              {"n_positions", 16}, {"add_cross_attention", true}, {"is_decoder", true}, {"bos_token_id", 1},
+              {"eos_token_id", 2}};
+  const json config = {{"model_type", "vision-encoder-decoder"}, {"encoder", enc}, {"decoder", dec},
+                       {"decoder_start_token_id", 1}, {"pad_token_id", 2}, {"eos_token_id", 2}};
+  const PretrainedModel m = random_model(config, 1.0);
+  save_pretrained(m, (dir_ / "model").string());
+  const Array pixels = random_normal({3, 3, 12, 12}, 79);
+  const std::string in = (dir_ / "pixels.safetensors").string(), out = (dir_ / "captions.safetensors").string();
+  io::save_safetensors(in, Params{{"pixel_values", pixels}});
+  const std::string cmd = std::string(MT_VENV_PYTHON) + " " + MT_SOURCE_DIR + "/tests/python/caption_generate.py " +
+                          (dir_ / "model").string() + " " + in + " " + out + " 10 3 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const Params hf = io::load_safetensors(out);
+  auto rows_of = [](const Array& a) {
+    std::vector<std::vector<int64_t>> rows;
+    const std::vector<int64_t> v = a.to_ints();
+    for (int64_t r = 0; r < a.dim(0); ++r) {
+      std::vector<int64_t> row;
+      for (int64_t t = 0; t < a.dim(1) && v[size_t(r * a.dim(1) + t)] >= 0; ++t) row.push_back(v[size_t(r * a.dim(1) + t)]);
+      rows.push_back(row);
+    }
+    return rows;
+  };
+  const auto& c = m.config.as<VisionEncoderDecoderConfig>();
+  for (int beams : {1, 3}) {
+    GenerationConfig g;
+    g.max_new_tokens = 10, g.num_beams = beams;
+    const GenerationResult cached = generate_captions(c, m.params, pixels, g);
+    g.use_cache = false;
+    const GenerationResult recomputed = generate_captions(c, m.params, pixels, g);
+    EXPECT_EQ(cached.tokens, recomputed.tokens) << beams << " beams";
+    EXPECT_EQ(cached.tokens, rows_of(hf[beams == 1 ? "greedy" : "beams"])) << beams << " beams";
+    std::cout << "[captions] " << beams << " beam(s), first: ";
+    for (int64_t t : cached.tokens[0]) std::cout << t << " ";
+    std::cout << "(transformers equal)\n";
+  }
+}
+
 // A decoder batch: HF's labels are the ids (-100 at padding) and the model shifts them;
 // meshtrain's cross_entropy takes the next-token targets themselves.
 Batch decoder_batch(int64_t vocab = kVocab) {
