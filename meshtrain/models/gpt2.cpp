@@ -41,7 +41,7 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
 
 nlohmann::json Gpt2Config::to_json() const {
   // architectures: the class transformers' from_pretrained and pipelines instantiate.
-  return {{"model_type", "gpt2"},
+  nlohmann::json j = {{"model_type", "gpt2"},
           {"architectures", {"GPT2LMHeadModel"}},
           {"vocab_size", vocab_size},
           {"n_positions", n_positions},
@@ -57,9 +57,12 @@ nlohmann::json Gpt2Config::to_json() const {
           {"initializer_range", initializer_range},
           {"scale_attn_weights", scale_attn_weights},
           {"scale_attn_by_inverse_layer_idx", scale_attn_by_inverse_layer_idx},
-          {"add_cross_attention", add_cross_attention},
           {"bos_token_id", bos_token_id},
           {"eos_token_id", eos_token_id}};
+  // Written only when set (a decoder of an image captioner): a language model's config keeps
+  // transformers' keys and nothing else.
+  if (add_cross_attention) j["add_cross_attention"] = true;
+  return j;
 }
 
 void Gpt2Config::validate() const {

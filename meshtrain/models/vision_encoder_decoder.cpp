@@ -32,16 +32,20 @@ VisionEncoderDecoderConfig VisionEncoderDecoderConfig::from_json(const nlohmann:
                j["decoder"].is_object(),
            "[", kWhat, "] needs 'encoder' and 'decoder' objects (transformers' VisionEncoderDecoderConfig)");
   const std::string enc_type = j["encoder"].value("model_type", ""), dec_type = j["decoder"].value("model_type", "");
-  MT_CHECK(enc_type == "vit", "[", kWhat, "] encoder model_type '", enc_type, "' is not supported (only vit)");
-  MT_CHECK(dec_type == "gpt2", "[", kWhat, "] decoder model_type '", dec_type, "' is not supported (only gpt2)");
-  VisionEncoderDecoderConfig c;
+  // Each side parsed by its own registered model; the kinds this model composes are checked
+  // on the parsed configs.
   nlohmann::json enc = j["encoder"];
   enc["architectures"] = {"ViTModel"};
-  c.encoder = VitConfig::from_json(enc);
+  const ModelConfig encoder = model_spec(enc_type).parse_config(enc, PretrainedOptions{});
+  const ModelConfig decoder = model_spec(dec_type).parse_config(j["decoder"], PretrainedOptions{});
+  MT_CHECK(encoder.holds<VitConfig>(), "[", kWhat, "] encoder model_type '", enc_type, "' is not supported (a ViT is)");
+  MT_CHECK(decoder.holds<Gpt2Config>(), "[", kWhat, "] decoder model_type '", dec_type, "' is not supported (GPT-2 is)");
+  VisionEncoderDecoderConfig c;
+  c.encoder = encoder.as<VitConfig>();
   // transformers builds a ViTModel with a pooler whose output nothing reads: its stored
   // weights are dropped on load (ignored_keys) rather than trained as dead parameters.
   c.encoder.add_pooling_layer = false;
-  c.decoder = Gpt2Config::from_json(j["decoder"]);
+  c.decoder = decoder.as<Gpt2Config>();
   c.decoder.add_cross_attention = true;
   MT_CHECK(!j["decoder"].contains("cross_attention_hidden_size") || j["decoder"]["cross_attention_hidden_size"].is_null(),
            "[", kWhat, "] decoder.cross_attention_hidden_size is not supported");
