@@ -25,6 +25,8 @@ packages=(
   # PyPI packages take from Debian: Pillow (sentence-transformers), requests, PyYAML, tqdm,
   # regex, psutil, six (transformers, huggingface-hub, peft, rouge-score)
   python3-venv python3-pil python3-requests python3-yaml python3-tqdm python3-regex python3-psutil python3-six
+  # sacrebleu (the BLEU oracle) takes colorama from Debian
+  python3-colorama
   # the Python front end (python/): pybind11, Python's and DLPack's headers to build it, pytest to test it
   pybind11-dev python3-dev libdlpack-dev python3-pytest
   fortunes
