@@ -11,6 +11,7 @@
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/gpt2.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/models/llama.h"
 #include "meshtrain/models/minigpt.h"
 #include "meshtrain/train/sharding_rules.h"
@@ -166,7 +167,41 @@ ModelCase minigpt_case() {
   return m;
 }
 
-std::vector<ModelCase> all_cases() { return {bert_case(), gpt2_case(), llama_case(), minigpt_case()}; }
+// ViT-GPT2: a ViT encoder 16 wide projected to a GPT-2 decoder of 32 with cross-attention.
+ModelCase vision_encoder_decoder_case() {
+  models::VisionEncoderDecoderConfig c;
+  c.encoder.hidden_size = 16, c.encoder.num_hidden_layers = 2, c.encoder.num_attention_heads = 2;
+  c.encoder.intermediate_size = 32, c.encoder.image_size = 12, c.encoder.patch_size = 4;
+  c.encoder.add_pooling_layer = false;
+  c.decoder.vocab_size = kVocab, c.decoder.n_positions = 16, c.decoder.n_embd = 32, c.decoder.n_layer = 2;
+  c.decoder.n_head = 4, c.decoder.add_cross_attention = true;
+  c.decoder_start_token_id = c.pad_token_id = c.eos_token_id = 0;
+  const std::vector<models::ParamDef> defs = models::vision_encoder_decoder_param_defs(c);
+  ModelCase m{"vit-gpt2", models::init_params(defs, RngKey{5, 0}), models::roles_of(defs),
+              {random_normal({kBatch, 3, 12, 12}, 50), random_ints({kBatch, kTime}, 51, 0, kVocab),
+               random_ints({kBatch, kTime}, 52, 0, kVocab)},
+              nullptr, {}, 0, nullptr, -1};
+  m.loss = [c](const Params& p, const std::vector<Array>& b, uint64_t step) {
+    return cross_entropy(models::vision_encoder_decoder_logits(c, p, b[0], b[1], Array(), dropout_key(step), true), b[2]);
+  };
+  const std::string e0 = "encoder.encoder.layer.0.", d0 = "decoder.transformer.h.0.";
+  m.expected_on_model2 = {{"encoder.embeddings.cls_token", PartitionSpec{"", "", ""}},
+                          {"encoder.embeddings.patch_embeddings.projection.weight", kRows},
+                          {e0 + "attention.attention.query.weight", kRows},
+                          {e0 + "attention.output.dense.weight", kCols},
+                          {"enc_to_dec_proj.weight", kCols},
+                          {d0 + "crossattention.c_attn.weight", PartitionSpec{"", "", "model"}},  // [in, 2, out]
+                          {d0 + "crossattention.q_attn.weight", kCols},
+                          {d0 + "crossattention.c_proj.weight", kRows}};
+  // patch projection, 6 per encoder layer, the projection, 2 embeddings, 7 per decoder layer
+  m.split_count = 1 + 2 * 6 + 1 + 2 + 2 * 7;
+  m.forward = [c](const Params& p, const Array& pixels) { return models::vision_encode(c, p, pixels); };
+  return m;
+}
+
+std::vector<ModelCase> all_cases() {
+  return {bert_case(), gpt2_case(), llama_case(), minigpt_case(), vision_encoder_decoder_case()};
+}
 
 // 4 ranks: data=2,model=2; otherwise data only (one process: a plain run).
 Mesh test_mesh() {
