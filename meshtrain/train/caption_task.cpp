@@ -1,0 +1,88 @@
+#include "meshtrain/train/caption_task.h"
+
+#include <algorithm>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/data/image_decode.h"
+#include "meshtrain/distributed/spmd.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/ops/loss.h"
+#include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/seq2seq_task.h"
+
+namespace mt::train {
+
+std::vector<data::Example> caption_train_examples(const std::vector<data::CaptionedImage>& images,
+                                                  const tokenizers::Tokenizer& tok, const CaptionTokens& t) {
+  std::vector<data::Example> rows;
+  for (const data::CaptionedImage& im : images)
+    for (const std::string& caption : im.captions)
+      rows.push_back({{"image", im.image}, {"labels", seq2seq_ids(tok, caption, t.max_target_length, t.eos_id)}});
+  return rows;
+}
+
+std::vector<data::Example> caption_eval_examples(const std::vector<data::CaptionedImage>& images) {
+  std::vector<data::Example> rows;
+  for (size_t i = 0; i < images.size(); ++i) rows.push_back({{"image", images[i].image}, {"index", int64_t(i)}});
+  return rows;
+}
+
+CollateFn caption_collate(const data::ImageProcessorConfig& processor, const CaptionTokens& t) {
+  return [processor, t](const std::vector<data::Example>& rows) {
+    MT_CHECK(!rows.empty(), "[caption] empty batch");
+    std::vector<data::Image> images(rows.size());
+    std::vector<std::string> errors(rows.size());
+    // A batch's images decode in parallel on the loader's thread, beside the training step.
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
+      try {
+        images[size_t(i)] = data::read_image(rows[size_t(i)].str("image"));
+      } catch (const std::exception& e) {
+        errors[size_t(i)] = e.what();
+      }
+    }
+    for (const std::string& e : errors) MT_CHECK(e.empty(), e);
+    Batch out;
+    out.set("pixel_values", data::pixel_values(images, processor));
+    if (!rows.front().contains("labels")) return out;
+    size_t n = 0;
+    for (const auto& r : rows) n = std::max(n, r.tokens("labels").size());
+    const int64_t b = int64_t(rows.size());
+    std::vector<int64_t> labels(size_t(b) * n, -100);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& ids = rows[i].tokens("labels");
+      std::copy(ids.begin(), ids.end(), labels.begin() + long(i * n));
+    }
+    Array label_array = Array::from_vector(labels, Shape{b, int64_t(n)});
+    out.set("decoder_input_ids", models::shift_labels_right(label_array, t.decoder_start_id, t.pad_id));
+    out.set("labels", label_array);
+    return out;
+  };
+}
+
+LossFn caption_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {
+  return [model](const Params& p, const Batch& b, const RngKey& key, bool train) {
+    const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
+    return cross_entropy(
+        models::vision_encoder_decoder_logits(c, p, b["pixel_values"], b["decoder_input_ids"], Array(), key, train),
+        b["labels"]);
+  };
+}
+
+PredFn caption_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g) {
+  return [model, g](const Params& p, const Batch& b) {
+    const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
+    // The whole global batch on every rank: the model's collectives need all ranks in step.
+    const Array pixels = dist::to_host(b["pixel_values"]);
+    const models::GenerationResult r = models::generate_captions(c, p, pixels, g);
+    const int64_t rows = pixels.dim(0);
+    std::vector<int64_t> out(size_t(rows * g.max_new_tokens), -1);
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy(r.tokens[size_t(i)].begin(), r.tokens[size_t(i)].end(), out.begin() + i * g.max_new_tokens);
+    Batch o;
+    o.set("tokens", Array::from_vector(out, Shape{rows, g.max_new_tokens}));
+    return o;
+  };
+}
+
+}  // namespace mt::train
