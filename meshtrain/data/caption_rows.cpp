@@ -146,7 +146,7 @@ std::vector<CaptionedImage> check_images(std::vector<CaptionedImage> images, Bad
   }
   if (bad > 0 && policy == BadImages::stop)
     throw Error(detail::concat(first, bad > 1 ? detail::concat(" (and ", bad - 1, " more unreadable images)") : "",
-                               "; nothing was trained: fix or remove them, or have them skipped (BadImages::skip)"));
+                               "; nothing was trained: fix or remove them, or skip them (--skip-bad-images)"));
   if (skipped) *skipped = bad;
   MT_CHECK(!kept.empty(), "[captions] every one of the ", images.size(), " images is unreadable");
   return kept;

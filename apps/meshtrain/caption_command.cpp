@@ -1,0 +1,244 @@
+// `meshtrain caption`: an image captioner (a Hugging Face VisionEncoderDecoderModel folder with
+// a ViT encoder and a GPT-2 decoder, or a small one from --config small-vit-gpt2|FILE) trained
+// on captioned images with teacher forcing, through the pipeline's three functions
+// (train/caption_task.h); evaluated each epoch by beam search through the Predictor: BLEU-4 as
+// sacrebleu computes it against every reference of an image, ROUGE-L (the best over the
+// references, averaged) and exact match (the prediction equals one of the references). Keeps
+// the best checkpoint by BLEU; writes predictions.jsonl, eval_results.json and the final model
+// (with its preprocessor_config.json) as a Hugging Face folder.
+#include <algorithm>
+#include <filesystem>
+
+#include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/lm_setup.h"
+#include "apps/meshtrain/lora_flags.h"
+#include "apps/meshtrain/run_flags.h"
+#include "meshtrain/data/caption_rows.h"
+#include "meshtrain/io/json.h"
+#include "meshtrain/meshtrain.h"
+#include "meshtrain/models/user_config.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/train/bleu.h"
+#include "meshtrain/train/caption_task.h"
+#include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/rouge.h"
+
+namespace mt::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct CaptionOptions {
+  std::string model, config, tokenizer, data, eval_data, image_dir, eval_image_dir;
+  int64_t max_target_length = 32;
+  int64_t num_beams = 4;
+  bool skip_bad_images = false;
+  StepFlags length{0, 3, 16, 1};
+  double learning_rate = 5e-4;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  LoraFlags lora;
+  RunFlags run;
+};
+
+// Rows of a captions file whose images all decode (or whose unreadable ones are skipped).
+std::vector<data::CaptionedImage> load_rows(const std::string& path, const std::string& image_dir, bool skip,
+                                            const train::Deployer& deployer) {
+  size_t skipped = 0;
+  auto rows = data::check_images(data::read_captions(path, image_dir),
+                                 skip ? data::BadImages::skip : data::BadImages::stop, &skipped);
+  if (skipped > 0) deployer.log("caption: skipped " + std::to_string(skipped) + " unreadable images of " + path);
+  return rows;
+}
+
+std::string strip(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+void run(const CaptionOptions& o) {
+  MT_CHECK(o.num_beams >= 1, "[caption] --num-beams must be >= 1, got ", o.num_beams);
+  MT_CHECK(o.model.empty() != o.config.empty(), "[caption] pass exactly one of --model DIR and --config "
+           "small-vit-gpt2|FILE");
+  check_output_dir(o.run, "caption");
+  train::arm_stop_request();
+  train::Deployer deployer = make_deployer(o.run);
+  const auto precision = precision_scope(o.run.precision);
+  const fs::path out = o.run.output_dir;
+
+  models::PretrainedOptions po;
+  po.print_report = deployer.is_main();
+  po.load_tokenizer = o.tokenizer.empty() && !o.model.empty();
+  std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? nullptr : tokenizers::load_tokenizer(o.tokenizer);
+  std::shared_ptr<models::PretrainedModel> model;
+  if (!o.model.empty()) {
+    model = std::make_shared<models::PretrainedModel>(models::from_pretrained(o.model, po));
+    if (!tok) tok = model->tokenizer;
+  } else {
+    MT_CHECK(tok != nullptr, "[caption] --config needs --tokenizer PATH (the vocabulary sets the model's size)");
+    const auto eos = end_of_text_id(*tok);
+    MT_CHECK(eos, "[caption] ", o.tokenizer, " has no end token (</s>, [SEP], <|endoftext|>)");
+    const models::ModelSpec& spec = models::model_spec("vision-encoder-decoder");
+    const int64_t vocab = (tok->vocab_size() + 63) / 64 * 64;
+    const int64_t context = std::max<int64_t>(64, o.max_target_length + 1);
+    json config;
+    if (o.config == "small-vit-gpt2") {
+      config = spec.small_config(vocab, context, *eos);
+    } else {
+      MT_CHECK(o.config.rfind("small-", 0) != 0, "[caption] unknown --config '", o.config,
+               "' (small-vit-gpt2 or a config.json)");
+      config = models::merge_user_config(spec, spec.small_config(vocab, context, *eos), io::read_json_file(o.config),
+                                         o.config, "caption");
+    }
+    po.new_params = models::NewParams::all;
+    po.init_key = deployer.init_key();
+    model = std::make_shared<models::PretrainedModel>(models::init_model(config, po));
+  }
+  MT_CHECK(model->config.holds<models::VisionEncoderDecoderConfig>(), "[caption] ", o.model.empty() ? o.config : o.model,
+           ": model_type '", model->model_type, "' is not an image-to-text model (use ",
+           models::model_types_text(models::ModelKind::image_to_text), ")");
+  MT_CHECK(tok != nullptr, "[caption] ", o.model, " has no tokenizer: pass --tokenizer PATH");
+  const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
+  data::ImageProcessorConfig processor;
+  processor.height = processor.width = c.encoder.image_size;
+  if (!o.model.empty() && fs::exists(fs::path(o.model) / "preprocessor_config.json"))
+    processor = data::load_image_processor_config(o.model);
+  MT_CHECK(processor.do_resize && processor.height == c.encoder.image_size && processor.width == c.encoder.image_size,
+           "[caption] the image processor resizes to ", processor.width, "x", processor.height,
+           " but the encoder takes ", c.encoder.image_size, "x", c.encoder.image_size);
+
+  const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
+  const std::string eval_dir = o.eval_image_dir.empty() ? o.image_dir : o.eval_image_dir;
+  const auto train_rows = load_rows(o.data, o.image_dir, o.skip_bad_images, deployer);
+  const auto eval_rows = load_rows(o.eval_data, eval_dir, o.skip_bad_images, deployer);
+  auto train_set = data::make_dataset(train::caption_train_examples(train_rows, *tok, t));
+  auto eval_set = data::make_dataset(train::caption_eval_examples(eval_rows));
+  if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
+
+  apply_remat(o.run, *model);
+  train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
+  train::FitOptions f;
+  const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
+  const int64_t span = schedule_steps(o.run, total);
+  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "caption");
+  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
+  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm), o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  deployer.log("caption: " + std::to_string(model->params.total_elements()) + " parameters; " + o.data + ": " +
+               std::to_string(train_rows.size()) + " images, " + std::to_string(train_set->size()) + " captions; " +
+               std::to_string(eval_rows.size()) + " eval images; " + std::to_string(total) + " steps on mesh " +
+               deployer.mesh().str() + ", beam search with " + std::to_string(o.num_beams) + " beams");
+
+  std::shared_ptr<const models::PretrainedModel> frozen_model = model;
+  train::CollateFn collate = train::caption_collate(processor, t);
+  train::Trainer trainer(deployer, collate, train::caption_loss_fn(frozen_model), std::move(model->params), opt, plan);
+
+  models::GenerationConfig g;
+  g.max_new_tokens = o.max_target_length;
+  g.num_beams = o.num_beams;
+  g.pad_token_id = c.pad_token_id;
+  train::Predictor<std::vector<int64_t>> predictor(
+      deployer, collate, train::caption_predict_fn(frozen_model, g), [](const train::Batch& host) {
+        const Array& a = host["tokens"];
+        const std::vector<int64_t> v = a.to_ints();
+        std::vector<std::vector<int64_t>> rows(static_cast<size_t>(a.dim(0)));
+        for (int64_t r = 0; r < a.dim(0); ++r)
+          for (int64_t j = 0; j < a.dim(1) && v[size_t(r * a.dim(1) + j)] >= 0; ++j) rows[size_t(r)].push_back(v[size_t(r * a.dim(1) + j)]);
+        return rows;
+      });
+  std::vector<std::string> last_predictions;
+  std::vector<std::vector<std::string>> references;
+  for (const auto& row : eval_rows) references.push_back(row.captions);
+  auto evaluate = [&](const Params& p) {
+    std::vector<std::string> predictions;
+    for (const auto& ids : predictor.predict(p, eval_set, o.length.per_device_batch_size)) {
+      std::vector<int32_t> keep;
+      for (int64_t id : ids)
+        if (id != c.eos_token_id && id != c.pad_token_id && id < tok->vocab_size()) keep.push_back(int32_t(id));
+      predictions.push_back(strip(tok->decode(keep, true)));
+    }
+    const train::BleuScore bleu = train::corpus_bleu(predictions, references);
+    double rouge_l = 0;
+    int64_t exact = 0;
+    for (size_t i = 0; i < predictions.size(); ++i) {
+      double best = 0;
+      for (const std::string& ref : references[i]) best = std::max(best, train::rouge(ref, predictions[i]).rougeL.fmeasure);
+      rouge_l += best;
+      exact += std::any_of(references[i].begin(), references[i].end(),
+                           [&](const std::string& ref) { return strip(ref) == predictions[i]; });
+    }
+    last_predictions = predictions;
+    const double n = double(predictions.size());
+    return std::map<std::string, double>{{"bleu", bleu.score}, {"rougeL", rouge_l / n}, {"exact_match", double(exact) / n}};
+  };
+  f.eval_fn = evaluate;
+  f.save_best_by = "max:bleu";
+  apply_run_flags(o.run, f);
+  const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
+  const std::string tokenizer_ref =
+      o.lora.enabled() && !o.lora.merge ? fs::absolute(tokenizer_source).string() : "../../model";
+  f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
+  f.checkpoint_extra["schedule_steps"] = span;
+  f.learning_rate = lr;
+  train::FitResult r = trainer.fit(train_set, f);
+  trainer.release_optimizer_state();
+
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  model->params = host;
+  if (!deployer.is_main()) return;
+  const fs::path model_dir = out / "model";
+  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
+                     dtype_from_name(o.run.save_dtype));
+  if (fs::exists(model_dir))
+    io::write_file_atomic((model_dir / "preprocessor_config.json").string(), processor.to_json().dump(2) + "\n");
+  std::string lines;
+  for (size_t i = 0; i < last_predictions.size(); ++i)
+    lines += json{{"image", eval_rows[i].image}, {"reference", eval_rows[i].captions}, {"prediction", last_predictions[i]}}
+                 .dump() + "\n";
+  io::write_file_atomic((out / "predictions.jsonl").string(), lines);
+  json results = {{"step", trainer.step()}};
+  if (!r.evals.empty())
+    for (const auto& [k, v] : r.evals.back()) results[k] = v;
+  const fs::path best = out / "checkpoints" / "best" / "meta.json";
+  if (fs::exists(best)) results["best"] = io::read_json_file(best.string()).value("best", json());
+  io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
+  std::cout << "eval results: " << results.dump() << "\npredictions in " << (out / "predictions.jsonl").string()
+            << (fs::exists(model_dir) ? ", model in " + model_dir.string() : std::string()) << "\n";
+}
+
+}  // namespace
+
+void add_caption_command(CLI::App& app) {
+  auto o = std::make_shared<CaptionOptions>();
+  o->run.output_dir = "runs/caption";
+  CLI::App* cmd = app.add_subcommand(
+      "caption", "train an image captioner (ViT encoder, GPT-2 decoder) on captioned images, evaluated with beam "
+                 "search, BLEU-4 and ROUGE-L");
+  cmd->add_option("--model", o->model, "Hugging Face VisionEncoderDecoderModel directory to start from");
+  cmd->add_option("--config", o->config, "train from scratch: small-vit-gpt2 or a config.json");
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model directory's)");
+  cmd->add_option("--data", o->data, "training captions: JSON lines {image, caption} or COCO captions JSON")
+      ->required()->check(CLI::ExistingFile);
+  cmd->add_option("--eval-data", o->eval_data, "evaluation captions (same layouts)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--image-dir", o->image_dir, "the directory the captions files name images in")->required();
+  cmd->add_option("--eval-image-dir", o->eval_image_dir, "the evaluation images' directory (default: --image-dir)");
+  cmd->add_option("--max-target-length", o->max_target_length, "caption tokens kept, and generated at most")
+      ->capture_default_str()->check(positive());
+  cmd->add_option("--num-beams", o->num_beams, "beam search width in evaluation (1: greedy)")->capture_default_str();
+  cmd->add_flag("--skip-bad-images", o->skip_bad_images,
+                "skip unreadable images (counted) instead of stopping before training");
+  add_step_flags(cmd, o->length);
+  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (warmup, then cosine to 10%)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
+  add_max_grad_norm_flag(cmd, o->max_grad_norm);
+  add_lora_flags(cmd, o->lora);
+  add_run_flags(cmd, o->run, true);
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace mt::cli

@@ -1,0 +1,108 @@
+// `meshtrain caption` end to end on python3-sklearn's two photographs: a small ViT-GPT2 trained
+// from scratch memorizes their captions (JSON lines for training, COCO captions with two
+// references each for evaluation); predictions.jsonl, eval_results.json (BLEU-4 equal to
+// sacrebleu over predictions.jsonl), the best checkpoint and the model folder are written, and
+// transformers, loading that folder with its ViTImageProcessor and tokenizer, captions the images
+// as meshtrain did. Bad input: an image the directory lacks and a truncated image stop the run
+// before training with nothing written; --skip-bad-images skips and counts it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/cli_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace mt::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const fs::path kPhotos = "/usr/lib/python3/dist-packages/sklearn/datasets/images";
+
+class CaptionE2E : public TempDir {
+ protected:
+  void SetUp() override {
+    TempDir::SetUp();
+    fs::create_directories(dir_ / "img");
+    fs::copy_file(kPhotos / "china.jpg", dir_ / "img" / "china.jpg");
+    fs::copy_file(kPhotos / "flower.jpg", dir_ / "img" / "flower.jpg");
+    train_ = write("train.jsonl", "{\"image\": \"china.jpg\", \"caption\": \"a pagoda on a hill\"}\n"
+                                  "{\"image\": \"flower.jpg\", \"caption\": \"a pink flower\"}\n");
+    eval_ = write("eval.json", R"({"images": [{"id": 1, "file_name": "china.jpg"}, {"id": 2, "file_name": "flower.jpg"}],
+        "annotations": [{"image_id": 1, "caption": "a pagoda on a hill"}, {"image_id": 1, "caption": "a temple"},
+                        {"image_id": 2, "caption": "a pink flower"}, {"image_id": 2, "caption": "a blossom"}]})");
+  }
+  std::string command(const std::string& data, const std::string& out, const std::string& extra = "",
+                      int epochs = 30) const {
+    return "caption --config small-vit-gpt2 --tokenizer " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2 --data " +
+           data + " --eval-data " + eval_ + " --image-dir " + (dir_ / "img").string() +
+           " --epochs " + std::to_string(epochs) + " --per-device-batch-size 2 --num-beams 2 --max-target-length 12 --learning-rate 1e-3"
+           " --warmup-steps 2 --output-dir " + out + " " + extra;
+  }
+  std::string train_, eval_;
+};
+
+TEST_F(CaptionE2E, MemorizesCaptionsAndTransformersCaptionsItsFolderAlike) {
+  const fs::path out = dir_ / "run";
+  const CliRun r = run_cli(command(train_, out.string()));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json results = json::parse(std::ifstream(out / "eval_results.json"));
+  EXPECT_EQ(results.at("exact_match").get<double>(), 1.0) << results.dump();
+  EXPECT_EQ(results.at("best").at("metric"), "bleu");
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / "best" / "meta.json"));
+  std::vector<std::string> hyps, images;
+  std::vector<std::vector<std::string>> refs;
+  std::ifstream in(out / "predictions.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    hyps.push_back(j.at("prediction")), images.push_back(j.at("image")), refs.push_back(j.at("reference"));
+  }
+  ASSERT_EQ(hyps.size(), 2u);
+  EXPECT_EQ(refs[0], (std::vector<std::string>{"a pagoda on a hill", "a temple"}));
+  // The reported BLEU-4 is sacrebleu's over the written predictions.
+  const fs::path spec = dir_ / "bleu_in.json", bleu_out = dir_ / "bleu_out.json";
+  std::ofstream(spec) << json{{"cases", {{{"name", "run"}, {"hypotheses", hyps}, {"references", refs}}}},
+                              {"lines", json::array()}}.dump();
+  ASSERT_EQ(std::system((std::string(MT_VENV_PYTHON) + " " + MT_SOURCE_DIR + "/tests/python/bleu_reference.py " +
+                         spec.string() + " " + bleu_out.string()).c_str()), 0);
+  const double sacre = json::parse(std::ifstream(bleu_out))["cases"]["run"]["score"].get<double>();
+  EXPECT_NEAR(results.at("bleu").get<double>(), sacre, 1e-9);
+  // transformers reads the folder (model, preprocessor_config.json, tokenizer) and captions alike.
+  std::string cmd = std::string(MT_VENV_PYTHON) + " " + MT_SOURCE_DIR + "/tests/python/caption_folder.py " +
+                    (out / "model").string() + " 2 12";
+  for (const std::string& im : images) cmd += " " + im;
+  const CliRun hf = run_command(cmd, "caption_folder.py");
+  ASSERT_EQ(hf.code, 0) << hf.out;
+  EXPECT_EQ(json::parse(hf.std_out).get<std::vector<std::string>>(), hyps) << hf.out;
+  std::cout << "captions " << json(hyps).dump() << ", BLEU " << results.at("bleu") << " (sacrebleu " << sacre
+            << "), transformers on the saved folder: " << hf.std_out;
+}
+
+TEST_F(CaptionE2E, BadImagesStopBeforeTrainingOrAreSkipped) {
+  const std::string missing =
+      write("missing.jsonl", "{\"image\": \"china.jpg\", \"caption\": \"a pagoda\"}\n{\"image\": \"gone.jpg\", \"caption\": \"x\"}\n");
+  CliRun r = run_cli(command(missing, (dir_ / "m").string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("lists 1 of 2 images that " + (dir_ / "img").string() + " does not hold"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "m" / "checkpoints"));
+  std::ifstream photo(kPhotos / "china.jpg", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(photo)), std::istreambuf_iterator<char>());
+  std::ofstream(dir_ / "img" / "cut.jpg", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  const std::string cut = write("cut.jsonl", "{\"image\": \"china.jpg\", \"caption\": \"a pagoda on a hill\"}\n"
+                                             "{\"image\": \"cut.jpg\", \"caption\": \"half\"}\n"
+                                             "{\"image\": \"flower.jpg\", \"caption\": \"a pink flower\"}\n");
+  r = run_cli(command(cut, (dir_ / "c").string()));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find((dir_ / "img" / "cut.jpg").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nothing was trained"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "c" / "checkpoints"));
+  r = run_cli(command(cut, (dir_ / "s").string(), "--skip-bad-images", 1));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("skipped 1 unreadable images of " + cut), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace mt::testing
