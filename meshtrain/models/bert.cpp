@@ -235,12 +235,7 @@ ModelSpec bert_model_spec() {
   s.base_prefix = "bert.";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions& o) -> ModelConfig {
     BertConfig c = BertConfig::from_json(j);
-    if (o.num_labels) c.num_labels = *o.num_labels;
-    if (!o.label_names.empty()) {
-      c.label_names = o.label_names;
-      c.num_labels = int64_t(o.label_names.size());
-    }
-    if (int64_t(c.label_names.size()) != c.num_labels) c.label_names.clear();
+    override_class_labels(c.num_labels, c.label_names, o.num_labels, o.label_names);
     if (o.bert_head) c = c.with_head(*o.bert_head);
     c.validate();
     return c;

@@ -27,6 +27,16 @@ ClassLabels read_class_labels(const nlohmann::json& j, const char* what, int64_t
   return c;
 }
 
+void override_class_labels(int64_t& num_labels, std::vector<std::string>& names, std::optional<int64_t> count,
+                           const std::vector<std::string>& given_names) {
+  if (count) num_labels = *count;
+  if (!given_names.empty()) {
+    names = given_names;
+    num_labels = int64_t(given_names.size());
+  }
+  if (int64_t(names.size()) != num_labels) names.clear();
+}
+
 void write_class_labels(nlohmann::json& j, int64_t num_labels, const std::vector<std::string>& names) {
   nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
   const bool named = int64_t(names.size()) == num_labels;

@@ -2,6 +2,7 @@
 // A classifier's classes in config.json, as Hugging Face's PretrainedConfig keeps them:
 // num_labels, or the size of id2label, and the names in id order from id2label.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ struct ClassLabels {
 // From config.json: num_labels (else id2label's size, else `fallback_count`) and the names,
 // kept only when id2label names every id once and not with HF's placeholders.
 ClassLabels read_class_labels(const nlohmann::json& j, const char* what, int64_t fallback_count = 2);
+// The caller's classes over the config's: a count, or names (which set the count); names that
+// do not match the count are dropped (HF's placeholders are used).
+void override_class_labels(int64_t& num_labels, std::vector<std::string>& names, std::optional<int64_t> count,
+                           const std::vector<std::string>& given_names);
 // id2label and label2id for config.json (LABEL_i where unnamed).
 void write_class_labels(nlohmann::json& j, int64_t num_labels, const std::vector<std::string>& names);
 
