@@ -22,6 +22,7 @@
 #include "meshtrain/train/caption_task.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/rouge.h"
+#include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::cli {
 namespace {
@@ -140,14 +141,8 @@ void run(const CaptionOptions& o) {
   g.num_beams = o.num_beams;
   g.pad_token_id = c.pad_token_id;
   train::Predictor<std::vector<int64_t>> predictor(
-      deployer, collate, train::caption_predict_fn(frozen_model, g), [](const train::Batch& host) {
-        const Array& a = host["tokens"];
-        const std::vector<int64_t> v = a.to_ints();
-        std::vector<std::vector<int64_t>> rows(static_cast<size_t>(a.dim(0)));
-        for (int64_t r = 0; r < a.dim(0); ++r)
-          for (int64_t j = 0; j < a.dim(1) && v[size_t(r * a.dim(1) + j)] >= 0; ++j) rows[size_t(r)].push_back(v[size_t(r * a.dim(1) + j)]);
-        return rows;
-      });
+      deployer, collate, train::caption_predict_fn(frozen_model, g),
+      [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
   std::vector<std::string> last_predictions;
   std::vector<std::vector<std::string>> references;
   for (const auto& row : eval_rows) references.push_back(row.captions);

@@ -170,14 +170,8 @@ void run(const Seq2SeqOptions& o) {
   g.num_beams = o.num_beams, g.length_penalty = o.length_penalty, g.no_repeat_ngram_size = o.no_repeat_ngram_size;
   g.pad_token_id = lm.pad_token_id;
   train::Predictor<std::vector<int64_t>> predictor(
-      deployer, collate, train::seq2seq_predict_fn(frozen_model, g, tok->vocab_size()), [](const train::Batch& host) {
-        const Array& a = host["tokens"];
-        std::vector<int64_t> v = a.to_ints();
-        std::vector<std::vector<int64_t>> rows(static_cast<size_t>(a.dim(0)));
-        for (int64_t r = 0; r < a.dim(0); ++r)
-          for (int64_t j = 0; j < a.dim(1) && v[size_t(r * a.dim(1) + j)] >= 0; ++j) rows[size_t(r)].push_back(v[size_t(r * a.dim(1) + j)]);
-        return rows;
-      });
+      deployer, collate, train::seq2seq_predict_fn(frozen_model, g, tok->vocab_size()),
+      [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
   std::vector<std::string> last_predictions;
   // The targets' ids as the model should produce them: the eval rows' labels without the
   // end token.

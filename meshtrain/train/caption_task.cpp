@@ -74,13 +74,8 @@ PredFn caption_predict_fn(std::shared_ptr<const models::PretrainedModel> model, 
     const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
     // The whole global batch on every rank: the model's collectives need all ranks in step.
     const Array pixels = dist::to_host(b["pixel_values"]);
-    const models::GenerationResult r = models::generate_captions(c, p, pixels, g);
-    const int64_t rows = pixels.dim(0);
-    std::vector<int64_t> out(size_t(rows * g.max_new_tokens), -1);
-    for (int64_t i = 0; i < rows; ++i)
-      std::copy(r.tokens[size_t(i)].begin(), r.tokens[size_t(i)].end(), out.begin() + i * g.max_new_tokens);
     Batch o;
-    o.set("tokens", Array::from_vector(out, Shape{rows, g.max_new_tokens}));
+    o.set("tokens", pack_token_rows(models::generate_captions(c, p, pixels, g).tokens, g.max_new_tokens));
     return o;
   };
 }

@@ -107,23 +107,38 @@ std::vector<std::vector<int64_t>> gather_sources(const Array& ids, const Array& 
 
 }  // namespace
 
+Array pack_token_rows(const std::vector<std::vector<int64_t>>& rows, int64_t width) {
+  const int64_t n = int64_t(rows.size());
+  std::vector<int64_t> out(size_t(n * width), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    MT_CHECK(int64_t(rows[size_t(i)].size()) <= width, "[predict] row ", i, " has ", rows[size_t(i)].size(),
+             " tokens, more than ", width);
+    std::copy(rows[size_t(i)].begin(), rows[size_t(i)].end(), out.begin() + i * width);
+  }
+  return Array::from_vector(out, Shape{n, width});
+}
+
+std::vector<std::vector<int64_t>> unpack_token_rows(const Array& packed) {
+  const std::vector<int64_t> v = packed.to_ints();
+  const int64_t n = packed.dim(0), width = packed.dim(1);
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < width && v[size_t(r * width + j)] >= 0; ++j) rows[size_t(r)].push_back(v[size_t(r * width + j)]);
+  return rows;
+}
+
 PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,
                           int64_t vocab_limit) {
   return [model, g, vocab_limit](const Params& p, const Batch& b) {
     // Every rank generates the whole global batch with the (possibly sharded) weights: the
     // model's collectives need all ranks in step, and the tokens come out the same everywhere.
     std::vector<std::vector<int64_t>> sources = gather_sources(b["input_ids"], b["attention_mask"]);
-    const int64_t rows = int64_t(sources.size());
     models::Seq2SeqLm lm = model->seq2seq_lm(p);
     for (auto& src : sources)
       if (src.empty()) src.push_back(lm.eos_token_id);  // the Predictor's padding rows
     if (vocab_limit > 0 && vocab_limit < lm.vocab_size) lm = models::restrict_vocab(lm, vocab_limit);
-    const models::GenerationResult r = models::generate_seq2seq(lm, sources, g);
-    std::vector<int64_t> out(size_t(rows * g.max_new_tokens), -1);
-    for (int64_t i = 0; i < rows; ++i)
-      std::copy(r.tokens[size_t(i)].begin(), r.tokens[size_t(i)].end(), out.begin() + i * g.max_new_tokens);
     Batch o;
-    o.set("tokens", Array::from_vector(out, Shape{rows, g.max_new_tokens}));
+    o.set("tokens", pack_token_rows(models::generate_seq2seq(lm, sources, g).tokens, g.max_new_tokens));
     return o;
   };
 }

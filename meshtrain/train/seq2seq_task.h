@@ -48,6 +48,11 @@ LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model);
 // empty everywhere; the lists must pair up.
 double token_accuracy(const std::vector<std::vector<int64_t>>& targets, const std::vector<std::vector<int64_t>>& predictions);
 
+// Generated rows as a predict function returns them: (B, width) i64, -1 after each row's end;
+// and back (what a Predictor's output function reads).
+Array pack_token_rows(const std::vector<std::vector<int64_t>>& rows, int64_t width);
+std::vector<std::vector<int64_t>> unpack_token_rows(const Array& packed);
+
 // Generates for the batch's sources (beam search or greedy per `g`) with the parameters the
 // Predictor passes: output "tokens" (B, max_new_tokens) i64, -1 after each row's end.
 PredFn seq2seq_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g,
