@@ -4,8 +4,6 @@
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/ops/elementwise.h"
-#include "meshtrain/ops/shape_ops.h"
 
 namespace mt::models {
 
@@ -144,14 +142,6 @@ Array vision_encoder_decoder_logits(const VisionEncoderDecoderConfig& c, const P
   return vision_decoder_logits(
       c, p, {.input_ids = decoder_input_ids, .attention_mask = decoder_attention_mask, .encoder_hidden_states = states},
       dropout_key, train);
-}
-
-Array shift_labels_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id) {
-  MT_CHECK(labels.ndim() == 2, "[vision-encoder-decoder] labels must be (B, T), got ", labels.str());
-  const int64_t b = labels.dim(0), t = labels.dim(1);
-  Array start = Array::full(Shape{b, 1}, double(decoder_start_token_id), labels.dtype(), labels.device());
-  Array shifted = concatenate({start, slice(labels, 1, 0, t - 1)}, 1);
-  return where(eq(shifted, scalar_like(shifted, -100.0)), scalar_like(shifted, double(pad_token_id)), shifted);
 }
 
 ModelSpec vision_encoder_decoder_model_spec() {

@@ -63,8 +63,5 @@ Seq2SeqLm vision_seq2seq_lm(const VisionEncoderDecoderConfig& c, const Params& p
 // sampling or beam search as `config` says.
 GenerationResult generate_captions(const VisionEncoderDecoderConfig& c, const Params& p, const Array& pixel_values,
                                    const GenerationConfig& config = {});
-// HF's shift_tokens_right: labels (B, T) -> decoder_input_ids, decoder_start_token_id first,
-// -100 replaced by pad_token_id.
-Array shift_labels_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id);
 
 }  // namespace mt::models

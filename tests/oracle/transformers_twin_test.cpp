@@ -238,7 +238,7 @@ TEST_F(TransformersTwin, VisionEncoderDecoderModel) {
   Batch x;
   x.pixel_values = random_normal({2, 3, 12, 12}, 78);
   x.labels = ints({5, 9, 14, 3, 7, 2, 11, 6, 2, -100, -100, -100}, 2, 6);
-  const Array decoder_ids = shift_labels_right(x.labels, 1, 2);
+  const Array decoder_ids = shift_right(x.labels, 1, 2);
   EXPECT_EQ(decoder_ids.to_ints(), (std::vector<int64_t>{1, 5, 9, 14, 3, 7, 1, 11, 6, 2, 2, 2}));
   x.decoder_ids = decoder_ids;
   auto logits = [&](const PretrainedModel& m, const Params& p) {
