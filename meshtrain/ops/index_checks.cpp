@@ -8,10 +8,11 @@
 
 namespace mt {
 
-CheckMessage index_range_message(const char* op, int64_t size, const Shape& indices, std::string context) {
-  return [op, size, shape = indices.str(), context = std::move(context)](int64_t position, int64_t value) {
+CheckMessage index_range_message(const char* op, int64_t size, const Shape& indices,
+                                 std::function<std::string()> context) {
+  return [op, size, indices, context = std::move(context)](int64_t position, int64_t value) {
     return detail::concat("[", op, "] index ", value, " out of range [0, ", size, ") at flat position ", position,
-                          " of indices ", shape, "; ", context);
+                          " of indices ", indices.str(), "; ", context());
   };
 }
 

@@ -4,6 +4,7 @@
 // index throws before any kernel runs; inside one (a Trainer step) it is recorded and read with
 // the loss, and the kernels read a copy with the bad entries zeroed (ops/deferred_checks.h).
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -16,7 +17,10 @@ namespace mt {
 inline constexpr int64_t kNoSkip = std::numeric_limits<int64_t>::min();
 
 // "[op] index v out of range [0, size) at flat position j of indices (shape); context".
-CheckMessage index_range_message(const char* op, int64_t size, const Shape& indices, std::string context);
+// `context` (the shapes involved) runs only when a check fails: nothing is formatted on the
+// ops' path otherwise.
+CheckMessage index_range_message(const char* op, int64_t size, const Shape& indices,
+                                 std::function<std::string()> context);
 
 // Checks idx (i32/i64) against [0, size), values equal to `skip` excepted; returns the indices
 // the kernels read: idx itself, or inside a DeferredChecks scope a copy whose bad entries are 0.

@@ -83,7 +83,9 @@ class TakePrimitive final : public IndexPrimitive {
     const Array& x = in[0];
     const int64_t a = x.shape()[axis_];
     const Array indices = checked_indices(
-        in[1], a, "take", index_range_message("take", a, in[1].shape(), detail::concat("x ", x.str(), ", axis ", axis_)));
+        in[1], a, "take", index_range_message("take", a, in[1].shape(), [d = x.dtype(), s = x.shape(), axis = axis_] {
+          return detail::concat("x ", dtype_name(d), s.str(), ", axis ", axis);
+        }));
     int64_t outer, inner;
     split_at(x.shape(), axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
@@ -112,8 +114,9 @@ class ScatterAddPrimitive final : public IndexPrimitive {
     const int64_t a = shape_[axis_];
     const Array indices =
         checked_indices(in[1], a, "scatter_add",
-                        index_range_message("scatter_add", a, in[1].shape(),
-                                            detail::concat("target shape ", shape_.str(), ", axis ", axis_)));
+                        index_range_message("scatter_add", a, in[1].shape(), [s = shape_, axis = axis_] {
+                          return detail::concat("target shape ", s.str(), ", axis ", axis);
+                        }));
     int64_t outer, inner;
     split_at(shape_, axis_, outer, inner);
     Array out = Array::empty(o.shape, o.dtype);
@@ -140,7 +143,9 @@ class TakeAlongAxisPrimitive final : public IndexPrimitive {
     const Array indices =
         checked_indices(in[1], a, "take_along_axis",
                         index_range_message("take_along_axis", a, in[1].shape(),
-                                            detail::concat("x ", x.str(), ", axis ", axis_)));
+                                            [d = x.dtype(), s = x.shape(), axis = axis_] {
+                                              return detail::concat("x ", dtype_name(d), s.str(), ", axis ", axis);
+                                            }));
     Array out = Array::empty(o.shape, o.dtype);
     MT_KERNEL(out, take_along_axis, x, indices, out, axis_);
     return out;
@@ -165,8 +170,9 @@ class ScatterAddAlongAxisPrimitive final : public IndexPrimitive {
     const int64_t a = shape_[axis_];
     const Array indices =
         checked_indices(in[1], a, "scatter_add_along_axis",
-                        index_range_message("scatter_add_along_axis", a, in[1].shape(),
-                                            detail::concat("target shape ", shape_.str(), ", axis ", axis_)));
+                        index_range_message("scatter_add_along_axis", a, in[1].shape(), [s = shape_, axis = axis_] {
+                          return detail::concat("target shape ", s.str(), ", axis ", axis);
+                        }));
     Array out = Array::empty(o.shape, o.dtype);
     MT_KERNEL(out, scatter_add_along_axis, in[0], indices, out, axis_);
     return out;
@@ -201,14 +207,17 @@ class EmbeddingPrimitive final : public prim::Primitive {
     Array out = Array::empty(o.shape, o.dtype);
     if (!masked_) {
       const Array ids = checked_indices(in[1], v, "embedding",
-                                        index_range_message("embedding", v, in[1].shape(), "table " + table.str()));
+                                        index_range_message("embedding", v, in[1].shape(), [d = table.dtype(), s = table.shape()] {
+                                          return "table " + std::string(dtype_name(d)) + s.str();
+                                        }));
       MT_KERNEL(out, take, table, ids, out, 1, v, d);
       return out;
     }
     const Array ids =
         checked_indices(in[1], vocab_, "embedding",
-                        index_range_message("embedding", vocab_, in[1].shape(),
-                                            detail::concat("table (", vocab_, ", ", d, ")")));
+                        index_range_message("embedding", vocab_, in[1].shape(), [vocab = vocab_, d] {
+                          return detail::concat("table (", vocab, ", ", d, ")");
+                        }));
     // Local row of each id (0 where another rank holds it) and whether this rank holds it.
     std::vector<int64_t> all = ids.to_ints(), local(all.size());
     std::vector<float> held(all.size()), trained(all.size());
@@ -263,7 +272,7 @@ class OneHotPrimitive final : public prim::Primitive {
     const Array ids =
         checked_indices(in[0], num_classes_, "one_hot",
                         index_range_message("one_hot", num_classes_, in[0].shape(),
-                                            detail::concat("num_classes ", num_classes_)));
+                                            [n = num_classes_] { return detail::concat("num_classes ", n); }));
     Array out = Array::empty(o.shape, o.dtype);
     MT_KERNEL(out, one_hot, ids, out, num_classes_);
     return out;

@@ -120,10 +120,12 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     // and the targets counted there: no host read mid-step.
     const Array labels = checked_indices(
         in[1], classes, "cross_entropy",
-        [classes, ignore = ignore_index_, l = logits.str(), y = in[1].str()](int64_t position, int64_t value) {
+        // Shapes kept, formatted only on failure (this runs on every cross-entropy call).
+        [classes, ignore = ignore_index_, ld = logits.dtype(), ls = logits.shape(), yd = in[1].dtype(),
+         ys = in[1].shape()](int64_t position, int64_t value) {
           return detail::concat("[cross_entropy] label ", value, " out of range for ", classes,
-                                " classes at flat position ", position, " (logits ", l, ", labels ", y,
-                                ", ignore_index ", ignore, ")");
+                                " classes at flat position ", position, " (logits ", dtype_name(ld), ls.str(),
+                                ", labels ", dtype_name(yd), ys.str(), ", ignore_index ", ignore, ")");
         },
         ignore_index_);
     Array count = Array::empty(Shape{}, DType::i64, labels.device());
