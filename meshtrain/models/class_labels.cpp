@@ -21,7 +21,7 @@ ClassLabels read_class_labels(const nlohmann::json& j, const char* what, int64_t
       complete = complete && i >= 0 && i < c.num_labels && name.is_string() && names[size_t(i)].empty();
       if (complete) names[size_t(i)] = name.get<std::string>();
     }
-    // HF's placeholder names carry nothing; keep the default.
+    // HF's generated names (LABEL_0, LABEL_1, ...) carry nothing: keep none.
     if (complete && names[0] != "LABEL_0") c.names = std::move(names);
   }
   return c;
