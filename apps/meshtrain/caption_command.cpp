@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/eval_outputs.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -189,19 +190,10 @@ void run(const CaptionOptions& o) {
                      dtype_from_name(o.run.save_dtype));
   if (fs::exists(model_dir))
     io::write_file_atomic((model_dir / "preprocessor_config.json").string(), processor.to_json().dump(2) + "\n");
-  std::string lines;
+  std::vector<json> rows;
   for (size_t i = 0; i < last_predictions.size(); ++i)
-    lines += json{{"image", eval_rows[i].image}, {"reference", eval_rows[i].captions}, {"prediction", last_predictions[i]}}
-                 .dump() + "\n";
-  io::write_file_atomic((out / "predictions.jsonl").string(), lines);
-  json results = {{"step", trainer.step()}};
-  if (!r.evals.empty())
-    for (const auto& [k, v] : r.evals.back()) results[k] = v;
-  const fs::path best = out / "checkpoints" / "best" / "meta.json";
-  if (fs::exists(best)) results["best"] = io::read_json_file(best.string()).value("best", json());
-  io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
-  std::cout << "eval results: " << results.dump() << "\npredictions in " << (out / "predictions.jsonl").string()
-            << (fs::exists(model_dir) ? ", model in " + model_dir.string() : std::string()) << "\n";
+    rows.push_back({{"image", eval_rows[i].image}, {"reference", eval_rows[i].captions}, {"prediction", last_predictions[i]}});
+  write_eval_outputs(out, rows, trainer.step(), r);
 }
 
 }  // namespace

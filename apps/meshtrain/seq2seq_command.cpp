@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/eval_outputs.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
@@ -220,21 +221,12 @@ void run(const Seq2SeqOptions& o) {
   for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
   model->params = host;
   if (!deployer.is_main()) return;
-  const fs::path model_dir = out / "model";
   save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
                      dtype_from_name(o.run.save_dtype));
-  std::string lines;
+  std::vector<json> rows;
   for (size_t i = 0; i < last_predictions.size(); ++i)
-    lines += json{{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}}
-                 .dump() + "\n";
-  io::write_file_atomic((out / "predictions.jsonl").string(), lines);
-  json results = {{"step", trainer.step()}};
-  if (!r.evals.empty())
-    for (const auto& [k, v] : r.evals.back()) results[k] = v;
-  results["best"] = io::read_json_file((out / "checkpoints" / "best" / "meta.json").string()).value("best", json());
-  io::write_file_atomic((out / "eval_results.json").string(), results.dump(2) + "\n");
-  std::cout << "eval results: " << results.dump() << "\npredictions in " << (out / "predictions.jsonl").string()
-            << (fs::exists(model_dir) ? ", model in " + model_dir.string() : std::string()) << "\n";
+    rows.push_back({{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}});
+  write_eval_outputs(out, rows, trainer.step(), r);
 }
 
 }  // namespace
