@@ -333,7 +333,7 @@ def grad(fn, has_aux=False):
 
 
 # ---- the Redco layer: Deployer, Trainer, optimizers -------------------------------------
-from ._meshtrain import Deployer, Tokenizer, metrics, models, optim, posttrain  # noqa: E402
+from ._meshtrain import Deployer, Tokenizer, data, metrics, models, optim, posttrain  # noqa: E402
 
 
 def _init_model(config, key=None):
@@ -353,6 +353,16 @@ def _small_seq2seq_config(model_type, vocab_size, pad_id, eos_id):
 
 
 models.small_seq2seq_config = _small_seq2seq_config
+
+
+def _small_config(model_type, vocab_size, context, eos_id):
+    """The family's small config for training from scratch (e.g. "vision-encoder-decoder": a
+    4-layer ViT on 32x32 images in 8x8 patches and a 4-layer GPT-2), as a dict."""
+    import json
+    return json.loads(models._small_config(model_type, vocab_size, context, eos_id))
+
+
+models.small_config = _small_config
 
 
 # optax's interface over pytrees: state = opt.init(params);

@@ -17,3 +17,5 @@ void bind_models(pybind11::module_& m);
 void bind_dlpack(pybind11::module_& m);
 // Post-training losses and metrics: DPO, GRPO, distillation, record_metric (posttrain.cpp).
 void bind_posttrain(pybind11::module_& m);
+// Image decoding and ViTImageProcessor's preprocessing, mt.data (images.cpp).
+void bind_images(pybind11::module_& m);

@@ -12,6 +12,9 @@
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/models/vit.h"
+#include "meshtrain/train/bleu.h"
 #include "meshtrain/train/rouge.h"
 #include "python/src/bindings.h"
 #include "python/src/conversions.h"
@@ -46,29 +49,52 @@ class Model {
   std::shared_ptr<tokenizers::Tokenizer> tokenizer() const { return m_.tokenizer; }
   PyParamRoles param_roles() const { return {m_.param_roles()}; }
 
-  Array apply(const ParamDict& params, const Array& input_ids, const std::optional<Array>& attention_mask,
+  Array apply(const ParamDict& params, const std::optional<Array>& input_ids, const std::optional<Array>& attention_mask,
               const std::optional<Array>& token_type_ids, const std::optional<Array>& decoder_input_ids,
-              const py::object& key, bool training) const {
+              const py::object& key, bool training, const std::optional<Array>& pixel_values) const {
     const Params p = params_of(params);
     const RngKey k = key_of(key);
     py::gil_scoped_release release;  // the forward pass lets other Python threads run
-    if (m_.is_causal_lm()) return m_.decoder_logits(p, {input_ids, optional(attention_mask), Array()}, k, training);
+    if (m_.config.holds<models::VisionEncoderDecoderConfig>()) {
+      MT_CHECK(pixel_values && decoder_input_ids, "[", m_.model_type, "] an image-to-text model takes pixel_values and "
+               "decoder_input_ids");
+      return models::vision_encoder_decoder_logits(m_.config.as<models::VisionEncoderDecoderConfig>(), p, *pixel_values,
+                                                   *decoder_input_ids, Array(), k, training);
+    }
+    if (m_.config.holds<models::VitConfig>()) {
+      MT_CHECK(pixel_values.has_value(), "[", m_.model_type, "] ViT takes pixel_values");
+      models::VitOutputs out = models::vit_apply(m_.config.as<models::VitConfig>(), p, *pixel_values, k, training);
+      return out.logits.defined() ? out.logits : out.last_hidden_state;
+    }
+    MT_CHECK(input_ids.has_value(), "[", m_.model_type, "] apply needs input_ids");
+    if (m_.is_causal_lm()) return m_.decoder_logits(p, {*input_ids, optional(attention_mask), Array()}, k, training);
     if (m_.is_seq2seq()) {
       MT_CHECK(decoder_input_ids.has_value(), "[", m_.model_type, "] an encoder-decoder needs decoder_input_ids");
-      return m_.seq2seq_logits(p, {input_ids, optional(attention_mask), *decoder_input_ids, Array()}, k, training);
+      return m_.seq2seq_logits(p, {*input_ids, optional(attention_mask), *decoder_input_ids, Array()}, k, training);
     }
     MT_CHECK(m_.config.holds<models::BertConfig>(), "[model] apply does not know model_type '", m_.model_type, "'");
     models::BertInputs in;
-    in.input_ids = input_ids, in.attention_mask = optional(attention_mask), in.token_type_ids = optional(token_type_ids);
+    in.input_ids = *input_ids, in.attention_mask = optional(attention_mask), in.token_type_ids = optional(token_type_ids);
     models::BertOutputs out = models::bert_apply(m_.config.as<models::BertConfig>(), p, in, k, training);
     return out.logits.defined() ? out.logits : out.last_hidden_state;
   }
 
-  Array loss(const ParamDict& params, const Array& input_ids, const Array& labels,
+  Array loss(const ParamDict& params, const std::optional<Array>& input_ids, const std::optional<Array>& labels_in,
              const std::optional<Array>& attention_mask, const std::optional<Array>& decoder_input_ids,
-             const py::object& key, bool training) const {
+             const py::object& key, bool training, const std::optional<Array>& pixel_values) const {
     const Params p = params_of(params);
     const RngKey k = key_of(key);
+    MT_CHECK(labels_in.has_value(), "[", m_.model_type, "] loss needs labels");
+    const Array& labels = *labels_in;
+    if (m_.config.holds<models::VisionEncoderDecoderConfig>()) {
+      // Image to text: the labels are the caption, the decoder reads them shifted right.
+      MT_CHECK(pixel_values && decoder_input_ids, "[", m_.model_type, "] an image-to-text model's loss takes "
+               "pixel_values, decoder_input_ids and labels");
+      return cross_entropy(models::vision_encoder_decoder_logits(m_.config.as<models::VisionEncoderDecoderConfig>(), p,
+                                                                 *pixel_values, *decoder_input_ids, Array(), k, training),
+                           labels);
+    }
+    MT_CHECK(input_ids.has_value(), "[", m_.model_type, "] loss needs input_ids");
     if (m_.is_causal_lm()) {
       // Labels as transformers takes them (the inputs themselves): position t predicts t + 1,
       // so they are shifted left here and the last position ignored.
@@ -76,18 +102,20 @@ class Model {
       const int64_t t = labels.dim(1);
       Array last = Array::full(Shape{labels.dim(0), 1}, -100.0, labels.dtype(), labels.device());
       Array shifted = t > 1 ? concatenate({slice(labels, 1, 1, t), last}, 1) : last;
-      return m_.decoder_loss(p, {input_ids, optional(attention_mask), Array()}, shifted, k, training);
+      return m_.decoder_loss(p, {*input_ids, optional(attention_mask), Array()}, shifted, k, training);
     }
-    MT_CHECK(m_.is_seq2seq(), "[", m_.model_type, "] loss is the language-modelling loss of decoders and "
-             "encoder-decoders; for an encoder, take cross_entropy of apply's logits");
+    MT_CHECK(m_.is_seq2seq(), "[", m_.model_type, "] loss is the language-modelling loss of decoders, encoder-decoders "
+             "and image-to-text models; for an encoder, take cross_entropy of apply's logits");
     MT_CHECK(decoder_input_ids.has_value(), "[", m_.model_type, "] an encoder-decoder needs decoder_input_ids");
-    return m_.seq2seq_loss(p, {input_ids, optional(attention_mask), *decoder_input_ids, Array()}, labels, k, training);
+    return m_.seq2seq_loss(p, {*input_ids, optional(attention_mask), *decoder_input_ids, Array()}, labels, k, training);
   }
 
-  std::vector<std::vector<int64_t>> generate(const ParamDict& params, const std::vector<std::vector<int64_t>>& prompts,
+  std::vector<std::vector<int64_t>> generate(const ParamDict& params,
+                                             const std::optional<std::vector<std::vector<int64_t>>>& prompts,
                                              int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
                                              int64_t num_beams, uint64_t seed,
-                                             const std::optional<std::vector<int64_t>>& stop_tokens) const {
+                                             const std::optional<std::vector<int64_t>>& stop_tokens,
+                                             const std::optional<Array>& pixel_values) const {
     models::PretrainedModel m = m_;
     m.params = params_of(params);
     models::GenerationConfig g;
@@ -95,8 +123,17 @@ class Model {
     g.num_beams = num_beams, g.seed = seed;
     if (stop_tokens) g.stop_tokens = *stop_tokens;
     py::gil_scoped_release release;
-    if (m.is_seq2seq()) return models::generate_seq2seq(m.seq2seq_lm(), prompts, g).tokens;
-    return models::generate(m.causal_lm(), prompts, g).tokens;
+    if (m.config.holds<models::VisionEncoderDecoderConfig>()) {
+      // Captions of the images: the decoder starts from its start token.
+      MT_CHECK(pixel_values.has_value() && !prompts, "[", m.model_type, "] an image-to-text model generates from "
+               "pixel_values (no prompts)");
+      const auto& c = m.config.as<models::VisionEncoderDecoderConfig>();
+      g.pad_token_id = c.pad_token_id;
+      return models::generate_captions(c, m.params, dist::to_host(*pixel_values), g).tokens;
+    }
+    MT_CHECK(prompts.has_value() && !pixel_values, "[", m.model_type, "] generate takes prompts (lists of token ids)");
+    if (m.is_seq2seq()) return models::generate_seq2seq(m.seq2seq_lm(), *prompts, g).tokens;
+    return models::generate(m.causal_lm(), *prompts, g).tokens;
   }
 
   void save_pretrained(const ParamDict& params, const std::string& dir, const std::string& dtype) const {
@@ -247,15 +284,17 @@ void bind_models(py::module_& m) {
       .def_property_readonly("config_json", &Model::config_json)
       .def_property_readonly("tokenizer", &Model::tokenizer)
       .def("param_roles", &Model::param_roles)
-      .def("apply", &Model::apply, py::arg("params"), py::arg("input_ids"), py::arg("attention_mask") = py::none(),
-           py::arg("token_type_ids") = py::none(), py::arg("decoder_input_ids") = py::none(),
-           py::arg("key") = py::none(), py::arg("training") = false)
-      .def("loss", &Model::loss, py::arg("params"), py::arg("input_ids"), py::arg("labels"),
+      .def("apply", &Model::apply, py::arg("params"), py::arg("input_ids") = py::none(),
+           py::arg("attention_mask") = py::none(), py::arg("token_type_ids") = py::none(),
+           py::arg("decoder_input_ids") = py::none(), py::arg("key") = py::none(), py::arg("training") = false,
+           py::arg("pixel_values") = py::none())
+      .def("loss", &Model::loss, py::arg("params"), py::arg("input_ids") = py::none(), py::arg("labels") = py::none(),
            py::arg("attention_mask") = py::none(), py::arg("decoder_input_ids") = py::none(),
-           py::arg("key") = py::none(), py::arg("training") = false)
-      .def("generate", &Model::generate, py::arg("params"), py::arg("prompts"), py::arg("max_new_tokens") = 32,
-           py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("num_beams") = 1,
-           py::arg("seed") = 0, py::arg("stop_tokens") = py::none())
+           py::arg("key") = py::none(), py::arg("training") = false, py::arg("pixel_values") = py::none())
+      .def("generate", &Model::generate, py::arg("params"), py::arg("prompts") = py::none(),
+           py::arg("max_new_tokens") = 32, py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+           py::arg("num_beams") = 1, py::arg("seed") = 0, py::arg("stop_tokens") = py::none(),
+           py::arg("pixel_values") = py::none())
       .def("save_pretrained", &Model::save_pretrained, py::arg("params"), py::arg("dir"), py::arg("dtype") = "f32")
       .def("init", &Model::init, py::arg("key") = py::none())
       .def("add_lora", &Model::add_lora, py::arg("params"), py::arg("rank") = 8, py::arg("alpha") = 8.0,
@@ -288,6 +327,24 @@ void bind_models(py::module_& m) {
         return out;
       },
       py::arg("targets"), py::arg("predictions"), py::arg("use_stemmer") = false);
+  models_m.def(
+      "_small_config",
+      [](const std::string& model_type, int64_t vocab_size, int64_t context, int64_t eos_id) {
+        const models::ModelSpec& spec = models::model_spec(model_type);
+        MT_CHECK(spec.small_config, "[small_config] '", model_type, "' has no small config");
+        return spec.small_config(vocab_size, context, eos_id).dump();
+      },
+      py::arg("model_type"), py::arg("vocab_size"), py::arg("context"), py::arg("eos_id"));
+  metrics.def(
+      "bleu",
+      [](const std::vector<std::string>& predictions, const std::vector<std::vector<std::string>>& references) {
+        const train::BleuScore b = train::corpus_bleu(predictions, references);
+        return py::dict(py::arg("score") = b.score, py::arg("precisions") = b.precisions,
+                        py::arg("brevity_penalty") = b.brevity_penalty, py::arg("hypothesis_length") = b.hypothesis_length,
+                        py::arg("reference_length") = b.reference_length);
+      },
+      py::arg("predictions"), py::arg("references"),
+      "corpus BLEU-4 as sacrebleu computes it (13a tokenization); references[i] are prediction i's references");
   models_m.def("_init_model", &init_model, py::arg("config_json"), py::arg("key") = py::none());
   models_m.def("from_pretrained", &from_pretrained, py::arg("path"), py::arg("dtype") = "f32",
                py::arg("num_labels") = py::none(), py::arg("allow_new_params") = false);

@@ -253,4 +253,5 @@ PYBIND11_MODULE(_meshtrain, m) {
   bind_models(m);
   bind_dlpack(m);
   bind_posttrain(m);
+  bind_images(m);
 }
