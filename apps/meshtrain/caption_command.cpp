@@ -19,10 +19,10 @@
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/models/user_config.h"
 #include "meshtrain/models/vision_encoder_decoder.h"
-#include "meshtrain/train/bleu.h"
+#include "meshtrain/train/caption_metrics.h"
 #include "meshtrain/train/caption_task.h"
+#include "meshtrain/train/captioner_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
-#include "meshtrain/train/rouge.h"
 #include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::cli {
@@ -53,11 +53,6 @@ std::vector<data::CaptionedImage> load_rows(const std::string& path, const std::
                                  skip ? data::BadImages::skip : data::BadImages::stop, &skipped);
   if (skipped > 0) deployer.log("caption: skipped " + std::to_string(skipped) + " unreadable images of " + path);
   return rows;
-}
-
-std::string strip(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
 void run(const CaptionOptions& o) {
@@ -103,13 +98,7 @@ void run(const CaptionOptions& o) {
            models::model_types_text(models::ModelKind::image_to_text), ")");
   MT_CHECK(tok != nullptr, "[caption] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
-  data::ImageProcessorConfig processor;
-  processor.height = processor.width = c.encoder.image_size;
-  if (!o.model.empty() && fs::exists(fs::path(o.model) / "preprocessor_config.json"))
-    processor = data::load_image_processor_config(o.model);
-  MT_CHECK(processor.do_resize && processor.height == c.encoder.image_size && processor.width == c.encoder.image_size,
-           "[caption] the image processor resizes to ", processor.width, "x", processor.height,
-           " but the encoder takes ", c.encoder.image_size, "x", c.encoder.image_size);
+  const data::ImageProcessorConfig processor = train::captioner_image_processor(o.model, c);
 
   const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
   const std::string eval_dir = o.eval_image_dir.empty() ? o.image_dir : o.eval_image_dir;
@@ -149,25 +138,10 @@ void run(const CaptionOptions& o) {
   for (const auto& row : eval_rows) references.push_back(row.captions);
   auto evaluate = [&](const Params& p) {
     std::vector<std::string> predictions;
-    for (const auto& ids : predictor.predict(p, eval_set, o.length.per_device_batch_size)) {
-      std::vector<int32_t> keep;
-      for (int64_t id : ids)
-        if (id != c.eos_token_id && id != c.pad_token_id && id < tok->vocab_size()) keep.push_back(int32_t(id));
-      predictions.push_back(strip(tok->decode(keep, true)));
-    }
-    const train::BleuScore bleu = train::corpus_bleu(predictions, references);
-    double rouge_l = 0;
-    int64_t exact = 0;
-    for (size_t i = 0; i < predictions.size(); ++i) {
-      double best = 0;
-      for (const std::string& ref : references[i]) best = std::max(best, train::rouge(ref, predictions[i]).rougeL.fmeasure);
-      rouge_l += best;
-      exact += std::any_of(references[i].begin(), references[i].end(),
-                           [&](const std::string& ref) { return strip(ref) == predictions[i]; });
-    }
+    for (const auto& ids : predictor.predict(p, eval_set, o.length.per_device_batch_size))
+      predictions.push_back(train::caption_text(*tok, ids, c.eos_token_id, c.pad_token_id));
     last_predictions = predictions;
-    const double n = double(predictions.size());
-    return std::map<std::string, double>{{"bleu", bleu.score}, {"rougeL", rouge_l / n}, {"exact_match", double(exact) / n}};
+    return train::caption_metrics(predictions, references);
   };
   f.eval_fn = evaluate;
   f.save_best_by = "max:bleu";
@@ -177,6 +151,7 @@ void run(const CaptionOptions& o) {
       o.lora.enabled() && !o.lora.merge ? fs::absolute(tokenizer_source).string() : "../../model";
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
   f.checkpoint_extra["schedule_steps"] = span;
+  f.checkpoint_extra[train::kImageProcessorKey] = processor.to_json();  // generate/eval preprocess as training did
   f.learning_rate = lr;
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();

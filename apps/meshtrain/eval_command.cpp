@@ -1,7 +1,9 @@
 // `meshtrain eval`: scores a model — a meshtrain run or checkpoint directory, or a Hugging
 // Face directory — on a dataset. Decoders: token-weighted mean loss and perplexity over
 // every sequence of a text file (the last batch padded, its padding dropped). BERT
-// classifiers: the GLUE task's metrics on a split. Prints JSON and, with --output, writes it.
+// classifiers: the GLUE task's metrics on a split. Image-to-text models: captions of a captions
+// file's images by beam search, BLEU-4, ROUGE-L and exact match. Prints JSON and, with
+// --output, writes it.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -11,11 +13,17 @@
 #include "apps/meshtrain/glue_setup.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "apps/meshtrain/run_flags.h"
+#include "meshtrain/data/caption_rows.h"
 #include "meshtrain/data/classification_files.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/reduce.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/train/caption_metrics.h"
+#include "meshtrain/train/caption_task.h"
+#include "meshtrain/train/captioner_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/seq2seq_task.h"
 #include "meshtrain/train/predictor.h"
 
 namespace mt::cli {
@@ -32,6 +40,10 @@ struct EvalOptions {
   int64_t per_device_batch_size = 8;
   int64_t max_eval_samples = -1;
   std::string output;
+  std::string image_dir, predictions;  // captioners: the images' directory; a predictions.jsonl to write
+  int64_t num_beams = 4;
+  int64_t max_target_length = 32;
+  bool skip_bad_images = false;
   bool allow_new_heads = false;
   std::string adapter;
   RunFlags run;
@@ -109,6 +121,46 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
   return result;
 }
 
+// Image-to-text models: captions by beam search for every image of a captions file, scored
+// as `meshtrain caption` scores them (BLEU-4, ROUGE-L, exact match against all references).
+json eval_captioner(train::Deployer& deployer, const models::PretrainedModel& model, const Params& params,
+                    const EvalOptions& o) {
+  MT_CHECK(model.tokenizer != nullptr, "[eval] ", o.model, " has no tokenizer");
+  MT_CHECK(!o.data.data.empty() && !o.image_dir.empty(), "[eval] an image-to-text model is evaluated on captioned "
+           "images: --data captions.jsonl|COCO.json and --image-dir DIR");
+  MT_CHECK(o.num_beams >= 1, "[eval] --num-beams must be >= 1, got ", o.num_beams);
+  const auto& c = model.config.as<models::VisionEncoderDecoderConfig>();
+  size_t skipped = 0;
+  auto rows = data::check_images(data::read_captions(o.data.data, o.image_dir),
+                                 o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop, &skipped);
+  if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
+  MT_CHECK(!rows.empty(), "[eval] ", o.data.data, " lists no readable images");
+  auto shared = std::make_shared<const models::PretrainedModel>(model);
+  models::GenerationConfig g;
+  g.max_new_tokens = o.max_target_length;
+  g.num_beams = o.num_beams;
+  g.pad_token_id = c.pad_token_id;
+  const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
+  train::Predictor<std::vector<int64_t>> predictor(
+      deployer, train::caption_collate(train::captioner_image_processor(o.model, c), t), train::caption_predict_fn(shared, g),
+      [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
+  std::vector<std::string> predictions;
+  std::vector<std::vector<std::string>> references;
+  for (const auto& ids : predictor.predict(params, data::make_dataset(train::caption_eval_examples(rows)),
+                                           o.per_device_batch_size))
+    predictions.push_back(train::caption_text(*model.tokenizer, ids, c.eos_token_id, c.pad_token_id));
+  for (const auto& row : rows) references.push_back(row.captions);
+  json result = {{"data", o.data.data}, {"images", rows.size()}, {"skipped_images", skipped}, {"num_beams", o.num_beams}};
+  for (const auto& [k, v] : train::caption_metrics(predictions, references)) result["eval_" + k] = v;
+  if (deployer.is_main() && !o.predictions.empty()) {
+    std::string lines;
+    for (size_t i = 0; i < rows.size(); ++i)
+      lines += json{{"image", rows[i].image}, {"reference", rows[i].captions}, {"prediction", predictions[i]}}.dump() + "\n";
+    io::write_file_atomic(o.predictions, lines);
+  }
+  return result;
+}
+
 void run(const EvalOptions& o) {
   train::Deployer deployer = make_deployer(o.run);
   const auto precision = precision_scope(o.run.precision);
@@ -126,7 +178,9 @@ void run(const EvalOptions& o) {
     throw train::DryRunDone("dry run: nothing evaluated");
   }
   Params params = plan.shard(model.params);
-  json result = model.is_causal_lm() ? eval_decoder(deployer, model, params, o) : eval_glue(deployer, model, params, o);
+  json result = model.config.holds<models::VisionEncoderDecoderConfig>() ? eval_captioner(deployer, model, params, o)
+                : model.is_causal_lm()                                       ? eval_decoder(deployer, model, params, o)
+                                                                             : eval_glue(deployer, model, params, o);
   result["model"] = o.model;
   if (!deployer.is_main()) return;
   std::cout << result.dump(2) << "\n";
@@ -143,7 +197,8 @@ void add_eval_command(CLI::App& app) {
       ->check(CLI::ExistingPath);
   add_allow_new_heads_flag(cmd, o->allow_new_heads);
   add_adapter_flag(cmd, o->adapter);
-  cmd->add_option("--data", o->data.data, "decoders: text file or directory scored by loss and perplexity")
+  cmd->add_option("--data", o->data.data, "decoders: text file or directory scored by loss and perplexity; "
+                  "image-to-text models: captions (JSON lines {image, caption} or COCO captions JSON)")
       ->capture_default_str();
   cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence (default: the model's context)")
       ->check(CLI::Range(2, 1 << 20));
@@ -159,6 +214,15 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--output", o->output, "also write the results JSON to this file");
+  cmd->add_option("--image-dir", o->image_dir, "image-to-text models: the directory --data names images in");
+  cmd->add_option("--num-beams", o->num_beams, "image-to-text models: beam search width (1: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--max-target-length", o->max_target_length, "image-to-text models: caption tokens generated at most")
+      ->capture_default_str()
+      ->check(positive());
+  cmd->add_flag("--skip-bad-images", o->skip_bad_images, "image-to-text models: skip unreadable images (counted)");
+  cmd->add_option("--predictions", o->predictions,
+                  "image-to-text models: write {image, reference, prediction} JSON lines to this file");
   add_run_flags(cmd, o->run, false);
   cmd->callback([o] { run(*o); });
 }

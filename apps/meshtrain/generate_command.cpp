@@ -1,6 +1,7 @@
 // `meshtrain generate`: text from a Hugging Face model directory (GPT-2, LLaMA, miniGPT), a
 // llama2.c `.bin` checkpoint, or a meshtrain run / checkpoint directory (its newest checkpoint). --prompt needs a tokenizer (the directory's, or --tokenizer)
-// and prints the decoded text; --prompt-ids prints the generated ids on one line.
+// and prints the decoded text; --prompt-ids prints the generated ids on one line; --image
+// FILE (repeatable) prints an image-to-text model's caption of each file, one per line.
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -11,10 +12,14 @@
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/data/image_decode.h"
 #include "meshtrain/models/generate.h"
+#include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/caption_metrics.h"
+#include "meshtrain/train/captioner_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/seq2seq_task.h"
 
@@ -23,6 +28,7 @@ namespace {
 
 struct GenerateOptions {
   std::string model, prompt, prompt_ids, tokenizer, stop_ids;
+  std::vector<std::string> images;  // an image-to-text model captions these
   int64_t max_new_tokens = 64;
   double temperature = 0.0;
   int64_t top_k = 0;
@@ -55,6 +61,36 @@ std::vector<int64_t> parse_ids(const std::string& text, const char* what) {
   return ids;
 }
 
+models::GenerationConfig generation_config(const GenerateOptions& o) {
+  models::GenerationConfig g;
+  g.max_new_tokens = o.max_new_tokens;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.top_p = o.top_p;
+  g.num_beams = o.num_beams;
+  g.length_penalty = o.length_penalty;
+  g.seed = o.seed;
+  g.stop_tokens = parse_ids(o.stop_ids, "--stop-ids");
+  g.ignore_model_stop_tokens = o.no_stop;
+  return g;
+}
+
+// Captions of --image files by an image-to-text model, one line each in the order given.
+void caption_images(const models::PretrainedModel& m, const GenerateOptions& o,
+                    const std::shared_ptr<tokenizers::Tokenizer>& tok) {
+  MT_CHECK(m.config.holds<models::VisionEncoderDecoderConfig>(), "[generate] --image needs an image-to-text model (",
+           models::model_types_text(models::ModelKind::image_to_text), "); ", o.model, " is model_type '", m.model_type, "'");
+  MT_CHECK(tok != nullptr, "[generate] ", o.model, " has no tokenizer: pass --tokenizer PATH");
+  const auto& c = m.config.as<models::VisionEncoderDecoderConfig>();
+  const data::ImageProcessorConfig processor = train::captioner_image_processor(o.model, c);
+  std::vector<data::Image> images;
+  for (const std::string& path : o.images) images.push_back(data::read_image(path));
+  models::GenerationConfig g = generation_config(o);
+  g.pad_token_id = c.pad_token_id;
+  const models::GenerationResult r = models::generate_captions(c, m.params, data::pixel_values(images, processor), g);
+  for (const auto& ids : r.tokens) std::cout << train::caption_text(*tok, ids, c.eos_token_id, c.pad_token_id) << "\n";
+}
+
 void run(const GenerateOptions& o) {
   const auto precision = precision_scope(o.precision);
   set_default_device(Device::parse(o.device));  // the model loads there; generation runs there
@@ -67,6 +103,10 @@ void run(const GenerateOptions& o) {
                                   : models::from_pretrained(o.model, po);
   apply_adapter(m, o.adapter, true);
   m.params = precision_policy().cast_for_compute(m.params);  // --precision bf16: bf16 weights
+  if (!o.images.empty()) {
+    caption_images(m, o, o.tokenizer.empty() ? m.tokenizer : tokenizers::load_tokenizer(o.tokenizer));
+    return;
+  }
   MT_CHECK(m.is_causal_lm() || m.is_seq2seq(), "[generate] ", o.model, ": model_type '", m.model_type,
            "' cannot generate (use ", models::model_types_text(models::ModelKind::decoder), " or ",
            models::model_types_text(models::ModelKind::seq2seq), ")");
@@ -90,16 +130,7 @@ void run(const GenerateOptions& o) {
     MT_CHECK(!prompt.empty(), "[generate] --prompt-ids is empty");
   }
 
-  models::GenerationConfig g;
-  g.max_new_tokens = o.max_new_tokens;
-  g.temperature = o.temperature;
-  g.top_k = o.top_k;
-  g.top_p = o.top_p;
-  g.num_beams = o.num_beams;
-  g.length_penalty = o.length_penalty;
-  g.seed = o.seed;
-  g.stop_tokens = parse_ids(o.stop_ids, "--stop-ids");
-  g.ignore_model_stop_tokens = o.no_stop;
+  const models::GenerationConfig g = generation_config(o);
   models::GenerationResult r;
   if (m.is_seq2seq()) {
     // Encoder-decoders: the prompt is the source; the output is the decoder's tokens alone.
@@ -128,12 +159,16 @@ void run(const GenerateOptions& o) {
 
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* cmd = app.add_subcommand("generate", "generate text from a decoder (HF directory, llama2.c .bin, meshtrain run), or a summary/translation from an encoder-decoder (T5, BART: --prompt is the source)");
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a decoder (HF directory, llama2.c .bin, meshtrain run), a summary/translation from an encoder-decoder (T5, BART: --prompt is the source), or captions of --image files (ViT-GPT2)");
   cmd->add_option("--model", o->model, "model directory (config.json + safetensors), llama2.c .bin, or a meshtrain run/checkpoint directory")->required();
   auto* text = cmd->add_option("--prompt", o->prompt, "prompt text (needs a tokenizer)");
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, e.g. \"1 2 3\" (prints ids)");
+  auto* image = cmd->add_option("--image", o->images, "image-to-text models: caption these PNG/JPEG files (one line each)")
+                    ->check(CLI::ExistingFile);
   text->excludes(ids);
   ids->excludes(text);
+  image->excludes(text);
+  image->excludes(ids);
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0 = greedy; > 0 samples from softmax(logits / T)")
       ->capture_default_str();
@@ -151,7 +186,8 @@ void add_generate_command(CLI::App& app) {
   add_precision_flag(cmd, o->precision);
   add_device_flag(cmd, o->device);
   cmd->callback([o] {
-    MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty(), "[generate] pass --prompt TEXT or --prompt-ids \"1 2 3\"");
+    MT_CHECK(!o->prompt.empty() || !o->prompt_ids.empty() || !o->images.empty(),
+             "[generate] pass --prompt TEXT, --prompt-ids \"1 2 3\" or (image-to-text models) --image FILE");
     run(*o);
   });
 }

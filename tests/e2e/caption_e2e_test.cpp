@@ -107,6 +107,26 @@ TEST_F(CaptionE2E, LearnsToCaptionHeldOutRenderedShapes) {
   }
   EXPECT_EQ(rows, 100);
   EXPECT_NEAR(double(exact) / rows, results.at("exact_match").get<double>(), 1e-12);
+
+  // `eval` scores the run (its last checkpoint, preprocessed as recorded in its meta.json) and
+  // the exported folder as training's last evaluation did; `generate --image` captions as it did.
+  for (const std::string model : {out.string(), (out / "model").string()}) {
+    const CliRun e = run_cli("eval --model " + model + " --data " + (data / "eval.jsonl").string() + " --image-dir " +
+                             (data / "img").string() + " --num-beams 2 --max-target-length 12 --output " +
+                             (dir_ / "eval.json").string());
+    ASSERT_EQ(e.code, 0) << e.out;
+    const json again = json::parse(std::ifstream(dir_ / "eval.json"));
+    for (const char* k : {"bleu", "rougeL", "exact_match"})
+      EXPECT_NEAR(again.at(std::string("eval_") + k).get<double>(), results.at(k).get<double>(), 1e-9) << model << " " << k;
+  }
+  std::ifstream first_row(out / "predictions.jsonl");
+  std::string line;
+  std::getline(first_row, line);
+  const json row = json::parse(line);
+  const CliRun g = run_cli("generate --model " + out.string() + " --image " + row.at("image").get<std::string>() +
+                           " --num-beams 2 --max-new-tokens 12");
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.std_out, row.at("prediction").get<std::string>() + "\n") << g.out;
 }
 
 TEST_F(CaptionE2E, BadImagesStopBeforeTrainingOrAreSkipped) {
