@@ -1,5 +1,7 @@
 #include "meshtrain/train/trainer.h"
 
+#include "meshtrain/train/batch_shapes.h"
+
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -36,6 +38,12 @@
 namespace mt::train {
 
 namespace fs = std::filesystem;
+
+// A batch the step reduces over the data axis: the ranks' slices must agree in shape first.
+static Batch checked_shard(const Deployer& deployer, const Batch& local) {
+  if (deployer.data_size() > 1) check_same_batch_shapes(local, deployer.mesh().comm());
+  return deployer.shard_batch(local);
+}
 
 namespace {
 // The loss a step reports and differentiates is f32 whatever the compute dtype.
@@ -273,7 +281,7 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   };
   if (whole > 0) {
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
-    while (auto b = loader.next()) add_batch(deployer_.shard_batch(b->data), double(so.batch_size), sharded_sum);
+    while (auto b = loader.next()) add_batch(checked_shard(deployer_, b->data), double(so.batch_size), sharded_sum);
   }
   if (whole < n) {
     data::SamplerOptions tail = so;
@@ -372,7 +380,7 @@ void Trainer::dry_run_step(data::DataLoader<Batch>& loader, const FitOptions& o)
   for (int m = 0; m < o.grad_accum_steps; ++m) {
     std::optional<data::LoadedBatch<Batch>> b = loader.next();
     MT_CHECK(b.has_value(), "[trainer] the dry run found no batch to step on");
-    micro.push_back(deployer_.shard_batch(b->data));
+    micro.push_back(checked_shard(deployer_, b->data));
   }
   double trained_elements = 0;
   for (const auto& [path, p] : params_)
@@ -536,7 +544,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       }
       if (!b) break;
       trace::Span span("data", "batch_assembly");
-      micro.push_back(deployer_.shard_batch(b->data));
+      micro.push_back(checked_shard(deployer_, b->data));
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
     const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;

@@ -301,6 +301,51 @@ TEST(Trainer, CustomTrainStepReplacesTheDefault) {
   EXPECT_LE(err, 1e-6);
 }
 
+// A collate that pads to its own slice's length gives the ranks batches of different widths;
+// the step would issue mismatched collectives. Every rank stops at the first step instead, with
+// an error naming the field and its shape, and a single process is unaffected.
+TEST(Trainer, RanksWhoseBatchesDifferInShapeStopWithTheShapes) {
+  const TinyGptConfig c = config();
+  const int n = dist::world().size();
+  train::Deployer deployer({.seed = 5, .mesh = "data=" + std::to_string(n), .workdir = workdir("ragged"), .verbose = false});
+  Params host = tiny_gpt_init(c, "single", nullptr);
+  train::CollateFn ragged = [&](const std::vector<data::Example>& rows) {
+    train::Batch b = next_token_batch(rows);
+    // Rank r keeps c.time - r positions: what padding "to the longest row of this slice" does.
+    const int64_t t = c.time - deployer.data_index();
+    b.set("ids", slice(b["ids"], 1, 0, t));
+    b.set("labels", slice(b["labels"], 1, 0, t));
+    return b;
+  };
+  train::Trainer trainer(deployer, ragged,
+                         [c](const Params& p, const train::Batch& b, const RngKey& key) {
+                           TinyGptConfig sized = c;
+                           sized.batch = b["ids"].dim(0), sized.time = b["ids"].dim(1);
+                           return tiny_gpt_loss(sized, p, b["ids"], b["labels"], key.stream);
+                         },
+                         host, optim::sgd(optim::constant_schedule(0.1)), deployer.sharding_rules(host, tiny_gpt_roles(c)));
+  train::FitOptions o;
+  o.per_device_batch_size = c.batch / deployer.data_size();
+  o.max_steps = 2;
+  o.save_last = false;
+  o.progress = false;
+  if (n == 1) {
+    EXPECT_EQ(trainer.fit(shakespeare(c.time), o).losses.size(), 2u);
+    return;
+  }
+  try {
+    trainer.fit(shakespeare(c.time), o);
+    ADD_FAILURE() << "ranks with batches of different shapes trained";
+  } catch (const Error& e) {
+    const std::string want = "rank " + std::to_string(dist::world().rank()) + " collated {ids (" +
+                             std::to_string(o.per_device_batch_size) + ", " + std::to_string(c.time - deployer.data_index());
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pad to a fixed length"), std::string::npos) << e.what();
+    if (dist::world().rank() == 0) std::cout << "  " << e.what() << "\n";
+  }
+  EXPECT_EQ(trainer.step(), 0);
+}
+
 }  // namespace
 }  // namespace mt::testing
 

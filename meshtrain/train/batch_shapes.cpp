@@ -1,0 +1,53 @@
+#include "meshtrain/train/batch_shapes.h"
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+
+namespace mt::train {
+namespace {
+
+// FNV-1a over the fields' names, dtypes and dims, in the batch's order.
+int64_t signature(const Batch& b) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  for (const auto& [name, a] : b) {
+    for (char c : name) mix(uint64_t(uint8_t(c)));
+    mix(uint64_t(a.dtype()));
+    mix(uint64_t(a.ndim()));
+    for (int64_t d : a.shape()) mix(uint64_t(d));
+  }
+  return int64_t(h);
+}
+
+std::string shape_text(const Array& a) {
+  std::string s = "(";
+  for (int64_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.dim(i));
+  return s + (a.ndim() == 1 ? ",)" : ")") + " " + dtype_name(a.dtype());
+}
+
+}  // namespace
+
+void check_same_batch_shapes(const Batch& local, dist::Communicator& comm) {
+  if (comm.size() == 1) return;
+  const int64_t mine = signature(local);
+  std::vector<int64_t> all(size_t(comm.size()));
+  comm.all_gather(&mine, all.data(), 1, DType::i64);
+  int other = -1;
+  for (int r = 0; r < comm.size() && other < 0; ++r)
+    if (all[size_t(r)] != mine) other = r;
+  if (other < 0) return;
+  // Every rank sees the mismatch and throws, so none waits in the step's collectives. The
+  // other rank's shapes are not fetched: this rank's are named, and the other rank's error
+  // names its own.
+  std::string fields;
+  for (const auto& [name, a] : local) fields += (fields.empty() ? "" : ", ") + name + " " + shape_text(a);
+  throw Error(detail::concat("[trainer] the batch differs between ranks: rank ", comm.rank(), " collated {", fields,
+                             "} but rank ", other, "'s fields, dtypes or shapes differ. Every rank's collate must give "
+                             "the same shapes (pad to a fixed length, not to the longest row of its own slice)"));
+}
+
+}  // namespace mt::train
