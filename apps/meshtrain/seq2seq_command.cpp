@@ -32,6 +32,7 @@ using json = nlohmann::json;
 struct Seq2SeqOptions {
   std::string model, config, tokenizer, data, eval_data;
   std::string source_field = "source", target_field = "target", source_prefix;
+  bool pad_to_max_length = false;
   int64_t max_source_length = 128, max_target_length = 64;
   int64_t num_beams = 4;
   double length_penalty = 1.0;
@@ -132,6 +133,7 @@ void run(const Seq2SeqOptions& o) {
   const models::Seq2SeqLm lm = model->seq2seq_lm();
   train::Seq2SeqTokens t{lm.pad_token_id, lm.eos_token_id, lm.decoder_start_token_id, o.max_source_length,
                          o.max_target_length, o.source_prefix};
+  t.pad_to_max_length = o.pad_to_max_length || deployer.data_size() > 1;  // the ranks' slices must agree in shape
   const Pairs train_pairs = read_pairs(o.data, o), eval_pairs = read_pairs(o.eval_data, o);
   auto train_set = tokenize_pairs(train_pairs, *tok, t), eval_set = tokenize_pairs(eval_pairs, *tok, t);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
@@ -244,6 +246,9 @@ void add_seq2seq_command(CLI::App& app) {
   cmd->add_option("--source-field", o->source_field, "JSONL key of the source text")->capture_default_str();
   cmd->add_option("--target-field", o->target_field, "JSONL key of the target text")->capture_default_str();
   cmd->add_option("--source-prefix", o->source_prefix, "prepended to each source (e.g. \"summarize: \")");
+  cmd->add_flag("--pad-to-max-length", o->pad_to_max_length,
+                "pad every batch to --max-source-length and --max-target-length, not to its longest rows (always "
+                "on with more than one data-parallel rank, whose batches must agree in shape)");
   cmd->add_option("--max-source-length", o->max_source_length, "source tokens kept (with the end token)")
       ->capture_default_str()->check(positive());
   cmd->add_option("--max-target-length", o->max_target_length, "target tokens kept, and generated at most")

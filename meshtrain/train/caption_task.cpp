@@ -45,8 +45,13 @@ CollateFn caption_collate(const data::ImageProcessorConfig& processor, const Cap
     Batch out;
     out.set("pixel_values", data::pixel_values(images, processor));
     if (!rows.front().contains("labels")) return out;
-    size_t n = 0;
-    for (const auto& r : rows) n = std::max(n, r.tokens("labels").size());
+    // Every batch is max_target_length wide, whatever its captions' lengths: data-parallel
+    // ranks must agree on the shape (train/batch_shapes.h), and one shape per run is what a
+    // captured step replays.
+    const size_t n = size_t(t.max_target_length);
+    for (const auto& r : rows)
+      MT_CHECK(r.tokens("labels").size() <= n, "[caption] a caption of ", r.tokens("labels").size(),
+               " tokens exceeds max_target_length ", n);
     const int64_t b = int64_t(rows.size());
     std::vector<int64_t> labels(size_t(b) * n, -100);
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -33,6 +33,12 @@ CollateFn seq2seq_collate(const Seq2SeqTokens& t) {
     MT_CHECK(!rows.empty(), "[seq2seq] empty batch");
     size_t s = 0, n = 0;
     for (const auto& r : rows) s = std::max(s, r.tokens("source_ids").size()), n = std::max(n, r.tokens("labels").size());
+    if (t.pad_to_max_length) {
+      MT_CHECK(s <= size_t(t.max_source_length) && n <= size_t(t.max_target_length), "[seq2seq] a row of ", s,
+               " source / ", n, " target tokens exceeds max_source_length ", t.max_source_length,
+               " / max_target_length ", t.max_target_length);
+      s = size_t(t.max_source_length), n = size_t(t.max_target_length);
+    }
     const int64_t b = int64_t(rows.size());
     std::vector<int64_t> ids(size_t(b) * s, t.pad_id), mask(size_t(b) * s, 0), labels(size_t(b) * n, -100);
     for (size_t i = 0; i < rows.size(); ++i) {

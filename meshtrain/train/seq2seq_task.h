@@ -25,6 +25,9 @@ struct Seq2SeqTokens {
   int64_t pad_id = 0, eos_id = 1, decoder_start_id = 0;
   int64_t max_source_length = 128, max_target_length = 64;
   std::string source_prefix;  // prepended to every source ("summarize: " for T5)
+  // Every batch max_source_length x max_target_length wide, instead of its longest rows: needed
+  // where data-parallel ranks collate their slices apart (train/batch_shapes.h).
+  bool pad_to_max_length = false;
 };
 
 // The tokenizer's ids of `text` (its special-token template applied) truncated to
