@@ -175,11 +175,20 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
       if (c.add_cross_attention) {
         h = layer_norm(x, p[b + "ln_cross_attn.weight"], p[b + "ln_cross_attn.bias"], c.layer_norm_epsilon);
         const std::string ca = b + "crossattention.";
-        Array cq = split_heads(conv1d(h, p[ca + "q_attn.weight"], p[ca + "q_attn.bias"]), c.n_head);
+        Array cq = split_heads(adapted_conv1d(h, p, ca + "q_attn", p[ca + "q_attn.bias"], ac), c.n_head);
+        // Keys and values from the image's states, with c_attn's adapter (B [2, out, r]) sliced
+        // as the self-attention's is.
+        Array memory_down;
         auto memory_side = [&](int64_t s) {
+          if (s == 0) memory_down = lora_down(inputs[1], p, ca + "c_attn", ac);
           Array w = reshape(slice(p[ca + "c_attn.weight"], 1, s, s + 1), {e, e});
           Array bias = reshape(slice(p[ca + "c_attn.bias"], 0, s, s + 1), {e});
-          return split_heads(conv1d(inputs[1], w, bias), c.n_head);
+          Array y = conv1d(inputs[1], w, bias);
+          if (memory_down.defined()) {
+            const Array& lb = p[lora_b_path(ca + "c_attn")];
+            y = add(y, lora_up(memory_down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
+          }
+          return split_heads(y, c.n_head);
         };
         AttentionOptions copt{.causal = false, .scale = scale, .dropout_rate = c.attn_pdrop,
                               .dropout_key = lk.fold_in(3), .train = train};
@@ -187,7 +196,7 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
         auto [ck, cv] = cross ? cross->cross(size_t(l), [&] { return std::pair{memory_side(0), memory_side(1)}; })
                               : std::pair{memory_side(0), memory_side(1)};
         Array ctx = merge_heads(scaled_dot_product_attention(cq, ck, cv, memory_mask, copt));
-        ctx = conv1d(ctx, p[ca + "c_proj.weight"], p[ca + "c_proj.bias"]);
+        ctx = adapted_conv1d(ctx, p, ca + "c_proj", p[ca + "c_proj.bias"], ac);
         x = residual_add(x, ctx, c.resid_pdrop, lk.fold_in(4), train);
       }
       h = layer_norm(x, p[b + "ln_2.weight"], p[b + "ln_2.bias"], c.layer_norm_epsilon);
@@ -215,7 +224,7 @@ ModelSpec gpt2_model_spec() {
   s.model_type = "gpt2";
   s.kind = ModelKind::decoder;
   s.display_name = "GPT-2";
-  s.lora_targets = R"(\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)$)";
+  s.lora_targets = R"(\.(attn\.c_attn|attn\.c_proj|crossattention\.(c_attn|q_attn|c_proj)|mlp\.c_fc|mlp\.c_proj)$)";
   s.config_aliases = {{"hidden_size", "n_embd"},
                       {"num_hidden_layers", "n_layer"},
                       {"num_attention_heads", "n_head"},

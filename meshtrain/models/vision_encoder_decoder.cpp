@@ -151,7 +151,7 @@ ModelSpec vision_encoder_decoder_model_spec() {
   s.display_name = "ViT-GPT2";
   // The decoder's self-attention and MLP, and the encoder's layers, as each model's own targets.
   s.lora_targets =
-      R"((encoder\.layer\.\d+\.(attention\.attention\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)|\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj))$)";
+      R"((encoder\.layer\.\d+\.(attention\.attention\.(query|key|value)|attention\.output\.dense|intermediate\.dense|output\.dense)|\.(attn\.c_attn|attn\.c_proj|crossattention\.(c_attn|q_attn|c_proj)|mlp\.c_fc|mlp\.c_proj))$)";
   s.parse_config = [](const nlohmann::json& j, const PretrainedOptions&) -> ModelConfig {
     return VisionEncoderDecoderConfig::from_json(j);
   };

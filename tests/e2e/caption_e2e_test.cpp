@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/cli_run.h"
+#include "tests/support/run_metrics.h"
 #include "tests/support/temp_dir.h"
 
 namespace mt::testing {
@@ -37,11 +38,11 @@ class CaptionE2E : public TempDir {
                         {"image_id": 2, "caption": "a pink flower"}, {"image_id": 2, "caption": "a blossom"}]})");
   }
   std::string command(const std::string& data, const std::string& out, const std::string& extra = "",
-                      int epochs = 30) const {
+                      int epochs = 30, int per_device_batch = 2) const {
     return "caption --config small-vit-gpt2 --tokenizer " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2 --data " +
-           data + " --eval-data " + eval_ + " --image-dir " + (dir_ / "img").string() +
-           " --epochs " + std::to_string(epochs) + " --per-device-batch-size 2 --num-beams 2 --max-target-length 12 --learning-rate 1e-3"
-           " --warmup-steps 2 --output-dir " + out + " " + extra;
+           data + " --eval-data " + eval_ + " --image-dir " + (dir_ / "img").string() + " --epochs " +
+           std::to_string(epochs) + " --per-device-batch-size " + std::to_string(per_device_batch) +
+           " --num-beams 2 --max-target-length 12 --learning-rate 1e-3 --warmup-steps 2 --output-dir " + out + " " + extra;
   }
   std::string train_, eval_;
 };
@@ -127,6 +128,49 @@ TEST_F(CaptionE2E, LearnsToCaptionHeldOutRenderedShapes) {
                            " --num-beams 2 --max-new-tokens 12");
   ASSERT_EQ(g.code, 0) << g.out;
   EXPECT_EQ(g.std_out, row.at("prediction").get<std::string>() + "\n") << g.out;
+}
+
+// The same captioner trained data-parallel, tensor-parallel and fully sharded on 2 processes
+// takes the one-process run's steps (the same global batch of 2); LoRA trains its adapters
+// (the ViT's, the GPT-2's and the cross-attention's) and exports them; bf16 compute follows
+// f32 within bf16's rounding.
+TEST_F(CaptionE2E, ShardedRunsEqualOneDeviceAndLoraAndBf16Train) {
+  const int epochs = 6;
+  ASSERT_EQ(run_cli(command(train_, (dir_ / "one").string(), "", epochs)).code, 0);
+  const auto one = train_losses(dir_ / "one");
+  ASSERT_EQ(one.size(), size_t(epochs));
+#ifdef MT_MPIRUN
+  struct Sharded {
+    std::string name, flags;
+    int per_device_batch;
+  };
+  for (const Sharded& s : {Sharded{"data2", "--mesh data=2", 1}, Sharded{"model2", "--mesh model=2", 2},
+                           Sharded{"fsdp2", "--mesh data=2 --fsdp", 1}}) {
+    const CliRun r = run_cli_mpi(2, command(train_, (dir_ / s.name).string(), s.flags, epochs, s.per_device_batch));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto losses = train_losses(dir_ / s.name);
+    ASSERT_EQ(losses.size(), one.size()) << s.name;
+    double err = 0;
+    for (const auto& [step, loss] : one) err = std::max(err, std::abs(losses.at(step) - loss));
+    std::cout << "  " << s.name << ": " << epochs << " steps, max |loss - one device's| " << err << "\n";
+    EXPECT_LT(err, 1e-4) << s.name;
+  }
+#endif
+  const CliRun lora = run_cli(command(train_, (dir_ / "lora").string(), "--lora-rank 4 --merge-lora", epochs));
+  ASSERT_EQ(lora.code, 0) << lora.out;
+  const auto lora_losses = train_losses(dir_ / "lora");
+  EXPECT_LT(lora_losses.rbegin()->second, lora_losses.begin()->second);
+  const json adapter = json::parse(std::ifstream(dir_ / "lora" / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(adapter.at("target_modules"), json({"c_attn", "c_fc", "c_proj", "dense", "key", "q_attn", "query", "value"}));
+  EXPECT_TRUE(fs::exists(dir_ / "lora" / "model" / "preprocessor_config.json"));
+
+  ASSERT_EQ(run_cli(command(train_, (dir_ / "bf16").string(), "--precision bf16", epochs)).code, 0);
+  const auto bf16 = train_losses(dir_ / "bf16");
+  std::cout << "  loss over " << epochs << " steps: f32 " << one.begin()->second << " -> " << one.rbegin()->second
+            << ", LoRA " << lora_losses.begin()->second << " -> " << lora_losses.rbegin()->second << ", bf16 "
+            << bf16.begin()->second << " -> " << bf16.rbegin()->second << "\n";
+  EXPECT_NEAR(bf16.begin()->second, one.begin()->second, 0.02 * one.begin()->second);
+  EXPECT_LT(bf16.rbegin()->second, bf16.begin()->second);
 }
 
 TEST_F(CaptionE2E, BadImagesStopBeforeTrainingOrAreSkipped) {

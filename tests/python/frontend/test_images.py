@@ -84,3 +84,34 @@ def test_captioner_logits_loss_and_captions_equal_transformers(report, tmp_path)
         assert ours == theirs[:end]
     with pytest.raises(mt.Error, match="pixel_values"):
         model.generate(params, [[1, 2]])
+
+
+def test_captioner_lora_covers_cross_attention_and_peft_loads_it(report, tmp_path):
+    peft = pytest.importorskip("peft")
+    config = mt.models.small_config("vision-encoder-decoder", 40, 16, 2)
+    config["encoder"].update(hidden_size=32, num_hidden_layers=2, intermediate_size=64)
+    config["decoder"].update(n_embd=32, n_layer=2)
+    model, params = mt.models.init_model(config, mt.random.key(3))
+    adapted, lora = model.add_lora(params, rank=4, alpha=8.0, key=mt.random.key(5))
+    cross = [k for k in lora if "crossattention" in k and "lora_" in k]
+    assert sorted({k.split(".")[-3] for k in cross}) == ["c_attn", "c_proj", "q_attn"]
+    # B starts at zero; random B makes every adapter count.
+    rng = np.random.default_rng(1)
+    lora = {k: mt.array(rng.normal(0, 0.2, tuple(v.shape)).astype(np.float32)) if "lora_B" in k else v
+            for k, v in lora.items()}
+    model.save_pretrained(params, str(tmp_path / "base"))
+    adapted.save_adapter(lora, str(tmp_path / "adapter"), base_model=str(tmp_path / "base"))
+    pixels = rng.uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
+    decoder = np.array([[2, 5, 9, 11], [2, 7, 3, 2]])
+    ours = adapted.apply(lora, pixel_values=mt.array(pixels), decoder_input_ids=mt.array(decoder))
+    base = transformers.VisionEncoderDecoderModel.from_pretrained(str(tmp_path / "base")).eval()
+    with torch.no_grad():
+        plain = base(pixel_values=torch.tensor(pixels), decoder_input_ids=torch.tensor(decoder)).logits
+        theirs = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()(
+            pixel_values=torch.tensor(pixels), decoder_input_ids=torch.tensor(decoder)).logits
+    assert max_err(ours, plain) > 0.1  # the adapters change the output
+    assert report("vit-gpt2 LoRA logits vs peft", max_err(ours, theirs)) <= 1e-5
+    # Only cross-attention adapters: still equal.
+    only_cross = {k: (v if "crossattention" in k or "lora_" not in k else v * 0.0) for k, v in lora.items()}
+    again = adapted.apply(only_cross, pixel_values=mt.array(pixels), decoder_input_ids=mt.array(decoder))
+    assert max_err(again, plain) > 1e-3
