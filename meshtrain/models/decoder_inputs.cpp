@@ -22,19 +22,21 @@ Array arange_ids(int64_t start, int64_t n) {
 Array position_ids_from_mask(const Array& attention_mask, int64_t t) {
   MT_CHECK(attention_mask.ndim() == 2 && attention_mask.dim(1) >= t, "[position_ids] attention mask ",
            attention_mask.str(), " must be (B, P + T) with T = ", t);
-  const int64_t b = attention_mask.dim(0), tk = attention_mask.dim(1);
-  // A batch-sharded mask is gathered (every rank calls this alike), positions are replicated.
-  std::vector<double> m = (attention_mask.sharded() ? dist::to_host(attention_mask) : attention_mask).to_doubles();
-  std::vector<int64_t> pos(size_t(b * t));
-  for (int64_t i = 0; i < b; ++i) {
-    int64_t count = 0;
-    for (int64_t j = 0; j < tk; ++j) {
-      bool on = m[size_t(i * tk + j)] != 0;
-      count += on;
-      if (j >= tk - t) pos[size_t(i * t + j - (tk - t))] = on ? count - 1 : 1;
-    }
+  const int64_t tk = attention_mask.dim(1);
+  // The running count of attended positions along each row, with device ops only (the mask is
+  // never read to the host, so a step with padding does not wait for its stream): an inclusive
+  // prefix sum in log2(P + T) shifted adds, in i64, exact at any length. A batch-sharded mask
+  // stays sharded, and so do its positions.
+  const Array on = attention_mask.dtype() == DType::boolean ? attention_mask
+                                                            : ne(attention_mask, scalar_like(attention_mask, 0.0));
+  Array count = cast(on, DType::i64);
+  for (int64_t s = 1; s < tk; s *= 2) {
+    const Array zeros = mul(slice(count, 1, 0, s), scalar_like(count, 0.0));
+    count = add(count, concatenate({zeros, slice(count, 1, 0, tk - s)}, 1));
   }
-  return Array::from_vector(pos, Shape{b, t});
+  // A masked position gets 1 (as transformers' position_ids.masked_fill_(mask == 0, 1)).
+  const Array last = slice(count, 1, tk - t, tk);
+  return where(slice(on, 1, tk - t, tk), sub(last, scalar_like(last, 1.0)), scalar_like(last, 1.0));
 }
 
 Array padding_mask(const Array& attention_mask, const char* what) {

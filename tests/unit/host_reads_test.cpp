@@ -1,8 +1,9 @@
 // Host reads inside a training step (issue 45): on a GPU each read of array values to the host
 // waits for the stream, so the forward and backward of a step must not read any. The CPU build
 // counts the same reads (host_read_count), so this test keeps them at 0 wherever it runs:
-// GPT-2, LLaMA (rotary positions) and the BERT classifier (padding mask, ignored labels) read
-// nothing between the batch and the loss; an out-of-range label is still an error naming its
+// GPT-2 (with and without a padding mask, whose positions are counted on the device), LLaMA
+// (rotary positions) and the BERT classifier (padding mask, ignored labels) read nothing
+// between the batch and the loss; an out-of-range label is still an error naming its
 // position; and a whole Trainer step — forward, backward, gradient clipping, AdamW — reads
 // nothing between its batch and its loss read, as metrics.jsonl's host_reads says; an
 // evaluation reads its loss once at the end, whatever its number of batches.
@@ -18,6 +19,7 @@
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/models/bert.h"
+#include "meshtrain/models/decoder_inputs.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"
 #include "tests/support/model_twins.h"
@@ -45,6 +47,49 @@ TEST(HostReads, Gpt2StepReadsNothingBeforeItsLoss) {
   Array labels = Array::from_vector(l, {2, 16});
   auto [reads, loss] = reads_of([&](const Params& q) {
     return cross_entropy(gpt2_apply(c, q, {.input_ids = ids}, RngKey{1, 0}, true), labels);
+  }, p);
+  EXPECT_EQ(reads, 0u);
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+// Positions from a padding mask (transformers': cumsum(mask) - 1, masked positions 1) are made
+// on the device: equal to the host's count on left and right padding, an empty row, a mask
+// longer than the new positions (a cache's), and a GPT-2 step with padding reads nothing.
+TEST(HostReads, PositionsFromAPaddingMaskAreCountedOnTheDevice) {
+  const std::vector<int64_t> m = {0, 0, 1, 1, 1, 1, 1,   // left padding
+                                  1, 1, 1, 1, 0, 0, 0,   // right padding
+                                  0, 0, 0, 0, 0, 0, 0,   // nothing attended
+                                  1, 0, 1, 1, 0, 1, 1};  // holes
+  const Array mask = Array::from_vector(m, {4, 7});
+  for (int64_t t : {7, 3, 1}) {
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < 4; ++i) {
+      int64_t count = 0;
+      for (int64_t j = 0; j < 7; ++j) {
+        count += m[size_t(i * 7 + j)];
+        if (j >= 7 - t) want.push_back(m[size_t(i * 7 + j)] ? count - 1 : 1);
+      }
+    }
+    const uint64_t before = host_read_count();
+    const Array pos = position_ids_from_mask(mask, t);
+    EXPECT_EQ(host_read_count(), before) << "t " << t;
+    EXPECT_EQ(pos.shape(), Shape({4, t}));
+    EXPECT_EQ(pos.dtype(), DType::i64);
+    EXPECT_EQ(pos.to_ints(), want) << "t " << t;
+  }
+  std::vector<int64_t> long_mask(3 * 300, 1);
+  for (int64_t j = 0; j < 41; ++j) long_mask[size_t(300 + j)] = 0;  // row 1 left-padded by 41
+  const std::vector<int64_t> pos = position_ids_from_mask(Array::from_vector(long_mask, {3, 300}), 300).to_ints();
+  EXPECT_EQ(pos[299], 299);
+  EXPECT_EQ(pos[300 + 40], 1);
+  EXPECT_EQ(pos[300 + 299], 299 - 41);
+
+  Gpt2Config c;
+  c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+  Params p = random_model_params(gpt2_param_defs(c), 1);
+  const Array ids = random_ints({4, 7}, 2, 0, c.vocab_size), labels = random_ints({4, 7}, 3, 0, c.vocab_size);
+  auto [reads, loss] = reads_of([&](const Params& q) {
+    return cross_entropy(gpt2_apply(c, q, {.input_ids = ids, .attention_mask = mask}, RngKey{1, 0}, true), labels);
   }, p);
   EXPECT_EQ(reads, 0u);
   EXPECT_TRUE(std::isfinite(loss.item()));
