@@ -218,22 +218,19 @@ class EmbeddingPrimitive final : public prim::Primitive {
                         index_range_message("embedding", vocab_, in[1].shape(), [vocab = vocab_, d] {
                           return detail::concat("table (", vocab, ", ", d, ")");
                         }));
-    // Local row of each id (0 where another rank holds it) and whether this rank holds it.
-    std::vector<int64_t> all = ids.to_ints(), local(all.size());
-    std::vector<float> held(all.size()), trained(all.size());
-    for (size_t i = 0; i < all.size(); ++i) {
-      const int64_t r = all[i] - row_offset_;
-      held[i] = r >= 0 && r < v ? 1.f : 0.f;
-      trained[i] = all[i] == padding_idx_ ? 0.f : held[i];
-      local[i] = held[i] != 0.f ? r : 0;
-    }
-    Array local_ids = Array::from_vector(local, ids.shape());
-    Array mask = Array::from_vector(held, ids.shape(), table.dtype());
-    MT_KERNEL(out, take, table, local_ids, out, 1, v, d);
+    // Local row of each id (0 where another rank holds it) and whether this rank holds it,
+    // formed with device ops: the ids are never read to the host.
     autodiff::NoGradGuard no_grad;
+    const Array row = sub(ids, scalar_like(ids, double(row_offset_)));
+    const Array held = logical_and(ge(row, scalar_like(row, 0.0)), lt(row, scalar_like(row, double(v))));
+    const Array local_ids = where(held, row, scalar_like(row, 0.0));
+    const Array mask = cast(held, table.dtype());
+    MT_KERNEL(out, take, table, local_ids, out, 1, v, d);
     out = mul(out, expand_dims(mask, -1));
     // The backward's mask: the rows this rank holds, less the padding positions.
-    aux = {local_ids, padding_idx_ < 0 ? mask : Array::from_vector(trained, ids.shape(), table.dtype())};
+    const Array trained =
+        padding_idx_ < 0 ? mask : mul(mask, cast(ne(ids, scalar_like(ids, double(padding_idx_))), table.dtype()));
+    aux = {local_ids, trained};
     return out;
   }
   uint32_t keeps_inputs() const override { return masked_ ? 0u : 2u; }

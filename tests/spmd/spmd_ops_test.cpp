@@ -6,6 +6,7 @@
 
 #include <iostream>
 
+#include "meshtrain/core/host_reads.h"
 #include "meshtrain/distributed/mesh.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/meshtrain.h"
@@ -242,6 +243,14 @@ TEST(SpmdOps, PartialSumsKeepTheirTermsWhenTheSplitChanges) {
       std::cout << "  [max err] partial + partial on " << mesh.str() << ": " << err << ", partial re-split " << moved << "\n";
     EXPECT_LE(err, 1e-5);
     EXPECT_EQ(moved, 0.0);
+    // The vocab-split lookup forms its local rows on the ids' device: no host read, forward or
+    // backward (a GPU step would wait for its stream at each one).
+    const Array sharded_table = S(table, "model,None"), whole_ids = S(ids, "None");
+    const uint64_t before = host_read_count();
+    auto [value, grads] = value_and_grad([&](const Params& p) { return sum(embedding(p["table"], whole_ids)); })(
+        Params{{"table", sharded_table}});
+    EXPECT_EQ(host_read_count() - before, 0u) << mesh.str();
+    EXPECT_NEAR(value.item(), sum(embedding(table, ids)).item(), 1e-3);
   }
 }
 
