@@ -27,6 +27,7 @@ bool is_dense_kind(ParamKind k) {
     case ParamKind::mlp_in:
     case ParamKind::mlp_out:
     case ParamKind::lm_head:
+    case ParamKind::input_projection:
     case ParamKind::dense: return true;
     default: return false;
   }

@@ -15,6 +15,8 @@ enum class ParamKind {
   mlp_out,        // MLP down/out projection
   lm_head,        // projection to the vocabulary
   position_bias,  // per-head attention score bias table (T5's relative buckets [buckets, heads]): split by heads
+  input_projection,  // the model's raw input into its residual stream (ViT's patch embedding): row-parallel, so
+                     // the stream starts whole after one all-reduce, not split on features before every norm
   dense,          // any other matrix (pooler, classifier, MLM transform, ...)
   norm,           // LayerNorm / RMSNorm scales and shifts
   bias,           // biases of dense layers

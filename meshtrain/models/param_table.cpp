@@ -21,6 +21,7 @@ const char* param_kind_name(ParamKind kind) {
     case ParamKind::mlp_out: return "mlp_out";
     case ParamKind::lm_head: return "lm_head";
     case ParamKind::position_bias: return "position_bias";
+    case ParamKind::input_projection: return "input_projection";
     case ParamKind::dense: return "dense";
     case ParamKind::norm: return "norm";
     case ParamKind::bias: return "bias";

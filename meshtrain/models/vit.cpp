@@ -105,7 +105,8 @@ std::vector<ParamDef> vit_param_defs(const VitConfig& c, const std::string& pref
   d.push_back({prefix + "embeddings.cls_token", {1, 1, e}, vector_role(ParamKind::norm), InitKind::normal, std});
   d.push_back({prefix + "embeddings.position_embeddings", {1, c.num_patches() + 1, e}, vector_role(ParamKind::norm),
                InitKind::normal, std});
-  lin(prefix + "embeddings.patch_embeddings.projection", e, c.patch_features(), ParamKind::dense);
+  // Row-parallel: its partial output is summed once into the whole residual stream.
+  lin(prefix + "embeddings.patch_embeddings.projection", e, c.patch_features(), ParamKind::input_projection);
   d[d.size() - 2].file_shape = Shape{e, c.num_channels, c.patch_size, c.patch_size};  // the Conv2d's
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string b = prefix + "encoder.layer." + std::to_string(l) + ".";

@@ -148,6 +148,7 @@ ShardingPlan auto_sharding_rules(const Params& params, const dist::Mesh& mesh, c
           case ParamKind::mlp_out: model_dim = role.in_dim; why = "MLP out: input features (row)"; break;
           case ParamKind::lm_head: model_dim = role.out_dim; why = "LM head: output features (vocab)"; break;
           case ParamKind::position_bias: model_dim = role.out_dim; why = "position bias: heads"; break;
+          case ParamKind::input_projection: model_dim = role.in_dim; why = "input projection: input features (row)"; break;
           default: {
             // Undeclared matrices: output features (last dim by default) then input, in turn.
             int out = role.out_dim >= 0 ? role.out_dim : s.ndim() - 1;

@@ -186,15 +186,19 @@ ModelCase vision_encoder_decoder_case() {
   };
   const std::string e0 = "encoder.encoder.layer.0.", d0 = "decoder.transformer.h.0.";
   m.expected_on_model2 = {{"encoder.embeddings.cls_token", PartitionSpec{"", "", ""}},
-                          {"encoder.embeddings.patch_embeddings.projection.weight", kRows},
+                          {"encoder.embeddings.patch_embeddings.projection.weight", kCols},
                           {e0 + "attention.attention.query.weight", kRows},
                           {e0 + "attention.output.dense.weight", kCols},
-                          {"enc_to_dec_proj.weight", kCols},
+                          {"enc_to_dec_proj.weight", kRows},  // the first undeclared dense: column
                           {d0 + "crossattention.c_attn.weight", PartitionSpec{"", "", "model"}},  // [in, 2, out]
                           {d0 + "crossattention.q_attn.weight", kCols},
                           {d0 + "crossattention.c_proj.weight", kRows}};
   // patch projection, 6 per encoder layer, the projection, 2 embeddings, 7 per decoder layer
   m.split_count = 1 + 2 * 6 + 1 + 2 + 2 * 7;
+  // The row-parallel patch projection and each layer's attention and MLP (the projection to
+  // the decoder's width returns a partial sum its consumer reduces): the residual stream stays
+  // whole, never gathered before a norm (it was split on features, 5 all-gathers more).
+  m.paired_forward_all_reduces = 1 + 2 * 2;
   m.forward = [c](const Params& p, const Array& pixels) { return models::vision_encode(c, p, pixels); };
   return m;
 }
@@ -221,7 +225,8 @@ int expected_model_dim(const ParamRole& r, const Shape& s, int64_t n, bool& dens
     case ParamKind::mlp_in:
     case ParamKind::lm_head: d = r.out_dim; break;  // column-parallel
     case ParamKind::attention_out:
-    case ParamKind::mlp_out: d = r.in_dim; break;  // row-parallel
+    case ParamKind::mlp_out:
+    case ParamKind::input_projection: d = r.in_dim; break;  // row-parallel
     default:
       d = dense_out ? r.out_dim : r.in_dim;
       dense_out = !dense_out;
