@@ -17,7 +17,7 @@ bins="$build/apps/meshtrain/meshtrain $(ls "$build"/tests/gpu_*_test 2>/dev/null
 for b in model_step_bench attention_bench grpo_rollout_bench; do
   [ -x "$build/bench/$b" ] && bins="$bins $build/bench/$b"
 done
-for e in text_classifier causal_lm maml; do
+for e in text_classifier causal_lm maml caption; do
   [ -x "$build/examples/example_$e" ] && bins="$bins $build/examples/example_$e"
 done
 # The Python front end (import meshtrain) and its examples, when built: run on the GPU by
@@ -50,6 +50,12 @@ cp "$data/text/tinyshakespeare.txt" "$stage/data/text/"
 cp -r "$data/models/hf-tiny-bert" "$data/models/hf-tiny-gpt2" "$stage/data/models/"
 cp -r "$data/glue/MRPC" "$data/glue/SST-2" "$stage/data/glue/"
 cp "$data/tokenizers/bert-base-uncased-tokenizer.json" "$stage/data/tokenizers/"
+# Two photographs (python3-sklearn's) for `gpu_run.sh caption`.
+photos=/usr/lib/python3/dist-packages/sklearn/datasets/images
+if [ -f "$photos/china.jpg" ]; then
+  mkdir -p "$stage/data/images"
+  cp "$photos/china.jpg" "$photos/flower.jpg" "$stage/data/images/"
+fi
 cp "$root/scripts/gpu_run.sh" "$stage/"
 tar -C "$root/.gpu" -cJf "$root/.gpu/meshtrain-gpu.tar.xz" meshtrain-gpu
 rm -rf "$stage"

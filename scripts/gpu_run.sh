@@ -12,7 +12,10 @@
 #   gpu_run.sh posttrain  DPO, GRPO and distillation (3 steps each of meshtrain dpo/grpo/distill on
 #                      hf-tiny-gpt2, --device cuda), then grpo_rollout_bench: rollout tokens/s
 #                      against serve over HTTP, and a GRPO step's share spent generating (issue 51)
-#   gpu_run.sh all     tests, fusion, python, posttrain and bench (largest apart: it needs the whole GPU for minutes)
+#   gpu_run.sh caption image captioning on the GPU (issue 47): example_caption (a ViT-GPT2 trained
+#                      from scratch on drawn shapes, held-out exact match), then `meshtrain caption` on
+#                      two photographs for 12 steps on the GPU and on the CPU: their losses side by side
+#   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -130,6 +133,43 @@ PY
       timeout 200 "$here/bin/grpo_rollout_bench" --model $m --device cuda > "$out/grpo_rollout_$m.log" 2>&1 || status=1
       cat "$out/grpo_rollout_$m.log" | tail -5
     done
+  fi
+fi
+if [ "$mode" = caption ] || [ "$mode" = all ]; then
+  if [ -x "$here/bin/example_caption" ]; then
+    echo "== example_caption on the GPU (1200 steps)"
+    timeout 150 "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
+    rc=$?
+    grep -E "device|fit:|train loss|held out|error" "$out/caption_example.log" | tail -6
+    echo "example_caption exit $rc"
+    [ $rc = 0 ] || status=1
+  fi
+  if [ -f "$here/data/images/china.jpg" ]; then
+    cap=/tmp/mt-caption
+    mkdir -p "$cap"
+    printf '%s\n' '{"image": "china.jpg", "caption": "a pagoda on a hill"}' '{"image": "flower.jpg", "caption": "a pink flower"}' \
+      > "$cap/train.jsonl"
+    for d in cuda cpu; do
+      echo "== meshtrain caption --device $d"
+      timeout 120 "$here/bin/meshtrain" caption --config small-vit-gpt2 --tokenizer "$here/data/models/hf-tiny-gpt2" \
+        --data "$cap/train.jsonl" --eval-data "$cap/train.jsonl" --image-dir "$here/data/images" --steps 12 \
+        --per-device-batch-size 2 --num-beams 2 --max-target-length 12 --learning-rate 1e-3 --warmup-steps 2 \
+        --device $d --output-dir "$cap/$d" > "$out/caption_$d.log" 2>&1
+      rc=$?
+      tail -2 "$out/caption_$d.log"
+      echo "caption --device $d exit $rc"
+      [ $rc = 0 ] || status=1
+    done
+    python3 - "$cap" <<'PY'
+import json, sys
+d = sys.argv[1]
+def losses(dev):
+    return [json.loads(l)["loss"] for l in open(f"{d}/{dev}/metrics.jsonl") if '"train"' in l and '"loss"' in l]
+g, c = losses("cuda"), losses("cpu")
+print("caption losses GPU", [round(x, 5) for x in g])
+print("caption losses CPU", [round(x, 5) for x in c])
+print("max |GPU - CPU| %.3g over %d steps" % (max(abs(a - b) for a, b in zip(g, c)), min(len(g), len(c))))
+PY
   fi
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
