@@ -14,6 +14,7 @@ void add_eval_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 void add_seq2seq_command(CLI::App& app);
 void add_caption_command(CLI::App& app);
+void add_image_classify_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_prepare_data_command(CLI::App& app);
 void add_dpo_command(CLI::App& app);

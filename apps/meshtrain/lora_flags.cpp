@@ -61,7 +61,7 @@ void save_trained_model(const models::PretrainedModel& model, const LoraFlags& l
   }
   if (!lora.enabled() || lora.merge) {
     models::save_pretrained(model, (dir / "model").string(), dtype);  // LoRA: merged into the weights
-    tokenizers::copy_tokenizer_files(tokenizer_source, (dir / "model").string());
+    if (!tokenizer_source.empty()) tokenizers::copy_tokenizer_files(tokenizer_source, (dir / "model").string());
     std::cout << "model in " << (dir / "model").string() << (lora.enabled() ? " (adapters merged)" : "") << std::endl;
   }
 }

@@ -36,7 +36,7 @@ optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_
 // What a training command leaves in `out` (call on the main rank): with LoRA the PEFT
 // adapter in adapter/ (its base named `base_model`); unless LoRA without --merge-lora the
 // model (adapters merged, its tensors in `dtype`) in model/ with the tokenizer copied from
-// `tokenizer_source`.
+// `tokenizer_source` (none when empty: an image model).
 void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
                         const std::string& tokenizer_source, const std::string& out, DType dtype = DType::f32);
 

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     mt::cli::add_plot_command(app);
     mt::cli::add_seq2seq_command(app);
     mt::cli::add_caption_command(app);
+    mt::cli::add_image_classify_command(app);
     mt::cli::add_serve_command(app);
     mt::cli::add_prepare_data_command(app);
     mt::cli::add_dpo_command(app);

@@ -193,4 +193,19 @@ Image read_image(const std::string& path) {
   return decode_image(bytes, path);
 }
 
+std::vector<Image> read_images(const std::vector<std::string>& paths) {
+  std::vector<Image> images(paths.size());
+  std::vector<std::string> errors(paths.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < int64_t(paths.size()); ++i) {
+    try {
+      images[size_t(i)] = read_image(paths[size_t(i)]);
+    } catch (const std::exception& e) {
+      errors[size_t(i)] = e.what();
+    }
+  }
+  for (const std::string& e : errors) MT_CHECK(e.empty(), e);
+  return images;
+}
+
 }  // namespace mt::data

@@ -6,6 +6,7 @@
 // PNG or JPEG, truncated, or corrupt is an mt::Error naming it; CMYK JPEGs are refused.
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshtrain/data/image.h"
 
@@ -14,5 +15,8 @@ namespace mt::data {
 // The format is read from the first bytes, not the name. `name` is for error messages.
 Image decode_image(std::string_view bytes, const std::string& name);
 Image read_image(const std::string& path);
+// A batch's images, decoded in parallel (the loader thread's collate); the first unreadable
+// one (in order) is the error.
+std::vector<Image> read_images(const std::vector<std::string>& paths);
 
 }  // namespace mt::data

@@ -30,20 +30,11 @@ std::vector<data::Example> caption_eval_examples(const std::vector<data::Caption
 CollateFn caption_collate(const data::ImageProcessorConfig& processor, const CaptionTokens& t) {
   return [processor, t](const std::vector<data::Example>& rows) {
     MT_CHECK(!rows.empty(), "[caption] empty batch");
-    std::vector<data::Image> images(rows.size());
-    std::vector<std::string> errors(rows.size());
     // A batch's images decode in parallel on the loader's thread, beside the training step.
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
-      try {
-        images[size_t(i)] = data::read_image(rows[size_t(i)].str("image"));
-      } catch (const std::exception& e) {
-        errors[size_t(i)] = e.what();
-      }
-    }
-    for (const std::string& e : errors) MT_CHECK(e.empty(), e);
+    std::vector<std::string> paths;
+    for (const auto& r : rows) paths.push_back(r.str("image"));
     Batch out;
-    out.set("pixel_values", data::pixel_values(images, processor));
+    out.set("pixel_values", data::pixel_values(data::read_images(paths), processor));
     if (!rows.front().contains("labels")) return out;
     // Every batch is max_target_length wide, whatever its captions' lengths: data-parallel
     // ranks must agree on the shape (train/batch_shapes.h), and one shape per run is what a
