@@ -37,10 +37,7 @@ struct CaptionOptions {
   int64_t num_beams = 4;
   bool skip_bad_images = false;
   StepFlags length{0, 3, 16, 1};
-  double learning_rate = 5e-4;
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
+  AdamWFlags adamw{5e-4};
   LoraFlags lora;
   RunFlags run;
 };
@@ -113,10 +110,9 @@ void run(const CaptionOptions& o) {
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
   const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "caption");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm), o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  const WarmupCosineAdamW adamw = warmup_cosine_adamw(o.adamw, span, "caption", lora_wrap(o.lora));
+  const optim::Schedule lr = adamw.learning_rate;
+  const optim::Transform& opt = adamw.optimizer;
   deployer.log("caption: " + std::to_string(model->params.total_elements()) + " parameters; " + o.data + ": " +
                std::to_string(train_rows.size()) + " images, " + std::to_string(train_set->size()) + " captions; " +
                std::to_string(eval_rows.size()) + " eval images; " + std::to_string(total) + " steps on mesh " +
@@ -193,11 +189,7 @@ void add_caption_command(CLI::App& app) {
   cmd->add_flag("--skip-bad-images", o->skip_bad_images,
                 "skip unreadable images (counted) instead of stopping before training");
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (warmup, then cosine to 10%)")
-      ->capture_default_str();
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
+  add_adamw_flags(cmd, o->adamw);
   add_lora_flags(cmd, o->lora);
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] { run(*o); });

@@ -52,6 +52,11 @@ optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_
   return optim::partition({{trainable, std::move(inner)}, {".*", optim::freeze()}});
 }
 
+std::function<optim::Transform(optim::Transform)> lora_wrap(const LoraFlags& lora, const std::string& also_train) {
+  if (!lora.enabled()) return nullptr;
+  return [also_train](optim::Transform inner) { return lora_optimizer(std::move(inner), also_train); };
+}
+
 void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
                         const std::string& tokenizer_source, const std::string& out, DType dtype) {
   const std::filesystem::path dir(out);

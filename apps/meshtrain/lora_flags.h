@@ -2,6 +2,7 @@
 // LoRA on the command line: --lora-rank R (0: full fine-tuning) --lora-alpha --lora-dropout
 // --lora-targets REGEX --use-rslora --merge-lora for the training commands, --adapter DIR
 // for the commands that run a model.
+#include <functional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +33,8 @@ void apply_adapter(models::PretrainedModel& model, const std::string& adapter, b
 // The optimizer LoRA trains with: `inner` on the adapters (and on parameters matching
 // `also_train`, e.g. a task head; empty: none), every other parameter frozen.
 optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_train = "");
+// lora_optimizer as a wrap for warmup_cosine_adamw (run_flags.h); none without LoRA.
+std::function<optim::Transform(optim::Transform)> lora_wrap(const LoraFlags& lora, const std::string& also_train = "");
 
 // What a training command leaves in `out` (call on the main rank): with LoRA the PEFT
 // adapter in adapter/ (its base named `base_model`); unless LoRA without --merge-lora the

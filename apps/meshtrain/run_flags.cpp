@@ -299,6 +299,23 @@ optim::Transform gradient_clipping(double max_grad_norm) {
   return max_grad_norm > 0 ? optim::clip_by_global_norm(max_grad_norm) : optim::identity();
 }
 
+void add_adamw_flags(CLI::App* cmd, AdamWFlags& flags) {
+  cmd->add_option("--learning-rate", flags.learning_rate, "peak learning rate (warmup, then cosine to 10%)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", flags.warmup_steps, "linear warmup steps")->capture_default_str();
+  cmd->add_option("--weight-decay", flags.weight_decay, "AdamW weight decay")->capture_default_str();
+  add_max_grad_norm_flag(cmd, flags.max_grad_norm);
+}
+
+WarmupCosineAdamW warmup_cosine_adamw(const AdamWFlags& flags, int64_t span, const char* command,
+                                      const std::function<optim::Transform(optim::Transform)>& wrap) {
+  const int64_t warmup = fitting_warmup(flags.warmup_steps, span, command);
+  optim::Schedule lr =
+      optim::warmup_cosine_decay_schedule(0.0, flags.learning_rate, warmup, span, flags.learning_rate * 0.1);
+  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, flags.weight_decay);
+  return {lr, optim::chain({gradient_clipping(flags.max_grad_norm), wrap ? wrap(std::move(adamw)) : std::move(adamw)})};
+}
+
 void add_max_grad_norm_flag(CLI::App* cmd, double& value) {
   cmd->add_option("--max-grad-norm", value, "clip gradients to this global norm (0: no clipping)")
       ->capture_default_str()

@@ -1,6 +1,7 @@
 #pragma once
 // Flags every training and inference command shares: where it runs (--mesh or
 // --model-shards), its seed, its output directory, --print-plan and --resume.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -96,6 +97,26 @@ int64_t schedule_steps(const RunFlags& flags, int64_t total);
 // a tenth of the run (HF's warmup_ratio 0.1), with a note, so a short run does not end at its
 // peak rate.
 int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
+
+// The optimizer of the commands that train with warmup and cosine decay (seq2seq, caption,
+// image-classify): AdamW after gradient clipping, with --learning-rate, --warmup-steps,
+// --weight-decay and --max-grad-norm.
+struct AdamWFlags {
+  double learning_rate = 5e-4;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+};
+void add_adamw_flags(CLI::App* cmd, AdamWFlags& flags);
+// The schedule (linear warmup from 0, fitted to `span` as fitting_warmup does, then cosine to
+// 10 % of the peak at `span`) and AdamW on it. `wrap` takes AdamW before the clipping is
+// chained in front (LoRA's partition: lora_optimizer).
+struct WarmupCosineAdamW {
+  optim::Schedule learning_rate;
+  optim::Transform optimizer;  // clipping, then (wrapped) AdamW
+};
+WarmupCosineAdamW warmup_cosine_adamw(const AdamWFlags& flags, int64_t span, const char* command,
+                                      const std::function<optim::Transform(optim::Transform)>& wrap = nullptr);
 
 // Training refuses to start over checkpoints of an earlier run unless --resume continues it
 // or --overwrite discards it: nothing saved is lost by accident. Call on every rank.

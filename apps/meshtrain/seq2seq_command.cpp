@@ -39,10 +39,7 @@ struct Seq2SeqOptions {
   int64_t no_repeat_ngram_size = 0;
   bool use_stemmer = true;
   StepFlags length{0, 3, 8, 1};
-  double learning_rate = 1e-3;
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.0;
-  double max_grad_norm = 1.0;
+  AdamWFlags adamw{1e-3};
   LoraFlags lora;
   RunFlags run;
 };
@@ -143,11 +140,9 @@ void run(const Seq2SeqOptions& o) {
   train::FitOptions f;
   const int64_t total = plan_fit(o.length, train_set->size(), deployer, f);
   const int64_t span = schedule_steps(o.run, total);
-  const int64_t warmup = fitting_warmup(o.warmup_steps, span, "seq2seq");
-  optim::Schedule lr = optim::warmup_cosine_decay_schedule(0.0, o.learning_rate, warmup, span, o.learning_rate * 0.1);
-  optim::Transform adamw = optim::adamw(lr, 0.9, 0.999, 1e-8, o.weight_decay);
-  optim::Transform opt = optim::chain({gradient_clipping(o.max_grad_norm),
-                                       o.lora.enabled() ? lora_optimizer(adamw) : adamw});
+  const WarmupCosineAdamW adamw = warmup_cosine_adamw(o.adamw, span, "seq2seq", lora_wrap(o.lora));
+  const optim::Schedule lr = adamw.learning_rate;
+  optim::Transform opt = adamw.optimizer;
   // HF buffers (BART's final_logits_bias) are saved but never trained (LoRA freezes them
   // with the rest of the base).
   std::string buffers;
@@ -259,11 +254,7 @@ void add_seq2seq_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("!--no-stemmer", o->use_stemmer, "ROUGE without the Porter stemmer");
   add_step_flags(cmd, o->length);
-  cmd->add_option("--learning-rate", o->learning_rate, "peak learning rate (warmup, then cosine to 10%)")
-      ->capture_default_str();
-  cmd->add_option("--warmup-steps", o->warmup_steps, "linear warmup steps")->capture_default_str();
-  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  add_max_grad_norm_flag(cmd, o->max_grad_norm);
+  add_adamw_flags(cmd, o->adamw);
   add_lora_flags(cmd, o->lora);
   add_run_flags(cmd, o->run, true);
   cmd->callback([o] { run(*o); });
