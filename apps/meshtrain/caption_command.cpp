@@ -152,15 +152,13 @@ void run(const CaptionOptions& o) {
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
+  model->params = gathered_params(trainer);
   if (!deployer.is_main()) return;
   const fs::path model_dir = out / "model";
   save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
                      dtype_from_name(o.run.save_dtype));
   if (fs::exists(model_dir))
-    io::write_file_atomic((model_dir / "preprocessor_config.json").string(), processor.to_json().dump(2) + "\n");
+    data::save_image_processor_config(processor, model_dir.string());
   std::vector<json> rows;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     rows.push_back({{"image", eval_rows[i].image}, {"reference", eval_rows[i].captions}, {"prediction", last_predictions[i]}});

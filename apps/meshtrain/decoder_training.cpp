@@ -57,9 +57,7 @@ void export_trained_model(train::Trainer& trainer, models::PretrainedModel& mode
                           const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
                           const train::Deployer& deployer) {
   trainer.release_optimizer_state();  // the export gathers the weights into its memory
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model.params = host;
+  model.params = gathered_params(trainer);
   const fs::path out = run.output_dir;
   if (deployer.is_main()) save_trained_model(model, lora, base_model, tokenizer_source, out.string(), dtype_from_name(run.save_dtype));
   deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());

@@ -165,9 +165,7 @@ void run(const GlueOptions& o) {
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
+  model->params = gathered_params(trainer);
   if (!deployer.is_main()) return;
   models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // adapters merged
   // LoRA: the adapter with the task head it trained, as PEFT saves a SEQ_CLS adapter.

@@ -170,14 +170,12 @@ void run(const ImageClassifyOptions& o) {
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
+  model->params = gathered_params(trainer);
   if (!deployer.is_main()) return;
   save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, "", out.string(),
                      dtype_from_name(o.run.save_dtype));
   if (fs::exists(out / "model"))
-    io::write_file_atomic((out / "model" / "preprocessor_config.json").string(), processor.to_json().dump(2) + "\n");
+    data::save_image_processor_config(processor, (out / "model").string());
   std::vector<json> rows;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     rows.push_back({{"image", eval_rows[i].str("image")},

@@ -148,9 +148,7 @@ void run(const PretrainOptions& o) {
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   // The final model as a Hugging Face-style directory beside the tokenizer files.
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
+  model->params = gathered_params(trainer);
   if (deployer.is_main()) {
     models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // LoRA: merged
     if (o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);

@@ -8,6 +8,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/profiler.h"
@@ -297,6 +298,12 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
 
 optim::Transform gradient_clipping(double max_grad_norm) {
   return max_grad_norm > 0 ? optim::clip_by_global_norm(max_grad_norm) : optim::identity();
+}
+
+Params gathered_params(const train::Trainer& trainer) {
+  Params host;
+  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  return host;
 }
 
 void add_adamw_flags(CLI::App* cmd, AdamWFlags& flags) {

@@ -98,6 +98,10 @@ int64_t schedule_steps(const RunFlags& flags, int64_t total);
 // peak rate.
 int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
 
+// The trained parameters gathered whole into this process's memory, for the export. A
+// collective: every rank calls it.
+Params gathered_params(const train::Trainer& trainer);
+
 // The optimizer of the commands that train with warmup and cosine decay (seq2seq, caption,
 // image-classify): AdamW after gradient clipping, with --learning-rate, --warmup-steps,
 // --weight-decay and --max-grad-norm.

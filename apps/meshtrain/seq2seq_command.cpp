@@ -214,9 +214,7 @@ void run(const Seq2SeqOptions& o) {
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
-  Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
-  model->params = host;
+  model->params = gathered_params(trainer);
   if (!deployer.is_main()) return;
   save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
                      dtype_from_name(o.run.save_dtype));

@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/json.h"
+#include "meshtrain/io/mapped_file.h"
 
 namespace mt::data {
 
@@ -69,6 +70,11 @@ json ImageProcessorConfig::to_json() const {
           {"do_normalize", do_normalize},
           {"image_mean", image_mean},
           {"image_std", image_std}};
+}
+
+void save_image_processor_config(const ImageProcessorConfig& config, const std::string& model_dir) {
+  io::write_file_atomic((std::filesystem::path(model_dir) / "preprocessor_config.json").string(),
+                        config.to_json().dump(2) + "\n");
 }
 
 ImageProcessorConfig load_image_processor_config(const std::string& path) {

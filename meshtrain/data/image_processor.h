@@ -33,6 +33,8 @@ struct ImageProcessorConfig {
 
 // A model folder's preprocessor_config.json (a path to the file or to its folder).
 ImageProcessorConfig load_image_processor_config(const std::string& path);
+// Writes it as a model folder's preprocessor_config.json (atomically), beside the weights.
+void save_image_processor_config(const ImageProcessorConfig& config, const std::string& model_dir);
 
 // One image as (3, height, width) f32 values, written to `out` (3 * H * W floats).
 void preprocess_image(const Image& image, const ImageProcessorConfig& config, float* out);
