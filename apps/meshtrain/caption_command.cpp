@@ -21,7 +21,7 @@
 #include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/train/caption_metrics.h"
 #include "meshtrain/train/caption_task.h"
-#include "meshtrain/train/captioner_processor.h"
+#include "meshtrain/train/model_image_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/seq2seq_task.h"
 
@@ -95,7 +95,7 @@ void run(const CaptionOptions& o) {
            models::model_types_text(models::ModelKind::image_to_text), ")");
   MT_CHECK(tok != nullptr, "[caption] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
-  const data::ImageProcessorConfig processor = train::captioner_image_processor(o.model, c);
+  const data::ImageProcessorConfig processor = train::model_image_processor(o.model, c.encoder.image_size);
 
   const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
   const std::string eval_dir = o.eval_image_dir.empty() ? o.image_dir : o.eval_image_dir;

@@ -2,8 +2,8 @@
 // Face directory — on a dataset. Decoders: token-weighted mean loss and perplexity over
 // every sequence of a text file (the last batch padded, its padding dropped). BERT
 // classifiers: the GLUE task's metrics on a split. Image-to-text models: captions of a captions
-// file's images by beam search, BLEU-4, ROUGE-L and exact match. Prints JSON and, with
-// --output, writes it.
+// file's images by beam search, BLEU-4, ROUGE-L and exact match. ViT classifiers: accuracy
+// over a folder per class. Prints JSON and, with --output, writes it.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -15,13 +15,16 @@
 #include "apps/meshtrain/run_flags.h"
 #include "meshtrain/data/caption_rows.h"
 #include "meshtrain/data/classification_files.h"
+#include "meshtrain/data/image_folder.h"
+#include "meshtrain/models/vit.h"
+#include "meshtrain/train/image_classifier_task.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/reduce.h"
 #include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/train/caption_metrics.h"
 #include "meshtrain/train/caption_task.h"
-#include "meshtrain/train/captioner_processor.h"
+#include "meshtrain/train/model_image_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/seq2seq_task.h"
 #include "meshtrain/train/predictor.h"
@@ -142,7 +145,7 @@ json eval_captioner(train::Deployer& deployer, const models::PretrainedModel& mo
   g.pad_token_id = c.pad_token_id;
   const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
   train::Predictor<std::vector<int64_t>> predictor(
-      deployer, train::caption_collate(train::captioner_image_processor(o.model, c), t), train::caption_predict_fn(shared, g),
+      deployer, train::caption_collate(train::model_image_processor(o.model, c.encoder.image_size), t), train::caption_predict_fn(shared, g),
       [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
   std::vector<std::string> predictions;
   std::vector<std::vector<std::string>> references;
@@ -159,6 +162,39 @@ json eval_captioner(train::Deployer& deployer, const models::PretrainedModel& mo
     io::write_file_atomic(o.predictions, lines);
   }
   return result;
+}
+
+// ViT image classifiers: accuracy over images in one folder per class (--image-dir), the
+// classes being the model's id2label.
+json eval_image_classifier(train::Deployer& deployer, const models::PretrainedModel& model, const Params& params,
+                           const EvalOptions& o) {
+  MT_CHECK(!o.image_dir.empty(), "[eval] an image classifier is evaluated on --image-dir DIR (DIR/<class>/<image>)");
+  const auto& c = model.config.as<models::VitConfig>();
+  std::vector<std::string> classes = c.label_names;
+  if (classes.empty())
+    for (int64_t i = 0; i < c.num_labels; ++i) classes.push_back(std::to_string(i));
+  data::ImageFolder folder = data::read_image_folder(o.image_dir, classes);
+  size_t skipped = 0;
+  folder.images = data::check_images(folder.images, o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop,
+                                     &skipped);
+  std::vector<data::Example> rows;
+  for (size_t i = 0; i < folder.images.size(); ++i) rows.push_back({{"image", folder.images[i].image}, {"label", folder.label(i)}});
+  if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
+  auto shared = std::make_shared<const models::PretrainedModel>(model);
+  train::Predictor<int64_t> predictor(deployer, train::image_classifier_collate(train::model_image_processor(o.model, c.image_size)),
+                                      train::image_classifier_predict_fn(shared),
+                                      [](const train::Batch& host) { return host["prediction"].to_ints(); });
+  const std::vector<int64_t> predictions = predictor.predict(params, data::make_dataset(rows), o.per_device_batch_size);
+  int64_t right = 0;
+  std::string lines;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    right += predictions[i] == rows[i].as_int("label");
+    lines += json{{"image", rows[i].str("image")}, {"label", classes[size_t(rows[i].as_int("label"))]},
+                  {"prediction", classes.at(size_t(predictions[i]))}}.dump() + "\n";
+  }
+  if (deployer.is_main() && !o.predictions.empty()) io::write_file_atomic(o.predictions, lines);
+  return {{"image_dir", o.image_dir}, {"images", rows.size()}, {"skipped_images", skipped},
+          {"eval_accuracy", double(right) / double(rows.size())}};
 }
 
 void run(const EvalOptions& o) {
@@ -179,6 +215,7 @@ void run(const EvalOptions& o) {
   }
   Params params = plan.shard(model.params);
   json result = model.config.holds<models::VisionEncoderDecoderConfig>() ? eval_captioner(deployer, model, params, o)
+                : model.config.holds<models::VitConfig>()                    ? eval_image_classifier(deployer, model, params, o)
                 : model.is_causal_lm()                                       ? eval_decoder(deployer, model, params, o)
                                                                              : eval_glue(deployer, model, params, o);
   result["model"] = o.model;
@@ -214,15 +251,16 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--output", o->output, "also write the results JSON to this file");
-  cmd->add_option("--image-dir", o->image_dir, "image-to-text models: the directory --data names images in");
+  cmd->add_option("--image-dir", o->image_dir, "image-to-text models: the directory --data names images in; "
+                  "image classifiers: the images, one folder per class");
   cmd->add_option("--num-beams", o->num_beams, "image-to-text models: beam search width (1: greedy)")
       ->capture_default_str();
   cmd->add_option("--max-target-length", o->max_target_length, "image-to-text models: caption tokens generated at most")
       ->capture_default_str()
       ->check(positive());
-  cmd->add_flag("--skip-bad-images", o->skip_bad_images, "image-to-text models: skip unreadable images (counted)");
+  cmd->add_flag("--skip-bad-images", o->skip_bad_images, "image models: skip unreadable images (counted)");
   cmd->add_option("--predictions", o->predictions,
-                  "image-to-text models: write {image, reference, prediction} JSON lines to this file");
+                  "image models: write {image, reference|label, prediction} JSON lines to this file");
   add_run_flags(cmd, o->run, false);
   cmd->callback([o] { run(*o); });
 }

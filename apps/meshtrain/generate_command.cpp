@@ -15,11 +15,13 @@
 #include "meshtrain/data/image_decode.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/models/vit.h"
+#include "meshtrain/train/image_classifier_task.h"
 #include "meshtrain/models/seq2seq_generate.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/caption_metrics.h"
-#include "meshtrain/train/captioner_processor.h"
+#include "meshtrain/train/model_image_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/seq2seq_task.h"
 
@@ -75,6 +77,18 @@ models::GenerationConfig generation_config(const GenerateOptions& o) {
   return g;
 }
 
+// The class of each --image file by a ViT classifier (its id2label name), one line each.
+void classify_images(const models::PretrainedModel& m, const GenerateOptions& o) {
+  const auto& c = m.config.as<models::VitConfig>();
+  std::vector<data::Image> images;
+  for (const std::string& path : o.images) images.push_back(data::read_image(path));
+  auto model = std::make_shared<const models::PretrainedModel>(m);
+  const train::Batch out = train::image_classifier_predict_fn(model)(
+      m.params, {{"pixel_values", data::pixel_values(images, train::model_image_processor(o.model, c.image_size))}});
+  for (int64_t id : out["prediction"].to_ints())
+    std::cout << (size_t(id) < c.label_names.size() ? c.label_names[size_t(id)] : std::to_string(id)) << "\n";
+}
+
 // Captions of --image files by an image-to-text model, one line each in the order given.
 void caption_images(const models::PretrainedModel& m, const GenerateOptions& o,
                     const std::shared_ptr<tokenizers::Tokenizer>& tok) {
@@ -82,7 +96,7 @@ void caption_images(const models::PretrainedModel& m, const GenerateOptions& o,
            models::model_types_text(models::ModelKind::image_to_text), "); ", o.model, " is model_type '", m.model_type, "'");
   MT_CHECK(tok != nullptr, "[generate] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const auto& c = m.config.as<models::VisionEncoderDecoderConfig>();
-  const data::ImageProcessorConfig processor = train::captioner_image_processor(o.model, c);
+  const data::ImageProcessorConfig processor = train::model_image_processor(o.model, c.encoder.image_size);
   std::vector<data::Image> images;
   for (const std::string& path : o.images) images.push_back(data::read_image(path));
   models::GenerationConfig g = generation_config(o);
@@ -104,6 +118,7 @@ void run(const GenerateOptions& o) {
   apply_adapter(m, o.adapter, true);
   m.params = precision_policy().cast_for_compute(m.params);  // --precision bf16: bf16 weights
   if (!o.images.empty()) {
+    if (m.config.holds<models::VitConfig>()) return classify_images(m, o);
     caption_images(m, o, o.tokenizer.empty() ? m.tokenizer : tokenizers::load_tokenizer(o.tokenizer));
     return;
   }
@@ -163,7 +178,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "model directory (config.json + safetensors), llama2.c .bin, or a meshtrain run/checkpoint directory")->required();
   auto* text = cmd->add_option("--prompt", o->prompt, "prompt text (needs a tokenizer)");
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, e.g. \"1 2 3\" (prints ids)");
-  auto* image = cmd->add_option("--image", o->images, "image-to-text models: caption these PNG/JPEG files (one line each)")
+  auto* image = cmd->add_option("--image", o->images, "image models: caption (ViT-GPT2) or classify (ViT) these PNG/JPEG files, one line each")
                     ->check(CLI::ExistingFile);
   text->excludes(ids);
   ids->excludes(text);

@@ -12,7 +12,6 @@
 #include "apps/meshtrain/eval_outputs.h"
 #include "apps/meshtrain/lora_flags.h"
 #include "apps/meshtrain/run_flags.h"
-#include "meshtrain/data/image_decode.h"
 #include "meshtrain/data/image_folder.h"
 #include "meshtrain/data/image_processor.h"
 #include "meshtrain/io/json.h"
@@ -20,6 +19,8 @@
 #include "meshtrain/models/user_config.h"
 #include "meshtrain/models/vit.h"
 #include "meshtrain/train/checkpoint_model.h"
+#include "meshtrain/train/image_classifier_task.h"
+#include "meshtrain/train/model_image_processor.h"
 
 namespace mt::cli {
 namespace {
@@ -107,13 +108,7 @@ void run(const ImageClassifyOptions& o) {
 
   auto model = std::make_shared<models::PretrainedModel>(classifier_model(o, train_folder.classes, deployer));
   const auto& c = model->config.as<models::VitConfig>();
-  data::ImageProcessorConfig processor;
-  processor.height = processor.width = c.image_size;
-  if (!o.model.empty() && fs::exists(fs::path(o.model) / "preprocessor_config.json"))
-    processor = data::load_image_processor_config(o.model);
-  MT_CHECK(processor.do_resize && processor.height == c.image_size && processor.width == c.image_size,
-           "[image-classify] the image processor resizes to ", processor.width, "x", processor.height,
-           " but the model takes ", c.image_size, "x", c.image_size);
+  const data::ImageProcessorConfig processor = train::model_image_processor(o.model, c.image_size);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
@@ -131,30 +126,12 @@ void run(const ImageClassifyOptions& o) {
                std::to_string(train_rows.size()) + " training / " + std::to_string(eval_rows.size()) +
                " evaluation images; " + std::to_string(total) + " steps on mesh " + deployer.mesh().str());
 
-  // collate: the images as pixel_values, decoded in parallel on the loader's thread, and labels.
-  train::CollateFn collate = [processor](const std::vector<data::Example>& rows) {
-    std::vector<std::string> paths;
-    std::vector<int64_t> labels;
-    for (const auto& r : rows) paths.push_back(r.str("image")), labels.push_back(r.as_int("label"));
-    return train::Batch{{"pixel_values", data::pixel_values(data::read_images(paths), processor)},
-                        {"labels", Array::from_vector(labels, {int64_t(rows.size())})}};
-  };
   std::shared_ptr<const models::PretrainedModel> frozen_model = model;
-  auto logits = [frozen_model](const Params& p, const Array& pixels, const RngKey& key, bool training) {
-    return models::vit_apply(frozen_model->config.as<models::VitConfig>(), p, pixels, key, training).logits;
-  };
-  train::Trainer trainer(
-      deployer, collate,
-      [logits](const Params& p, const train::Batch& b, const RngKey& key, bool training) {
-        return cross_entropy(logits(p, b["pixel_values"], key, training), b["labels"]);
-      },
-      std::move(model->params), opt, plan);
-  train::Predictor<int64_t> predictor(
-      deployer, collate,
-      [logits](const Params& p, const train::Batch& b) {
-        return train::Batch{{"prediction", argmax(logits(p, b["pixel_values"], RngKey{}, false), -1)}};
-      },
-      [](const train::Batch& host) { return host["prediction"].to_ints(); });
+  const train::CollateFn collate = train::image_classifier_collate(processor);
+  train::Trainer trainer(deployer, collate, train::image_classifier_loss_fn(frozen_model), std::move(model->params), opt,
+                         plan);
+  train::Predictor<int64_t> predictor(deployer, collate, train::image_classifier_predict_fn(frozen_model),
+                                      [](const train::Batch& host) { return host["prediction"].to_ints(); });
   std::vector<int64_t> last_predictions;
   f.eval_fn = [&](const Params& p) {
     last_predictions = predictor.predict(p, eval_set, o.length.per_device_batch_size);
@@ -166,6 +143,7 @@ void run(const ImageClassifyOptions& o) {
   apply_run_flags(o.run, f);
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "", model->config.lora());
   f.checkpoint_extra["schedule_steps"] = span;
+  f.checkpoint_extra[train::kImageProcessorKey] = processor.to_json();  // eval and generate preprocess alike
   f.learning_rate = lr;
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();

@@ -3,7 +3,8 @@
 // one folder per class): a small ViT trained from scratch classifies 150 held-out images with
 // at least 0.9 accuracy; eval_results.json's accuracy is predictions.jsonl's; transformers loads
 // the model folder (ViTForImageClassification, its ViTImageProcessor and id2label) and
-// classifies as meshtrain did; training continues from that folder. Bad input: an evaluation
+// classifies as meshtrain did; `eval` and `generate --image` score and classify as training
+// did; training continues from that folder. Bad input: an evaluation
 // class the training split lacks, an unreadable image (stopped before training with nothing
 // written, or skipped and counted).
 #include <gtest/gtest.h>
@@ -66,6 +67,19 @@ TEST_F(ImageClassifyE2E, ClassifiesHeldOutShapesAndTransformersAgrees) {
   const auto theirs = json::parse(hf.std_out).get<std::vector<std::string>>();
   ASSERT_EQ(theirs.size(), 30u);
   for (size_t i = 0; i < theirs.size(); ++i) EXPECT_EQ(theirs[i], predictions[i * 5]) << images[i * 5];
+
+  // eval scores the run (its last checkpoint, preprocessed as its meta.json records) and the
+  // exported folder as training's last evaluation did; generate --image names the class.
+  for (const std::string model : {out.string(), (out / "model").string()}) {
+    const CliRun e = run_cli("eval --model " + model + " --image-dir " + (data_ / "eval").string() + " --output " +
+                             (dir_ / "eval.json").string());
+    ASSERT_EQ(e.code, 0) << e.out;
+    const json scored = json::parse(std::ifstream(dir_ / "eval.json"));
+    EXPECT_NEAR(scored.at("eval_accuracy").get<double>(), results.at("accuracy").get<double>(), 1e-12) << model;
+  }
+  const CliRun g = run_cli("generate --model " + (out / "model").string() + " --image " + images[0] + " --image " + images[77]);
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_EQ(g.std_out, predictions[0] + "\n" + predictions[77] + "\n") << g.out;
 
   // Training goes on from the exported folder (its classes, weights and image processor).
   const CliRun more = run_cli(command(dir_ / "more", (data_ / "eval").string(), "--model " + (out / "model").string() +

@@ -1,4 +1,4 @@
-#include "meshtrain/train/captioner_processor.h"
+#include "meshtrain/train/model_image_processor.h"
 
 #include <filesystem>
 
@@ -10,10 +10,9 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-data::ImageProcessorConfig captioner_image_processor(const std::string& model_path,
-                                                     const models::VisionEncoderDecoderConfig& c) {
+data::ImageProcessorConfig model_image_processor(const std::string& model_path, int64_t image_size) {
   data::ImageProcessorConfig processor;
-  processor.height = processor.width = c.encoder.image_size;
+  processor.height = processor.width = image_size;
   std::string source = "the default";
   if (!model_path.empty() && is_checkpoint_path(model_path)) {
     const std::string meta = (fs::path(resolve_checkpoint(model_path)) / "meta.json").string();
@@ -26,9 +25,9 @@ data::ImageProcessorConfig captioner_image_processor(const std::string& model_pa
     processor = data::load_image_processor_config(model_path);
     source = (fs::path(model_path) / "preprocessor_config.json").string();
   }
-  MT_CHECK(processor.do_resize && processor.height == c.encoder.image_size && processor.width == c.encoder.image_size,
-           "[caption] ", source, " image processor resizes to ", processor.width, "x", processor.height,
-           " but the encoder takes ", c.encoder.image_size, "x", c.encoder.image_size);
+  MT_CHECK(processor.do_resize && processor.height == image_size && processor.width == image_size,
+           "[image processor] ", source, " resizes to ", processor.width, "x", processor.height,
+           " but the model takes ", image_size, "x", image_size);
   return processor;
 }
 
