@@ -23,7 +23,6 @@
 #include "meshtrain/train/caption_task.h"
 #include "meshtrain/train/model_image_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
-#include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::cli {
 namespace {
@@ -122,22 +121,14 @@ void run(const CaptionOptions& o) {
   train::CollateFn collate = train::caption_collate(processor, t);
   train::Trainer trainer(deployer, collate, train::caption_loss_fn(frozen_model), std::move(model->params), opt, plan);
 
-  models::GenerationConfig g;
-  g.max_new_tokens = o.max_target_length;
-  g.num_beams = o.num_beams;
-  g.pad_token_id = c.pad_token_id;
-  train::Predictor<std::vector<int64_t>> predictor(
-      deployer, collate, train::caption_predict_fn(frozen_model, g),
-      [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
+  train::Predictor<std::string> predictor =
+      train::caption_predictor(deployer, frozen_model, processor, t, o.num_beams, tok);
   std::vector<std::string> last_predictions;
   std::vector<std::vector<std::string>> references;
   for (const auto& row : eval_rows) references.push_back(row.captions);
   auto evaluate = [&](const Params& p) {
-    std::vector<std::string> predictions;
-    for (const auto& ids : predictor.predict(p, eval_set, o.length.per_device_batch_size))
-      predictions.push_back(train::caption_text(*tok, ids, c.eos_token_id, c.pad_token_id));
-    last_predictions = predictions;
-    return train::caption_metrics(predictions, references);
+    last_predictions = predictor.predict(p, eval_set, o.length.per_device_batch_size);
+    return train::caption_metrics(last_predictions, references);
   };
   f.eval_fn = evaluate;
   f.save_best_by = "max:bleu";

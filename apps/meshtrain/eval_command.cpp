@@ -16,6 +16,7 @@
 #include "meshtrain/data/caption_rows.h"
 #include "meshtrain/data/classification_files.h"
 #include "meshtrain/data/image_folder.h"
+#include "meshtrain/models/class_labels.h"
 #include "meshtrain/models/vit.h"
 #include "meshtrain/train/image_classifier_task.h"
 #include "meshtrain/io/mapped_file.h"
@@ -26,7 +27,6 @@
 #include "meshtrain/train/caption_task.h"
 #include "meshtrain/train/model_image_processor.h"
 #include "meshtrain/train/checkpoint_model.h"
-#include "meshtrain/train/seq2seq_task.h"
 #include "meshtrain/train/predictor.h"
 
 namespace mt::cli {
@@ -101,9 +101,7 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
   if (!o.validation_file.empty()) {
     // The classes are the model's id2label (numbered 0..n-1 when it has only placeholders).
     const models::BertConfig& c = model.config.as<models::BertConfig>();
-    std::vector<std::string> classes = c.label_names;
-    if (classes.empty() && c.num_labels > 1)
-      for (int64_t i = 0; i < c.num_labels; ++i) classes.push_back(std::to_string(i));
+    const std::vector<std::string> classes = c.num_labels > 1 ? models::class_names(c.num_labels, c.label_names) : c.label_names;
     task = data::classification_task(o.validation_file, classes);
     rows = data::read_classification_rows(o.validation_file, task);
   } else {
@@ -138,20 +136,13 @@ json eval_captioner(train::Deployer& deployer, const models::PretrainedModel& mo
                                  o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop, &skipped);
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   MT_CHECK(!rows.empty(), "[eval] ", o.data.data, " lists no readable images");
-  auto shared = std::make_shared<const models::PretrainedModel>(model);
-  models::GenerationConfig g;
-  g.max_new_tokens = o.max_target_length;
-  g.num_beams = o.num_beams;
-  g.pad_token_id = c.pad_token_id;
   const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
-  train::Predictor<std::vector<int64_t>> predictor(
-      deployer, train::caption_collate(train::model_image_processor(o.model, c.encoder.image_size), t), train::caption_predict_fn(shared, g),
-      [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
-  std::vector<std::string> predictions;
+  train::Predictor<std::string> predictor =
+      train::caption_predictor(deployer, std::make_shared<const models::PretrainedModel>(model),
+                               train::model_image_processor(o.model, c.encoder.image_size), t, o.num_beams, model.tokenizer);
+  const std::vector<std::string> predictions =
+      predictor.predict(params, data::make_dataset(train::caption_eval_examples(rows)), o.per_device_batch_size);
   std::vector<std::vector<std::string>> references;
-  for (const auto& ids : predictor.predict(params, data::make_dataset(train::caption_eval_examples(rows)),
-                                           o.per_device_batch_size))
-    predictions.push_back(train::caption_text(*model.tokenizer, ids, c.eos_token_id, c.pad_token_id));
   for (const auto& row : rows) references.push_back(row.captions);
   json result = {{"data", o.data.data}, {"images", rows.size()}, {"skipped_images", skipped}, {"num_beams", o.num_beams}};
   for (const auto& [k, v] : train::caption_metrics(predictions, references)) result["eval_" + k] = v;
@@ -170,15 +161,11 @@ json eval_image_classifier(train::Deployer& deployer, const models::PretrainedMo
                            const EvalOptions& o) {
   MT_CHECK(!o.image_dir.empty(), "[eval] an image classifier is evaluated on --image-dir DIR (DIR/<class>/<image>)");
   const auto& c = model.config.as<models::VitConfig>();
-  std::vector<std::string> classes = c.label_names;
-  if (classes.empty())
-    for (int64_t i = 0; i < c.num_labels; ++i) classes.push_back(std::to_string(i));
-  data::ImageFolder folder = data::read_image_folder(o.image_dir, classes);
+  const std::vector<std::string> classes = models::class_names(c.num_labels, c.label_names);
   size_t skipped = 0;
-  folder.images = data::check_images(folder.images, o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop,
-                                     &skipped);
-  std::vector<data::Example> rows;
-  for (size_t i = 0; i < folder.images.size(); ++i) rows.push_back({{"image", folder.images[i].image}, {"label", folder.label(i)}});
+  std::vector<data::Example> rows = train::image_classifier_examples(
+      data::read_image_folder(o.image_dir, classes), o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop,
+      &skipped);
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   auto shared = std::make_shared<const models::PretrainedModel>(model);
   train::Predictor<int64_t> predictor(deployer, train::image_classifier_collate(train::model_image_processor(o.model, c.image_size)),

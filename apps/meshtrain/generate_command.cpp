@@ -15,6 +15,7 @@
 #include "meshtrain/data/image_decode.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/vision_encoder_decoder.h"
+#include "meshtrain/models/class_labels.h"
 #include "meshtrain/models/vit.h"
 #include "meshtrain/train/image_classifier_task.h"
 #include "meshtrain/models/seq2seq_generate.h"
@@ -85,8 +86,8 @@ void classify_images(const models::PretrainedModel& m, const GenerateOptions& o)
   auto model = std::make_shared<const models::PretrainedModel>(m);
   const train::Batch out = train::image_classifier_predict_fn(model)(
       m.params, {{"pixel_values", data::pixel_values(images, train::model_image_processor(o.model, c.image_size))}});
-  for (int64_t id : out["prediction"].to_ints())
-    std::cout << (size_t(id) < c.label_names.size() ? c.label_names[size_t(id)] : std::to_string(id)) << "\n";
+  const std::vector<std::string> classes = models::class_names(c.num_labels, c.label_names);
+  for (int64_t id : out["prediction"].to_ints()) std::cout << classes.at(size_t(id)) << "\n";
 }
 
 // Captions of --image files by an image-to-text model, one line each in the order given.

@@ -95,12 +95,8 @@ void run(const ImageClassifyOptions& o) {
   const auto policy = o.skip_bad_images ? data::BadImages::skip : data::BadImages::stop;
   auto rows_of = [&](const data::ImageFolder& folder) {
     size_t skipped = 0;
-    data::ImageFolder kept = folder;
-    kept.images = data::check_images(folder.images, policy, &skipped);
+    std::vector<data::Example> rows = train::image_classifier_examples(folder, policy, &skipped);
     if (skipped > 0) deployer.log("image-classify: skipped " + std::to_string(skipped) + " unreadable images");
-    std::vector<data::Example> rows;
-    for (size_t i = 0; i < kept.images.size(); ++i)
-      rows.push_back({{"image", kept.images[i].image}, {"label", kept.label(i)}});
     return rows;
   };
   const std::vector<data::Example> train_rows = rows_of(train_folder), eval_rows = rows_of(eval_folder);

@@ -20,8 +20,8 @@ bool is_image_file(const fs::path& p) {
 
 }  // namespace
 
-int64_t ImageFolder::label(size_t i) const {
-  const std::string& name = images.at(i).captions.at(0);
+int64_t ImageFolder::label_of(const CaptionedImage& image) const {
+  const std::string& name = image.captions.at(0);
   return int64_t(std::find(classes.begin(), classes.end(), name) - classes.begin());
 }
 

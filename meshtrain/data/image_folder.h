@@ -16,9 +16,10 @@ namespace mt::data {
 struct ImageFolder {
   std::vector<std::string> classes;
   // Each image's path and its class name as its one "caption", so check_images (caption_rows.h)
-  // finds the unreadable ones before training; label(i) is its class's index.
+  // finds the unreadable ones before training.
   std::vector<CaptionedImage> images;
-  int64_t label(size_t i) const;
+  // The class index of one of `images` (or of one check_images kept).
+  int64_t label_of(const CaptionedImage& image) const;
 };
 
 // `classes` empty: the folder's own classes; otherwise the folder's subfolders must be among

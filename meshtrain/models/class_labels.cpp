@@ -49,4 +49,11 @@ void write_class_labels(nlohmann::json& j, int64_t num_labels, const std::vector
   j["label2id"] = label2id;
 }
 
+std::vector<std::string> class_names(int64_t num_labels, const std::vector<std::string>& names) {
+  if (!names.empty()) return names;
+  std::vector<std::string> numbered;
+  for (int64_t i = 0; i < num_labels; ++i) numbered.push_back(std::to_string(i));
+  return numbered;
+}
+
 }  // namespace mt::models

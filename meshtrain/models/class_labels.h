@@ -22,6 +22,8 @@ ClassLabels read_class_labels(const nlohmann::json& j, const char* what, int64_t
 // do not match the count are dropped (HF's generated LABEL_i are used).
 void override_class_labels(int64_t& num_labels, std::vector<std::string>& names, std::optional<int64_t> count,
                            const std::vector<std::string>& given_names);
+// The classes' names in id order for reports: the names, or "0".."n-1" where unnamed.
+std::vector<std::string> class_names(int64_t num_labels, const std::vector<std::string>& names);
 // id2label and label2id for config.json (LABEL_i where unnamed).
 void write_class_labels(nlohmann::json& j, int64_t num_labels, const std::vector<std::string>& names);
 

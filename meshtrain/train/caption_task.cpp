@@ -8,6 +8,7 @@
 #include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/tokenizers/tokenizer.h"
+#include "meshtrain/train/caption_metrics.h"
 #include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::train {
@@ -74,6 +75,23 @@ PredFn caption_predict_fn(std::shared_ptr<const models::PretrainedModel> model, 
     o.set("tokens", pack_token_rows(models::generate_captions(c, p, pixels, g).tokens, g.max_new_tokens));
     return o;
   };
+}
+
+Predictor<std::string> caption_predictor(Deployer& deployer, std::shared_ptr<const models::PretrainedModel> model,
+                                         const data::ImageProcessorConfig& processor, const CaptionTokens& t,
+                                         int64_t num_beams, std::shared_ptr<const tokenizers::Tokenizer> tok) {
+  MT_CHECK(num_beams >= 1, "[caption] the beam count must be >= 1, got ", num_beams);
+  models::GenerationConfig g;
+  g.max_new_tokens = t.max_target_length;
+  g.num_beams = num_beams;
+  g.pad_token_id = t.pad_id;
+  return Predictor<std::string>(deployer, caption_collate(processor, t), caption_predict_fn(std::move(model), g),
+                                [tok, t](const Batch& host) {
+                                  std::vector<std::string> texts;
+                                  for (const auto& ids : unpack_token_rows(host["tokens"]))
+                                    texts.push_back(caption_text(*tok, ids, t.eos_id, t.pad_id));
+                                  return texts;
+                                });
 }
 
 }  // namespace mt::train

@@ -45,4 +45,11 @@ LossFn caption_loss_fn(std::shared_ptr<const models::PretrainedModel> model);
 // parameters the Predictor passes): "tokens" (B, max_new_tokens) i64, -1 after each end.
 PredFn caption_predict_fn(std::shared_ptr<const models::PretrainedModel> model, models::GenerationConfig g);
 
+// The Predictor of captions as text for evaluation rows (caption_eval_examples): collate, beam
+// search with `num_beams` up to t.max_target_length tokens, and caption_text (caption_metrics.h).
+// What `meshtrain caption` evaluates each epoch and `meshtrain eval` scores.
+Predictor<std::string> caption_predictor(Deployer& deployer, std::shared_ptr<const models::PretrainedModel> model,
+                                         const data::ImageProcessorConfig& processor, const CaptionTokens& t,
+                                         int64_t num_beams, std::shared_ptr<const tokenizers::Tokenizer> tok);
+
 }  // namespace mt::train

@@ -18,6 +18,14 @@ Array classifier_logits(const models::PretrainedModel& model, const Params& p, c
 
 }  // namespace
 
+std::vector<data::Example> image_classifier_examples(const data::ImageFolder& folder, data::BadImages policy,
+                                                     size_t* skipped) {
+  std::vector<data::Example> rows;
+  for (const data::CaptionedImage& image : data::check_images(folder.images, policy, skipped))
+    rows.push_back({{"image", image.image}, {"label", folder.label_of(image)}});
+  return rows;
+}
+
 CollateFn image_classifier_collate(const data::ImageProcessorConfig& processor) {
   return [processor](const std::vector<data::Example>& rows) {
     std::vector<std::string> paths;

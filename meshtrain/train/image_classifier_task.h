@@ -5,6 +5,7 @@
 // `meshtrain image-classify`, `eval` and `generate --image` run them.
 #include <memory>
 
+#include "meshtrain/data/image_folder.h"
 #include "meshtrain/data/image_processor.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/train/predictor.h"
@@ -12,6 +13,11 @@
 
 namespace mt::train {
 
+// Rows {"image": path, "label": class index} of a folder's images, each decoded first (in
+// parallel): an unreadable one stops with its name, or under BadImages::skip is dropped and
+// counted in *skipped.
+std::vector<data::Example> image_classifier_examples(const data::ImageFolder& folder, data::BadImages policy,
+                                                     size_t* skipped = nullptr);
 // Rows {"image": path, "label": class index} -> {pixel_values (B, 3, H, W) f32, labels (B) i64}.
 CollateFn image_classifier_collate(const data::ImageProcessorConfig& processor);
 LossFn image_classifier_loss_fn(std::shared_ptr<const models::PretrainedModel> model);
