@@ -10,20 +10,29 @@
 
 namespace mt::kernels {
 
+// The constants of an Adam run: the same for every step, so they ride in the launch.
 struct AdamHyper {
   float b1, b2;  // moment decay rates
   float one_minus_b1, one_minus_b2;
-  float step_size;  // lr / (1 - b1^t)
-  float sqrt_bc2;   // sqrt(1 - b2^t)
   float eps;
-  float decay;  // lr · weight_decay (0: none)
+};
+
+// The values that change from step to step are read from device memory, an f32 array of
+// kAdamScalarCount the host rewrites before each step: a launch then carries nothing that
+// differs between steps, so a captured step replays with the next step's learning rate.
+enum AdamScalar : int {
+  kAdamStepSize = 0,  // lr / (1 - b1^t)
+  kAdamSqrtBc2 = 1,   // sqrt(1 - b2^t)
+  kAdamDecay = 2,     // lr · weight_decay, for the tensors that decay
+  kAdamScalarCount = 3
 };
 
 }  // namespace mt::kernels
 
 // adam_moments: out [2, n] f32 = (m', v') for f32 g, m, v: m' = b1·m + (1-b1)·g, v' = b2·v + (1-b2)·g².
-// adam_direction: out f32 = -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p (p read when
-//   decay != 0), torch's order of operations.
+// adam_direction: out f32 = -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p (p decays
+//   and is read when given), torch's order of operations; step_size, sqrt_bc2 and decay from
+//   `scalars` (f32 [kAdamScalarCount] on the tensors' device).
 // The multi-tensor forms take k tensors in one call (one launch per few dozen tensors on the GPU,
 // their pointers in the launch's parameters) and write one flat result; tensor j's elements
 // start at the sum of the numels before it. Element for element they compute what the
@@ -31,14 +40,15 @@ struct AdamHyper {
 // adam_moments_multi: in = g_0..g_{k-1}, m_0.., v_0..; out [2, total]: row 0 the m's, row 1 the
 //   v's. out may be the buffer the m's and v's are views of (each element is read before it is
 //   written).
-// adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; out [total]; tensor j decays by
-//   decays[j] (h.decay unused; p_j is read only where decays[j] != 0).
+// adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; out [total]; tensor j decays where
+//   decays[j] (p_j is read only there).
 #define MT_OPTIMIZER_KERNELS                                                                                   \
   void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out);  \
-  void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h, Array& out); \
+  void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h,                \
+                      const Array& scalars, Array& out);                                                      \
   void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& h, Array& out);              \
-  void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays,                   \
-                            const kernels::AdamHyper& h, Array& out);
+  void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays,                 \
+                            const kernels::AdamHyper& h, const Array& scalars, Array& out);
 
 namespace mt::cpu { MT_OPTIMIZER_KERNELS }
 namespace mt::cuda { MT_OPTIMIZER_KERNELS }

@@ -147,6 +147,15 @@ Array Array::to(Device target) const {
   return out;
 }
 
+void Array::write_from_host(const void* host) const {
+  MT_CHECK(!sharded(), "[write_from_host] ", str(), " is sharded: write its local block");
+  if (nbytes() == 0) return;
+  if (device().is_cpu())
+    std::memcpy(raw(), host, nbytes());
+  else
+    cuda_runtime().copy_from_host(raw(), host, nbytes());
+}
+
 Array Array::view_as_shape(const Shape& shape) const {
   MT_CHECK(shape.numel() == numel(), "[reshape] cannot view ", str(), " as shape ", shape.str());
   MT_CHECK(!sharded(), "[reshape] ", str(), " is sharded: views apply to local blocks");

@@ -82,6 +82,11 @@ class Array {
   std::vector<int64_t> to_ints() const;
   double item() const;  // the single element of a one-element array
 
+  // Overwrites this array's nbytes() with `host`'s, in place: on a GPU a copy ordered after
+  // the kernels already enqueued (they read the old values). For small per-step values that
+  // kernels read from memory rather than from their launch (a captured step's scalars).
+  void write_from_host(const void* host) const;
+
   // Same storage, no autodiff history.
   Array detach() const;
   // Storage copy on the same device (no history).

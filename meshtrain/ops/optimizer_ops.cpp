@@ -13,8 +13,16 @@ MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_mom
 namespace {
 
 kernels::AdamHyper hyper(const AdamStep& s) {
-  return {float(s.b1),        float(s.b2),       float(1 - s.b1), float(1 - s.b2),
-          float(s.step_size), float(s.sqrt_bc2), float(s.eps),    float(s.decay)};
+  return {float(s.b1), float(s.b2), float(1 - s.b1), float(1 - s.b2), float(s.eps)};
+}
+
+void check_scalars(const Array& scalars, const Array& like, const char* op) {
+  MT_CHECK(scalars.defined() && scalars.dtype() == DType::f32 && scalars.numel() == kernels::kAdamScalarCount &&
+               !scalars.sharded(),
+           "[", op, "] expects the step's scalars as a plain f32 array of ", int(kernels::kAdamScalarCount),
+           " (adam_step_scalars), got ", scalars.defined() ? scalars.str() : std::string("an undefined array"));
+  MT_CHECK(scalars.device() == like.device(), "[", op, "] the step's scalars are on ", scalars.device().str(),
+           ", the tensors on ", like.device().str());
 }
 
 prim::OutputInfo check_f32_same_shape(const std::vector<Array>& in, const char* op) {
@@ -65,34 +73,41 @@ class AdamMomentsPrimitive final : public prim::Primitive {
   kernels::AdamHyper h_;
 };
 
+// Inputs m, v, p, scalars; p decays when `decays`.
 class AdamDirectionPrimitive final : public prim::Primitive {
  public:
-  explicit AdamDirectionPrimitive(const AdamStep& s) : h_(hyper(s)) {}
+  AdamDirectionPrimitive(const AdamStep& s, bool decays) : h_(hyper(s)), decays_(decays) {}
   const char* name() const override { return "adam_direction"; }
-  prim::OutputInfo infer(const std::vector<Array>& in) const override { return check_f32_same_shape(in, name()); }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    MT_CHECK(in.size() == 4, "[", name(), "] expects m, v, p and the step's scalars, got ", in.size(), " arrays");
+    check_scalars(in[3], in[0], name());
+    return check_f32_same_shape({in[0], in[1], in[2]}, name());
+  }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    MT_KERNEL(out, adam_direction, in[0], in[1], h_.decay != 0.0f ? &in[2] : nullptr, h_, out);
+    MT_KERNEL(out, adam_direction, in[0], in[1], decays_ ? &in[2] : nullptr, h_, in[3], out);
     return out;
   }
   bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
   uint32_t keeps_inputs() const override { return 0; }
   prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
     const double n = double(in[0].numel());
-    return {6 * n, 4.0 * (3 + (h_.decay != 0.0f)) * n};
+    return {6 * n, 4.0 * (3 + decays_) * n};
   }
 
  private:
   kernels::AdamHyper h_;
+  bool decays_;
 };
 
-// Inputs of the multi-tensor primitives: three groups of k f32 arrays; group 0's shapes name
-// the tensors, the others must match them one for one.
-int64_t check_groups(const std::vector<Array>& in, const char* op) {
-  MT_CHECK(!in.empty() && in.size() % 3 == 0, "[", op, "] expects three groups of k arrays, got ", in.size());
-  const size_t k = in.size() / 3;
+// Inputs of the multi-tensor primitives: three groups of k f32 arrays (the first 3k of `in`);
+// group 0's shapes name the tensors, the others must match them one for one.
+int64_t check_groups(const std::vector<Array>& in, size_t count, const char* op) {
+  MT_CHECK(count > 0 && count % 3 == 0 && count <= in.size(), "[", op, "] expects three groups of k arrays, got ",
+           count);
+  const size_t k = count / 3;
   int64_t total = 0;
-  for (size_t i = 0; i < in.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     MT_CHECK(in[i].dtype() == DType::f32, "[", op, "] expects f32 arrays, got ", in[i].str(), " (input ", i, ")");
     MT_CHECK(in[i].shape() == in[i % k].shape(), "[", op, "] tensor ", i % k, ": shapes differ: ", in[i % k].str(),
              " and ", in[i].str());
@@ -123,14 +138,13 @@ Array flat_moments_to_reuse(const std::vector<Array>& in, const prim::OutputInfo
   return Array(std::move(impl));
 }
 
-std::vector<float> as_floats(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 class AdamMomentsMultiPrimitive final : public prim::Primitive {
  public:
   explicit AdamMomentsMultiPrimitive(const AdamStep& s) : h_(hyper(s)) {}
   const char* name() const override { return "adam_moments_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    return {Shape({2, check_groups(in, name())}), DType::f32};
+    return {Shape({2, check_groups(in, in.size(), name())}), DType::f32};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = flat_moments_to_reuse(in, o);
@@ -149,19 +163,23 @@ class AdamMomentsMultiPrimitive final : public prim::Primitive {
   kernels::AdamHyper h_;
 };
 
+// Inputs m_0.., v_0.., p_0.. and last the step's scalars.
 class AdamDirectionMultiPrimitive final : public prim::Primitive {
  public:
-  AdamDirectionMultiPrimitive(const AdamStep& s, std::vector<float> decays) : h_(hyper(s)), decays_(std::move(decays)) {}
+  AdamDirectionMultiPrimitive(const AdamStep& s, std::vector<uint8_t> decays) : h_(hyper(s)), decays_(std::move(decays)) {}
   const char* name() const override { return "adam_direction_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    const int64_t total = check_groups(in, name());
+    MT_CHECK(!in.empty(), "[", name(), "] no inputs");
+    const int64_t total = check_groups(in, in.size() - 1, name());
+    check_scalars(in.back(), in[0], name());
     MT_CHECK(decays_.size() == in.size() / 3, "[", name(), "] ", decays_.size(), " decays for ", in.size() / 3,
              " tensors");
     return {Shape({total}), DType::f32};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    MT_KERNEL(out, adam_direction_multi, in, decays_, h_, out);
+    const std::vector<Array> tensors(in.begin(), in.end() - 1);
+    MT_KERNEL(out, adam_direction_multi, tensors, decays_, h_, in.back(), out);
     return out;
   }
   bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
@@ -173,7 +191,7 @@ class AdamDirectionMultiPrimitive final : public prim::Primitive {
 
  private:
   kernels::AdamHyper h_;
-  std::vector<float> decays_;
+  std::vector<uint8_t> decays_;
 };
 
 }  // namespace
@@ -192,17 +210,35 @@ Array adam_moments_multi(const std::vector<Array>& g, std::vector<Array> m, std:
 }
 
 Array adam_direction_multi(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
-                           const AdamStep& step, const std::vector<double>& decays) {
+                           const AdamStep& step, const std::vector<bool>& decays, const Array& scalars) {
   MT_CHECK(m.size() == v.size() && m.size() == p.size(), "[adam_direction_multi] ", m.size(), " m's, ", v.size(),
            " v's and ", p.size(), " parameters");
   std::vector<Array> in;
-  in.reserve(3 * m.size());
+  in.reserve(3 * m.size() + 1);
   for (const auto* group : {&m, &v, &p})
     for (const Array& a : *group) {
       MT_CHECK(a.defined(), "[adam_direction_multi] undefined input array");
       in.push_back(a);
     }
-  return prim::apply(std::make_shared<AdamDirectionMultiPrimitive>(step, as_floats(decays)), in);
+  in.push_back(scalars);
+  return prim::apply(
+      std::make_shared<AdamDirectionMultiPrimitive>(step, std::vector<uint8_t>(decays.begin(), decays.end())), in);
+}
+
+Array adam_step_scalars(const AdamStep& step, Device device) {
+  Array scalars = Array::empty(Shape({kernels::kAdamScalarCount}), DType::f32, device);
+  write_adam_step_scalars(scalars, step);
+  return scalars;
+}
+
+void write_adam_step_scalars(const Array& scalars, const AdamStep& step) {
+  MT_CHECK(scalars.dtype() == DType::f32 && scalars.numel() == kernels::kAdamScalarCount,
+           "[write_adam_step_scalars] expects an f32 array of ", int(kernels::kAdamScalarCount), ", got ", scalars.str());
+  float values[kernels::kAdamScalarCount];
+  values[kernels::kAdamStepSize] = float(step.step_size);
+  values[kernels::kAdamSqrtBc2] = float(step.sqrt_bc2);
+  values[kernels::kAdamDecay] = float(step.decay);
+  scalars.write_from_host(values);
 }
 
 Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step) {
@@ -215,9 +251,14 @@ Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step) {
   return prim::apply(std::make_shared<AdamMomentsPrimitive>(step), in);
 }
 
-Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step) {
+Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step, const Array& scalars) {
   MT_CHECK(m.defined() && v.defined() && p.defined(), "[adam_direction] undefined input array");
-  return prim::apply(std::make_shared<AdamDirectionPrimitive>(step), {m, v, p});
+  return prim::apply(std::make_shared<AdamDirectionPrimitive>(step, step.decay != 0.0), {m, v, p, scalars});
+}
+
+Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step) {
+  MT_CHECK(m.defined(), "[adam_direction] undefined input array");
+  return adam_direction(m, v, p, step, adam_step_scalars(step, m.device()));
 }
 
 }  // namespace mt

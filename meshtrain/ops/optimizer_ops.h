@@ -15,23 +15,34 @@ struct AdamStep {
   double decay = 0;      // lr · weight_decay, applied to p (AdamW); 0: p is not read
 };
 
+// The values of `step` that change from step to step (step size, bias correction, decay), as
+// the direction kernels read them: f32 [3] on `device`. The AdamW transform keeps one and
+// rewrites it before each step (write_adam_step_scalars), so no launch of its step carries a
+// per-step value and a captured step replays with the current learning rate.
+Array adam_step_scalars(const AdamStep& step, Device device);
+void write_adam_step_scalars(const Array& scalars, const AdamStep& step);
+
 // Adam's moments for f32 arrays of one shape: [2, ...g.shape] = (m', v') with
 // m' = b1·m + (1-b1)·g and v' = b2·v + (1-b2)·g², rounded as the composed ops and torch round.
 // When m and v are rows 0 and 1 of an earlier result, moved in as the only handles to it,
 // the new moments overwrite it (no second copy of the optimizer state during the update).
 Array adam_moments(const Array& g, Array m, Array v, const AdamStep& step);
-// The update from the new moments: -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p.
+// The update from the new moments: -(m / (sqrt(v) / sqrt_bc2 + eps)) · step_size - decay · p,
+// with step_size, sqrt_bc2 and decay read from `scalars` (adam_step_scalars; the second form
+// makes them from `step`).
+Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step, const Array& scalars);
 Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step);
 
 // Multi-tensor forms: k parameters' moments and updates in one call each (a few kernel
 // launches on the GPU instead of two per parameter), flat results in argument order.
 // adam_moments_multi -> [2, total]: row 0 holds m'_0, m'_1, ... one after another, row 1 the
 // v's. When m and v are the views of an earlier result in the same order (moved in as its only
-// handles), it is overwritten in place. adam_direction_multi -> [total] updates; tensor j
-// decays by decays[j] (0: p_j is not read).
+// handles), it is overwritten in place. adam_direction_multi -> [total] updates, the step's
+// values read from `scalars`; tensor j decays (by the scalars' decay) where decays[j], and
+// p_j is read only there.
 Array adam_moments_multi(const std::vector<Array>& g, std::vector<Array> m, std::vector<Array> v,
                          const AdamStep& step);
 Array adam_direction_multi(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
-                           const AdamStep& step, const std::vector<double>& decays);
+                           const AdamStep& step, const std::vector<bool>& decays, const Array& scalars);
 
 }  // namespace mt

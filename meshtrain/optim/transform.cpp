@@ -169,6 +169,10 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     write_count(s, 0);
     return s;
   };
+  // The fused kernels read the step's size, bias correction and decay from this buffer, which
+  // each update rewrites in place before its launches (adam_step_scalars): the launches are
+  // then the same from step to step, as a captured CUDA graph needs.
+  auto step_scalars = std::make_shared<Array>();
   // The gradients come by value (moved in by the Trainer and chain) so that they are freed
   // once the moments have read them: the updates are then written into memory the gradients
   // held, and the step's peak is parameters + moments + one gradient-sized buffer, not two
@@ -187,7 +191,7 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     // the next step overwrites in place.
     std::vector<std::string> fused;
     std::vector<Array> fused_g, fused_m, fused_v, fused_p;
-    std::vector<double> fused_decay;
+    std::vector<bool> fused_decay;
     for (const auto& [path, g] : grads) {
       Array &m_slot = state.at("mu." + path), &v_slot = state.at("nu." + path);
       const Array &m0 = m_slot, &v0 = v_slot, &p = params[path];
@@ -200,7 +204,7 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
         fused_v.push_back(local_block(v_slot));
         m_slot = Array(), v_slot = Array();
         fused_p.push_back(local_block(p));
-        fused_decay.push_back(decays ? rate * weight_decay : 0.0);
+        fused_decay.push_back(decays);
         continue;
       }
       Array m = add(mul(m0, b1), mul(g, 1 - b1));
@@ -213,7 +217,12 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       out.set(path, u);
     }
     if (!fused.empty()) {
-      const AdamStep s{b1, b2, step_size, sqrt_bc2, eps, 0.0};
+      const AdamStep s{b1, b2, step_size, sqrt_bc2, eps, rate * weight_decay};
+      const Device device = fused_g.front().device();
+      if (!step_scalars->defined() || step_scalars->device() != device)
+        *step_scalars = adam_step_scalars(s, device);
+      else
+        write_adam_step_scalars(*step_scalars, s);
       std::vector<Shape> shapes;
       for (const Array& g : fused_g) shapes.push_back(g.shape());
       std::vector<Array> ms, vs;
@@ -224,7 +233,8 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       }
       fused_g.clear();
       grads = Params{};  // read by the moments, no longer needed: freed before the updates exist
-      const std::vector<Array> updates = cut_flat(adam_direction_multi(ms, vs, fused_p, s, fused_decay), shapes);
+      const std::vector<Array> updates =
+          cut_flat(adam_direction_multi(ms, vs, fused_p, s, fused_decay, *step_scalars), shapes);
       for (size_t j = 0; j < fused.size(); ++j) {
         const Array& p = params[fused[j]];
         state.at("mu." + fused[j]) = like_layout(std::move(ms[j]), p);

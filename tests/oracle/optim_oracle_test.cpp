@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "meshtrain/ops/optimizer_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "tests/support/op_check.h"
 
@@ -164,6 +165,62 @@ TEST(Optim, FusedAdamWEqualsTheComposedOps) {
     }
   }
   prim::set_op_observer(previous);
+}
+
+// A captured CUDA graph replays its launches as recorded, so nothing that changes from step to
+// step may ride in them. AdamW's step size, bias correction and decay sit in one small buffer
+// the transform rewrites before each step; the kernels read it at run time.
+TEST(Optim, AdamWReadsItsPerStepValuesFromOneBuffer) {
+  Params params{{"w", random_normal({6, 5}, 1)}, {"b", random_normal({5}, 2)}};
+  const double b1 = 0.9, b2 = 0.999, wd = 0.01;
+  const optim::Schedule lr = optim::warmup_linear_decay_schedule(1e-3, 2, 6);  // a new rate every step
+  optim::Transform opt = optim::adamw(lr, b1, b2, 1e-8, wd);
+  Params state = opt.init(params);
+  const void* buffer = nullptr;
+  std::vector<float> seen;
+  prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) {
+    if (std::string(e.primitive.name()) != "adam_direction_multi") return;
+    const Array& scalars = e.inputs.back();
+    if (!buffer) buffer = scalars.raw();
+    EXPECT_EQ(scalars.raw(), buffer) << "the step's scalars moved";
+    const float* s = scalars.data<float>();  // a CPU array: read in place
+    seen.assign(s, s + scalars.numel());
+  });
+  for (int t = 1; t <= 4; ++t) {
+    Params grads{{"w", random_normal({6, 5}, 10 + t)}, {"b", random_normal({5}, 20 + t)}};
+    params = optim::apply_updates(params, opt.update(grads, state, params));
+    const double rate = lr(t - 1);
+    ASSERT_EQ(seen.size(), 3u);
+    EXPECT_EQ(seen[0], float(rate / (1 - std::pow(b1, t)))) << "step size, step " << t;
+    EXPECT_EQ(seen[1], float(std::sqrt(1 - std::pow(b2, t)))) << "bias correction, step " << t;
+    EXPECT_EQ(seen[2], float(rate * wd)) << "decay, step " << t;
+  }
+  prim::set_op_observer(previous);
+}
+
+// The direction kernels take only the run's constants from their call: the same call with its
+// scalars buffer rewritten for another step computes that step's update.
+TEST(Optim, AdamDirectionTakesTheStepFromItsBuffer) {
+  auto step_at = [](int t, double lr) {
+    AdamStep s;
+    s.step_size = lr / (1 - std::pow(s.b1, t));
+    s.sqrt_bc2 = std::sqrt(1 - std::pow(s.b2, t));
+    s.decay = lr * 0.01;
+    return s;
+  };
+  const AdamStep early = step_at(2, 1e-4), late = step_at(9, 3e-3);
+  const std::vector<Array> m = {random_normal({4, 3}, 1), random_normal({7}, 2)};
+  const std::vector<Array> v = {mul(square(random_normal({4, 3}, 3)), 0.01), mul(square(random_normal({7}, 4)), 0.01)};
+  const std::vector<Array> p = {random_normal({4, 3}, 5), random_normal({7}, 6)};
+  const Array expected = adam_direction_multi(m, v, p, late, {true, false}, adam_step_scalars(late, Device::cpu()));
+  const Array scalars = adam_step_scalars(early, Device::cpu());
+  const Array before = adam_direction_multi(m, v, p, early, {true, false}, scalars);
+  write_adam_step_scalars(scalars, late);
+  const Array after = adam_direction_multi(m, v, p, early, {true, false}, scalars);
+  EXPECT_GT(max_abs_diff(before, expected), 1e-4);
+  EXPECT_EQ(max_abs_diff(after, expected), 0.0);
+  expect_error([&] { adam_direction_multi(m, v, p, late, {true, false}, Array::zeros({2})); },
+               {"[adam_direction_multi]", "scalars", "f32(2,)"});
 }
 
 // Composite transforms hand their inner transform its state by moving it out, so a chained

@@ -241,7 +241,7 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"adam_direction_multi", direction_in,
                [adam](const std::vector<Array>& in) {
                  return adam_direction_multi({in[0], in[1], in[2]}, {in[3], in[4], in[5]}, {in[6], in[7], in[8]}, adam,
-                                             {adam.decay, 0.0, adam.decay});
+                                             {true, false, true}, adam_step_scalars(adam, in[0].device()));
                },
                "import math\nbc1, bc2 = 1 - 0.9 ** 3, 1 - 0.999 ** 3\n"
                "m, v, p, d = [x0, x1, x2], [x3, x4, x5], [x6, x7, x8], [1e-3 * 0.01, 0.0, 1e-3 * 0.01]\n"

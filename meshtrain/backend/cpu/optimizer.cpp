@@ -21,15 +21,24 @@ void moments(const float* gp, const float* mp, const float* vp, int64_t n, const
   }
 }
 
-void direction(const float* mp, const float* vp, const float* pp, int64_t n, const AdamHyper k, const float decay,
+// The step's values, read from their buffer (in place: a CPU array waits for nothing).
+struct StepValues {
+  float step_size, sqrt_bc2, decay;
+};
+StepValues step_values(const Array& scalars) {
+  const float* s = scalars.data<float>();
+  return {s[kernels::kAdamStepSize], s[kernels::kAdamSqrtBc2], s[kernels::kAdamDecay]};
+}
+
+void direction(const float* mp, const float* vp, const float* pp, int64_t n, const float eps, const StepValues t,
                float* uo) {
-  const float neg_step = -k.step_size;
+  const float neg_step = -t.step_size, sqrt_bc2 = t.sqrt_bc2, decay = t.decay;
   if (pp) {
 #pragma omp parallel for if (n > grain::compute) schedule(static)
-    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / k.sqrt_bc2 + k.eps)) * neg_step - pp[i] * decay;
+    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / sqrt_bc2 + eps)) * neg_step - pp[i] * decay;
   } else {
 #pragma omp parallel for if (n > grain::compute) schedule(static)
-    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / k.sqrt_bc2 + k.eps)) * neg_step;
+    for (int64_t i = 0; i < n; ++i) uo[i] = (mp[i] / (std::sqrt(vp[i]) / sqrt_bc2 + eps)) * neg_step;
   }
 }
 
@@ -40,8 +49,9 @@ void adam_moments(const Array& g, const Array& m, const Array& v, const AdamHype
   moments(g.data<float>(), m.data<float>(), v.data<float>(), n, h, out.data<float>(), out.data<float>() + n);
 }
 
-void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, Array& out) {
-  direction(m.data<float>(), v.data<float>(), p ? p->data<float>() : nullptr, m.numel(), h, h.decay,
+void adam_direction(const Array& m, const Array& v, const Array* p, const AdamHyper& h, const Array& scalars,
+                    Array& out) {
+  direction(m.data<float>(), v.data<float>(), p ? p->data<float>() : nullptr, m.numel(), h.eps, step_values(scalars),
             out.data<float>());
 }
 
@@ -58,15 +68,16 @@ void adam_moments_multi(const std::vector<Array>& in, const AdamHyper& h, Array&
   }
 }
 
-void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const AdamHyper& h,
-                          Array& out) {
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays, const AdamHyper& h,
+                          const Array& scalars, Array& out) {
   const size_t k = in.size() / 3;
+  const StepValues t = step_values(scalars);
   float* uo = out.data<float>();
   int64_t offset = 0;
   for (size_t j = 0; j < k; ++j) {
     const int64_t n = in[j].numel();
-    direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] != 0.0f ? in[2 * k + j].data<float>() : nullptr,
-              n, h, decays[j], uo + offset);
+    direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] ? in[2 * k + j].data<float>() : nullptr, n,
+              h.eps, t, uo + offset);
     offset += n;
   }
 }

@@ -99,9 +99,12 @@ void dropout(const Array&, Array&, const RngKey&, double, const kernels::StreamB
 void dropout_add(const Array&, const Array&, Array&, const RngKey&, double, const kernels::StreamBlock&) { no_cuda(); }
 void cross_entropy_count(const Array&, int64_t, Array&) { no_cuda(); }
 void adam_moments(const Array&, const Array&, const Array&, const kernels::AdamHyper&, Array&) { no_cuda(); }
-void adam_direction(const Array&, const Array&, const Array*, const kernels::AdamHyper&, Array&) { no_cuda(); }
+void adam_direction(const Array&, const Array&, const Array*, const kernels::AdamHyper&, const Array&, Array&) {
+  no_cuda();
+}
 void adam_moments_multi(const std::vector<Array>&, const kernels::AdamHyper&, Array&) { no_cuda(); }
-void adam_direction_multi(const std::vector<Array>&, const std::vector<float>&, const kernels::AdamHyper&, Array&) {
+void adam_direction_multi(const std::vector<Array>&, const std::vector<uint8_t>&, const kernels::AdamHyper&,
+                          const Array&, Array&) {
   no_cuda();
 }
 void matmul(kernels::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,

@@ -1,5 +1,7 @@
 // Adam/AdamW updates in two passes, with the CPU kernel's order of operations (this file is
-// compiled without FMA contraction, as cpu/optimizer.cpp is, so both round alike).
+// compiled without FMA contraction, as cpu/optimizer.cpp is, so both round alike). The step
+// size, bias correction and decay are loaded from the step's scalars buffer, not passed by
+// value: the launches of one step equal the next step's, so a CUDA graph can replay them.
 #include "meshtrain/backend/cuda/device_types.cuh"
 #include "meshtrain/backend/optimizer.h"
 
@@ -16,12 +18,13 @@ __global__ void adam_moments_kernel(const float* g, const float* m, const float*
   }
 }
 
-__global__ void adam_direction_kernel(const float* m, const float* v, const float* p, kernels::AdamHyper k, float* out,
-                                      int64_t n) {
-  const float neg_step = -k.step_size;
+__global__ void adam_direction_kernel(const float* m, const float* v, const float* p, kernels::AdamHyper k,
+                                      const float* scalars, float* out, int64_t n) {
+  const float neg_step = -scalars[kernels::kAdamStepSize], sqrt_bc2 = scalars[kernels::kAdamSqrtBc2],
+              decay = scalars[kernels::kAdamDecay];
   MT_GRID_LOOP(i, n) {
-    float u = (m[i] / (sqrtf(v[i]) / k.sqrt_bc2 + k.eps)) * neg_step;
-    if (p) u = u - p[i] * k.decay;
+    float u = (m[i] / (sqrtf(v[i]) / sqrt_bc2 + k.eps)) * neg_step;
+    if (p) u = u - p[i] * decay;
     out[i] = u;
   }
 }
@@ -36,7 +39,6 @@ struct Slice {
   const float* b;  // m or v
   const float* c;  // v or p (nullptr: no decay)
   int64_t n, offset;
-  float decay;
   int first_block;  // blocks before this tensor's in the launch
 };
 struct SliceTable {
@@ -62,22 +64,24 @@ __global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, 
   }
 }
 
-__global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, kernels::AdamHyper k, float* out) {
+__global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, kernels::AdamHyper k,
+                                            const float* scalars, float* out) {
   const Slice& s = slice_of_block(t);
   const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
   const int64_t end = min(s.n, start + kTile);
-  const float neg_step = -k.step_size;
+  const float neg_step = -scalars[kernels::kAdamStepSize], sqrt_bc2 = scalars[kernels::kAdamSqrtBc2],
+              decay = scalars[kernels::kAdamDecay];
   for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
-    float u = (s.a[i] / (sqrtf(s.b[i]) / k.sqrt_bc2 + k.eps)) * neg_step;
-    if (s.c) u = u - s.c[i] * s.decay;
+    float u = (s.a[i] / (sqrtf(s.b[i]) / sqrt_bc2 + k.eps)) * neg_step;
+    if (s.c) u = u - s.c[i] * decay;
     out[s.offset + i] = u;
   }
 }
 
 // Launches `kernel` over the k tensors of `in` (three operand groups a, b, c) in tables of
-// kSlices; c_of(j) is tensor j's third operand or nullptr, decay_of(j) its decay.
-template <class Launch, class COf, class DecayOf>
-void launch_tables(const std::vector<Array>& in, COf c_of, DecayOf decay_of, Launch launch) {
+// kSlices; c_of(j) is tensor j's third operand or nullptr.
+template <class Launch, class COf>
+void launch_tables(const std::vector<Array>& in, COf c_of, Launch launch) {
   const size_t k = in.size() / 3;
   SliceTable t{};
   int blocks = 0;
@@ -92,7 +96,7 @@ void launch_tables(const std::vector<Array>& in, COf c_of, DecayOf decay_of, Lau
     if (n > 0) {
       const int64_t tensor_blocks = (n + kTile - 1) / kTile;
       if (t.count == kSlices || int64_t(blocks) + tensor_blocks > (int64_t(1) << 30)) flush();
-      t.s[t.count++] = {ptr<float>(in[j]), ptr<float>(in[k + j]), c_of(j), n, offset, decay_of(j), blocks};
+      t.s[t.count++] = {ptr<float>(in[j]), ptr<float>(in[k + j]), c_of(j), n, offset, blocks};
       blocks += int(tensor_blocks);
     }
     offset += n;
@@ -107,22 +111,22 @@ void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& 
   float* mo = mptr<float>(out);
   float* vo = mo + out.numel() / 2;
   launch_tables(
-      in, [&](size_t j) { return ptr<float>(in[2 * k + j]); }, [](size_t) { return 0.0f; },
+      in, [&](size_t j) { return ptr<float>(in[2 * k + j]); },
       [&](const SliceTable& t, int blocks) {
         adam_moments_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, mo, vo);
         check_launch("adam_moments_multi");
       });
 }
 
-void adam_direction_multi(const std::vector<Array>& in, const std::vector<float>& decays, const kernels::AdamHyper& h,
-                          Array& out) {
+void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays, const kernels::AdamHyper& h,
+                          const Array& scalars, Array& out) {
   const size_t k = in.size() / 3;
   float* uo = mptr<float>(out);
+  const float* s = ptr<float>(scalars);
   launch_tables(
-      in, [&](size_t j) { return decays[j] != 0.0f ? ptr<float>(in[2 * k + j]) : nullptr; },
-      [&](size_t j) { return decays[j]; },
+      in, [&](size_t j) { return decays[j] ? ptr<float>(in[2 * k + j]) : nullptr; },
       [&](const SliceTable& t, int blocks) {
-        adam_direction_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, uo);
+        adam_direction_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, s, uo);
         check_launch("adam_direction_multi");
       });
 }
@@ -136,11 +140,12 @@ void adam_moments(const Array& g, const Array& m, const Array& v, const kernels:
   check_launch("adam_moments");
 }
 
-void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h, Array& out) {
+void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h, const Array& scalars,
+                    Array& out) {
   const int64_t n = m.numel();
   if (n == 0) return;
-  adam_direction_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<float>(m), ptr<float>(v),
-                                                                  p ? ptr<float>(*p) : nullptr, h, mptr<float>(out), n);
+  adam_direction_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(
+      ptr<float>(m), ptr<float>(v), p ? ptr<float>(*p) : nullptr, h, ptr<float>(scalars), mptr<float>(out), n);
   check_launch("adam_direction");
 }
 
