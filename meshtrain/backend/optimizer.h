@@ -40,7 +40,8 @@ enum AdamScalar : int {
 // adam_moments_multi: in = g_0..g_{k-1}, m_0.., v_0..; out [2, total]: row 0 the m's, row 1 the
 //   v's. out may be the buffer the m's and v's are views of (each element is read before it is
 //   written).
-// adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; out [total]; tensor j decays where
+// adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; tensor j's update written to outs[j]
+//   (f32, its shape; distinct buffers, possibly views of one flat array); tensor j decays where
 //   decays[j] (p_j is read only there).
 #define MT_OPTIMIZER_KERNELS                                                                                   \
   void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out);  \
@@ -48,7 +49,7 @@ enum AdamScalar : int {
                       const Array& scalars, Array& out);                                                      \
   void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& h, Array& out);              \
   void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays,                 \
-                            const kernels::AdamHyper& h, const Array& scalars, Array& out);
+                            const kernels::AdamHyper& h, const Array& scalars, std::vector<Array>& outs);
 
 namespace mt::cpu { MT_OPTIMIZER_KERNELS }
 namespace mt::cuda { MT_OPTIMIZER_KERNELS }

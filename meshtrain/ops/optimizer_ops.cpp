@@ -163,29 +163,37 @@ class AdamMomentsMultiPrimitive final : public prim::Primitive {
   kernels::AdamHyper h_;
 };
 
-// Inputs m_0.., v_0.., p_0.. and last the step's scalars.
+// Inputs m_0.., v_0.., p_0.., the step's scalars, then k destinations d_0..: tensor j's update
+// is written over d_j (the builder hands in buffers nobody else can see) and the output is d_0.
 class AdamDirectionMultiPrimitive final : public prim::Primitive {
  public:
   AdamDirectionMultiPrimitive(const AdamStep& s, std::vector<uint8_t> decays) : h_(hyper(s)), decays_(std::move(decays)) {}
   const char* name() const override { return "adam_direction_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    MT_CHECK(!in.empty(), "[", name(), "] no inputs");
-    const int64_t total = check_groups(in, in.size() - 1, name());
-    check_scalars(in.back(), in[0], name());
-    MT_CHECK(decays_.size() == in.size() / 3, "[", name(), "] ", decays_.size(), " decays for ", in.size() / 3,
-             " tensors");
-    return {Shape({total}), DType::f32};
+    const size_t k = decays_.size();
+    MT_CHECK(k > 0 && in.size() == 4 * k + 1, "[", name(), "] expects m, v, p and destinations for ", k,
+             " tensors and the step's scalars, got ", in.size(), " arrays");
+    check_groups(in, 3 * k, name());
+    check_scalars(in[3 * k], in[0], name());
+    for (size_t j = 0; j < k; ++j) {
+      const Array& d = in[3 * k + 1 + j];
+      MT_CHECK(d.dtype() == DType::f32 && d.shape() == in[j].shape() && d.device() == in[j].device(), "[", name(),
+               "] tensor ", j, ": destination ", d.str(), " for an update of ", in[j].str());
+    }
+    return {in[0].shape(), DType::f32};
   }
-  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
-    Array out = Array::empty(o.shape, o.dtype);
-    const std::vector<Array> tensors(in.begin(), in.end() - 1);
-    MT_KERNEL(out, adam_direction_multi, tensors, decays_, h_, in.back(), out);
-    return out;
+  Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
+    const size_t k = decays_.size();
+    const std::vector<Array> tensors(in.begin(), in.begin() + std::ptrdiff_t(3 * k));
+    std::vector<Array> outs(in.begin() + std::ptrdiff_t(3 * k + 1), in.end());
+    MT_KERNEL(outs[0], adam_direction_multi, tensors, decays_, h_, in[3 * k], outs);
+    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));  // a second handle, not the input's
   }
   bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
   uint32_t keeps_inputs() const override { return 0; }
-  prim::Cost cost(const std::vector<Array>&, const prim::OutputInfo& o) const override {
-    const double n = double(o.shape.numel());
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double n = 0;
+    for (size_t j = 0; j < decays_.size(); ++j) n += double(in[j].numel());
     return {6 * n, 4.0 * 4 * n};
   }
 
@@ -209,20 +217,71 @@ Array adam_moments_multi(const std::vector<Array>& g, std::vector<Array> m, std:
   return prim::apply(std::make_shared<AdamMomentsMultiPrimitive>(step), in);
 }
 
+namespace {
+void check_direction_arguments(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
+                               const std::vector<bool>& decays) {
+  MT_CHECK(m.size() == v.size() && m.size() == p.size() && m.size() == decays.size(), "[adam_direction_multi] ",
+           m.size(), " m's, ", v.size(), " v's, ", p.size(), " parameters and ", decays.size(), " decay flags");
+  MT_CHECK(!m.empty(), "[adam_direction_multi] no tensors");
+  for (const auto* group : {&m, &v, &p})
+    for (const Array& a : *group) MT_CHECK(a.defined(), "[adam_direction_multi] undefined input array");
+}
+
+// A plain array with x's whole value: the kernel writes its updates into plain destinations,
+// which a distributed call would replace by copies.
+Array whole(const Array& x) { return x.distributed() ? prim::distributed_executor()->gather(x).detach() : x; }
+
+// Applies the primitive with `destinations` moved in after the tensors and the scalars.
+// (optim::adamw passes local blocks; distributed tensors are gathered, as a replicated rule
+// would gather them.)
+void direction_into(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
+                    const AdamStep& step, const std::vector<bool>& decays, const Array& scalars,
+                    std::vector<Array>& destinations) {
+  std::vector<Array> in;
+  in.reserve(4 * m.size() + 1);
+  for (const auto* group : {&m, &v, &p})
+    for (const Array& a : *group) in.push_back(whole(a));
+  in.push_back(scalars);
+  for (Array& d : destinations) in.push_back(std::move(d));
+  prim::apply(std::make_shared<AdamDirectionMultiPrimitive>(step, std::vector<uint8_t>(decays.begin(), decays.end())),
+              in);
+  for (size_t j = 0; j < destinations.size(); ++j) destinations[j] = std::move(in[3 * m.size() + 1 + j]);
+}
+}  // namespace
+
 Array adam_direction_multi(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
                            const AdamStep& step, const std::vector<bool>& decays, const Array& scalars) {
-  MT_CHECK(m.size() == v.size() && m.size() == p.size(), "[adam_direction_multi] ", m.size(), " m's, ", v.size(),
-           " v's and ", p.size(), " parameters");
-  std::vector<Array> in;
-  in.reserve(3 * m.size() + 1);
-  for (const auto* group : {&m, &v, &p})
-    for (const Array& a : *group) {
-      MT_CHECK(a.defined(), "[adam_direction_multi] undefined input array");
-      in.push_back(a);
-    }
-  in.push_back(scalars);
-  return prim::apply(
-      std::make_shared<AdamDirectionMultiPrimitive>(step, std::vector<uint8_t>(decays.begin(), decays.end())), in);
+  check_direction_arguments(m, v, p, decays);
+  int64_t total = 0;
+  for (const Array& a : m) total += a.numel();
+  const Array flat = Array::empty(Shape({total}), DType::f32, m[0].device());
+  std::vector<Array> pieces;
+  int64_t offset = 0;
+  for (const Array& a : m) {
+    pieces.push_back(flat.view_elements(offset, a.shape()));
+    offset += a.numel();
+  }
+  direction_into(m, v, p, step, decays, scalars, pieces);
+  return flat;
+}
+
+std::vector<Array> adam_direction_multi_into(std::vector<Array> gradients, const std::vector<Array>& m,
+                                             const std::vector<Array>& v, const std::vector<Array>& p,
+                                             const AdamStep& step, const std::vector<bool>& decays,
+                                             const Array& scalars) {
+  check_direction_arguments(m, v, p, decays);
+  MT_CHECK(gradients.size() == m.size(), "[adam_direction_multi] ", gradients.size(), " gradients for ", m.size(),
+           " tensors");
+  for (size_t j = 0; j < m.size(); ++j) {
+    Array& g = gradients[j];
+    // Written over only where nobody else can see it: a gradient the caller kept, a view, or
+    // one of another dtype, shape or device gets a buffer of its own.
+    if (!(g.defined() && g.sole_owner() && g.dtype() == DType::f32 && g.shape() == m[j].shape() &&
+          g.device() == m[j].device()))
+      g = Array::empty(m[j].shape(), DType::f32, m[j].device());
+  }
+  direction_into(m, v, p, step, decays, scalars, gradients);
+  return gradients;
 }
 
 Array adam_step_scalars(const AdamStep& step, Device device) {

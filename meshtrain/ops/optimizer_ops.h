@@ -44,5 +44,12 @@ Array adam_moments_multi(const std::vector<Array>& g, std::vector<Array> m, std:
                          const AdamStep& step);
 Array adam_direction_multi(const std::vector<Array>& m, const std::vector<Array>& v, const std::vector<Array>& p,
                            const AdamStep& step, const std::vector<bool>& decays, const Array& scalars);
+// The same updates, each written over its gradient's buffer where the gradients are moved in
+// as the only handles to them (f32, the tensor's shape): the step allocates nothing. Others
+// get new buffers. Returns the k updates.
+std::vector<Array> adam_direction_multi_into(std::vector<Array> gradients, const std::vector<Array>& m,
+                                             const std::vector<Array>& v, const std::vector<Array>& p,
+                                             const AdamStep& step, const std::vector<bool>& decays,
+                                             const Array& scalars);
 
 }  // namespace mt

@@ -69,17 +69,12 @@ void adam_moments_multi(const std::vector<Array>& in, const AdamHyper& h, Array&
 }
 
 void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays, const AdamHyper& h,
-                          const Array& scalars, Array& out) {
+                          const Array& scalars, std::vector<Array>& outs) {
   const size_t k = in.size() / 3;
   const StepValues t = step_values(scalars);
-  float* uo = out.data<float>();
-  int64_t offset = 0;
-  for (size_t j = 0; j < k; ++j) {
-    const int64_t n = in[j].numel();
-    direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] ? in[2 * k + j].data<float>() : nullptr, n,
-              h.eps, t, uo + offset);
-    offset += n;
-  }
+  for (size_t j = 0; j < k; ++j)
+    direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] ? in[2 * k + j].data<float>() : nullptr,
+              in[j].numel(), h.eps, t, outs[j].data<float>());
 }
 
 }  // namespace mt::cpu

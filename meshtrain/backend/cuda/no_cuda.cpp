@@ -104,7 +104,7 @@ void adam_direction(const Array&, const Array&, const Array*, const kernels::Ada
 }
 void adam_moments_multi(const std::vector<Array>&, const kernels::AdamHyper&, Array&) { no_cuda(); }
 void adam_direction_multi(const std::vector<Array>&, const std::vector<uint8_t>&, const kernels::AdamHyper&,
-                          const Array&, Array&) {
+                          const Array&, std::vector<Array>&) {
   no_cuda();
 }
 void matmul(kernels::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,

@@ -30,7 +30,7 @@ __global__ void adam_direction_kernel(const float* m, const float* v, const floa
 }
 
 // Multi-tensor launches: a table of up to kSlices tensors rides in the kernel's parameters
-// (48 bytes each, well under the 4 KiB limit); each block takes kTile elements of one tensor.
+// (56 bytes each, well under the 4 KiB limit); each block takes kTile elements of one tensor.
 constexpr int kSlices = 48;
 constexpr int kTile = 4096;
 
@@ -38,7 +38,8 @@ struct Slice {
   const float* a;  // g (moments) or m (direction)
   const float* b;  // m or v
   const float* c;  // v or p (nullptr: no decay)
-  int64_t n, offset;
+  float* out;      // the direction's output for this tensor (unused by the moments)
+  int64_t n, offset;  // offset: the tensor's start in the moments' flat rows
   int first_block;  // blocks before this tensor's in the launch
 };
 struct SliceTable {
@@ -65,7 +66,7 @@ __global__ void adam_moments_multi_kernel(const __grid_constant__ SliceTable t, 
 }
 
 __global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t, kernels::AdamHyper k,
-                                            const float* scalars, float* out) {
+                                            const float* scalars) {
   const Slice& s = slice_of_block(t);
   const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
   const int64_t end = min(s.n, start + kTile);
@@ -74,14 +75,14 @@ __global__ void adam_direction_multi_kernel(const __grid_constant__ SliceTable t
   for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
     float u = (s.a[i] / (sqrtf(s.b[i]) / sqrt_bc2 + k.eps)) * neg_step;
     if (s.c) u = u - s.c[i] * decay;
-    out[s.offset + i] = u;
+    s.out[i] = u;
   }
 }
 
 // Launches `kernel` over the k tensors of `in` (three operand groups a, b, c) in tables of
-// kSlices; c_of(j) is tensor j's third operand or nullptr.
-template <class Launch, class COf>
-void launch_tables(const std::vector<Array>& in, COf c_of, Launch launch) {
+// kSlices; c_of(j) is tensor j's third operand or nullptr, out_of(j) its output or nullptr.
+template <class Launch, class COf, class OutOf>
+void launch_tables(const std::vector<Array>& in, COf c_of, OutOf out_of, Launch launch) {
   const size_t k = in.size() / 3;
   SliceTable t{};
   int blocks = 0;
@@ -96,7 +97,7 @@ void launch_tables(const std::vector<Array>& in, COf c_of, Launch launch) {
     if (n > 0) {
       const int64_t tensor_blocks = (n + kTile - 1) / kTile;
       if (t.count == kSlices || int64_t(blocks) + tensor_blocks > (int64_t(1) << 30)) flush();
-      t.s[t.count++] = {ptr<float>(in[j]), ptr<float>(in[k + j]), c_of(j), n, offset, blocks};
+      t.s[t.count++] = {ptr<float>(in[j]), ptr<float>(in[k + j]), c_of(j), out_of(j), n, offset, blocks};
       blocks += int(tensor_blocks);
     }
     offset += n;
@@ -111,7 +112,7 @@ void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& 
   float* mo = mptr<float>(out);
   float* vo = mo + out.numel() / 2;
   launch_tables(
-      in, [&](size_t j) { return ptr<float>(in[2 * k + j]); },
+      in, [&](size_t j) { return ptr<float>(in[2 * k + j]); }, [](size_t) -> float* { return nullptr; },
       [&](const SliceTable& t, int blocks) {
         adam_moments_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, mo, vo);
         check_launch("adam_moments_multi");
@@ -119,14 +120,14 @@ void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& 
 }
 
 void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays, const kernels::AdamHyper& h,
-                          const Array& scalars, Array& out) {
+                          const Array& scalars, std::vector<Array>& outs) {
   const size_t k = in.size() / 3;
-  float* uo = mptr<float>(out);
   const float* s = ptr<float>(scalars);
   launch_tables(
       in, [&](size_t j) { return decays[j] ? ptr<float>(in[2 * k + j]) : nullptr; },
+      [&](size_t j) { return mptr<float>(outs[j]); },
       [&](const SliceTable& t, int blocks) {
-        adam_direction_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, s, uo);
+        adam_direction_multi_kernel<<<unsigned(blocks), kThreads, 0, stream()>>>(t, h, s);
         check_launch("adam_direction_multi");
       });
 }
