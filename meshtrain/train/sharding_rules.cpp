@@ -30,6 +30,16 @@ Params ShardingPlan::shard(const Params& host) const {
   return out;
 }
 
+Params ShardingPlan::shard(Params&& host) const {
+  Params out;
+  for (auto& [path, value] : host) {
+    out.set(path, dist::shard(value, mesh_, spec(path), path));
+    value = Array();
+  }
+  host = Params{};
+  return out;
+}
+
 std::string ShardingPlan::table() const {
   size_t w = 4;
   for (const PlanEntry& e : entries_) w = std::max(w, e.path.size());

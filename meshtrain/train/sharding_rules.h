@@ -43,6 +43,10 @@ class ShardingPlan {
   const dist::PartitionSpec& spec(const std::string& path) const;
   // Host parameters -> parameters laid out by the plan (each rank keeps its block).
   Params shard(const Params& host) const;
+  // The same, consuming `host`: each whole parameter is dropped as soon as its block exists,
+  // so (when these were its only handles) the whole model never sits beside its shards and
+  // the blocks fill the ranges the earlier whole parameters left.
+  Params shard(Params&& host) const;
   // A table: path, shape, spec, bytes per rank (and totals).
   std::string table() const;
 

@@ -91,12 +91,12 @@ Trainer::Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params para
     : deployer_(deployer), collate_(std::move(collate)), loss_(std::move(loss)), optimizer_(std::move(optimizer)),
       plan_(std::move(plan)) {
   MT_CHECK(collate_ && loss_, "[trainer] collate and loss functions are required");
-  // Parameters take the plan's layout; optimizer slots follow them (zeros_like). The whole
-  // parameters a plan shards are dropped first (when the caller moved them in): the moments
-  // are then allocated beside the shards alone.
+  // Parameters take the plan's layout; optimizer slots follow them (zeros_like). Each whole
+  // parameter a plan shards is dropped once its block exists (when the caller moved them in):
+  // the whole model never sits beside its shards, and the moments are allocated beside the
+  // shards alone.
   if (plan_) {
-    params_ = plan_->shard(params);
-    params = Params{};
+    params_ = plan_->shard(std::move(params));
     // Their pages go back to the OS: the freed range is cut up between the shards' later
     // allocations and would otherwise stay resident as holes (GPT-2 Large over 2 ranks:
     // 3 GB per rank before the first step).
