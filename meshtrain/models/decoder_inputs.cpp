@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/core/device_constants.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/ops/elementwise.h"
@@ -14,9 +15,12 @@
 namespace mt::models {
 
 Array arange_ids(int64_t start, int64_t n) {
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = start + i;
-  return Array::from_vector(v, Shape{n});
+  // Made once per (start, n) and device: each forward would otherwise upload it again.
+  return device_constant("arange_ids " + std::to_string(start) + " " + std::to_string(n), current_device(), [&] {
+    std::vector<int64_t> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = start + i;
+    return Array::from_vector(v, Shape{n});
+  });
 }
 
 Array position_ids_from_mask(const Array& attention_mask, int64_t t) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/core/device_constants.h"
 #include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
@@ -156,13 +157,22 @@ int64_t t5_relative_position_bucket(int64_t relative_position, bool bidirectiona
 
 Array t5_position_bias(const T5Config& c, const Array& table, int64_t q_start, int64_t tq, int64_t tk,
                        bool bidirectional) {
-  std::vector<int64_t> buckets(static_cast<size_t>(tq * tk));
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j)
-      buckets[size_t(i * tk + j)] = t5_relative_position_bucket(j - (q_start + i), bidirectional,
-                                                                c.relative_attention_num_buckets,
-                                                                c.relative_attention_max_distance);
-  Array values = embedding(table, Array::from_vector(buckets, Shape{tq, tk}));  // (Tq, Tk, H)
+  // The buckets depend on the shape alone: made once per shape and device, not uploaded again
+  // by every forward.
+  const std::string key = "t5_buckets " + std::to_string(q_start) + " " + std::to_string(tq) + " " +
+                          std::to_string(tk) + " " + std::to_string(int(bidirectional)) + " " +
+                          std::to_string(c.relative_attention_num_buckets) + " " +
+                          std::to_string(c.relative_attention_max_distance);
+  const Array buckets = device_constant(key, current_device(), [&] {
+    std::vector<int64_t> b(static_cast<size_t>(tq * tk));
+    for (int64_t i = 0; i < tq; ++i)
+      for (int64_t j = 0; j < tk; ++j)
+        b[size_t(i * tk + j)] = t5_relative_position_bucket(j - (q_start + i), bidirectional,
+                                                            c.relative_attention_num_buckets,
+                                                            c.relative_attention_max_distance);
+    return Array::from_vector(b, Shape{tq, tk});
+  });
+  Array values = embedding(table, buckets);  // (Tq, Tk, H)
   return expand_dims(transpose(values, {2, 0, 1}), 0);
 }
 

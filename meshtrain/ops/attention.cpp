@@ -1,11 +1,13 @@
 #include "meshtrain/ops/attention.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/softmax.h"
+#include "meshtrain/core/device_constants.h"
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
@@ -325,11 +327,15 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
            "[rotary] positions ", positions.str(), " do not match x ", x.str(), " (expected (T,) or (B, T))");
   // Angles in f32 as Hugging Face computes them: inv_freq_i = theta^(-2i/D), angle = pos · inv_freq,
   // formed on the positions' device with ops: no host read of the positions mid-step.
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
-  Array freq = Array::from_vector(inv_freq, Shape{half});
-  if (freq.device() != positions.device()) freq = freq.to(positions.device());
+  // The frequencies depend on (theta, D) alone: made once per device, not uploaded by every call.
+  char key[96];
+  std::snprintf(key, sizeof key, "rotary_inv_freq %.17g %lld", theta, static_cast<long long>(d));
+  const Array freq = device_constant(key, positions.device(), [&] {
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i)
+      inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
+    return Array::from_vector(inv_freq, Shape{half});
+  });
   Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
   if (positions.ndim() == 2) angles = expand_dims(angles, 1);             // (B, 1, T, half)
   // Integer positions are never traced: the tables carry no gradient.

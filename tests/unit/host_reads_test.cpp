@@ -16,12 +16,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/core/device_constants.h"
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/models/bert.h"
 #include "meshtrain/models/decoder_inputs.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"
+#include "meshtrain/models/t5.h"
 #include "tests/support/model_twins.h"
 
 namespace mt::testing {
@@ -123,6 +125,42 @@ TEST(HostReads, LlamaStepWithRotaryPositionsReadsNothingBeforeItsLoss) {
   }, p);
   EXPECT_EQ(reads, 0u);
   EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+// What a step builds from shapes alone — position ranges, rotary frequencies, T5's relative
+// buckets — is made once and found again: a later step of the same shapes makes nothing new
+// (on a GPU: uploads nothing but its batch, as a captured step needs).
+TEST(HostReads, ShapeOnlyConstantsAreMadeOnceAndReused) {
+  LlamaConfig lc;
+  lc.vocab_size = 33, lc.hidden_size = 48, lc.intermediate_size = 48, lc.num_hidden_layers = 2;
+  lc.num_attention_heads = 4, lc.num_key_value_heads = 2;
+  lc.rope_theta = 12345.0;  // shapes and settings no other test here uses: their constants are new
+  const Params lp = random_model_params(llama_param_defs(lc), 7);
+  BertConfig bc;
+  bc.vocab_size = 37, bc.hidden_size = 24, bc.num_hidden_layers = 1, bc.num_attention_heads = 4;
+  bc.intermediate_size = 48, bc.max_position_embeddings = 32;
+  const Params bp = random_model_params(bert_param_defs(bc), 4);
+  T5Config tc;
+  const Array table = random_normal({tc.relative_attention_num_buckets, 3}, 9);
+  const Array ids = random_ints({2, 11}, 8, 0, 33);
+  auto step = [&] {
+    cross_entropy(llama_apply(lc, lp, {.input_ids = ids}, RngKey{3, 0}, true), ids);
+    bert_apply(bc, bp, {.input_ids = ids}, RngKey{2, 0}, true);
+    return t5_position_bias(tc, table, 0, 11, 11, true);
+  };
+  const size_t at_start = device_constant_stats().entries;
+  const Array first = step();
+  const size_t made = device_constant_stats().entries;
+  EXPECT_GE(made, at_start + 3u) << "positions, rotary frequencies and T5 buckets";
+  const Array second = step();
+  EXPECT_EQ(device_constant_stats().entries, made);
+  EXPECT_EQ(max_abs_diff(first, second), 0.0);
+  // The buckets themselves: one array, found again by the same shape.
+  const Array a = device_constant("test buckets", Device::cpu(), [] { return Array::zeros({3}); });
+  int calls = 0;
+  const Array b = device_constant("test buckets", Device::cpu(), [&] { ++calls; return Array::ones({3}); });
+  EXPECT_EQ(calls, 0);
+  EXPECT_TRUE(a.shares_storage(b));
 }
 
 TEST(HostReads, CrossEntropyStillNamesAnOutOfRangeLabel) {
