@@ -52,9 +52,15 @@ void DeferredChecks::record(PendingCheck check) {
   if (checks_.size() >= kMaxPending) read();
 }
 
-void DeferredChecks::read() {
+std::vector<PendingCheck> DeferredChecks::take() {
   std::vector<PendingCheck> checks = std::move(checks_);
   checks_.clear();
+  return checks;
+}
+
+void DeferredChecks::read() { read_checks(take()); }
+
+void read_checks(std::vector<PendingCheck> checks) {
   if (checks.empty()) return;
   // Grouped by device, each group in one read; the first failure in recording order wins.
   std::map<std::string, std::vector<size_t>> by_device;

@@ -42,11 +42,18 @@ class DeferredChecks {
   // Reads every verdict recorded so far (one read per device) and forgets them; throws
   // mt::Error with the first failed check's message.
   void read();
+  // The verdicts recorded so far, unread, moved out (a step whose results are read later
+  // keeps them with its loss; read them with read_checks).
+  std::vector<PendingCheck> take();
 
  private:
   std::vector<PendingCheck> checks_;
   DeferredChecks* outer_;
 };
+
+// Reads the verdicts of `checks` (one read per device) and throws the first failure's message,
+// as DeferredChecks::read does.
+void read_checks(std::vector<PendingCheck> checks);
 
 // Throws the check's message when `first` names a bad position; reads `first` now (on a GPU a
 // wait for the stream, counted by host_read_count; on the CPU free and not counted).

@@ -21,6 +21,7 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/deferred_checks.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/checkpoint.h"
@@ -128,6 +129,14 @@ void Trainer::release_optimizer_state() {
 }
 
 double Trainer::train(const std::vector<Batch>& micro_batches) {
+  std::vector<PendingStep> steps;
+  steps.push_back(enqueue_step(micro_batches));
+  double loss = 0;
+  read_steps(steps, [&](size_t, double l) { loss = l; });
+  return loss;
+}
+
+Trainer::PendingStep Trainer::enqueue_step(const std::vector<Batch>& micro_batches) {
   MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   MT_CHECK(!opt_state_released_, "[trainer] cannot train: the optimizer state was released (release_optimizer_state)");
   MT_CHECK(broken_.empty(), "[trainer] cannot train: ", broken_);
@@ -139,20 +148,66 @@ double Trainer::train(const std::vector<Batch>& micro_batches) {
     MT_CHECK(!rolled.empty(), "[trainer] the rollout returned no batch");
   }
   const std::vector<Batch>& batches = rollout_ ? rolled : micro_batches;
-  double loss;
+  PendingStep pending;
   if (custom_step_) {
     trace::Span span("phase", "custom_step");
     // A custom step records its metrics as it means them (its own averaging).
     MetricRecorder recorder;
-    loss = custom_step_(params_, opt_state_, batches, key);
+    pending.read_loss = custom_step_(params_, opt_state_, batches, key);
     MetricMeans means;
     means.add(recorder.take(), 1.0);
-    step_metrics_ = means.read();
+    pending.read_metrics = means.read();
   } else {
-    loss = default_step(batches, key);
+    pending = enqueue_default_step(batches, key);
   }
-  ++step_;
-  return loss;
+  pending.step = ++step_;
+  return pending;
+}
+
+void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<void(size_t, double)>& each) {
+  // Every pending loss in one copy (and every check in one more): one wait for the device per
+  // read, however many steps it covers.
+  std::vector<Array> scalars;
+  std::vector<PendingCheck> checks;
+  for (PendingStep& s : steps) {
+    for (const Array& l : s.losses) scalars.push_back(reshape(l, {1}));
+    for (PendingCheck& c : s.checks) checks.push_back(std::move(c));
+    s.checks.clear();
+  }
+  std::vector<double> values;
+  if (!scalars.empty()) {
+    const Array all = scalars.size() == 1 ? scalars.front() : concatenate(scalars, 0);
+    values = all.to_doubles();
+  }
+  try {
+    read_checks(std::move(checks));
+  } catch (const Error& e) {
+    const int64_t first = steps.front().step, last = steps.back().step;
+    broken_ = detail::concat(first == last ? detail::concat("step ", first) : detail::concat("steps ", first, "-", last),
+                             " read an invalid input (", e.what(), ") after ",
+                             first == last ? "its update was" : "their updates were",
+                             " applied; nothing was saved from ", first == last ? "it" : "them",
+                             " — fix the data and resume from the last checkpoint");
+    // The unread steps are not counted (their updates were applied: the trainer is broken).
+    step_ = first - 1;
+    throw Error(detail::concat("[trainer] ", broken_));
+  }
+  size_t next = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    PendingStep& s = steps[i];
+    double loss;
+    if (s.read_loss) {
+      loss = *s.read_loss;
+      step_metrics_ = std::move(s.read_metrics);
+    } else {
+      double total = 0;
+      for (size_t m = 0; m < s.losses.size(); ++m) total += values[next++];
+      loss = total / double(s.losses.size());
+      step_metrics_ = s.metrics.read();
+    }
+    step_host_reads_ = s.host_reads;
+    each(i, loss);
+  }
 }
 
 void Trainer::print(const std::string& text) {
@@ -162,7 +217,7 @@ void Trainer::print(const std::string& text) {
   else deployer_.log(text);
 }
 
-double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
+Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   const uint64_t reads_at_start = host_read_count();
   // Index checks (token ids, labels) record their verdicts on the device; they are read with
   // the loss, so the step does not wait for the device midway.
@@ -223,19 +278,12 @@ double Trainer::default_step(const std::vector<Batch>& micro_batches, const RngK
   grads = Params{};  // freed before the update is applied: a lower peak
   // Moved: when the trainer holds the only handles, the parameters are updated in place.
   params_ = optim::apply_updates(std::move(params_), updates);
-  step_host_reads_ = host_read_count() - reads_at_start;
-  double loss_total = 0;
-  for (const Array& loss : losses) loss_total += loss.item();
-  try {
-    checks.read();
-  } catch (const Error& e) {
-    broken_ = detail::concat("step ", step_ + 1, " read an invalid input (", e.what(),
-                             ") after its update was applied; nothing was saved from it — fix the data and resume "
-                             "from the last checkpoint");
-    throw Error(detail::concat("[trainer] ", broken_));
-  }
-  step_metrics_ = recorded.read();
-  return loss_total / double(micro_batches.size());
+  PendingStep pending;
+  pending.host_reads = host_read_count() - reads_at_start;
+  pending.losses = std::move(losses);
+  pending.metrics = std::move(recorded);
+  pending.checks = checks.take();
+  return pending;
 }
 
 data::SamplerOptions Trainer::sampler_options(int64_t per_device_batch_size, bool shuffle, int64_t epochs) const {
@@ -533,6 +581,28 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const auto fit_start = std::chrono::steady_clock::now();
   auto last_time = fit_start;
   int64_t evaluated_at = -1;
+  // Steps enqueued and not yet read (FitOptions::read_loss_every), with what their log line
+  // needs; read all at once, then logged in order.
+  const int64_t read_every =
+      o.read_loss_every > 0 ? o.read_loss_every : (current_device().is_cuda() ? int64_t(16) : int64_t(1));
+  struct Unread {
+    double lr, seconds, flops;
+  };
+  std::vector<PendingStep> pending;
+  std::vector<Unread> unread;
+  auto read_pending = [&] {
+    if (pending.empty()) return;
+    trace::Span span("phase", "log");
+    read_steps(pending, [&](size_t i, double loss) {
+      result.losses.push_back(loss);
+      epoch.loss_sum += loss;
+      ++epoch.steps;
+      writer.push(pending[i].step, "train",
+                  step_record(loss, unread[i].lr, unread[i].seconds, unread[i].flops, peak_gflops, o));
+    });
+    pending.clear();
+    unread.clear();
+  };
   while (step_ < steps.total_steps) {
     if (profiler) profiler->step_begin(step_ + 1);
     std::vector<Batch> micro;
@@ -549,31 +619,33 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
     const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;
     const double flops_before = prim::model_flops();
-    const double loss = this->train(micro);
+    pending.push_back(enqueue_step(micro));
     const double step_flops = prim::model_flops() - flops_before;
-    result.losses.push_back(loss);
-    epoch.loss_sum += loss;
-    ++epoch.steps;
     const auto now = std::chrono::steady_clock::now();
-    {
-      trace::Span span("phase", "log");
-      writer.push(step_, "train", step_record(loss, lr, std::chrono::duration<double>(now - last_time).count(),
-                                             step_flops, peak_gflops, o));
-    }
+    unread.push_back({lr, std::chrono::duration<double>(now - last_time).count(), step_flops});
+    last_time = now;
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
     const bool epoch_end = step_ % steps.steps_per_epoch == 0;
+    const bool save_now = o.save_every > 0 && step_ % o.save_every == 0;
+    const bool eval_now = (o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end;
+    const bool stopping = stop_agreed();
+    // What comes next reads the state the losses describe (epoch means, checkpoints, hooks):
+    // the pending steps are read first.
+    if (int64_t(pending.size()) >= read_every || epoch_end || save_now || eval_now || o.on_step || stopping ||
+        step_ >= steps.total_steps)
+      read_pending();
     // An ended epoch's mean is taken now, so checkpoints from here on resume into the next
     // epoch, which has no losses yet.
     const double epoch_train_loss = epoch_end ? epoch.loss_sum / double(epoch.steps) : 0.0;
     if (epoch_end) epoch = {};
-    if (o.save_every > 0 && step_ % o.save_every == 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
+    if (save_now) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
     if (o.on_step) {
       trace::Span span("phase", "on_step");
       o.on_step(step_, params_);
     }
     std::map<std::string, double> metrics;
-    if ((o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end) {
+    if (eval_now) {
       metrics = evaluate();
       evaluated_at = step_;
     }
@@ -583,8 +655,8 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
     if (profiler) profiler->step_end(step_);
     // Throughput counts data, step and logging, not the evaluation, checkpoints or hooks above.
-    last_time = std::chrono::steady_clock::now();
-    if (stop_agreed()) {
+    if (eval_now || save_now || o.on_step) last_time = std::chrono::steady_clock::now();
+    if (stopping) {
       // Ctrl-C or SIGTERM on any rank: every rank stops after this same step, with a checkpoint.
       if (o.save_every == 0 || step_ % o.save_every != 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
       if (checkpoints_) checkpoints_->complete();
@@ -596,6 +668,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
                                        "; continue with --resume"));
     }
   }
+  read_pending();  // the data ran out with steps unread
   if (profiler) profiler->finish();  // the data ran out inside the range
   if (o.eval_at_end && evaluated_at != step_ && !result.losses.empty()) evaluate();
   if (o.save_last && (o.save_every == 0 || step_ % o.save_every != 0))

@@ -17,10 +17,12 @@
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/data/example.h"
+#include "meshtrain/ops/deferred_checks.h"
 #include "meshtrain/optim/transform.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/background_checkpoints.h"
+#include "meshtrain/train/step_metrics.h"
 
 namespace mt::train {
 
@@ -108,6 +110,12 @@ struct FitOptions {
   // Run one step on the first batch, print its memory per rank (train/step_memory.h) and
   // throw DryRunDone: nothing is logged or saved.
   bool dry_run = false;
+  // Read the steps' losses (with their metrics and deferred index checks) every this many
+  // steps, all in one copy, instead of after each step: on a GPU the host then queues steps
+  // back to back without waiting for each to finish. Steps are logged when read; evaluation,
+  // checkpoints, on_step, an epoch's end and a stop read the pending ones first. 0: every 16
+  // steps on a GPU, every step on the CPU (where a read waits for nothing).
+  int64_t read_loss_every = 0;
 };
 
 // Thrown by Trainer::fit after a dry run's step (FitOptions::dry_run); what() is the line
@@ -189,7 +197,25 @@ class Trainer {
  private:
   Trainer(Deployer& deployer, CollateFn collate, LossFn loss, Params params, optim::Transform optimizer,
           std::optional<ShardingPlan> plan, int);
-  double default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
+  // A step whose updates are enqueued and whose results are not yet read: its loss per
+  // micro-batch, the metrics its loss recorded and its deferred index checks stay where the
+  // step left them until read_step.
+  struct PendingStep {
+    int64_t step = 0;  // its number (from 1)
+    std::vector<Array> losses;
+    MetricMeans metrics;
+    std::vector<PendingCheck> checks;
+    uint64_t host_reads = 0;
+    std::optional<double> read_loss;  // a custom step's loss, read by the step itself
+    std::map<std::string, double> read_metrics;
+  };
+  PendingStep enqueue_step(const std::vector<Batch>& micro_batches);
+  PendingStep enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
+  // Reads the pending steps' losses in one copy and their checks in one more; returns each
+  // step's mean loss, in order, with its metrics and host reads left in step_metrics_ and
+  // step_host_reads_ by the callback `each(i, loss)` before the next is read. A failed check
+  // marks the trainer broken and throws.
+  void read_steps(std::vector<PendingStep>& steps, const std::function<void(size_t, double)>& each);
 
   // The current epoch's losses so far; checkpoints carry them so that the epoch's train loss
   // after a resume covers the steps run before the interruption too.

@@ -234,5 +234,65 @@ TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
   std::filesystem::remove_all(dir);
 }
 
+// FitOptions::read_loss_every: the steps' losses are read in one copy every N steps instead of
+// after each step (on a GPU the host queues steps back to back). The run is the same: the
+// same losses, in order, in metrics.jsonl under the same steps, with a checkpoint and an
+// evaluation reading what is pending first; and the loss reads fall from one per step to one
+// per N steps (or per event).
+TEST(HostReads, LossesReadEveryNStepsInOneCopyLogTheSameRun) {
+  Gpt2Config c;
+  c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 1, c.n_head = 4;
+  const Params p = random_model_params(gpt2_param_defs(c), 4);
+  std::vector<data::Example> rows;
+  for (int64_t i = 0; i < 20; ++i) rows.push_back({{"tokens", random_ints({9}, 40 + uint64_t(i), 0, c.vocab_size).to_ints()}});
+  auto collate = [](const std::vector<data::Example>& ex) {
+    std::vector<int64_t> ids, labels;
+    for (const data::Example& e : ex) {
+      const std::vector<int64_t>& t = e.tokens("tokens");
+      ids.insert(ids.end(), t.begin(), t.end() - 1);
+      labels.insert(labels.end(), t.begin() + 1, t.end());
+    }
+    const int64_t n = int64_t(ex.size());
+    return train::Batch{{"ids", Array::from_vector(ids, {n, 8})}, {"labels", Array::from_vector(labels, {n, 8})}};
+  };
+  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
+    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
+  };
+  struct Run {
+    std::vector<double> losses;
+    std::vector<std::pair<int64_t, double>> logged;  // (step, loss) of each train line
+    uint64_t reads;
+  };
+  auto run = [&](int64_t read_every) {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("mt_read_every_" + std::to_string(getpid()) + "_" + std::to_string(read_every));
+    std::filesystem::remove_all(dir);
+    train::Deployer deployer({.seed = 3, .workdir = dir.string(), .verbose = false});
+    train::Trainer trainer(deployer, collate, loss, p, optim::adamw(optim::constant_schedule(1e-2)));
+    train::FitOptions o;
+    o.per_device_batch_size = 2, o.epochs = 1, o.save_every = 5, o.shuffle = false;
+    o.read_loss_every = read_every;
+    const uint64_t before = host_read_count();
+    Run r;
+    r.losses = trainer.fit(data::make_dataset(rows), o).losses;
+    r.reads = host_read_count() - before;
+    std::ifstream in(dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("split", "") == "train") r.logged.push_back({j["step"].get<int64_t>(), j["loss"].get<double>()});
+    }
+    std::filesystem::remove_all(dir);
+    return r;
+  };
+  const Run every = run(1), batched = run(4);
+  ASSERT_EQ(every.losses.size(), 10u);
+  EXPECT_EQ(batched.losses, every.losses);
+  EXPECT_EQ(batched.logged, every.logged);
+  for (size_t i = 0; i < every.logged.size(); ++i) EXPECT_EQ(every.logged[i].first, int64_t(i) + 1);
+  // Ten steps: ten loss reads one by one; read every 4 with a checkpoint at 5 and 10, the
+  // reads come after steps 4, 5, 9 and 10.
+  EXPECT_EQ(every.reads - batched.reads, 10u - 4u);
+}
+
 }  // namespace
 }  // namespace mt::testing
