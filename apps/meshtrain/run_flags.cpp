@@ -102,6 +102,12 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "(half the size; config.json's torch_dtype says which)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--read-loss-every", f.read_loss_every,
+                  "read the steps' losses (and their deferred index checks) from the device every N steps, in one "
+                  "copy, so the host queues steps without waiting for each; logged when read (0: 16 on a GPU, 1 on "
+                  "the CPU)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--logging-steps", f.logging_steps,
                   "where the output is not a terminal (a log file, mpirun): a progress line every N steps (0: every "
                   "10 % of the run)")
@@ -289,6 +295,7 @@ int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deploy
 void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.resume = flags.resume;
   f.progress_every = flags.logging_steps;
+  f.read_loss_every = flags.read_loss_every;
   f.profile_steps = flags.profile;
   f.log_mfu = true;
   f.peak_gflops = flags.peak_gflops;

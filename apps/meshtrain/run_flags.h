@@ -25,6 +25,7 @@ struct RunFlags {
   bool dry_run = false;    // print the plan and the state per rank, measure one step, exit
   bool reschedule = false;  // --resume with another --steps: stretch the schedule to the new total
   int64_t logging_steps = 0;  // not on a terminal: a progress line every N steps (0: every 10 %)
+  int64_t read_loss_every = 0;  // read the losses every N steps in one copy (0: 16 on a GPU, 1 on the CPU)
   bool fsdp = false;       // shard large weights over the data axis too
   bool resume = false;
   bool overwrite = false;
