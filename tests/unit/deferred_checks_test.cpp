@@ -19,6 +19,7 @@
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/support/model_twins.h"
+#include "tests/support/next_token_batches.h"
 
 namespace mt::testing {
 namespace {
@@ -111,19 +112,8 @@ TEST(DeferredChecks, ATrainerStepWithABadLabelStopsAndLeavesTheSavedCheckpoint) 
     if (i == 4) t[16] = c.vocab_size;  // only a label: row 4 opens step 3's batch
     rows.push_back({{"tokens", t}});
   }
-  auto collate = [](const std::vector<data::Example>& ex) {
-    std::vector<int64_t> ids, labels;
-    for (const data::Example& e : ex) {
-      const std::vector<int64_t>& t = e.tokens("tokens");
-      ids.insert(ids.end(), t.begin(), t.end() - 1);
-      labels.insert(labels.end(), t.begin() + 1, t.end());
-    }
-    const int64_t n = int64_t(ex.size());
-    return train::Batch{{"ids", Array::from_vector(ids, {n, 16})}, {"labels", Array::from_vector(labels, {n, 16})}};
-  };
-  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
-    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
-  };
+  const auto collate = next_token_collate(16);
+  const auto loss = gpt2_next_token_loss(c);
   train::Trainer trainer(deployer, collate, loss, p, optim::adamw(optim::constant_schedule(1e-3)));
   train::FitOptions o;
   o.per_device_batch_size = 2, o.max_steps = 4, o.shuffle = false, o.save_every = 2, o.progress = false;

@@ -25,6 +25,7 @@
 #include "meshtrain/models/llama.h"
 #include "meshtrain/models/t5.h"
 #include "tests/support/model_twins.h"
+#include "tests/support/next_token_batches.h"
 
 namespace mt::testing {
 namespace {
@@ -189,19 +190,8 @@ TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
   train::Deployer deployer({.seed = 1, .workdir = dir.string(), .verbose = false});
   std::vector<data::Example> rows;
   for (int64_t i = 0; i < 8; ++i) rows.push_back({{"tokens", random_ints({17}, 10 + uint64_t(i), 0, c.vocab_size).to_ints()}});
-  auto collate = [](const std::vector<data::Example>& ex) {
-    std::vector<int64_t> ids, labels;
-    for (const data::Example& e : ex) {
-      const std::vector<int64_t>& t = e.tokens("tokens");
-      ids.insert(ids.end(), t.begin(), t.end() - 1);
-      labels.insert(labels.end(), t.begin() + 1, t.end());
-    }
-    const int64_t n = int64_t(ex.size());
-    return train::Batch{{"ids", Array::from_vector(ids, {n, 16})}, {"labels", Array::from_vector(labels, {n, 16})}};
-  };
-  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
-    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
-  };
+  const auto collate = next_token_collate(16);
+  const auto loss = gpt2_next_token_loss(c);
   // A tight clip so that the gradients are scaled, and AdamW: the CLI's optimizer.
   train::Trainer trainer(deployer, collate, loss, p,
                          optim::chain({optim::clip_by_global_norm(0.01), optim::adamw(optim::constant_schedule(1e-3))}));
@@ -245,19 +235,8 @@ TEST(HostReads, LossesReadEveryNStepsInOneCopyLogTheSameRun) {
   const Params p = random_model_params(gpt2_param_defs(c), 4);
   std::vector<data::Example> rows;
   for (int64_t i = 0; i < 20; ++i) rows.push_back({{"tokens", random_ints({9}, 40 + uint64_t(i), 0, c.vocab_size).to_ints()}});
-  auto collate = [](const std::vector<data::Example>& ex) {
-    std::vector<int64_t> ids, labels;
-    for (const data::Example& e : ex) {
-      const std::vector<int64_t>& t = e.tokens("tokens");
-      ids.insert(ids.end(), t.begin(), t.end() - 1);
-      labels.insert(labels.end(), t.begin() + 1, t.end());
-    }
-    const int64_t n = int64_t(ex.size());
-    return train::Batch{{"ids", Array::from_vector(ids, {n, 8})}, {"labels", Array::from_vector(labels, {n, 8})}};
-  };
-  auto loss = [c](const Params& q, const train::Batch& b, const RngKey& k) {
-    return cross_entropy(gpt2_apply(c, q, {.input_ids = b["ids"]}, k, true), b["labels"]);
-  };
+  const auto collate = next_token_collate(8);
+  const auto loss = gpt2_next_token_loss(c);
   struct Run {
     std::vector<double> losses;
     std::vector<std::pair<int64_t, double>> logged;  // (step, loss) of each train line
