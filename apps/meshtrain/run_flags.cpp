@@ -105,9 +105,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_option("--read-loss-every", f.read_loss_every,
                   "read the steps' losses (and their deferred index checks) from the device every N steps, in one "
                   "copy, so the host queues steps without waiting for each; logged when read (0: 16 on a GPU, 1 on "
-                  "the CPU)")
+                  "the CPU; at most 1024)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--logging-steps", f.logging_steps,
                   "where the output is not a terminal (a log file, mpirun): a progress line every N steps (0: every "
                   "10 % of the run)")

@@ -586,22 +586,31 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const int64_t read_every =
       o.read_loss_every > 0 ? o.read_loss_every : (current_device().is_cuda() ? int64_t(16) : int64_t(1));
   struct Unread {
-    double lr, seconds, flops;
+    double lr, flops;
   };
   std::vector<PendingStep> pending;
   std::vector<Unread> unread;
+  // The unread steps share the time from the start of their group (last_time) to their read,
+  // which includes the wait for the device to finish them.
   auto read_pending = [&] {
     if (pending.empty()) return;
     trace::Span span("phase", "log");
+    std::chrono::steady_clock::time_point read_at;
+    double seconds = 0;
+    // Called once the values are read, step by step with that step's metrics in place.
     read_steps(pending, [&](size_t i, double loss) {
+      if (i == 0) {
+        read_at = std::chrono::steady_clock::now();
+        seconds = std::chrono::duration<double>(read_at - last_time).count() / double(pending.size());
+      }
       result.losses.push_back(loss);
       epoch.loss_sum += loss;
       ++epoch.steps;
-      writer.push(pending[i].step, "train",
-                  step_record(loss, unread[i].lr, unread[i].seconds, unread[i].flops, peak_gflops, o));
+      writer.push(pending[i].step, "train", step_record(loss, unread[i].lr, seconds, unread[i].flops, peak_gflops, o));
     });
     pending.clear();
     unread.clear();
+    last_time = read_at;
   };
   while (step_ < steps.total_steps) {
     if (profiler) profiler->step_begin(step_ + 1);
@@ -621,18 +630,15 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     const double flops_before = prim::model_flops();
     pending.push_back(enqueue_step(micro));
     const double step_flops = prim::model_flops() - flops_before;
-    const auto now = std::chrono::steady_clock::now();
-    unread.push_back({lr, std::chrono::duration<double>(now - last_time).count(), step_flops});
-    last_time = now;
+    unread.push_back({lr, step_flops});
     // An epoch is steps_per_epoch steps; when accumulation does not divide the batches of
     // an epoch, the leftover batches start the next step, as the sampler runs on.
     const bool epoch_end = step_ % steps.steps_per_epoch == 0;
     const bool save_now = o.save_every > 0 && step_ % o.save_every == 0;
     const bool eval_now = (o.eval_every > 0 && step_ % o.eval_every == 0) || epoch_end;
-    const bool stopping = stop_agreed();
     // What comes next reads the state the losses describe (epoch means, checkpoints, hooks):
-    // the pending steps are read first.
-    if (int64_t(pending.size()) >= read_every || epoch_end || save_now || eval_now || o.on_step || stopping ||
+    // the pending steps are read first. So does a profiled run, whose steps are timed alone.
+    if (int64_t(pending.size()) >= read_every || epoch_end || save_now || eval_now || o.on_step || profiler ||
         step_ >= steps.total_steps)
       read_pending();
     // An ended epoch's mean is taken now, so checkpoints from here on resume into the next
@@ -655,8 +661,9 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     }
     if (profiler) profiler->step_end(step_);
     // Throughput counts data, step and logging, not the evaluation, checkpoints or hooks above.
-    if (eval_now || save_now || o.on_step) last_time = std::chrono::steady_clock::now();
-    if (stopping) {
+    if (pending.empty()) last_time = std::chrono::steady_clock::now();
+    if (stop_agreed()) {
+      read_pending();
       // Ctrl-C or SIGTERM on any rank: every rank stops after this same step, with a checkpoint.
       if (o.save_every == 0 || step_ % o.save_every != 0) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
       if (checkpoints_) checkpoints_->complete();

@@ -156,6 +156,10 @@ TEST(HostReads, ShapeOnlyConstantsAreMadeOnceAndReused) {
   const Array second = step();
   EXPECT_EQ(device_constant_stats().entries, made);
   EXPECT_EQ(max_abs_diff(first, second), 0.0);
+  // A decoding step's one position changes at every call: it is not kept.
+  for (int64_t past = 20; past < 25; ++past) EXPECT_EQ(arange_ids(past, 1).to_ints(), std::vector<int64_t>{past});
+  t5_position_bias(tc, table, 30, 1, 31, false);
+  EXPECT_EQ(device_constant_stats().entries, made);
   // The buckets themselves: one array, found again by the same shape.
   const Array a = device_constant("test buckets", Device::cpu(), [] { return Array::zeros({3}); });
   int calls = 0;
