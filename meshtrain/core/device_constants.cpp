@@ -1,6 +1,7 @@
 #include "meshtrain/core/device_constants.h"
 
-#include <deque>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 
@@ -10,9 +11,13 @@ namespace mt {
 
 namespace {
 struct Cache {
+  struct Entry {
+    Array array;
+    std::list<std::string>::iterator use;  // its place in `uses`
+  };
   std::mutex mutex;
-  std::unordered_map<std::string, Array> arrays;
-  std::deque<std::string> order;  // oldest first
+  std::unordered_map<std::string, Entry> entries;
+  std::list<std::string> uses;  // least recently used first
   size_t bytes = 0;
 };
 
@@ -27,8 +32,11 @@ Array device_constant(const std::string& key, Device device, const std::function
   const std::string full_key = device.str() + "|" + key;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
-    auto it = c.arrays.find(full_key);
-    if (it != c.arrays.end()) return it->second;
+    auto it = c.entries.find(full_key);
+    if (it != c.entries.end()) {
+      c.uses.splice(c.uses.end(), c.uses, it->second.use);
+      return it->second.array;
+    }
   }
   // Made outside the lock: `make` may itself use constants.
   Array made = make();
@@ -36,15 +44,16 @@ Array device_constant(const std::string& key, Device device, const std::function
            "': expected a plain, untraced array");
   if (made.device() != device) made = made.to(device);
   std::lock_guard<std::mutex> lock(c.mutex);
-  auto [it, inserted] = c.arrays.emplace(full_key, made);
-  if (!inserted) return it->second;  // another thread made it first: everyone shares one
-  c.order.push_back(full_key);
+  auto it = c.entries.find(full_key);
+  if (it != c.entries.end()) return it->second.array;  // another thread made it first: one for all
+  c.uses.push_back(full_key);
+  c.entries.emplace(full_key, Cache::Entry{made, std::prev(c.uses.end())});
   c.bytes += made.nbytes();
-  while (c.bytes > kDeviceConstantBytes && c.order.size() > 1) {
-    auto old = c.arrays.find(c.order.front());
-    c.bytes -= old->second.nbytes();
-    c.arrays.erase(old);
-    c.order.pop_front();
+  while ((c.bytes > kDeviceConstantBytes || c.entries.size() > kDeviceConstantEntries) && c.uses.size() > 1) {
+    auto old = c.entries.find(c.uses.front());
+    c.bytes -= old->second.array.nbytes();
+    c.entries.erase(old);
+    c.uses.pop_front();
   }
   return made;
 }
@@ -52,7 +61,7 @@ Array device_constant(const std::string& key, Device device, const std::function
 DeviceConstantStats device_constant_stats() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  return {c.arrays.size(), c.bytes};
+  return {c.entries.size(), c.bytes};
 }
 
 }  // namespace mt

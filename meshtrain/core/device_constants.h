@@ -14,11 +14,13 @@ namespace mt {
 
 // The array `make` returns for `key` on `device`, made (and moved to `device`) on the first
 // call and the same array after. `key` must name everything the values depend on. The cache
-// keeps at most kDeviceConstantBytes; beyond that the oldest entries go (their holders keep
-// them alive).
+// keeps at most kDeviceConstantBytes in kDeviceConstantEntries; beyond that the least
+// recently used go (their holders keep them alive). For shapes a run meets again (training
+// steps, a prefill), not for what changes every call (one decoding position after another).
 Array device_constant(const std::string& key, Device device, const std::function<Array()>& make);
 
 constexpr size_t kDeviceConstantBytes = size_t(256) << 20;
+constexpr size_t kDeviceConstantEntries = 512;
 
 // Entries and bytes held now (for tests).
 struct DeviceConstantStats {

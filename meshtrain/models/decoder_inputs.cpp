@@ -15,12 +15,15 @@
 namespace mt::models {
 
 Array arange_ids(int64_t start, int64_t n) {
-  // Made once per (start, n) and device: each forward would otherwise upload it again.
-  return device_constant("arange_ids " + std::to_string(start) + " " + std::to_string(n), current_device(), [&] {
+  auto make = [&] {
     std::vector<int64_t> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[size_t(i)] = start + i;
     return Array::from_vector(v, Shape{n});
-  });
+  };
+  // A step's positions are made once per (start, n) and device, not uploaded by every forward;
+  // a decoding step's single position changes every call and is not kept.
+  if (n == 1) return make();
+  return device_constant("arange_ids " + std::to_string(start) + " " + std::to_string(n), current_device(), make);
 }
 
 Array position_ids_from_mask(const Array& attention_mask, int64_t t) {

@@ -163,7 +163,7 @@ Array t5_position_bias(const T5Config& c, const Array& table, int64_t q_start, i
                           std::to_string(tk) + " " + std::to_string(int(bidirectional)) + " " +
                           std::to_string(c.relative_attention_num_buckets) + " " +
                           std::to_string(c.relative_attention_max_distance);
-  const Array buckets = device_constant(key, current_device(), [&] {
+  auto make = [&] {
     std::vector<int64_t> b(static_cast<size_t>(tq * tk));
     for (int64_t i = 0; i < tq; ++i)
       for (int64_t j = 0; j < tk; ++j)
@@ -171,7 +171,9 @@ Array t5_position_bias(const T5Config& c, const Array& table, int64_t q_start, i
                                                             c.relative_attention_num_buckets,
                                                             c.relative_attention_max_distance);
     return Array::from_vector(b, Shape{tq, tk});
-  });
+  };
+  // One decoding position (tq 1) differs at every call: not kept.
+  const Array buckets = tq == 1 ? make() : device_constant(key, current_device(), make);
   Array values = embedding(table, buckets);  // (Tq, Tk, H)
   return expand_dims(transpose(values, {2, 0, 1}), 0);
 }
