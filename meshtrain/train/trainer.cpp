@@ -167,16 +167,16 @@ Trainer::PendingStep Trainer::enqueue_step(const std::vector<Batch>& micro_batch
 void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<void(size_t, double)>& each) {
   // Every pending loss in one copy (and every check in one more): one wait for the device per
   // read, however many steps it covers.
-  std::vector<Array> scalars;
+  std::vector<Array> losses;
   std::vector<PendingCheck> checks;
   for (PendingStep& s : steps) {
-    for (const Array& l : s.losses) scalars.push_back(reshape(l, {1}));
+    losses.insert(losses.end(), s.losses.begin(), s.losses.end());
     for (PendingCheck& c : s.checks) checks.push_back(std::move(c));
     s.checks.clear();
   }
   std::vector<double> values;
-  if (!scalars.empty()) {
-    const Array all = scalars.size() == 1 ? scalars.front() : concatenate(scalars, 0);
+  if (!losses.empty()) {
+    const Array all = losses.size() == 1 ? losses.front() : stack(losses, 0);
     values = all.to_doubles();
   }
   try {
