@@ -24,11 +24,7 @@ const PartitionSpec& ShardingPlan::spec(const std::string& path) const {
   throw Error("[sharding_rules] the plan has no parameter '" + path + "'");
 }
 
-Params ShardingPlan::shard(const Params& host) const {
-  Params out;
-  for (const auto& [path, value] : host) out.set(path, dist::shard(value, mesh_, spec(path), path));
-  return out;
-}
+Params ShardingPlan::shard(const Params& host) const { return shard(Params(host)); }
 
 Params ShardingPlan::shard(Params&& host) const {
   Params out;
