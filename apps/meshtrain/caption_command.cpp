@@ -141,13 +141,10 @@ void run(const CaptionOptions& o) {
   f.checkpoint_extra[train::kImageProcessorKey] = processor.to_json();  // generate/eval preprocess as training did
   f.learning_rate = lr;
   train::FitResult r = trainer.fit(train_set, f);
-  trainer.release_optimizer_state();
-
-  model->params = gathered_params(trainer);
-  if (!deployer.is_main()) return;
+  if (!save_trained_weights(trainer, *model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, o.run,
+                            deployer))
+    return;
   const fs::path model_dir = out / "model";
-  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
-                     dtype_from_name(o.run.save_dtype));
   if (fs::exists(model_dir))
     data::save_image_processor_config(processor, model_dir.string());
   std::vector<json> rows;

@@ -56,10 +56,8 @@ void apply_training_flags(const OptimizerFlags& flags, const RunFlags& run, cons
 void export_trained_model(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
                           const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
                           const train::Deployer& deployer) {
-  trainer.release_optimizer_state();  // the export gathers the weights into its memory
-  model.params = gathered_params(trainer);
+  save_trained_weights(trainer, model, lora, base_model, tokenizer_source, run, deployer);
   const fs::path out = run.output_dir;
-  if (deployer.is_main()) save_trained_model(model, lora, base_model, tokenizer_source, out.string(), dtype_from_name(run.save_dtype));
   deployer.log("metrics in " + (out / "metrics.jsonl").string() + ", curves in " + (out / "curves.svg").string());
 }
 

@@ -142,12 +142,8 @@ void run(const ImageClassifyOptions& o) {
   f.checkpoint_extra[train::kImageProcessorKey] = processor.to_json();  // eval and generate preprocess alike
   f.learning_rate = lr;
   train::FitResult r = trainer.fit(train_set, f);
-  trainer.release_optimizer_state();
-
-  model->params = gathered_params(trainer);
-  if (!deployer.is_main()) return;
-  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, "", out.string(),
-                     dtype_from_name(o.run.save_dtype));
+  if (!save_trained_weights(trainer, *model, o.lora, o.model.empty() ? o.config : o.model, "", o.run, deployer))
+    return;
   if (fs::exists(out / "model"))
     data::save_image_processor_config(processor, (out / "model").string());
   std::vector<json> rows;

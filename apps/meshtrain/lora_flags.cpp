@@ -71,4 +71,14 @@ void save_trained_model(const models::PretrainedModel& model, const LoraFlags& l
   }
 }
 
+bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
+                          const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
+                          const train::Deployer& deployer) {
+  trainer.release_optimizer_state();
+  model.params = gathered_params(trainer);
+  if (!deployer.is_main()) return false;
+  save_trained_model(model, lora, base_model, tokenizer_source, run.output_dir, dtype_from_name(run.save_dtype));
+  return true;
+}
+
 }  // namespace mt::cli

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/meshtrain/run_flags.h"
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/optim/transform.h"
 
@@ -42,5 +43,13 @@ std::function<optim::Transform(optim::Transform)> lora_wrap(const LoraFlags& lor
 // `tokenizer_source` (none when empty: an image model).
 void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
                         const std::string& tokenizer_source, const std::string& out, DType dtype = DType::f32);
+
+// After fit: frees the optimizer state (the export gathers the weights into its memory),
+// gathers the trained weights into `model` — a collective, every rank calls it — and on the
+// main rank writes them into run.output_dir as save_trained_model does, in run.save_dtype.
+// True on the main rank, which goes on to write the command's other outputs.
+bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
+                          const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
+                          const train::Deployer& deployer);
 
 }  // namespace mt::cli

@@ -212,12 +212,9 @@ void run(const Seq2SeqOptions& o) {
   f.learning_rate = lr;
   f.tokens_per_example = o.max_source_length + o.max_target_length;
   train::FitResult r = trainer.fit(train_set, f);
-  trainer.release_optimizer_state();  // the export below gathers the weights into its memory
-
-  model->params = gathered_params(trainer);
-  if (!deployer.is_main()) return;
-  save_trained_model(*model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, out.string(),
-                     dtype_from_name(o.run.save_dtype));
+  if (!save_trained_weights(trainer, *model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, o.run,
+                            deployer))
+    return;
   std::vector<json> rows;
   for (size_t i = 0; i < last_predictions.size(); ++i)
     rows.push_back({{"source", eval_pairs.sources[i]}, {"target", eval_pairs.targets[i]}, {"prediction", last_predictions[i]}});
