@@ -41,7 +41,8 @@ bool BlockArena::grow_top(size_t bytes) {
 BlockArena::Block* BlockArena::split(Block* block, size_t size) {
   // The tail stays free; the head, of `size` bytes, is handed out.
   if (block->size > size) {
-    Block* rest = new Block{block->address + size, block->size - size, true, block, block->next};
+    Block* rest = new Block{block->address + size, block->size - size, true, block, block->next,
+                            block->discarded};
     if (block->next) block->next->prev = rest;
     block->next = rest;
     block->size = size;
@@ -63,7 +64,12 @@ BlockArena::Block* BlockArena::allocate(size_t bytes) {
     take_free(block);
     return split(block, size);
   }
-  // Nothing fits. A free block at the top only needs the difference.
+  // Nothing fits, so the top grows. The free blocks were too small for this request; were
+  // their pages kept, the resident memory would be live bytes plus these holes. Given back,
+  // a later request that fits one faults its pages in again (zero-filled), which happens
+  // only while the peak is still being found: steady steps do not grow the top.
+  discard_before_growth(last_ && last_->free ? last_ : nullptr);
+  // A free block at the top only needs the difference.
   if (last_ && last_->free) {
     if (!grow_top(size - last_->size)) return nullptr;
     take_free(last_);
@@ -87,6 +93,7 @@ void BlockArena::take_free(Block* block) {
 void BlockArena::absorb_next(Block* left) {
   Block* right = left->next;
   left->size += right->size;
+  left->discarded = left->discarded && right->discarded;
   left->next = right->next;
   if (right->next) right->next->prev = left;
   if (last_ == right) last_ = left;
@@ -95,6 +102,7 @@ void BlockArena::absorb_next(Block* left) {
 
 void BlockArena::release(Block* block) {
   block->free = true;
+  block->discarded = false;
   // Merge with free neighbours, so the freed space can serve a larger request later.
   if (Block* next = block->next; next && next->free) {
     take_free(next);
@@ -109,8 +117,20 @@ void BlockArena::release(Block* block) {
   free_bytes_ += block->size;
 }
 
+void BlockArena::discard_before_growth(const Block* keep) {
+  for (Block* block : free_) {
+    if (block == keep || block->discarded || block->size < kDiscardMin) continue;
+    madvise(block->address, block->size, MADV_DONTNEED);
+    block->discarded = true;
+    discarded_on_growth_ += block->size;
+  }
+}
+
 void BlockArena::discard_free_pages() {
-  for (Block* block : free_) madvise(block->address, block->size, MADV_DONTNEED);
+  for (Block* block : free_) {
+    madvise(block->address, block->size, MADV_DONTNEED);
+    block->discarded = true;
+  }
 }
 
 }  // namespace mt

@@ -9,6 +9,8 @@
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/core/block_arena.h"
 
+#include <sys/mman.h>
+
 namespace mt {
 namespace {
 
@@ -167,6 +169,57 @@ TEST(Allocator, ResidentMemoryFollowsThePeakOfLiveBytesAcrossChangingSizes) {
   }
   std::cout << "  arena top " << arena.top() / mb << " MiB for a peak of " << peak_live / mb << " MiB live\n";
   EXPECT_LE(arena.top(), peak_live + BlockArena::kGranule * 16);
+}
+
+// Pages of [address, address + bytes) that are in memory, as the kernel reports them.
+size_t resident_pages(const char* address, size_t bytes) {
+  std::vector<unsigned char> in_core(bytes / BlockArena::kGranule);
+  EXPECT_EQ(mincore(const_cast<char*>(address), bytes, in_core.data()), 0);
+  size_t n = 0;
+  for (unsigned char page : in_core) n += page & 1;
+  return n;
+}
+
+TEST(Allocator, ArenaGivesBackTheHolesTooSmallForTheRequestThatGrowsIt) {
+  // A hole between live blocks that a larger request cannot use: kept resident, it would put
+  // the process above its peak of live bytes (FSDP's shards left such holes under Adam's
+  // moments). Growing the top gives its pages back; a request that fits takes it again.
+  BlockArena arena(size_t(1) << 30);
+  const size_t mb = size_t(1) << 20;
+  BlockArena::Block* hole = arena.allocate(8 * mb);
+  BlockArena::Block* live = arena.allocate(4 * mb);
+  BlockArena::Block* small = arena.allocate(BlockArena::kDiscardMin / 2);
+  BlockArena::Block* live2 = arena.allocate(4 * mb);
+  for (BlockArena::Block* b : {hole, live, small, live2}) std::memset(b->address, 7, b->size);
+  char* const hole_address = hole->address;
+  char* const small_address = small->address;
+  const size_t small_size = small->size;
+  arena.release(hole);
+  arena.release(small);
+  EXPECT_EQ(resident_pages(hole_address, 8 * mb), 8 * mb / BlockArena::kGranule);
+  // Reused without growth: nothing is given back.
+  BlockArena::Block* reuse = arena.allocate(6 * mb);
+  EXPECT_EQ(reuse->address, hole_address);
+  EXPECT_EQ(arena.discarded_on_growth(), 0u);
+  arena.release(reuse);
+  BlockArena::Block* big = arena.allocate(9 * mb);  // fits no hole: the top grows
+  EXPECT_EQ(big->address, live2->address + live2->size);
+  EXPECT_EQ(arena.discarded_on_growth(), 8 * mb);
+  EXPECT_EQ(resident_pages(hole_address, 8 * mb), 0u);
+  // Holes under kDiscardMin and live blocks keep their pages and their contents.
+  EXPECT_EQ(resident_pages(small_address, small_size), small_size / BlockArena::kGranule);
+  EXPECT_EQ(live->address[0], 7);
+  EXPECT_EQ(resident_pages(live->address, live->size), live->size / BlockArena::kGranule);
+  // A second growth does not give the same hole back twice; a reused hole works again.
+  arena.allocate(10 * mb);
+  EXPECT_EQ(arena.discarded_on_growth(), 8 * mb);
+  BlockArena::Block* again = arena.allocate(8 * mb);
+  EXPECT_EQ(again->address, hole_address);
+  std::memset(again->address, 9, again->size);
+  EXPECT_EQ(again->address[8 * mb - 1], 9);
+  arena.release(again);  // resident again: the next growth gives it back once more
+  arena.allocate(11 * mb);
+  EXPECT_EQ(arena.discarded_on_growth(), 16 * mb);
 }
 
 TEST(InPlace, AddWritesIntoAMovedSoleOwnerAndNowhereElse) {
