@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt {
@@ -28,8 +30,26 @@ RngKey RngKey::fold_in(uint64_t data) const {
   // Hash (stream, data) through Philox under a fixed key so derived streams never collide
   // with small literal stream numbers.
   auto h = philox4x32({uint32_t(data), uint32_t(data >> 32), uint32_t(stream), uint32_t(stream >> 32)},
-                      {0x6d657368u, 0x74726169u});
-  return RngKey{seed, uint64_t(h[0]) | uint64_t(h[1]) << 32};
+                      {uint32_t(kFoldInSeed), uint32_t(kFoldInSeed >> 32)});
+  return RngKey{seed, uint64_t(h[0]) | uint64_t(h[1]) << 32, fold_last};
+}
+
+RngKey RngKey::folding_last(const Array& value) const {
+  MT_CHECK(value.dtype() == DType::i64 && value.numel() == 1 && !value.sharded(),
+           "[rng] a key's last fold must be one i64 value, got ", dtype_name(value.dtype()), value.shape().str());
+  return RngKey{seed, stream, std::make_shared<const Array>(value)};
+}
+
+RngKey RngKey::resolved() const {
+  if (!fold_last) return *this;
+  MT_CHECK(fold_last->device().is_cpu(), "[rng] a key folding in a value on ", fold_last->device().str(),
+           " is resolved by that device's kernels, not on the host");
+  return RngKey{seed, stream}.fold_in(uint64_t(*fold_last->data<int64_t>()));
+}
+
+RngKey RngKey::host_resolved() const {
+  if (!fold_last || fold_last->device().is_cpu()) return resolved();
+  return RngKey{seed, stream}.fold_in(uint64_t(fold_last->to_ints().at(0)));
 }
 
 namespace {
@@ -91,6 +111,7 @@ void philox_16_blocks(const RngKey& key, uint64_t first_block, uint32_t (&w)[4][
 }  // namespace
 
 void fill_uniform(const RngKey& key, uint64_t offset, int64_t n, float* out) {
+  MT_CHECK(!key.fold_last, "[rng] fill_uniform needs a resolved key (RngKey::resolved)");
   if (n <= 0) return;
   const uint64_t end = offset + uint64_t(n);
   // Element i is lane i % 4 of block i / 4. Whole groups of 16 blocks go through the
@@ -121,6 +142,7 @@ void fill_uniform(const RngKey& key, uint64_t offset, int64_t n, float* out) {
 }
 
 void fill_normal(const RngKey& key, uint64_t offset, int64_t n, float* out) {
+  MT_CHECK(!key.fold_last, "[rng] fill_normal needs a resolved key (RngKey::resolved)");
   if (n <= 0) return;
   const uint64_t first = offset / 2, end = offset + uint64_t(n);
   const int64_t blocks = int64_t((end - 1) / 2 - first + 1);

@@ -47,6 +47,8 @@ class Deployer {
   RngKey init_key() const { return RngKey{options_.seed, 0}.fold_in(0x1417); }
   // The key of training step `step` (dropout etc.), the same on every rank.
   RngKey step_key(int64_t step) const { return RngKey{options_.seed, 1}.fold_in(uint64_t(step)); }
+  // step_key's root: the step is folded into it last (RngKey::folding_last), on the device.
+  RngKey step_key_root() const { return RngKey{options_.seed, 1}; }
 
   // Redco's get_lr_schedule_fn: the optimizer steps of `num_epochs` over `train_size`
   // examples at this mesh's global batch (per_device_batch_size x data size x accumulation),

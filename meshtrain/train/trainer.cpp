@@ -140,14 +140,15 @@ Trainer::PendingStep Trainer::enqueue_step(const std::vector<Batch>& micro_batch
   MT_CHECK(!micro_batches.empty(), "[trainer] a step needs at least one micro-batch");
   MT_CHECK(!opt_state_released_, "[trainer] cannot train: the optimizer state was released (release_optimizer_state)");
   MT_CHECK(broken_.empty(), "[trainer] cannot train: ", broken_);
-  const RngKey key = deployer_.step_key(step_);
   std::vector<Batch> rolled;
   if (rollout_) {
     trace::Span span("phase", "rollout");
-    rolled = rollout_(params_, micro_batches, step_, key.fold_in(0x7011));
+    // Sampling draws on the host: its key has the step folded in there.
+    rolled = rollout_(params_, micro_batches, step_, deployer_.step_key(step_).fold_in(0x7011));
     MT_CHECK(!rolled.empty(), "[trainer] the rollout returned no batch");
   }
   const std::vector<Batch>& batches = rollout_ ? rolled : micro_batches;
+  const RngKey key = device_step_key();
   PendingStep pending;
   if (custom_step_) {
     trace::Span span("phase", "custom_step");
@@ -162,6 +163,14 @@ Trainer::PendingStep Trainer::enqueue_step(const std::vector<Batch>& micro_batch
   }
   pending.step = ++step_;
   return pending;
+}
+
+RngKey Trainer::device_step_key() {
+  if (!step_fold_.defined()) step_fold_ = Array::zeros({}, DType::i64, current_device());
+  // Ordered after the kernels already enqueued, which read the previous step's number.
+  const int64_t step = step_;
+  step_fold_.write_from_host(&step);
+  return deployer_.step_key_root().folding_last(step_fold_);
 }
 
 void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<void(size_t, double)>& each) {

@@ -38,7 +38,9 @@ using CollateFn = std::function<Batch(const std::vector<data::Example>&)>;
 using LossFn = std::function<Array(const Params&, const Batch&, const RngKey&, bool training)>;
 // A replacement for the default optimizer step (value_and_grad over each micro-batch,
 // mean of the gradients, optimizer update): updates params and opt_state in place and
-// returns the step's loss.
+// returns the step's loss. Its key, like the default step's, folds the step number in last
+// from a device scalar (RngKey::fold_last): kernels draw from it as it is; host code that
+// draws from it takes key.host_resolved().
 using TrainStepFn = std::function<double(Params& params, Params& opt_state, const std::vector<Batch>& micro_batches,
                                          const RngKey& key)>;
 
@@ -211,6 +213,10 @@ class Trainer {
   };
   PendingStep enqueue_step(const std::vector<Batch>& micro_batches);
   PendingStep enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
+  // The default step's key: the run's step key with the step number folded in last from
+  // step_fold_, which the host rewrites before each step. The step's launches then carry the
+  // same arguments every step (a captured CUDA graph replays them) and still draw new masks.
+  RngKey device_step_key();
   // Reads the pending steps' losses in one copy and their checks in one more; returns each
   // step's mean loss, in order, with its metrics and host reads left in step_metrics_ and
   // step_host_reads_ by the callback `each(i, loss)` before the next is read. A failed check
@@ -268,6 +274,7 @@ class Trainer {
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
   AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
+  Array step_fold_;  // i64 scalar on the device: step_ while a default step runs
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
   // Reads of array values to the host (core/host_reads.h) in the last default step between
   // its batch and its loss read: each one a wait for the device on a GPU (issue 45).

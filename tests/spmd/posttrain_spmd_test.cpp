@@ -71,7 +71,8 @@ StepsRun reference(const train::LossFn& loss, const Params& start, const optim::
   Params params = start, state = opt.init(params);
   StepsRun r;
   for (size_t s = 0; s < batches.size(); ++s) {
-    const RngKey key = deployer.step_key(int64_t(s)).fold_in(0);
+    // The Trainer's key: micro-batch 0, the step folded in last from a device scalar.
+    const RngKey key = deployer.step_key_root().fold_in(0).folding_last(Array::scalar(double(s), DType::i64, Device::cpu()));
     auto [trainable, frozen] = optim::split_frozen(opt, params);
     train::MetricRecorder recorder;
     std::map<std::string, Array> recorded;

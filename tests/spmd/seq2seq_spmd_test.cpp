@@ -77,7 +77,8 @@ ReferenceRun reference(const models::PretrainedModel& m, const train::Deployer& 
   ReferenceRun r;
   for (size_t s = 0; s < batches.size(); ++s) {
     const train::Batch& b = batches[s];
-    const RngKey key = deployer.step_key(int64_t(s)).fold_in(0);
+    // The Trainer's key: micro-batch 0, the step folded in last from a device scalar.
+    const RngKey key = deployer.step_key_root().fold_in(0).folding_last(Array::scalar(double(s), DType::i64, Device::cpu()));
     auto [loss, grads] = value_and_grad([&](const Params& p) {
       return m.seq2seq_loss(p, {.input_ids = b["input_ids"], .attention_mask = b["attention_mask"],
                                 .decoder_input_ids = b["decoder_input_ids"]},

@@ -161,6 +161,21 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"add_dropout_rms_norm", {rn({4, 8}, 130), rn({4, 8}, 131), rn({8}, 132), keep48},
                [key](const std::vector<Array>& in) { return add_dropout_rms_norm(in[0], in[1], in[2], 1e-6, 0.25, key, true); },
                "s = x0 + x1 * x3 / 0.75\nout = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * x2"});
+  // A key whose last fold (the Trainer's step number) is read from memory on the inputs'
+  // device: the same mask as the key with that value folded in on the host.
+  auto step_folded = [key](const Array& on) {
+    return key.folding_last(Array::scalar(5, DType::i64, on.device()));
+  };
+  const Array keep46_step5 = ne(dropout(Array::ones({4, 6}), 0.25, key.fold_in(5), true), Array::zeros({4, 6}));
+  c.push_back({"dropout", {rn({4, 6}, 133), keep46_step5},
+               [step_folded](const std::vector<Array>& in) { return dropout(in[0], 0.25, step_folded(in[0]), true); },
+               "out = x0 * x1 / 0.75"});
+  const Array keep48_step5 = ne(dropout(Array::ones({4, 8}), 0.25, key.fold_in(5), true), Array::zeros({4, 8}));
+  c.push_back({"add_dropout_layer_norm", {rn({4, 8}, 134), rn({4, 8}, 135), rn({8}, 136), rn({8}, 137), keep48_step5},
+               [step_folded](const std::vector<Array>& in) {
+                 return add_dropout_layer_norm(in[0], in[1], in[2], in[3], 1e-5, 0.25, step_folded(in[0]), true);
+               },
+               "out = F.layer_norm(x0 + x1 * x4 / 0.75, (8,), x2, x3, 1e-5)"});
   c.push_back({"cross_entropy", {rn({8, 7}, 93), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8})},
                [](const std::vector<Array>& in) { return cross_entropy(in[0], in[1], -100, 0.1); },
                "out = F.cross_entropy(x0, x1, ignore_index=-100, label_smoothing=0.1)"});

@@ -177,6 +177,42 @@ TEST(Random, DropoutVjpUsesTheSameMask) {
   EXPECT_EQ(gg[0].to_floats(), g);
 }
 
+TEST(Random, ALastFoldReadFromMemoryDrawsAsTheHostFoldAndFollowsItsValue) {
+  // The Trainer's step key: one key object for every step, the step number read from an i64
+  // scalar when the kernels run (so a captured GPU step replays the same launches).
+  const RngKey root = RngKey{11, 12}.fold_in(3);
+  const Array step = Array::scalar(7, DType::i64, Device::cpu());
+  const RngKey key = root.folding_last(step);
+  EXPECT_EQ(key.fold_in(2).resolved().stream, root.fold_in(2).fold_in(7).stream);  // folded last
+  EXPECT_EQ(key.host_resolved().stream, root.fold_in(7).stream);
+  const Array x = random_normal(RngKey{5, 6}, {9, 13});
+  const Array gamma = random_normal(RngKey{5, 7}, {13}), beta = random_normal(RngKey{5, 8}, {13});
+  const Array q = random_normal(RngKey{6, 1}, {2, 2, 5, 8}), k = random_normal(RngKey{6, 2}, {2, 2, 6, 8}),
+              v = random_normal(RngKey{6, 3}, {2, 2, 6, 8});
+  auto draws = [&](const RngKey& kk) {
+    std::vector<std::vector<float>> out;
+    out.push_back(dropout(x, 0.3, kk, true).to_floats());
+    out.push_back(add_dropout(x, x, 0.3, kk, true).to_floats());
+    out.push_back(add_dropout_layer_norm(x, x, gamma, beta, 1e-5, 0.3, kk, true).to_floats());
+    out.push_back(flash_attention(q, k, v, 0.35, true, 0.3, kk).to_floats());
+    // The backward pass draws the mask again, from the same key.
+    out.push_back(vjp([&](const std::vector<Array>& in) { return dropout(in[0], 0.3, kk, true); }, {x}, x).second[0].to_floats());
+    return out;
+  };
+  EXPECT_EQ(draws(key), draws(root.fold_in(7)));
+  // The next step writes its number where the key reads it: new masks, the same key object.
+  const int64_t next = 8;
+  step.write_from_host(&next);
+  const auto step8 = draws(key);
+  EXPECT_EQ(step8, draws(root.fold_in(8)));
+  EXPECT_NE(step8[0], draws(root.fold_in(7))[0]);
+  // Host draws must name the value: an unresolved key is refused, not silently unfolded.
+  std::vector<float> head(4);
+  EXPECT_THROW(fill_uniform(key, 0, 4, head.data()), Error);
+  EXPECT_THROW(root.folding_last(Array::scalar(1, DType::f32, Device::cpu())), Error);
+  EXPECT_THROW(root.folding_last(Array::zeros({2}, DType::i64, Device::cpu())), Error);
+}
+
 TEST(Random, FoldInGivesDistinctStreams) {
   const RngKey base{42, 0};
   std::set<uint64_t> streams;

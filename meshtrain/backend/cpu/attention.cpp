@@ -180,7 +180,8 @@ int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
 // The dropout multipliers of row (bh, i): 0, or 1 / (1 - rate) where kept, from the same
 // Philox stream dropout() draws on the (BH, Tq, Tk) probabilities.
 void keep_factors(const FlashAttentionShape& s, int64_t bh, int64_t i, int64_t n, float* keep) {
-  fill_uniform(s.dropout_key, uint64_t((bh * s.tq + i) * s.tk), n, keep);
+  // Resolved per row (a read and one Philox block): nothing beside a row of Philox blocks.
+  fill_uniform(s.dropout_key.resolved(), uint64_t((bh * s.tq + i) * s.tk), n, keep);
   const float kept = float(1.0 / (1.0 - s.dropout_rate)), threshold = keep_threshold(s.dropout_rate);
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) keep[j] = keep[j] >= threshold ? kept : 0.0f;

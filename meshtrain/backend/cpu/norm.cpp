@@ -38,14 +38,16 @@ void dispatch_x_w(const Array& x, const Array& w, const Array& b, const char* op
 // The branch's dropout for one row: its keep threshold, scale and the row's uniforms.
 struct RowDropout {
   const kernels::DropoutBranch* branch;
+  RngKey key;  // the branch's, its last fold read once
   float threshold = 0, scale = 0;
   explicit RowDropout(const kernels::DropoutBranch* b) : branch(b) {
     if (!b) return;
+    key = b->key.resolved();
     threshold = kernels::keep_threshold(b->rate);
     scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
   }
   void uniforms(int64_t row, int64_t c, float* out) const {
-    fill_uniform(branch->key, uint64_t(kernels::row_stream_start(branch->input.defined() ? branch->input.shape()
+    fill_uniform(key, uint64_t(kernels::row_stream_start(branch->input.defined() ? branch->input.shape()
                                                                                            : branch->grad.shape(),
                                                                   branch->block, row)),
                  c, out);

@@ -19,7 +19,8 @@ constexpr int64_t kChunk = 4096;
 // local element i takes stream element g(i), its global flat index: chunk boundaries and
 // sharding change no value because every element depends only on its global position.
 template <bool kNormal, class Fn>
-void for_each_chunk(const RngKey& key, const Shape& local, const StreamBlock& block, Fn&& fn) {
+void for_each_chunk(const RngKey& unresolved, const Shape& local, const StreamBlock& block, Fn&& fn) {
+  const RngKey key = unresolved.resolved();  // its last fold read once, before the threads
   const int64_t total = local.numel();
   // Runs of consecutive global indices: the whole array, or one per row of the block.
   int64_t run_len = total, runs = total > 0 ? 1 : 0;

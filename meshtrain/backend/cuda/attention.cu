@@ -43,6 +43,7 @@ __device__ inline void load_tile(float (*a)[MaxD], float (*b)[MaxD], const T* x,
 template <class T, int MaxD>
 __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t tq, int64_t tk, int d,
                                float scale, bool causal, AttentionDropout dr) {
+  fold_last_in(dr);
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
   const bool active = i < tq;
@@ -108,6 +109,7 @@ template <class T, int MaxD>
 __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                    T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal,
                                    AttentionDropout dr) {
+  fold_last_in(dr);
   __shared__ float kself[kTile][MaxD + 1], vself[kTile][MaxD + 1];
   __shared__ float qs[kTile][MaxD], gs[kTile][MaxD], ls[kTile], ds_[kTile];
   const int64_t bh = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
@@ -164,6 +166,7 @@ template <class T, int MaxD>
 __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                   T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal,
                                   AttentionDropout dr) {
+  fold_last_in(dr);
   __shared__ float qself[kTile][MaxD + 1], gself[kTile][MaxD + 1];
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
@@ -202,7 +205,7 @@ __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g
 }
 
 AttentionDropout dropout_of(const kernels::FlashAttentionShape& s) {
-  return attention_dropout(s.dropout_rate, s.dropout_key.seed, s.dropout_key.stream);
+  return attention_dropout(s.dropout_rate, s.dropout_key);
 }
 
 template <class F>

@@ -11,7 +11,14 @@ struct AttentionDropout {
   float scale;  // 1 / (1 - rate)
   uint64_t seed, stream_id;
   bool on;
+  const int64_t* fold_last;  // the key's last fold, in device memory (null: none)
 };
+
+// Folds the key's last value into the stream: each kernel once per thread, before drawing.
+__device__ inline void fold_last_in(AttentionDropout& dr) {
+  dr.stream_id = stream_of(dr.stream_id, dr.fold_last);
+  dr.fold_last = nullptr;
+}
 
 __device__ inline float keep_from_word(const AttentionDropout& dr, uint32_t word) {
   return double(philox_uniform(word)) >= dr.rate ? dr.scale : 0.0f;
@@ -41,8 +48,9 @@ __device__ inline void keep_factors4(const AttentionDropout& dr, int64_t idx, fl
   }
 }
 
-inline AttentionDropout attention_dropout(double rate, uint64_t seed, uint64_t stream_id) {
-  return {rate, rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, seed, stream_id, rate > 0};
+inline AttentionDropout attention_dropout(double rate, const RngKey& key) {
+  return {rate, rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, key.seed, key.stream, rate > 0,
+          rate > 0 ? fold_last_address(key) : nullptr};
 }
 
 }  // namespace mt::cuda

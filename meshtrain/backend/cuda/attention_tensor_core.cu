@@ -259,6 +259,7 @@ template <class Ops, int MaxD>
 __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float* q, const float* k, const float* v,
                                                                     float* out, float* lse, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -350,6 +351,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_q_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
                           const float* dvec, float* dq, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -417,6 +419,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_kv_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
                            const float* dvec, float* dk, float* dv, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
   extern __shared__ __align__(128) unsigned char smem[];

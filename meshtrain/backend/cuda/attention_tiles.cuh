@@ -132,7 +132,7 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           int(s.d),
           s.scale,
           s.causal,
-          attention_dropout(s.dropout_rate, s.dropout_key.seed, s.dropout_key.stream),
+          attention_dropout(s.dropout_rate, s.dropout_key),
           s.key_mask,
           s.heads,
           s.mask_batches,

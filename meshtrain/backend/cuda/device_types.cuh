@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/core/rng.h"
 
 namespace mt::cuda {
 
@@ -149,6 +150,27 @@ __device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stre
     k1 += 0xBB67AE85u;
   }
   w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
+}
+
+// RngKey::fold_in's stream on the device: (stream, data) hashed under core/rng's fold seed.
+__device__ inline uint64_t fold_stream(uint64_t stream_id, uint64_t data) {
+  uint32_t w[4];
+  philox_block(data, kFoldInSeed, stream_id, w);
+  return uint64_t(w[0]) | uint64_t(w[1]) << 32;
+}
+
+// A key's stream with its last fold (RngKey::fold_last, read from device memory when the
+// kernel runs; null: none) folded in. Kernels call it once per thread, before drawing.
+__device__ inline uint64_t stream_of(uint64_t stream_id, const int64_t* fold_last) {
+  return fold_last ? fold_stream(stream_id, uint64_t(*fold_last)) : stream_id;
+}
+
+// The device address of a key's last fold for the kernels' stream_of (null when it has none).
+inline const int64_t* fold_last_address(const RngKey& key) {
+  if (!key.fold_last) return nullptr;
+  MT_CHECK(key.fold_last->device().is_cuda(), "[cuda] a GPU kernel's random key folds in a value on ",
+           key.fold_last->device().str(), "; it must be on the GPU");
+  return key.fold_last->data<int64_t>();
 }
 
 // A Philox word as core/rng's uniform in [0, 1): its top 24 bits over 2^24. Dropout keeps an

@@ -26,6 +26,7 @@ struct DeviceBranch {
   T* sum = nullptr;          // forward: x + dropout(input)
   T* grad = nullptr;         // backward: dropout(dx)
   uint64_t seed = 0, stream_id = 0;
+  const int64_t* fold_last = nullptr;  // the key's last fold, folded in by each thread first
   double rate = 0;
   float scale = 0;
   BlockMap map;
@@ -41,6 +42,7 @@ DeviceBranch<T> device_branch(const kernels::DropoutBranch* b, const Shape& shap
   d.grad = b->grad.defined() ? static_cast<T*>(b->grad.raw()) : nullptr;
   d.seed = b->key.seed;
   d.stream_id = b->key.stream;
+  d.fold_last = fold_last_address(b->key);
   d.rate = b->rate;
   d.scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
   d.map = block_map(shape, b->block, "layer_norm");
@@ -55,6 +57,7 @@ __device__ inline bool keeps(const DeviceBranch<T>& br, int64_t i) {
 template <class T, class W>
 __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W* b, double eps, T* y, float* mean,
                                    float* rstd, int64_t c, DeviceBranch<T> br) {
+  br.stream_id = stream_of(br.stream_id, br.fold_last);
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * c;
@@ -93,6 +96,7 @@ __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W
 template <class T, class W>
 __global__ void norm_backward_dx_kernel(bool center, const T* g, const T* x, const W* w, const float* mean,
                                         const float* rstd, T* dx, int64_t c, DeviceBranch<T> br) {
+  br.stream_id = stream_of(br.stream_id, br.fold_last);
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const float mu = center ? mean[r] : 0.0f, rs = rstd[r];

@@ -12,8 +12,9 @@ namespace {
 // The whole array (not a block of a sharded one): one Philox block gives the 4 uniforms of
 // elements 4b .. 4b+3, so each thread computes it once for its 4 elements.
 template <class T>
-__global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id, double rate,
-                                     float scale) {
+__global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
+                                     const int64_t* fold_last, double rate, float scale) {
+  stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, (n + 3) / 4) {
     uint32_t w[4];
     philox_block(uint64_t(b), seed, stream_id, w);
@@ -27,7 +28,8 @@ __global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t see
 
 // f32 with 16-byte aligned buffers: each thread's 4 elements move as one vector.
 __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t n4, uint64_t seed, uint64_t stream_id,
-                                           double rate, float scale) {
+                                           const int64_t* fold_last, double rate, float scale) {
+  stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, n4) {
     uint32_t w[4];
     philox_block(uint64_t(b), seed, stream_id, w);
@@ -41,8 +43,9 @@ __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t
 }
 
 template <class T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id, double rate,
-                               float scale, BlockMap map) {
+__global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
+                               const int64_t* fold_last, double rate, float scale, BlockMap map) {
+  stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(i, n) {
     const uint64_t g = global_index(map, i);
     const float uniform = philox_uniform(philox_word(g / 4, uint32_t(g % 4), seed, stream_id));
@@ -53,7 +56,8 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uin
 // x + dropout(branch) in one pass, each element's uniform drawn at its global position.
 template <class T>
 __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                                   double rate, float scale, BlockMap map) {
+                                   const int64_t* fold_last, double rate, float scale, BlockMap map) {
+  stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(i, n) {
     const float uniform = uniform_at_block(map, i, seed, stream_id);
     // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
@@ -69,19 +73,20 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
   if (n == 0) return;
   const BlockMap map = block_map(x.shape(), block, "dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  const int64_t* fold_last = fold_last_address(key);
   dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     const bool vector4 = std::is_same_v<T, float> && n % 4 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
     if (map.ndim == 0 && vector4)
       dropout_whole_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(
-          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, rate, scale);
+          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, fold_last, rate, scale);
     else if (map.ndim == 0)
       dropout_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed,
-                                                                               key.stream, rate, scale);
+                                                                               key.stream, fold_last, rate, scale);
     else
-      dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream, rate,
-                                                               scale, map);
+      dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream,
+                                                               fold_last, rate, scale, map);
   });
   check_launch("dropout");
 }
@@ -92,10 +97,11 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
   if (n == 0) return;
   const BlockMap map = block_map(branch.shape(), block, "add_dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  const int64_t* fold_last = fold_last_address(key);
   dispatch_device_float(x.dtype(), "add_dropout", [&](auto tag) {
     using T = decltype(tag);
     dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed,
-                                                                 key.stream, rate, scale, map);
+                                                                 key.stream, fold_last, rate, scale, map);
   });
   check_launch("add_dropout");
 }
