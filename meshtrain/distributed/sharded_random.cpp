@@ -22,14 +22,14 @@ Array random_normal(const RngKey& key, const Shape& shape, const Sharding& shard
                     double std, const std::string& what) {
   if (sharding.is_trivial()) return mt::random_normal(key, shape, dtype, mean, std);
   return make_block(shape, sharding, dtype, what,
-                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_normal(key, local, mean, std, b); });
+                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_normal(key.host_resolved(), local, mean, std, b); });
 }
 
 Array random_uniform(const RngKey& key, const Shape& shape, const Sharding& sharding, DType dtype, double lo, double hi,
                      const std::string& what) {
   if (sharding.is_trivial()) return mt::random_uniform(key, shape, dtype, lo, hi);
   return make_block(shape, sharding, dtype, what,
-                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_uniform(key, local, lo, hi, b); });
+                    [&](Array& local, const kernels::StreamBlock& b) { cpu::random_uniform(key.host_resolved(), local, lo, hi, b); });
 }
 
 }  // namespace mt::dist

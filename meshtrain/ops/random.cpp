@@ -28,7 +28,7 @@ Array random_uniform(const RngKey& key, const Shape& shape, DType dtype, double 
   // Drawn on the host whatever the device: initial values are then the same bits on every
   // device (a one-time cost; dropout, drawn every step, has its own GPU kernel).
   Array out = Array::empty(shape, dtype, Device::cpu());
-  cpu::random_uniform(key, out, lo, hi);
+  cpu::random_uniform(key.host_resolved(), out, lo, hi);
   return out.to(current_device());
 }
 
@@ -38,7 +38,7 @@ Array random_normal(const RngKey& key, const Shape& shape, DType dtype, double m
   MT_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0,
            "[random_normal] need finite mean and std >= 0, got mean ", mean, " std ", std);
   Array out = Array::empty(shape, dtype, Device::cpu());
-  cpu::random_normal(key, out, mean, std);
+  cpu::random_normal(key.host_resolved(), out, mean, std);
   return out.to(current_device());
 }
 
@@ -46,7 +46,7 @@ Array bernoulli(const RngKey& key, const Shape& shape, double p) {
   check_shape(shape, "bernoulli");
   MT_CHECK(p >= 0.0 && p <= 1.0, "[bernoulli] probability ", p, " outside [0, 1]");
   Array out = Array::empty(shape, DType::boolean, Device::cpu());
-  cpu::bernoulli(key, out, p);
+  cpu::bernoulli(key.host_resolved(), out, p);
   return out.to(current_device());
 }
 

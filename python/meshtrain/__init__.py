@@ -487,7 +487,9 @@ class Predictor:
 
 
 class random:  # noqa: N801  (a namespace, as jax.random)
-    """Counter-based random arrays from explicit keys: a key is an int seed or (seed, stream)."""
+    """Counter-based random arrays from explicit keys: a key is an int seed or (seed, stream).
+    A Trainer hands its loss (seed, stream, step): the step is folded in after every fold_in,
+    as the C++ trainer's key does, and fold_in / split keep it."""
 
     @staticmethod
     def key(seed, stream=0):

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "meshtrain/autodiff/params.h"
+#include "meshtrain/core/array.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/rng.h"
 
@@ -27,16 +28,29 @@ inline pybind11::dict dict_of(const Params& p) {
   return d;
 }
 
-// A key from Python: an int seed or a (seed, stream) pair (meshtrain.random.key); None is the
-// default key.
+// A key from Python: an int seed, a (seed, stream) pair (meshtrain.random.key), or inside a
+// Trainer's loss (seed, stream, step): the step is folded in last, after every fold_in, as the
+// C++ step key folds it (RngKey::fold_last), so a Python loss draws the C++ loss's masks. None
+// is the default key.
 inline RngKey key_of(const pybind11::object& key) {
   if (key.is_none()) return RngKey{};
   if (pybind11::isinstance<pybind11::tuple>(key) || pybind11::isinstance<pybind11::list>(key)) {
     auto v = key.cast<std::vector<uint64_t>>();
     if (v.size() == 2) return RngKey{v[0], v[1]};
+    // Made where the kernels run (a fill: nothing is uploaded).
+    if (v.size() == 3) return RngKey{v[0], v[1]}.folding_last(Array::scalar(double(int64_t(v[2])), DType::i64, current_device()));
   }
   if (pybind11::isinstance<pybind11::int_>(key)) return RngKey{key.cast<uint64_t>(), 0};
-  throw Error("[random] a key is an int seed or a (seed, stream) pair from meshtrain.random.key");
+  throw Error("[random] a key is an int seed, a (seed, stream) pair from meshtrain.random.key, or a Trainer's (seed, stream, step)");
+}
+
+// A key for Python: (seed, stream), and its last fold's value third when it has one (read to
+// the host: a wait for the device on a GPU).
+inline pybind11::tuple key_tuple(const RngKey& k) {
+  if (!k.fold_last) return pybind11::make_tuple(k.seed, k.stream);
+  const Array& last = *k.fold_last;
+  const int64_t value = last.device().is_cpu() ? *last.data<int64_t>() : last.to_ints().at(0);
+  return pybind11::make_tuple(k.seed, k.stream, uint64_t(value));
 }
 
 // A Python callable an engine closure keeps: released under the GIL, on whatever thread the

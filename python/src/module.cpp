@@ -18,6 +18,7 @@ namespace py = pybind11;
 using namespace mt;
 using mt::python::dict_of;
 using mt::python::key_of;
+using mt::python::key_tuple;
 using mt::python::params_of;
 
 namespace {
@@ -242,8 +243,7 @@ PYBIND11_MODULE(_meshtrain, m) {
           return random_uniform(key_of(key), Shape(shape), dtype_from_name(dtype), lo, hi);
         });
   m.def("fold_in", [](const py::object& key, uint64_t data) {
-    RngKey k = key_of(key).fold_in(data);
-    return py::make_tuple(k.seed, k.stream);
+    return key_tuple(key_of(key).fold_in(data));
   });
 
   // ---- autodiff ----

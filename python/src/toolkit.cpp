@@ -114,16 +114,15 @@ train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>&
   };
 }
 
-// The Python loss: (flat params dict, batch dict, key (seed, stream), training) -> scalar
+// The Python loss: (flat params dict, batch dict, key (seed, stream, step), training) -> scalar
 // Array or (scalar, aux).
 train::LossFn loss_of(const py::function& fn, const std::shared_ptr<Rows>& rows) {
   auto f = held(fn);
   return [f, rows](const Params& p, const Batch& b, const RngKey& key, bool training) -> Array {
     py::gil_scoped_acquire gil;
     return rows->call([&] {
-      // Python takes the key as two numbers: the step's last fold goes in on the host.
-      const RngKey k = key.host_resolved();
-      py::object r = (*f)(dict_of(p), dict_of(b), py::make_tuple(k.seed, k.stream), training);
+      // (seed, stream, step): the step still folded in last, as the C++ loss's key does.
+      py::object r = (*f)(dict_of(p), dict_of(b), python::key_tuple(key), training);
       if (py::isinstance<py::tuple>(r) && py::len(r) == 2) r = r.cast<py::tuple>()[0];
       if (!py::isinstance<Array>(r))
         throw Error("[loss_fn] must return a meshtrain array (a scalar), or (scalar, aux)");
