@@ -71,8 +71,12 @@ Array Array::scalar(double value, DType dtype) { return full(Shape{}, value, dty
 Array Array::scalar(double value, DType dtype, Device device) { return full(Shape{}, value, dtype, device); }
 
 namespace {
+std::atomic<uint64_t> g_host_reads{0}, g_host_uploads{0}, g_host_writes{0};
+
 template <class Src>
 Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype) {
+  // Counted here on the CPU build; to() counts the copy to a GPU.
+  if (!current_device().is_cuda()) g_host_uploads.fetch_add(1, std::memory_order_relaxed);
   MT_CHECK(int64_t(values.size()) == shape.numel(), "[from_vector] ", values.size(),
            " values do not fill shape ", shape.str());
   Array a = Array::empty(shape, dtype, Device::cpu());
@@ -83,7 +87,6 @@ Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype)
   });
   return a.to(current_device());
 }
-std::atomic<uint64_t> g_host_reads{0};
 
 template <class Dst>
 std::vector<Dst> to_host(const Array& a) {
@@ -140,8 +143,10 @@ Array Array::to(Device target) const {
     g_host_reads.fetch_add(1, std::memory_order_relaxed);
     cuda_runtime().copy_to_host(out.raw(), raw(), nbytes());
   }
-  else if (device().is_cpu())
+  else if (device().is_cpu()) {
+    g_host_uploads.fetch_add(1, std::memory_order_relaxed);
     cuda_runtime().copy_from_host(out.raw(), raw(), nbytes());
+  }
   else
     cuda_runtime().copy_on_device(out.raw(), raw(), nbytes());
   return out;
@@ -150,6 +155,7 @@ Array Array::to(Device target) const {
 void Array::write_from_host(const void* host) const {
   MT_CHECK(!sharded(), "[write_from_host] ", str(), " is sharded: write its local block");
   if (nbytes() == 0) return;
+  g_host_writes.fetch_add(1, std::memory_order_relaxed);
   if (device().is_cpu())
     std::memcpy(raw(), host, nbytes());
   else
@@ -220,4 +226,6 @@ std::string Array::repr(int max_elements) const {
 
 namespace mt {
 uint64_t host_read_count() { return g_host_reads.load(std::memory_order_relaxed); }
+uint64_t host_upload_count() { return g_host_uploads.load(std::memory_order_relaxed); }
+uint64_t host_write_count() { return g_host_writes.load(std::memory_order_relaxed); }
 }  // namespace mt

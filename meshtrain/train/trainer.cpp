@@ -215,6 +215,7 @@ void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<vo
       step_metrics_ = s.metrics.read();
     }
     step_host_reads_ = s.host_reads;
+    step_host_uploads_ = s.host_uploads;
     each(i, loss);
   }
 }
@@ -227,7 +228,7 @@ void Trainer::print(const std::string& text) {
 }
 
 Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
-  const uint64_t reads_at_start = host_read_count();
+  const uint64_t reads_at_start = host_read_count(), uploads_at_start = host_upload_count();
   // Index checks (token ids, labels) record their verdicts on the device; they are read with
   // the loss, so the step does not wait for the device midway.
   DeferredChecks checks;
@@ -289,6 +290,7 @@ Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& mic
   params_ = optim::apply_updates(std::move(params_), updates);
   PendingStep pending;
   pending.host_reads = host_read_count() - reads_at_start;
+  pending.host_uploads = host_upload_count() - uploads_at_start;
   pending.losses = std::move(losses);
   pending.metrics = std::move(recorded);
   pending.checks = checks.take();
@@ -470,7 +472,10 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   const int64_t examples_per_step = o.per_device_batch_size * deployer_.data_size() * o.grad_accum_steps;
   std::map<std::string, MetricValue> logged{{"loss", loss}};
   for (const auto& [name, value] : step_metrics_) logged[name] = value;
-  if (!custom_step_) logged["host_reads"] = double(step_host_reads_);
+  if (!custom_step_) {
+    logged["host_reads"] = double(step_host_reads_);
+    logged["host_uploads"] = double(step_host_uploads_);
+  }
   if (o.learning_rate) logged["lr"] = lr;
   if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / seconds;
   else logged["examples_per_s"] = double(examples_per_step) / seconds;

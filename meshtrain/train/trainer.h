@@ -181,6 +181,9 @@ class Trainer {
   // Host reads inside the last step, between its batches and its loss read (0 is the goal:
   // logged as host_reads in metrics.jsonl).
   uint64_t last_step_host_reads() const { return step_host_reads_; }
+  // Arrays made from host values in the last default step after its batch (core/host_reads.h;
+  // logged as host_uploads): 0 after warm-up, as a captured step needs.
+  uint64_t last_step_host_uploads() const { return step_host_uploads_; }
 
   // Prints on rank 0; during fit above the progress bar and after the metrics already
   // pushed, so text from an on_step hook does not tear the bar.
@@ -207,7 +210,7 @@ class Trainer {
     std::vector<Array> losses;
     MetricMeans metrics;
     std::vector<PendingCheck> checks;
-    uint64_t host_reads = 0;
+    uint64_t host_reads = 0, host_uploads = 0;
     std::optional<double> read_loss;  // a custom step's loss, read by the step itself
     std::map<std::string, double> read_metrics;
   };
@@ -279,6 +282,7 @@ class Trainer {
   // Reads of array values to the host (core/host_reads.h) in the last default step between
   // its batch and its loss read: each one a wait for the device on a GPU (issue 45).
   uint64_t step_host_reads_ = 0;
+  uint64_t step_host_uploads_ = 0;
 };
 
 }  // namespace mt::train

@@ -228,6 +228,89 @@ TEST(HostReads, TrainerStepWithClippingAndAdamWReadsNothingBeforeItsLoss) {
   std::filesystem::remove_all(dir);
 }
 
+// After warm-up a training step makes no array from host values (host_upload_count): what it
+// builds from shapes is made once (device_constant), and what changes from step to step is
+// written into arrays that stay — AdamW's step scalars and the dropout keys' step number, two
+// writes per step. So the step's launches and copies are the same every step, as a captured
+// CUDA graph replays them. GPT-2 and the BERT classifier with dropout (BERT with padding),
+// LLaMA with rotary positions; clipping and AdamW as the CLI's optimizer.
+TEST(HostReads, TrainerStepsAfterWarmUpUploadNothingButTheirBatch) {
+  // The counters count: an array from host values is an upload, a write into one a write.
+  const uint64_t uploads = host_upload_count(), writes = host_write_count();
+  const Array made = Array::from_vector(std::vector<int64_t>{3}, {});
+  const int64_t four = 4;
+  made.write_from_host(&four);
+  EXPECT_EQ(host_upload_count(), uploads + 1);
+  EXPECT_EQ(host_write_count(), writes + 1);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("mt_host_uploads_" + std::to_string(getpid()));
+  train::Deployer deployer({.seed = 1, .workdir = dir.string(), .verbose = false});
+  auto run = [&](const char* name, train::CollateFn collate, train::LossFn loss, const Params& p,
+                 const std::vector<data::Example>& rows) {
+    SCOPED_TRACE(name);
+    train::Trainer trainer(deployer, std::move(collate), std::move(loss), p,
+                           optim::chain({optim::clip_by_global_norm(1.0), optim::adamw(optim::constant_schedule(1e-3))}));
+    train::FitOptions o;
+    o.per_device_batch_size = 2, o.max_steps = 4;
+    std::vector<uint64_t> writes;
+    o.on_step = [&](int64_t, const Params&) { writes.push_back(host_write_count()); };
+    trainer.fit(data::make_dataset(rows), o);
+    EXPECT_EQ(trainer.last_step_host_uploads(), 0u);
+    EXPECT_EQ(trainer.last_step_host_reads(), 0u);
+    ASSERT_EQ(writes.size(), 4u);
+    for (size_t i = 1; i < writes.size(); ++i) EXPECT_EQ(writes[i] - writes[i - 1], 2u) << "step " << i + 1;
+    std::ifstream in(dir / "metrics.jsonl");
+    nlohmann::json last;
+    for (std::string line; std::getline(in, line);)
+      if (nlohmann::json j = nlohmann::json::parse(line); j.value("split", "") == "train" && j.contains("host_reads")) last = j;
+    EXPECT_EQ(last["host_uploads"].get<double>(), 0.0) << last.dump();
+    std::filesystem::remove_all(dir);
+  };
+  {
+    Gpt2Config c;
+    c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+    c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.1;
+    std::vector<data::Example> rows;
+    for (int64_t i = 0; i < 8; ++i) rows.push_back({{"tokens", random_ints({17}, 30 + uint64_t(i), 0, c.vocab_size).to_ints()}});
+    run("gpt2", next_token_collate(16), train::to_loss_fn(gpt2_next_token_loss(c)),
+        random_model_params(gpt2_param_defs(c), 4), rows);
+  }
+  {
+    LlamaConfig c;
+    c.vocab_size = 33, c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2;
+    std::vector<data::Example> rows;
+    for (int64_t i = 0; i < 8; ++i) rows.push_back({{"tokens", random_ints({17}, 40 + uint64_t(i), 0, c.vocab_size).to_ints()}});
+    run("llama", next_token_collate(16), [c](const Params& q, const train::Batch& b, const RngKey& k, bool training) {
+      return cross_entropy(llama_apply(c, q, {.input_ids = b["ids"]}, k, training), b["labels"]);
+    }, random_model_params(llama_param_defs(c), 7), rows);
+  }
+  {
+    BertConfig c;
+    c.vocab_size = 37, c.hidden_size = 24, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+    c.intermediate_size = 48, c.max_position_embeddings = 32, c.head = BertHead::sequence_classification;
+    c.num_labels = 3;
+    std::vector<data::Example> rows;
+    for (int64_t i = 0; i < 8; ++i)
+      rows.push_back({{"tokens", random_ints({16}, 50 + uint64_t(i), 0, c.vocab_size).to_ints()}, {"label", std::vector<int64_t>{i % 3}}});
+    auto collate = [](const std::vector<data::Example>& examples) {
+      std::vector<int64_t> ids, mask, labels;
+      for (size_t r = 0; r < examples.size(); ++r) {
+        const std::vector<int64_t>& t = examples[r].tokens("tokens");
+        ids.insert(ids.end(), t.begin(), t.end());
+        for (int64_t j = 0; j < 16; ++j) mask.push_back(j < 16 - int64_t(r) * 3 ? 1 : 0);  // padded rows
+        labels.push_back(examples[r].tokens("label").front());
+      }
+      const int64_t n = int64_t(examples.size());
+      return train::Batch{{"ids", Array::from_vector(ids, {n, 16})}, {"mask", Array::from_vector(mask, {n, 16})},
+                          {"labels", Array::from_vector(labels, {n})}};
+    };
+    run("bert", collate, [c](const Params& q, const train::Batch& b, const RngKey& k, bool training) {
+      return cross_entropy(bert_apply(c, q, {.input_ids = b["ids"], .attention_mask = b["mask"]}, k, training).logits,
+                           b["labels"]);
+    }, random_model_params(bert_param_defs(c), 4), rows);
+  }
+}
+
 // FitOptions::read_loss_every: the steps' losses are read in one copy every N steps instead of
 // after each step (on a GPU the host queues steps back to back). The run is the same: the
 // same losses, in order, in metrics.jsonl under the same steps, with a checkpoint and an
