@@ -75,7 +75,7 @@ bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& mode
                           const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
                           const train::Deployer& deployer) {
   trainer.release_optimizer_state();
-  model.params = gathered_params(trainer);
+  model.params = gathered_params(trainer, deployer);
   if (!deployer.is_main()) return false;
   save_trained_model(model, lora, base_model, tokenizer_source, run.output_dir, dtype_from_name(run.save_dtype));
   return true;

@@ -148,7 +148,7 @@ void run(const PretrainOptions& o) {
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   // The final model as a Hugging Face-style directory beside the tokenizer files.
-  model->params = gathered_params(trainer);
+  model->params = gathered_params(trainer, deployer);
   if (deployer.is_main()) {
     models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // LoRA: merged
     if (o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);

@@ -307,9 +307,12 @@ optim::Transform gradient_clipping(double max_grad_norm) {
   return max_grad_norm > 0 ? optim::clip_by_global_norm(max_grad_norm) : optim::identity();
 }
 
-Params gathered_params(const train::Trainer& trainer) {
+Params gathered_params(const train::Trainer& trainer, const train::Deployer& deployer) {
   Params host;
-  for (const auto& [path, a] : trainer.params()) host.set(path, dist::to_host(a));
+  for (const auto& [path, a] : trainer.params()) {
+    Array whole = dist::to_host(a);
+    if (deployer.is_main()) host.set(path, std::move(whole));
+  }
   return host;
 }
 

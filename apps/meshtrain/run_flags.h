@@ -99,9 +99,10 @@ int64_t schedule_steps(const RunFlags& flags, int64_t total);
 // peak rate.
 int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command);
 
-// The trained parameters gathered whole into this process's memory, for the export. A
-// collective: every rank calls it.
-Params gathered_params(const train::Trainer& trainer);
+// The trained parameters gathered whole, for the export: a collective every rank calls, but
+// only the main rank (which writes the files) keeps them; the others drop each tensor once
+// gathered (returning none), so their peak does not grow by a whole model at the end.
+Params gathered_params(const train::Trainer& trainer, const train::Deployer& deployer);
 
 // The optimizer of the commands that train with warmup and cosine decay (seq2seq, caption,
 // image-classify): AdamW after gradient clipping, with --learning-rate, --warmup-steps,

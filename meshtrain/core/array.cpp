@@ -71,12 +71,15 @@ Array Array::scalar(double value, DType dtype) { return full(Shape{}, value, dty
 Array Array::scalar(double value, DType dtype, Device device) { return full(Shape{}, value, dtype, device); }
 
 namespace {
-std::atomic<uint64_t> g_host_reads{0}, g_host_uploads{0}, g_host_writes{0};
+std::atomic<uint64_t> g_host_reads{0};
+// Per thread: the data loader's threads upload the next batches while a step runs; a step (and
+// a graph captured from it) answers only for its own thread's.
+thread_local uint64_t t_host_uploads = 0, t_host_writes = 0;
 
 template <class Src>
 Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype) {
   // Counted here on the CPU build; to() counts the copy to a GPU.
-  if (!current_device().is_cuda()) g_host_uploads.fetch_add(1, std::memory_order_relaxed);
+  if (!current_device().is_cuda()) ++t_host_uploads;
   MT_CHECK(int64_t(values.size()) == shape.numel(), "[from_vector] ", values.size(),
            " values do not fill shape ", shape.str());
   Array a = Array::empty(shape, dtype, Device::cpu());
@@ -144,7 +147,7 @@ Array Array::to(Device target) const {
     cuda_runtime().copy_to_host(out.raw(), raw(), nbytes());
   }
   else if (device().is_cpu()) {
-    g_host_uploads.fetch_add(1, std::memory_order_relaxed);
+    ++t_host_uploads;
     cuda_runtime().copy_from_host(out.raw(), raw(), nbytes());
   }
   else
@@ -155,7 +158,7 @@ Array Array::to(Device target) const {
 void Array::write_from_host(const void* host) const {
   MT_CHECK(!sharded(), "[write_from_host] ", str(), " is sharded: write its local block");
   if (nbytes() == 0) return;
-  g_host_writes.fetch_add(1, std::memory_order_relaxed);
+  ++t_host_writes;
   if (device().is_cpu())
     std::memcpy(raw(), host, nbytes());
   else
@@ -226,6 +229,6 @@ std::string Array::repr(int max_elements) const {
 
 namespace mt {
 uint64_t host_read_count() { return g_host_reads.load(std::memory_order_relaxed); }
-uint64_t host_upload_count() { return g_host_uploads.load(std::memory_order_relaxed); }
-uint64_t host_write_count() { return g_host_writes.load(std::memory_order_relaxed); }
+uint64_t host_upload_count() { return t_host_uploads; }
+uint64_t host_write_count() { return t_host_writes; }
 }  // namespace mt

@@ -9,14 +9,15 @@ namespace mt {
 
 uint64_t host_read_count();
 
-// How many arrays have been made from host values for the current device: from_vector (counted
-// on both builds, as it would copy to a GPU) and a CPU array copied to a GPU. A captured CUDA
-// graph replays its copies from the host addresses it recorded, so a training step after
-// warm-up must upload nothing but its batch: every other value it needs either lives on the
-// device (device_constants.h) or is written before the step.
+// How many arrays the calling thread has made from host values for the current device:
+// from_vector (counted on both builds, as it would copy to a GPU) and a CPU array copied to a
+// GPU. Per thread, because the data loader's threads upload the next batches while a step
+// runs. A captured CUDA graph replays its copies from the host addresses it recorded, so a
+// training step after warm-up must upload nothing but its batch: every other value it needs
+// either lives on the device (device_constants.h) or is written before the step.
 uint64_t host_upload_count();
-// Writes of host values into existing arrays (Array::write_from_host): the per-step values a
-// step reads from memory (AdamW's step scalars, the dropout keys' step).
+// The calling thread's writes of host values into existing arrays (Array::write_from_host):
+// the per-step values a step reads from memory (AdamW's step scalars, the dropout keys' step).
 uint64_t host_write_count();
 
 }  // namespace mt

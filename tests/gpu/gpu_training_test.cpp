@@ -39,6 +39,19 @@ double max_relative_loss_error(const fs::path& a, const fs::path& b, size_t expe
   return worst;
 }
 
+// A GPU step after warm-up neither reads to the host nor uploads anything but its batch
+// (metrics.jsonl's host_reads and host_uploads from step 2 on): what a captured graph needs.
+void expect_no_host_traffic_after_warm_up(const fs::path& run) {
+  int checked = 0;
+  for (const nlohmann::json& j : metric_lines(run, "train")) {
+    if (!j.contains("host_uploads") || j["step"].get<int64_t>() < 2) continue;
+    EXPECT_EQ(j["host_reads"].get<double>(), 0.0) << run << ": " << j.dump();
+    EXPECT_EQ(j["host_uploads"].get<double>(), 0.0) << run << ": " << j.dump();
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << run << " logged no host_uploads";
+}
+
 class GpuTraining : public TempDir {
  protected:
   std::string shakespeare() const { return gpu_data_dir() + "/text/tinyshakespeare.txt"; }
@@ -59,6 +72,7 @@ TEST_F(GpuTraining, PretrainOnTheGpuGivesTheCpuLosses) {
     const double err = max_relative_loss_error(gpu, cpu, 20);
     std::cout << "  [max err] " << model << ": 20 f32 training losses, GPU vs CPU, relative: " << err << "\n";
     EXPECT_LE(err, 1e-4);
+    expect_no_host_traffic_after_warm_up(gpu);
   }
 }
 
