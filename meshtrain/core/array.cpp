@@ -165,6 +165,19 @@ void Array::write_from_host(const void* host) const {
     cuda_runtime().copy_from_host(raw(), host, nbytes());
 }
 
+void Array::copy_from(const Array& source) const {
+  MT_CHECK(!sharded() && !source.sharded(), "[copy_from] ", str(), " <- ", source.str(), ": sharded arrays copy blocks");
+  MT_CHECK(shape() == source.shape() && dtype() == source.dtype(), "[copy_from] cannot write ", source.str(), " into ",
+           str());
+  MT_CHECK(device() == source.device(), "[copy_from] ", source.str(), " is on ", source.device().str(), ", not on ",
+           device().str());
+  if (nbytes() == 0 || raw() == source.raw()) return;
+  if (device().is_cuda())
+    cuda_runtime().copy_on_device(raw(), source.raw(), nbytes());
+  else
+    std::memmove(raw(), source.raw(), nbytes());
+}
+
 Array Array::view_as_shape(const Shape& shape) const {
   MT_CHECK(shape.numel() == numel(), "[reshape] cannot view ", str(), " as shape ", shape.str());
   MT_CHECK(!sharded(), "[reshape] ", str(), " is sharded: views apply to local blocks");

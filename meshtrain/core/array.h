@@ -86,6 +86,9 @@ class Array {
   // the kernels already enqueued (they read the old values). For small per-step values that
   // kernels read from memory rather than from their launch (a captured step's scalars).
   void write_from_host(const void* host) const;
+  // Overwrites this array's values with `source`'s (same shape, dtype and device), in place,
+  // ordered like write_from_host: a captured step's static inputs take each batch this way.
+  void copy_from(const Array& source) const;
 
   // Same storage, no autodiff history.
   Array detach() const;

@@ -82,4 +82,6 @@ void synchronize(Device device) {
   if (device.is_cuda()) cuda_runtime().synchronize();
 }
 
+bool capturing_device_work() { return cuda_runtime().capturing(); }
+
 }  // namespace mt

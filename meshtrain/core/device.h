@@ -4,6 +4,7 @@
 // op whose inputs sit on different devices is an error naming both (no silent copies).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,7 +64,17 @@ struct DeviceMemoryStats {
   uint64_t allocations = 0;      // requests served
 };
 
-// What core needs from a GPU runtime: memory and copies. Implemented by backend/cuda (or by
+// Device work recorded once and replayed by one launch (a CUDA graph: backend/cuda/step_graph.h
+// says what a capture keeps and refuses). The Trainer's captured step is built on it.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay() = 0;  // enqueues one run after the work already queued
+  virtual size_t nodes() const = 0;
+  virtual size_t kept_bytes() const = 0;  // the static inputs and outputs it owns
+};
+
+// What core needs from a GPU runtime: memory, copies and captured work. Implemented by backend/cuda (or by
 // its no-CUDA stand-in, which reports no GPUs and fails every call with a clear message).
 class DeviceRuntime {
  public:
@@ -80,6 +91,10 @@ class DeviceRuntime {
   virtual void synchronize() const = 0;  // waits for every kernel enqueued so far
   virtual DeviceMemoryStats memory_stats(int index) const = 0;
   virtual void reset_peak(int index) const = 0;
+  // Records what `record` enqueues on the stream (nothing runs until the first replay); throws
+  // mt::Error naming what could not be captured, and the stream then works eagerly again.
+  virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) const = 0;
+  virtual bool capturing() const = 0;  // the calling thread is recording a capture
 };
 // Defined by meshtrain/backend/cuda (device_runtime.cpp with CUDA, no_cuda.cpp without).
 const DeviceRuntime& cuda_runtime();
@@ -87,5 +102,10 @@ const DeviceRuntime& cuda_runtime();
 // Waits for the device's queued work (a no-op on the CPU): before timing, or before a host
 // thread reads device memory by another path.
 void synchronize(Device device);
+
+// The calling thread is recording device work for replay (DeviceRuntime::capture): host values
+// it passes to kernels now are replayed unchanged, so code whose launch arguments change from
+// step to step must refuse (or read them from device memory).
+bool capturing_device_work();
 
 }  // namespace mt

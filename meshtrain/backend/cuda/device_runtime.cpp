@@ -11,6 +11,7 @@
 
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/pinned_staging.h"
+#include "meshtrain/backend/cuda/step_graph.h"
 #include "meshtrain/backend/cuda/step_graph_hooks.h"
 #include "meshtrain/core/device.h"
 
@@ -227,6 +228,10 @@ class CudaRuntime final : public DeviceRuntime {
     Context& c = context_for(index);
     c.peak.store(c.in_use.load());
   }
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) const override {
+    return StepGraph::capture(record);
+  }
+  bool capturing() const override { return capture_hooks::capturing_on_this_thread(); }
 
  private:
   static size_t reserved(Context& c) {

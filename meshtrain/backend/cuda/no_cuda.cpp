@@ -33,6 +33,8 @@ class NoCudaRuntime final : public DeviceRuntime {
   void synchronize() const override {}
   DeviceMemoryStats memory_stats(int) const override { no_cuda(); }
   void reset_peak(int) const override { no_cuda(); }
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>&) const override { no_cuda(); }
+  bool capturing() const override { return false; }
 };
 }  // namespace
 

@@ -21,19 +21,21 @@
 
 #include <cuda_runtime.h>
 
+#include "meshtrain/core/device.h"
+
 namespace mt::cuda {
 
-class StepGraph {
+class StepGraph final : public CapturedWork {
  public:
   // Throws mt::Error with the reason when the work cannot be captured.
   static std::unique_ptr<StepGraph> capture(const std::function<void()>& record);
-  ~StepGraph();
+  ~StepGraph() override;
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
-  void replay();  // enqueues one run after the work already on the stream
-  size_t nodes() const { return nodes_; }
-  size_t kept_bytes() const { return kept_bytes_; }  // static inputs and outputs it owns
+  void replay() override;  // enqueues one run after the work already on the stream
+  size_t nodes() const override { return nodes_; }
+  size_t kept_bytes() const override { return kept_bytes_; }  // static inputs and outputs it owns
 
  private:
   StepGraph() = default;
