@@ -41,6 +41,7 @@ Transform freeze() {
   Transform t;
   t.init = [](const Params&) { return Params{}; };
   t.update = [](const Params&, Params&, const Params&) { return Params{}; };
+  t.host_step = [](Params&) {};
   t.frozen = [](const std::string&) { return true; };
   return t;
 }
@@ -76,6 +77,19 @@ Transform partition(std::vector<PartitionRule> rules) {
     }
     return s;
   };
+  bool all_capturable = true;
+  for (const PartitionRule& r : compiled->rules) all_capturable = all_capturable && capturable(r.transform);
+  if (all_capturable)
+    t.host_step = [compiled](Params& state) {
+      // A rule that owns no parameter has no state (init skipped it) and no update.
+      for (size_t i = 0; i < compiled->rules.size(); ++i) {
+        const std::string prefix = std::to_string(i);
+        Params inner = take_subtree(state, prefix);
+        if (inner.empty()) continue;
+        compiled->rules[i].transform.host_step(inner);
+        put_back_subtree(state, prefix, inner);
+      }
+    };
   t.update = [compiled, split](const Params& updates, Params& state, const Params& params) {
     std::vector<Params> parts = split(updates);
     Params out;

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/sharding.h"
 #include "meshtrain/distributed/spmd.h"
@@ -170,19 +171,35 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     return s;
   };
   // The fused kernels read the step's size, bias correction and decay from this buffer, which
-  // each update rewrites in place before its launches (adam_step_scalars): the launches are
-  // then the same from step to step, as a captured CUDA graph needs.
-  auto step_scalars = std::make_shared<Array>();
+  // host_step rewrites in place before each update's launches (adam_step_scalars): the
+  // launches are then the same from step to step, as a captured CUDA graph needs.
+  struct HostStep {
+    Array scalars;
+    // The values of the update host_step prepared last, for the composed path of an eager step.
+    double rate = 0, step_size = 0, sqrt_bc2 = 1;
+  };
+  auto host = std::make_shared<HostStep>();
+  t.host_step = [=](Params& state) {
+    const int64_t count = read_count(state) + 1;
+    host->rate = lr(count - 1);
+    const double bc1 = 1 - std::pow(b1, double(count)), bc2 = 1 - std::pow(b2, double(count));
+    host->step_size = host->rate / bc1;
+    host->sqrt_bc2 = std::sqrt(bc2);
+    // The device buffer exists from the first update on (it knows the parameters' device).
+    if (host->scalars.defined())
+      write_adam_step_scalars(host->scalars, {b1, b2, host->step_size, host->sqrt_bc2, eps, host->rate * weight_decay});
+    write_count(state, count);
+  };
   // The gradients come by value (moved in by the Trainer and chain) so that the fused updates
   // can be written over them once the moments have read them: the step's peak is parameters +
   // moments + gradients, with no update buffer beside them.
-  t.update = [=](Params grads, Params& state, const Params& params) {
+  t.update = [=, host_step = t.host_step](Params grads, Params& state, const Params& params) {
     autodiff::NoGradGuard no_grad;
     check_same_paths(grads, params, "adam");
-    const int64_t count = read_count(state) + 1;
-    const double rate = lr(count - 1);
-    const double bc1 = 1 - std::pow(b1, double(count)), bc2 = 1 - std::pow(b2, double(count));
-    const double step_size = rate / bc1, sqrt_bc2 = std::sqrt(bc2);
+    // Recorded for replay, the host half has run already (the Trainer calls host_step first).
+    const bool captured = capturing_device_work();
+    if (!captured) host_step(state);
+    const double rate = host->rate, step_size = host->step_size, sqrt_bc2 = host->sqrt_bc2;
     Params out;
     // Plain f32 parameters take the multi-tensor step: two memory passes over all of them in a
     // few kernel launches (two per parameter before), the same roundings as the composed ops
@@ -206,6 +223,10 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
         fused_decay.push_back(decays);
         continue;
       }
+      // Their step size would be a launch argument, replayed unchanged.
+      MT_CHECK(!captured, "[cuda graphs] adam cannot capture the update of '", path, "' (", g.str(),
+               "): only f32 parameters laid out like their moments take the fused step, whose values are read "
+               "from device memory");
       Array m = add(mul(m0, b1), mul(g, 1 - b1));
       Array v = add(mul(v0, b2), mul(square(g), 1 - b2));
       state.set("mu." + path, m);
@@ -218,10 +239,11 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
     if (!fused.empty()) {
       const AdamStep s{b1, b2, step_size, sqrt_bc2, eps, rate * weight_decay};
       const Device device = fused_g.front().device();
-      if (!step_scalars->defined() || step_scalars->device() != device)
-        *step_scalars = adam_step_scalars(s, device);
-      else
-        write_adam_step_scalars(*step_scalars, s);
+      if (!host->scalars.defined() || host->scalars.device() != device) {
+        MT_CHECK(!captured, "[cuda graphs] adam's first update on ", device.str(),
+                 " runs eagerly: it makes the buffer of its step values");
+        host->scalars = adam_step_scalars(s, device);
+      }
       std::vector<Shape> shapes;
       for (const Array& g : fused_g) shapes.push_back(g.shape());
       std::vector<Array> ms, vs;
@@ -237,7 +259,7 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
       // --fsdp on two ranks grew each arena by 1.5 GB for it).
       grads = Params{};
       const std::vector<Array> updates =
-          adam_direction_multi_into(std::move(fused_g), ms, vs, fused_p, s, fused_decay, *step_scalars);
+          adam_direction_multi_into(std::move(fused_g), ms, vs, fused_p, s, fused_decay, host->scalars);
       for (size_t j = 0; j < fused.size(); ++j) {
         const Array& p = params[fused[j]];
         state.at("mu." + fused[j]) = like_layout(std::move(ms[j]), p);
@@ -245,7 +267,6 @@ Transform adam_impl(Schedule lr, double b1, double b2, double eps, double weight
         out.set(fused[j], like_layout(updates[j], p));
       }
     }
-    write_count(state, count);
     return out;
   };
   return t;
@@ -274,6 +295,8 @@ Transform clip_by_global_norm(double max_norm) {
   MT_CHECK(max_norm > 0, "[clip_by_global_norm] max_norm must be > 0, got ", max_norm);
   Transform t;
   t.init = [](const Params&) { return Params{}; };
+  // On a GPU its launches carry only constants (the norm stays on the device).
+  t.host_step = [](Params&) {};
   t.update = [max_norm](Params updates, Params&, const Params&) {
     autodiff::NoGradGuard no_grad;
     if (updates.empty()) return updates;
@@ -340,9 +363,12 @@ std::function<bool(const std::string&)> any_frozen(const std::vector<Transform>&
 }
 }  // namespace
 
+bool capturable(const Transform& t) { return bool(t.host_step); }
+
 Transform identity() {
   Transform t;
   t.init = [](const Params&) { return Params{}; };
+  t.host_step = [](Params&) {};
   t.update = [](Params updates, Params&, const Params&) { return updates; };
   return t;
 }
@@ -360,6 +386,17 @@ Transform chain(std::vector<Transform> transforms) {
       for (const auto& [path, v] : transforms[i].init(trainable)) s.set(std::to_string(i) + "." + path, v);
     return s;
   };
+  bool all_capturable = true;
+  for (const Transform& part : transforms) all_capturable = all_capturable && capturable(part);
+  if (all_capturable)
+    t.host_step = [transforms](Params& state) {
+      for (size_t i = 0; i < transforms.size(); ++i) {
+        const std::string prefix = std::to_string(i);
+        Params inner = take_subtree(state, prefix);
+        transforms[i].host_step(inner);
+        put_back_subtree(state, prefix, inner);
+      }
+    };
   t.update = [transforms](Params updates, Params& state, const Params& params) {
     Params u = std::move(updates);
     for (size_t i = 0; i < transforms.size(); ++i) {

@@ -25,7 +25,17 @@ struct Transform {
   // optimizer state, the Trainer computes no gradients for them and `update` receives none.
   // Null: every parameter is trainable.
   std::function<bool(const std::string& path)> frozen{};
+  // The host half of `update` alone, for an update captured once and replayed (the Trainer's
+  // CUDA graph, core/device.h CapturedWork): advances the state's host counters and writes the
+  // per-step values its launches read from device memory (Adam's step size, bias correction
+  // and decay). An update recorded while capturing (capturing_device_work()) expects it to
+  // have run just before and does not repeat it. Null: the transform's launches carry
+  // per-step values (sgd's rate), or it branches on the host (multi_steps), so it cannot be
+  // captured.
+  std::function<void(Params& state)> host_step{};
 };
+// Whether `t` can be captured (it has a host_step).
+bool capturable(const Transform& t);
 
 // True when `t` freezes `path`.
 bool is_frozen(const Transform& t, const std::string& path);
