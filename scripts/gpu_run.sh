@@ -49,6 +49,15 @@ if [ "$mode" = test ] || [ "$mode" = all ]; then
     echo "memcheck exit $rc"
     [ $rc = 0 ] || status=1
   fi
+  if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_captured_step_test" ]; then
+    echo "== compute-sanitizer --tool memcheck gpu_captured_step_test (the API-level captures)"
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_captured_step_test" \
+      --gtest_filter='GpuCapturedStep.*' > "$out/memcheck_captured.log" 2>&1
+    rc=$?
+    tail -3 "$out/memcheck_captured.log"
+    echo "memcheck (captured step) exit $rc"
+    [ $rc = 0 ] || status=1
+  fi
 fi
 if [ "$mode" = examples ]; then
   for e in text_classifier causal_lm maml; do

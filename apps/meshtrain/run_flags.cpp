@@ -123,6 +123,12 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "memory (on the CPU the copy would add the state to the peak memory)")
       ->check(CLI::IsMember({"auto", "background", "foreground"}))
       ->capture_default_str();
+  cmd->add_option("--cuda-graphs", f.cuda_graphs,
+                  "on a GPU, capture each batch shape's training step as one CUDA graph after warm-up and replay it "
+                  "(the host no longer launches its kernels one by one); auto: when a step cannot be captured, say "
+                  "why and go on eagerly; on: stop with the reason instead; off: never")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
                   "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
@@ -301,6 +307,7 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.peak_gflops = flags.peak_gflops;
   f.dry_run = flags.dry_run;
   if (flags.checkpoint_writes != "auto") f.background_checkpoints = flags.checkpoint_writes == "background";
+  f.cuda_graphs = train::parse_cuda_graphs(flags.cuda_graphs);
 }
 
 optim::Transform gradient_clipping(double max_grad_norm) {

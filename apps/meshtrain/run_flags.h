@@ -37,6 +37,7 @@ struct RunFlags {
   std::string device = "auto";    // auto, cpu, cuda, cuda:N (core/device.h)
   std::string attention = "auto";  // auto, composed or fused (mt::AttentionKernel)
   std::string checkpoint_writes = "auto";  // auto, background or foreground (train/background_checkpoints.h)
+  std::string cuda_graphs = "auto";  // auto, on or off (train/captured_steps.h)
 };
 
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);

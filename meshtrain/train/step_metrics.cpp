@@ -37,6 +37,17 @@ void MetricMeans::add(const std::map<std::string, Array>& values, double weight)
   }
 }
 
+MetricMeans MetricMeans::transformed(const std::function<Array(const Array&)>& f) const {
+  MetricMeans out;
+  for (const auto& [name, s] : sums_) {
+    Sum& t = out.sums_[name];
+    if (s.laid_out.defined()) t.laid_out = f(s.laid_out);
+    if (s.plain.defined()) t.plain = f(s.plain);
+    t.weight = s.weight;
+  }
+  return out;
+}
+
 std::map<std::string, double> MetricMeans::read(const std::string& prefix) const {
   std::map<std::string, double> out;
   for (const auto& [name, s] : sums_) {

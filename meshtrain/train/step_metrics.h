@@ -5,6 +5,7 @@
 // it has computed anyway; they are kept detached and read after the step, with the loss, so
 // recording adds no host read inside the forward pass. A loss function called outside a
 // recording scope (a user's own value_and_grad) records nothing.
+#include <functional>
 #include <map>
 #include <string>
 
@@ -44,6 +45,8 @@ class MetricMeans {
   // name -> weighted mean; the names prefixed by `prefix`.
   std::map<std::string, double> read(const std::string& prefix = "") const;
   bool empty() const { return sums_.empty(); }
+  // The same sums with each array replaced by f(array) (a captured step copies them out).
+  MetricMeans transformed(const std::function<Array(const Array&)>& f) const;
 
  private:
   struct Sum {

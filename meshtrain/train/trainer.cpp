@@ -124,6 +124,7 @@ StepPlan plan_steps(int64_t dataset_size, const FitOptions& o, const Deployer& d
 }
 
 void Trainer::release_optimizer_state() {
+  captured_.reset();  // its graphs' memory too: nothing trains afterwards
   opt_state_ = Params{};
   opt_state_released_ = true;
 }
@@ -227,7 +228,55 @@ void Trainer::print(const std::string& text) {
   else deployer_.log(text);
 }
 
+std::string Trainer::why_steps_cannot_be_captured() const {
+  const int processes = deployer_.mesh().comm().size();
+  if (processes > 1)
+    return detail::concat("the step's gradients are reduced across ", processes,
+                          " processes (collectives are not captured)");
+  if (!optim::capturable(optimizer_))
+    return "the optimizer has a part without host_step (sgd's rate or multi_steps' branching are host values of "
+           "each step)";
+  for (const auto& [path, p] : params_) {
+    if (!p.device().is_cuda()) return detail::concat("parameter '", path, "' is on ", p.device().str());
+    if (p.distributed()) return detail::concat("parameter '", path, "' is sharded");
+  }
+  return "";
+}
+
+void Trainer::set_cuda_graphs(CudaGraphs mode) {
+  if (mode != graphs_mode_) captured_.reset();
+  graphs_mode_ = mode;
+}
+
 Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
+  if (!captured_) {
+    // On the CPU there is nothing to capture: automatic means eager there, silently.
+    const bool on_gpu = !params_.empty() && params_.begin()->second.device().is_cuda();
+    const CudaGraphs mode = graphs_mode_ == CudaGraphs::automatic && !on_gpu ? CudaGraphs::off : graphs_mode_;
+    captured_ = std::make_unique<CapturedSteps>(
+        mode, params_, opt_state_, optimizer_, [this](const std::vector<Batch>& b) { return run_default_step(b); },
+        [this](const std::string& line) { print(line); });
+    captured_->refuse_all(why_steps_cannot_be_captured());
+  }
+  step_key_ = key;
+  StepResults r;
+  try {
+    r = captured_->run(micro_batches, step_ + 1);
+  } catch (const Error&) {
+    if (!captured_->broken().empty()) broken_ = captured_->broken();
+    throw;
+  }
+  PendingStep pending;
+  pending.host_reads = r.host_reads;
+  pending.host_uploads = r.host_uploads;
+  pending.losses = std::move(r.losses);
+  pending.metrics = std::move(r.metrics);
+  pending.checks = std::move(r.checks);
+  return pending;
+}
+
+StepResults Trainer::run_default_step(const std::vector<Batch>& micro_batches) {
+  const RngKey& key = step_key_;
   const uint64_t reads_at_start = host_read_count(), uploads_at_start = host_upload_count();
   // Index checks (token ids, labels) record their verdicts on the device; they are read with
   // the loss, so the step does not wait for the device midway.
@@ -288,13 +337,13 @@ Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& mic
   grads = Params{};  // freed before the update is applied: a lower peak
   // Moved: when the trainer holds the only handles, the parameters are updated in place.
   params_ = optim::apply_updates(std::move(params_), updates);
-  PendingStep pending;
-  pending.host_reads = host_read_count() - reads_at_start;
-  pending.host_uploads = host_upload_count() - uploads_at_start;
-  pending.losses = std::move(losses);
-  pending.metrics = std::move(recorded);
-  pending.checks = checks.take();
-  return pending;
+  StepResults r;
+  r.host_reads = host_read_count() - reads_at_start;
+  r.host_uploads = host_upload_count() - uploads_at_start;
+  r.losses = std::move(losses);
+  r.metrics = std::move(recorded);
+  r.checks = checks.take();
+  return r;
 }
 
 data::SamplerOptions Trainer::sampler_options(int64_t per_device_batch_size, bool shuffle, int64_t epochs) const {
@@ -534,6 +583,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   const std::optional<BestMetric> best =
       o.save_best_by.empty() ? std::nullopt : std::optional<BestMetric>(BestMetric::parse(o.save_best_by));
   const StepPlan steps = plan_steps(train->size(), o, deployer_);
+  set_cuda_graphs(o.cuda_graphs);
   // A checkpoint still being written when fit ends or throws is completed by the writer's
   // destructor (one process) before fit returns.
   struct ReleaseWriter {

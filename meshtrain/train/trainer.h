@@ -22,6 +22,7 @@
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/background_checkpoints.h"
+#include "meshtrain/train/captured_steps.h"
 #include "meshtrain/train/step_metrics.h"
 
 namespace mt::train {
@@ -118,6 +119,10 @@ struct FitOptions {
   // checkpoints, on_step, an epoch's end and a stop read the pending ones first. 0: every 16
   // steps on a GPU, every step on the CPU (where a read waits for nothing).
   int64_t read_loss_every = 0;
+  // The default step captured as a CUDA graph per batch shape after warm-up and replayed
+  // (train/captured_steps.h): automatic on a GPU says why when it cannot and goes on eagerly;
+  // on stops with the reason; off never captures. Nothing to capture on the CPU.
+  CudaGraphs cuda_graphs = CudaGraphs::automatic;
 };
 
 // Thrown by Trainer::fit after a dry run's step (FitOptions::dry_run); what() is the line
@@ -160,6 +165,10 @@ class Trainer {
       : Trainer(deployer, std::move(collate), to_loss_fn(std::move(loss)), std::move(params), std::move(optimizer),
                 std::move(plan), 0) {}
 
+  // Whether default steps are captured as CUDA graphs (FitOptions::cuda_graphs; fit sets it).
+  void set_cuda_graphs(CudaGraphs mode);
+  // Steps replayed from a captured graph so far.
+  int64_t captured_step_replays() const { return captured_ ? captured_->replays() : 0; }
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
   // Runs `rollout` on each step's micro-batches first (see RolloutFn).
@@ -216,6 +225,11 @@ class Trainer {
   };
   PendingStep enqueue_step(const std::vector<Batch>& micro_batches);
   PendingStep enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key);
+  // The default step itself (value_and_grad over each micro-batch, the mean gradient, the
+  // update) with step_key_: run eagerly, or recorded by captured_.
+  StepResults run_default_step(const std::vector<Batch>& micro_batches);
+  // Why this trainer's default steps cannot be captured ("" when they can).
+  std::string why_steps_cannot_be_captured() const;
   // The default step's key: the run's step key with the step number folded in last from
   // step_fold_, which the host rewrites before each step. The step's launches then carry the
   // same arguments every step (a captured CUDA graph replays them) and still draw new masks.
@@ -278,6 +292,9 @@ class Trainer {
   AsyncMetricWriter* active_writer_ = nullptr;
   int64_t step_ = 0;
   Array step_fold_;  // i64 scalar on the device: step_ while a default step runs
+  RngKey step_key_;  // the default step's key, read by run_default_step
+  CudaGraphs graphs_mode_ = CudaGraphs::automatic;
+  std::unique_ptr<CapturedSteps> captured_;  // made at the first default step
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
   // Reads of array values to the host (core/host_reads.h) in the last default step between
   // its batch and its loss read: each one a wait for the device on a GPU (issue 45).

@@ -1,0 +1,243 @@
+#include "meshtrain/train/captured_steps.h"
+
+#include <optional>
+#include <utility>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/host_reads.h"
+#include "meshtrain/core/trace.h"
+#include "meshtrain/distributed/spmd.h"
+
+namespace mt::train {
+
+CudaGraphs parse_cuda_graphs(const std::string& text) {
+  if (text == "auto") return CudaGraphs::automatic;
+  if (text == "on") return CudaGraphs::on;
+  if (text == "off") return CudaGraphs::off;
+  throw Error("[cuda graphs] expected auto, on or off, got '" + text + "'");
+}
+
+std::string to_string(CudaGraphs mode) {
+  switch (mode) {
+    case CudaGraphs::off: return "off";
+    case CudaGraphs::automatic: return "auto";
+    case CudaGraphs::on: return "on";
+  }
+  return "?";
+}
+
+namespace {
+
+const dist::Sharding* layout_of(const Array& a) { return a.sharded() ? dist::sharding_of(a) : nullptr; }
+
+// A copy on the device that outlives the next replay, in the same layout.
+Array copy_of(const Array& a) {
+  if (!a.defined()) return a;
+  if (const dist::Sharding* s = layout_of(a)) return dist::global_view(dist::local_view(a).detach().clone(), *s);
+  return a.clone();
+}
+
+void write_into(const Array& target, const Array& source) {
+  if (target.sharded())
+    dist::local_view(target).detach().copy_from(dist::local_view(source).detach());
+  else
+    target.copy_from(source);
+}
+
+StepResults copied(const StepResults& r) {
+  StepResults out;
+  for (const Array& l : r.losses) out.losses.push_back(copy_of(l));
+  out.metrics = r.metrics.transformed(copy_of);
+  for (const PendingCheck& c : r.checks) out.checks.push_back({copy_of(c.first), copy_of(c.indices), c.message});
+  return out;
+}
+
+}  // namespace
+
+std::string batch_signature(const std::vector<Batch>& micro_batches) {
+  std::string s;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    if (m) s += " | ";
+    bool first = true;
+    for (const auto& [name, a] : micro_batches[m]) {
+      s += (first ? "" : " ") + name + ":" + a.str() + "@" + a.device().str();
+      if (const dist::Sharding* l = layout_of(a)) s += " " + l->str();
+      first = false;
+    }
+  }
+  return s;
+}
+
+struct CapturedSteps::Graph {
+  // Destroyed last: the outputs' handles and the static inputs go first (their frees are
+  // ordered on the stream after the last replay).
+  std::unique_ptr<CapturedWork> work;
+  std::vector<Batch> inputs;  // static: each step's batch is copied in
+  StepResults outputs;        // the graph's own arrays, rewritten by every replay
+  std::vector<const void*> addresses;  // state_addresses() when captured
+};
+
+struct CapturedSteps::Shape {
+  bool clean_last = false;  // the last eager step of this shape showed it capturable
+  int unclean = 0;          // eager steps that did not
+  bool given_up = false;
+  std::unique_ptr<Graph> graph;
+};
+
+namespace {
+// Eager steps of one shape allowed to show host traffic (the first steps make the buffers
+// later ones reuse) before its step is left eager for good.
+constexpr int kUncleanSteps = 3;
+}  // namespace
+
+CapturedSteps::CapturedSteps(CudaGraphs mode, Params& params, Params& opt_state, const optim::Transform& optimizer,
+                             RunStep run, Say say)
+    : mode_(mode), params_(params), opt_state_(opt_state), optimizer_(optimizer), run_(std::move(run)),
+      say_(std::move(say)) {}
+
+CapturedSteps::~CapturedSteps() = default;
+
+size_t CapturedSteps::graphs() const {
+  size_t n = 0;
+  for (const auto& [sig, shape] : shapes_) n += shape->graph != nullptr;
+  return n;
+}
+
+void CapturedSteps::forget() { shapes_.clear(); }
+
+void CapturedSteps::refuse(const std::string& what, const std::string& reason) {
+  if (mode_ == CudaGraphs::on)
+    throw Error("[cuda graphs] cannot capture " + what + ": " + reason +
+                " (--cuda-graphs on; --cuda-graphs auto runs it eagerly)");
+  if (said_.emplace(reason, true).second && say_) say_("[cuda graphs] " + what + " runs eagerly: " + reason);
+}
+
+void CapturedSteps::refuse_all(const std::string& reason) {
+  if (mode_ == CudaGraphs::off || reason.empty() || !refused_all_.empty()) return;
+  refused_all_ = reason;
+  refuse("the training step", reason);
+}
+
+std::vector<const void*> CapturedSteps::state_addresses() const {
+  std::vector<const void*> out;
+  for (const Params* tree : {&params_, &opt_state_})
+    for (const auto& [path, a] : *tree)
+      if (a.defined() && !a.device().is_cpu()) out.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
+  return out;
+}
+
+StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t step) {
+  MT_CHECK(broken_.empty(), "[cuda graphs] ", broken_);
+  if (mode_ == CudaGraphs::off) return run_(micro_batches);
+  if (!refused_all_.empty()) {
+    if (mode_ == CudaGraphs::on) refuse("the training step", refused_all_);  // throws again
+    return run_(micro_batches);
+  }
+  const std::string signature = batch_signature(micro_batches);
+  std::unique_ptr<Shape>& slot = shapes_[signature];
+  if (!slot) slot = std::make_unique<Shape>();
+  Shape& shape = *slot;
+  if (shape.graph) {
+    if (shape.graph->addresses == state_addresses()) return replay(micro_batches, *shape.graph);
+    // The state was replaced since the capture (a restore): capture anew.
+    shape.graph.reset();
+    shape.clean_last = false;
+  }
+  if (shape.given_up || !shape.clean_last) return run_eagerly(micro_batches, shape);
+  return capture(micro_batches, shape, signature, step);
+}
+
+StepResults CapturedSteps::run_eagerly(const std::vector<Batch>& micro_batches, Shape& shape) {
+  const std::vector<const void*> before = state_addresses();
+  StepResults r = run_(micro_batches);
+  if (shape.given_up) return r;
+  std::string reason;
+  if (r.host_reads) reason = detail::concat("its step reads ", r.host_reads, " values to the host");
+  else if (r.host_uploads) reason = detail::concat("its step uploads ", r.host_uploads, " host arrays after its batch");
+  else if (state_addresses() != before)
+    reason = "its update replaced parameters or optimizer state instead of rewriting them in place";
+  shape.clean_last = reason.empty();
+  if (!reason.empty() && ++shape.unclean >= kUncleanSteps) {
+    shape.given_up = true;
+    refuse("the step of batch " + batch_signature(micro_batches), reason);
+  }
+  return r;
+}
+
+StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shape& shape,
+                                   const std::string& signature, int64_t step) {
+  const uint64_t reads = host_read_count(), uploads = host_upload_count();
+  auto graph = std::make_unique<Graph>();
+  {
+    autodiff::NoGradGuard no_grad;
+    for (const Batch& b : micro_batches) {
+      Batch copy;
+      for (const auto& [name, a] : b) copy.set(name, copy_of(a));
+      graph->inputs.push_back(std::move(copy));
+    }
+  }
+  graph->addresses = state_addresses();
+  // The host counters as they were: a capture given up did not step, so they go back.
+  Params counters;
+  for (const auto& [path, a] : opt_state_)
+    if (a.defined() && a.device().is_cpu()) counters.set(path, a);
+  optimizer_.host_step(opt_state_);
+  StepResults recorded;
+  std::optional<trace::Span> span;
+  if (trace::enabled()) span.emplace("phase", "graph_capture");
+  try {
+    graph->work = cuda_runtime().capture([&] { recorded = run_(graph->inputs); });
+  } catch (const Error& e) {
+    span.reset();
+    recorded = StepResults{};
+    for (const auto& [path, a] : counters) opt_state_.set(path, a);
+    if (state_addresses() != graph->addresses) {
+      // The update had begun replacing the state with arrays of the capture, which never ran.
+      broken_ = detail::concat("capturing step ", step, " failed after its update had replaced the state (", e.what(),
+                               "); the parameters are no step's — resume from the last checkpoint with "
+                               "--cuda-graphs off");
+      throw Error("[trainer] " + broken_);
+    }
+    shape.given_up = true;
+    refuse("the step of batch " + signature, e.what());
+    return run_(micro_batches);
+  }
+  if (state_addresses() != graph->addresses) {
+    // Captured, but the state now points at the graph's own arrays: a replay would leave it.
+    broken_ = detail::concat("the captured step ", step,
+                             " replaced parameters or optimizer state instead of rewriting them in place; resume from "
+                             "the last checkpoint with --cuda-graphs off");
+    throw Error("[trainer] " + broken_);
+  }
+  graph->outputs = std::move(recorded);
+  if (say_)
+    say_(detail::concat("[cuda graphs] captured the step of batch ", signature, ": ", graph->work->nodes(),
+                        " nodes, ", graph->work->kept_bytes() >> 20, " MiB of its own"));
+  shape.graph = std::move(graph);
+  // Captured, not run: its first replay is this step.
+  ++replays_;
+  shape.graph->work->replay();
+  StepResults out = copied(shape.graph->outputs);
+  out.host_reads = host_read_count() - reads;
+  out.host_uploads = host_upload_count() - uploads;
+  return out;
+}
+
+StepResults CapturedSteps::replay(const std::vector<Batch>& micro_batches, Graph& graph) {
+  const uint64_t reads = host_read_count(), uploads = host_upload_count();
+  autodiff::NoGradGuard no_grad;
+  for (size_t m = 0; m < micro_batches.size(); ++m)
+    for (const auto& [name, a] : micro_batches[m]) write_into(graph.inputs[m].at(name), a);
+  optimizer_.host_step(opt_state_);
+  std::optional<trace::Span> span;
+  if (trace::enabled()) span.emplace("phase", "graph_replay");
+  graph.work->replay();
+  ++replays_;
+  StepResults out = copied(graph.outputs);
+  out.host_reads = host_read_count() - reads;
+  out.host_uploads = host_upload_count() - uploads;
+  return out;
+}
+
+}  // namespace mt::train

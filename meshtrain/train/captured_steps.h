@@ -1,0 +1,103 @@
+#pragma once
+// The Trainer's default step as one captured CUDA graph per batch shape (issue 45), replayed
+// instead of enqueued kernel by kernel: the host then spends microseconds per step where it
+// spent the launches of a few hundred kernels.
+//
+// A shape's step is captured once an eager step of that shape has shown it capturable: no
+// read to the host and no upload between its batch and its loss (core/host_reads.h), and the
+// parameters and optimizer state rewritten in place (a graph reads and writes fixed addresses;
+// a state replaced by new arrays would leave every replay updating the old ones). Before the
+// capture and before each replay the host does the step's host half: the batch copied into
+// the graph's static inputs, the step written into the key's device scalar (the Trainer) and
+// the optimizer's host_step (its counters and the device values its launches read). After
+// each replay the losses, metrics and check verdicts are copied out, since the next replay
+// rewrites them while the Trainer reads steps several at a time.
+//
+// When a step cannot be captured the run says why (once per reason) and goes on eagerly
+// (CudaGraphs::automatic), or stops with the reason (CudaGraphs::on). A capture that fails
+// after the step began updating the state (which no rehearsal foresaw) leaves the trainer
+// broken, as a failed deferred check does: the state is then no step's.
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/device.h"
+#include "meshtrain/ops/deferred_checks.h"
+#include "meshtrain/optim/transform.h"
+#include "meshtrain/train/deployer.h"
+#include "meshtrain/train/step_metrics.h"
+
+namespace mt::train {
+
+enum class CudaGraphs { off, automatic, on };
+// "auto", "on" or "off"; throws naming the text otherwise.
+CudaGraphs parse_cuda_graphs(const std::string& text);
+std::string to_string(CudaGraphs mode);
+
+// What one run of the default step leaves for the host to read.
+struct StepResults {
+  std::vector<Array> losses;  // per micro-batch
+  MetricMeans metrics;
+  std::vector<PendingCheck> checks;
+  uint64_t host_reads = 0, host_uploads = 0;  // inside the step
+};
+
+// "input_ids:i64(8, 128) labels:i64(8) | ..." per micro-batch: a graph serves one signature.
+std::string batch_signature(const std::vector<Batch>& micro_batches);
+
+class CapturedSteps {
+ public:
+  // Enqueues one default step on these micro-batches (eagerly, or recorded while capturing).
+  using RunStep = std::function<StepResults(const std::vector<Batch>&)>;
+  // Prints a line (rank 0, above the progress bar).
+  using Say = std::function<void(const std::string&)>;
+
+  CapturedSteps(CudaGraphs mode, Params& params, Params& opt_state, const optim::Transform& optimizer, RunStep run,
+                Say say);
+  ~CapturedSteps();
+  CapturedSteps(const CapturedSteps&) = delete;
+  CapturedSteps& operator=(const CapturedSteps&) = delete;
+
+  // Why no step of this run may be captured ("" when steps may be): the Trainer's reasons
+  // (several processes, a custom step, an optimizer without host_step, a CPU device). Under
+  // CudaGraphs::on a reason is an error; under automatic it is said once.
+  void refuse_all(const std::string& reason);
+  // Runs step `step` (its number, from 1, for messages): eagerly, by capturing it, or by
+  // replaying its shape's graph. Throws as the step would; after a failed capture that had
+  // touched the state, throws with `broken` set.
+  StepResults run(const std::vector<Batch>& micro_batches, int64_t step);
+  // Set when a capture failed after the step began rewriting the state (see above).
+  const std::string& broken() const { return broken_; }
+  // Drops every graph (their memory too): the state's arrays were replaced (a resume).
+  void forget();
+  size_t graphs() const;
+  int64_t replays() const { return replays_; }
+
+ private:
+  struct Graph;
+  struct Shape;
+  StepResults run_eagerly(const std::vector<Batch>& micro_batches, Shape& shape);
+  StepResults capture(const std::vector<Batch>& micro_batches, Shape& shape, const std::string& signature,
+                      int64_t step);
+  StepResults replay(const std::vector<Batch>& micro_batches, Graph& graph);
+  // Under automatic: says it once per reason; under on: throws.
+  void refuse(const std::string& what, const std::string& reason);
+  // The device buffers of the parameters and the optimizer state, in order.
+  std::vector<const void*> state_addresses() const;
+
+  CudaGraphs mode_;
+  Params& params_;
+  Params& opt_state_;
+  const optim::Transform& optimizer_;
+  RunStep run_;
+  Say say_;
+  std::string refused_all_;
+  std::map<std::string, std::unique_ptr<Shape>> shapes_;  // by batch_signature
+  std::map<std::string, bool> said_;
+  std::string broken_;
+  int64_t replays_ = 0;
+};
+
+}  // namespace mt::train
