@@ -15,6 +15,13 @@
 #   gpu_run.sh caption image captioning on the GPU (issue 47): example_caption (a ViT-GPT2 trained
 #                      from scratch on drawn shapes, held-out exact match), then `meshtrain caption` on
 #                      two photographs for 12 steps on the GPU and on the CPU: their losses side by side
+#   gpu_run.sh graphs  the captured step (issue 45): BERT-base classifier, 32 x 128 bf16, through
+#                      `meshtrain glue` on 6,400 SST-2 rows with --cuda-graphs off and on (the fit
+#                      line's examples/s), beside PyTorch eager, torch.compile and torch.compile
+#                      with CUDA graphs on the same shape (torch_model_step.py)
+#   gpu_run.sh sst2    `time meshtrain glue --task sst2` on the whole of SST-2, BERT-base from scratch,
+#                      the seed's flags (3 epochs, batch 32, seq 128, lr 2e-5, eval each epoch): the
+#                      end-to-end wall time (issue 45's goal: 60 s)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
@@ -87,6 +94,40 @@ if [ "$mode" = largest ]; then
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
+fi
+bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
+  echo '{"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+         "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2}' > /tmp/mt-bert-base.json
+  echo "glue --task sst2 --data-dir $here/data/glue --config /tmp/mt-bert-base.json \
+    --tokenizer $here/data/tokenizers/bert-base-uncased-tokenizer.json --max_seq_length 128 \
+    --per_device_train_batch_size 32 --learning_rate 2e-5 --device cuda --overwrite"
+}
+if [ "$mode" = graphs ]; then
+  for g in off on; do
+    echo "== meshtrain glue sst2 (BERT-base, 6400 rows, bf16), --cuda-graphs $g"
+    timeout 150 "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
+      --cuda-graphs $g --output-dir /tmp/mt-graphs-$g > "$out/graphs_$g.log" 2>&1
+    rc=$?
+    grep -E "cuda graphs|^fit:|device" "$out/graphs_$g.log" | tail -4
+    echo "exit $rc"
+    [ $rc = 0 ] || status=1
+  done
+  for c in "" 1 reduce-overhead; do
+    echo "== PyTorch BERT-base 32 x 128 bf16, TORCH_COMPILE=${c:-eager}"
+    TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout 150 python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
+      > "$out/graphs_torch_${c:-eager}.json" 2> "$out/graphs_torch_${c:-eager}.err"
+    echo "exit $?"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
+  done
+fi
+if [ "$mode" = sst2 ]; then
+  echo "== time meshtrain glue --task sst2 (whole: 67,349 train / 872 dev), BERT-base, 3 epochs, bf16"
+  start=$(date +%s.%N)
+  timeout 420 "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
+    > "$out/sst2.log" 2>&1
+  rc=$?
+  echo "wall $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $rc"
+  grep -E "epoch|^fit:|cuda graphs|tokeniz" "$out/sst2.log" | tail -8
+  [ $rc = 0 ] || status=1
 fi
 if [ "$mode" = fusion ] || [ "$mode" = all ]; then
   for f in 1 0; do
