@@ -20,7 +20,7 @@ struct RngKey {
   // array on the kernel's device. The Trainer keeps its step number there, so each step
   // launches its dropout kernels with the same arguments (a captured CUDA graph replays them
   // as recorded) and still draws new masks. Null: nothing more to fold.
-  std::shared_ptr<const Array> fold_last;
+  std::shared_ptr<const Array> fold_last{};
 
   // A new independent key derived from this one and `data` (a step number, a layer index);
   // it keeps fold_last, which stays the last fold.
