@@ -2,7 +2,8 @@
 # `pip install .` end to end: the wheel built by scikit-build-core (pyproject.toml) from the
 # project's .venv (which has the backend; no network), installed into a fresh virtual
 # environment, imported from another directory, its CLI run. The wheel's CMake build directory
-# sits in the build tree, and the compiler cache the main build filled makes it cheap; the
+# sits in the build tree, and the compiler cache the main build filled makes it cheap (the
+# differing -D and -I flags hit in ccache's preprocessor mode); the
 # wheel is built without the CUDA backend here (nvcc's objects are not cached: with it the
 # first build takes ~8 minutes on 2 cores), which a user's `pip install .` builds when nvcc is
 # there.
@@ -12,7 +13,11 @@ root=$1
 build=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-CMAKE_GENERATOR="Unix Makefiles" "$root/.venv/bin/python3" -m pip wheel --no-build-isolation --no-deps -q \
+# The main build's compiler by the same name: scikit-build-core otherwise sets CXX to Python's
+# (x86_64-linux-gnu-g++), which ccache tells apart from c++, so nothing hit the cache and the
+# wheel compiled everything again (past this test's 15 minutes on a 2-core AVX2 machine).
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+CXX=${cxx:-c++} CMAKE_GENERATOR="Unix Makefiles" "$root/.venv/bin/python3" -m pip wheel --no-build-isolation --no-deps -q \
   --disable-pip-version-check -w "$tmp/wheels" --config-settings=build-dir="$build/wheel-cpu" \
   --config-settings=cmake.define.MESHTRAIN_CUDA=OFF "$root"
 ls "$tmp"/wheels
