@@ -124,8 +124,9 @@ TEST(Seq2SeqSpmd, TrainingAndBeamSearchEqualOneProcess) {
                   << "): losses (relative) " << loss_err << ", parameters " << param_err << "\n";
       EXPECT_LE(loss_err, 2e-6);
       // Adam divides by sqrt(v): parameters whose gradients are near zero move by amounts
-      // sensitive to the gradients' summation order (which differs between layouts).
-      EXPECT_LE(param_err, 5e-5);
+      // sensitive to the gradients' summation order (which differs between layouts and CPUs:
+      // 7.5e-5 on an AVX2-only EPYC, of 3e-3 per step).
+      EXPECT_LE(param_err, 1e-4);
       EXPECT_LT(ref.losses.back(), ref.losses.front());
 
       // Beam search on the sharded weights, every rank in step, vs one process.
