@@ -8,6 +8,7 @@
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/distributed/spmd.h"
+#include "meshtrain/prim/dispatch.h"
 
 namespace mt::train {
 
@@ -76,6 +77,7 @@ struct CapturedSteps::Graph {
   std::vector<Batch> inputs;  // static: each step's batch is copied in
   StepResults outputs;        // the graph's own arrays, rewritten by every replay
   std::vector<const void*> addresses;  // state_addresses() when captured
+  double model_flops = 0;  // counted while recording: a replay enqueues no primitive to count them
 };
 
 struct CapturedSteps::Shape {
@@ -106,17 +108,32 @@ size_t CapturedSteps::graphs() const {
 
 void CapturedSteps::forget() { shapes_.clear(); }
 
-void CapturedSteps::refuse(const std::string& what, const std::string& reason) {
-  if (mode_ == CudaGraphs::on)
-    throw Error("[cuda graphs] cannot capture " + what + ": " + reason +
-                " (--cuda-graphs on; --cuda-graphs auto runs it eagerly)");
+void CapturedSteps::refuse(const std::string& what, const std::string& reason, bool step_applied) {
+  if (mode_ == CudaGraphs::on) {
+    const std::string line = "[cuda graphs] cannot capture " + what + ": " + reason +
+                             " (--cuda-graphs on; --cuda-graphs auto runs it eagerly)";
+    // Found after an eager step had updated the state: it is then no counted step's.
+    if (step_applied) broken_ = line.substr(std::string("[cuda graphs] ").size()) + "; its update was applied";
+    throw Error(line);
+  }
   if (said_.emplace(reason, true).second && say_) say_("[cuda graphs] " + what + " runs eagerly: " + reason);
 }
 
 void CapturedSteps::refuse_all(const std::string& reason) {
   if (mode_ == CudaGraphs::off || reason.empty() || !refused_all_.empty()) return;
   refused_all_ = reason;
-  refuse("the training step", reason);
+  refuse("the training step", reason, false);
+}
+
+bool CapturedSteps::state_solely_owned() const {
+  // Grouped by buffer: Adam's moments are views of one flat buffer, which the views alone hold.
+  std::map<const void*, std::vector<const Array*>> by_buffer;
+  for (const Params* tree : {&params_, &opt_state_})
+    for (const auto& [path, a] : *tree)
+      if (a.defined() && !a.device().is_cpu()) by_buffer[a.impl()->storage.get()].push_back(&a);
+  for (const auto& [buffer, handles] : by_buffer)
+    if (!Array::sole_owners(handles)) return false;
+  return true;
 }
 
 std::vector<const void*> CapturedSteps::state_addresses() const {
@@ -131,19 +148,32 @@ StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t 
   MT_CHECK(broken_.empty(), "[cuda graphs] ", broken_);
   if (mode_ == CudaGraphs::off) return run_(micro_batches);
   if (!refused_all_.empty()) {
-    if (mode_ == CudaGraphs::on) refuse("the training step", refused_all_);  // throws again
+    if (mode_ == CudaGraphs::on) refuse("the training step", refused_all_, false);  // throws again
     return run_(micro_batches);
   }
   const std::string signature = batch_signature(micro_batches);
   std::unique_ptr<Shape>& slot = shapes_[signature];
   if (!slot) slot = std::make_unique<Shape>();
   Shape& shape = *slot;
-  if (shape.graph) {
-    if (shape.graph->addresses == state_addresses()) return replay(micro_batches, *shape.graph);
+  // An eager update writes in place only what the trainer alone holds; a replay always does.
+  // With another handle on the state (a copy kept by the caller or an on_step hook) the step
+  // runs eagerly, as it would without graphs.
+  if (shape.graph && shape.graph->addresses != state_addresses()) {
     // The state was replaced since the capture (a restore): capture anew.
     shape.graph.reset();
     shape.clean_last = false;
   }
+  if (!state_solely_owned()) {
+    // Not held against the shape: the holder may let go by the next step.
+    shape.clean_last = false;
+    // Said when it keeps a graph from replaying (before, the first steps' state is often still
+    // shared with the arrays it was loaded from, and the eager update then replaces it).
+    if (shape.graph && said_.emplace("shared state", true).second && say_)
+      say_("[cuda graphs] steps run eagerly while another handle than the trainer's holds its parameters or "
+           "optimizer state (a copy kept across steps)");
+    return run_(micro_batches);
+  }
+  if (shape.graph) return replay(micro_batches, *shape.graph);
   if (shape.given_up || !shape.clean_last) return run_eagerly(micro_batches, shape);
   return capture(micro_batches, shape, signature, step);
 }
@@ -160,7 +190,7 @@ StepResults CapturedSteps::run_eagerly(const std::vector<Batch>& micro_batches, 
   shape.clean_last = reason.empty();
   if (!reason.empty() && ++shape.unclean >= kUncleanSteps) {
     shape.given_up = true;
-    refuse("the step of batch " + batch_signature(micro_batches), reason);
+    refuse("the step of batch " + batch_signature(micro_batches), reason, true);
   }
   return r;
 }
@@ -186,6 +216,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
   StepResults recorded;
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "graph_capture");
+  const double flops_before = prim::model_flops();
   try {
     graph->work = cuda_runtime().capture([&] { recorded = run_(graph->inputs); });
   } catch (const Error& e) {
@@ -200,15 +231,28 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
       throw Error("[trainer] " + broken_);
     }
     shape.given_up = true;
-    refuse("the step of batch " + signature, e.what());
+    std::string reason = e.what();
+    const std::string prefix = "[cuda graphs] ";
+    if (reason.compare(0, prefix.size(), prefix) == 0) reason = reason.substr(prefix.size());
+    refuse("the step of batch " + signature, reason, false);
     return run_(micro_batches);
   }
+  graph->model_flops = prim::model_flops() - flops_before;
   if (state_addresses() != graph->addresses) {
-    // Captured, but the state now points at the graph's own arrays: a replay would leave it.
-    broken_ = detail::concat("the captured step ", step,
-                             " replaced parameters or optimizer state instead of rewriting them in place; resume from "
-                             "the last checkpoint with --cuda-graphs off");
-    throw Error("[trainer] " + broken_);
+    // Captured, but the update replaced the state with the graph's own arrays, which every
+    // replay would write from the old state again. This step is still right: it runs once,
+    // its new state is copied out of the graph, and the shape stays eager.
+    graph->work->replay();
+    for (Params* tree : {&params_, &opt_state_})
+      for (auto& [path, a] : *tree)
+        if (a.defined() && !a.device().is_cpu()) a = copy_of(a);
+    StepResults out = copied(recorded);
+    recorded = StepResults{};
+    graph.reset();
+    shape.given_up = true;
+    refuse("the step of batch " + signature,
+           "its update replaced parameters or optimizer state instead of rewriting them in place", true);
+    return out;
   }
   graph->outputs = std::move(recorded);
   if (say_)
@@ -233,6 +277,7 @@ StepResults CapturedSteps::replay(const std::vector<Batch>& micro_batches, Graph
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "graph_replay");
   graph.work->replay();
+  prim::count_model_flops(graph.model_flops);
   ++replays_;
   StepResults out = copied(graph.outputs);
   out.host_reads = host_read_count() - reads;

@@ -14,9 +14,11 @@
 // rewrites them while the Trainer reads steps several at a time.
 //
 // When a step cannot be captured the run says why (once per reason) and goes on eagerly
-// (CudaGraphs::automatic), or stops with the reason (CudaGraphs::on). A capture that fails
-// after the step began updating the state (which no rehearsal foresaw) leaves the trainer
-// broken, as a failed deferred check does: the state is then no step's.
+// (CudaGraphs::automatic), or stops with the reason (CudaGraphs::on). While another handle
+// than the trainer's holds the state (an eager update would then not write it in place) steps
+// run eagerly. A captured update that replaced the state after all runs once and its state is
+// copied out of the graph; a capture that fails after the step began updating the state (which
+// no rehearsal foresaw) leaves the trainer broken, as a failed deferred check does.
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,8 +84,12 @@ class CapturedSteps {
   StepResults capture(const std::vector<Batch>& micro_batches, Shape& shape, const std::string& signature,
                       int64_t step);
   StepResults replay(const std::vector<Batch>& micro_batches, Graph& graph);
-  // Under automatic: says it once per reason; under on: throws.
-  void refuse(const std::string& what, const std::string& reason);
+  // Under automatic: says it once per reason; under on: throws, breaking the trainer when the
+  // step was applied eagerly first.
+  void refuse(const std::string& what, const std::string& reason, bool step_applied);
+  // The trainer's handles are the only ones on the state's device buffers (an eager update
+  // then rewrites them in place, as a replay does).
+  bool state_solely_owned() const;
   // The device buffers of the parameters and the optimizer state, in order.
   std::vector<const void*> state_addresses() const;
 

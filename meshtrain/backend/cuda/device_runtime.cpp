@@ -304,14 +304,17 @@ Ended end(bool keep) {
 
 void release(const std::vector<void*>& outputs, const std::vector<void*>& inputs, bool launched) {
   Context& c = context();
-  {
-    std::lock_guard<std::mutex> lock(c.capture_mutex);
-    for (void* p : outputs) c.graph_owned.erase(p);
-  }
-  // Ordered after the last replay. Outputs exist only once the graph ran.
-  if (launched)
+  // Outputs exist only once the graph ran: then they are freed, ordered after the last
+  // replay. A graph never launched (its instantiation failed) leaves them marked graph-owned,
+  // so handles still held free nothing; a real allocation at the address unmarks it.
+  if (launched) {
+    {
+      std::lock_guard<std::mutex> lock(c.capture_mutex);
+      for (void* p : outputs) c.graph_owned.erase(p);
+    }
     for (void* p : outputs)
       if (cudaFreeAsync(p, c.stream) != cudaSuccess) cudaGetLastError();
+  }
   for (void* p : inputs)
     if (cudaFreeAsync(p, c.stream) != cudaSuccess) cudaGetLastError();
 }
