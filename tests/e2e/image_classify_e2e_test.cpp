@@ -39,7 +39,9 @@ class ImageClassifyE2E : public TempDir {
 
 TEST_F(ImageClassifyE2E, ClassifiesHeldOutShapesAndTransformersAgrees) {
   const fs::path out = dir_ / "run";
-  const CliRun r = run_cli(command(out, (data_ / "eval").string(), "--config small-vit --epochs 15"));
+  // 25 epochs: after 15 the default seed's run still confused triangles with squares on an
+  // AVX2-only EPYC (0.77; another seed 0.92) with its loss at 0.48; after 25 it is at 0.001.
+  const CliRun r = run_cli(command(out, (data_ / "eval").string(), "--config small-vit --epochs 25"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("3 classes (circle, square, triangle)"), std::string::npos) << r.out;
   const json results = json::parse(std::ifstream(out / "eval_results.json"));
