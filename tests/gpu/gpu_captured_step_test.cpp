@@ -182,20 +182,7 @@ TEST_F(GpuCapturedCommands, AResumeUnderGraphsEqualsTheUninterruptedRun) {
   ASSERT_EQ(run_cli(args + "--output-dir " + whole.string()).code, 0);
   // The same run cut back to its step-10 checkpoint, then resumed: its graphs are captured
   // anew over the restored state.
-  fs::create_directories(split);
-  fs::copy(whole, split, fs::copy_options::recursive);
-  for (const auto& e : fs::directory_iterator(split / "checkpoints"))
-    if (e.path().filename() != "step_00000010") fs::remove_all(e.path());
-  fs::remove_all(split / "model");
-  {
-    std::vector<std::string> kept;
-    std::ifstream in(split / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);)
-      if (nlohmann::json::parse(line).value("step", int64_t(0)) <= 10) kept.push_back(line);
-    in.close();
-    std::ofstream out(split / "metrics.jsonl", std::ios::trunc);
-    for (const std::string& line : kept) out << line << "\n";
-  }
+  stopped_copy(whole, split, 10, 20);
   const CliRun resumed = run_cli(args + "--resume --output-dir " + split.string());
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   expect_same_losses("GPT-2 resumed at step 10 under graphs", whole, split, 20);
