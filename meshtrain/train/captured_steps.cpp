@@ -76,7 +76,7 @@ struct CapturedSteps::Graph {
   std::unique_ptr<CapturedWork> work;
   std::vector<Batch> inputs;  // static: each step's batch is copied in
   StepResults outputs;        // the graph's own arrays, rewritten by every replay
-  std::vector<const void*> addresses;  // state_addresses() when captured
+  std::vector<const void*> addresses;  // state().addresses when captured
   double model_flops = 0;  // counted while recording: a replay enqueues no primitive to count them
 };
 
@@ -91,6 +91,11 @@ namespace {
 // Eager steps of one shape allowed to show host traffic (the first steps make the buffers
 // later ones reuse) before its step is left eager for good.
 constexpr int kUncleanSteps = 3;
+// Every line this file says or throws starts so; a runtime refusal's reason already does.
+const std::string kPrefix = "[cuda graphs] ";
+std::string without_prefix(const std::string& text) {
+  return text.compare(0, kPrefix.size(), kPrefix) == 0 ? text.substr(kPrefix.size()) : text;
+}
 }  // namespace
 
 CapturedSteps::CapturedSteps(CudaGraphs mode, Params& params, Params& opt_state, const optim::Transform& optimizer,
@@ -100,23 +105,15 @@ CapturedSteps::CapturedSteps(CudaGraphs mode, Params& params, Params& opt_state,
 
 CapturedSteps::~CapturedSteps() = default;
 
-size_t CapturedSteps::graphs() const {
-  size_t n = 0;
-  for (const auto& [sig, shape] : shapes_) n += shape->graph != nullptr;
-  return n;
-}
-
-void CapturedSteps::forget() { shapes_.clear(); }
-
 void CapturedSteps::refuse(const std::string& what, const std::string& reason, bool step_applied) {
   if (mode_ == CudaGraphs::on) {
-    const std::string line = "[cuda graphs] cannot capture " + what + ": " + reason +
+    const std::string line = "cannot capture " + what + ": " + reason +
                              " (--cuda-graphs on; --cuda-graphs auto runs it eagerly)";
     // Found after an eager step had updated the state: it is then no counted step's.
-    if (step_applied) broken_ = line.substr(std::string("[cuda graphs] ").size()) + "; its update was applied";
-    throw Error(line);
+    if (step_applied) broken_ = line + "; its update was applied";
+    throw Error(kPrefix + line);
   }
-  if (said_.emplace(reason, true).second && say_) say_("[cuda graphs] " + what + " runs eagerly: " + reason);
+  if (said_.emplace(reason, true).second && say_) say_(kPrefix + what + " runs eagerly: " + reason);
 }
 
 void CapturedSteps::refuse_all(const std::string& reason) {
@@ -125,22 +122,18 @@ void CapturedSteps::refuse_all(const std::string& reason) {
   refuse("the training step", reason, false);
 }
 
-bool CapturedSteps::state_solely_owned() const {
-  // Grouped by buffer: Adam's moments are views of one flat buffer, which the views alone hold.
+CapturedSteps::State CapturedSteps::state() const {
+  State out;
+  // Grouped by buffer for the ownership test: Adam's moments are views of one flat buffer,
+  // which the views alone hold.
   std::map<const void*, std::vector<const Array*>> by_buffer;
   for (const Params* tree : {&params_, &opt_state_})
     for (const auto& [path, a] : *tree)
-      if (a.defined() && !a.device().is_cpu()) by_buffer[a.impl()->storage.get()].push_back(&a);
-  for (const auto& [buffer, handles] : by_buffer)
-    if (!Array::sole_owners(handles)) return false;
-  return true;
-}
-
-std::vector<const void*> CapturedSteps::state_addresses() const {
-  std::vector<const void*> out;
-  for (const Params* tree : {&params_, &opt_state_})
-    for (const auto& [path, a] : *tree)
-      if (a.defined() && !a.device().is_cpu()) out.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
+      if (a.defined() && !a.device().is_cpu()) {
+        out.addresses.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
+        by_buffer[a.impl()->storage.get()].push_back(&a);
+      }
+  for (const auto& [buffer, handles] : by_buffer) out.sole = out.sole && Array::sole_owners(handles);
   return out;
 }
 
@@ -158,12 +151,13 @@ StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t 
   // An eager update writes in place only what the trainer alone holds; a replay always does.
   // With another handle on the state (a copy kept by the caller or an on_step hook) the step
   // runs eagerly, as it would without graphs.
-  if (shape.graph && shape.graph->addresses != state_addresses()) {
+  const State now = state();
+  if (shape.graph && shape.graph->addresses != now.addresses) {
     // The state was replaced since the capture (a restore): capture anew.
     shape.graph.reset();
     shape.clean_last = false;
   }
-  if (!state_solely_owned()) {
+  if (!now.sole) {
     // Not held against the shape: the holder may let go by the next step.
     shape.clean_last = false;
     // Said when it keeps a graph from replaying (before, the first steps' state is often still
@@ -175,17 +169,17 @@ StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t 
   }
   if (shape.graph) return replay(micro_batches, *shape.graph);
   if (shape.given_up || !shape.clean_last) return run_eagerly(micro_batches, shape);
-  return capture(micro_batches, shape, signature, step);
+  return capture(micro_batches, shape, signature, step, now.addresses);
 }
 
 StepResults CapturedSteps::run_eagerly(const std::vector<Batch>& micro_batches, Shape& shape) {
-  const std::vector<const void*> before = state_addresses();
+  const std::vector<const void*> before = state().addresses;
   StepResults r = run_(micro_batches);
   if (shape.given_up) return r;
   std::string reason;
   if (r.host_reads) reason = detail::concat("its step reads ", r.host_reads, " values to the host");
   else if (r.host_uploads) reason = detail::concat("its step uploads ", r.host_uploads, " host arrays after its batch");
-  else if (state_addresses() != before)
+  else if (state().addresses != before)
     reason = "its update replaced parameters or optimizer state instead of rewriting them in place";
   shape.clean_last = reason.empty();
   if (!reason.empty() && ++shape.unclean >= kUncleanSteps) {
@@ -196,7 +190,8 @@ StepResults CapturedSteps::run_eagerly(const std::vector<Batch>& micro_batches, 
 }
 
 StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shape& shape,
-                                   const std::string& signature, int64_t step) {
+                                   const std::string& signature, int64_t step,
+                                   std::vector<const void*> addresses) {
   const uint64_t reads = host_read_count(), uploads = host_upload_count();
   auto graph = std::make_unique<Graph>();
   {
@@ -207,7 +202,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
       graph->inputs.push_back(std::move(copy));
     }
   }
-  graph->addresses = state_addresses();
+  graph->addresses = std::move(addresses);
   // The host counters as they were: a capture given up did not step, so they go back.
   Params counters;
   for (const auto& [path, a] : opt_state_)
@@ -223,7 +218,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
     span.reset();
     recorded = StepResults{};
     for (const auto& [path, a] : counters) opt_state_.set(path, a);
-    if (state_addresses() != graph->addresses) {
+    if (state().addresses != graph->addresses) {
       // The update had begun replacing the state with arrays of the capture, which never ran.
       broken_ = detail::concat("capturing step ", step, " failed after its update had replaced the state (", e.what(),
                                "); the parameters are no step's — resume from the last checkpoint with "
@@ -231,14 +226,11 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
       throw Error("[trainer] " + broken_);
     }
     shape.given_up = true;
-    std::string reason = e.what();
-    const std::string prefix = "[cuda graphs] ";
-    if (reason.compare(0, prefix.size(), prefix) == 0) reason = reason.substr(prefix.size());
-    refuse("the step of batch " + signature, reason, false);
+    refuse("the step of batch " + signature, without_prefix(e.what()), false);
     return run_(micro_batches);
   }
   graph->model_flops = prim::model_flops() - flops_before;
-  if (state_addresses() != graph->addresses) {
+  if (state().addresses != graph->addresses) {
     // Captured, but the update replaced the state with the graph's own arrays, which every
     // replay would write from the old state again. This step is still right: it runs once,
     // its new state is copied out of the graph, and the shape stays eager.

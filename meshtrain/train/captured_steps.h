@@ -72,26 +72,27 @@ class CapturedSteps {
   StepResults run(const std::vector<Batch>& micro_batches, int64_t step);
   // Set when a capture failed after the step began rewriting the state (see above).
   const std::string& broken() const { return broken_; }
-  // Drops every graph (their memory too): the state's arrays were replaced (a resume).
-  void forget();
-  size_t graphs() const;
   int64_t replays() const { return replays_; }
 
  private:
   struct Graph;
   struct Shape;
   StepResults run_eagerly(const std::vector<Batch>& micro_batches, Shape& shape);
+  // `addresses`: state().addresses before the step.
   StepResults capture(const std::vector<Batch>& micro_batches, Shape& shape, const std::string& signature,
-                      int64_t step);
+                      int64_t step, std::vector<const void*> addresses);
   StepResults replay(const std::vector<Batch>& micro_batches, Graph& graph);
   // Under automatic: says it once per reason; under on: throws, breaking the trainer when the
   // step was applied eagerly first.
   void refuse(const std::string& what, const std::string& reason, bool step_applied);
-  // The trainer's handles are the only ones on the state's device buffers (an eager update
-  // then rewrites them in place, as a replay does).
-  bool state_solely_owned() const;
-  // The device buffers of the parameters and the optimizer state, in order.
-  std::vector<const void*> state_addresses() const;
+  // The device buffers of the parameters and the optimizer state, in order, and whether the
+  // trainer's handles are the only ones on them (an eager update then rewrites them in place,
+  // as a replay does). One pass: it runs before every step.
+  struct State {
+    std::vector<const void*> addresses;
+    bool sole = true;
+  };
+  State state() const;
 
   CudaGraphs mode_;
   Params& params_;
