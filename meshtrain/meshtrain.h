@@ -32,6 +32,7 @@
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/safetensors.h"
+#include "meshtrain/io/safetensors_writer.h"
 #include "meshtrain/io/llama2c.h"
 #include "meshtrain/distributed/collective_ops.h"
 #include "meshtrain/train/metrics.h"

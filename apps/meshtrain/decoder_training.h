@@ -50,8 +50,7 @@ DecoderOptimizer decoder_optimizer(const OptimizerFlags& flags, const RunFlags& 
 void apply_training_flags(const OptimizerFlags& flags, const RunFlags& run, const DecoderOptimizer& opt,
                           const models::PretrainedModel& model, const std::string& tokenizer_source, train::FitOptions& f);
 
-// After fit: frees the optimizer state, gathers the trained weights into `model` and writes
-// them (rank 0) as save_trained_model does, then names where the metrics are.
+// After fit: save_trained_weights (lora_flags.h), then names where the metrics are.
 void export_trained_model(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
                           const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
                           const train::Deployer& deployer);

@@ -165,9 +165,9 @@ void run(const GlueOptions& o) {
   train::FitResult r = trainer.fit(train_set, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
-  model->params = gathered_params(trainer, deployer);
+  if (o.lora.enabled()) model->params = gathered_params(trainer, deployer);  // the merge and the adapter
+  export_model(trainer, deployer, *model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // adapters merged
   if (!deployer.is_main()) return;
-  models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // adapters merged
   // LoRA: the adapter with the task head it trained, as PEFT saves a SEQ_CLS adapter.
   if (o.lora.enabled())
     models::save_adapter(*model, (out / "adapter").string(), o.model.empty() ? "(trained from --config)" : o.model,

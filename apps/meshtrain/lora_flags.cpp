@@ -57,27 +57,23 @@ std::function<optim::Transform(optim::Transform)> lora_wrap(const LoraFlags& lor
   return [also_train](optim::Transform inner) { return lora_optimizer(std::move(inner), also_train); };
 }
 
-void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
-                        const std::string& tokenizer_source, const std::string& out, DType dtype) {
-  const std::filesystem::path dir(out);
+bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
+                          const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
+                          const train::Deployer& deployer) {
+  trainer.release_optimizer_state();
+  const std::filesystem::path dir(run.output_dir);
+  if (lora.enabled()) model.params = gathered_params(trainer, deployer);  // the adapter and the merge
+  if (!lora.enabled() || lora.merge)
+    export_model(trainer, deployer, model, (dir / "model").string(), dtype_from_name(run.save_dtype));  // collective
+  if (!deployer.is_main()) return false;
   if (lora.enabled()) {
     models::save_adapter(model, (dir / "adapter").string(), base_model);
     std::cout << "adapter in " << (dir / "adapter").string() << " (PEFT layout; apply with --adapter)" << std::endl;
   }
   if (!lora.enabled() || lora.merge) {
-    models::save_pretrained(model, (dir / "model").string(), dtype);  // LoRA: merged into the weights
     if (!tokenizer_source.empty()) tokenizers::copy_tokenizer_files(tokenizer_source, (dir / "model").string());
     std::cout << "model in " << (dir / "model").string() << (lora.enabled() ? " (adapters merged)" : "") << std::endl;
   }
-}
-
-bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
-                          const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
-                          const train::Deployer& deployer) {
-  trainer.release_optimizer_state();
-  model.params = gathered_params(trainer, deployer);
-  if (!deployer.is_main()) return false;
-  save_trained_model(model, lora, base_model, tokenizer_source, run.output_dir, dtype_from_name(run.save_dtype));
   return true;
 }
 

@@ -37,17 +37,13 @@ optim::Transform lora_optimizer(optim::Transform inner, const std::string& also_
 // lora_optimizer as a wrap for warmup_cosine_adamw (run_flags.h); none without LoRA.
 std::function<optim::Transform(optim::Transform)> lora_wrap(const LoraFlags& lora, const std::string& also_train = "");
 
-// What a training command leaves in `out` (call on the main rank): with LoRA the PEFT
-// adapter in adapter/ (its base named `base_model`); unless LoRA without --merge-lora the
-// model (adapters merged, its tensors in `dtype`) in model/ with the tokenizer copied from
-// `tokenizer_source` (none when empty: an image model).
-void save_trained_model(const models::PretrainedModel& model, const LoraFlags& lora, const std::string& base_model,
-                        const std::string& tokenizer_source, const std::string& out, DType dtype = DType::f32);
-
-// After fit: frees the optimizer state (the export gathers the weights into its memory),
-// gathers the trained weights into `model` — a collective, every rank calls it — and on the
-// main rank writes them into run.output_dir as save_trained_model does, in run.save_dtype.
-// True on the main rank, which goes on to write the command's other outputs.
+// After fit: frees the optimizer state and writes what a training command leaves in
+// run.output_dir (a collective, every rank calls it; the main rank writes): with LoRA the PEFT
+// adapter in adapter/ (its base named `base_model`, from weights gathered into `model`);
+// unless LoRA without --merge-lora the model (adapters merged, its tensors in run.save_dtype)
+// in model/, each parameter gathered and written in turn, with the tokenizer copied from
+// `tokenizer_source` (none when empty: an image model). True on the main rank, which goes on
+// to write the command's other outputs.
 bool save_trained_weights(train::Trainer& trainer, models::PretrainedModel& model, const LoraFlags& lora,
                           const std::string& base_model, const std::string& tokenizer_source, const RunFlags& run,
                           const train::Deployer& deployer);

@@ -148,11 +148,9 @@ void run(const PretrainOptions& o) {
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   // The final model as a Hugging Face-style directory beside the tokenizer files.
-  model->params = gathered_params(trainer, deployer);
-  if (deployer.is_main()) {
-    models::save_pretrained(*model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // LoRA: merged
-    if (o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);
-  }
+  if (o.lora.enabled()) model->params = gathered_params(trainer, deployer);  // the merge and the adapter
+  export_model(trainer, deployer, *model, model_dir.string(), dtype_from_name(o.run.save_dtype));  // LoRA: merged
+  if (deployer.is_main() && o.lora.enabled()) models::save_adapter(*model, (out / "adapter").string(), o.init_from);
   if (!r.evals.empty() && r.evals.back().count("eval_loss"))
     deployer.log("eval perplexity " + std::to_string(train::perplexity(r.evals.back().at("eval_loss"))));
   print_sample(*model, trainer.params(), *corpus.tokenizer, o, trainer.step(), samples, trainer);

@@ -323,6 +323,19 @@ Params gathered_params(const train::Trainer& trainer, const train::Deployer& dep
   return host;
 }
 
+void export_model(const train::Trainer& trainer, const train::Deployer& deployer, const models::PretrainedModel& model,
+                  const std::string& dir, DType dtype) {
+  if (model.config.lora().enabled()) {
+    MT_CHECK(!model.params.empty(), "[export] ", dir, ": a LoRA model is merged from its gathered parameters");
+    if (deployer.is_main()) models::save_pretrained(model, dir, dtype);
+    return;
+  }
+  const Params& params = trainer.params();
+  models::save_pretrained_streamed(
+      model, params, [&](const std::string& path) { return dist::to_host(params.at(path)); }, dir, dtype,
+      deployer.is_main());
+}
+
 void add_adamw_flags(CLI::App* cmd, AdamWFlags& flags) {
   cmd->add_option("--learning-rate", flags.learning_rate, "peak learning rate (warmup, then cosine to 10%)")
       ->capture_default_str();

@@ -17,6 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
+#include "meshtrain/io/safetensors_writer.h"
 
 namespace mt::io {
 
@@ -30,7 +31,6 @@ using ordered_json = nlohmann::ordered_json;
 
 // The reference implementation rejects larger headers too; real ones are a few MB at most.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-constexpr size_t kAlign = 8;
 
 // One safetensors dtype: its element size and the engine dtype get() returns. `native`
 // types are returned zero-copy; the others are converted element by element.
@@ -326,51 +326,15 @@ void check_saveable(const std::string& path, const Params& tensors) {
 
 void save_safetensors(const std::string& path, const Params& tensors, const std::map<std::string, std::string>& metadata) {
   check_saveable(path, tensors);
-  std::vector<const Params::Entry*> entries;
-  for (const auto& e : tensors) entries.push_back(&e);
-  // Larger elements first: every tensor then starts at a multiple of its element size.
-  std::vector<const Params::Entry*> data_order = entries;
-  std::stable_sort(data_order.begin(), data_order.end(), [](const Params::Entry* a, const Params::Entry* b) {
-    return dtype_size(a->second.dtype()) > dtype_size(b->second.dtype());
-  });
-  std::unordered_map<const Params::Entry*, std::pair<size_t, size_t>> offsets;
-  size_t pos = 0;
-  for (const Params::Entry* e : data_order) {
-    offsets[e] = {pos, pos + e->second.nbytes()};
-    pos += e->second.nbytes();
+  std::vector<TensorHeader> headers;
+  std::vector<const Array*> values;
+  for (const auto& [name, a] : tensors) {
+    headers.push_back({name, a.dtype(), a.shape()});
+    values.push_back(&a);
   }
-
-  ordered_json header = ordered_json::object();
-  if (!metadata.empty()) {
-    ordered_json m = ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
-  for (const Params::Entry* e : entries) {
-    ordered_json t = ordered_json::object();
-    t["dtype"] = safetensors_dtype_name(e->second.dtype());
-    t["shape"] = e->second.shape().dims();
-    t["data_offsets"] = {offsets[e].first, offsets[e].second};
-    header[e->first] = std::move(t);
-  }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& ex) {
-    throw Error(detail::concat("[safetensors] ", path, ": cannot encode the header (names and metadata must be UTF-8): ",
-                               ex.what()));
-  }
-  // Space padding (allowed by the format) puts the byte buffer at an 8-byte boundary.
-  while ((8 + text.size()) % kAlign != 0) text.push_back(' ');
-
-  AtomicFileWriter w(path, "safetensors");
-  uint64_t n = text.size();
-  w.write(&n, 8);
-  w.write(text.data(), text.size());
-  for (const Params::Entry* e : data_order) {
-    const Array host = e->second.to(Device::cpu());  // a device array is copied out first
-    w.write(host.raw(), host.nbytes());
-  }
+  const std::vector<size_t> order = safetensors_data_order(headers);
+  SafetensorsWriter w(path, std::move(headers), metadata);
+  for (size_t i : order) w.write(*values[i]);
   w.commit();
 }
 

@@ -46,7 +46,9 @@ struct ModelSpec {
   std::function<std::vector<ParamDef>(const ModelConfig&)> param_defs;
   // The same model in the layout transformers' class computes with, for save_pretrained
   // (LLaMA with llama2.c's interleaved rotary pairs: q/k rows permuted to half-split pairs,
-  // which HF's config cannot express); null when every config already is.
+  // which HF's config cannot express); null when every config already is. Each parameter is
+  // transformed on its own (save_pretrained passes them one at a time, and no parameters to
+  // learn the config).
   std::function<std::pair<ModelConfig, Params>(const ModelConfig&, Params)> to_hf_layout;
   // Checkpoint keys that are tied copies or buffers, dropped without a report (regexes).
   std::function<std::vector<std::string>(const ModelConfig&)> ignored_keys;

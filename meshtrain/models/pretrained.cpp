@@ -302,27 +302,4 @@ PretrainedModel from_pretrained(const std::string& path, const PretrainedOptions
   return m;
 }
 
-void save_pretrained(const PretrainedModel& model, const std::string& dir, DType dtype) {
-  MT_CHECK(is_floating(dtype), "[save_pretrained] ", dir, ": the saved dtype must be floating, got ", dtype_name(dtype));
-  if (model.config.lora().enabled()) {  // the saved model computes what this one does
-    save_pretrained(merge_lora(model), dir, dtype);
-    return;
-  }
-  fs::create_directories(dir);
-  ModelConfig config = model.config;
-  Params params = model.params;
-  if (model.spec().to_hf_layout) std::tie(config, params) = model.spec().to_hf_layout(config, std::move(params));
-  // config.json last, each file written atomically: a folder never holds a config without its
-  // weights, even when the process is killed while saving.
-  nlohmann::json j = model.spec().config_json(config);
-  j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-  // Parameters the model keeps in another shape go back to their Hugging Face shape.
-  for (const ParamDef& d : model.spec().param_defs(config))
-    if (d.file_shape && params.contains(d.path)) params.set(d.path, reshape(params[d.path], d.file_shape->dims()));
-  for (auto& [path, v] : params)
-    if (is_floating(v.dtype()) && v.dtype() != dtype) v = cast(v, dtype);
-  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
-  io::write_file_atomic((fs::path(dir) / "config.json").string(), j.dump(2) + "\n");
-}
-
 }  // namespace mt::models

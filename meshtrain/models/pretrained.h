@@ -1,6 +1,7 @@
 #pragma once
 // Loading Hugging Face model directories (config.json + safetensors + tokenizer) and
 // llama2.c `.bin` checkpoints into the models of this folder.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,7 +130,20 @@ PretrainedModel load_llama2c_model(const std::string& path, const PretrainedOpti
 // Writes config.json and model.safetensors into `dir` (created if needed).
 // `dtype` is the dtype of the saved floating tensors (f32, or bf16/f16 for half the size),
 // written to config.json as transformers' torch_dtype.
+// Each tensor is converted and written in turn (models/save_pretrained.cpp); a LoRA model is
+// saved with its adapters merged into a copy of its weights.
 void save_pretrained(const PretrainedModel& model, const std::string& dir, DType dtype = DType::f32);
+
+// One parameter, whole, on the host or a device (collective when the parameters are sharded).
+using TensorFetch = std::function<Array(const std::string& path)>;
+// save_pretrained of a model whose parameters are fetched one at a time, so the saving process
+// holds one whole tensor at a time beside what it already has (a sharded run's export gathers
+// parameter by parameter, not a copy of the model). `params`: the parameters as held, for their
+// paths, dtypes and (global) shapes; `model`: the config and spec (its params are unused). Every
+// process of a sharded run calls it and fetches in the same order; files are written where
+// `write` is set. The bytes equal save_pretrained's. Not for LoRA models (see above).
+void save_pretrained_streamed(const PretrainedModel& model, const Params& params, const TensorFetch& fetch,
+                              const std::string& dir, DType dtype, bool write);
 
 // The matching itself: the parameters of `spec`'s model with `config` from `checkpoint`.
 // When no checkpoint key carries the spec's base_prefix ("bert.", "transformer.", "model.")

@@ -423,6 +423,62 @@ TEST_F(SafetensorsTest, SaveRejectsBadInput) {
   for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The streaming writer (what an export uses to write one gathered tensor at a time) gives the
+// bytes save_safetensors gives, lays larger elements first, and checks each tensor it is given.
+TEST_F(SafetensorsTest, StreamedFileEqualsTheWholeSave) {
+  Params tensors;
+  tensors.set("h.bf16", random_bits({3, 5}, DType::bf16, 1));
+  tensors.set("a.f32", random_bits({7}, DType::f32, 2));
+  tensors.set("z.bool", random_bits({3}, DType::boolean, 3));
+  tensors.set("m.i64", random_bits({2, 2}, DType::i64, 4));
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  io::save_safetensors(file("whole.safetensors"), tensors, meta);
+
+  std::vector<io::TensorHeader> headers;
+  for (const auto& [name, a] : tensors) headers.push_back({name, a.dtype(), a.shape()});
+  const std::vector<size_t> order = io::safetensors_data_order(headers);
+  EXPECT_EQ(order, (std::vector<size_t>{3, 1, 0, 2}));  // i64, f32, bf16, bool; ties as given
+  {
+    io::SafetensorsWriter w(file("streamed.safetensors"), headers, meta);
+    std::vector<std::string> seen;
+    while (const io::TensorHeader* next = w.next()) {
+      seen.push_back(next->name);
+      w.write(tensors.at(next->name));
+    }
+    EXPECT_EQ(seen, (std::vector<std::string>{"m.i64", "a.f32", "h.bf16", "z.bool"}));
+    w.commit();
+  }
+  const std::string whole = file_bytes(file("whole.safetensors")), streamed = file_bytes(file("streamed.safetensors"));
+  EXPECT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == streamed) << "the streamed file differs from save_safetensors' (" << streamed.size() << " vs "
+                                 << whole.size() << " bytes)";
+  std::cout << "  streamed and whole files: " << whole.size() << " identical bytes\n";
+}
+
+TEST_F(SafetensorsTest, StreamedWriterChecksEachTensorAndLeavesNoPartialFile) {
+  io::save_safetensors(file("keep.safetensors"), Params{{"old", Array::full({2}, 5.0f)}});
+  const std::string before = file_bytes(file("keep.safetensors"));
+  const std::vector<io::TensorHeader> headers{{"w", DType::f32, Shape({2, 3})}, {"b", DType::f32, Shape({3})}};
+  {
+    io::SafetensorsWriter w(file("keep.safetensors"), headers);
+    expect_error([&] { w.write(Array::zeros({3, 2})); }, {file("keep.safetensors"), "'w'", "(2, 3)"});
+    expect_error([&] { w.write(Array::zeros({2, 3}, DType::bf16)); }, {"'w'", "bf16"});
+    w.write(Array::zeros({2, 3}));
+    expect_error([&] { w.commit(); }, {file("keep.safetensors"), "'b'", "never written"});
+  }  // dropped uncommitted: the older file stays as it was, no temporary is left
+  EXPECT_EQ(file_bytes(file("keep.safetensors")), before);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) files += e.path().filename() != "keep.safetensors" ? 1 : 0;
+  EXPECT_EQ(files, 0u);
+  expect_error([&] { io::SafetensorsWriter(file("d.safetensors"), {{"x", DType::f32, Shape({1})}, {"x", DType::f32, Shape({1})}}); },
+               {file("d.safetensors"), "'x'", "twice"});
+}
+
 TEST_F(SafetensorsTest, MissingKeyIsNamed) {
   io::save_safetensors(file("k.safetensors"), Params{{"a", Array::zeros({1})}});
   io::SafetensorsFile f = io::SafetensorsFile::open(file("k.safetensors"));
