@@ -32,29 +32,35 @@ namespace {
 
 const dist::Sharding* layout_of(const Array& a) { return a.sharded() ? dist::sharding_of(a) : nullptr; }
 
-// A copy on the device that outlives the next replay, in the same layout.
-Array copy_of(const Array& a) {
+StepResults copied(const StepResults& r) {
+  StepResults out;
+  for (const Array& l : r.losses) out.losses.push_back(copy_out(l));
+  out.metrics = r.metrics.transformed(copy_out);
+  for (const PendingCheck& c : r.checks) out.checks.push_back({copy_out(c.first), copy_out(c.indices), c.message});
+  return out;
+}
+
+}  // namespace
+
+Array copy_out(const Array& a) {
   if (!a.defined()) return a;
   if (const dist::Sharding* s = layout_of(a)) return dist::global_view(dist::local_view(a).detach().clone(), *s);
   return a.clone();
 }
 
-void write_into(const Array& target, const Array& source) {
+void copy_into(const Array& target, const Array& source) {
   if (target.sharded())
     dist::local_view(target).detach().copy_from(dist::local_view(source).detach());
   else
     target.copy_from(source);
 }
 
-StepResults copied(const StepResults& r) {
-  StepResults out;
-  for (const Array& l : r.losses) out.losses.push_back(copy_of(l));
-  out.metrics = r.metrics.transformed(copy_of);
-  for (const PendingCheck& c : r.checks) out.checks.push_back({copy_of(c.first), copy_of(c.indices), c.message});
+std::vector<const void*> device_addresses(const Params& tree) {
+  std::vector<const void*> out;
+  for (const auto& [path, a] : tree)
+    if (a.defined() && !a.device().is_cpu()) out.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
   return out;
 }
-
-}  // namespace
 
 std::string batch_signature(const std::vector<Batch>& micro_batches) {
   std::string s;
@@ -62,8 +68,9 @@ std::string batch_signature(const std::vector<Batch>& micro_batches) {
     if (m) s += " | ";
     bool first = true;
     for (const auto& [name, a] : micro_batches[m]) {
-      s += (first ? "" : " ") + name + ":" + a.str() + "@" + a.device().str();
-      if (const dist::Sharding* l = layout_of(a)) s += " " + l->str();
+      if (!first) s += ' ';
+      s.append(name).append(":").append(a.str()).append("@").append(a.device().str());
+      if (const dist::Sharding* l = layout_of(a)) s.append(" ").append(l->str());
       first = false;
     }
   }
@@ -198,7 +205,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
     autodiff::NoGradGuard no_grad;
     for (const Batch& b : micro_batches) {
       Batch copy;
-      for (const auto& [name, a] : b) copy.set(name, copy_of(a));
+      for (const auto& [name, a] : b) copy.set(name, copy_out(a));
       graph->inputs.push_back(std::move(copy));
     }
   }
@@ -237,7 +244,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
     graph->work->replay();
     for (Params* tree : {&params_, &opt_state_})
       for (auto& [path, a] : *tree)
-        if (a.defined() && !a.device().is_cpu()) a = copy_of(a);
+        if (a.defined() && !a.device().is_cpu()) a = copy_out(a);
     StepResults out = copied(recorded);
     recorded = StepResults{};
     graph.reset();
@@ -264,7 +271,7 @@ StepResults CapturedSteps::replay(const std::vector<Batch>& micro_batches, Graph
   const uint64_t reads = host_read_count(), uploads = host_upload_count();
   autodiff::NoGradGuard no_grad;
   for (size_t m = 0; m < micro_batches.size(); ++m)
-    for (const auto& [name, a] : micro_batches[m]) write_into(graph.inputs[m].at(name), a);
+    for (const auto& [name, a] : micro_batches[m]) copy_into(graph.inputs[m].at(name), a);
   optimizer_.host_step(opt_state_);
   std::optional<trace::Span> span;
   if (trace::enabled()) span.emplace("phase", "graph_replay");

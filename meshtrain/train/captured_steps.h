@@ -49,6 +49,14 @@ struct StepResults {
 // "input_ids:i64(8, 128) labels:i64(8) | ..." per micro-batch: a graph serves one signature.
 std::string batch_signature(const std::vector<Batch>& micro_batches);
 
+// A copy on the device, in the same layout, that outlives the next replay of the graph that
+// wrote `a` (undefined stays undefined).
+Array copy_out(const Array& a);
+// Writes `source` into `target` (a graph's static input) in place, shard by shard.
+void copy_into(const Array& target, const Array& source);
+// The device buffers of `tree`'s arrays, in order: a graph reads them at these addresses.
+std::vector<const void*> device_addresses(const Params& tree);
+
 class CapturedSteps {
  public:
   // Enqueues one default step on these micro-batches (eagerly, or recorded while capturing).

@@ -125,6 +125,7 @@ StepPlan plan_steps(int64_t dataset_size, const FitOptions& o, const Deployer& d
 
 void Trainer::release_optimizer_state() {
   captured_.reset();  // its graphs' memory too: nothing trains afterwards
+  captured_eval_.reset();  // an evaluation after this captures anew
   opt_state_ = Params{};
   opt_state_released_ = true;
 }
@@ -228,6 +229,17 @@ void Trainer::print(const std::string& text) {
   else deployer_.log(text);
 }
 
+std::string Trainer::why_forward_cannot_be_captured() const {
+  const int processes = deployer_.mesh().comm().size();
+  if (processes > 1)
+    return detail::concat("its results are reduced across ", processes, " processes (collectives are not captured)");
+  for (const auto& [path, p] : params_) {
+    if (!p.device().is_cuda()) return detail::concat("parameter '", path, "' is on ", p.device().str());
+    if (p.distributed()) return detail::concat("parameter '", path, "' is sharded");
+  }
+  return "";
+}
+
 std::string Trainer::why_steps_cannot_be_captured() const {
   const int processes = deployer_.mesh().comm().size();
   if (processes > 1)
@@ -236,25 +248,37 @@ std::string Trainer::why_steps_cannot_be_captured() const {
   if (!optim::capturable(optimizer_))
     return "the optimizer has a part without host_step (sgd's rate or multi_steps' branching are host values of "
            "each step)";
-  for (const auto& [path, p] : params_) {
-    if (!p.device().is_cuda()) return detail::concat("parameter '", path, "' is on ", p.device().str());
-    if (p.distributed()) return detail::concat("parameter '", path, "' is sharded");
-  }
-  return "";
+  return why_forward_cannot_be_captured();
 }
 
 void Trainer::set_cuda_graphs(CudaGraphs mode) {
-  if (mode != graphs_mode_) captured_.reset();
+  if (mode != graphs_mode_) {
+    captured_.reset();
+    captured_eval_.reset();
+  }
   graphs_mode_ = mode;
+}
+
+CudaGraphs Trainer::effective_graphs_mode() const {
+  // On the CPU there is nothing to capture: automatic means eager there, silently.
+  const bool on_gpu = !params_.empty() && params_.begin()->second.device().is_cuda();
+  return graphs_mode_ == CudaGraphs::automatic && !on_gpu ? CudaGraphs::off : graphs_mode_;
+}
+
+CapturedForward& Trainer::captured_eval() {
+  if (!captured_eval_) {
+    captured_eval_ = std::make_unique<CapturedForward>(effective_graphs_mode(), "the eval step",
+                                                       [this](const std::string& line) { print(line); });
+    captured_eval_->refuse_all(why_forward_cannot_be_captured());
+  }
+  return *captured_eval_;
 }
 
 Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
   if (!captured_) {
-    // On the CPU there is nothing to capture: automatic means eager there, silently.
-    const bool on_gpu = !params_.empty() && params_.begin()->second.device().is_cuda();
-    const CudaGraphs mode = graphs_mode_ == CudaGraphs::automatic && !on_gpu ? CudaGraphs::off : graphs_mode_;
     captured_ = std::make_unique<CapturedSteps>(
-        mode, params_, opt_state_, optimizer_, [this](const std::vector<Batch>& b) { return run_default_step(b); },
+        effective_graphs_mode(), params_, opt_state_, optimizer_,
+        [this](const std::vector<Batch>& b) { return run_default_step(b); },
         [this](const std::string& line) { print(line); });
     captured_->refuse_all(why_steps_cannot_be_captured());
   }
@@ -381,11 +405,26 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   DeferredChecks checks;  // read with the sums, at the end
   const Params compute = precision_policy().cast_for_compute(params_);
   MetricMeans recorded;
-  auto add_batch = [&](const Batch& batch, double rows, Array& sum) {
+  const RngKey key = deployer_.step_key(-1);
+  // One batch's loss, metrics and checks: run eagerly, or as a captured graph on a GPU.
+  auto forward = [&](const Batch& batch) {
+    ForwardResults out;
+    DeferredChecks batch_checks;
     MetricRecorder recorder;
-    const Array weighted = mul(loss_in_f32(loss_(compute, batch, deployer_.step_key(-1), false)), rows);
+    out.arrays["loss"] = loss_in_f32(loss_(compute, batch, key, false));
+    for (auto& [name, value] : recorder.take()) out.arrays["metric " + name] = std::move(value);
+    out.checks = batch_checks.take();
+    return out;
+  };
+  auto add_batch = [&](const Batch& batch, double rows, Array& sum) {
+    ForwardResults r = captured_eval().run(batch, compute, forward);
+    const Array weighted = mul(r.arrays.at("loss"), rows);
     sum = sum.defined() ? add(sum, weighted) : weighted;
-    recorded.add(recorder.take(), rows);
+    std::map<std::string, Array> metrics;
+    for (auto& [name, value] : r.arrays)
+      if (name != "loss") metrics[name.substr(std::string("metric ").size())] = std::move(value);
+    recorded.add(metrics, rows);
+    for (PendingCheck& c : r.checks) checks.record(std::move(c));
   };
   if (whole > 0) {
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);

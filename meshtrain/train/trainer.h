@@ -22,6 +22,7 @@
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/background_checkpoints.h"
+#include "meshtrain/train/captured_forward.h"
 #include "meshtrain/train/captured_steps.h"
 #include "meshtrain/train/step_metrics.h"
 
@@ -121,7 +122,8 @@ struct FitOptions {
   int64_t read_loss_every = 0;
   // The default step captured as a CUDA graph per batch shape after warm-up and replayed
   // (train/captured_steps.h): automatic on a GPU says why when it cannot and goes on eagerly;
-  // on stops with the reason; off never captures. Nothing to capture on the CPU.
+  // on stops with the reason; off never captures. Nothing to capture on the CPU. The same
+  // for the eval step (train/captured_forward.h).
   CudaGraphs cuda_graphs = CudaGraphs::automatic;
 };
 
@@ -169,6 +171,8 @@ class Trainer {
   void set_cuda_graphs(CudaGraphs mode);
   // Steps replayed from a captured graph so far.
   int64_t captured_step_replays() const { return captured_ ? captured_->replays() : 0; }
+  // Eval batches replayed from a captured graph so far.
+  int64_t captured_eval_replays() const { return captured_eval_ ? captured_eval_->replays() : 0; }
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
   // Runs `rollout` on each step's micro-batches first (see RolloutFn).
@@ -230,6 +234,12 @@ class Trainer {
   StepResults run_default_step(const std::vector<Batch>& micro_batches);
   // Why this trainer's default steps cannot be captured ("" when they can).
   std::string why_steps_cannot_be_captured() const;
+  // Why its eval steps cannot be ("" when they can): the parameters' and processes' reasons.
+  std::string why_forward_cannot_be_captured() const;
+  // graphs_mode_ for this run: automatic is off on the CPU (nothing to capture there).
+  CudaGraphs effective_graphs_mode() const;
+  // The eval step's graphs, made at the first evaluation.
+  CapturedForward& captured_eval();
   // The default step's key: the run's step key with the step number folded in last from
   // step_fold_, which the host rewrites before each step. The step's launches then carry the
   // same arguments every step (a captured CUDA graph replays them) and still draw new masks.
@@ -295,6 +305,7 @@ class Trainer {
   RngKey step_key_;  // the default step's key, read by run_default_step
   CudaGraphs graphs_mode_ = CudaGraphs::automatic;
   std::unique_ptr<CapturedSteps> captured_;  // made at the first default step
+  std::unique_ptr<CapturedForward> captured_eval_;
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
   // Reads of array values to the host (core/host_reads.h) in the last default step between
   // its batch and its loss read: each one a wait for the device on a GPU (issue 45).

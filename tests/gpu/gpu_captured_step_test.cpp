@@ -2,7 +2,8 @@
 // dropout on, 20 steps whose graph is captured at the third and replayed after give the eager
 // steps' losses and parameters bit for bit (the same kernels in the same order), also when the
 // batch shape changes between steps (each shape captured on its own); a bad label in a
-// replayed step is reported with its position, as eagerly; whole commands (pretrain for
+// replayed step is reported with its position, as eagerly; captured eval steps give the eager
+// evaluation's losses and report a bad token as eagerly; whole commands (pretrain for
 // miniGPT, GPT-2 and LLaMA, glue for BERT) log the same losses with --cuda-graphs on and off,
 // and a run resumed under graphs equals the uninterrupted one.
 #include <gtest/gtest.h>
@@ -130,6 +131,64 @@ TEST_F(GpuCapturedStep, ABadLabelInAReplayedStepIsReportedWithItsPosition) {
   std::cout << "  " << message << "\n";
   EXPECT_NE(message.find("step 6"), std::string::npos) << message;
   EXPECT_NE(message.find("label 53 out of range for 53 classes at flat position 31"), std::string::npos) << message;
+}
+
+// Evaluations of the tiny GPT-2 after 6 and 12 training steps under graphs `mode`: 22 rows
+// in batches of 4 (5 whole batches, captured at the second and replayed, then a tail of 2).
+struct Evaluated {
+  std::vector<double> losses;
+  int64_t replays = 0;
+};
+
+Evaluated evaluate_tiny_gpt2(train::CudaGraphs mode, const fs::path& dir, const std::vector<data::Example>& rows) {
+  const models::Gpt2Config c = tiny_gpt2();
+  train::Deployer deployer({.seed = 5, .workdir = dir.string(), .verbose = false, .device = "cuda"});
+  train::Trainer trainer(deployer, next_token_collate(16), gpt2_next_token_loss(c),
+                         random_model_params(models::gpt2_param_defs(c), 6), optim::adamw(optim::constant_schedule(1e-3)));
+  trainer.set_cuda_graphs(mode);
+  Evaluated out;
+  for (int64_t s = 0; s < 12; ++s) {
+    trainer.train({deployer.shard_batch(next_token_batch(token_rows(4, 16, c.vocab_size, 50 * s), 16))});
+    if (s % 6 == 5) out.losses.push_back(trainer.eval_loss(data::make_dataset(rows), 4));
+  }
+  out.replays = trainer.captured_eval_replays();
+  return out;
+}
+
+TEST_F(GpuCapturedStep, CapturedEvalStepsEqualEagerOnes) {
+  MT_REQUIRE_GPU();
+  const std::vector<data::Example> rows = token_rows(22, 16, tiny_gpt2().vocab_size, 777);
+  const Evaluated eager = evaluate_tiny_gpt2(train::CudaGraphs::off, dir_ / "eager", rows);
+  const Evaluated captured = evaluate_tiny_gpt2(train::CudaGraphs::on, dir_ / "captured", rows);
+  std::cout << "  eval losses eager " << eager.losses[0] << ", " << eager.losses[1] << "; captured "
+            << captured.losses[0] << ", " << captured.losses[1] << " (" << captured.replays << " replays)\n";
+  EXPECT_EQ(eager.replays, 0);
+  // Whole batches 2-5 of both evaluations; the parameters were rewritten in place between them.
+  EXPECT_GE(captured.replays, 8);
+  EXPECT_EQ(eager.losses, captured.losses);
+  EXPECT_NE(captured.losses[0], captured.losses[1]) << "the second evaluation saw the trained parameters";
+  // A bad token in a replayed eval batch: reported with its position, as eagerly.
+  std::vector<data::Example> bad_rows = rows;
+  std::vector<int64_t> bad = bad_rows[13].tokens("tokens");
+  bad[3] = tiny_gpt2().vocab_size;  // row 13 is the second of batch 4, token 3: flat position 16 + 3
+  bad_rows[13] = {{"tokens", bad}};
+  auto error_of = [&](train::CudaGraphs mode, const std::string& name) {
+    try {
+      evaluate_tiny_gpt2(mode, dir_ / name, bad_rows);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string eager_error = error_of(train::CudaGraphs::off, "bad_eager"),
+                    captured_error = error_of(train::CudaGraphs::on, "bad_captured");
+  std::cout << "  " << captured_error << "\n";
+  EXPECT_EQ(captured_error, eager_error);
+  EXPECT_NE(captured_error.find("out of range"), std::string::npos) << captured_error;
+  // The input at position 19 or the label before it (position 18), whichever is checked first.
+  EXPECT_TRUE(captured_error.find("position 19") != std::string::npos ||
+              captured_error.find("position 18") != std::string::npos)
+      << captured_error;
 }
 
 // Whole commands: the captured run logs the eager run's losses exactly.

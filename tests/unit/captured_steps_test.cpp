@@ -117,5 +117,68 @@ TEST_F(CapturedStepsOnTheCpu, OnStopsWithTheReasonAndAutoTrainsEagerly) {
   EXPECT_EQ(automatic, off);
 }
 
+TEST_F(CapturedStepsOnTheCpu, EvalStepsRefuseUnderOnAndRunEagerlyUnderAuto) {
+  auto eval = [&](train::CudaGraphs mode) {
+    train::Deployer deployer({.seed = 1, .workdir = dir_.string(), .verbose = false, .device = "cpu"});
+    train::Trainer trainer(deployer, next_token_collate(16), gpt2_next_token_loss(c_),
+                           random_model_params(gpt2_param_defs(c_), 4), optim::adamw(optim::constant_schedule(1e-3)));
+    trainer.set_cuda_graphs(mode);
+    const double loss = trainer.eval_loss(data::make_dataset(rows_), 3);  // 2 batches of 3, a tail of 2
+    EXPECT_EQ(trainer.captured_eval_replays(), 0);
+    return loss;
+  };
+  const std::string refused = error_of([&] { eval(train::CudaGraphs::on); });
+  EXPECT_NE(refused.find("[cuda graphs] cannot capture the eval step: parameter '"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("is on cpu"), std::string::npos) << refused;
+  EXPECT_EQ(eval(train::CudaGraphs::automatic), eval(train::CudaGraphs::off));
+}
+
+// CapturedForward's own rules, where no capture can succeed (no GPU here): a shape is captured
+// after a clean eager run; a failed capture is said once and the forward goes on eagerly with
+// the same results (automatic) or stops naming the batch (on); a forward that reads to the
+// host is left eager after three runs, with the reason.
+TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
+  const train::Batch batch{{"x", Array::full({2, 3}, 1.5f)}};
+  const Params reads{{"w", Array::full({3}, 2.0f)}};
+  int calls = 0;
+  auto forward = [&](const train::Batch& b) {
+    ++calls;
+    train::ForwardResults r;
+    r.arrays["y"] = mul(b.at("x"), reads.at("w"));
+    return r;
+  };
+  std::vector<std::string> said;
+  train::CapturedForward automatic(train::CudaGraphs::automatic, "the test forward",
+                                   [&](const std::string& line) { said.push_back(line); });
+  for (int i = 0; i < 4; ++i) {
+    const train::ForwardResults r = automatic.run(batch, reads, forward);
+    EXPECT_EQ(r.arrays.at("y").to_floats(), std::vector<float>(6, 3.0f));
+  }
+  EXPECT_EQ(calls, 4);  // the failed capture recorded nothing that counts; each run computed
+  ASSERT_EQ(said.size(), 1u);
+  std::cout << "  " << said[0] << "\n";
+  EXPECT_NE(said[0].find("[cuda graphs] the test forward runs eagerly: batch x:f32(2, 3)@cpu"), std::string::npos)
+      << said[0];
+  EXPECT_EQ(automatic.replays(), 0);
+
+  train::CapturedForward on(train::CudaGraphs::on, "the test forward", nullptr);
+  on.run(batch, reads, forward);  // eager and clean: the next run captures
+  const std::string refused = error_of([&] { on.run(batch, reads, forward); });
+  EXPECT_NE(refused.find("[cuda graphs] cannot capture the test forward: batch x:f32(2, 3)@cpu"), std::string::npos)
+      << refused;
+
+  said.clear();
+  train::CapturedForward reading(train::CudaGraphs::automatic, "the reading forward",
+                                 [&](const std::string& line) { said.push_back(line); });
+  auto reads_to_host = [&](const train::Batch& b) {
+    train::ForwardResults r;
+    r.arrays["y"] = Array::full({1}, b.at("x").to_floats()[0]);
+    return r;
+  };
+  for (int i = 0; i < 4; ++i) reading.run(batch, reads, reads_to_host);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("it reads 1 values to the host"), std::string::npos) << said[0];
+}
+
 }  // namespace
 }  // namespace mt::testing
