@@ -110,6 +110,8 @@ layout::MeshShape mesh_shape_of(const Array& x) {
   return x.defined() && x.distributed() ? g_executor->mesh_shape_of(x) : layout::MeshShape{};
 }
 
+bool observing_ops() { return bool(g_observer); }
+
 OpObserver set_op_observer(OpObserver observer) {
   OpObserver previous = std::move(g_observer);
   g_observer = std::move(observer);

@@ -55,5 +55,8 @@ struct OpEvent {
 using OpObserver = std::function<void(const OpEvent&)>;
 // Replaces the observer (an empty function turns observation off); returns the previous one.
 OpObserver set_op_observer(OpObserver observer);
+// An observer is installed: kernels are then timed to completion, the device queue drained
+// around each, which a CUDA-graph capture cannot record (captures wait for the profile's end).
+bool observing_ops();
 
 }  // namespace mt::prim

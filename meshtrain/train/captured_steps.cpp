@@ -175,6 +175,9 @@ StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t 
     return run_(micro_batches);
   }
   if (shape.graph) return replay(micro_batches, *shape.graph);
+  // A profiled step drains the queue around each kernel, which no capture can record: its
+  // steps run eagerly, neither showing the shape capturable nor counting against it.
+  if (prim::observing_ops()) return run_(micro_batches);
   if (shape.given_up || !shape.clean_last) return run_eagerly(micro_batches, shape);
   return capture(micro_batches, shape, signature, step, now.addresses);
 }

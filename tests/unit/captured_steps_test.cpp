@@ -11,6 +11,7 @@
 
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/optim/partition.h"
+#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/train/captured_steps.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/support/model_twins.h"
@@ -133,8 +134,8 @@ TEST_F(CapturedStepsOnTheCpu, EvalStepsRefuseUnderOnAndRunEagerlyUnderAuto) {
   EXPECT_EQ(eval(train::CudaGraphs::automatic), eval(train::CudaGraphs::off));
 }
 
-// CapturedForward's own rules, where no capture can succeed (no GPU here): a shape is captured
-// after a clean eager run; a failed capture is said once and the forward goes on eagerly with
+// CapturedForward's own rules, where no capture can succeed (no GPU here): nothing is tried
+// while ops are observed (a profile); a shape is captured after a clean eager run; a failed capture is said once and the forward goes on eagerly with
 // the same results (automatic) or stops naming the batch (on); a forward that reads to the
 // host is left eager after three runs, with the reason.
 TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
@@ -150,6 +151,12 @@ TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
   std::vector<std::string> said;
   train::CapturedForward automatic(train::CudaGraphs::automatic, "the test forward",
                                    [&](const std::string& line) { said.push_back(line); });
+  // While ops are observed (--profile drains the queue around each kernel) nothing is tried.
+  prim::set_op_observer([](const prim::OpEvent&) {});
+  for (int i = 0; i < 3; ++i) automatic.run(batch, reads, forward);
+  prim::set_op_observer({});
+  EXPECT_TRUE(said.empty());
+  calls = 0;
   for (int i = 0; i < 4; ++i) {
     const train::ForwardResults r = automatic.run(batch, reads, forward);
     EXPECT_EQ(r.arrays.at("y").to_floats(), std::vector<float>(6, 3.0f));
