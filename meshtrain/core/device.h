@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mt {
 
@@ -74,6 +75,15 @@ class CapturedWork {
   virtual size_t kept_bytes() const = 0;  // the static inputs and outputs it owns
 };
 
+// Device work as the device timed it, for the profiler's GPU track: a kernel, a copy or a fill.
+struct DeviceSpan {
+  std::string name;             // the kernel's function name; "memcpy HtoD", "memset", ...
+  const char* kind = "kernel";  // "kernel", "memcpy" or "memset"
+  double start_us = 0, dur_us = 0;  // on trace::now_us()'s time base
+  double bytes = 0;                 // copies and fills
+  uint32_t graph = 0;  // the CUDA graph whose replay ran it (0: launched on its own)
+};
+
 // What core needs from a GPU runtime: memory, copies and captured work. Implemented by backend/cuda (or by
 // its no-CUDA stand-in, which reports no GPUs and fails every call with a clear message).
 class DeviceRuntime {
@@ -95,6 +105,11 @@ class DeviceRuntime {
   // mt::Error naming what could not be captured, and the stream then works eagerly again.
   virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) const = 0;
   virtual bool capturing() const = 0;  // the calling thread is recording a capture
+  // Starts timing every kernel, copy and fill on the device (CUPTI's activity records, also
+  // for the nodes of replayed graphs): "" once started, else why it cannot be.
+  virtual std::string start_device_trace() const = 0;
+  // Waits for the device, stops timing and returns what ran since the start, by start time.
+  virtual std::vector<DeviceSpan> stop_device_trace() const = 0;
 };
 // Defined by meshtrain/backend/cuda (device_runtime.cpp with CUDA, no_cuda.cpp without).
 const DeviceRuntime& cuda_runtime();

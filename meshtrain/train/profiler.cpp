@@ -14,11 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/allocator.h"
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/io/mapped_file.h"
 #include "meshtrain/prim/dispatch.h"
+#include "meshtrain/train/device_profile.h"
 #include "meshtrain/train/host_name.h"
 #include "meshtrain/train/memory_usage.h"
 
@@ -235,6 +237,7 @@ Profiler::Profiler(ProfileRange range, int64_t done_steps, int64_t total_steps, 
 Profiler::~Profiler() {
   if (!recording_) return;
   prim::set_op_observer({});
+  if (device_trace_) cuda_runtime().stop_device_trace();
   trace::stop();
 }
 
@@ -245,6 +248,12 @@ void Profiler::start() {
   trace::name_this_thread("compute");
   prim::set_op_observer(record_op_span);
   recording_ = true;
+  // Host spans of a GPU step time its launches; the device's own timings say what ran when.
+  if (default_device().is_cuda()) {
+    const std::string why_not = cuda_runtime().start_device_trace();
+    device_trace_ = why_not.empty();
+    if (!device_trace_ && print_) print_("[profile] no device track: " + why_not);
+  }
 }
 
 void Profiler::step_begin(int64_t step) {
@@ -268,7 +277,11 @@ void Profiler::finish() {
   step_span_.reset();
   prim::set_op_observer({});
   recording_ = false;
+  std::vector<DeviceSpan> device_spans;
+  if (device_trace_) device_spans = cuda_runtime().stop_device_trace();  // waits for the device
   trace::Recording rec = trace::stop();
+  if (device_trace_) add_device_spans(rec, device_spans);
+  device_trace_ = false;
   dist::Communicator& world = dist::world();
   const int rank = world.rank();
   fs::create_directories(dir_);
@@ -297,7 +310,15 @@ void Profiler::finish() {
       ops["rows"].push_back({{"name", r.name}, {"phase", r.phase}, {"dtype", r.dtype}, {"calls", r.calls}, {"total_ms", r.total_ms},
                              {"flops", r.flops}, {"bytes", r.bytes}});
     for (const auto& [k, v] : profile.breakdown) ops["breakdown"][k] = v;
-    const std::string table = format_op_table(profile);
+    const DeviceProfile device = summarize_device(rec);
+    if (device.recorded) {
+      json rows = json::array();
+      for (const DeviceRow& r : device.rows)
+        rows.push_back({{"name", r.name}, {"kind", r.kind}, {"calls", r.calls}, {"total_ms", r.total_ms}});
+      ops["device"] = {{"busy_ms", device.busy_ms}, {"kernels", device.kernels}, {"copies", device.copies},
+                       {"fills", device.fills}, {"from_graphs", device.from_graphs}, {"rows", std::move(rows)}};
+    }
+    const std::string table = format_op_table(profile) + format_device_table(device, profile.step_ms);
     io::write_file_atomic((fs::path(dir_) / "ops.json").string(), ops.dump(2) + "\n");
     io::write_file_atomic((fs::path(dir_) / "ops.txt").string(), table);
     if (print_) print_(table + "trace: " + (fs::path(dir_) / "trace.json").string() + " (open it in ui.perfetto.dev)");

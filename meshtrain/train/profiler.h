@@ -5,9 +5,11 @@
 //               thread tracks for compute, communication and the data loader; spans for every
 //               op kernel, every VJP (named after its forward op), collectives, communication
 //               waits, data waits, batch assembly, the optimizer, checkpoints and evaluation;
-//               live-allocator and RSS counters.
+//               live-allocator and RSS counters; on a GPU, a track of the device's own timings
+//               of every kernel, copy and fill (CUPTI; graph replays' nodes included).
 //   ops.txt / ops.json  time by op (forward and backward apart), collectives, and a one-line
-//               step breakdown; ops.txt is also printed at the end of the profiled steps.
+//               step breakdown; on a GPU, the device's busy share and its time by kernel name
+//               and count; ops.txt is also printed at the end of the profiled steps.
 // Under mpirun every rank records its part; rank 0 merges them on a common time base (a barrier
 // when recording starts).
 #include <cstdint>
@@ -77,6 +79,7 @@ class Profiler {
   std::string dir_;
   std::function<void(const std::string&)> print_;
   bool recording_ = false;
+  bool device_trace_ = false;  // the GPU's own timings are recorded (train/device_profile.h)
   std::optional<trace::Span> step_span_;
 };
 

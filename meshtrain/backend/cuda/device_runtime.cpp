@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/device_trace.h"
 #include "meshtrain/backend/cuda/pinned_staging.h"
 #include "meshtrain/backend/cuda/step_graph.h"
 #include "meshtrain/backend/cuda/step_graph_hooks.h"
@@ -232,6 +233,11 @@ class CudaRuntime final : public DeviceRuntime {
     return StepGraph::capture(record);
   }
   bool capturing() const override { return capture_hooks::capturing_on_this_thread(); }
+  std::string start_device_trace() const override {
+    if (device_count() == 0) return "no GPU is visible";
+    return cuda::start_device_trace();
+  }
+  std::vector<DeviceSpan> stop_device_trace() const override { return cuda::stop_device_trace(); }
 
  private:
   static size_t reserved(Context& c) {

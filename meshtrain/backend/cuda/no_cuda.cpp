@@ -35,6 +35,8 @@ class NoCudaRuntime final : public DeviceRuntime {
   void reset_peak(int) const override { no_cuda(); }
   std::unique_ptr<CapturedWork> capture(const std::function<void()>&) const override { no_cuda(); }
   bool capturing() const override { return false; }
+  std::string start_device_trace() const override { return "meshtrain was built without CUDA"; }
+  std::vector<DeviceSpan> stop_device_trace() const override { return {}; }
 };
 }  // namespace
 
