@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "meshtrain/backend/cuda/cublaslt_library.h"
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/matmul.h"
 
@@ -58,7 +59,7 @@ struct Lt {
 Lt& lt() {
   static Lt* s = [] {
     auto* l = new Lt();  // leaked: lives as long as the process's stream
-    check_lt(cublasLtCreate(&l->handle), "create");
+    check_lt(cublaslt().Create(&l->handle), "create");
     check(cudaMalloc(&l->workspace, kWorkspaceBytes), "matmul workspace");
     return l;
   }();
@@ -67,11 +68,11 @@ Lt& lt() {
 
 cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  check_lt(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld), "layout");
+  check_lt(cublaslt().MatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld), "layout");
   if (batch > 1) {
     const int32_t count = int32_t(batch);
-    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "layout");
-    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+    check_lt(cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "layout");
+    check_lt(cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
              "layout");
   }
   return l;
@@ -87,25 +88,25 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
   const cublasComputeType_t compute =
       dtype == MatmulDType::f32_as_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   Plan p;
-  check_lt(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "descriptor");
+  check_lt(cublaslt().MatmulDescCreate(&p.desc, compute, CUDA_R_32F), "descriptor");
   const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "descriptor");
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
+  check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "descriptor");
+  check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
            "descriptor");
   // B row-major (K, N) is column-major N x K (ld N); stored transposed (N, K) it is K x N (ld K).
   p.a = tb ? layout(in, K, N, K, batch, batch_b == 1 ? 0 : N * K) : layout(in, N, K, N, batch, batch_b == 1 ? 0 : N * K);
   p.b = ta ? layout(in, M, K, M, batch, batch_a == 1 ? 0 : M * K) : layout(in, K, M, K, batch, batch_a == 1 ? 0 : M * K);
   p.c = layout(out, N, M, N, batch, M * N);
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+  check_lt(cublaslt().MatmulPreferenceCreate(&pref), "preference");
+  check_lt(cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
                                                 sizeof(kWorkspaceBytes)),
            "preference");
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
   const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(lt().handle, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+      cublaslt().MatmulAlgoGetHeuristic(lt().handle, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   if (s == CUBLAS_STATUS_SUCCESS && found > 0) {
     for (int i = 0; i < found; ++i)
       if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
@@ -147,7 +148,7 @@ void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
   float best = -1.0f;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
     auto run = [&] {
-      const bool ok = cublasLtMatmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo,
+      const bool ok = cublaslt().Matmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo,
                                      l.workspace, kWorkspaceBytes, stream()) == CUBLAS_STATUS_SUCCESS;
       if (!ok) cudaGetLastError();
       return ok;
@@ -215,7 +216,7 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
   MT_CHECK(plan.found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
            " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
+  check_lt(cublaslt().Matmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
                           l.workspace, kWorkspaceBytes, stream()),
            "matmul");
 }
