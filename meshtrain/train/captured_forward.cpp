@@ -19,7 +19,8 @@ constexpr int kUncleanRuns = 3;
 
 ForwardResults copied(const ForwardResults& r) {
   ForwardResults out;
-  for (const auto& [name, a] : r.arrays) out.arrays[name] = copy_out(a);
+  out.loss = copy_out(r.loss);
+  for (const auto& [name, a] : r.metrics) out.metrics[name] = copy_out(a);
   for (const PendingCheck& c : r.checks) out.checks.push_back({copy_out(c.first), copy_out(c.indices), c.message});
   return out;
 }
@@ -116,9 +117,7 @@ ForwardResults CapturedForward::capture(const Batch& batch, const Run& forward, 
     span.reset();
     recorded = ForwardResults{};
     shape.given_up = true;
-    const std::string what = e.what();
-    refuse("batch " + signature + ": " +
-           (what.compare(0, kPrefix.size(), kPrefix) == 0 ? what.substr(kPrefix.size()) : what));
+    refuse("batch " + signature + ": " + without_graphs_prefix(e.what()));
     return forward(batch);
   }
   span.reset();

@@ -21,7 +21,8 @@ namespace mt::train {
 
 // What one forward leaves for the host to read.
 struct ForwardResults {
-  std::map<std::string, Array> arrays;  // named outputs (an eval step's loss and metrics)
+  Array loss;
+  std::map<std::string, Array> metrics;  // what the loss function recorded (step_metrics.h)
   std::vector<PendingCheck> checks;
   uint64_t host_reads = 0, host_uploads = 0;  // inside the forward
 };

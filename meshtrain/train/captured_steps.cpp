@@ -55,10 +55,14 @@ void copy_into(const Array& target, const Array& source) {
     target.copy_from(source);
 }
 
+namespace {
+const void* device_address(const Array& a) { return a.sharded() ? dist::local_view(a).raw() : a.raw(); }
+}  // namespace
+
 std::vector<const void*> device_addresses(const Params& tree) {
   std::vector<const void*> out;
   for (const auto& [path, a] : tree)
-    if (a.defined() && !a.device().is_cpu()) out.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
+    if (a.defined() && !a.device().is_cpu()) out.push_back(device_address(a));
   return out;
 }
 
@@ -100,10 +104,11 @@ namespace {
 constexpr int kUncleanSteps = 3;
 // Every line this file says or throws starts so; a runtime refusal's reason already does.
 const std::string kPrefix = "[cuda graphs] ";
-std::string without_prefix(const std::string& text) {
+}  // namespace
+
+std::string without_graphs_prefix(const std::string& text) {
   return text.compare(0, kPrefix.size(), kPrefix) == 0 ? text.substr(kPrefix.size()) : text;
 }
-}  // namespace
 
 CapturedSteps::CapturedSteps(CudaGraphs mode, Params& params, Params& opt_state, const optim::Transform& optimizer,
                              RunStep run, Say say)
@@ -137,7 +142,7 @@ CapturedSteps::State CapturedSteps::state() const {
   for (const Params* tree : {&params_, &opt_state_})
     for (const auto& [path, a] : *tree)
       if (a.defined() && !a.device().is_cpu()) {
-        out.addresses.push_back(a.sharded() ? dist::local_view(a).raw() : a.raw());
+        out.addresses.push_back(device_address(a));
         by_buffer[a.impl()->storage.get()].push_back(&a);
       }
   for (const auto& [buffer, handles] : by_buffer) out.sole = out.sole && Array::sole_owners(handles);
@@ -236,7 +241,7 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
       throw Error("[trainer] " + broken_);
     }
     shape.given_up = true;
-    refuse("the step of batch " + signature, without_prefix(e.what()), false);
+    refuse("the step of batch " + signature, without_graphs_prefix(e.what()), false);
     return run_(micro_batches);
   }
   graph->model_flops = prim::model_flops() - flops_before;

@@ -56,6 +56,8 @@ Array copy_out(const Array& a);
 void copy_into(const Array& target, const Array& source);
 // The device buffers of `tree`'s arrays, in order: a graph reads them at these addresses.
 std::vector<const void*> device_addresses(const Params& tree);
+// A "[cuda graphs] ..." message without its prefix, to quote inside another.
+std::string without_graphs_prefix(const std::string& text);
 
 class CapturedSteps {
  public:

@@ -411,19 +411,16 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
     ForwardResults out;
     DeferredChecks batch_checks;
     MetricRecorder recorder;
-    out.arrays["loss"] = loss_in_f32(loss_(compute, batch, key, false));
-    for (auto& [name, value] : recorder.take()) out.arrays["metric " + name] = std::move(value);
+    out.loss = loss_in_f32(loss_(compute, batch, key, false));
+    out.metrics = recorder.take();
     out.checks = batch_checks.take();
     return out;
   };
   auto add_batch = [&](const Batch& batch, double rows, Array& sum) {
     ForwardResults r = captured_eval().run(batch, compute, forward);
-    const Array weighted = mul(r.arrays.at("loss"), rows);
+    const Array weighted = mul(r.loss, rows);
     sum = sum.defined() ? add(sum, weighted) : weighted;
-    std::map<std::string, Array> metrics;
-    for (auto& [name, value] : r.arrays)
-      if (name != "loss") metrics[name.substr(std::string("metric ").size())] = std::move(value);
-    recorded.add(metrics, rows);
+    recorded.add(r.metrics, rows);
     for (PendingCheck& c : r.checks) checks.record(std::move(c));
   };
   if (whole > 0) {

@@ -145,7 +145,7 @@ TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
   auto forward = [&](const train::Batch& b) {
     ++calls;
     train::ForwardResults r;
-    r.arrays["y"] = mul(b.at("x"), reads.at("w"));
+    r.loss = mul(b.at("x"), reads.at("w"));
     return r;
   };
   std::vector<std::string> said;
@@ -159,7 +159,7 @@ TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
   calls = 0;
   for (int i = 0; i < 4; ++i) {
     const train::ForwardResults r = automatic.run(batch, reads, forward);
-    EXPECT_EQ(r.arrays.at("y").to_floats(), std::vector<float>(6, 3.0f));
+    EXPECT_EQ(r.loss.to_floats(), std::vector<float>(6, 3.0f));
   }
   EXPECT_EQ(calls, 4);  // the failed capture recorded nothing that counts; each run computed
   ASSERT_EQ(said.size(), 1u);
@@ -179,7 +179,7 @@ TEST(CapturedForward, AFailedCaptureFallsBackEagerlyOrStopsUnderOn) {
                                  [&](const std::string& line) { said.push_back(line); });
   auto reads_to_host = [&](const train::Batch& b) {
     train::ForwardResults r;
-    r.arrays["y"] = Array::full({1}, b.at("x").to_floats()[0]);
+    r.loss = Array::full({1}, b.at("x").to_floats()[0]);
     return r;
   };
   for (int i = 0; i < 4; ++i) reading.run(batch, reads, reads_to_host);
