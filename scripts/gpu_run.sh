@@ -24,6 +24,9 @@
 #                      the seed's flags (3 epochs, batch 32, seq 128, lr 2e-5, eval each epoch): the
 #                      end-to-end wall time (issue 45's goal: 60 s)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
+#   gpu_run.sh session a device session's one script: test, sst2, graphs and largest in that order,
+#                      within GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut
+#                      to the time left, and a part that cannot start with 30 s left is skipped (said)
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,50 +40,77 @@ export LD_LIBRARY_PATH="$here/lib:$cuda_libs:${LD_LIBRARY_PATH:-}"
 export MT_DATA_DIR="$here/data" MT_MESHTRAIN_BIN="$here/bin/meshtrain"
 mode=${1:-all}
 status=0
+started=$(date +%s)
+budget=
+if [ "$mode" = session ]; then
+  # The sanitizers and the whole SST-2 job cut shorter than alone, so that every part gets a turn.
+  budget=${GPU_BUDGET_S:-450} MEMCHECK_S=${MEMCHECK_S:-60} RACECHECK_S=${RACECHECK_S:-60} SST2_S=${SST2_S:-180}
+fi
+# cap N: N seconds, or the session's time left when less (at least 1).
+cap() {
+  [ -z "$budget" ] && { echo "$1"; return; }
+  left=$((budget - ($(date +%s) - started)))
+  [ "$left" -lt 1 ] && left=1
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+# wants PART: whether this run includes PART (in a session, only while 30 s are left).
+wants() {
+  case "$mode" in
+    "$1") return 0 ;;
+    all) case " test fusion python posttrain caption bench " in *" $1 "*) return 0 ;; esac ;;
+    session)
+      case " test sst2 graphs largest " in *" $1 "*)
+        [ "$(cap 30)" -ge 30 ] && return 0
+        echo "== $1 skipped: $budget s of the session spent"
+        status=1 ;;
+      esac ;;
+  esac
+  return 1
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-if [ "$mode" = test ] || [ "$mode" = all ]; then
+if wants test; then
   for t in "$here"/bin/gpu_*_test; do
     name=$(basename "$t")
     echo "== $name"
     # The whole log first: a reader that stops early must not kill the test with SIGPIPE.
-    "$t" > "$out/$name.log" 2>&1 || status=1
+    timeout "$(cap 300)" "$t" > "$out/$name.log" 2>&1 || status=1
     grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error" "$out/$name.log" | tail -80
   done
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
     echo "== compute-sanitizer --tool memcheck gpu_primitives_test"
     # The out-of-memory test provokes a failed allocation on purpose: left out here.
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
+    timeout "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
       --gtest_filter=-*OutOfMemory* \
       > "$out/memcheck.log" 2>&1
     rc=$?
     tail -3 "$out/memcheck.log"
-    echo "memcheck exit $rc"
-    [ $rc = 0 ] || status=1
+    echo "memcheck exit $rc (124: cut at its time limit)"
+    [ $rc = 0 ] || [ $rc = 124 ] || status=1
   fi
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
     # Shared-memory races in flash attention's kernels (its tiles and reductions; the other
     # fused kernels are left to a later pass), on odd, edge and padded shapes: racecheck is
     # slow, so it is bounded.
     echo "== compute-sanitizer --tool racecheck gpu_primitives_test (fused kernels, odd shapes)"
-    timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
+    timeout "$(cap "${RACECHECK_S:-240}")" compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
       --gtest_filter='*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*' \
       > "$out/racecheck.log" 2>&1
     rc=$?
     tail -3 "$out/racecheck.log"
-    echo "racecheck exit $rc (124: cut at 240 s)"
+    echo "racecheck exit $rc (124: cut at its time limit)"
     [ $rc = 0 ] || [ $rc = 124 ] || status=1
   fi
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_captured_step_test" ]; then
     echo "== compute-sanitizer --tool memcheck gpu_captured_step_test (the API-level captures)"
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_captured_step_test" \
+    timeout "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_captured_step_test" \
       --gtest_filter='GpuCapturedStep.*' > "$out/memcheck_captured.log" 2>&1
     rc=$?
     tail -3 "$out/memcheck_captured.log"
-    echo "memcheck (captured step) exit $rc"
-    [ $rc = 0 ] || status=1
+    echo "memcheck (captured step) exit $rc (124: cut at its time limit)"
+    [ $rc = 0 ] || [ $rc = 124 ] || status=1
   fi
 fi
-if [ "$mode" = examples ]; then
+if wants examples; then
   for e in text_classifier causal_lm maml; do
     [ -x "$here/bin/example_$e" ] || continue
     echo "== example_$e"
@@ -96,19 +126,6 @@ if [ "$mode" = examples ]; then
     [ $rc = 0 ] || status=1
   done
 fi
-if [ "$mode" = largest ]; then
-  echo "== model_step_bench llama7b 1 1024 (fp32 AdamW, --remat full)"
-  timeout 180 "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
-  rc=$?
-  cat "$out/largest_meshtrain.json"; tail -3 "$out/largest_meshtrain.err"
-  echo "meshtrain exit $rc"
-  [ $rc = 0 ] || status=1
-  echo "== PyTorch twin (torch.utils.checkpoint per block)"
-  TORCH_DEVICE=cuda TORCH_REMAT=1 timeout 180 python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
-    > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
-  echo "pytorch exit $? (out of memory is a result here)"
-  cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
-fi
 bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
   echo '{"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
          "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2}' > /tmp/mt-bert-base.json
@@ -116,10 +133,20 @@ bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
     --tokenizer $here/data/tokenizers/bert-base-uncased-tokenizer.json --max_seq_length 128 \
     --per_device_train_batch_size 32 --learning_rate 2e-5 --device cuda --overwrite"
 }
-if [ "$mode" = graphs ]; then
+if wants sst2; then
+  echo "== time meshtrain glue --task sst2 (whole: 67,349 train / 872 dev), BERT-base, 3 epochs, bf16"
+  start=$(date +%s.%N)
+  timeout "$(cap "${SST2_S:-420}")" "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
+    > "$out/sst2.log" 2>&1
+  rc=$?
+  echo "wall $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $rc"
+  grep -E "epoch|^fit:|cuda graphs|tokeniz" "$out/sst2.log" | tail -8
+  [ $rc = 0 ] || status=1
+fi
+if wants graphs; then
   for g in off on; do
     echo "== meshtrain glue sst2 (BERT-base, 6400 rows, bf16), --cuda-graphs $g"
-    timeout 150 "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
+    timeout "$(cap 150)" "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
       --cuda-graphs $g --output-dir /tmp/mt-graphs-$g > "$out/graphs_$g.log" 2>&1
     rc=$?
     grep -E "cuda graphs|^fit:|device" "$out/graphs_$g.log" | tail -4
@@ -128,22 +155,25 @@ if [ "$mode" = graphs ]; then
   done
   for c in "" 1 reduce-overhead; do
     echo "== PyTorch BERT-base 32 x 128 bf16, TORCH_COMPILE=${c:-eager}"
-    TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout 150 python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
+    TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
       > "$out/graphs_torch_${c:-eager}.json" 2> "$out/graphs_torch_${c:-eager}.err"
     echo "exit $?"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
   done
 fi
-if [ "$mode" = sst2 ]; then
-  echo "== time meshtrain glue --task sst2 (whole: 67,349 train / 872 dev), BERT-base, 3 epochs, bf16"
-  start=$(date +%s.%N)
-  timeout 420 "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
-    > "$out/sst2.log" 2>&1
+if wants largest; then
+  echo "== model_step_bench llama7b 1 1024 (fp32 AdamW, --remat full)"
+  timeout "$(cap 180)" "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
   rc=$?
-  echo "wall $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $rc"
-  grep -E "epoch|^fit:|cuda graphs|tokeniz" "$out/sst2.log" | tail -8
+  cat "$out/largest_meshtrain.json"; tail -3 "$out/largest_meshtrain.err"
+  echo "meshtrain exit $rc"
   [ $rc = 0 ] || status=1
+  echo "== PyTorch twin (torch.utils.checkpoint per block)"
+  TORCH_DEVICE=cuda TORCH_REMAT=1 timeout "$(cap 180)" python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
+    > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
+  echo "pytorch exit $? (out of memory is a result here)"
+  cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
 fi
-if [ "$mode" = fusion ] || [ "$mode" = all ]; then
+if wants fusion; then
   for f in 1 0; do
     echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_FUSED_LAYERS=$f"
     MT_FUSED_LAYERS=$f timeout 120 "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
@@ -151,7 +181,7 @@ if [ "$mode" = fusion ] || [ "$mode" = all ]; then
     cat "$out/fusion_$f.json"; tail -2 "$out/fusion_$f.err"
   done
 fi
-if [ "$mode" = python ] || [ "$mode" = all ]; then
+if wants python; then
   if [ -d "$here/python/meshtrain" ]; then
     echo "== Python front end on the GPU ($(python3 -c 'import sys; print(sys.version.split()[0])'))"
     for e in "text_classifier.py $here/data 60 400 /tmp/mt-py/tc" "causal_lm.py $here/data 100 40 /tmp/mt-py/clm"; do
@@ -164,7 +194,7 @@ if [ "$mode" = python ] || [ "$mode" = all ]; then
     done
   fi
 fi
-if [ "$mode" = posttrain ] || [ "$mode" = all ]; then
+if wants posttrain; then
   pt=/tmp/mt-posttrain
   rm -rf "$pt" && mkdir -p "$pt"
   python3 - "$pt" <<'PY'
@@ -199,7 +229,7 @@ PY
     done
   fi
 fi
-if [ "$mode" = caption ] || [ "$mode" = all ]; then
+if wants caption; then
   if [ -x "$here/bin/example_caption" ]; then
     echo "== example_caption on the GPU (1200 steps)"
     timeout 150 "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
@@ -236,7 +266,7 @@ print("max |GPU - CPU| %.3g over %d steps" % (max(abs(a - b) for a, b in zip(g, 
 PY
   fi
 fi
-if [ "$mode" = bench ] || [ "$mode" = all ]; then
+if wants bench; then
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
     python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   fi
