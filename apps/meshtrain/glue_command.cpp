@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <sstream>
 #include <iostream>
+#include <optional>
 
 #include "apps/meshtrain/commands.h"
 #include "apps/meshtrain/lora_flags.h"
@@ -152,8 +153,12 @@ void run(const GlueOptions& o) {
   const std::string primary = glue_primary_metric(task);
   f.per_device_eval_batch_size = o.per_device_eval_batch_size;
   f.eval_every = o.eval_steps;
+  // One predictor for the run: its captured step (on a GPU) replays at every evaluation while
+  // the parameters stay where they are.
+  std::optional<train::Predictor<double>> predictor;
   f.eval_fn = [&](const Params& p) {
-    return glue_evaluate(deployer, *model, p, task, collate, eval_set, o.per_device_eval_batch_size);
+    if (!predictor) predictor.emplace(glue_predictor(deployer, *model, task, collate, f.cuda_graphs));
+    return glue_scores(task, predictor->predict(p, eval_set, o.per_device_eval_batch_size), *eval_set);
   };
   f.save_every = o.save_steps;
   f.save_best_by = "max:" + primary;

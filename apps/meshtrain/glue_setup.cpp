@@ -148,10 +148,8 @@ train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, co
   };
 }
 
-std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
-                                            const Params& params, const data::GlueTask& task,
-                                            const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
-                                            int64_t per_device_batch_size) {
+train::Predictor<double> glue_predictor(train::Deployer& deployer, const models::PretrainedModel& model,
+                                        const data::GlueTask& task, const train::CollateFn& collate, train::CudaGraphs graphs) {
   const bool regression = task.is_regression();
   train::Predictor<double> predictor(
       deployer, collate,
@@ -160,12 +158,25 @@ std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const mod
         return train::Batch{{"prediction", regression ? reshape(logits, {logits.dim(0)}) : argmax(logits, -1)}};
       },
       [](const train::Batch& out) { return out["prediction"].to_doubles(); });
-  std::vector<double> predictions = predictor.predict(params, dataset, per_device_batch_size);
+  predictor.set_cuda_graphs(graphs);
+  return predictor;
+}
+
+std::map<std::string, double> glue_scores(const data::GlueTask& task, const std::vector<double>& predictions,
+                                          const data::Dataset& dataset) {
   std::vector<double> labels;
-  for (int64_t i = 0; i < dataset->size(); ++i) labels.push_back(dataset->get(i).as_float("label"));
-  if (regression) return train::glue_metrics(task.metric_task(), predictions, labels);
+  for (int64_t i = 0; i < dataset.size(); ++i) labels.push_back(dataset.get(i).as_float("label"));
+  if (task.is_regression()) return train::glue_metrics(task.metric_task(), predictions, labels);
   std::vector<int64_t> p(predictions.begin(), predictions.end()), l(labels.begin(), labels.end());
   return train::glue_metrics(task.metric_task(), p, l);
+}
+
+std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
+                                            const Params& params, const data::GlueTask& task,
+                                            const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
+                                            int64_t per_device_batch_size) {
+  train::Predictor<double> predictor = glue_predictor(deployer, model, task, collate);
+  return glue_scores(task, predictor.predict(params, dataset, per_device_batch_size), *dataset);
 }
 
 }  // namespace mt::cli

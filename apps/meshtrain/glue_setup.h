@@ -4,12 +4,14 @@
 // and dev-set predictions scored by the task's metrics.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/data/glue.h"
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/deployer.h"
+#include "meshtrain/train/predictor.h"
 #include "meshtrain/train/trainer.h"
 
 namespace mt::cli {
@@ -33,7 +35,15 @@ train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, 
                               int64_t max_len);
 train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task);
 
-// Predictions on `dataset` (class ids or scores as doubles) and the task's metrics.
+// The predictor of the task's labels (class ids or scores, as doubles); `graphs`: whether its
+// step is captured (--cuda-graphs). It holds `deployer` and `model`: keep them alive.
+train::Predictor<double> glue_predictor(train::Deployer& deployer, const models::PretrainedModel& model,
+                                        const data::GlueTask& task, const train::CollateFn& collate,
+                                        train::CudaGraphs graphs = train::CudaGraphs::automatic);
+// The task's metrics of `predictions` against `dataset`'s labels.
+std::map<std::string, double> glue_scores(const data::GlueTask& task, const std::vector<double>& predictions,
+                                          const data::Dataset& dataset);
+// Predictions on `dataset` and the task's metrics.
 std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
                                             const Params& params, const data::GlueTask& task,
                                             const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,

@@ -21,10 +21,26 @@ ForwardResults copied(const ForwardResults& r) {
   ForwardResults out;
   out.loss = copy_out(r.loss);
   for (const auto& [name, a] : r.metrics) out.metrics[name] = copy_out(a);
+  for (const auto& [name, a] : r.outputs) out.outputs.set(name, copy_out(a));
   for (const PendingCheck& c : r.checks) out.checks.push_back({copy_out(c.first), copy_out(c.indices), c.message});
   return out;
 }
 }  // namespace
+
+std::string why_forward_cannot_be_captured(int processes, const Params& reads) {
+  if (processes > 1)
+    return detail::concat("its results are reduced across ", processes, " processes (collectives are not captured)");
+  for (const auto& [path, p] : reads) {
+    if (!p.device().is_cuda()) return detail::concat("parameter '", path, "' is on ", p.device().str());
+    if (p.distributed()) return detail::concat("parameter '", path, "' is sharded");
+  }
+  return "";
+}
+
+CudaGraphs graphs_mode_for(CudaGraphs requested, const Params& reads) {
+  const bool on_gpu = !reads.empty() && reads.begin()->second.device().is_cuda();
+  return requested == CudaGraphs::automatic && !on_gpu ? CudaGraphs::off : requested;
+}
 
 struct CapturedForward::Graph {
   // Destroyed last: the outputs' handles and the static inputs go first (their frees are

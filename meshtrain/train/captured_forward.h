@@ -1,6 +1,7 @@
 #pragma once
-// A forward pass without gradients — the Trainer's eval step — as one captured CUDA graph per
-// batch signature (issue 45), as CapturedSteps does for the training step. A forward changes
+// A forward pass without gradients — the Trainer's eval step, the Predictor's predict step — as
+// one captured CUDA graph per batch signature (issue 45), as CapturedSteps does for the
+// training step. A forward changes
 // no state, so a replay has no host half: the batch is copied into the graph's static inputs,
 // the graph replayed and its outputs copied out (the next replay rewrites them, and an
 // evaluation sums them over its batches). The graph reads the parameters at the addresses they
@@ -23,9 +24,17 @@ namespace mt::train {
 struct ForwardResults {
   Array loss;
   std::map<std::string, Array> metrics;  // what the loss function recorded (step_metrics.h)
+  Batch outputs;                         // a predict step's named outputs
   std::vector<PendingCheck> checks;
   uint64_t host_reads = 0, host_uploads = 0;  // inside the forward
 };
+
+// Why no forward over `reads` may be captured in a run of `processes` processes ("" when it
+// may): collectives, parameters off the GPU and sharded parameters are not captured.
+std::string why_forward_cannot_be_captured(int processes, const Params& reads);
+// The mode a run over `reads` uses: automatic is off when they are not on a GPU (nothing to
+// capture on the CPU), silently.
+CudaGraphs graphs_mode_for(CudaGraphs requested, const Params& reads);
 
 class CapturedForward {
  public:

@@ -1,7 +1,9 @@
 #pragma once
 // The Predictor (DESIGN.md §7): batched inference with the user's collate, predict and
 // output functions on any mesh. The last global batch is padded to full size and the
-// padding's outputs dropped; outputs come back in example order on every rank.
+// padding's outputs dropped; outputs come back in example order on every rank. On one GPU
+// process the predict step is captured as a CUDA graph per batch shape and replayed
+// (train/captured_forward.h); a step that reads to the host (generation's loops) stays eager.
 #include <functional>
 #include <memory>
 #include <vector>
@@ -11,7 +13,9 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/data_loader.h"
 #include "meshtrain/distributed/spmd.h"
+#include "meshtrain/ops/deferred_checks.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/train/captured_forward.h"
 #include "meshtrain/train/trainer.h"
 
 namespace mt::train {
@@ -30,6 +34,15 @@ class Predictor {
     MT_CHECK(collate_ && pred_ && output_, "[predictor] collate, predict and output functions are required");
   }
 
+  // Whether predict steps are captured as CUDA graphs: automatic captures those that can be
+  // and runs the others eagerly, silently; on stops with the reason one cannot.
+  void set_cuda_graphs(CudaGraphs mode) {
+    if (mode != graphs_) captured_.reset();
+    graphs_ = mode;
+  }
+  // Batches replayed from a captured graph so far.
+  int64_t captured_replays() const { return captured_ ? captured_->replays() : 0; }
+
   std::vector<Out> predict(const Params& params, std::shared_ptr<const data::Dataset> dataset,
                            int64_t per_device_batch_size) {
     MT_CHECK(dataset != nullptr && per_device_batch_size > 0, "[predictor] needs a dataset and a positive batch size");
@@ -47,11 +60,30 @@ class Predictor {
     autodiff::NoGradGuard no_grad;
     // Mixed precision: the parameters cast once; floating outputs come back as f32.
     const Params compute = precision_policy().cast_for_compute(params);
+    // Index checks (token ids) keep their verdicts on the device until the batch's outputs are
+    // read: a verdict read mid-step would make the step uncapturable.
+    auto forward = [&](const Batch& batch) {
+      ForwardResults r;
+      DeferredChecks checks;
+      for (const auto& [name, a] : pred_(compute, batch))
+        r.outputs.set(name, is_floating(a.dtype()) ? cast(a, DType::f32) : a);
+      r.checks = checks.take();
+      return r;
+    };
+    // Decided per call (the parameters may be elsewhere than last time); the same decision
+    // keeps the graphs captured so far.
+    const CudaGraphs mode = graphs_mode_for(graphs_, compute);
+    const std::string why_not = why_forward_cannot_be_captured(deployer_.mesh().comm().size(), compute);
+    if (!captured_ || mode != captured_mode_ || why_not != captured_why_not_) {
+      captured_ = std::make_unique<CapturedForward>(mode, "the predict step", nullptr);
+      captured_->refuse_all(why_not);
+      captured_mode_ = mode, captured_why_not_ = why_not;
+    }
     while (auto b = loader.next()) {
-      Batch outputs = pred_(compute, deployer_.shard_batch(b->data));
+      ForwardResults r = captured_->run(deployer_.shard_batch(b->data), compute, forward);
+      read_checks(std::move(r.checks));
       Batch host;
-      for (const auto& [name, a] : outputs)
-        host.set(name, dist::to_host(is_floating(a.dtype()) ? cast(a, DType::f32) : a));
+      for (const auto& [name, a] : r.outputs) host.set(name, dist::to_host(a));
       std::vector<Out> items = output_(host);
       MT_CHECK(int64_t(items.size()) == so.batch_size, "[predictor] output_fn returned ", items.size(),
                " outputs for a batch of ", so.batch_size);
@@ -67,6 +99,10 @@ class Predictor {
   CollateFn collate_;
   PredFn pred_;
   OutputFn output_;
+  CudaGraphs graphs_ = CudaGraphs::automatic;
+  std::unique_ptr<CapturedForward> captured_;  // made at the first prediction
+  CudaGraphs captured_mode_ = CudaGraphs::off;
+  std::string captured_why_not_;
 };
 
 }  // namespace mt::train

@@ -230,14 +230,7 @@ void Trainer::print(const std::string& text) {
 }
 
 std::string Trainer::why_forward_cannot_be_captured() const {
-  const int processes = deployer_.mesh().comm().size();
-  if (processes > 1)
-    return detail::concat("its results are reduced across ", processes, " processes (collectives are not captured)");
-  for (const auto& [path, p] : params_) {
-    if (!p.device().is_cuda()) return detail::concat("parameter '", path, "' is on ", p.device().str());
-    if (p.distributed()) return detail::concat("parameter '", path, "' is sharded");
-  }
-  return "";
+  return train::why_forward_cannot_be_captured(deployer_.mesh().comm().size(), params_);
 }
 
 std::string Trainer::why_steps_cannot_be_captured() const {
@@ -259,11 +252,7 @@ void Trainer::set_cuda_graphs(CudaGraphs mode) {
   graphs_mode_ = mode;
 }
 
-CudaGraphs Trainer::effective_graphs_mode() const {
-  // On the CPU there is nothing to capture: automatic means eager there, silently.
-  const bool on_gpu = !params_.empty() && params_.begin()->second.device().is_cuda();
-  return graphs_mode_ == CudaGraphs::automatic && !on_gpu ? CudaGraphs::off : graphs_mode_;
-}
+CudaGraphs Trainer::effective_graphs_mode() const { return graphs_mode_for(graphs_mode_, params_); }
 
 CapturedForward& Trainer::captured_eval() {
   if (!captured_eval_) {

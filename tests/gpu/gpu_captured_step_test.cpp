@@ -3,7 +3,8 @@
 // steps' losses and parameters bit for bit (the same kernels in the same order), also when the
 // batch shape changes between steps (each shape captured on its own); a bad label in a
 // replayed step is reported with its position, as eagerly; captured eval steps give the eager
-// evaluation's losses and report a bad token as eagerly; whole commands (pretrain for
+// evaluation's losses and report a bad token as eagerly; captured predict steps (the
+// Predictor) give the eager predictions bit for bit; whole commands (pretrain for
 // miniGPT, GPT-2 and LLaMA, glue for BERT) log the same losses with --cuda-graphs on and off,
 // and a run resumed under graphs equals the uninterrupted one.
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/models/gpt2.h"
+#include "meshtrain/train/predictor.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/support/cli_run.h"
 #include "tests/support/gpu.h"
@@ -189,6 +191,58 @@ TEST_F(GpuCapturedStep, CapturedEvalStepsEqualEagerOnes) {
   EXPECT_TRUE(captured_error.find("position 19") != std::string::npos ||
               captured_error.find("position 18") != std::string::npos)
       << captured_error;
+}
+
+// The tiny GPT-2's predictions under graphs `mode`: for each of 22 rows (batches of 4, the last
+// padded), the greedy next token and the logit it wins with at every position.
+struct Predicted {
+  std::vector<std::vector<double>> rows;
+  int64_t replays = 0;
+};
+
+Predicted predict_tiny_gpt2(train::CudaGraphs mode, const fs::path& dir, const std::vector<data::Example>& rows) {
+  const models::Gpt2Config c = tiny_gpt2();
+  train::Deployer deployer({.seed = 7, .workdir = dir.string(), .verbose = false, .device = "cuda"});
+  Params params;
+  for (const auto& [path, a] : random_model_params(models::gpt2_param_defs(c), 8)) params.set(path, a.to(Device::cuda()));
+  train::Predictor<std::vector<double>> predictor(
+      deployer, next_token_collate(16),
+      [&c](const Params& p, const train::Batch& b) {
+        const Array logits = models::gpt2_apply(c, p, {.input_ids = b["ids"]});
+        return train::Batch{{"token", argmax(logits, -1)}, {"logit", max(logits, std::vector<int>{-1})}};
+      },
+      [](const train::Batch& h) {
+        const std::vector<double> tokens = h["token"].to_doubles(), logits = h["logit"].to_doubles();
+        const size_t width = size_t(h["token"].dim(1));
+        std::vector<std::vector<double>> out;
+        for (size_t r = 0; r < tokens.size() / width; ++r) {
+          std::vector<double> row(tokens.begin() + long(r * width), tokens.begin() + long((r + 1) * width));
+          row.insert(row.end(), logits.begin() + long(r * width), logits.begin() + long((r + 1) * width));
+          out.push_back(row);
+        }
+        return out;
+      });
+  predictor.set_cuda_graphs(mode);
+  Predicted out;
+  out.rows = predictor.predict(params, data::make_dataset(rows), 4);
+  // A second prediction with the same parameters replays the graph captured by the first.
+  const std::vector<std::vector<double>> again = predictor.predict(params, data::make_dataset(rows), 4);
+  EXPECT_EQ(again, out.rows);
+  out.replays = predictor.captured_replays();
+  return out;
+}
+
+TEST_F(GpuCapturedStep, CapturedPredictStepsEqualEagerOnes) {
+  MT_REQUIRE_GPU();
+  const std::vector<data::Example> rows = token_rows(22, 16, tiny_gpt2().vocab_size, 4242);
+  const Predicted eager = predict_tiny_gpt2(train::CudaGraphs::off, dir_ / "eager", rows);
+  const Predicted captured = predict_tiny_gpt2(train::CudaGraphs::on, dir_ / "captured", rows);
+  std::cout << "  predictions: " << captured.rows.size() << " rows, " << captured.replays << " replays\n";
+  EXPECT_EQ(eager.replays, 0);
+  // 6 batches per prediction: the first eager, then captured and replayed; all 6 of the second.
+  EXPECT_GE(captured.replays, 10);
+  ASSERT_EQ(captured.rows.size(), rows.size());
+  EXPECT_EQ(eager.rows, captured.rows);
 }
 
 // Whole commands: the captured run logs the eager run's losses exactly.
