@@ -140,7 +140,9 @@ TEST(LoraSpmd, TrainerStepsEqualOneProcessAndLeaveTheBaseUntouched) {
     for (const auto& [path, v] : m->params)
       if (models::is_lora_path(path))
         fsdp_adapters += plan.spec(path).dim_of("data") >= 0;
-    if (fsdp && deployer.data_size() > 1) EXPECT_GT(fsdp_adapters, 0) << "no adapter is split over data under FSDP";
+    if (fsdp && deployer.data_size() > 1) {
+      EXPECT_GT(fsdp_adapters, 0) << "no adapter is split over data under FSDP";
+    }
     auto rm = std::make_shared<models::PretrainedModel>(*m);
     rm->config = m->config.with_remat(remat);
     auto loss = [rm](const Params& p, const train::Batch& b, const RngKey& key) {

@@ -482,7 +482,9 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
     const std::string name = r["name"];
     if (name.size() > 11 && name.substr(name.size() - 11) == " (vjp self)") continue;  // VJP spans minus their ops
     EXPECT_TRUE(r.contains("dtype")) << r.dump();
-    if (r["phase"] != "collective") EXPECT_FALSE(r["dtype"].get<std::string>().empty()) << r.dump();
+    if (r["phase"] != "collective") {
+      EXPECT_FALSE(r["dtype"].get<std::string>().empty()) << r.dump();
+    }
     row_sums[{r["phase"], name}] += r["total_ms"].get<double>();
   }
   double worst = 0;
