@@ -232,13 +232,18 @@ Profiler::Profiler(ProfileRange range, int64_t done_steps, int64_t total_steps, 
     : range_(range), dir_(std::move(dir)), print_(std::move(print)) {
   MT_CHECK(range.first > done_steps && range.last <= total_steps, "[profile] steps ", range.first, ":", range.last,
            " are outside this run, which takes steps ", done_steps + 1, " to ", total_steps);
+  // The device's timings are switched on now, before any step is captured as a CUDA graph, and
+  // restarted at the range's first step: CUPTI may not time the nodes of a graph instantiated
+  // while it was off. (Records of the steps before the range are dropped as they come in.)
+  if (default_device().is_cuda()) device_trace_ = cuda_runtime().start_device_trace().empty();
 }
 
 Profiler::~Profiler() {
-  if (!recording_) return;
-  prim::set_op_observer({});
+  if (recording_) {
+    prim::set_op_observer({});
+    trace::stop();
+  }
   if (device_trace_) cuda_runtime().stop_device_trace();
-  trace::stop();
 }
 
 void Profiler::start() {

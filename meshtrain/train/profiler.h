@@ -79,7 +79,7 @@ class Profiler {
   std::string dir_;
   std::function<void(const std::string&)> print_;
   bool recording_ = false;
-  bool device_trace_ = false;  // the GPU's own timings are recorded (train/device_profile.h)
+  bool device_trace_ = false;  // the GPU's own timings are on (train/device_profile.h)
   std::optional<trace::Span> step_span_;
 };
 

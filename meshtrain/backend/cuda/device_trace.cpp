@@ -26,10 +26,12 @@ struct TraceState {
   std::mutex mutex;
   std::vector<DeviceSpan> spans;
   bool registered = false, on = false;
-  // CUPTI's clock at the start and the host trace's: a record's time maps across by the offset.
+  // CUPTI's clock at the (re)start and the host trace's: a record's time maps across by the
+  // offset; records of work that began before the restart are left out.
   uint64_t cupti_start_ns = 0;
   double trace_start_us = 0;
   uint64_t dropped = 0;
+  uint64_t untimed = 0;  // records CUPTI could not time (start 0, or end before start)
 };
 TraceState& state() {
   static TraceState* s = new TraceState;  // leaked: CUPTI may call back during exit
@@ -80,71 +82,92 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 }
 
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
-  TraceState& s = state();
-  std::vector<DeviceSpan> spans;
+  // A span and CUPTI's own start and end (ns), mapped to the trace's time base under the lock
+  // (a restart may move the base meanwhile).
+  struct Timed {
+    DeviceSpan span;
+    uint64_t start, end;
+  };
+  std::vector<Timed> timed;
+  uint64_t untimed = 0;
   CUpti_Activity* record = nullptr;
-  auto span_of = [&](uint64_t start, uint64_t end) {
-    DeviceSpan d;
-    d.start_us = s.trace_start_us + (double(start) - double(s.cupti_start_ns)) / 1000.0;
-    d.dur_us = end > start ? double(end - start) / 1000.0 : 0.0;
-    return d;
+  // CUPTI writes 0s when it could not time a record.
+  auto add = [&](DeviceSpan d, uint64_t start, uint64_t end) {
+    if (start == 0 || end < start) ++untimed;
+    else timed.push_back({std::move(d), start, end});
   };
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    DeviceSpan d;
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      DeviceSpan d = span_of(k->start, k->end);
       d.name = kernel_name(k->name);
       d.kind = "kernel";
       d.graph = k->graphId;
-      spans.push_back(std::move(d));
+      add(std::move(d), k->start, k->end);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-      DeviceSpan d = span_of(m->start, m->end);
       d.name = copy_name(m->copyKind);
       d.kind = "memcpy";
       d.bytes = double(m->bytes);
       d.graph = m->graphId;
-      spans.push_back(std::move(d));
+      add(std::move(d), m->start, m->end);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-      DeviceSpan d = span_of(m->start, m->end);
       d.name = "memset";
       d.kind = "memset";
       d.bytes = double(m->bytes);
       d.graph = m->graphId;
-      spans.push_back(std::move(d));
+      add(std::move(d), m->start, m->end);
     }
   }
   size_t dropped = 0;
   cuptiActivityGetNumDroppedRecords(context, stream, &dropped);
   std::free(buffer);
+  TraceState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.dropped += dropped;
-  s.spans.insert(s.spans.end(), std::make_move_iterator(spans.begin()), std::make_move_iterator(spans.end()));
+  s.untimed += untimed;
+  for (Timed& t : timed) {
+    if (t.start < s.cupti_start_ns) continue;  // begun before the (re)start
+    // The difference first: epoch nanoseconds (~1.8e18) in a double would round to 256 ns.
+    t.span.start_us = s.trace_start_us + double(t.start - s.cupti_start_ns) / 1000.0;
+    t.span.dur_us = double(t.end - t.start) / 1000.0;
+    s.spans.push_back(std::move(t.span));
+  }
 }
 
 }  // namespace
 
 std::string start_device_trace() {
   TraceState& s = state();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.on) return "";
-  if (!s.registered) {
-    const CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-    if (r != CUPTI_SUCCESS) return "CUPTI refused its activity callbacks: " + cupti_error(r);
-    s.registered = true;
+  bool on = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    on = s.on;
   }
-  s.spans.clear();
-  s.dropped = 0;
-  for (CUpti_ActivityKind kind : kKinds) {
-    const CUptiResult r = cuptiActivityEnable(kind);
-    if (r != CUPTI_SUCCESS) {
-      for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
-      return "CUPTI cannot time device work (" + cupti_error(r) +
-             "; another profiler such as nsys or ncu may hold it)";
+  // CUPTI is called outside the lock: it may hand a buffer back (buffer_completed, which
+  // takes the lock) from within these calls.
+  if (!on) {
+    if (!s.registered) {
+      const CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+      if (r != CUPTI_SUCCESS) return "CUPTI refused its activity callbacks: " + cupti_error(r);
+      s.registered = true;
+    }
+    for (CUpti_ActivityKind kind : kKinds) {
+      const CUptiResult r = cuptiActivityEnable(kind);
+      if (r != CUPTI_SUCCESS) {
+        for (CUpti_ActivityKind k : kKinds) cuptiActivityDisable(k);
+        return "CUPTI cannot time device work (" + cupti_error(r) +
+               "; another profiler such as nsys or ncu may hold it)";
+      }
     }
   }
-  cuptiGetTimestamp(&s.cupti_start_ns);
+  uint64_t now_ns = 0;
+  cuptiGetTimestamp(&now_ns);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.spans.clear();
+  s.dropped = s.untimed = 0;
+  s.cupti_start_ns = now_ns;
   s.trace_start_us = trace::now_us();
   s.on = true;
   return "";
@@ -165,8 +188,9 @@ std::vector<DeviceSpan> stop_device_trace() {
   std::vector<DeviceSpan> out = std::move(s.spans);
   s.spans.clear();
   std::sort(out.begin(), out.end(), [](const DeviceSpan& a, const DeviceSpan& b) { return a.start_us < b.start_us; });
-  if (s.dropped)
-    out.push_back({detail::concat("(", s.dropped, " records dropped)"), "kernel", out.empty() ? 0 : out.back().start_us, 0, 0, 0});
+  if (s.dropped || s.untimed)
+    out.push_back({detail::concat("(", s.dropped, " records dropped, ", s.untimed, " untimed)"), "kernel",
+                   out.empty() ? 0 : out.back().start_us, 0, 0, 0});
   return out;
 }
 

@@ -11,7 +11,10 @@
 namespace mt::cuda {
 
 // "" once the activity records are enabled, else why not (CUPTI refused: another profiler
-// such as nsys or ncu holds it, or the driver is too old).
+// such as nsys or ncu holds it, or the driver is too old). Called again while on, it restarts:
+// only work begun from then on is kept. (The profiler switches it on before any step is
+// captured and restarts it at its first step: CUPTI may not time the nodes of a graph that
+// was instantiated while it was off.)
 std::string start_device_trace();
 // Synchronizes, flushes and disables the records; the spans since start, by start time.
 std::vector<DeviceSpan> stop_device_trace();
