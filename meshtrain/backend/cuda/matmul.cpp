@@ -20,6 +20,7 @@
 
 #include "meshtrain/backend/cuda/cublaslt_library.h"
 #include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/step_graph_hooks.h"
 #include "meshtrain/backend/matmul.h"
 
 namespace mt::cuda {
@@ -208,7 +209,10 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
     auto it = l.plans.find(key);
     if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b)).first;
     Plan& p = it->second;
+    // Tuning times candidates with events and waits for them: never while a graph is being
+    // recorded (a shape first met inside a capture keeps cuBLASLt's first choice).
     if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
+        !capture_hooks::capturing_on_this_thread() &&
         2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)
       tune(l, p, a, b, c);
     plan = {p.desc, p.a, p.b, p.c, p.algo, p.found};
