@@ -4,6 +4,8 @@
 // padding's outputs dropped; outputs come back in example order on every rank. On one GPU
 // process the predict step is captured as a CUDA graph per batch shape and replayed
 // (train/captured_forward.h); a step that reads to the host (generation's loops) stays eager.
+// Outputs are read a few batches behind the device, not after each batch.
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -79,8 +81,13 @@ class Predictor {
       captured_->refuse_all(why_not);
       captured_mode_ = mode, captured_why_not_ = why_not;
     }
-    while (auto b = loader.next()) {
-      ForwardResults r = captured_->run(deployer_.shard_batch(b->data), compute, forward);
+    // Outputs are read kInFlight batches behind the device: reading each batch's at once would
+    // make the host wait for the device every batch, and the device then idles while the host
+    // prepares the next one. (Bounded, as every batch's outputs are held until read.)
+    std::deque<ForwardResults> in_flight;
+    auto read_oldest = [&] {
+      ForwardResults r = std::move(in_flight.front());
+      in_flight.pop_front();
       read_checks(std::move(r.checks));
       Batch host;
       for (const auto& [name, a] : r.outputs) host.set(name, dist::to_host(a));
@@ -90,11 +97,18 @@ class Predictor {
       // Without shuffling, global batch k holds examples k·B ... in order, padding last.
       const int64_t real = std::min<int64_t>(so.batch_size, n - int64_t(out.size()));
       out.insert(out.end(), items.begin(), items.begin() + real);
+    };
+    while (auto b = loader.next()) {
+      in_flight.push_back(captured_->run(deployer_.shard_batch(b->data), compute, forward));
+      if (in_flight.size() >= kInFlight) read_oldest();
     }
+    while (!in_flight.empty()) read_oldest();
     return out;
   }
 
  private:
+  static constexpr size_t kInFlight = 4;
+
   Deployer& deployer_;
   CollateFn collate_;
   PredFn pred_;
