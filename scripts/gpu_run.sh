@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs the packed GPU tests and/or benchmark on the GPU machine (see scripts/gpu_pack.sh):
 #   gpu_run.sh test    the GPU test binaries (label gpu), then the sanitizer passes (memcheck;
-#                      racecheck on flash attention's odd shapes, at most 240 s)
+#                      racecheck on the fused kernels and flash attention's odd shapes, at most 240 s)
 #   gpu_run.sh bench   bench/gpu_compare_pytorch.py: meshtrain and PyTorch side by side
 #   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
 #   gpu_run.sh largest LLaMA-7B-shaped fp32 AdamW, seq 1024, --remat full on one GPU (meshtrain's
@@ -88,12 +88,12 @@ if wants test; then
     [ $rc = 0 ] || [ $rc = 124 ] || status=1
   fi
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
-    # Shared-memory races in flash attention's kernels (its tiles and reductions; the other
-    # fused kernels are left to a later pass), on odd, edge and padded shapes: racecheck is
-    # slow, so it is bounded.
+    # Shared-memory races in the fused kernels: the other fused and multi-pass kernels first
+    # (their reductions), then flash attention's tiles on odd, edge and padded shapes.
+    # racecheck is slow, so it is bounded.
     echo "== compute-sanitizer --tool racecheck gpu_primitives_test (fused kernels, odd shapes)"
     timeout "$(cap "${RACECHECK_S:-240}")" compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
-      --gtest_filter='*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*' \
+      --gtest_filter='*FusedKernelsEqualTheCpuKernel*:*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*' \
       > "$out/racecheck.log" 2>&1
     rc=$?
     tail -3 "$out/racecheck.log"

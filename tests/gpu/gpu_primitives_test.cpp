@@ -42,9 +42,36 @@ Tolerance gpu_tolerance(DType dtype, const Tolerance& case_tol) {
   return t;
 }
 
+// One case on `in` (its inputs, or their bf16 variant) on the GPU against the CPU: forward and
+// every floating input's VJP with the same cotangent. `tolerance_dtype`: the tolerance of that
+// dtype for every comparison (bf16 variants), else each result's own.
+void expect_case_gpu_equals_cpu(const PrimitiveCase& c, const std::vector<Array>& in, const std::string& label,
+                                std::optional<DType> tolerance_dtype = std::nullopt) {
+  const Device gpu = Device::cuda(0);
+  auto tolerance = [&](DType d) { return gpu_tolerance(tolerance_dtype.value_or(d), c.tol); };
+  const Array ref = c.fn(in);
+  Array ours;
+  {
+    DeviceScope scope(gpu);
+    ours = c.fn(on(in, gpu));
+  }
+  ASSERT_TRUE(ours.device() == gpu) << label << " returned an array on " << ours.device().str();
+  expect_close(ours.to(Device::cpu()), ref, tolerance(ref.dtype()), label + " forward, gpu vs cpu");
+  if (!c.grads || !is_floating(ref.dtype())) return;
+  const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
+  const auto cpu_grads = vjp(c.fn, in, cot).second;
+  const std::vector<Array> gpu_grads = vjp_on_gpu(c.fn, in, cot).second;
+  ASSERT_EQ(cpu_grads.size(), gpu_grads.size());
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    if (!cpu_grads[i].defined()) continue;
+    ASSERT_TRUE(gpu_grads[i].defined()) << label << " input " << i << ": no gradient on the GPU";
+    expect_close(gpu_grads[i].to(Device::cpu()), cpu_grads[i], tolerance(cpu_grads[i].dtype()),
+                 label + " vjp of input " + std::to_string(i) + ", gpu vs cpu");
+  }
+}
+
 TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   std::cout << "  GPU: " << cuda_runtime().describe(0) << "\n";
   std::set<std::string> ran_on_gpu;
   prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) {
@@ -52,26 +79,7 @@ TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
   });
   for (const PrimitiveCase& c : primitive_cases()) {
     SCOPED_TRACE(c.primitive);
-    const Array ref = c.fn(c.inputs);
-    Array ours;
-    {
-      DeviceScope scope(gpu);
-      ours = c.fn(on(c.inputs, gpu));
-    }
-    ASSERT_TRUE(ours.device() == gpu) << c.primitive << " returned an array on " << ours.device().str();
-    const Tolerance tol = gpu_tolerance(ref.dtype(), c.tol);
-    expect_close(ours.to(Device::cpu()), ref, tol, c.primitive + " forward, gpu vs cpu");
-    if (!c.grads || !is_floating(ref.dtype())) continue;
-    const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
-    const auto cpu_grads = vjp(c.fn, c.inputs, cot).second;
-    const std::vector<Array> gpu_grads = vjp_on_gpu(c.fn, c.inputs, cot).second;
-    ASSERT_EQ(cpu_grads.size(), gpu_grads.size());
-    for (size_t i = 0; i < cpu_grads.size(); ++i) {
-      if (!cpu_grads[i].defined()) continue;
-      ASSERT_TRUE(gpu_grads[i].defined()) << c.primitive << " input " << i << ": no gradient on the GPU";
-      expect_close(gpu_grads[i].to(Device::cpu()), cpu_grads[i], gpu_tolerance(cpu_grads[i].dtype(), c.tol),
-                   c.primitive + " vjp of input " + std::to_string(i) + ", gpu vs cpu");
-    }
+    expect_case_gpu_equals_cpu(c, c.inputs, c.primitive);
   }
   prim::set_op_observer(previous);
   int covered = 0;
@@ -91,36 +99,39 @@ TEST(GpuPrimitives, EveryRegisteredPrimitiveEqualsTheCpuKernel) {
 // on the GPU against the CPU, forward and VJPs, within bf16's tolerance.
 TEST(GpuPrimitives, EveryPrimitiveInBf16EqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
-  const Device gpu = Device::cuda(0);
   int variants = 0;
   for (const PrimitiveCase& c : primitive_cases()) {
     const std::optional<std::vector<Array>> bf16 = bf16_inputs(c);
     if (!bf16 || f32_only_primitive(c.primitive)) continue;
     SCOPED_TRACE(c.primitive + " [bf16]");
-    const Array ref = c.fn(*bf16);
-    Array ours;
-    {
-      DeviceScope scope(gpu);
-      ours = c.fn(on(*bf16, gpu));
-    }
-    const Tolerance tol = gpu_tolerance(DType::bf16, c.tol);
-    expect_close(ours.to(Device::cpu()), ref, tol, c.primitive + " [bf16] forward, gpu vs cpu");
+    expect_case_gpu_equals_cpu(c, *bf16, c.primitive + " [bf16]", DType::bf16);
     ++variants;
-    if (!c.grads || !is_floating(ref.dtype())) continue;
-    const Array cot = random_normal(ref.shape(), 4242, ref.dtype());
-    const auto cpu_grads = vjp(c.fn, *bf16, cot).second;
-    const std::vector<Array> gpu_grads = vjp_on_gpu(c.fn, *bf16, cot).second;
-    for (size_t i = 0; i < cpu_grads.size(); ++i) {
-      if (!cpu_grads[i].defined()) continue;
-      ASSERT_TRUE(gpu_grads[i].defined()) << c.primitive << " [bf16] input " << i << ": no gradient on the GPU";
-      expect_close(gpu_grads[i].to(Device::cpu()), cpu_grads[i], tol,
-                   c.primitive + " [bf16] vjp of input " + std::to_string(i) + ", gpu vs cpu");
-    }
   }
   std::cout << "  " << variants << " bf16 cases on the GPU equal the CPU kernels\n";
 }
 
-// Placement rules: mixed devices are an error naming the op and both devices; host reads copy.
+// The fused and multi-pass kernels alone (the fused family, the loss, the norms and softmaxes,
+// the multi-tensor AdamW), f32 and bf16: a run short enough for compute-sanitizer's racecheck
+// (gpu_run.sh test), which is too slow for the whole harness. Their shared-memory reductions
+// are where a missing barrier would hide.
+TEST(GpuPrimitives, FusedKernelsEqualTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const std::set<std::string> fused = {"bias_activation", "add_dropout",    "add_dropout_layer_norm",
+                                       "add_dropout_rms_norm", "cross_entropy", "softmax",
+                                       "log_softmax",     "causal_softmax", "layer_norm",
+                                       "rms_norm",        "adam_moments_multi", "adam_direction_multi"};
+  std::set<std::string> seen;
+  for (const PrimitiveCase& c : primitive_cases()) {
+    if (!fused.count(c.primitive)) continue;
+    SCOPED_TRACE(c.primitive);
+    expect_case_gpu_equals_cpu(c, c.inputs, c.primitive);
+    const std::optional<std::vector<Array>> bf16 = bf16_inputs(c);
+    if (bf16 && !f32_only_primitive(c.primitive)) expect_case_gpu_equals_cpu(c, *bf16, c.primitive + " [bf16]", DType::bf16);
+    seen.insert(c.primitive);
+  }
+  EXPECT_EQ(seen, fused) << "a fused primitive has no case in the harness";
+}
+
 TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
   MT_REQUIRE_GPU();
   const Array a = Array::from_vector(std::vector<float>{1, 2, 3}, {3});
