@@ -42,7 +42,7 @@ DeviceBranch<T> device_branch(const kernels::DropoutBranch* b, const Shape& shap
   d.grad = b->grad.defined() ? static_cast<T*>(b->grad.raw()) : nullptr;
   d.seed = b->key.seed;
   d.stream_id = b->key.stream;
-  d.fold_last = fold_last_address(b->key);
+  d.fold_last = b->rate > 0 ? fold_last_address(b->key) : nullptr;  // no draws at rate 0 (eval)
   d.rate = b->rate;
   d.scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
   d.map = block_map(shape, b->block, "layer_norm");

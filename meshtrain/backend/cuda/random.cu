@@ -73,7 +73,7 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
   if (n == 0) return;
   const BlockMap map = block_map(x.shape(), block, "dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
-  const int64_t* fold_last = fold_last_address(key);
+  const int64_t* fold_last = rate > 0 ? fold_last_address(key) : nullptr;  // no draws at rate 0 (eval)
   dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     const bool vector4 = std::is_same_v<T, float> && n % 4 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0 &&
@@ -97,7 +97,7 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
   if (n == 0) return;
   const BlockMap map = block_map(branch.shape(), block, "add_dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
-  const int64_t* fold_last = fold_last_address(key);
+  const int64_t* fold_last = rate > 0 ? fold_last_address(key) : nullptr;  // no draws at rate 0 (eval)
   dispatch_device_float(x.dtype(), "add_dropout", [&](auto tag) {
     using T = decltype(tag);
     dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed,
