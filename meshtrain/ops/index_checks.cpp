@@ -19,7 +19,9 @@ CheckMessage index_range_message(const char* op, int64_t size, const Shape& indi
 Array checked_indices(const Array& idx, int64_t size, const char* op, CheckMessage message, int64_t skip) {
   Array first = Array::empty(Shape{}, DType::i64, idx.device());
   DeferredChecks* deferred = DeferredChecks::current();
-  if (!deferred) {
+  // Nothing to index (size 0): no index is in range and 0 is no safe stand-in, so the verdict
+  // is read at once even inside a scope.
+  if (!deferred || (size == 0 && idx.numel() > 0)) {
     MT_KERNEL(idx, index_verdict, idx, size, skip, first, nullptr, op);
     settle_now({first, idx, std::move(message)});
     return idx;

@@ -98,6 +98,18 @@ TEST(DeferredChecks, ScopesNestAndTheInnermostCollects) {
   EXPECT_EQ(error_of([&] { outer.read(); }), "");
 }
 
+// An axis of size 0 has no index a bad one could stand in for: the check stops at the op even
+// inside a scope, before a kernel could read out of bounds.
+TEST(DeferredChecks, IndexingAnEmptyAxisStopsAtTheOpEvenInsideAScope) {
+  Array x = random_normal({0, 3}, 1);
+  DeferredChecks checks;
+  const std::string message = error_of([&] { take(x, Array::from_vector(std::vector<int32_t>{0}, {1}), 0); });
+  EXPECT_TRUE(contains(message, "[take] index 0 out of range [0, 0) at flat position 0")) << message;
+  EXPECT_EQ(checks.pending(), 0u);
+  // No indices at all: nothing to check, nothing read.
+  EXPECT_EQ(error_of([&] { take(x, Array::from_vector(std::vector<int32_t>{}, {0}), 0); }), "");
+}
+
 TEST(DeferredChecks, ATrainerStepWithABadLabelStopsAndLeavesTheSavedCheckpoint) {
   Gpt2Config c;
   c.vocab_size = 41, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
