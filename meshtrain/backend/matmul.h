@@ -37,6 +37,10 @@ MT_MATMUL_KERNELS
 // many one-off shapes). Clearing is safe while other threads are calling matmul.
 size_t matmul_cache_size();
 void matmul_clear_cache();
+// The most elements (default 4Mi: 16 MB of f32) of an operand block the widened path (16-bit
+// products on a CPU without native kernels for them) stages at once; larger unbatched products
+// run in blocks. Returns the previous limit; tests lower it to reach the blocked path.
+size_t set_matmul_staging_limit(size_t elements);
 }  // namespace mt::cpu
 namespace mt::cuda {
 MT_MATMUL_KERNELS

@@ -172,6 +172,32 @@ TEST(MatmulKernel, LargerShapesAllDtypes) {
   }
 }
 
+// 16-bit products on a CPU without native kernels for them are widened to f32; above the
+// staging limit an unbatched one runs block by block (M, N and K split, C kept in f32 across
+// its K blocks). A limit of 100 elements sends these small shapes through every blocking.
+TEST(MatmulKernel, WidenedProductsInBlocksEqualTheReference) {
+  const size_t previous = mt::cpu::set_matmul_staging_limit(100);
+  for (MatmulDType d : {MatmulDType::bf16, MatmulDType::f16})
+    for (const Shape& s : {Shape{33, 65, 17}, Shape{7, 13, 50}, Shape{64, 3, 32}, Shape{1, 300, 2}})
+      for (int trans = 0; trans < 4; ++trans)
+        for (int acc = 0; acc < 2; ++acc)
+          check_case({d, 1, 1, 1, s.M, s.N, s.K, bool(trans & 1), bool(trans & 2), bool(acc)},
+                     uint32_t(s.N * 17 + trans * 3 + acc));
+  // bf16 operands, f32 output: blocked and whole agree to f32 rounding.
+  std::mt19937 rng(5);
+  const int64_t M = 40, N = 70, K = 90;
+  Buffer a(MatmulDType::bf16, size_t(M * K), rng), b(MatmulDType::bf16, size_t(K * N), rng);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> blocked(size_t(M * N), 0.5f), whole(size_t(M * N), 0.5f);
+    mt::cpu::set_matmul_staging_limit(100);
+    mt::cpu::matmul(MatmulDType::bf16_f32, a.data(), b.data(), blocked.data(), 1, 1, 1, M, N, K, false, true, accumulate);
+    mt::cpu::set_matmul_staging_limit(previous);
+    mt::cpu::matmul(MatmulDType::bf16_f32, a.data(), b.data(), whole.data(), 1, 1, 1, M, N, K, false, true, accumulate);
+    for (size_t i = 0; i < blocked.size(); ++i) ASSERT_NEAR(blocked[i], whole[i], 1e-4) << "element " << i;
+  }
+  mt::cpu::set_matmul_staging_limit(previous);
+}
+
 TEST(MatmulKernel, ZeroKOverwritesWithZerosOrLeavesAccumulated) {
   for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16, MatmulDType::f16}) {
     SCOPED_TRACE(name(d));

@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <atomic>
 #include <bit>
@@ -195,9 +196,27 @@ struct ThreadCache {
   std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
   size_t scratch_cap = 0;
   // Staging buffers for the widened (non-native) and rounded paths, kept to avoid page
-  // faults on every call.
+  // faults on every call (up to kKeptStagingBytes each, see ReleaseLargeStaging).
   std::vector<float> a32, b32, c32;
   std::vector<uint16_t> a16, b16;
+};
+
+// Staging larger than this is released when its call ends. Kept, the largest product's widened
+// operands (GPT-2's 50257-row LM head: 257 MB for GPT-2 Large) stayed resident for the whole
+// run on top of the arrays' own peak (bf16 on an AVX2 CPU peaked 0.4 GB above f32); faulting
+// them in again costs about 1 % of such a product.
+constexpr size_t kKeptStagingBytes = size_t(64) << 20;
+
+struct ReleaseLargeStaging {
+  ThreadCache& tc;
+  template <class T>
+  static void release_if_large(std::vector<T>& v) {
+    if (v.capacity() * sizeof(T) > kKeptStagingBytes) std::vector<T>().swap(v);
+  }
+  ~ReleaseLargeStaging() {
+    release_if_large(tc.a32), release_if_large(tc.b32), release_if_large(tc.c32);
+    release_if_large(tc.a16), release_if_large(tc.b16);
+  }
 };
 
 ThreadCache& thread_cache() {
@@ -377,14 +396,94 @@ bool runs_natively(MatmulDType dtype) {
   return false;
 }
 
+// Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major 16-bit matrix whose rows hold
+// `ld` elements, widened into a dense f32 (rows, cols) block: contiguous reads, whatever the
+// operand's transpose flag (the block keeps the stored layout, and the flag carries over).
+void widen_block(MatmulDType in, const void* x, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                 float* dst) {
+  const auto* s = static_cast<const uint16_t*>(x);
+#pragma omp parallel for schedule(static) if (rows * cols > grain::copy)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* src = s + (r0 + r) * ld + c0;
+    float* d = dst + r * cols;
+    if (in != MatmulDType::f16) bf16_to_f32_n(src, d, cols);
+    else
+      for (int64_t i = 0; i < cols; ++i) d[i] = f16_to_f32(f16{src[i]});
+  }
+}
+
+// The largest operand block (elements) the widened path stages at once (set_matmul_staging_limit).
+std::atomic<size_t> staging_limit{size_t(4) << 20};  // 16 MB of f32
+
+// Block sizes (bm, bn, bk) whose widened A, B and C blocks each hold at most `limit` elements:
+// the largest of the three halved along its larger side until all fit.
+std::array<int64_t, 3> widened_blocks(int64_t M, int64_t N, int64_t K, size_t limit) {
+  int64_t bm = M, bn = N, bk = K;
+  auto half = [](int64_t& d) { d = (d + 1) / 2; };
+  for (;;) {
+    const size_t am = size_t(bm) * size_t(bk), bb = size_t(bk) * size_t(bn), cm = size_t(bm) * size_t(bn);
+    if (std::max({am, bb, cm}) <= limit) return {bm, bn, bk};
+    if (am >= bb && am >= cm) half(bm >= bk ? bm : bk);
+    else if (bb >= cm) half(bk >= bn ? bk : bn);
+    else half(bm >= bn ? bm : bn);
+  }
+}
+
+// run_widened for one unbatched product too large to widen whole: block by block, each block
+// of C kept in f32 across its K blocks and rounded back once, so what is resident stays
+// bounded (GPT-2 Large's LM head widened whole is 257 MB beside the arrays' peak).
+void run_widened_blocked(MatmulDType dtype, MatmulDType in, const void* a, const void* b, void* c, int64_t M, int64_t N,
+                         int64_t K, bool trans_a, bool trans_b, bool accumulate, std::array<int64_t, 3> blocks) {
+  const auto [bm, bn, bk] = blocks;
+  auto& tc = thread_cache();
+  const bool f32_out = dtype == MatmulDType::bf16_f32;
+  if (tc.a32.size() < size_t(bm * bk)) tc.a32.resize(size_t(bm * bk));
+  if (tc.b32.size() < size_t(bk * bn)) tc.b32.resize(size_t(bk * bn));
+  if (tc.c32.size() < size_t(bm * bn)) tc.c32.resize(size_t(bm * bn));
+  for (int64_t m0 = 0; m0 < M; m0 += bm) {
+    const int64_t rm = std::min(bm, M - m0);
+    for (int64_t n0 = 0; n0 < N; n0 += bn) {
+      const int64_t rn = std::min(bn, N - n0);
+      float* cb = tc.c32.data();
+      if (accumulate) {
+        if (f32_out)
+          for (int64_t i = 0; i < rm; ++i)
+            std::memcpy(cb + i * rn, static_cast<const float*>(c) + (m0 + i) * N + n0, size_t(rn) * sizeof(float));
+        else widen_block(in, c, N, m0, rm, n0, rn, cb);
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += bk) {
+        const int64_t rk = std::min(bk, K - k0);
+        // A stored (M, K), or (K, M) when trans_a; B stored (K, N), or (N, K) when trans_b.
+        if (trans_a) widen_block(in, a, M, k0, rk, m0, rm, tc.a32.data());
+        else widen_block(in, a, K, m0, rm, k0, rk, tc.a32.data());
+        if (trans_b) widen_block(in, b, K, n0, rn, k0, rk, tc.b32.data());
+        else widen_block(in, b, N, k0, rk, n0, rn, tc.b32.data());
+        run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), cb, 1, 1, 1, rm, rn, rk, trans_a, trans_b,
+                   accumulate || k0 > 0);
+      }
+      for (int64_t i = 0; i < rm; ++i) {
+        if (f32_out) std::memcpy(static_cast<float*>(c) + (m0 + i) * N + n0, cb + i * rn, size_t(rn) * sizeof(float));
+        else narrow(in, cb + i * rn, static_cast<uint16_t*>(c) + (m0 + i) * N + n0, size_t(rn));
+      }
+    }
+  }
+}
+
 // A 16-bit matmul oneDNN cannot run here: widen the operands to f32 (layouts unchanged, so
 // the trans flags carry over), multiply in f32, round the result back once (bf16_f32 keeps
 // it f32). Products of bf16 or f16 values are exact in f32, so this differs from a native
-// kernel only in the order of the f32 sums.
+// kernel only in the order of the f32 sums. An unbatched product whose operands exceed the
+// staging limit runs in blocks.
 void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a,
                  int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
   const MatmulDType in = dtype == MatmulDType::bf16_f32 ? MatmulDType::bf16 : dtype;
   auto& tc = thread_cache();
+  ReleaseLargeStaging release{tc};
+  if (batch == 1) {
+    const std::array<int64_t, 3> blocks = widened_blocks(M, N, K, staging_limit.load());
+    if (blocks != std::array<int64_t, 3>{M, N, K})
+      return run_widened_blocked(dtype, in, a, b, c, M, N, K, trans_a, trans_b, accumulate, blocks);
+  }
   const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
   const size_t nb = size_t(batch_b) * size_t(K) * size_t(N);
   const size_t nc = size_t(batch) * size_t(M) * size_t(N);
@@ -408,6 +507,7 @@ void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64
 void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M,
                  int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
   auto& tc = thread_cache();
+  ReleaseLargeStaging release{tc};
   const size_t na = size_t(batch_a * M * K), nb = size_t(batch_b * K * N);
   if (cpu_features().bf16_gemm_native) {
     if (tc.a16.size() < na) tc.a16.resize(na);
@@ -427,6 +527,11 @@ void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t
 }
 
 }  // namespace
+
+size_t set_matmul_staging_limit(size_t elements) {
+  MT_CHECK(elements > 0, "[matmul] the staging limit must be positive");
+  return staging_limit.exchange(elements);
+}
 
 size_t matmul_cache_size() {
   auto& gc = global_cache();
