@@ -65,11 +65,17 @@ __global__ void mean_by_count_kernel(const float* total, const int64_t* count, f
   out[0] = total[0] * float(inv);
 }
 
+// Each thread counts its share and each warp sums its lanes' counts before one atomic add: an
+// atomic per label serialized every add of a step's labels on one address. (Every lane reaches
+// the shuffles: the grid loop has no early exit, and the block size is a multiple of 32.)
 template <class I>
 __global__ void count_labels_kernel(const I* labels, int64_t n, int64_t ignore_index, int64_t* count) {
+  unsigned long long mine = 0;
   MT_GRID_LOOP(j, n) {
-    if (int64_t(labels[j]) != ignore_index) atomicAdd(reinterpret_cast<unsigned long long*>(count), 1ull);
+    if (int64_t(labels[j]) != ignore_index) ++mine;
   }
+  for (int offset = 16; offset > 0; offset /= 2) mine += __shfl_down_sync(0xffffffffu, mine, offset);
+  if ((threadIdx.x & 31) == 0 && mine != 0) atomicAdd(reinterpret_cast<unsigned long long*>(count), mine);
 }
 
 template <class F>
