@@ -60,9 +60,10 @@ __global__ void cross_entropy_backward_kernel(const T* x, const I* labels, const
   }
 }
 
+// The mean divided in double and rounded once, as the CPU's (whose sum stays in double
+// throughout; here it arrives rounded to f32 from the reduction).
 __global__ void mean_by_count_kernel(const float* total, const int64_t* count, float* out) {
-  const double inv = *count > 0 ? 1.0 / double(*count) : __longlong_as_double(0x7ff8000000000000LL);
-  out[0] = total[0] * float(inv);
+  out[0] = *count > 0 ? float(double(total[0]) / double(*count)) : __int_as_float(0x7fc00000);
 }
 
 // Each thread counts its share and each warp sums its lanes' counts before one atomic add: an
@@ -120,8 +121,7 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
   check_launch("cross_entropy_backward");
 }
 
-// The sum in double (as the CPU's), then one f32 multiply by 1/count for the mean, the count
-// read on the device.
+// The sum, then the mean by the count read on the device (mean_by_count_kernel).
 void cross_entropy_total(const Array& loss, const Array& count, bool mean, Array& out) {
   if (!mean) return reduce(kernels::ReduceOp::sum, loss, out, 1, loss.numel(), 1);
   Array total = Array::empty(Shape{}, DType::f32);
