@@ -172,12 +172,13 @@ TEST(MatmulKernel, LargerShapesAllDtypes) {
   }
 }
 
-// 16-bit products on a CPU without native kernels for them are widened to f32; above the
-// staging limit an unbatched one runs block by block (M, N and K split, C kept in f32 across
+// 16-bit products on a CPU without native kernels for them are widened to f32 (f32 operands
+// multiplied as bf16 are rounded into f32 staging); above the staging limit an unbatched one
+// runs block by block (M, N and K split, C kept in f32 across
 // its K blocks). A limit of 100 elements sends these small shapes through every blocking.
 TEST(MatmulKernel, WidenedProductsInBlocksEqualTheReference) {
   const size_t previous = mt::cpu::set_matmul_staging_limit(100);
-  for (MatmulDType d : {MatmulDType::bf16, MatmulDType::f16})
+  for (MatmulDType d : {MatmulDType::bf16, MatmulDType::f16, MatmulDType::f32_as_bf16})
     for (const Shape& s : {Shape{33, 65, 17}, Shape{7, 13, 50}, Shape{64, 3, 32}, Shape{1, 300, 2}})
       for (int trans = 0; trans < 4; ++trans)
         for (int acc = 0; acc < 2; ++acc)

@@ -396,19 +396,20 @@ bool runs_natively(MatmulDType dtype) {
   return false;
 }
 
-// Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major 16-bit matrix whose rows hold
-// `ld` elements, widened into a dense f32 (rows, cols) block: contiguous reads, whatever the
-// operand's transpose flag (the block keeps the stored layout, and the flag carries over).
+// Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major matrix whose rows hold `ld`
+// elements, as the f32 values the product sees, into a dense (rows, cols) block: bf16 or f16
+// widened, or (in = f32_as_bf16) f32 rounded to bf16. Contiguous reads whatever the operand's
+// transpose flag: the block keeps the stored layout, and the flag carries over.
 void widen_block(MatmulDType in, const void* x, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                  float* dst) {
-  const auto* s = static_cast<const uint16_t*>(x);
 #pragma omp parallel for schedule(static) if (rows * cols > grain::copy)
   for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* src = s + (r0 + r) * ld + c0;
+    const int64_t at = (r0 + r) * ld + c0;
     float* d = dst + r * cols;
-    if (in != MatmulDType::f16) bf16_to_f32_n(src, d, cols);
+    if (in == MatmulDType::f32_as_bf16) f32_round_to_bf16_n(static_cast<const float*>(x) + at, d, cols);
+    else if (in != MatmulDType::f16) bf16_to_f32_n(static_cast<const uint16_t*>(x) + at, d, cols);
     else
-      for (int64_t i = 0; i < cols; ++i) d[i] = f16_to_f32(f16{src[i]});
+      for (int64_t i = 0; i < cols; ++i) d[i] = f16_to_f32(f16{static_cast<const uint16_t*>(x)[at + i]});
   }
 }
 
@@ -436,7 +437,7 @@ void run_widened_blocked(MatmulDType dtype, MatmulDType in, const void* a, const
                          int64_t K, bool trans_a, bool trans_b, bool accumulate, std::array<int64_t, 3> blocks) {
   const auto [bm, bn, bk] = blocks;
   auto& tc = thread_cache();
-  const bool f32_out = dtype == MatmulDType::bf16_f32;
+  const bool f32_out = dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16;
   if (tc.a32.size() < size_t(bm * bk)) tc.a32.resize(size_t(bm * bk));
   if (tc.b32.size() < size_t(bk * bn)) tc.b32.resize(size_t(bk * bn));
   if (tc.c32.size() < size_t(bm * bn)) tc.c32.resize(size_t(bm * bn));
@@ -517,6 +518,12 @@ void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t
     run_onednn(MatmulDType::bf16_f32, tc.a16.data(), tc.b16.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
                accumulate);
     return;
+  }
+  if (batch == 1) {
+    const std::array<int64_t, 3> blocks = widened_blocks(M, N, K, staging_limit.load());
+    if (blocks != std::array<int64_t, 3>{M, N, K})
+      return run_widened_blocked(MatmulDType::f32_as_bf16, MatmulDType::f32_as_bf16, a, b, c, M, N, K, trans_a, trans_b,
+                                 accumulate, blocks);
   }
   if (tc.a32.size() < na) tc.a32.resize(na);
   if (tc.b32.size() < nb) tc.b32.resize(nb);
