@@ -38,10 +38,8 @@ class Predictor {
 
   // Whether predict steps are captured as CUDA graphs: automatic captures those that can be
   // and runs the others eagerly, silently; on stops with the reason one cannot.
-  void set_cuda_graphs(CudaGraphs mode) {
-    if (mode != graphs_) captured_.reset();
-    graphs_ = mode;
-  }
+  // (predict() captures anew when the mode it derives from this changes.)
+  void set_cuda_graphs(CudaGraphs mode) { graphs_ = mode; }
   // Batches replayed from a captured graph so far.
   int64_t captured_replays() const { return captured_ ? captured_->replays() : 0; }
 

@@ -364,15 +364,20 @@ void for_chunks(int64_t n, Fn&& fn) {
   for (int64_t begin = 0; begin < n; begin += chunk) fn(begin, std::min(chunk, n - begin));
 }
 
-// 16-bit floats to f32 (exact for both bf16 and f16).
-void widen(MatmulDType dtype, const void* src, std::vector<float>& dst, size_t n) {
+// n elements of x from element `at`, as the f32 values the product sees: bf16 or f16 widened
+// (exact), or (in = f32_as_bf16) f32 rounded to bf16.
+void widen_n(MatmulDType in, const void* x, int64_t at, float* d, int64_t n) {
+  if (in == MatmulDType::f32_as_bf16) return f32_round_to_bf16_n(static_cast<const float*>(x) + at, d, n);
+  const uint16_t* s = static_cast<const uint16_t*>(x) + at;
+  if (in != MatmulDType::f16) return bf16_to_f32_n(s, d, n);
+  for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(f16{s[i]});
+}
+
+// The first n elements of src widened (widen_n) into dst, grown to fit.
+void widen(MatmulDType in, const void* src, std::vector<float>& dst, size_t n) {
   if (dst.size() < n) dst.resize(n);
-  const auto* s = static_cast<const uint16_t*>(src);
   float* d = dst.data();
-  for_chunks(int64_t(n), [&](int64_t begin, int64_t count) {
-    if (dtype != MatmulDType::f16) return bf16_to_f32_n(s + begin, d + begin, count);
-    for (int64_t i = begin; i < begin + count; ++i) d[i] = f16_to_f32(f16{s[i]});
-  });
+  for_chunks(int64_t(n), [&](int64_t begin, int64_t count) { widen_n(in, src, begin, d + begin, count); });
 }
 
 // f32 back to 16-bit floats, rounding to nearest even.
@@ -397,20 +402,12 @@ bool runs_natively(MatmulDType dtype) {
 }
 
 // Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major matrix whose rows hold `ld`
-// elements, as the f32 values the product sees, into a dense (rows, cols) block: bf16 or f16
-// widened, or (in = f32_as_bf16) f32 rounded to bf16. Contiguous reads whatever the operand's
-// transpose flag: the block keeps the stored layout, and the flag carries over.
+// elements, widened (widen_n) into a dense (rows, cols) block. Contiguous reads whatever the
+// operand's transpose flag: the block keeps the stored layout, and the flag carries over.
 void widen_block(MatmulDType in, const void* x, int64_t ld, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                  float* dst) {
 #pragma omp parallel for schedule(static) if (rows * cols > grain::copy)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t at = (r0 + r) * ld + c0;
-    float* d = dst + r * cols;
-    if (in == MatmulDType::f32_as_bf16) f32_round_to_bf16_n(static_cast<const float*>(x) + at, d, cols);
-    else if (in != MatmulDType::f16) bf16_to_f32_n(static_cast<const uint16_t*>(x) + at, d, cols);
-    else
-      for (int64_t i = 0; i < cols; ++i) d[i] = f16_to_f32(f16{static_cast<const uint16_t*>(x)[at + i]});
-  }
+  for (int64_t r = 0; r < rows; ++r) widen_n(in, x, (r0 + r) * ld + c0, dst + r * cols, cols);
 }
 
 // The largest operand block (elements) the widened path stages at once (set_matmul_staging_limit).
@@ -470,6 +467,17 @@ void run_widened_blocked(MatmulDType dtype, MatmulDType in, const void* a, const
   }
 }
 
+// Whether an unbatched product too large to stage whole ran in blocks (run_widened_blocked);
+// false leaves it to the caller, which stages its operands whole.
+bool ran_in_blocks(MatmulDType dtype, MatmulDType in, const void* a, const void* b, void* c, int64_t batch, int64_t M,
+                   int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+  if (batch != 1) return false;
+  const std::array<int64_t, 3> blocks = widened_blocks(M, N, K, staging_limit.load());
+  if (blocks == std::array<int64_t, 3>{M, N, K}) return false;
+  run_widened_blocked(dtype, in, a, b, c, M, N, K, trans_a, trans_b, accumulate, blocks);
+  return true;
+}
+
 // A 16-bit matmul oneDNN cannot run here: widen the operands to f32 (layouts unchanged, so
 // the trans flags carry over), multiply in f32, round the result back once (bf16_f32 keeps
 // it f32). Products of bf16 or f16 values are exact in f32, so this differs from a native
@@ -480,11 +488,7 @@ void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64
   const MatmulDType in = dtype == MatmulDType::bf16_f32 ? MatmulDType::bf16 : dtype;
   auto& tc = thread_cache();
   ReleaseLargeStaging release{tc};
-  if (batch == 1) {
-    const std::array<int64_t, 3> blocks = widened_blocks(M, N, K, staging_limit.load());
-    if (blocks != std::array<int64_t, 3>{M, N, K})
-      return run_widened_blocked(dtype, in, a, b, c, M, N, K, trans_a, trans_b, accumulate, blocks);
-  }
+  if (ran_in_blocks(dtype, in, a, b, c, batch, M, N, K, trans_a, trans_b, accumulate)) return;
   const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
   const size_t nb = size_t(batch_b) * size_t(K) * size_t(N);
   const size_t nc = size_t(batch) * size_t(M) * size_t(N);
@@ -519,16 +523,10 @@ void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t
                accumulate);
     return;
   }
-  if (batch == 1) {
-    const std::array<int64_t, 3> blocks = widened_blocks(M, N, K, staging_limit.load());
-    if (blocks != std::array<int64_t, 3>{M, N, K})
-      return run_widened_blocked(MatmulDType::f32_as_bf16, MatmulDType::f32_as_bf16, a, b, c, M, N, K, trans_a, trans_b,
-                                 accumulate, blocks);
-  }
-  if (tc.a32.size() < na) tc.a32.resize(na);
-  if (tc.b32.size() < nb) tc.b32.resize(nb);
-  for_chunks(int64_t(na), [&](int64_t i, int64_t count) { f32_round_to_bf16_n(a + i, tc.a32.data() + i, count); });
-  for_chunks(int64_t(nb), [&](int64_t i, int64_t count) { f32_round_to_bf16_n(b + i, tc.b32.data() + i, count); });
+  constexpr MatmulDType rounded = MatmulDType::f32_as_bf16;
+  if (ran_in_blocks(rounded, rounded, a, b, c, batch, M, N, K, trans_a, trans_b, accumulate)) return;
+  widen(rounded, a, tc.a32, na);
+  widen(rounded, b, tc.b32, nb);
   run_onednn(MatmulDType::f32, tc.a32.data(), tc.b32.data(), c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b,
              accumulate);
 }
