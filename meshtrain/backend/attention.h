@@ -44,11 +44,14 @@ struct FlashAttentionShape {
 namespace mt::cpu { MT_ATTENTION_KERNELS }
 namespace mt::cuda {
 MT_ATTENTION_KERNELS
-// The GPU kernels take head dims up to 64 (the CPU's any).
-bool flash_attention_supported(int64_t head_dim);
-// The tensor-core kernels (attention_tensor_core.cu) take f32 arrays with head dims up to 64
-// on sm_80 and newer, and key-padding masks; flash_attention_forward/backward choose them
-// where they apply, the CUDA-core kernels of attention.cu elsewhere.
+// The GPU kernels take q's arrays at this head dim: the tensor-core kernels where they apply,
+// else the CUDA-core kernels' head dims up to 64 (the CPU takes any).
+bool flash_attention_supported(const Array& q, int64_t head_dim);
+// The tensor-core kernels (attention_tensor_core.cu) take f32 and bf16 arrays with head dims up
+// to kMaxTensorCoreHeadDim on sm_80 and newer (where the GPU grants their shared memory), and
+// key-padding masks; flash_attention_forward/backward choose them where they apply, the
+// CUDA-core kernels of attention.cu elsewhere (f16 arrays, older GPUs).
+constexpr int64_t kMaxTensorCoreHeadDim = 128;
 bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                                 Array& out, Array& lse);

@@ -112,7 +112,8 @@ class FlashAttentionPrimitive final : public prim::Primitive {
       MT_CHECK(is_key_padding_mask(in[3], q.dim(0), k.dim(2)), "[flash_attention] key mask must be bool (",
                q.dim(0), " or 1, 1, 1, ", k.dim(2), "), got ", in[3].str());
       MT_CHECK(q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
-               "[flash_attention] a key mask on the GPU needs f32 arrays with head dim <= 64 (sm_80+), got q ",
+               "[flash_attention] a key mask on the GPU needs f32 or bf16 arrays with head dim <= ",
+               cuda::kMaxTensorCoreHeadDim, " (sm_80+), got q ",
                q.str(), " on ", q.device().str());
       MT_CHECK(!causal_, "[flash_attention] a key mask is supported without the causal mask only");
     }
@@ -281,7 +282,7 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   // avx512_core_bf16). From 512 keys the (B, H, Tq, Tk) probabilities it keeps per layer cost
   // more than they save: GPT-2 B8 T512 6.95 vs 6.70 s/step and 5.57 vs 3.91 GB peak RSS
   // (bench/model_step_bench). On a GPU: fused wherever the tensor-core kernels take the arrays
-  // (f32, head dim <= 64, sm_80+).
+  // (f32 or bf16, head dim <= 128, sm_80+).
   const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
   const bool cpu_fused = q.device().is_cpu() && (f32_math || tk >= 512);
   const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, q.dim(3));
@@ -290,7 +291,7 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   // Decoders: causal, no mask. Encoders (BERT): not causal, at most a key-padding mask (on a
   // GPU, for the tensor-core kernels). Other masks and biases take the composed form.
   const bool decoder = o.causal && !mask.defined() && tq <= tk &&
-                       (q.device().is_cpu() || cuda::flash_attention_supported(q.dim(3)));
+                       (q.device().is_cpu() || cuda::flash_attention_supported(q, q.dim(3)));
   const bool encoder =
       !o.causal && (q.device().is_cpu() || gpu_tensor_cores) &&
       (!mask.defined() || (mask.device() == q.device() && is_key_padding_mask(mask, q.dim(0), tk)));

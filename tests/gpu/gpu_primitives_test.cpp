@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "meshtrain/backend/attention.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -230,6 +231,51 @@ TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
           ", gpu vs cpu f32", precision);
     }
   }
+}
+
+// bf16 arrays and head dims past 64 on the tensor cores (LLaMA's 128, 80, and 48 padded to
+// 64): bf16 arrays multiply as bf16 with f32 softmax and accumulation and are written as bf16,
+// within bf16's rounding of the CPU kernel (which widens them to f32); f32 arrays stay within
+// f32 rounding under the default precision. Causal with dropout, and not causal with a
+// key-padding mask (BERT), several tiles and a causal offset.
+TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  for (int64_t d : {128, 80, 48}) {
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      {
+        DeviceScope scope(gpu);
+        const Array probe = Array::empty({1, 1, 1, d}, dtype, gpu);
+        ASSERT_TRUE(cuda::flash_attention_tensor_cores(probe, d)) << dtype_name(dtype) << " d=" << d;
+      }
+      const std::string label = "flash_attention " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
+      const std::vector<Array> in = {cast(random_normal({2, 3, 130, d}, 71), dtype),
+                                     cast(random_normal({2, 3, 200, d}, 72), dtype),
+                                     cast(random_normal({2, 3, 200, d}, 73), dtype)};
+      auto causal = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, RngKey{15, 8});
+      };
+      expect_attention_gpu_equals_cpu(causal, in, cast(random_normal({2, 3, 130, d}, 74), dtype), tol,
+                                      label + " causal");
+      std::vector<float> keep(2 * 90);
+      for (int64_t j = 0; j < 90; ++j) keep[size_t(j)] = 1.0f, keep[size_t(90 + j)] = j < 33 ? 1.0f : 0.0f;
+      const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 90}), DType::boolean);
+      const std::vector<Array> enc = {cast(random_normal({2, 3, 90, d}, 75), dtype),
+                                      cast(random_normal({2, 3, 90, d}, 76), dtype),
+                                      cast(random_normal({2, 3, 90, d}, 77), dtype)};
+      auto masked = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), false, 0.1, RngKey{16, 9},
+                               mask.device() == x[0].device() ? mask : mask.to(x[0].device()));
+      };
+      expect_attention_gpu_equals_cpu(masked, enc, cast(random_normal({2, 3, 90, d}, 78), dtype), tol,
+                                      label + " key mask");
+    }
+  }
+  // f16 arrays keep the CUDA-core kernels (head dims up to 64).
+  DeviceScope scope(gpu);
+  EXPECT_FALSE(cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, 64}, DType::f16, gpu), 64));
+  EXPECT_FALSE(cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, 160}, DType::bf16, gpu), 160));
 }
 
 // BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,

@@ -217,7 +217,9 @@ void dispatch_head_dim(int64_t d, F&& f) {
 
 }  // namespace
 
-bool flash_attention_supported(int64_t head_dim) { return head_dim > 0 && head_dim <= 64; }
+bool flash_attention_supported(const Array& q, int64_t head_dim) {
+  return flash_attention_tensor_cores(q, head_dim) || (head_dim > 0 && head_dim <= 64);
+}
 
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                              Array& out, Array& lse) {

@@ -1,5 +1,5 @@
-// Fused (flash-style) attention, forward and backward, for f32 arrays with head dims up to 64,
-// on tensor cores through mma.sync with register-resident fragments (the
+// Fused (flash-style) attention, forward and backward, for f32 and bf16 arrays with head dims
+// up to 128, on tensor cores through mma.sync with register-resident fragments (the
 // FlashAttention-2 arrangement): in the forward each warp keeps its 16 rows' q fragments,
 // scores, probabilities and output accumulators in registers, where the thread/element layout
 // of mma.sync is known, so the online softmax rescales the output in place and the scores
@@ -17,9 +17,12 @@
 // bf16; for TF32 the k index is permuted (k t <-> column 2t, k t+4 <-> column 2t+1), and the
 // next product's B rows are read in the same permuted order, which leaves the sum unchanged.
 //
-// Operands (--precision): bf16, TF32, or f32-accurate as three TF32 products per pair (hi·hi +
-// hi·lo + lo·hi). The scalar kernels (attention.cu) remain for bf16/f16 arrays and for GPUs
-// (or builds) before sm_80, where mma.sync has no TF32/bf16 shapes.
+// Operands: bf16 arrays multiply as they are (bf16 products, f32 accumulation and softmax,
+// the probabilities rounded to bf16 for the product with v, as the composed form's bf16
+// probabilities are); f32 arrays follow --precision: bf16, TF32, or f32-accurate as three TF32
+// products per pair (hi·hi + hi·lo + lo·hi). Outputs and gradients are written in the arrays'
+// dtype, the row log-sum-exps in f32. The scalar kernels (attention.cu) remain for f16 arrays
+// and for GPUs (or builds) before sm_80, where mma.sync has no TF32/bf16 shapes.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -242,22 +245,22 @@ __device__ inline void accumulate_product(float (&acc)[Shape<Ops, MaxD>::kDN][4]
 
 // Row r (the thread's row g, h = 0, or g + 8, h = 1) of a warp's (16, d) result, times
 // `factor`, into dst (the row's first element).
-template <int DN>
-__device__ inline void store_row(float* dst, const float (&acc)[DN][4], int h, int d, int t, float factor) {
+template <int DN, class Out>
+__device__ inline void store_row(Out* dst, const float (&acc)[DN][4], int h, int d, int t, float factor) {
 #pragma unroll
   for (int n = 0; n < DN; ++n) {
     const int c = n * 8 + 2 * t;
-    if (c < d) dst[c] = acc[n][2 * h] * factor;
-    if (c + 1 < d) dst[c + 1] = acc[n][2 * h + 1] * factor;
+    if (c < d) dst[c] = from_f32<Out>(acc[n][2 * h] * factor);
+    if (c + 1 < d) dst[c + 1] = from_f32<Out>(acc[n][2 * h + 1] * factor);
   }
 }
 #endif
 
 // ---- forward ----
 // Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
-template <class Ops, int MaxD>
-__global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float* q, const float* k, const float* v,
-                                                                    float* out, float* lse, Params p) {
+template <class Ops, int MaxD, class In>
+__global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q, const In* k, const In* v, In* out,
+                                                                    float* lse, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
@@ -346,10 +349,10 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const float*
 // Block: (batch·head, 64 query rows); warp: 16 rows, q fragments in registers (dO's read from
 // shared memory at each k step); walks
 // the key tiles they see: s = q·kᵀ, dP = dO·vᵀ, dS, dQ += dS·k.
-template <class Ops, int MaxD>
+template <class Ops, int MaxD, class In>
 __global__ void __launch_bounds__(kBlockThreads)
-    mma_backward_q_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
-                          const float* dvec, float* dq, Params p) {
+    mma_backward_q_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse, const float* dvec,
+                          In* dq, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
@@ -414,10 +417,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 // Block: (batch·head, 64 key rows); warp: 16 keys, k fragments in registers (v's read from
 // shared memory at each k step); walks the
 // query tiles that see them: sᵀ = k·qᵀ, dPᵀ = v·dOᵀ, then dV += pᵀ·dO and dK += dSᵀ·q.
-template <class Ops, int MaxD>
+template <class Ops, int MaxD, class In>
 __global__ void __launch_bounds__(kBlockThreads)
-    mma_backward_kv_kernel(const float* q, const float* k, const float* v, const float* g_out, const float* lse,
-                           const float* dvec, float* dk, float* dv, Params p) {
+    mma_backward_kv_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse,
+                           const float* dvec, In* dk, In* dv, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
@@ -488,13 +491,14 @@ __global__ void __launch_bounds__(kBlockThreads)
 #endif
 }
 
-// D_i = dO_i · O_i, one warp per row.
-__global__ void row_dot_kernel(const float* g, const float* out, float* dvec, int64_t rows, int d) {
+// D_i = dO_i · O_i in f32, one warp per row.
+template <class In>
+__global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t rows, int d) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   float acc = 0.0f;
-  for (int c = lane; c < d; c += 32) acc += g[row * d + c] * out[row * d + c];
+  for (int c = lane; c < d; c += 32) acc += to_f32(g[row * d + c]) * to_f32(out[row * d + c]);
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) dvec[row] = acc;
@@ -508,24 +512,71 @@ bool has_tensor_core_kernels() {
     int major = 0;
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, active_device()), "compute capability");
     cudaFuncAttributes image{};
-    check(cudaFuncGetAttributes(&image, mma_forward_kernel<F32Ops, 64>), "flash_attention kernel image");
+    check(cudaFuncGetAttributes(&image, mma_forward_kernel<F32Ops, 64, float>), "flash_attention kernel image");
     return major >= 8 && image.ptxVersion >= 80 && image.binaryVersion >= 80;
   }();
   return yes;
 }
 
 
+template <int D>
+using HeadDim = std::integral_constant<int, D>;
+
+// Calls f(ops, element, head dim) with the operand arithmetic, the arrays' device element type
+// and the kernels' head-dim bound (32, 64, 96 or 128: a smaller d is zero-padded to it). bf16
+// arrays multiply as bf16 whatever --precision says: their values are bf16 already, and TF32
+// products of them would be exact, but the probabilities would not be rounded as the composed
+// form's bf16 probabilities are.
 template <class F>
-void dispatch(const kernels::FlashAttentionShape& s, F&& f) {
-  auto with_dim = [&](auto ops) {
-    if (s.d <= 32) f(ops, std::integral_constant<int, 32>{});
-    else f(ops, std::integral_constant<int, 64>{});
+void dispatch(DType dtype, const kernels::FlashAttentionShape& s, F&& f) {
+  auto with_dim = [&](auto ops, auto elem) {
+    if (s.d <= 32) f(ops, elem, HeadDim<32>{});
+    else if (s.d <= 64) f(ops, elem, HeadDim<64>{});
+    else if (s.d <= 96) f(ops, elem, HeadDim<96>{});
+    else f(ops, elem, HeadDim<128>{});
   };
+  if (dtype == DType::bf16) return with_dim(Bf16Ops{}, bf16_t{});
   switch (s.operands) {
-    case kernels::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}); break;
-    case kernels::FlashAttentionShape::Operands::tf32: with_dim(Tf32Ops{}); break;
-    default: with_dim(F32Ops{}); break;
+    case kernels::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}, float{}); break;
+    case kernels::FlashAttentionShape::Operands::tf32: with_dim(Tf32Ops{}, float{}); break;
+    default: with_dim(F32Ops{}, float{}); break;
   }
+}
+
+// Shared memory per block of each kernel.
+template <class Ops, int MaxD>
+struct SharedBytes {
+  using S = Shape<Ops, MaxD>;
+  static constexpr size_t kForward = 3 * S::kTile + S::kKeepFlags;
+  static constexpr size_t kBackwardQ = 4 * S::kTile + S::kKeepFlags;
+  static constexpr size_t kBackwardKv = 4 * S::kTile + 2 * kCols * sizeof(float) + S::kKeepFlags;
+};
+
+// The most shared memory a block may ask for on this GPU (227 KiB on sm_90, 163 on sm_80, 99
+// on sm_86/89): f32 tiles at head dim 128 need 137 KiB in the dK/dV kernel.
+size_t shared_memory_limit() {
+  static const size_t bytes = [] {
+    int v = 0;
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, active_device()),
+          "shared memory per block");
+    return size_t(v);
+  }();
+  return bytes;
+}
+
+// The largest block any operand arithmetic of `dtype`'s arrays needs at this head dim (f32
+// arrays: f32 tiles under f32 or TF32 products).
+size_t largest_shared_bytes(DType dtype, int64_t head_dim) {
+  auto of = [](auto ops, auto md) {
+    return SharedBytes<decltype(ops), decltype(md)::value>::kBackwardKv;  // the largest of the three
+  };
+  auto bound = [&](auto ops) {
+    return head_dim <= 32 ? of(ops, HeadDim<32>{})
+           : head_dim <= 64 ? of(ops, HeadDim<64>{})
+           : head_dim <= 96 ? of(ops, HeadDim<96>{})
+                            : of(ops, HeadDim<128>{});
+  };
+  return dtype == DType::bf16 ? bound(Bf16Ops{}) : bound(F32Ops{});
 }
 
 template <class Kernel, class... Args>
@@ -538,19 +589,22 @@ void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... ar
 }  // namespace
 
 bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
-  return q.dtype() == DType::f32 && head_dim > 0 && head_dim <= 64 && has_tensor_core_kernels();
+  return (q.dtype() == DType::f32 || q.dtype() == DType::bf16) && head_dim > 0 && head_dim <= kMaxTensorCoreHeadDim &&
+         has_tensor_core_kernels() && largest_shared_bytes(q.dtype(), head_dim) <= shared_memory_limit();
 }
 
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                                 Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
-  const Params params = params_of(s, vector_rows(s, {&q, &k, &v}));
   const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows));
-  dispatch(s, [&](auto ops, auto md) {
-    using Sh = Shape<decltype(ops), decltype(md)::value>;
-    launch(mma_forward_kernel<decltype(ops), decltype(md)::value>, grid, 3 * Sh::kTile + Sh::kKeepFlags,
-           "flash_attention (tensor cores, mma)", ptr<float>(q), ptr<float>(k), ptr<float>(v), mptr<float>(out),
-           mptr<float>(lse), params);
+  dispatch(q.dtype(), s, [&](auto ops, auto elem, auto md) {
+    using Ops = decltype(ops);
+    using In = decltype(elem);
+    constexpr int MaxD = decltype(md)::value;
+    const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v}));
+    launch(mma_forward_kernel<Ops, MaxD, In>, grid, SharedBytes<Ops, MaxD>::kForward,
+           "flash_attention (tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse),
+           params);
   });
 }
 
@@ -558,22 +612,20 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
                                  const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
   const int64_t rows = s.batch_heads * s.tq;
   Array dvec = Array::empty({rows}, DType::f32, q.device());
-  row_dot_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<float>(g), ptr<float>(out),
-                                                                         mptr<float>(dvec), rows, int(s.d));
-  check_launch("flash_attention_backward (row dots)");
-  const Params params = params_of(s, vector_rows(s, {&q, &k, &v, &g}));
-  dispatch(s, [&](auto ops, auto md) {
+  dispatch(q.dtype(), s, [&](auto ops, auto elem, auto md) {
     using Ops = decltype(ops);
+    using In = decltype(elem);
     constexpr int MaxD = decltype(md)::value;
-    using Sh = Shape<Ops, MaxD>;
-    launch(mma_backward_kv_kernel<Ops, MaxD>, dim3(unsigned(s.batch_heads), unsigned((s.tk + kRows - 1) / kRows)),
-           4 * Sh::kTile + 2 * kCols * sizeof(float) + Sh::kKeepFlags,
-           "flash_attention_backward (dK, dV; tensor cores, mma)",
-           ptr<float>(q), ptr<float>(k), ptr<float>(v), ptr<float>(g), ptr<float>(lse), ptr<float>(dvec),
-           mptr<float>(dk), mptr<float>(dv), params);
-    launch(mma_backward_q_kernel<Ops, MaxD>, dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),
-           4 * Sh::kTile + Sh::kKeepFlags, "flash_attention_backward (dQ; tensor cores, mma)", ptr<float>(q), ptr<float>(k),
-           ptr<float>(v), ptr<float>(g), ptr<float>(lse), ptr<float>(dvec), mptr<float>(dq), params);
+    row_dot_kernel<In><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<In>(g), ptr<In>(out),
+                                                                              mptr<float>(dvec), rows, int(s.d));
+    check_launch("flash_attention_backward (row dots)");
+    const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v, &g}));
+    launch(mma_backward_kv_kernel<Ops, MaxD, In>, dim3(unsigned(s.batch_heads), unsigned((s.tk + kRows - 1) / kRows)),
+           SharedBytes<Ops, MaxD>::kBackwardKv, "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q),
+           ptr<In>(k), ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
+    launch(mma_backward_q_kernel<Ops, MaxD, In>, dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),
+           SharedBytes<Ops, MaxD>::kBackwardQ, "flash_attention_backward (dQ; tensor cores, mma)", ptr<In>(q),
+           ptr<In>(k), ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
   });
 }
 

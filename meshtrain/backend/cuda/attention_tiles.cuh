@@ -1,11 +1,12 @@
 #pragma once
 // The tensor-core attention kernels' problem and tiles (attention_tensor_core.cu): the block
 // shape, the problem's parameters, key visibility and the padded-out keys' score, and the
-// loads of 64-row operand tiles into shared memory.
+// loads of 64-row operand tiles (from f32 or bf16 arrays) into shared memory.
 #include <cuda_bf16.h>
 
 #include <cfloat>
 #include <initializer_list>
+#include <type_traits>
 
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/cuda/attention_dropout.cuh"
@@ -38,7 +39,7 @@ struct Params {
   AttentionDropout dropout;
   const bool* key_mask;  // (mask_batches, Tk) or null
   int64_t heads, mask_batches;
-  bool vector_rows;  // d is the kernel's MaxD and every row starts 16-byte aligned: float4 loads
+  bool vector_rows;  // every row starts 16-byte aligned and d fills whole 16-byte loads
 };
 
 // Key j is visible to query i: inside the key range and the causal limit.
@@ -75,52 +76,79 @@ __device__ inline float visible_score(const bool* mask, int64_t j, float raw, fl
   return mask && !mask[j] ? fill : raw * scale;
 }
 
-// Rows r0 .. r0 + 64 of a (rows, d) f32 matrix into an operand tile, zeros past `rows` and d.
-template <class Elem, int MaxD, int Ld>
-__device__ inline void load_rows(Elem* tile, const float* x, int64_t rows, int64_t r0, int d) {
+// An element of a global array (f32 or bf16) as an operand tile element: bf16 to bf16 and f32
+// to f32 unchanged, f32 to bf16 rounded to nearest even.
+template <class Elem, class In>
+__device__ inline Elem elem_of(In x) {
+  return to_elem<Elem>(to_f32(x));
+}
+
+// Rows r0 .. r0 + 64 of a (rows, d) matrix into an operand tile, zeros past `rows` and d.
+template <class Elem, int MaxD, int Ld, class In>
+__device__ inline void load_rows(Elem* tile, const In* x, int64_t rows, int64_t r0, int d) {
   for (int e = threadIdx.x; e < kRows * MaxD; e += kBlockThreads) {
     const int r = e / MaxD, c = e % MaxD;
     const int64_t row = r0 + r;
-    tile[r * Ld + c] = to_elem<Elem>(row < rows && c < d ? x[row * d + c] : 0.0f);
+    tile[r * Ld + c] = row < rows && c < d ? elem_of<Elem>(x[row * d + c]) : to_elem<Elem>(0.0f);
   }
 }
 
-// Rows r0 .. r0 + 64 of two (rows, d) f32 matrices into two operand tiles. With vector rows
-// every thread issues all its float4 loads before it stores any: a tile costs one memory
-// round trip, not one per element (the scalar loop's latency was most of the kernels' time).
-template <class Elem, int MaxD, int Ld>
-__device__ inline void load_pair(Elem* ta, const float* xa, Elem* tb, const float* xb, int64_t rows, int64_t r0,
+// Elements of In in one 16-byte load.
+template <class In>
+constexpr int kVecElems = int(16 / sizeof(In));
+
+// One 16-byte load of In elements into the tile at dst (16-byte aligned): a straight copy when
+// the tile holds In's own format (f32 in f32 tiles, bf16 in bf16 tiles), else element by element.
+template <class Elem, class In>
+__device__ inline void store_vec(Elem* dst, const uint4& v) {
+  constexpr bool same_format = sizeof(Elem) == sizeof(In) && (sizeof(In) == 2 || std::is_same_v<Elem, In>);
+  if constexpr (same_format) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    In x[kVecElems<In>];
+    memcpy(x, &v, sizeof(v));
+#pragma unroll
+    for (int u = 0; u < kVecElems<In>; ++u) dst[u] = elem_of<Elem>(x[u]);
+  }
+}
+
+// Rows r0 .. r0 + 64 of two (rows, d) matrices into two operand tiles, zeros past `rows` and
+// d. With vector rows every thread issues all its 16-byte loads before it stores any: a tile
+// costs one memory round trip, not one per element (the scalar loop's latency was most of the
+// kernels' time).
+template <class Elem, int MaxD, int Ld, class In>
+__device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb, int64_t rows, int64_t r0,
                                  const Params& p) {
   if (!p.vector_rows) {
     load_rows<Elem, MaxD, Ld>(ta, xa, rows, r0, p.d);
     load_rows<Elem, MaxD, Ld>(tb, xb, rows, r0, p.d);
     return;
   }
-  constexpr int kVecs = MaxD / 4, kPerThread = kRows * kVecs / kBlockThreads;
-  float4 a[kPerThread], b[kPerThread];
+  constexpr int kW = kVecElems<In>, kVecs = MaxD / kW, kPerThread = kRows * kVecs / kBlockThreads;
+  static_assert(MaxD % kW == 0 && kRows * kVecs % kBlockThreads == 0);
+  uint4 a[kPerThread], b[kPerThread];
 #pragma unroll
   for (int t = 0; t < kPerThread; ++t) {
     const int e = threadIdx.x + t * kBlockThreads, r = e / kVecs, c = e % kVecs;
     const int64_t row = r0 + r;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    a[t] = row < rows ? reinterpret_cast<const float4*>(xa + row * MaxD)[c] : zero;
-    b[t] = row < rows ? reinterpret_cast<const float4*>(xb + row * MaxD)[c] : zero;
+    const bool inside = row < rows && c * kW < p.d;  // d is a multiple of kW: all of a vector or none
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);  // 0.0 in f32 and in bf16
+    a[t] = inside ? reinterpret_cast<const uint4*>(xa + row * p.d)[c] : zero;
+    b[t] = inside ? reinterpret_cast<const uint4*>(xb + row * p.d)[c] : zero;
   }
 #pragma unroll
   for (int t = 0; t < kPerThread; ++t) {
-    const int e = threadIdx.x + t * kBlockThreads, r = e / kVecs, c = 4 * (e % kVecs);
-    Elem* da = ta + r * Ld + c;
-    Elem* db = tb + r * Ld + c;
-    da[0] = to_elem<Elem>(a[t].x), da[1] = to_elem<Elem>(a[t].y), da[2] = to_elem<Elem>(a[t].z),
-    da[3] = to_elem<Elem>(a[t].w);
-    db[0] = to_elem<Elem>(b[t].x), db[1] = to_elem<Elem>(b[t].y), db[2] = to_elem<Elem>(b[t].z),
-    db[3] = to_elem<Elem>(b[t].w);
+    const int e = threadIdx.x + t * kBlockThreads, r = e / kVecs, c = kW * (e % kVecs);
+    store_vec<Elem, In>(ta + r * Ld + c, a[t]);
+    store_vec<Elem, In>(tb + r * Ld + c, b[t]);
   }
 }
 
-// float4 row loads need d to be the kernel's MaxD and 16-byte aligned rows in every operand.
-inline bool vector_rows(const kernels::FlashAttentionShape& s, std::initializer_list<const Array*> operands) {
-  if (s.d != 32 && s.d != 64) return false;
+// 16-byte row loads need d to be a multiple of a load's elements and 16-byte aligned operands
+// (then every row starts aligned too).
+inline bool vector_rows(const kernels::FlashAttentionShape& s, size_t elem_bytes,
+                        std::initializer_list<const Array*> operands) {
+  if (s.d % int64_t(16 / elem_bytes) != 0) return false;
   for (const Array* a : operands)
     if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return false;
   return true;

@@ -69,7 +69,7 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
                    const kernels::DropoutBranch*) {
   no_cuda();
 }
-bool flash_attention_supported(int64_t) { return false; }
+bool flash_attention_supported(const Array&, int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
 void set_matmul_tuning(bool) {}
 void flash_attention_forward_tc(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&,
