@@ -113,7 +113,8 @@ class FlashAttentionPrimitive final : public prim::Primitive {
                q.dim(0), " or 1, 1, 1, ", k.dim(2), "), got ", in[3].str());
       MT_CHECK(q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
                "[flash_attention] a key mask on the GPU needs f32 or bf16 arrays with head dim <= ",
-               cuda::kMaxTensorCoreHeadDim, " (sm_80+), got q ",
+               cuda::kMaxTensorCoreHeadDim, " (sm_80+, and f32 past head dim 64 more shared memory per block than "
+               "sm_86/89 grant), got q ",
                q.str(), " on ", q.device().str());
       MT_CHECK(!causal_, "[flash_attention] a key mask is supported without the causal mask only");
     }

@@ -22,7 +22,7 @@ struct AttentionOptions {
 // `dropout_rate` (0: none) with the masks dropout() would draw on the (B, H, Tq, Tk) array.
 // The probabilities are never stored. key_mask: an optional bool key-padding mask (B or 1,
 // 1, 1, Tk), true = attend, masked scores set to the lowest finite value as the composed
-// form's where() does (on a GPU: f32 arrays, head dim <= 64, sm_80+).
+// form's where() does (on a GPU: f32 or bf16 arrays, head dim <= 128, sm_80+).
 Array flash_attention(const Array& q, const Array& k, const Array& v, double scale, bool causal,
                       double dropout_rate = 0.0, const RngKey& dropout_key = {}, const Array& key_mask = Array());
 
@@ -38,7 +38,7 @@ bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk);
 // no T x T arrays) and for bf16 math from 512 keys (where the kept probabilities cost more
 // memory and time than they save), composed for bf16 math below (its bf16 GEMMs are faster
 // there); on a GPU fused
-// where the tensor-core kernels take the arrays (f32, head dim <= 64, sm_80+), else composed.
+// where the tensor-core kernels take the arrays (f32 or bf16, head dim <= 128, sm_80+), else composed.
 // Process-wide.
 enum class AttentionKernel { automatic, composed, fused };
 void set_attention_kernel(AttentionKernel kernel);

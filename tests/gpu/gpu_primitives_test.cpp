@@ -234,19 +234,26 @@ TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
 }
 
 // bf16 arrays and head dims past 64 on the tensor cores (LLaMA's 128, 80, and 48 padded to
-// 64): bf16 arrays multiply as bf16 with f32 softmax and accumulation and are written as bf16,
+// 64; 100 and 90 load their tiles element by element in bf16, 90 in f32 too): bf16 arrays multiply as bf16 with f32 softmax and accumulation and are written as bf16,
 // within bf16's rounding of the CPU kernel (which widens them to f32); f32 arrays stay within
 // f32 rounding under the default precision. Causal with dropout, and not causal with a
 // key-padding mask (BERT), several tiles and a causal offset.
 TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
   MT_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
-  for (int64_t d : {128, 80, 48}) {
+  for (int64_t d : {128, 100, 90, 80, 48}) {
     for (DType dtype : {DType::bf16, DType::f32}) {
       {
         DeviceScope scope(gpu);
         const Array probe = Array::empty({1, 1, 1, d}, dtype, gpu);
-        ASSERT_TRUE(cuda::flash_attention_tensor_cores(probe, d)) << dtype_name(dtype) << " d=" << d;
+        // bf16 tiles fit every sm_80+ GPU's shared memory; f32 tiles past d 64 need more than
+        // sm_86/89 grant a block (99 KiB), and there the composed form runs instead.
+        const bool tensor_cores = cuda::flash_attention_tensor_cores(probe, d);
+        if (dtype == DType::bf16) ASSERT_TRUE(tensor_cores) << "bf16 d=" << d;
+        if (!tensor_cores) {
+          std::cout << "  f32 d=" << d << ": the GPU grants too little shared memory per block, not tested\n";
+          continue;
+        }
       }
       const std::string label = "flash_attention " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);

@@ -1,5 +1,5 @@
 // Fused (flash-style) attention, forward and backward, one thread per query (or key) row, for
-// what the tensor-core kernels (attention_tensor_core.cu) do not take (bf16/f16 arrays, GPUs
+// what the tensor-core kernels (attention_tensor_core.cu) do not take (f16 arrays, GPUs
 // before sm_80; no key-padding masks, which flash_attention's infer() refuses here):
 // scores, online softmax and the dropout mask live in registers and shared memory; the
 // (Tq, Tk) probabilities are never stored — the backward recomputes them from the saved row

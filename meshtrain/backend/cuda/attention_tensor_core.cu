@@ -565,7 +565,8 @@ size_t shared_memory_limit() {
 }
 
 // The largest block any operand arithmetic of `dtype`'s arrays needs at this head dim (f32
-// arrays: f32 tiles under f32 or TF32 products).
+// arrays: f32 tiles under f32 or TF32 products; eligibility does not know the precision an op
+// will run under, so f32 arrays are judged by their largest tiles even under --precision bf16).
 size_t largest_shared_bytes(DType dtype, int64_t head_dim) {
   auto of = [](auto ops, auto md) {
     return SharedBytes<decltype(ops), decltype(md)::value>::kBackwardKv;  // the largest of the three
@@ -595,6 +596,8 @@ bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
 
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                                 Array& out, Array& lse) {
+  MT_CHECK(s.d > 0 && s.d <= kMaxTensorCoreHeadDim, "[flash_attention] head dim ", s.d,
+           " is past the tensor-core kernels' ", kMaxTensorCoreHeadDim);
   if (s.batch_heads * s.tq == 0) return;
   const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows));
   dispatch(q.dtype(), s, [&](auto ops, auto elem, auto md) {
@@ -610,6 +613,8 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
 
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                                  const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+  MT_CHECK(s.d > 0 && s.d <= kMaxTensorCoreHeadDim, "[flash_attention_backward] head dim ", s.d,
+           " is past the tensor-core kernels' ", kMaxTensorCoreHeadDim);
   const int64_t rows = s.batch_heads * s.tq;
   Array dvec = Array::empty({rows}, DType::f32, q.device());
   dispatch(q.dtype(), s, [&](auto ops, auto elem, auto md) {

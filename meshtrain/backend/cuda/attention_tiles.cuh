@@ -101,7 +101,8 @@ constexpr int kVecElems = int(16 / sizeof(In));
 // the tile holds In's own format (f32 in f32 tiles, bf16 in bf16 tiles), else element by element.
 template <class Elem, class In>
 __device__ inline void store_vec(Elem* dst, const uint4& v) {
-  constexpr bool same_format = sizeof(Elem) == sizeof(In) && (sizeof(In) == 2 || std::is_same_v<Elem, In>);
+  constexpr bool same_format =
+      std::is_same_v<Elem, In> || (std::is_same_v<Elem, __nv_bfloat16> && std::is_same_v<In, bf16_t>);
   if constexpr (same_format) {
     *reinterpret_cast<uint4*>(dst) = v;
   } else {
