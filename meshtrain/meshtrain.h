@@ -17,6 +17,7 @@
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/loss.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/random.h"
 #include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/nn_ops.h"

@@ -61,6 +61,8 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
 // lm_head (with its adapter) on hidden states, or the embedding when tied and p has no lm_head.
 Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key = {},
                  bool train = false);
+// The weight llama_head multiplies by when it is a plain product (no adapter or bias), else "".
+std::string llama_plain_head_weight(const LlamaConfig& c, const Params& p);
 // Logits (B, T, V) from lm_head (or the embedding when tied).
 Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key = {},
                   bool train = false, KvCache* cache = nullptr);

@@ -81,6 +81,11 @@ struct ModelSpec {
   std::function<Array(const ModelConfig&, const Params&, const Array& hidden, const RngKey& dropout_key, bool train)>
       decoder_head;
   std::vector<std::string> head_prefixes;
+  // The parameter a decoder's head multiplies the hidden states by when the head is exactly
+  // hidden · weightᵀ with these parameters (no bias, scale or adapter), else "" (or null):
+  // decoder_loss then runs the head and the loss as one linear_cross_entropy, holding no
+  // (B·T, V) logits.
+  std::function<std::string(const ModelConfig&, const Params&)> plain_head_weight;
   // Encoder-decoders only (null otherwise): the model for generation, and the teacher-forced
   // training forward up to the decoder's final hidden states (B, T, C), with dropout keyed
   // by `dropout_key` when training; logits = decoder_head(seq2seq_hidden(inputs)).

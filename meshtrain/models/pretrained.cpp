@@ -16,6 +16,7 @@
 #include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/models/peft_adapter.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/linear_cross_entropy.h"
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/tokenizer.h"
@@ -112,6 +113,12 @@ Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, 
 
 Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
+  const ModelSpec& s = spec();
+  const std::string head_weight = s.plain_head_weight ? s.plain_head_weight(config, p) : std::string();
+  // --remat full promises small chunks of logits; the others take the op's default.
+  if (!head_weight.empty())
+    return linear_cross_entropy(s.decoder_hidden(config, p, in, dropout_key, train), p[head_weight], labels, -100, 0.0,
+                                Reduction::mean, config.remat() == Remat::full ? kChunkLogits : kLinearCrossEntropyChunk);
   if (config.remat() != Remat::full) return cross_entropy(decoder_logits(p, in, dropout_key, train), labels);
   return chunked_head_loss(p, spec().decoder_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }

@@ -1,4 +1,4 @@
-// cross_entropy (fused) and mse_loss against torch.nn.functional: every reduction,
+// cross_entropy (fused), linear_cross_entropy and mse_loss against torch.nn.functional: every reduction,
 // ignore_index, label smoothing, (N, C) and (B, T, C), f32 and bf16 logits; the fused
 // rule against its composed reference; second-order gradients (nested differentiation
 // takes the composed path) against torch double backward; finite differences; errors.
@@ -181,6 +181,94 @@ TEST(LossOracle, CrossEntropyFiniteDifferences) {
                                {logits});
     }
   }
+}
+
+// The head and its loss in one op, chunked over rows: against torch (the product, then the
+// loss) and against the composed form (matmul, then cross_entropy), forward and the gradients
+// of the hidden states and the weight; chunks of one row, of 4 rows (the last shorter) and
+// one chunk for all; (N, C) and (B, T, C) hidden states; f32 and bf16.
+TEST(LossOracle, LinearCrossEntropyMatchesTorchAndTheComposedForm) {
+  const int64_t v = 257, c = 16;
+  int seed = 700;
+  for (const Shape& hs : {Shape{33, c}, Shape{3, 11, c}}) {
+    std::vector<int64_t> lead(hs.dims().begin(), hs.dims().end() - 1);
+    const std::string product = hs.ndim() == 2 ? "y = x0 @ x1.T\n" : "y = (x0 @ x1.T).permute(0, 2, 1)\n";
+    for (Reduction r : {Reduction::mean, Reduction::sum}) {
+      for (double ls : {0.0, 0.1}) {
+        for (int64_t chunk : {int64_t(1), 4 * v, int64_t(1) << 25}) {
+          ++seed;
+          const Array hidden = random_normal(hs, seed, DType::f32, 2.0), weight = random_normal({v, c}, seed + 1);
+          const Array labels = make_labels(Shape(lead), v, seed + 2, -100, 7);
+          const std::string label = "linear_cross_entropy " + hs.str() + " " + reduction_name(r) + " ls " +
+                                    std::to_string(ls) + " chunk " + std::to_string(chunk);
+          auto fn = [&](const std::vector<Array>& in) {
+            return linear_cross_entropy(in[0], in[1], in[2], -100, ls, r, chunk);
+          };
+          const std::string call = std::string(hs.ndim() == 2 ? "F.cross_entropy(y, x2.long()" : "F.cross_entropy(y, x2.long()") +
+                                   ", ignore_index=-100, label_smoothing=" + std::to_string(ls) + ", reduction='" +
+                                   reduction_name(r) + "')";
+          // The sums' gradients reach ~10: rounding scales with them (scaled_atol).
+          check_against_torch(label, fn, product + "out = " + call, {hidden, weight, labels}, {1e-5, 1e-5, 2e-6});
+          auto composed = [&](const std::vector<Array>& in) {
+            return cross_entropy(matmul(in[0], in[1], false, true), in[2], -100, ls, r);
+          };
+          const Array cot = Array::scalar(1.7);
+          auto [o1, g1] = vjp(fn, {hidden, weight, labels}, cot);
+          auto [o2, g2] = vjp(composed, {hidden, weight, labels}, cot);
+          expect_close(o1, o2, {1e-6, 1e-6}, label + " vs composed forward");
+          expect_close(g1[0], g2[0], {1e-6, 1e-5, 1e-6}, label + " vs composed d hidden");
+          expect_close(g1[1], g2[1], {1e-6, 1e-5, 1e-6}, label + " vs composed d weight");
+        }
+      }
+    }
+  }
+  // bf16 hidden states and weight: bf16 logits in chunks, f32 loss, the weight's gradient
+  // summed over chunks in f32; within bf16 rounding of torch's f32 math and of the composed form.
+  const Array hidden = random_normal({40, c}, 800, DType::bf16, 2.0), weight = random_normal({v, c}, 801, DType::bf16);
+  const Array labels = make_labels({40}, v, 802, -100, 5);
+  auto fn = [](const std::vector<Array>& in) {
+    return linear_cross_entropy(in[0], in[1], in[2], -100, 0.0, Reduction::mean, 6 * 257);
+  };
+  check_against_torch("linear_cross_entropy bf16", fn, "out = F.cross_entropy(x0.float() @ x1.float().T, x2.long())",
+                      {hidden, weight, labels}, default_tolerance(DType::bf16));
+  auto composed = [](const std::vector<Array>& in) { return cross_entropy(matmul(in[0], in[1], false, true), in[2]); };
+  auto [o1, g1] = vjp(fn, {hidden, weight, labels}, Array::scalar(1.0));
+  auto [o2, g2] = vjp(composed, {hidden, weight, labels}, Array::scalar(1.0));
+  EXPECT_EQ(g1[0].dtype(), DType::bf16);
+  EXPECT_EQ(g1[1].dtype(), DType::bf16);
+  expect_close(o1, o2, {1e-3, 1e-3}, "linear_cross_entropy bf16 vs composed forward");
+  expect_close(g1[0], g2[0], default_tolerance(DType::bf16), "linear_cross_entropy bf16 vs composed d hidden");
+  expect_close(g1[1], g2[1], default_tolerance(DType::bf16), "linear_cross_entropy bf16 vs composed d weight");
+}
+
+// Without a gradient to make (no trace, or a frozen weight), the op makes none and its value
+// is the same; Reduction::none takes the composed form; the errors name the op and the shapes.
+TEST(LossOracle, LinearCrossEntropyGradientsOnlyWhereWantedAndErrors) {
+  const Array hidden = random_normal({9, 8}, 810), weight = random_normal({50, 8}, 811);
+  const Array labels = make_labels({9}, 50, 812, -100, 4);
+  const double full = linear_cross_entropy(hidden, weight, labels, -100, 0.0, Reduction::mean, 100).item();
+  EXPECT_NEAR(full, cross_entropy(matmul(hidden, weight, false, true), labels).item(), 1e-6);
+  // The weight frozen (a constant of the traced function): only the hidden states' gradient.
+  auto [loss, grads] = vjp([&](const std::vector<Array>& in) {
+    return linear_cross_entropy(in[0], weight, labels, -100, 0.0, Reduction::mean, 100);
+  }, {hidden}, Array::scalar(1.0));
+  auto [loss_ref, grads_ref] = vjp([&](const std::vector<Array>& in) {
+    return cross_entropy(matmul(in[0], weight, false, true), labels);
+  }, {hidden}, Array::scalar(1.0));
+  EXPECT_NEAR(loss.item(), full, 1e-7);
+  expect_close(grads[0], grads_ref[0], {1e-6, 1e-5}, "linear_cross_entropy frozen weight d hidden");
+  const Array per_row = linear_cross_entropy(hidden, weight, labels, -100, 0.0, Reduction::none);
+  expect_close(per_row, cross_entropy(matmul(hidden, weight, false, true), labels, -100, 0.0, Reduction::none),
+               {1e-6, 1e-6}, "linear_cross_entropy none");
+  const Array bad = Array::from_vector(std::vector<int64_t>{1, 2, 3, 50, 4, 5, 6, 7, 8}, {9});
+  expect_error([&] { linear_cross_entropy(hidden, weight, bad); },
+               {"[linear_cross_entropy]", "label 50", "50 classes", "flat position 3"});
+  expect_error([&] { linear_cross_entropy(hidden, random_normal({50, 7}, 813), labels); },
+               {"[linear_cross_entropy]", "weight must be (V, C) with C = 8", "(50, 7)"});
+  expect_error([&] { linear_cross_entropy(hidden, weight, Array::zeros({8}, DType::i64)); },
+               {"[linear_cross_entropy]", "labels", "(8,)", "(9,)"});
+  expect_error([&] { linear_cross_entropy(hidden, cast(weight, DType::bf16), labels); },
+               {"[linear_cross_entropy]", "hidden's dtype"});
 }
 
 TEST(LossOracle, MseLossMatchesTorch) {

@@ -179,6 +179,13 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"cross_entropy", {rn({8, 7}, 93), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8})},
                [](const std::vector<Array>& in) { return cross_entropy(in[0], in[1], -100, 0.1); },
                "out = F.cross_entropy(x0, x1, ignore_index=-100, label_smoothing=0.1)"});
+  // The head and its loss in chunks of 3 rows (the last one of 2).
+  c.push_back({"linear_cross_entropy",
+               {rn({8, 5}, 138), rn({7, 5}, 139), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8})},
+               [](const std::vector<Array>& in) {
+                 return linear_cross_entropy(in[0], in[1], in[2], -100, 0.1, Reduction::mean, 21);
+               },
+               "out = F.cross_entropy(x0 @ x1.T, x2, ignore_index=-100, label_smoothing=0.1)"});
   c.push_back({"causal_softmax", {rn({4, 3, 5}, 94)},
                [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.5); },
                "m = torch.ones(3, 5).tril(2).bool()\nout = torch.softmax((x0 * 0.5).masked_fill(~m, float('-inf')), -1)"});

@@ -244,7 +244,9 @@ TEST(Remat, FullRematKeepsTheLossAndGradientsAndLowersThePeak) {
   for (const json& config : configs) {
     PretrainedModel m = init_model(config);
     const std::string name = m.model_type + (config.contains("tie_word_embeddings") ? " tied" : "");
-    Array ids = random_ints({4, 32}, 61, 0, 2003), labels = random_ints({4, 32}, 62, 0, 2003);
+    // 72 x 32 positions: 4.6M logits, past the 4Mi a --remat full chunk holds at most (a
+    // plain head's loss is chunked under every policy, in larger chunks outside full).
+    Array ids = random_ints({72, 32}, 61, 0, 2003), labels = random_ints({72, 32}, 62, 0, 2003);
     auto run = [&](Remat remat) {
       PretrainedModel r = m;
       r.config = m.config.with_remat(remat);
@@ -265,6 +267,50 @@ TEST(Remat, FullRematKeepsTheLossAndGradientsAndLowersThePeak) {
     EXPECT_LE(grad_err, 1e-5) << name;
     EXPECT_LT(full.peak, block.peak) << name;
   }
+}
+
+// A plain head (GPT-2's tied embedding, LLaMA's lm_head or tied embedding) runs with its loss
+// as one linear_cross_entropy: the loss and every gradient equal the whole logits' loss, with
+// remat or without. A head with more than a product (an adapter on lm_head) keeps the
+// composed form.
+TEST(Remat, DecoderLossRunsAPlainHeadWithItsLoss) {
+  const std::vector<std::pair<json, std::string>> configs = {
+      {{{"model_type", "gpt2"}, {"vocab_size", 2003}, {"n_positions", 32}, {"n_embd", 16}, {"n_layer", 2}, {"n_head", 2}},
+       "transformer.wte.weight"},
+      {{{"model_type", "llama"}, {"vocab_size", 2003}, {"hidden_size", 16}, {"intermediate_size", 32},
+        {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}},
+       "lm_head.weight"},
+      {{{"model_type", "llama"}, {"vocab_size", 2003}, {"hidden_size", 16}, {"intermediate_size", 32},
+        {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"tie_word_embeddings", true}},
+       "model.embed_tokens.weight"}};
+  for (const auto& [config, head] : configs) {
+    PretrainedModel m = init_model(config);
+    ASSERT_TRUE(m.spec().plain_head_weight);
+    EXPECT_EQ(m.spec().plain_head_weight(m.config, m.params), head);
+    std::vector<int64_t> lv = random_ints({4, 32}, 64, 0, 2003).to_ints();
+    for (int i = 0; i < 9; ++i) lv[size_t(i * 13)] = -100;
+    const Array ids = random_ints({4, 32}, 63, 0, 2003), labels = Array::from_vector(lv, Shape{4, 32});
+    auto [ref, ref_grads] = value_and_grad([&](const Params& q) {
+      return cross_entropy(m.decoder_logits(q, {.input_ids = ids}, RngKey{5, 0}, true), labels);
+    })(m.params);
+    for (Remat remat : {Remat::none, Remat::full}) {
+      PretrainedModel r = m;
+      r.config = m.config.with_remat(remat);
+      auto [loss, grads] = value_and_grad([&](const Params& q) {
+        return r.decoder_loss(q, {.input_ids = ids}, labels, RngKey{5, 0}, true);
+      })(m.params);
+      const double grad_err = max_rel_diff(grads, ref_grads);
+      std::cout << "  " << m.model_type << " head " << head << " remat " << remat_name(remat) << ": loss err "
+                << std::abs(loss.item() - ref.item()) << ", max grad err (relative) " << grad_err << "\n";
+      EXPECT_LE(std::abs(loss.item() - ref.item()), 1e-6 * std::abs(ref.item())) << head;
+      EXPECT_LE(grad_err, 1e-5) << head;
+    }
+  }
+  // An adapter (or anything besides the weight) under lm_head: not a plain product.
+  PretrainedModel llama = init_model(configs[1].first);
+  Params adapted = llama.params;
+  adapted.set("lm_head.lora_A.weight", Array::zeros({2, 16}));
+  EXPECT_EQ(llama.spec().plain_head_weight(llama.config, adapted), "");
 }
 
 TEST(Remat, PolicyNames) {

@@ -1,0 +1,184 @@
+#include "meshtrain/ops/linear_cross_entropy.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/backend/kernel_dispatch.h"
+#include "meshtrain/backend/loss.h"
+#include "meshtrain/backend/matmul.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/index_checks.h"
+#include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/shape_ops.h"
+#include "meshtrain/prim/dispatch.h"
+#include "meshtrain/prim/registry.h"
+
+namespace mt {
+
+MT_REGISTER_PRIMITIVES("linear_cross_entropy", {"linear_cross_entropy"});
+
+namespace {
+
+// Rows [r0, r0 + n) of a contiguous (N, W) array, as an (n, W) view of its storage.
+Array rows_of(const Array& x, int64_t r0, int64_t n) {
+  const int64_t w = x.numel() / std::max<int64_t>(1, x.dim(0));
+  return x.view_as_shape(Shape{x.numel()}).view_elements(r0 * w, Shape{n, w});
+}
+
+// out = op(a) · op(b) (or += with accumulate) on 2-D views, straight into out's storage. The
+// operands share a dtype; out has it too, or is f32 for bf16 operands (a sum over chunks kept
+// in f32). f32 operands multiply as the matmul precision says.
+void gemm_into(Array& out, const Array& a, const Array& b, bool ta, bool tb, bool accumulate, MatmulPrecision precision) {
+  using kernels::MatmulDType;
+  MatmulDType dtype = MatmulDType::f32;
+  if (a.dtype() == DType::bf16) {
+    dtype = out.dtype() == DType::f32 ? MatmulDType::bf16_f32 : MatmulDType::bf16;
+  } else if (precision == MatmulPrecision::bf16) {
+    dtype = MatmulDType::f32_as_bf16;
+  } else if (precision == MatmulPrecision::tf32) {
+    dtype = MatmulDType::f32_as_tf32;
+  }
+  const int64_t m = out.dim(0), n = out.dim(1), k = ta ? a.dim(0) : a.dim(1);
+  MT_KERNEL(out, matmul, dtype, a.raw(), b.raw(), out.raw(), 1, 1, 1, m, n, k, ta, tb, accumulate);
+}
+
+void check_shapes(const Array& hidden, const Array& weight, const Array& labels) {
+  MT_CHECK(hidden.defined() && weight.defined() && labels.defined(),
+           "[linear_cross_entropy] undefined hidden, weight or labels array");
+  MT_CHECK(is_floating(hidden.dtype()) && hidden.ndim() >= 1, "[linear_cross_entropy] hidden must be floating (..., C), got ",
+           hidden.str());
+  MT_CHECK(weight.ndim() == 2 && weight.dim(1) == hidden.dim(-1) && weight.dtype() == hidden.dtype() && weight.dim(0) > 0,
+           "[linear_cross_entropy] weight must be (V, C) with C = ", hidden.dim(-1), " in hidden's dtype, got weight ",
+           weight.str(), " for hidden ", hidden.str());
+  MT_CHECK(labels.dtype() == DType::i32 || labels.dtype() == DType::i64,
+           "[linear_cross_entropy] labels must be i32 or i64, got ", labels.str());
+  std::vector<int64_t> lead(hidden.shape().dims().begin(), hidden.shape().dims().end() - 1);
+  MT_CHECK(labels.shape() == Shape(lead), "[linear_cross_entropy] labels ", labels.str(), " must have shape ",
+           Shape(lead).str(), " for hidden ", hidden.str());
+}
+
+// Inputs (hidden (..., C), weight (V, C), labels (...)); output the f32 loss. aux: the
+// gradients of hidden and weight for a unit cotangent (undefined where none is wanted).
+class LinearCrossEntropyPrimitive final : public prim::Primitive {
+ public:
+  LinearCrossEntropyPrimitive(int64_t ignore_index, double smoothing, Reduction reduction, int64_t chunk_logits,
+                              bool hidden_grad, bool weight_grad)
+      : ignore_index_(ignore_index),
+        smoothing_(smoothing),
+        reduction_(reduction),
+        chunk_logits_(chunk_logits),
+        hidden_grad_(hidden_grad),
+        weight_grad_(weight_grad),
+        precision_(matmul_precision()) {}
+  const char* name() const override { return "linear_cross_entropy"; }
+  prim::OpKind kind() const override { return prim::OpKind::gemm; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    check_shapes(in[0], in[1], in[2]);
+    return {Shape{}, DType::f32};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>& aux) const override {
+    autodiff::NoGradGuard no_grad;
+    const Array& weight = in[1];
+    const int64_t rows = in[2].numel(), c = weight.dim(1), v = weight.dim(0);
+    const Device device = weight.device();
+    const Array hidden = in[0].view_as_shape(Shape{rows, c});
+    // Validated on the device and counted there, as cross_entropy's labels.
+    const Array labels = checked_indices(
+        in[2].view_as_shape(Shape{rows}), v, "linear_cross_entropy",
+        [v, ignore = ignore_index_, hs = in[0].shape(), yd = in[2].dtype(), ys = in[2].shape()](int64_t position,
+                                                                                                int64_t value) {
+          return detail::concat("[linear_cross_entropy] label ", value, " out of range for ", v,
+                                " classes at flat position ", position, " (hidden ", hs.str(), ", labels ",
+                                dtype_name(yd), ys.str(), ", ignore_index ", ignore, ")");
+        },
+        ignore_index_);
+    Array count = Array::empty(Shape{}, DType::i64, device);
+    MT_KERNEL(labels, cross_entropy_count, labels, ignore_index_, count);
+    Array losses = Array::empty(Shape{rows}, DType::f32, device);
+    const bool grads = hidden_grad_ || weight_grad_;
+    Array dhidden = hidden_grad_ ? Array::empty(Shape{rows, c}, hidden.dtype(), device) : Array();
+    // The weight's gradient sums over every chunk: in f32, as one GEMM over all rows would.
+    Array dweight = weight_grad_ ? Array::empty(Shape{v, c}, DType::f32, device) : Array();
+    // The gradient of each row's logits for a unit cotangent: the mean's 1 / count (1 when
+    // every target is ignored: the gradient is then 0, not NaN) or the sum's 1.
+    Array row_scale;
+    if (grads) {
+      Array scale = Array::scalar(1.0, DType::f32, device);
+      if (reduction_ == Reduction::mean) scale = div(scale, maximum(cast(count, DType::f32), scale));
+      row_scale = broadcast_to(scale, Shape{rows});
+    }
+    const int64_t chunk = std::clamp<int64_t>(chunk_logits_ / v, 1, std::max<int64_t>(rows, 1));
+    Array logits = Array::empty(Shape{chunk, v}, hidden.dtype(), device);
+    Array dlogits = grads ? Array::empty(Shape{chunk, v}, hidden.dtype(), device) : Array();
+    Array lse = Array::empty(Shape{chunk}, DType::f32, device);
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      const Array h = rows_of(hidden, r0, n), y1 = labels.view_elements(r0, Shape{n});
+      Array z = rows_of(logits, 0, n), lse_n = lse.view_elements(0, Shape{n}), loss_n = losses.view_elements(r0, Shape{n});
+      gemm_into(z, h, weight, false, true, false, precision_);
+      MT_KERNEL(z, cross_entropy_forward, z, y1, ignore_index_, float(smoothing_), loss_n, lse_n);
+      if (!grads) continue;
+      Array dz = rows_of(dlogits, 0, n);
+      MT_KERNEL(z, cross_entropy_backward, z, y1, lse_n, row_scale.view_elements(r0, Shape{n}), ignore_index_,
+                float(smoothing_), dz);
+      if (hidden_grad_) {
+        Array dh = rows_of(dhidden, r0, n);
+        gemm_into(dh, dz, weight, false, false, false, precision_);
+      }
+      if (weight_grad_) gemm_into(dweight, dz, h, true, false, r0 > 0, precision_);
+    }
+    Array total = Array::empty(Shape{}, DType::f32, device);
+    MT_KERNEL(losses, cross_entropy_total, losses, count, reduction_ == Reduction::mean, total);
+    if (hidden_grad_) dhidden = dhidden.view_as_shape(in[0].shape());
+    if (weight_grad_ && weight.dtype() != DType::f32) dweight = cast(dweight, weight.dtype());
+    aux = {dhidden, dweight};
+    return total;
+  }
+  uint32_t keeps_inputs() const override { return 0u; }  // the gradients were made forward
+  std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    MT_CHECK(!autodiff::grad_enabled(),
+             "[linear_cross_entropy] the chunked form has no recorded backward (nested differentiation uses the "
+             "composed form)");
+    auto scaled = [&](const Array& unit) {
+      return unit.defined() ? mul(unit, g.dtype() == unit.dtype() ? g : cast(g, unit.dtype())) : Array();
+    };
+    return {scaled(s.aux[0]), scaled(s.aux[1]), Array()};
+  }
+  // The three GEMMs of the head (forward, and the backward's two when a gradient is wanted)
+  // run here, so their model FLOPs count here: the same total per step as the composed form.
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    const double gemm = 2.0 * double(in[2].numel()) * double(in[1].dim(0)) * double(in[1].dim(1));
+    const int gemms = 1 + int(hidden_grad_) + int(weight_grad_);
+    return {gemms * gemm, double(in[1].nbytes()) * gemms + double(in[0].nbytes()) * 2};
+  }
+  bool counts_model_flops() const override { return true; }
+
+ private:
+  int64_t ignore_index_;
+  double smoothing_;
+  Reduction reduction_;
+  int64_t chunk_logits_;
+  bool hidden_grad_, weight_grad_;
+  MatmulPrecision precision_;  // in force when the op ran: how f32 GEMMs multiply
+};
+
+}  // namespace
+
+Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index,
+                           double label_smoothing, Reduction reduction, int64_t chunk_logits) {
+  check_shapes(hidden, weight, labels);
+  MT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "[linear_cross_entropy] label_smoothing ",
+           label_smoothing, " outside [0, 1]");
+  MT_CHECK(chunk_logits > 0, "[linear_cross_entropy] chunk_logits must be positive, got ", chunk_logits);
+  const bool composed = reduction == Reduction::none || hidden.distributed() || weight.distributed() ||
+                        labels.distributed() || hidden.dtype() == DType::f16 || autodiff::trace_depth() > 1;
+  if (composed) return cross_entropy(matmul(hidden, weight, false, true), labels, ignore_index, label_smoothing, reduction);
+  return prim::apply(std::make_shared<LinearCrossEntropyPrimitive>(ignore_index, label_smoothing, reduction, chunk_logits,
+                                                                    autodiff::should_record({&hidden}),
+                                                                    autodiff::should_record({&weight})),
+                     {hidden, weight, labels});
+}
+
+}  // namespace mt

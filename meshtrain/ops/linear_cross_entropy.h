@@ -1,0 +1,30 @@
+#pragma once
+// A language model's output layer and its loss as one op: the (N, V) logits are made a chunk
+// of rows at a time and never held whole, in any dtype.
+#include <cstdint>
+
+#include "meshtrain/core/array.h"
+#include "meshtrain/ops/loss.h"
+
+namespace mt {
+
+// The logits a chunk of linear_cross_entropy holds by default (128 MiB in bf16): few enough
+// chunks that summing the weight's gradient over them costs little next to the GEMMs.
+inline constexpr int64_t kLinearCrossEntropyChunk = int64_t(1) << 26;
+
+// cross_entropy(matmul(hidden, weight, false, true), labels, ignore_index, label_smoothing,
+// reduction): hidden (..., C), weight (V, C) of hidden's dtype, integer labels of shape
+// hidden.shape[:-1]; an f32 scalar. The rows are taken `chunk_logits / V` at a time (at least
+// one): each chunk's logits are made, reduced to the loss and, when a gradient is wanted, turned
+// at once into the chunk's share of the hidden states' and the weight's gradients (the weight's
+// summed over the chunks in f32), so the backward pass only scales them by the cotangent. Peak
+// memory is two chunks of logits instead of the logits, their gradient and the loss's f32
+// copies; the forward pass does the backward's GEMMs. Matmuls follow the matmul precision in
+// force, as matmul()'s. Falls back to the composed form (same values) where the chunked one
+// does not apply: Reduction::none, sharded arrays (the vocabulary-parallel loss), f16 arrays,
+// and nested differentiation.
+Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index = -100,
+                           double label_smoothing = 0.0, Reduction reduction = Reduction::mean,
+                           int64_t chunk_logits = kLinearCrossEntropyChunk);
+
+}  // namespace mt
