@@ -11,7 +11,10 @@
 namespace mt::kernels {
 
 struct FlashAttentionShape {
-  int64_t batch_heads = 0, tq = 0, tk = 0, d = 0;  // q: (BH, Tq, D); k, v: (BH, Tk, D)
+  int64_t batch_heads = 0, tq = 0, tk = 0, d = 0;  // q: (BH, Tq, D); k, v: (BH / group, Tk, D)
+  // Query heads per key/value head (grouped-query attention): q's slice bh reads k's and v's
+  // slice bh / group, whose gradients sum over the group's query heads. 1: one each.
+  int64_t group = 1;
   float scale = 1.0f;
   bool causal = true;  // key j visible to query i when j <= i + (Tk - Tq)
   double dropout_rate = 0.0;

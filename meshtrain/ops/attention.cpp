@@ -90,10 +90,19 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
 
 namespace {
 
+Array repeat_heads(const Array& x, int64_t rep);
+// (B, Hkv · rep, T, D) -> (B, Hkv, T, D): the sum over each key/value head's `rep` query heads
+// (repeat_heads' transpose).
+Array sum_heads(const Array& x, int64_t rep) {
+  if (rep == 1) return x;
+  return sum(reshape(x, {x.dim(0), x.dim(1) / rep, rep, x.dim(2), x.dim(3)}), {2});
+}
+
 // softmax(scale · q kᵀ, causal) (dropout) v over (B, H, T, D) arrays, fused: the probabilities
 // are never stored (aux keeps the rows' log-sum-exps); the first-order backward recomputes
 // them. Under nested differentiation the VJP differentiates the composed form, so gradients
-// of gradients stay exact. Heads are already repeated for grouped-query attention.
+// of gradients stay exact. Grouped-query attention: k and v may have fewer heads, Hkv
+// dividing H; query head h reads key/value head h / (H / Hkv), never repeated in memory.
 class FlashAttentionPrimitive final : public prim::Primitive {
  public:
   FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key)
@@ -102,10 +111,13 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   prim::OpKind kind() const override { return prim::OpKind::attention; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array &q = in[0], &k = in[1], &v = in[2];
-    MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) && q.dim(1) == k.dim(1) &&
+    MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) &&
+                 ((k.dim(1) > 0 && q.dim(1) >= k.dim(1) && q.dim(1) % k.dim(1) == 0) ||
+                  (q.dim(1) == 0 && k.dim(1) == 0)) &&
                  q.dim(3) == k.dim(3) && q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()),
-             "[flash_attention] expects floating (B, H, Tq, D) q and (B, H, Tk, D) k, v of one dtype, got q ", q.str(),
-             ", k ", k.str(), ", v ", v.str());
+             "[flash_attention] expects floating (B, H, Tq, D) q and (B, Hkv, Tk, D) k, v of one dtype with Hkv "
+             "dividing H, got q ",
+             q.str(), ", k ", k.str(), ", v ", v.str());
     MT_CHECK(!causal_ || q.dim(2) <= k.dim(2), "[flash_attention] more queries (", q.dim(2), ") than keys (", k.dim(2),
              ") under the causal mask");
     if (in.size() > 3) {
@@ -124,6 +136,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     const Array &q = in[0], &k = in[1];
     kernels::FlashAttentionShape s;
     s.batch_heads = q.dim(0) * q.dim(1), s.tq = q.dim(2), s.tk = k.dim(2), s.d = q.dim(3);
+    s.group = k.dim(1) > 0 ? q.dim(1) / k.dim(1) : 1;
     s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
     s.operands = operands_;
     if (in.size() > 3) {
@@ -145,8 +158,11 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     const Array &q = s.inputs[0], &k = s.inputs[1], &v = s.inputs[2];
     std::vector<Array> grads(s.inputs.size());  // none for the mask
     if (autodiff::grad_enabled()) {
-      // Recorded (second order): the composed backward, written with ops.
-      Array raw = matmul(q, k, false, true), probs;
+      // Recorded (second order): the composed backward, written with ops; the key/value
+      // heads repeated for it, their gradients summed back over each group.
+      const int64_t rep = k.dim(1) > 0 ? q.dim(1) / k.dim(1) : 1;
+      const Array kr = repeat_heads(k, rep), vr = repeat_heads(v, rep);
+      Array raw = matmul(q, kr, false, true), probs;
       if (causal_) {
         probs = causal_softmax(raw, scale_);
       } else {
@@ -156,12 +172,12 @@ class FlashAttentionPrimitive final : public prim::Primitive {
       }
       Array dropped = rate_ > 0 ? dropout(probs, rate_, key_, true) : probs;
       Array dv = matmul(dropped, g, true, false);
-      Array dp = matmul(g, v, false, true);
+      Array dp = matmul(g, vr, false, true);
       if (rate_ > 0) dp = dropout(dp, rate_, key_, true);
       Array ds = mul(mul(probs, sub(dp, sum(mul(dp, probs), {-1}, true))), scale_);
       // where() passes no gradient to masked scores (nonzero only in a row with no visible key).
       if (s.inputs.size() > 3) ds = where(s.inputs[3], ds, zeros_like(ds));
-      grads[0] = matmul(ds, k), grads[1] = matmul(ds, q, true, false), grads[2] = dv;
+      grads[0] = matmul(ds, kr), grads[1] = sum_heads(matmul(ds, q, true, false), rep), grads[2] = sum_heads(dv, rep);
       return grads;
     }
     Array dq = Array::empty(q.shape(), q.dtype(), q.device()), dk = Array::empty(k.shape(), k.dtype(), k.device()),
@@ -297,7 +313,7 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
       !o.causal && (q.device().is_cpu() || gpu_tensor_cores) &&
       (!mask.defined() || (mask.device() == q.device() && is_key_padding_mask(mask, q.dim(0), tk)));
   if (fused && (decoder || encoder) && !o.bias.defined() && plain && q.dim(3) == v.dim(3)) {
-    return flash_attention(q, repeat_heads(k, rep), repeat_heads(v, rep), scale, o.causal,
+    return flash_attention(q, k, v, scale, o.causal,
                            o.train ? o.dropout_rate : 0.0, o.dropout_key, mask);
   }
 

@@ -285,6 +285,47 @@ TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
   EXPECT_FALSE(cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, 160}, DType::bf16, gpu), 160));
 }
 
+// Grouped-query heads on the GPU (6 query heads over 2 key/value heads, LLaMA's head dim 128
+// and 64), causal with dropout and not causal with a key-padding mask, bf16 and f32: the
+// tensor-core kernels read each key/value head for its group and sum its gradients over the
+// group, as the CPU kernel does. f16 arrays (d 64, causal) take the CUDA-core kernels.
+TEST(GpuPrimitives, FlashAttentionGroupedHeadsEqualTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  std::vector<float> keep(2 * 90);
+  for (int64_t j = 0; j < 90; ++j) keep[size_t(j)] = 1.0f, keep[size_t(90 + j)] = j < 50 ? 1.0f : 0.0f;
+  const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 90}), DType::boolean);
+  for (int64_t d : {128, 64}) {
+    for (DType dtype : {DType::bf16, DType::f32, DType::f16}) {
+      if (dtype == DType::f16 && d > 64) continue;
+      const std::string label = "flash_attention 6/2 heads " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
+      if (dtype != DType::f16) {
+        DeviceScope scope(Device::cuda(0));
+        if (!cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, d}, dtype, Device::cuda(0)), d)) {
+          std::cout << "  " << label << ": the GPU grants too little shared memory per block, not tested\n";
+          continue;
+        }
+      }
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
+      const std::vector<Array> in = {cast(random_normal({2, 6, 130, d}, 81), dtype),
+                                     cast(random_normal({2, 2, 200, d}, 82), dtype),
+                                     cast(random_normal({2, 2, 200, d}, 83), dtype)};
+      auto causal = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, RngKey{17, 3});
+      };
+      expect_attention_gpu_equals_cpu(causal, in, cast(random_normal({2, 6, 130, d}, 84), dtype), tol, label + " causal");
+      if (dtype == DType::f16) continue;  // key masks need the tensor-core kernels
+      const std::vector<Array> enc = {cast(random_normal({2, 6, 90, d}, 85), dtype),
+                                      cast(random_normal({2, 2, 90, d}, 86), dtype),
+                                      cast(random_normal({2, 2, 90, d}, 87), dtype)};
+      auto masked = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), false, 0.1, RngKey{18, 4},
+                               mask.device() == x[0].device() ? mask : mask.to(x[0].device()));
+      };
+      expect_attention_gpu_equals_cpu(masked, enc, cast(random_normal({2, 6, 90, d}, 88), dtype), tol, label + " key mask");
+    }
+  }
+}
+
 // BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,
 // 1 and 0: a row with no key attends uniformly), dropout; forward and gradients equal the CPU
 // kernel's.

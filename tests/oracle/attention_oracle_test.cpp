@@ -114,6 +114,49 @@ TEST(AttentionOracle, FlashAttentionEqualsTheComposedForm) {
   }
 }
 
+// Grouped-query heads in the fused kernel (k and v with a third of q's heads, never
+// repeated in memory) against the same kernel given the heads repeated: the same forward,
+// and k's and v's gradients summed over each group; causal with dropout, and a key-padding
+// mask; first and second order.
+TEST(AttentionOracle, FlashAttentionGroupedHeadsEqualRepeatedHeads) {
+  const RngKey key{9, 2};
+  auto repeat3 = [](const Array& x) {  // (B, Hkv, T, D) -> (B, 3 Hkv, T, D), each head thrice
+    return reshape(broadcast_to(reshape(x, {x.dim(0), x.dim(1), 1, x.dim(2), x.dim(3)}),
+                                Shape{x.dim(0), x.dim(1), 3, x.dim(2), x.dim(3)}),
+                   {x.dim(0), x.dim(1) * 3, x.dim(2), x.dim(3)});
+  };
+  std::vector<int64_t> keep(size_t(2 * 11), 1);
+  for (int64_t j = 7; j < 11; ++j) keep[size_t(11 + j)] = 0;
+  const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 11}), DType::boolean);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool causal : {true, false}) {
+      const std::vector<Array> in = {cast(random_normal({2, 6, 9, 16}, 31), dtype),
+                                     cast(random_normal({2, 2, 11, 16}, 32), dtype),
+                                     cast(random_normal({2, 2, 11, 16}, 33), dtype)};
+      const Array m = causal ? Array() : mask;
+      auto grouped = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.25, causal, 0.1, key, m); };
+      auto repeated = [&](const std::vector<Array>& x) {
+        return flash_attention(x[0], repeat3(x[1]), repeat3(x[2]), 0.25, causal, 0.1, key, m);
+      };
+      const std::string label = std::string("flash_attention 6/2 heads ") + dtype_name(dtype) + (causal ? " causal" : " key mask");
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-6, 1e-5, 1e-6} : default_tolerance(dtype);
+      EXPECT_EQ(max_abs_diff(grouped(in), repeated(in)), 0.0) << label << " forward";
+      const Array cot = cast(random_normal({2, 6, 9, 16}, 34), dtype);
+      const auto gg = vjp(grouped, in, cot).second, gr = vjp(repeated, in, cot).second;
+      for (int i = 0; i < 3; ++i) expect_close(gg[size_t(i)], gr[size_t(i)], tol, label + " d" + "qkv"[i]);
+      if (dtype != DType::f32) continue;
+      auto second = [&](const OpFn& f) {
+        return [&, f](const std::vector<Array>& x) { return vjp(f, x, cot).second[1]; };
+      };
+      const Array cot2 = random_normal({2, 2, 11, 16}, 35);
+      const auto sg = vjp(second(grouped), in, cot2).second, sr = vjp(second(repeated), in, cot2).second;
+      for (int i = 0; i < 3; ++i) expect_close(sg[size_t(i)], sr[size_t(i)], tol, label + " second order d" + "qkv"[i]);
+    }
+  }
+  expect_error([] { flash_attention(Array::zeros({1, 3, 4, 8}), Array::zeros({1, 2, 4, 8}), Array::zeros({1, 2, 4, 8}), 1.0, true); },
+               {"[flash_attention]", "Hkv dividing H", "(1, 3, 4, 8)", "(1, 2, 4, 8)"});
+}
+
 // The CPU kernel's vector paths at sizes the test above does not reach: several 16-key
 // blocks with a ragged last one, row groups of 4 with a ragged last group, head dims that
 // are padded (12, 40) or take two vectors (64), bottom-right causal with Tq < Tk; and the

@@ -195,6 +195,11 @@ std::vector<PrimitiveCase> primitive_cases() {
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.4, true); },
                "m = torch.ones(5, 6).tril(1).bool()\n"
                "out = torch.softmax(((x0 @ x1.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ x2"});
+  // Grouped-query heads: 4 query heads read 2 key/value heads.
+  c.push_back({"flash_attention", {rn({2, 4, 5, 7}, 140), rn({2, 2, 6, 7}, 141), rn({2, 2, 6, 7}, 142)},
+               [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.4, true); },
+               "m = torch.ones(5, 6).tril(1).bool()\nk = x1.repeat_interleave(2, 1)\nv = x2.repeat_interleave(2, 1)\n"
+               "out = torch.softmax(((x0 @ k.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ v"});
   c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
                "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});

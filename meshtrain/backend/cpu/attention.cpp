@@ -214,7 +214,8 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
   const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
   float* pl = lse.data<float>();
   const bool direct = out.dtype() == DType::f32 && d == dp;
-  // One (batch·head) slice per task: its keys are transposed once for all its queries.
+  // One query head's slice per task (as many tasks as query heads, grouped or not): the keys
+  // of its key/value slice bh / group are transposed once for all its queries.
 #pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
   {
     Scratch w;
@@ -222,9 +223,10 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
     w.keep.resize(size_t(stride));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
+      const int64_t kv = bh / s.group;
       const float* qs = f32_slice(q, bh, tq, d, dp, w.q);
-      const float* ks = f32_slice(k, bh, tk, d, dp, w.k);
-      const float* vs = f32_slice(v, bh, tk, d, dp, w.v);
+      const float* ks = f32_slice(k, kv, tk, d, dp, w.k);
+      const float* vs = f32_slice(v, kv, tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
       const KeyMask mask = key_mask_of(s, bh);
       if (!direct) w.o.resize(size_t(tq * dp));
@@ -267,7 +269,8 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
                               const Array& g, const FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
   const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
   const float* pl = lse.data<float>();
-  // Each (batch·head) is independent: one task owns its rows of dq, dk, dv.
+  // Each key/value slice is independent: one task owns its rows of dk and dv, summed over
+  // its group's query heads, and those heads' rows of dq.
 #pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
   {
     Scratch w;
@@ -275,58 +278,60 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
     w.scaled.resize(size_t(kRows * stride));
     w.keep.resize(size_t(stride));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
-      const float* qs = f32_slice(q, bh, tq, d, dp, w.q);
-      const float* ks = f32_slice(k, bh, tk, d, dp, w.k);
-      const float* vs = f32_slice(v, bh, tk, d, dp, w.v);
-      const float* os = f32_slice(out, bh, tq, d, dp, w.o);
-      const float* gs = f32_slice(g, bh, tq, d, dp, w.g);
+    for (int64_t kv = 0; kv < s.batch_heads / s.group; ++kv) {
+      const float* ks = f32_slice(k, kv, tk, d, dp, w.k);
+      const float* vs = f32_slice(v, kv, tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
       transpose_into(vs, tk, dp, w.vt);
-      const KeyMask mask = key_mask_of(s, bh);
-      w.dq.assign(size_t(tq * dp), 0.0f);
       w.dk.assign(size_t(tk * dp), 0.0f);
       w.dv.assign(size_t(tk * dp), 0.0f);
-      for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
-        const RowGroup grp = row_group(s, i0);
-        float* p = w.probs.data();  // P, then P with dropout applied
-        float* ds = w.scaled.data();  // dP = dO · Vᵀ, then dS
-        // P recomputed from the saved log-sum-exps; dP_ij = dO_i · V_j.
-        rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
-        mask_scores(mask, grp.rows, grp.keys, p, stride);
-        rows_times_columns(gs + i0 * dp, grp.rows, w.vt.data(), dp, stride, grp.keys, 1.0f, ds, stride);
-        for (int r = 0; r < grp.rows; ++r) {
-          const int64_t i = i0 + r, n = visible_keys(s, i);
-          float* pr = p + r * stride;
-          float* dsr = ds + r * stride;
-          const float row_lse = pl[bh * tq + i];
-          // Σ_j P_ij dP_ij = dO_i · O_i (with the dropped-out P), in double: dS subtracts it
-          // from each dP_ij, where cancellation would magnify its rounding.
-          double dsum = 0;
-#pragma omp simd reduction(+ : dsum)
-          for (int64_t c = 0; c < dp; ++c) dsum += double(gs[i * dp + c]) * double(os[i * dp + c]);
-          const float di = float(dsum);
-          const bool drop = s.dropout_rate > 0;
-          if (drop) keep_factors(s, bh, i, n, w.keep.data());
-          const float scale = s.scale;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) {
-            const float pj = fast_exp(pr[j] - row_lse);
-            const float keep = drop ? w.keep[size_t(j)] : 1.0f;
-            dsr[j] = pj * (keep * dsr[j] - di) * scale;
-            pr[j] = pj * keep;
+      for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
+        const float* qs = f32_slice(q, bh, tq, d, dp, w.q);
+        const float* os = f32_slice(out, bh, tq, d, dp, w.o);
+        const float* gs = f32_slice(g, bh, tq, d, dp, w.g);
+        const KeyMask mask = key_mask_of(s, bh);
+        w.dq.assign(size_t(tq * dp), 0.0f);
+        for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
+          const RowGroup grp = row_group(s, i0);
+          float* p = w.probs.data();  // P, then P with dropout applied
+          float* ds = w.scaled.data();  // dP = dO · Vᵀ, then dS
+          // P recomputed from the saved log-sum-exps; dP_ij = dO_i · V_j.
+          rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
+          mask_scores(mask, grp.rows, grp.keys, p, stride);
+          rows_times_columns(gs + i0 * dp, grp.rows, w.vt.data(), dp, stride, grp.keys, 1.0f, ds, stride);
+          for (int r = 0; r < grp.rows; ++r) {
+            const int64_t i = i0 + r, n = visible_keys(s, i);
+            float* pr = p + r * stride;
+            float* dsr = ds + r * stride;
+            const float row_lse = pl[bh * tq + i];
+            // Σ_j P_ij dP_ij = dO_i · O_i (with the dropped-out P), in double: dS subtracts it
+            // from each dP_ij, where cancellation would magnify its rounding.
+            double dsum = 0;
+  #pragma omp simd reduction(+ : dsum)
+            for (int64_t c = 0; c < dp; ++c) dsum += double(gs[i * dp + c]) * double(os[i * dp + c]);
+            const float di = float(dsum);
+            const bool drop = s.dropout_rate > 0;
+            if (drop) keep_factors(s, bh, i, n, w.keep.data());
+            const float scale = s.scale;
+  #pragma omp simd
+            for (int64_t j = 0; j < n; ++j) {
+              const float pj = fast_exp(pr[j] - row_lse);
+              const float keep = drop ? w.keep[size_t(j)] : 1.0f;
+              dsr[j] = pj * (keep * dsr[j] - di) * scale;
+              pr[j] = pj * keep;
+            }
+            mask_score_gradients(mask.allowed, n, dsr);
+            std::fill(pr + n, pr + grp.keys, 0.0f);
+            std::fill(dsr + n, dsr + grp.keys, 0.0f);
           }
-          mask_score_gradients(mask.allowed, n, dsr);
-          std::fill(pr + n, pr + grp.keys, 0.0f);
-          std::fill(dsr + n, dsr + grp.keys, 0.0f);
+          probs_transposed_times_rows(p, grp.rows, stride, gs + i0 * dp, grp.keys, dp, w.dv.data());
+          probs_transposed_times_rows(ds, grp.rows, stride, qs + i0 * dp, grp.keys, dp, w.dk.data());
+          probs_times_rows(ds, grp.rows, stride, ks, grp.keys, dp, w.dq.data() + i0 * dp, false);
         }
-        probs_transposed_times_rows(p, grp.rows, stride, gs + i0 * dp, grp.keys, dp, w.dv.data());
-        probs_transposed_times_rows(ds, grp.rows, stride, qs + i0 * dp, grp.keys, dp, w.dk.data());
-        probs_times_rows(ds, grp.rows, stride, ks, grp.keys, dp, w.dq.data() + i0 * dp, false);
+        store_slice(w.dq.data(), tq, d, dp, dq, bh);
       }
-      store_slice(w.dq.data(), tq, d, dp, dq, bh);
-      store_slice(w.dk.data(), tk, d, dp, dk, bh);
-      store_slice(w.dv.data(), tk, d, dp, dv, bh);
+      store_slice(w.dk.data(), tk, d, dp, dk, kv);
+      store_slice(w.dv.data(), tk, d, dp, dv, kv);
     }
   }
 }

@@ -40,9 +40,10 @@ __device__ inline void load_tile(float (*a)[MaxD], float (*b)[MaxD], const T* x,
 }
 
 // Block: (batch·head, query tile); thread: one query row. MaxD: head dim bound (d <= MaxD).
+// Query head bh reads key/value slice bh / group.
 template <class T, int MaxD>
 __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t tq, int64_t tk, int d,
-                               float scale, bool causal, AttentionDropout dr) {
+                               float scale, bool causal, AttentionDropout dr, int64_t group) {
   fold_last_in(dr);
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
   const int64_t bh = blockIdx.x, i = int64_t(blockIdx.y) * kTile + threadIdx.x;
@@ -57,7 +58,7 @@ __global__ void forward_kernel(const T* q, const T* k, const T* v, T* out, float
   float m = -INFINITY, l = 0.0f;
   for (int64_t j0 = 0; j0 < keys.end; j0 += kTile) {
     __syncthreads();
-    load_tile<MaxD>(ks, vs, k, v, bh * tk, tk, j0, d);
+    load_tile<MaxD>(ks, vs, k, v, bh / group * tk, tk, j0, d);
     __syncthreads();
     if (j0 >= keys.visible) continue;
     float s[kTile];
@@ -103,20 +104,20 @@ __global__ void row_dot_kernel(const T* g, const T* out, float* dvec, int64_t ro
   }
 }
 
-// dK, dV. Block: (batch·head, key tile); thread: one key row, looping over the query tiles
-// that can see it.
+// dK, dV. Block: (key/value slice, key tile); thread: one key row, looping over the query
+// tiles of each query head of the slice's group that can see it.
 template <class T, int MaxD>
 __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                    T* dk, T* dv, int64_t tq, int64_t tk, int d, float scale, bool causal,
-                                   AttentionDropout dr) {
+                                   AttentionDropout dr, int64_t group) {
   fold_last_in(dr);
   __shared__ float kself[kTile][MaxD + 1], vself[kTile][MaxD + 1];
   __shared__ float qs[kTile][MaxD], gs[kTile][MaxD], ls[kTile], ds_[kTile];
-  const int64_t bh = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
+  const int64_t kv = blockIdx.x, j = int64_t(blockIdx.y) * kTile + threadIdx.x, offset = tk - tq;
   const bool active = j < tk;
   for (int c = 0; c < MaxD; ++c) {
-    kself[threadIdx.x][c] = active && c < d ? to_f32(k[(bh * tk + j) * d + c]) : 0.0f;
-    vself[threadIdx.x][c] = active && c < d ? to_f32(v[(bh * tk + j) * d + c]) : 0.0f;
+    kself[threadIdx.x][c] = active && c < d ? to_f32(k[(kv * tk + j) * d + c]) : 0.0f;
+    vself[threadIdx.x][c] = active && c < d ? to_f32(v[(kv * tk + j) * d + c]) : 0.0f;
   }
   float dkr[MaxD], dvr[MaxD];
 #pragma unroll
@@ -124,48 +125,51 @@ __global__ void backward_kv_kernel(const T* q, const T* k, const T* v, const T* 
   const int64_t first_key = int64_t(blockIdx.y) * kTile;
   // Query i sees key j when i >= j - offset.
   const int64_t first_query = causal ? max(int64_t(0), first_key - offset) : 0;
-  for (int64_t i0 = first_query / kTile * kTile; i0 < tq; i0 += kTile) {
-    __syncthreads();
-    load_tile<MaxD>(qs, gs, q, g, bh * tq, tq, i0, d);
-    for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-      ls[r] = i0 + r < tq ? lse[bh * tq + i0 + r] : 0.0f;
-      ds_[r] = i0 + r < tq ? dvec[bh * tq + i0 + r] : 0.0f;
-    }
-    __syncthreads();
-    if (!active) continue;
-    for (int r = 0; r < kTile; ++r) {
-      const int64_t i = i0 + r;
-      if (i >= tq) break;
-      if (causal && j > i + offset) continue;
-      float sc = 0.0f, dp = 0.0f;
-#pragma unroll
-      for (int c = 0; c < MaxD; ++c) {
-        sc += qs[r][c] * kself[threadIdx.x][c];
-        dp += gs[r][c] * vself[threadIdx.x][c];
+  for (int64_t bh = kv * group; bh < (kv + 1) * group; ++bh) {
+    for (int64_t i0 = first_query / kTile * kTile; i0 < tq; i0 += kTile) {
+      __syncthreads();
+      load_tile<MaxD>(qs, gs, q, g, bh * tq, tq, i0, d);
+      for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+        ls[r] = i0 + r < tq ? lse[bh * tq + i0 + r] : 0.0f;
+        ds_[r] = i0 + r < tq ? dvec[bh * tq + i0 + r] : 0.0f;
       }
-      const float p = expf(sc * scale - ls[r]);
-      const float keep = keep_factor(dr, (bh * tq + i) * tk + j);
-      const float dsc = p * (keep * dp - ds_[r]) * scale;
-      const float pk = p * keep;
+      __syncthreads();
+      if (!active) continue;
+      for (int r = 0; r < kTile; ++r) {
+        const int64_t i = i0 + r;
+        if (i >= tq) break;
+        if (causal && j > i + offset) continue;
+        float sc = 0.0f, dp = 0.0f;
 #pragma unroll
-      for (int c = 0; c < MaxD; ++c) {
-        dvr[c] += pk * gs[r][c];
-        dkr[c] += dsc * qs[r][c];
+        for (int c = 0; c < MaxD; ++c) {
+          sc += qs[r][c] * kself[threadIdx.x][c];
+          dp += gs[r][c] * vself[threadIdx.x][c];
+        }
+        const float p = expf(sc * scale - ls[r]);
+        const float keep = keep_factor(dr, (bh * tq + i) * tk + j);
+        const float dsc = p * (keep * dp - ds_[r]) * scale;
+        const float pk = p * keep;
+#pragma unroll
+        for (int c = 0; c < MaxD; ++c) {
+          dvr[c] += pk * gs[r][c];
+          dkr[c] += dsc * qs[r][c];
+        }
       }
     }
   }
   if (!active) return;
   for (int c = 0; c < d; ++c) {
-    dk[(bh * tk + j) * d + c] = from_f32<T>(dkr[c]);
-    dv[(bh * tk + j) * d + c] = from_f32<T>(dvr[c]);
+    dk[(kv * tk + j) * d + c] = from_f32<T>(dkr[c]);
+    dv[(kv * tk + j) * d + c] = from_f32<T>(dvr[c]);
   }
 }
 
-// dQ. Block: (batch·head, query tile); thread: one query row, looping over visible key tiles.
+// dQ. Block: (batch·head, query tile); thread: one query row, looping over visible key tiles
+// of its key/value slice bh / group.
 template <class T, int MaxD>
 __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g, const float* lse, const float* dvec,
                                   T* dq, int64_t tq, int64_t tk, int d, float scale, bool causal,
-                                  AttentionDropout dr) {
+                                  AttentionDropout dr, int64_t group) {
   fold_last_in(dr);
   __shared__ float qself[kTile][MaxD + 1], gself[kTile][MaxD + 1];
   __shared__ float ks[kTile][MaxD], vs[kTile][MaxD];
@@ -182,7 +186,7 @@ __global__ void backward_q_kernel(const T* q, const T* k, const T* v, const T* g
   const KeyRange keys = key_range(tq, tk, causal, i, active);
   for (int64_t j0 = 0; j0 < keys.end; j0 += kTile) {
     __syncthreads();
-    load_tile<MaxD>(ks, vs, k, v, bh * tk, tk, j0, d);
+    load_tile<MaxD>(ks, vs, k, v, bh / group * tk, tk, j0, d);
     __syncthreads();
     for (int r = 0; r < kTile; ++r) {
       const int64_t j = j0 + r;
@@ -231,7 +235,7 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
     dispatch_head_dim(s.d, [&](auto md) {
       forward_kernel<T, decltype(md)::value><<<grid, kTile, 0, stream()>>>(
           ptr<T>(q), ptr<T>(k), ptr<T>(v), mptr<T>(out), mptr<float>(lse), s.tq, s.tk, int(s.d), s.scale, s.causal,
-          dropout_of(s));
+          dropout_of(s), s.group);
     });
   });
   check_launch("flash_attention");
@@ -253,14 +257,15 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
                                                                                 int(s.d));
     dispatch_head_dim(s.d, [&](auto md) {
       constexpr int MaxD = decltype(md)::value;
-      const dim3 kv_grid(unsigned(s.batch_heads), unsigned((s.tk + kTile - 1) / kTile));
+      const dim3 kv_grid(unsigned(s.batch_heads / s.group), unsigned((s.tk + kTile - 1) / kTile));
       backward_kv_kernel<T, MaxD><<<kv_grid, kTile, 0, stream()>>>(
           ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(g), ptr<float>(lse), ptr<float>(dvec), mptr<T>(dk), mptr<T>(dv), s.tq,
-          s.tk, int(s.d), s.scale, s.causal, dropout_of(s));
+          s.tk, int(s.d), s.scale, s.causal, dropout_of(s), s.group);
       const dim3 q_grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
       backward_q_kernel<T, MaxD><<<q_grid, kTile, 0, stream()>>>(ptr<T>(q), ptr<T>(k), ptr<T>(v), ptr<T>(g),
                                                                 ptr<float>(lse), ptr<float>(dvec), mptr<T>(dq), s.tq,
-                                                                s.tk, int(s.d), s.scale, s.causal, dropout_of(s));
+                                                                s.tk, int(s.d), s.scale, s.causal, dropout_of(s),
+                                                                s.group);
     });
   });
   check_launch("flash_attention_backward");

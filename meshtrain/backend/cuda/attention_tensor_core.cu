@@ -273,6 +273,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   uint8_t* flags = smem + 3 * S::kTile + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
 
+  const int64_t kv = bh / p.group;  // the key/value slice this query head reads
   load_rows<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, p.tq, q0, p.d);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + kv * p.tk * p.d, vs, v + kv * p.tk * p.d, p.tk, j0, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {};
@@ -366,6 +367,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   uint8_t* flags = smem + 4 * S::kTile + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
 
+  const int64_t kv = bh / p.group;  // the key/value slice this query head reads
   load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, q0, p);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
@@ -385,7 +387,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + bh * p.tk * p.d, vs, v + bh * p.tk * p.d, p.tk, j0, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + kv * p.tk * p.d, vs, v + kv * p.tk * p.d, p.tk, j0, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
@@ -434,15 +436,16 @@ __global__ void __launch_bounds__(kBlockThreads)
   float* dvec_s = lse_s + kCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   uint8_t* flags = reinterpret_cast<uint8_t*>(dvec_s + kCols) + warp * 16 * kCols;
-  const int64_t bh = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
+  // Block: a key/value slice; its gradients sum over the query heads of its group.
+  const int64_t kv = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
 
-  load_pair<Elem, MaxD, S::kLd>(kself, k + bh * p.tk * p.d, vself, v + bh * p.tk * p.d, p.tk, k0, p);
+  load_pair<Elem, MaxD, S::kLd>(kself, k + kv * p.tk * p.d, vself, v + kv * p.tk * p.d, p.tk, k0, p);
   __syncthreads();
   Val<Ops> ka[S::kSteps][4];
 #pragma unroll
   for (int st = 0; st < S::kSteps; ++st) load_a<Ops>(ka[st], kself, S::kLd, warp * 16, st * Ops::kK, g, t);
   const int64_t keys[2] = {wk0 + g, wk0 + g + 8};
-  const bool* mask = mask_row(p, bh);
+  const bool* mask = mask_row(p, kv * p.group);  // the group's query heads share a batch row
   const float fill = masked_fill(p, mask);
   bool unmasked[2];
 #pragma unroll
@@ -450,43 +453,45 @@ __global__ void __launch_bounds__(kBlockThreads)
   float dka[S::kDN][4] = {}, dva[S::kDN][4] = {};
   // Query i sees key j when i >= j - offset.
   const int64_t first_query = p.causal ? max(int64_t(0), k0 - offset) : 0;
-  for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
-    __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, i0, p);
-    for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
-      lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
-      dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
-    }
-    __syncthreads();
-    if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
-    float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
-    score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
-    fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
-#pragma unroll
-    for (int n = 0; n < S::kN; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * t + (e & 1);
-        const int64_t i = i0 + c, j = keys[e / 2];
-        float prob = 0.0f, ds = 0.0f;
-        if (j < visible_keys(p, i)) {
-          const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
-          // where() passes no gradient to a padded-out key's score.
-          if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
-          prob = pr * keep;
-        }
-        st_[n][e] = prob;
-        dpt[n][e] = ds;
+  for (int64_t bh = kv * p.group; bh < (kv + 1) * p.group; ++bh) {
+    for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
+      __syncthreads();
+      load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, i0, p);
+      for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
+        lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
+        dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
       }
-    accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
-    accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
+      __syncthreads();
+      if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
+      float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
+      score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
+      fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1);
+          const int64_t i = i0 + c, j = keys[e / 2];
+          float prob = 0.0f, ds = 0.0f;
+          if (j < visible_keys(p, i)) {
+            const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
+            const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
+            // where() passes no gradient to a padded-out key's score.
+            if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+            prob = pr * keep;
+          }
+          st_[n][e] = prob;
+          dpt[n][e] = ds;
+        }
+      accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
+      accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
+    }
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (keys[h] >= p.tk) continue;
-    store_row(dk + (bh * p.tk + keys[h]) * p.d, dka, h, p.d, t, 1.0f);
-    store_row(dv + (bh * p.tk + keys[h]) * p.d, dva, h, p.d, t, 1.0f);
+    store_row(dk + (kv * p.tk + keys[h]) * p.d, dka, h, p.d, t, 1.0f);
+    store_row(dv + (kv * p.tk + keys[h]) * p.d, dva, h, p.d, t, 1.0f);
   }
 #endif
 }
@@ -625,7 +630,8 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
                                                                               mptr<float>(dvec), rows, int(s.d));
     check_launch("flash_attention_backward (row dots)");
     const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v, &g}));
-    launch(mma_backward_kv_kernel<Ops, MaxD, In>, dim3(unsigned(s.batch_heads), unsigned((s.tk + kRows - 1) / kRows)),
+    launch(mma_backward_kv_kernel<Ops, MaxD, In>,
+           dim3(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows)),
            SharedBytes<Ops, MaxD>::kBackwardKv, "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q),
            ptr<In>(k), ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
     launch(mma_backward_q_kernel<Ops, MaxD, In>, dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),

@@ -39,6 +39,7 @@ struct Params {
   AttentionDropout dropout;
   const bool* key_mask;  // (mask_batches, Tk) or null
   int64_t heads, mask_batches;
+  int64_t group;  // query heads per key/value head: query slice bh reads k/v slice bh / group
   bool vector_rows;  // every row starts 16-byte aligned and d fills whole 16-byte loads
 };
 
@@ -165,6 +166,7 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           s.key_mask,
           s.heads,
           s.mask_batches,
+          s.group,
           vector};
 }
 
