@@ -23,8 +23,10 @@
 #   gpu_run.sh sst2    `time meshtrain glue --task sst2` on the whole of SST-2, BERT-base from scratch,
 #                      the seed's flags (3 epochs, batch 32, seq 128, lr 2e-5, eval each epoch): the
 #                      end-to-end wall time (issue 45's goal: 60 s)
+#   gpu_run.sh head    GPT-2 B16 T1024 bf16 steps with the vocabulary padded to 50304 inside the head's
+#                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
-#   gpu_run.sh session a device session's one script: test, sst2, graphs and largest in that order,
+#   gpu_run.sh session a device session's one script: test, sst2, graphs, largest and head in that order,
 #                      within GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut
 #                      to the time left, and a part that cannot start with 30 s left is skipped (said)
 # Results (logs) go to $OUT when set, else ./gpu-results.
@@ -59,7 +61,7 @@ wants() {
     "$1") return 0 ;;
     all) case " test fusion python posttrain caption bench " in *" $1 "*) return 0 ;; esac ;;
     session)
-      case " test sst2 graphs largest " in *" $1 "*)
+      case " test sst2 graphs largest head " in *" $1 "*)
         [ "$(cap 30)" -ge 30 ] && return 0
         echo "== $1 skipped: $budget s of the session spent"
         status=1 ;;
@@ -172,6 +174,16 @@ if wants largest; then
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
+fi
+if wants head; then
+  for pad in 1 0; do
+    echo "== model_step_bench gpt2 16 1024 bf16 cuda, vocabulary padded: $pad"
+    if [ $pad = 1 ]; then unset MT_PAD_VOCAB; else export MT_PAD_VOCAB=0; fi
+    timeout "$(cap 100)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+      > "$out/head_pad$pad.json" 2> "$out/head_pad$pad.err" || status=1
+    cat "$out/head_pad$pad.json"; tail -2 "$out/head_pad$pad.err"
+  done
+  unset MT_PAD_VOCAB
 fi
 if wants fusion; then
   for f in 1 0; do

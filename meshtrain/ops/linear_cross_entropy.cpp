@@ -1,7 +1,10 @@
 #include "meshtrain/ops/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
@@ -20,6 +23,12 @@ namespace mt {
 MT_REGISTER_PRIMITIVES("linear_cross_entropy", {"linear_cross_entropy"});
 
 namespace {
+
+std::atomic<int64_t> g_gpu_pad{[] {
+  const char* v = std::getenv("MT_PAD_VOCAB");
+  return v && std::string(v) == "0" ? int64_t(1) : int64_t(128);
+}()};
+std::atomic<int64_t> g_cpu_pad{1};
 
 // Rows [r0, r0 + n) of a contiguous (N, W) array, as an (n, W) view of its storage.
 Array rows_of(const Array& x, int64_t r0, int64_t n) {
@@ -100,7 +109,7 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
     const bool grads = hidden_grad_ || weight_grad_;
     Array dhidden = hidden_grad_ ? Array::empty(Shape{rows, c}, hidden.dtype(), device) : Array();
     // The weight's gradient sums over every chunk: in f32, as one GEMM over all rows would.
-    Array dweight = weight_grad_ ? Array::empty(Shape{v, c}, DType::f32, device) : Array();
+    Array dweight;
     // The gradient of each row's logits for a unit cotangent: the mean's 1 / count (1 when
     // every target is ignored: the gradient is then 0, not NaN) or the sum's 1.
     Array row_scale;
@@ -109,30 +118,42 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       if (reduction_ == Reduction::mean) scale = div(scale, maximum(cast(count, DType::f32), scale));
       row_scale = broadcast_to(scale, Shape{rows});
     }
-    const int64_t chunk = std::clamp<int64_t>(chunk_logits_ / v, 1, std::max<int64_t>(rows, 1));
-    Array logits = Array::empty(Shape{chunk, v}, hidden.dtype(), device);
-    Array dlogits = grads ? Array::empty(Shape{chunk, v}, hidden.dtype(), device) : Array();
+    // The GEMMs see vp classes: the weight's extra rows are zeros, so the logits' extra
+    // columns are 0 (the loss kernels skip them and give them no gradient) and the products
+    // over vp equal those over v.
+    const int64_t pad = vocab_pad_multiple(device.is_cuda()), vp = (v + pad - 1) / pad * pad;
+    const Array w =
+        vp == v ? weight : concatenate({weight, Array::zeros(Shape{vp - v, c}, weight.dtype(), device)}, 0);
+    // Summed over the chunks from the first one's product on (no rows: no product, zeros).
+    if (weight_grad_) dweight = rows > 0 ? Array::empty(Shape{vp, c}, DType::f32, device)
+                                         : Array::zeros(Shape{vp, c}, DType::f32, device);
+    const int64_t chunk = std::clamp<int64_t>(chunk_logits_ / vp, 1, std::max<int64_t>(rows, 1));
+    Array logits = Array::empty(Shape{chunk, vp}, hidden.dtype(), device);
+    Array dlogits = grads ? Array::empty(Shape{chunk, vp}, hidden.dtype(), device) : Array();
     Array lse = Array::empty(Shape{chunk}, DType::f32, device);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       const Array h = rows_of(hidden, r0, n), y1 = labels.view_elements(r0, Shape{n});
       Array z = rows_of(logits, 0, n), lse_n = lse.view_elements(0, Shape{n}), loss_n = losses.view_elements(r0, Shape{n});
-      gemm_into(z, h, weight, false, true, false, precision_);
-      MT_KERNEL(z, cross_entropy_forward, z, y1, ignore_index_, float(smoothing_), loss_n, lse_n);
+      gemm_into(z, h, w, false, true, false, precision_);
+      MT_KERNEL(z, cross_entropy_forward, z, y1, v, ignore_index_, float(smoothing_), loss_n, lse_n);
       if (!grads) continue;
       Array dz = rows_of(dlogits, 0, n);
-      MT_KERNEL(z, cross_entropy_backward, z, y1, lse_n, row_scale.view_elements(r0, Shape{n}), ignore_index_,
+      MT_KERNEL(z, cross_entropy_backward, z, y1, v, lse_n, row_scale.view_elements(r0, Shape{n}), ignore_index_,
                 float(smoothing_), dz);
       if (hidden_grad_) {
         Array dh = rows_of(dhidden, r0, n);
-        gemm_into(dh, dz, weight, false, false, false, precision_);
+        gemm_into(dh, dz, w, false, false, false, precision_);
       }
       if (weight_grad_) gemm_into(dweight, dz, h, true, false, r0 > 0, precision_);
     }
     Array total = Array::empty(Shape{}, DType::f32, device);
     MT_KERNEL(losses, cross_entropy_total, losses, count, reduction_ == Reduction::mean, total);
     if (hidden_grad_) dhidden = dhidden.view_as_shape(in[0].shape());
-    if (weight_grad_ && weight.dtype() != DType::f32) dweight = cast(dweight, weight.dtype());
+    if (weight_grad_) {
+      if (vp != v) dweight = rows_of(dweight, 0, v);  // the real classes' rows (a view)
+      dweight = weight.dtype() != DType::f32 ? cast(dweight, weight.dtype()) : vp != v ? dweight.clone() : dweight;
+    }
     aux = {dhidden, dweight};
     return total;
   }
@@ -179,6 +200,13 @@ Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array
                                                                     autodiff::should_record({&hidden}),
                                                                     autodiff::should_record({&weight})),
                      {hidden, weight, labels});
+}
+
+int64_t vocab_pad_multiple(bool gpu) { return (gpu ? g_gpu_pad : g_cpu_pad).load(std::memory_order_relaxed); }
+
+void set_vocab_pad_multiple(bool gpu, int64_t multiple) {
+  MT_CHECK(multiple >= 1, "[linear_cross_entropy] the vocabulary's pad multiple must be >= 1, got ", multiple);
+  (gpu ? g_gpu_pad : g_cpu_pad).store(multiple, std::memory_order_relaxed);
 }
 
 }  // namespace mt

@@ -27,4 +27,14 @@ Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array
                            double label_smoothing = 0.0, Reduction reduction = Reduction::mean,
                            int64_t chunk_logits = kLinearCrossEntropyChunk);
 
+// The multiple linear_cross_entropy pads the vocabulary to inside its GEMMs on a device kind
+// (`gpu` or the CPU): cuBLASLt's fastest kernels want 16-byte aligned rows, which an odd V
+// (GPT-2's 50257) denies the logits and their gradient, so on a GPU the weight gets zero rows
+// up to a multiple of 128 (50304), the loss kernels skip the logits' extra columns and the
+// weight's gradient drops its extra rows; results, files and the reported vocabulary are
+// unchanged. 1 (none) on the CPU, whose GEMMs gain nothing from it. MT_PAD_VOCAB=0 in the
+// environment turns the GPU's off (to measure it); tests set either.
+int64_t vocab_pad_multiple(bool gpu);
+void set_vocab_pad_multiple(bool gpu, int64_t multiple);
+
 }  // namespace mt

@@ -132,7 +132,7 @@ class CrossEntropyPrimitive final : public prim::Primitive {
     MT_KERNEL(labels, cross_entropy_count, labels, ignore_index_, count);
     Array rows = Array::empty(Shape{n}, DType::f32);
     Array lse = Array::empty(Shape{n}, DType::f32);
-    MT_KERNEL(logits, cross_entropy_forward, logits, labels, ignore_index_, float(smoothing_), rows, lse);
+    MT_KERNEL(logits, cross_entropy_forward, logits, labels, classes, ignore_index_, float(smoothing_), rows, lse);
     // The checked labels: inside a deferred scope the backward reads the same in-bounds copy.
     aux = {lse, count, labels};
     if (reduction_ == Reduction::none) return rows.view_as_shape(labels.shape());
@@ -149,7 +149,8 @@ class CrossEntropyPrimitive final : public prim::Primitive {
       return {composed_grad(logits, labels, g, ignore_index_, smoothing_, reduction_, classes, count), Array()};
     Array scale = row_scales(g, reduction_, rows, count);
     Array grad = Array::empty(logits.shape(), logits.dtype(), logits.device());
-    MT_KERNEL(logits, cross_entropy_backward, logits, labels, s.aux[0], scale, ignore_index_, float(smoothing_), grad);
+    MT_KERNEL(logits, cross_entropy_backward, logits, labels, classes, s.aux[0], scale, ignore_index_, float(smoothing_),
+              grad);
     return {grad, Array()};
   }
   RuleResult sharding(const std::vector<ArgInfo>& in, const MeshShape& mesh) const override {

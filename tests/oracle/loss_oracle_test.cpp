@@ -271,6 +271,39 @@ TEST(LossOracle, LinearCrossEntropyGradientsOnlyWhereWantedAndErrors) {
                {"[linear_cross_entropy]", "hidden's dtype"});
 }
 
+// The vocabulary padded inside the GEMMs (on by default on a GPU; here on the CPU, to a
+// multiple of 64: 257 classes become 320): the loss and the gradients equal the unpadded
+// composed form's, the weight's gradient has the weight's shape, with smoothing and ignored
+// rows, in chunks of 3 rows.
+TEST(LossOracle, LinearCrossEntropyPaddedVocabularyKeepsTheResults) {
+  struct Restore {
+    ~Restore() { set_vocab_pad_multiple(false, 1); }
+  } restore;
+  set_vocab_pad_multiple(false, 64);
+  EXPECT_EQ(vocab_pad_multiple(false), 64);
+  const int64_t v = 257, c = 16;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Array hidden = random_normal({20, c}, 820, dtype, 2.0), weight = random_normal({v, c}, 821, dtype);
+    const Array labels = make_labels({20}, v, 822, -100, 6);
+    auto fn = [&](const std::vector<Array>& in) {
+      return linear_cross_entropy(in[0], in[1], in[2], -100, 0.1, Reduction::mean, 3 * 320);
+    };
+    auto composed = [&](const std::vector<Array>& in) {
+      return cross_entropy(matmul(in[0], in[1], false, true), in[2], -100, 0.1);
+    };
+    auto [o1, g1] = vjp(fn, {hidden, weight, labels}, Array::scalar(1.0));
+    auto [o2, g2] = vjp(composed, {hidden, weight, labels}, Array::scalar(1.0));
+    const std::string label = std::string("linear_cross_entropy padded 257 -> 320 ") + dtype_name(dtype);
+    const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-6, 1e-5, 1e-6} : default_tolerance(dtype);
+    ASSERT_EQ(g1[1].shape(), weight.shape());
+    // bf16 logits from GEMMs of other shapes may round differently.
+    expect_close(o1, o2, dtype == DType::f32 ? Tolerance{1e-6, 1e-6} : Tolerance{1e-3, 1e-3}, label + " forward");
+    expect_close(g1[0], g2[0], tol, label + " d hidden");
+    expect_close(g1[1], g2[1], tol, label + " d weight");
+  }
+  expect_error([] { set_vocab_pad_multiple(false, 0); }, {"[linear_cross_entropy]", "pad multiple", "0"});
+}
+
 TEST(LossOracle, MseLossMatchesTorch) {
   const Shape shapes[] = {{7, 13}, {3, 1, 5}, {1}, {}, {129, 65}};
   int seed = 500;

@@ -27,10 +27,10 @@ inline int64_t label_of(const Array& labels, int64_t i) {
 
 }  // namespace
 
-void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, Array& loss,
-                           Array& lse) {
-  const int64_t c = logits.shape()[logits.ndim() - 1];
-  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+void cross_entropy_forward(const Array& logits, const Array& labels, int64_t classes, int64_t ignore_index,
+                           float smoothing, Array& loss, Array& lse) {
+  const int64_t w = logits.shape()[logits.ndim() - 1], c = classes;  // row width, classes (c <= w)
+  const int64_t n = w == 0 ? 0 : logits.numel() / w;
   float* pl = loss.data<float>();
   float* ps = lse.data<float>();
   dispatch_float(logits.dtype(), "cross_entropy", [&](auto tag) {
@@ -43,9 +43,9 @@ void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ign
       for (int64_t i = 0; i < n; ++i) {
         const float* row;
         if constexpr (std::is_same_v<T, float>) {
-          row = px + i * c;
+          row = px + i * w;
         } else {
-          for (int64_t k = 0; k < c; ++k) buf[size_t(k)] = load_f32(px[i * c + k]);
+          for (int64_t k = 0; k < c; ++k) buf[size_t(k)] = load_f32(px[i * w + k]);
           row = buf.data();
         }
         float m = -INFINITY;
@@ -73,10 +73,10 @@ void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ign
   });
 }
 
-void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse, const Array& row_scale,
-                            int64_t ignore_index, float smoothing, Array& grad) {
-  const int64_t c = logits.shape()[logits.ndim() - 1];
-  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+void cross_entropy_backward(const Array& logits, const Array& labels, int64_t classes, const Array& lse,
+                            const Array& row_scale, int64_t ignore_index, float smoothing, Array& grad) {
+  const int64_t w = logits.shape()[logits.ndim() - 1], c = classes;  // row width, classes (c <= w)
+  const int64_t n = w == 0 ? 0 : logits.numel() / w;
   const float* ps = lse.data<float>();
   const float* pr = row_scale.data<float>();
   const float off = smoothing / float(c), hit = 1.0f - smoothing;
@@ -91,17 +91,18 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         const int64_t y = label_of(labels, i);
+        for (int64_t k = c; k < w; ++k) pg[i * w + k] = store_f32<T>(0.0f);  // padding
         if (y == ignore_index) {
-          for (int64_t k = 0; k < c; ++k) pg[i * c + k] = store_f32<T>(0.0f);
+          for (int64_t k = 0; k < c; ++k) pg[i * w + k] = store_f32<T>(0.0f);
           continue;
         }
         const float* row;
         float* out;
         if constexpr (std::is_same_v<T, float>) {
-          row = px + i * c;
-          out = pg + i * c;
+          row = px + i * w;
+          out = pg + i * w;
         } else {
-          for (int64_t k = 0; k < c; ++k) in_buf[size_t(k)] = load_f32(px[i * c + k]);
+          for (int64_t k = 0; k < c; ++k) in_buf[size_t(k)] = load_f32(px[i * w + k]);
           row = in_buf.data();
           out = out_buf.data();
         }
@@ -110,7 +111,7 @@ void cross_entropy_backward(const Array& logits, const Array& labels, const Arra
         for (int64_t k = 0; k < c; ++k) out[k] = (fast_exp(row[k] - l) - off) * scale;
         out[y] = (fast_exp(row[y] - l) - off - hit) * scale;
         if constexpr (!std::is_same_v<T, float>)
-          for (int64_t k = 0; k < c; ++k) pg[i * c + k] = store_f32<T>(out[k]);
+          for (int64_t k = 0; k < c; ++k) pg[i * w + k] = store_f32<T>(out[k]);
       }
     }
   });

@@ -14,11 +14,11 @@ namespace {
 
 template <class T, class I>
 __global__ void cross_entropy_forward_kernel(const T* x, const I* labels, int64_t ignore_index, float smoothing,
-                                             float* loss, float* lse, int64_t c) {
+                                             float* loss, float* lse, int64_t c, int64_t w) {
   __shared__ float fshared[32];
   __shared__ double dshared[32];
   const int64_t i = blockIdx.x;
-  const T* row = x + i * c;
+  const T* row = x + i * w;
   float m = -INFINITY;
   for (int64_t k = threadIdx.x; k < c; k += blockDim.x) m = fmaxf(m, to_f32(row[k]));
   m = block_max(m, fshared);
@@ -45,12 +45,13 @@ __global__ void cross_entropy_forward_kernel(const T* x, const I* labels, int64_
 
 template <class T, class I>
 __global__ void cross_entropy_backward_kernel(const T* x, const I* labels, const float* lse, const float* row_scale,
-                                              int64_t ignore_index, float smoothing, T* grad, int64_t n, int64_t c) {
+                                              int64_t ignore_index, float smoothing, T* grad, int64_t n, int64_t c,
+                                              int64_t w) {
   const float off = smoothing / float(c), hit = 1.0f - smoothing;
-  MT_GRID_LOOP(e, n * c) {
-    const int64_t i = e / c, k = e % c;
+  MT_GRID_LOOP(e, n * w) {
+    const int64_t i = e / w, k = e % w;
     const int64_t y = int64_t(labels[i]);
-    if (y == ignore_index) {
+    if (y == ignore_index || k >= c) {  // an ignored row, or padding past the classes
       grad[e] = from_f32<T>(0.0f);
       continue;
     }
@@ -88,34 +89,34 @@ void dispatch_labels(const Array& labels, F&& f) {
 
 }  // namespace
 
-void cross_entropy_forward(const Array& logits, const Array& labels, int64_t ignore_index, float smoothing, Array& loss,
-                           Array& lse) {
-  const int64_t c = logits.shape()[logits.ndim() - 1];
-  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+void cross_entropy_forward(const Array& logits, const Array& labels, int64_t classes, int64_t ignore_index,
+                           float smoothing, Array& loss, Array& lse) {
+  const int64_t w = logits.shape()[logits.ndim() - 1], c = classes;  // row width, classes (c <= w)
+  const int64_t n = w == 0 ? 0 : logits.numel() / w;
   if (n == 0) return;
   dispatch_device_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     dispatch_labels(labels, [&](auto itag) {
       using I = decltype(itag);
       cross_entropy_forward_kernel<<<unsigned(n), c <= 128 ? 128 : 512, 0, stream()>>>(
-          ptr<T>(logits), ptr<I>(labels), ignore_index, smoothing, mptr<float>(loss), mptr<float>(lse), c);
+          ptr<T>(logits), ptr<I>(labels), ignore_index, smoothing, mptr<float>(loss), mptr<float>(lse), c, w);
     });
   });
   check_launch("cross_entropy");
 }
 
-void cross_entropy_backward(const Array& logits, const Array& labels, const Array& lse, const Array& row_scale,
-                            int64_t ignore_index, float smoothing, Array& grad) {
-  const int64_t c = logits.shape()[logits.ndim() - 1];
-  const int64_t n = c == 0 ? 0 : logits.numel() / c;
+void cross_entropy_backward(const Array& logits, const Array& labels, int64_t classes, const Array& lse,
+                            const Array& row_scale, int64_t ignore_index, float smoothing, Array& grad) {
+  const int64_t w = logits.shape()[logits.ndim() - 1], c = classes;  // row width, classes (c <= w)
+  const int64_t n = w == 0 ? 0 : logits.numel() / w;
   if (n == 0) return;
   dispatch_device_float(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     dispatch_labels(labels, [&](auto itag) {
       using I = decltype(itag);
-      cross_entropy_backward_kernel<<<blocks_for(n * c), kThreads, 0, stream()>>>(
+      cross_entropy_backward_kernel<<<blocks_for(n * w), kThreads, 0, stream()>>>(
           ptr<T>(logits), ptr<I>(labels), ptr<float>(lse), ptr<float>(row_scale), ignore_index, smoothing,
-          mptr<T>(grad), n, c);
+          mptr<T>(grad), n, c, w);
     });
   });
   check_launch("cross_entropy_backward");

@@ -89,8 +89,10 @@ void flash_attention_backward(const Array&, const Array&, const Array&, const Ar
 }
 void paged_kv_write(Array&, const Array&, const std::vector<int64_t>&) { no_cuda(); }
 void paged_attention(const Array&, const Array&, const Array&, const kernels::PagedRows&, float, Array&) { no_cuda(); }
-void cross_entropy_forward(const Array&, const Array&, int64_t, float, Array&, Array&) { no_cuda(); }
-void cross_entropy_backward(const Array&, const Array&, const Array&, const Array&, int64_t, float, Array&) { no_cuda(); }
+void cross_entropy_forward(const Array&, const Array&, int64_t, int64_t, float, Array&, Array&) { no_cuda(); }
+void cross_entropy_backward(const Array&, const Array&, int64_t, const Array&, const Array&, int64_t, float, Array&) {
+  no_cuda();
+}
 void cross_entropy_total(const Array&, const Array&, bool, Array&) { no_cuda(); }
 void index_verdict(const Array&, int64_t, int64_t, Array&, Array*, const char*) { no_cuda(); }
 void take(const Array&, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
