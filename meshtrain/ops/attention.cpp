@@ -90,7 +90,13 @@ class CausalSoftmaxPrimitive final : public prim::Primitive {
 
 namespace {
 
-Array repeat_heads(const Array& x, int64_t rep);
+// (B, Hkv, T, D) -> (B, Hkv * rep, T, D): each key/value head serves `rep` query heads.
+Array repeat_heads(const Array& x, int64_t rep) {
+  if (rep == 1) return x;
+  const int64_t b = x.dim(0), h = x.dim(1), t = x.dim(2), d = x.dim(3);
+  Array e = broadcast_to(reshape(x, {b, h, 1, t, d}), Shape{b, h, rep, t, d});
+  return reshape(e, {b, h * rep, t, d});
+}
 // (B, Hkv · rep, T, D) -> (B, Hkv, T, D): the sum over each key/value head's `rep` query heads
 // (repeat_heads' transpose).
 Array sum_heads(const Array& x, int64_t rep) {
@@ -244,16 +250,6 @@ Array causal_softmax(const Array& scores, double scale) {
   MT_CHECK(scores.defined(), "[causal_softmax] expects floating (..., Tq, Tk) scores, got undefined");
   return prim::apply(std::make_shared<CausalSoftmaxPrimitive>(scale), {scores});
 }
-
-namespace {
-// (B, Hkv, T, D) -> (B, Hkv * rep, T, D): each key/value head serves `rep` query heads.
-Array repeat_heads(const Array& x, int64_t rep) {
-  if (rep == 1) return x;
-  const int64_t b = x.dim(0), h = x.dim(1), t = x.dim(2), d = x.dim(3);
-  Array e = broadcast_to(reshape(x, {b, h, 1, t, d}), Shape{b, h, rep, t, d});
-  return reshape(e, {b, h * rep, t, d});
-}
-}  // namespace
 
 namespace {
 // Any mask: masked scores take the lowest finite value, then softmax.

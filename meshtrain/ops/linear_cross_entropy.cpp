@@ -40,15 +40,8 @@ Array rows_of(const Array& x, int64_t r0, int64_t n) {
 // operands share a dtype; out has it too, or is f32 for bf16 operands (a sum over chunks kept
 // in f32). f32 operands multiply as the matmul precision says.
 void gemm_into(Array& out, const Array& a, const Array& b, bool ta, bool tb, bool accumulate, MatmulPrecision precision) {
-  using kernels::MatmulDType;
-  MatmulDType dtype = MatmulDType::f32;
-  if (a.dtype() == DType::bf16) {
-    dtype = out.dtype() == DType::f32 ? MatmulDType::bf16_f32 : MatmulDType::bf16;
-  } else if (precision == MatmulPrecision::bf16) {
-    dtype = MatmulDType::f32_as_bf16;
-  } else if (precision == MatmulPrecision::tf32) {
-    dtype = MatmulDType::f32_as_tf32;
-  }
+  kernels::MatmulDType dtype = matmul_kernel_dtype(a.dtype(), precision);
+  if (dtype == kernels::MatmulDType::bf16 && out.dtype() == DType::f32) dtype = kernels::MatmulDType::bf16_f32;
   const int64_t m = out.dim(0), n = out.dim(1), k = ta ? a.dim(0) : a.dim(1);
   MT_KERNEL(out, matmul, dtype, a.raw(), b.raw(), out.raw(), 1, 1, 1, m, n, k, ta, tb, accumulate);
 }

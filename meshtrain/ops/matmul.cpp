@@ -26,14 +26,6 @@ namespace {
 
 thread_local MatmulPrecision current_precision = MatmulPrecision::f32;
 
-kernels::MatmulDType matmul_dtype(DType d) {
-  switch (d) {
-    case DType::f32: return kernels::MatmulDType::f32;
-    case DType::bf16: return kernels::MatmulDType::bf16;
-    default: return kernels::MatmulDType::f16;
-  }
-}
-
 Shape batch_shape(const Shape& x) {
   std::vector<int64_t> d(x.dims().begin(), x.dims().end() - 2);
   return Shape(d);
@@ -76,12 +68,8 @@ class MatmulPrimitive final : public prim::Primitive {
       nb = ba = bb = 1;
     }
     Array out = Array::empty(o.shape, o.dtype);
-    // Under bf16 (tf32) precision the kernel rounds f32 operands in its own staging buffers
-    // (multiplies them on TF32 tensor cores).
-    kernels::MatmulDType kernel_dtype = matmul_dtype(a.dtype());
-    if (a.dtype() == DType::f32 && precision_ == MatmulPrecision::bf16) kernel_dtype = kernels::MatmulDType::f32_as_bf16;
-    if (a.dtype() == DType::f32 && precision_ == MatmulPrecision::tf32) kernel_dtype = kernels::MatmulDType::f32_as_tf32;
-    MT_KERNEL(out, matmul, kernel_dtype, a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K, ta_, tb_);
+    MT_KERNEL(out, matmul, matmul_kernel_dtype(a.dtype(), precision_), a.raw(), b.raw(), out.raw(), nb, ba, bb, M, N, K,
+              ta_, tb_);
     return out;
   }
 
@@ -136,6 +124,19 @@ class MatmulPrimitive final : public prim::Primitive {
 }  // namespace
 
 MatmulPrecision matmul_precision() { return current_precision; }
+
+kernels::MatmulDType matmul_kernel_dtype(DType operands, MatmulPrecision precision) {
+  switch (operands) {
+    case DType::f32:
+      // Under bf16 (tf32) precision the kernel rounds f32 operands in its own staging buffers
+      // (multiplies them on TF32 tensor cores).
+      return precision == MatmulPrecision::bf16   ? kernels::MatmulDType::f32_as_bf16
+             : precision == MatmulPrecision::tf32 ? kernels::MatmulDType::f32_as_tf32
+                                                  : kernels::MatmulDType::f32;
+    case DType::bf16: return kernels::MatmulDType::bf16;
+    default: return kernels::MatmulDType::f16;
+  }
+}
 
 MatmulPrecision matmul_precision_from_name(const std::string& name, const char* what) {
   if (name == "f32") return MatmulPrecision::f32;

@@ -1,6 +1,7 @@
 #pragma once
 #include <string>
 
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/core/array.h"
 
 namespace mt {
@@ -18,6 +19,10 @@ MatmulPrecision matmul_precision();
 // "f32", "tf32" or "bf16"; anything else throws mt::Error naming the flag `what`.
 MatmulPrecision matmul_precision_from_name(const std::string& name, const char* what = "matmul precision");
 const char* matmul_precision_name(MatmulPrecision p);
+
+// How the backend multiplies operands of `operands`' dtype under `precision` (f32 arrays follow
+// the precision; 16-bit arrays multiply as they are), its output in that dtype.
+kernels::MatmulDType matmul_kernel_dtype(DType operands, MatmulPrecision precision);
 
 // Sets the calling thread's matmul precision until the scope ends.
 class MatmulPrecisionScope {

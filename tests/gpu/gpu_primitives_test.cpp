@@ -233,6 +233,25 @@ TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
   }
 }
 
+// A bool (B, 1, 1, Tk) key-padding mask: batch row r attends to its first lengths[r] keys.
+Array key_padding_mask(const std::vector<int64_t>& lengths, int64_t tk) {
+  const int64_t b = int64_t(lengths.size());
+  std::vector<float> keep(size_t(b * tk));
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t j = 0; j < tk; ++j) keep[size_t(r * tk + j)] = j < lengths[size_t(r)] ? 1.0f : 0.0f;
+  return cast(Array::from_vector(keep, {b, 1, 1, tk}), DType::boolean);
+}
+
+// Whether the tensor-core kernels take `dtype` arrays at head dim d on this GPU; says so when
+// not (f32 tiles past d 64 need more shared memory than sm_86/89 grant a block).
+bool tensor_cores_take(DType dtype, int64_t d, const std::string& label) {
+  const Device gpu = Device::cuda(0);
+  DeviceScope scope(gpu);
+  if (cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, d}, dtype, gpu), d)) return true;
+  std::cout << "  " << label << ": the GPU grants too little shared memory per block, not tested\n";
+  return false;
+}
+
 // bf16 arrays and head dims past 64 on the tensor cores (LLaMA's 128, 80, and 48 padded to
 // 64; 100 and 90 load their tiles element by element in bf16, 90 in f32 too): bf16 arrays multiply as bf16 with f32 softmax and accumulation and are written as bf16,
 // within bf16's rounding of the CPU kernel (which widens them to f32); f32 arrays stay within
@@ -243,19 +262,11 @@ TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
   const Device gpu = Device::cuda(0);
   for (int64_t d : {128, 100, 90, 80, 48}) {
     for (DType dtype : {DType::bf16, DType::f32}) {
-      {
-        DeviceScope scope(gpu);
-        const Array probe = Array::empty({1, 1, 1, d}, dtype, gpu);
-        // bf16 tiles fit every sm_80+ GPU's shared memory; f32 tiles past d 64 need more than
-        // sm_86/89 grant a block (99 KiB), and there the composed form runs instead.
-        const bool tensor_cores = cuda::flash_attention_tensor_cores(probe, d);
-        if (dtype == DType::bf16) ASSERT_TRUE(tensor_cores) << "bf16 d=" << d;
-        if (!tensor_cores) {
-          std::cout << "  f32 d=" << d << ": the GPU grants too little shared memory per block, not tested\n";
-          continue;
-        }
-      }
       const std::string label = "flash_attention " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
+      // bf16 tiles fit every sm_80+ GPU's shared memory; f32 ones past d 64 not sm_86/89's.
+      const bool tensor_cores = tensor_cores_take(dtype, d, label);
+      if (dtype == DType::bf16) ASSERT_TRUE(tensor_cores) << "bf16 d=" << d;
+      if (!tensor_cores) continue;
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
       const std::vector<Array> in = {cast(random_normal({2, 3, 130, d}, 71), dtype),
                                      cast(random_normal({2, 3, 200, d}, 72), dtype),
@@ -265,9 +276,7 @@ TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
       };
       expect_attention_gpu_equals_cpu(causal, in, cast(random_normal({2, 3, 130, d}, 74), dtype), tol,
                                       label + " causal");
-      std::vector<float> keep(2 * 90);
-      for (int64_t j = 0; j < 90; ++j) keep[size_t(j)] = 1.0f, keep[size_t(90 + j)] = j < 33 ? 1.0f : 0.0f;
-      const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 90}), DType::boolean);
+      const Array mask = key_padding_mask({90, 33}, 90);
       const std::vector<Array> enc = {cast(random_normal({2, 3, 90, d}, 75), dtype),
                                       cast(random_normal({2, 3, 90, d}, 76), dtype),
                                       cast(random_normal({2, 3, 90, d}, 77), dtype)};
@@ -291,20 +300,12 @@ TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
 // group, as the CPU kernel does. f16 arrays (d 64, causal) take the CUDA-core kernels.
 TEST(GpuPrimitives, FlashAttentionGroupedHeadsEqualTheCpuKernel) {
   MT_REQUIRE_GPU();
-  std::vector<float> keep(2 * 90);
-  for (int64_t j = 0; j < 90; ++j) keep[size_t(j)] = 1.0f, keep[size_t(90 + j)] = j < 50 ? 1.0f : 0.0f;
-  const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 90}), DType::boolean);
+  const Array mask = key_padding_mask({90, 50}, 90);
   for (int64_t d : {128, 64}) {
     for (DType dtype : {DType::bf16, DType::f32, DType::f16}) {
       if (dtype == DType::f16 && d > 64) continue;
       const std::string label = "flash_attention 6/2 heads " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
-      if (dtype != DType::f16) {
-        DeviceScope scope(Device::cuda(0));
-        if (!cuda::flash_attention_tensor_cores(Array::empty({1, 1, 1, d}, dtype, Device::cuda(0)), d)) {
-          std::cout << "  " << label << ": the GPU grants too little shared memory per block, not tested\n";
-          continue;
-        }
-      }
+      if (dtype != DType::f16 && !tensor_cores_take(dtype, d, label)) continue;
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
       const std::vector<Array> in = {cast(random_normal({2, 6, 130, d}, 81), dtype),
                                      cast(random_normal({2, 2, 200, d}, 82), dtype),
@@ -332,11 +333,7 @@ TEST(GpuPrimitives, FlashAttentionGroupedHeadsEqualTheCpuKernel) {
 TEST(GpuPrimitives, FlashAttentionWithAKeyPaddingMaskEqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
   const int64_t b = 4, h = 2, t = 77, d = 64;
-  std::vector<float> keep(size_t(b * t));
-  const int64_t lengths[] = {77, 40, 1, 0};
-  for (int64_t r = 0; r < b; ++r)
-    for (int64_t j = 0; j < t; ++j) keep[size_t(r * t + j)] = j < lengths[r] ? 1.0f : 0.0f;
-  const Array mask = cast(Array::from_vector(keep, {b, 1, 1, t}), DType::boolean);
+  const Array mask = key_padding_mask({77, 40, 1, 0}, t);
   const std::vector<Array> in = {random_normal({b, h, t, d}, 51), random_normal({b, h, t, d}, 52),
                                  random_normal({b, h, t, d}, 53)};
   // Per batch row; one row (length 40, then 0) for all.

@@ -527,6 +527,16 @@ bool has_tensor_core_kernels() {
 template <int D>
 using HeadDim = std::integral_constant<int, D>;
 
+// f(HeadDim<bound>) with the kernels' head-dim bound for d: 32, 64, 96 or 128 (a smaller d is
+// zero-padded to it).
+template <class F>
+decltype(auto) with_head_dim(int64_t d, F&& f) {
+  if (d <= 32) return f(HeadDim<32>{});
+  if (d <= 64) return f(HeadDim<64>{});
+  if (d <= 96) return f(HeadDim<96>{});
+  return f(HeadDim<128>{});
+}
+
 // Calls f(ops, element, head dim) with the operand arithmetic, the arrays' device element type
 // and the kernels' head-dim bound (32, 64, 96 or 128: a smaller d is zero-padded to it). bf16
 // arrays multiply as bf16 whatever --precision says: their values are bf16 already, and TF32
@@ -534,12 +544,7 @@ using HeadDim = std::integral_constant<int, D>;
 // form's bf16 probabilities are.
 template <class F>
 void dispatch(DType dtype, const kernels::FlashAttentionShape& s, F&& f) {
-  auto with_dim = [&](auto ops, auto elem) {
-    if (s.d <= 32) f(ops, elem, HeadDim<32>{});
-    else if (s.d <= 64) f(ops, elem, HeadDim<64>{});
-    else if (s.d <= 96) f(ops, elem, HeadDim<96>{});
-    else f(ops, elem, HeadDim<128>{});
-  };
+  auto with_dim = [&](auto ops, auto elem) { with_head_dim(s.d, [&](auto md) { f(ops, elem, md); }); };
   if (dtype == DType::bf16) return with_dim(Bf16Ops{}, bf16_t{});
   switch (s.operands) {
     case kernels::FlashAttentionShape::Operands::bf16: with_dim(Bf16Ops{}, float{}); break;
@@ -573,14 +578,10 @@ size_t shared_memory_limit() {
 // arrays: f32 tiles under f32 or TF32 products; eligibility does not know the precision an op
 // will run under, so f32 arrays are judged by their largest tiles even under --precision bf16).
 size_t largest_shared_bytes(DType dtype, int64_t head_dim) {
-  auto of = [](auto ops, auto md) {
-    return SharedBytes<decltype(ops), decltype(md)::value>::kBackwardKv;  // the largest of the three
-  };
   auto bound = [&](auto ops) {
-    return head_dim <= 32 ? of(ops, HeadDim<32>{})
-           : head_dim <= 64 ? of(ops, HeadDim<64>{})
-           : head_dim <= 96 ? of(ops, HeadDim<96>{})
-                            : of(ops, HeadDim<128>{});
+    return with_head_dim(head_dim, [&](auto md) {
+      return SharedBytes<decltype(ops), decltype(md)::value>::kBackwardKv;  // the largest of the three
+    });
   };
   return dtype == DType::bf16 ? bound(Bf16Ops{}) : bound(F32Ops{});
 }
