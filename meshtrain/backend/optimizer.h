@@ -27,6 +27,10 @@ enum AdamScalar : int {
   kAdamScalarCount = 3
 };
 
+// The elements of one tensor whose squares sum_squares_multi adds up in f64 before adding the
+// tiles' sums in order, on both backends.
+constexpr int64_t kSumSquaresTile = 4096;
+
 }  // namespace mt::kernels
 
 // adam_moments: out [2, n] f32 = (m', v') for f32 g, m, v: m' = b1·m + (1-b1)·g, v' = b2·v + (1-b2)·g².
@@ -43,13 +47,24 @@ enum AdamScalar : int {
 // adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; tensor j's update written to outs[j]
 //   (f32, its shape; distinct buffers, possibly views of one flat array); tensor j decays where
 //   decays[j] (p_j is read only there).
+// Gradient clipping over a whole tree in one pass each (torch's foreach norm and mul_), where the
+// composed ops took a square, a sum and an add per tensor, then a multiply per tensor:
+// sum_squares_multi: out f32 [] = Σ_j Σ_i x_j[i]² over k arrays of one floating dtype. Each square
+//   is rounded to f32 (as square() of the f32 value rounds it), summed in f64 over tiles of
+//   kSumSquaresTile elements of one tensor, and the tiles' sums are added in order: the result
+//   depends neither on the thread count nor on the order blocks run in.
+// scale_multi: outs[j] = in[j] · scale[0], the product in f32 rounded to the arrays' dtype;
+//   scale is an f32 array of one element on the tensors' device (read there: a GPU launch
+//   carries no value that changes from step to step). outs[j] may be in[j].
 #define MT_OPTIMIZER_KERNELS                                                                                   \
   void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out);  \
   void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h,                \
                       const Array& scalars, Array& out);                                                      \
   void adam_moments_multi(const std::vector<Array>& in, const kernels::AdamHyper& h, Array& out);              \
   void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays,                 \
-                            const kernels::AdamHyper& h, const Array& scalars, std::vector<Array>& outs);
+                            const kernels::AdamHyper& h, const Array& scalars, std::vector<Array>& outs);    \
+  void sum_squares_multi(const std::vector<Array>& in, Array& out);                                          \
+  void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<Array>& outs);
 
 namespace mt::cpu { MT_OPTIMIZER_KERNELS }
 namespace mt::cuda { MT_OPTIMIZER_KERNELS }

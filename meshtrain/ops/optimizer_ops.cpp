@@ -3,12 +3,15 @@
 #include "meshtrain/backend/optimizer.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
 
 namespace mt {
 
-MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_moments_multi", "adam_direction_multi"});
+MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_moments_multi", "adam_direction_multi",
+                                      "sum_squares_multi", "scale_multi"});
 
 namespace {
 
@@ -318,6 +321,124 @@ Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamS
 Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamStep& step) {
   MT_CHECK(m.defined(), "[adam_direction] undefined input array");
   return adam_direction(m, v, p, step, adam_step_scalars(step, m.device()));
+}
+
+namespace {
+
+// The clipping primitives' tensors: floating, one dtype and device, plain (the builders gather
+// distributed ones; optim::global_norm keeps those on the composed ops, whose sums span the
+// mesh without a gather).
+int64_t check_clip_tensors(const std::vector<Array>& xs, size_t count, const char* op) {
+  MT_CHECK(count > 0, "[", op, "] no tensors");
+  int64_t total = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const Array& x = xs[j];
+    MT_CHECK(x.defined(), "[", op, "] tensor ", j, " is undefined");
+    MT_CHECK(is_floating(x.dtype()), "[", op, "] expects floating arrays, got ", x.str(), " (tensor ", j, ")");
+    MT_CHECK(x.dtype() == xs[0].dtype() && x.device() == xs[0].device(), "[", op, "] tensor ", j, " is ", x.str(),
+             " on ", x.device().str(), ", tensor 0 ", xs[0].str(), " on ", xs[0].device().str(),
+             ": one dtype and device per call");
+    total += x.numel();
+  }
+  return total;
+}
+
+class SumSquaresMultiPrimitive final : public prim::Primitive {
+ public:
+  const char* name() const override { return "sum_squares_multi"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    check_clip_tensors(in, in.size(), name());
+    return {Shape(), DType::f32};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
+    Array out = Array::empty(o.shape, o.dtype);
+    MT_KERNEL(out, sum_squares_multi, in, out);
+    return out;
+  }
+  std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    std::vector<Array> grads(s.inputs.size());
+    const Array twice_g = mul(g, 2.0);
+    for (size_t j = 0; j < grads.size(); ++j)
+      if (s.wants(j)) {
+        const Array& x = s.inputs[j];
+        grads[j] = x.dtype() == DType::f32 ? mul(x, twice_g) : cast(mul(cast(x, DType::f32), twice_g), x.dtype());
+      }
+    return grads;
+  }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double n = 0, bytes = 0;
+    for (const Array& x : in) n += double(x.numel()), bytes += double(x.nbytes());
+    return {2 * n, bytes};
+  }
+};
+
+// Inputs x_0..x_{k-1}, the scale, then k destinations: x_j · scale is written over d_j (the
+// builder hands in buffers nobody else can see, possibly x_j's own) and the output is d_0.
+class ScaleMultiPrimitive final : public prim::Primitive {
+ public:
+  explicit ScaleMultiPrimitive(size_t k) : k_(k) {}
+  const char* name() const override { return "scale_multi"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    MT_CHECK(in.size() == 2 * k_ + 1, "[", name(), "] expects ", k_, " tensors, the scale and ", k_,
+             " destinations, got ", in.size(), " arrays");
+    check_clip_tensors(in, k_, name());
+    const Array& scale = in[k_];
+    MT_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.numel() == 1 && !scale.distributed() &&
+                 scale.device() == in[0].device(),
+             "[", name(), "] expects the scale as an f32 array of one element on ", in[0].device().str(), ", got ",
+             scale.defined() ? scale.str() + " on " + scale.device().str() : std::string("an undefined array"));
+    for (size_t j = 0; j < k_; ++j) {
+      const Array& d = in[k_ + 1 + j];
+      MT_CHECK(d.dtype() == in[j].dtype() && d.shape() == in[j].shape() && d.device() == in[j].device(), "[",
+               name(), "] tensor ", j, ": destination ", d.str(), " for ", in[j].str());
+    }
+    return {in[0].shape(), in[0].dtype()};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
+    const std::vector<Array> xs(in.begin(), in.begin() + std::ptrdiff_t(k_));
+    std::vector<Array> outs(in.begin() + std::ptrdiff_t(k_ + 1), in.end());
+    MT_KERNEL(outs[0], scale_multi, xs, in[k_], outs);
+    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));  // a second handle, not the input's
+  }
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double n = 0, bytes = 0;
+    for (size_t j = 0; j < k_; ++j) n += double(in[j].numel()), bytes += 2.0 * double(in[j].nbytes());
+    return {n, bytes};
+  }
+
+ private:
+  size_t k_;
+};
+
+}  // namespace
+
+Array sum_of_squares_multi(const std::vector<Array>& xs) {
+  check_clip_tensors(xs, xs.size(), "sum_squares_multi");
+  return prim::apply(std::make_shared<SumSquaresMultiPrimitive>(), xs);
+}
+
+std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale) {
+  const size_t k = xs.size();
+  check_clip_tensors(xs, k, "scale_multi");
+  for (Array& x : xs)
+    if (x.distributed()) x = whole(x);
+  // Written over only where nobody else can see it (asked before `in` holds second handles):
+  // the caller's kept arrays and views of shared buffers get buffers of their own.
+  std::vector<Array> destinations;
+  for (const Array& x : xs)
+    destinations.push_back(x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device()));
+  std::vector<Array> in;
+  in.reserve(2 * k + 1);
+  for (const Array& x : xs) in.push_back(x);
+  in.push_back(scale);
+  for (size_t j = 0; j < k; ++j) in.push_back(destinations[j].defined() ? std::move(destinations[j]) : xs[j]);
+  xs.clear();
+  prim::apply(std::make_shared<ScaleMultiPrimitive>(k), in);
+  std::vector<Array> out;
+  for (size_t j = 0; j < k; ++j) out.push_back(std::move(in[k + 1 + j]));
+  return out;
 }
 
 }  // namespace mt

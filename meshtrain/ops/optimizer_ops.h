@@ -52,4 +52,18 @@ std::vector<Array> adam_direction_multi_into(std::vector<Array> gradients, const
                                              const AdamStep& step, const std::vector<bool>& decays,
                                              const Array& scalars);
 
+// Gradient clipping over a whole tree (optim::clip_by_global_norm), a pass each where the
+// composed ops took three or four small ops per tensor (a few hundred launches per step on the
+// GPU for GPT-2):
+// the sum of the squares of every element of `xs` (floating arrays of one dtype on one device,
+// none distributed), an f32 scalar: each square rounded to f32, summed in f64 in a fixed order
+// (see backend/optimizer.h), so it equals sum(square(cast(x, f32))) summed over x to within
+// f64 rounding, whatever the thread count. Its gradient is 2·x·g.
+Array sum_of_squares_multi(const std::vector<Array>& xs);
+// xs[j] · scale for each j (floating arrays of one dtype on one device; `scale` an f32 array of
+// one element there, read on the device), the product in f32 rounded to the arrays' dtype. An
+// array moved in as the only handle to its buffer is scaled in place; the others get new
+// buffers. Not differentiable.
+std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale);
+
 }  // namespace mt

@@ -2,6 +2,7 @@
 
 #include "meshtrain/ops/optimizer_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -281,12 +282,49 @@ Transform adamw(Schedule lr, double b1, double b2, double eps, double weight_dec
   return adam_impl(std::move(lr), b1, b2, eps, weight_decay, std::move(mask));
 }
 
-Array global_norm(const Params& tree) {
-  Array total;  // a plain f32 scalar where the tree is (read with item(), which waits)
-  for (const auto& [path, g] : tree) {
-    Array s = sum(square(cast(g, DType::f32)));
-    total = total.defined() ? add(total, s) : s;
+namespace {
+
+// A tree's plain (not distributed) floating arrays grouped by device and dtype, in the tree's
+// order: each group goes through the multi-tensor clipping kernels in one call. The slots are
+// the tree's own, so a caller can move the arrays out and back.
+template <class Slot>
+struct ClipGroup {
+  Device device;
+  DType dtype;
+  std::vector<Slot*> slots;
+};
+template <class Tree, class Slot>
+std::vector<ClipGroup<Slot>> plain_groups(Tree& tree, std::vector<Slot*>& others) {
+  std::vector<ClipGroup<Slot>> groups;
+  for (auto& [path, x] : tree) {
+    if (!x.defined() || x.distributed() || !is_floating(x.dtype()) || x.numel() == 0) {
+      others.push_back(&x);
+      continue;
+    }
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const ClipGroup<Slot>& g) { return g.device == x.device() && g.dtype == x.dtype(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), ClipGroup<Slot>{x.device(), x.dtype(), {}});
+    it->slots.push_back(&x);
   }
+  return groups;
+}
+
+}  // namespace
+
+Array global_norm(const Params& tree) {
+  // One multi-tensor pass per device and dtype over the plain arrays (a few launches on the GPU
+  // where square, sum and add per tensor took hundreds); distributed arrays keep the composed
+  // ops, whose sums span the mesh.
+  Array total;  // a plain f32 scalar where the tree is (read with item(), which waits)
+  auto accumulate = [&total](const Array& s) { total = total.defined() ? add(total, s) : s; };
+  std::vector<const Array*> others;
+  for (const auto& group : plain_groups<const Params, const Array>(tree, others)) {
+    std::vector<Array> xs;
+    for (const Array* x : group.slots) xs.push_back(*x);
+    accumulate(sum_of_squares_multi(xs));
+  }
+  for (const Array* g : others)
+    if (g->defined()) accumulate(sum(square(cast(*g, DType::f32))));
   if (!total.defined()) return Array::scalar(0.0);
   return dist::to_host(sqrt(total));
 }
@@ -301,30 +339,41 @@ Transform clip_by_global_norm(double max_norm) {
     autodiff::NoGradGuard no_grad;
     if (updates.empty()) return updates;
     const Array norm = global_norm(updates);
+    // The coefficient, torch's clip_grad_norm_'s: max_norm / (norm + 1e-6) clamped at 1.
+    Array coef;
     if (!norm.device().is_cuda()) {
       // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy). A
       // CPU value waits for nothing: read in place, not counted as a host read.
-      const double coef = max_norm / (double(*norm.data<float>()) + 1e-6);
-      if (coef >= 1.0) return updates;
-      // Scaled in the gradients' own buffers when the caller moved them in (GPT-2 Large's peak
-      // was one gradient-sized buffer higher with a scaled copy).
-      for (auto& [path, u] : updates) {
-        const Array factor = scalar_like(u, coef);
-        u = mul_in_place(std::move(u), factor);
-      }
-      return updates;
+      const double c = max_norm / (double(*norm.data<float>()) + 1e-6);
+      if (c >= 1.0) return updates;
+      coef = Array::scalar(c, DType::f32);
+    } else {
+      // On a GPU, in f32 on the device, every gradient multiplied (by exactly 1 within
+      // bounds): the host never reads the norm, so it goes on enqueueing the optimizer while
+      // the backward pass still runs.
+      const Device where = norm.device();
+      coef = minimum(div(Array::scalar(max_norm, DType::f32, where), add(norm, 1e-6)),
+                     Array::scalar(1.0, DType::f32, where));
     }
-    // On a GPU, as torch's clip_grad_norm_: coef = max_norm / (norm + 1e-6) clamped at 1, in
-    // f32 on the device, and every gradient multiplied (by exactly 1 within bounds). The host
-    // never reads the norm, so it goes on enqueueing the optimizer while the backward pass
-    // still runs; the price is one gradient-sized buffer more at the update.
-    const Device where = norm.device();
-    const Array coef = minimum(div(Array::scalar(max_norm, DType::f32, where), add(norm, 1e-6)),
-                               Array::scalar(1.0, DType::f32, where));
-    Params out;
-    for (const auto& [path, u] : updates)
-      out.set(path, u.dtype() == DType::f32 ? mul(u, coef) : cast(mul(cast(u, DType::f32), coef), u.dtype()));
-    return out;
+    // Plain arrays: one multi-tensor pass per device and dtype, each gradient scaled in its own
+    // buffer when the caller moved it in (GPT-2 Large's peak was one gradient-sized buffer
+    // higher with scaled copies). Distributed ones: per tensor, as their layouts need.
+    std::vector<Array*> others;
+    for (auto& group : plain_groups<Params, Array>(updates, others)) {
+      const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
+      std::vector<Array> xs;
+      for (Array* x : group.slots) xs.push_back(std::move(*x));
+      std::vector<Array> scaled = scale_multi_into(std::move(xs), scale);
+      for (size_t j = 0; j < scaled.size(); ++j) *group.slots[j] = std::move(scaled[j]);
+    }
+    for (Array* u : others) {
+      if (!u->defined()) continue;
+      if (coef.device().is_cuda())
+        *u = u->dtype() == DType::f32 ? mul(*u, coef) : cast(mul(cast(*u, DType::f32), coef), u->dtype());
+      else
+        *u = mul_in_place(std::move(*u), scalar_like(*u, double(*coef.data<float>())));
+    }
+    return updates;
   };
   return t;
 }

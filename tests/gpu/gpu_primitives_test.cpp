@@ -120,7 +120,8 @@ TEST(GpuPrimitives, FusedKernelsEqualTheCpuKernel) {
   const std::set<std::string> fused = {"bias_activation", "add_dropout",    "add_dropout_layer_norm",
                                        "add_dropout_rms_norm", "cross_entropy", "softmax",
                                        "log_softmax",     "causal_softmax", "layer_norm",
-                                       "rms_norm",        "adam_moments_multi", "adam_direction_multi"};
+                                       "rms_norm",        "adam_moments_multi", "adam_direction_multi",
+                                       "sum_squares_multi", "scale_multi"};
   std::set<std::string> seen;
   for (const PrimitiveCase& c : primitive_cases()) {
     if (!fused.count(c.primitive)) continue;

@@ -287,5 +287,46 @@ TEST(Optim, ClippingMovedGradientsScalesThemInPlace) {
   EXPECT_EQ(clipped["w"].to_floats(), copied["w"].to_floats());
 }
 
+// The global norm and the clipping scale run as one multi-tensor call per dtype (two calls per
+// step for a tree of f32 and bf16 gradients, where the composed ops took four per tensor), to
+// the composed ops' values: the norm within f64 summation order, the scaled gradients
+// bit for bit (the same f32 product of each element and the rounded coefficient).
+TEST(Optim, ClippingIsOneMultiTensorPassPerDtype) {
+  Params grads{{"w", random_normal({37, 190}, 1)},
+               {"b", random_normal({19}, 2)},
+               {"e", cast(random_normal({3, 2, 5}, 3), DType::bf16)},
+               {"k", random_normal({5000}, 4)}};
+  double composed = 0;
+  for (const auto& [path, g] : grads) composed += double(sum(square(cast(g, DType::f32))).item());
+  std::map<std::string, int> calls;
+  prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++calls[e.primitive.name()]; });
+  const double norm = double(global_norm(grads).item());
+  EXPECT_EQ(calls["sum_squares_multi"], 2);  // f32, then bf16
+  EXPECT_EQ(calls["square"], 0);
+  EXPECT_NEAR(norm, std::sqrt(composed), 1e-6 * std::sqrt(composed));
+
+  const double max_norm = 0.25 * norm;
+  const float coef = float(max_norm / (double(float(norm)) + 1e-6));
+  Params copies;
+  for (const auto& [path, g] : grads) copies.set(path, add(g, 0.0));
+  calls.clear();
+  Params no_state;
+  const Params clipped = clip_by_global_norm(max_norm).update(std::move(copies), no_state, grads);
+  prim::set_op_observer(previous);
+  EXPECT_EQ(calls["scale_multi"], 2);
+  EXPECT_EQ(calls["mul"], 0);
+  for (const auto& [path, g] : grads) {
+    SCOPED_TRACE(path);
+    const Array expected = g.dtype() == DType::f32 ? mul(g, Array::scalar(coef, DType::f32))
+                                                   : cast(mul(cast(g, DType::f32), Array::scalar(coef, DType::f32)), g.dtype());
+    EXPECT_EQ(max_abs_diff(clipped[path], expected), 0.0);
+  }
+  expect_error([] { sum_of_squares_multi({Array::zeros({2}), Array::zeros({2}, DType::bf16)}); },
+               {"[sum_squares_multi]", "one dtype and device"});
+  expect_error([] { scale_multi_into({Array::zeros({2})}, Array::zeros({2})); },
+               {"[scale_multi]", "f32 array of one element", "f32(2,)"});
+  expect_error([] { sum_of_squares_multi({}); }, {"[sum_squares_multi]", "no tensors"});
+}
+
 }  // namespace
 }  // namespace mt::testing

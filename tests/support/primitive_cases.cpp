@@ -275,6 +275,23 @@ std::vector<PrimitiveCase> primitive_cases() {
                "out = torch.cat([(-(mi / (vi.sqrt() / math.sqrt(bc2) + 1e-8)) * (1e-3 / bc1) - pi * di).flatten()\n"
                "                 for mi, vi, pi, di in zip(m, v, p, d)])",
                false});
+  // Gradient clipping's multi-tensor passes over three tensors of different shapes; the middle
+  // one is longer than a tile (4096 elements), so a tensor's tiles are summed in order too.
+  const std::vector<Shape> clip_shapes = {{5, 6}, {3, 2000}, {7}};
+  std::vector<Array> clip_in;
+  for (size_t j = 0; j < clip_shapes.size(); ++j) clip_in.push_back(rn(clip_shapes[j], 300 + j));
+  c.push_back({"sum_squares_multi", clip_in,
+               [](const std::vector<Array>& in) { return sum_of_squares_multi(in); },
+               "out = x0.square().sum() + x1.square().sum() + x2.square().sum()"});
+  c.push_back({"scale_multi", clip_in,
+               [](const std::vector<Array>& in) {
+                 const std::vector<Array> scaled =
+                     scale_multi_into(in, Array::scalar(0.37, DType::f32, in[0].device()));
+                 std::vector<Array> flat;
+                 for (const Array& x : scaled) flat.push_back(reshape(x, {-1}));
+                 return concatenate(flat, 0);
+               },
+               "out = torch.cat([x.flatten() * 0.37 for x in (x0, x1, x2)])", false});
   return c;
 }
 

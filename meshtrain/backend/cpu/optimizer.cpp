@@ -1,7 +1,9 @@
 #include "meshtrain/backend/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
 namespace mt::cpu {
@@ -75,6 +77,54 @@ void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_
   for (size_t j = 0; j < k; ++j)
     direction(in[j].data<float>(), in[k + j].data<float>(), decays[j] ? in[2 * k + j].data<float>() : nullptr,
               in[j].numel(), h.eps, t, outs[j].data<float>());
+}
+
+namespace {
+// One tile of sum_squares_multi: up to kSumSquaresTile elements of tensor `tensor` from `start`.
+struct SquaresTile {
+  size_t tensor;
+  int64_t start;
+};
+}  // namespace
+
+void sum_squares_multi(const std::vector<Array>& in, Array& out) {
+  std::vector<SquaresTile> tiles;
+  for (size_t j = 0; j < in.size(); ++j)
+    for (int64_t start = 0; start < in[j].numel(); start += kernels::kSumSquaresTile) tiles.push_back({j, start});
+  std::vector<double> partial(tiles.size());
+  const DType dtype = in.empty() ? DType::f32 : in[0].dtype();
+  dispatch_float(dtype, "sum_squares_multi", [&](auto type) {
+    using T = decltype(type);
+    const int64_t count = int64_t(tiles.size());
+#pragma omp parallel for if (count * kernels::kSumSquaresTile > grain::compute) schedule(static)
+    for (int64_t t = 0; t < count; ++t) {
+      const Array& x = in[tiles[size_t(t)].tensor];
+      const T* p = x.data<T>() + tiles[size_t(t)].start;
+      const int64_t n = std::min(kernels::kSumSquaresTile, x.numel() - tiles[size_t(t)].start);
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = load_f32(p[i]);
+        s += double(v * v);
+      }
+      partial[size_t(t)] = s;
+    }
+  });
+  double total = 0;
+  for (double s : partial) total += s;
+  *out.data<float>() = float(total);
+}
+
+void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<Array>& outs) {
+  const float c = *scale.data<float>();
+  for (size_t j = 0; j < in.size(); ++j)
+    dispatch_float(in[j].dtype(), "scale_multi", [&](auto type) {
+      using T = decltype(type);
+      const T* x = in[j].data<T>();
+      T* y = outs[j].data<T>();
+      const int64_t n = in[j].numel();
+#pragma omp parallel for if (n > grain::compute) schedule(static)
+      for (int64_t i = 0; i < n; ++i) y[i] = store_f32<T>(load_f32(x[i]) * c);
+    });
 }
 
 }  // namespace mt::cpu

@@ -150,4 +150,130 @@ void adam_direction(const Array& m, const Array& v, const Array* p, const kernel
   check_launch("adam_direction");
 }
 
+namespace {
+
+// The clipping kernels' tables: one tensor per slice, each block taking kTile elements of one.
+// A slice is 32 bytes, so a table of kClipSlices stays under the 4 KiB of launch parameters.
+constexpr int kClipSlices = 120;
+static_assert(kTile == kernels::kSumSquaresTile, "the GPU's tiles are the CPU's");
+
+struct ClipSlice {
+  const void* x;
+  void* y;  // scale_multi's output (unused by the sums)
+  int64_t n;
+  int first_block;
+};
+struct ClipTable {
+  ClipSlice s[kClipSlices];
+  int count;
+};
+
+__device__ const ClipSlice& clip_slice_of_block(const ClipTable& t) {
+  int j = 0;
+  while (j + 1 < t.count && t.s[j + 1].first_block <= int(blockIdx.x)) ++j;
+  return t.s[j];
+}
+
+// partial[block] = Σ of the squares of the block's tile, each square rounded to f32, in f64.
+template <class T>
+__global__ void sum_squares_tiles_kernel(const __grid_constant__ ClipTable t, double* partial) {
+  __shared__ double shared[32];
+  const ClipSlice& s = clip_slice_of_block(t);
+  const T* x = static_cast<const T*>(s.x);
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  double sum = 0;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = to_f32(x[i]);
+    sum += double(v * v);
+  }
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+
+// out = Σ partial in a fixed order (one block: each thread a strided run, then the block's tree).
+__global__ void sum_partials_kernel(const double* partial, int64_t count, float* out) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) *out = float(sum);
+}
+
+template <class T>
+__global__ void scale_tiles_kernel(const __grid_constant__ ClipTable t, const float* scale) {
+  const ClipSlice& s = clip_slice_of_block(t);
+  const T* x = static_cast<const T*>(s.x);
+  T* y = static_cast<T*>(s.y);
+  const float c = *scale;
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f32<T>(to_f32(x[i]) * c);
+}
+
+// Calls launch(table, blocks, first_block_of_launch) for tables of up to kClipSlices tensors;
+// y_of(j) is tensor j's output or nullptr. Returns the blocks launched in all.
+template <class YOf, class Launch>
+int64_t launch_clip_tables(const std::vector<Array>& in, YOf y_of, Launch launch) {
+  ClipTable t{};
+  int blocks = 0;
+  int64_t launched = 0;
+  auto flush = [&] {
+    if (t.count > 0 && blocks > 0) launch(t, blocks, launched);
+    launched += blocks;
+    t = ClipTable{};
+    blocks = 0;
+  };
+  for (size_t j = 0; j < in.size(); ++j) {
+    const int64_t n = in[j].numel();
+    if (n == 0) continue;
+    const int64_t tensor_blocks = (n + kTile - 1) / kTile;
+    if (t.count == kClipSlices || int64_t(blocks) + tensor_blocks > (int64_t(1) << 30)) flush();
+    t.s[t.count++] = {in[j].raw(), y_of(j), n, blocks};
+    blocks += int(tensor_blocks);
+  }
+  flush();
+  return launched;
+}
+
+}  // namespace
+
+void sum_squares_multi(const std::vector<Array>& in, Array& out) {
+  int64_t tiles = 0;
+  for (const Array& x : in) tiles += (x.numel() + kTile - 1) / kTile;
+  float* o = mptr<float>(out);
+  if (tiles == 0) {
+    check(cudaMemsetAsync(o, 0, sizeof(float), stream()), "sum_squares_multi");
+    return;
+  }
+  // f64 partial sums, one per tile (there is no f64 dtype; i64 has the size).
+  Array partial = Array::empty({tiles}, DType::i64, out.device());
+  double* part = static_cast<double*>(partial.raw());
+  dispatch_device_float(in[0].dtype(), "sum_squares_multi", [&](auto type) {
+    using T = decltype(type);
+    launch_clip_tables(
+        in, [](size_t) -> void* { return nullptr; },
+        [&](const ClipTable& t, int blocks, int64_t first) {
+          sum_squares_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t, part + first);
+          check_launch("sum_squares_multi");
+        });
+  });
+  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(part, tiles, o);
+  check_launch("sum_squares_multi");
+}
+
+void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<Array>& outs) {
+  if (in.empty()) return;
+  const float* c = ptr<float>(scale);
+  dispatch_device_float(in[0].dtype(), "scale_multi", [&](auto type) {
+    using T = decltype(type);
+    launch_clip_tables(
+        in, [&](size_t j) -> void* { return outs[j].raw(); },
+        [&](const ClipTable& t, int blocks, int64_t) {
+          scale_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t, c);
+          check_launch("scale_multi");
+        });
+  });
+}
+
 }  // namespace mt::cuda
