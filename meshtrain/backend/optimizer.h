@@ -47,8 +47,8 @@ constexpr int64_t kSumSquaresTile = 4096;
 // adam_direction_multi: in = m_0..m_{k-1}, v_0.., p_0..; tensor j's update written to outs[j]
 //   (f32, its shape; distinct buffers, possibly views of one flat array); tensor j decays where
 //   decays[j] (p_j is read only there).
-// Gradient clipping over a whole tree in one pass each (torch's foreach norm and mul_), where the
-// composed ops took a square, a sum and an add per tensor, then a multiply per tensor:
+// Gradient clipping and the updates' application over a whole tree in one pass each (torch's
+// foreach norm, mul_ and add_), where the composed ops took up to four ops per tensor:
 // sum_squares_multi: out f32 [] = Σ_j Σ_i x_j[i]² over k arrays of one floating dtype. Each square
 //   is rounded to f32 (as square() of the f32 value rounds it), summed in f64 over tiles of
 //   kSumSquaresTile elements of one tensor, and the tiles' sums are added in order: the result
@@ -56,6 +56,8 @@ constexpr int64_t kSumSquaresTile = 4096;
 // scale_multi: outs[j] = in[j] · scale[0], the product in f32 rounded to the arrays' dtype;
 //   scale is an f32 array of one element on the tensors' device (read there: a GPU launch
 //   carries no value that changes from step to step). outs[j] may be in[j].
+// add_multi (the updates' application, optim::apply_updates): in = a_0..a_{k-1}, b_0..b_{k-1}
+//   of one dtype, outs[j] = a_j + b_j, the sum in f32 rounded to the dtype. outs[j] may be a_j.
 #define MT_OPTIMIZER_KERNELS                                                                                   \
   void adam_moments(const Array& g, const Array& m, const Array& v, const kernels::AdamHyper& h, Array& out);  \
   void adam_direction(const Array& m, const Array& v, const Array* p, const kernels::AdamHyper& h,                \
@@ -64,7 +66,8 @@ constexpr int64_t kSumSquaresTile = 4096;
   void adam_direction_multi(const std::vector<Array>& in, const std::vector<uint8_t>& decays,                 \
                             const kernels::AdamHyper& h, const Array& scalars, std::vector<Array>& outs);    \
   void sum_squares_multi(const std::vector<Array>& in, Array& out);                                          \
-  void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<Array>& outs);
+  void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<Array>& outs);             \
+  void add_multi(const std::vector<Array>& in, std::vector<Array>& outs);
 
 namespace mt::cpu { MT_OPTIMIZER_KERNELS }
 namespace mt::cuda { MT_OPTIMIZER_KERNELS }

@@ -11,7 +11,7 @@
 namespace mt {
 
 MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_moments_multi", "adam_direction_multi",
-                                      "sum_squares_multi", "scale_multi"});
+                                      "sum_squares_multi", "scale_multi", "add_multi"});
 
 namespace {
 
@@ -412,6 +412,49 @@ class ScaleMultiPrimitive final : public prim::Primitive {
   size_t k_;
 };
 
+// Inputs a_0..a_{k-1}, b_0..b_{k-1}, then k destinations: a_j + b_j is written over d_j (as
+// ScaleMultiPrimitive's) and the output is d_0.
+class AddMultiPrimitive final : public prim::Primitive {
+ public:
+  explicit AddMultiPrimitive(size_t k) : k_(k) {}
+  const char* name() const override { return "add_multi"; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    MT_CHECK(in.size() == 3 * k_, "[", name(), "] expects ", k_, " tensors, ", k_, " addends and ", k_,
+             " destinations, got ", in.size(), " arrays");
+    check_clip_tensors(in, 2 * k_, name());
+    for (size_t j = 0; j < k_; ++j) {
+      MT_CHECK(in[k_ + j].shape() == in[j].shape(), "[", name(), "] tensor ", j, ": ", in[j].str(), " + ",
+               in[k_ + j].str());
+      const Array& d = in[2 * k_ + j];
+      MT_CHECK(d.dtype() == in[j].dtype() && d.shape() == in[j].shape() && d.device() == in[j].device(), "[",
+               name(), "] tensor ", j, ": destination ", d.str(), " for ", in[j].str());
+    }
+    return {in[0].shape(), in[0].dtype()};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
+    const std::vector<Array> operands(in.begin(), in.begin() + std::ptrdiff_t(2 * k_));
+    std::vector<Array> outs(in.begin() + std::ptrdiff_t(2 * k_), in.end());
+    MT_KERNEL(outs[0], add_multi, operands, outs);
+    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));
+  }
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double n = 0, bytes = 0;
+    for (size_t j = 0; j < k_; ++j) n += double(in[j].numel()), bytes += 3.0 * double(in[j].nbytes());
+    return {n, bytes};
+  }
+
+ private:
+  size_t k_;
+};
+
+// Where x (moved in by the caller) may be written over: x itself when nobody else can see its
+// buffer, else a new array of its kind. Asked before any second handle to x exists.
+Array destination_for(const Array& x) {
+  return x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device());
+}
+
 }  // namespace
 
 Array sum_of_squares_multi(const std::vector<Array>& xs) {
@@ -424,11 +467,10 @@ std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale) {
   check_clip_tensors(xs, k, "scale_multi");
   for (Array& x : xs)
     if (x.distributed()) x = whole(x);
-  // Written over only where nobody else can see it (asked before `in` holds second handles):
-  // the caller's kept arrays and views of shared buffers get buffers of their own.
+  // Written over only where nobody else can see it: the caller's kept arrays and views of
+  // shared buffers get buffers of their own.
   std::vector<Array> destinations;
-  for (const Array& x : xs)
-    destinations.push_back(x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device()));
+  for (const Array& x : xs) destinations.push_back(destination_for(x));
   std::vector<Array> in;
   in.reserve(2 * k + 1);
   for (const Array& x : xs) in.push_back(x);
@@ -438,6 +480,27 @@ std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale) {
   prim::apply(std::make_shared<ScaleMultiPrimitive>(k), in);
   std::vector<Array> out;
   for (size_t j = 0; j < k; ++j) out.push_back(std::move(in[k + 1 + j]));
+  return out;
+}
+
+std::vector<Array> add_multi_into(std::vector<Array> a, const std::vector<Array>& b) {
+  const size_t k = a.size();
+  MT_CHECK(b.size() == k, "[add_multi] ", k, " tensors and ", b.size(), " addends");
+  std::vector<Array> in;
+  in.reserve(3 * k);
+  for (Array& x : a)
+    if (x.defined() && x.distributed()) x = whole(x);
+  for (const Array& x : b) in.push_back(x.defined() && x.distributed() ? whole(x) : x);
+  std::vector<Array> destinations;
+  for (const Array& x : a) destinations.push_back(x.defined() ? destination_for(x) : Array());
+  std::vector<Array> operands(a.begin(), a.end());
+  operands.insert(operands.end(), in.begin(), in.end());
+  check_clip_tensors(operands, 2 * k, "add_multi");
+  for (size_t j = 0; j < k; ++j) operands.push_back(destinations[j].defined() ? std::move(destinations[j]) : a[j]);
+  a.clear();
+  prim::apply(std::make_shared<AddMultiPrimitive>(k), operands);
+  std::vector<Array> out;
+  for (size_t j = 0; j < k; ++j) out.push_back(std::move(operands[2 * k + j]));
   return out;
 }
 

@@ -65,5 +65,9 @@ Array sum_of_squares_multi(const std::vector<Array>& xs);
 // array moved in as the only handle to its buffer is scaled in place; the others get new
 // buffers. Not differentiable.
 std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale);
+// a[j] + b[j] for each j (floating arrays of one dtype on one device, b[j] of a[j]'s shape), the
+// sum in f32 rounded to the dtype: optim::apply_updates' pass. a[j] moved in as the only handle
+// to its buffer is updated in place; the others get new buffers. Not differentiable.
+std::vector<Array> add_multi_into(std::vector<Array> a, const std::vector<Array>& b);
 
 }  // namespace mt

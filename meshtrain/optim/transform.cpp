@@ -284,27 +284,32 @@ Transform adamw(Schedule lr, double b1, double b2, double eps, double weight_dec
 
 namespace {
 
-// A tree's plain (not distributed) floating arrays grouped by device and dtype, in the tree's
-// order: each group goes through the multi-tensor clipping kernels in one call. The slots are
-// the tree's own, so a caller can move the arrays out and back.
+// A tree's plain (no layout) floating arrays grouped by device and dtype, in the tree's
+// order: each group goes through the multi-tensor kernels in one call. The slots are the
+// tree's own, so a caller can move the arrays out and back; `others` gets the rest.
 template <class Slot>
-struct ClipGroup {
+struct TreeSlot {
+  const std::string* path;
+  Slot* array;
+};
+template <class Slot>
+struct PlainGroup {
   Device device;
   DType dtype;
-  std::vector<Slot*> slots;
+  std::vector<TreeSlot<Slot>> slots;
 };
 template <class Tree, class Slot>
-std::vector<ClipGroup<Slot>> plain_groups(Tree& tree, std::vector<Slot*>& others) {
-  std::vector<ClipGroup<Slot>> groups;
+std::vector<PlainGroup<Slot>> plain_groups(Tree& tree, std::vector<TreeSlot<Slot>>& others) {
+  std::vector<PlainGroup<Slot>> groups;
   for (auto& [path, x] : tree) {
-    if (!x.defined() || x.distributed() || !is_floating(x.dtype()) || x.numel() == 0) {
-      others.push_back(&x);
+    if (!x.defined() || x.sharded() || !is_floating(x.dtype()) || x.numel() == 0) {
+      others.push_back({&path, &x});
       continue;
     }
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const ClipGroup<Slot>& g) { return g.device == x.device() && g.dtype == x.dtype(); });
-    if (it == groups.end()) it = groups.insert(groups.end(), ClipGroup<Slot>{x.device(), x.dtype(), {}});
-    it->slots.push_back(&x);
+                           [&](const PlainGroup<Slot>& g) { return g.device == x.device() && g.dtype == x.dtype(); });
+    if (it == groups.end()) it = groups.insert(groups.end(), PlainGroup<Slot>{x.device(), x.dtype(), {}});
+    it->slots.push_back({&path, &x});
   }
   return groups;
 }
@@ -317,14 +322,14 @@ Array global_norm(const Params& tree) {
   // ops, whose sums span the mesh.
   Array total;  // a plain f32 scalar where the tree is (read with item(), which waits)
   auto accumulate = [&total](const Array& s) { total = total.defined() ? add(total, s) : s; };
-  std::vector<const Array*> others;
+  std::vector<TreeSlot<const Array>> others;
   for (const auto& group : plain_groups<const Params, const Array>(tree, others)) {
     std::vector<Array> xs;
-    for (const Array* x : group.slots) xs.push_back(*x);
+    for (const auto& slot : group.slots) xs.push_back(*slot.array);
     accumulate(sum_of_squares_multi(xs));
   }
-  for (const Array* g : others)
-    if (g->defined()) accumulate(sum(square(cast(*g, DType::f32))));
+  for (const auto& slot : others)
+    if (slot.array->defined()) accumulate(sum(square(cast(*slot.array, DType::f32))));
   if (!total.defined()) return Array::scalar(0.0);
   return dist::to_host(sqrt(total));
 }
@@ -358,15 +363,16 @@ Transform clip_by_global_norm(double max_norm) {
     // Plain arrays: one multi-tensor pass per device and dtype, each gradient scaled in its own
     // buffer when the caller moved it in (GPT-2 Large's peak was one gradient-sized buffer
     // higher with scaled copies). Distributed ones: per tensor, as their layouts need.
-    std::vector<Array*> others;
+    std::vector<TreeSlot<Array>> others;
     for (auto& group : plain_groups<Params, Array>(updates, others)) {
       const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
       std::vector<Array> xs;
-      for (Array* x : group.slots) xs.push_back(std::move(*x));
+      for (auto& slot : group.slots) xs.push_back(std::move(*slot.array));
       std::vector<Array> scaled = scale_multi_into(std::move(xs), scale);
-      for (size_t j = 0; j < scaled.size(); ++j) *group.slots[j] = std::move(scaled[j]);
+      for (size_t j = 0; j < scaled.size(); ++j) *group.slots[j].array = std::move(scaled[j]);
     }
-    for (Array* u : others) {
+    for (auto& slot : others) {
+      Array* u = slot.array;
       if (!u->defined()) continue;
       if (coef.device().is_cuda())
         *u = u->dtype() == DType::f32 ? mul(*u, coef) : cast(mul(cast(*u, DType::f32), coef), u->dtype());
@@ -499,8 +505,31 @@ Params apply_updates(Params params, const Params& updates) {
     if (params.contains(path))
       MT_CHECK(u.shape() == params[path].shape(), "[apply_updates] update for '", path, "' has shape ",
                u.shape().str(), ", parameter ", params[path].shape().str());
-  for (auto& [path, p] : params)
-    if (updates.contains(path)) p = add_in_place(std::move(p), cast(updates[path], p.dtype()));
+  // Plain parameters with plain updates of their dtype: one multi-tensor pass per device and
+  // dtype (a launch per 96 tensors on the GPU instead of one per parameter), in place where the
+  // caller moved the parameters in. The others, per tensor.
+  std::vector<TreeSlot<Array>> others;
+  for (auto& group : plain_groups<Params, Array>(params, others)) {
+    std::vector<Array*> slots;
+    std::vector<Array> ps, us;
+    for (const auto& slot : group.slots) {
+      if (!updates.contains(*slot.path)) continue;
+      const Array& u = updates[*slot.path];
+      if (u.sharded() || u.dtype() != slot.array->dtype() || u.device() != slot.array->device()) {
+        others.push_back(slot);
+        continue;
+      }
+      slots.push_back(slot.array);
+      us.push_back(u);
+    }
+    if (slots.empty()) continue;
+    for (Array* p : slots) ps.push_back(std::move(*p));
+    std::vector<Array> sums = add_multi_into(std::move(ps), us);
+    for (size_t j = 0; j < slots.size(); ++j) *slots[j] = std::move(sums[j]);
+  }
+  for (auto& slot : others)
+    if (updates.contains(*slot.path))
+      *slot.array = add_in_place(std::move(*slot.array), cast(updates[*slot.path], slot.array->dtype()));
   return params;
 }
 

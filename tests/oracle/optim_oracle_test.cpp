@@ -321,6 +321,25 @@ TEST(Optim, ClippingIsOneMultiTensorPassPerDtype) {
                                                    : cast(mul(cast(g, DType::f32), Array::scalar(coef, DType::f32)), g.dtype());
     EXPECT_EQ(max_abs_diff(clipped[path], expected), 0.0);
   }
+
+  // The updates' application: one add_multi per dtype, in the parameters' own buffers when they
+  // are moved in, equal to the per-tensor add bit for bit.
+  Params params;
+  for (const auto& [path, g] : grads) params.set(path, add(g, 1.0));
+  std::map<std::string, const void*> buffers;
+  for (const auto& [path, p] : params) buffers[path] = p.impl()->storage.get();
+  calls.clear();
+  previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++calls[e.primitive.name()]; });
+  const Params updated = apply_updates(std::move(params), clipped);
+  prim::set_op_observer(previous);
+  EXPECT_EQ(calls["add_multi"], 2);
+  EXPECT_EQ(calls["add"], 0);
+  for (const auto& [path, g] : grads) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(updated[path].impl()->storage.get(), buffers[path]) << "not updated in place";
+    EXPECT_EQ(max_abs_diff(updated[path], add(add(g, 1.0), clipped[path])), 0.0);
+  }
+  expect_error([] { add_multi_into({Array::zeros({2})}, {Array::zeros({3})}); }, {"[add_multi]", "f32(2,) + f32(3,)"});
   expect_error([] { sum_of_squares_multi({Array::zeros({2}), Array::zeros({2}, DType::bf16)}); },
                {"[sum_squares_multi]", "one dtype and device"});
   expect_error([] { scale_multi_into({Array::zeros({2})}, Array::zeros({2})); },

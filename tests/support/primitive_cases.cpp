@@ -292,6 +292,16 @@ std::vector<PrimitiveCase> primitive_cases() {
                  return concatenate(flat, 0);
                },
                "out = torch.cat([x.flatten() * 0.37 for x in (x0, x1, x2)])", false});
+  std::vector<Array> add_in = clip_in;
+  for (size_t j = 0; j < clip_shapes.size(); ++j) add_in.push_back(rn(clip_shapes[j], 310 + j));
+  c.push_back({"add_multi", add_in,
+               [](const std::vector<Array>& in) {
+                 const std::vector<Array> sums = add_multi_into({in[0], in[1], in[2]}, {in[3], in[4], in[5]});
+                 std::vector<Array> flat;
+                 for (const Array& x : sums) flat.push_back(reshape(x, {-1}));
+                 return concatenate(flat, 0);
+               },
+               "out = torch.cat([(a + b).flatten() for a, b in ((x0, x3), (x1, x4), (x2, x5))])", false});
   return c;
 }
 

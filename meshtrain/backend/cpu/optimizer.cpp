@@ -127,4 +127,18 @@ void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<A
     });
 }
 
+void add_multi(const std::vector<Array>& in, std::vector<Array>& outs) {
+  const size_t k = in.size() / 2;
+  for (size_t j = 0; j < k; ++j)
+    dispatch_float(in[j].dtype(), "add_multi", [&](auto type) {
+      using T = decltype(type);
+      const T* a = in[j].data<T>();
+      const T* b = in[k + j].data<T>();
+      T* y = outs[j].data<T>();
+      const int64_t n = in[j].numel();
+#pragma omp parallel for if (n > grain::compute) schedule(static)
+      for (int64_t i = 0; i < n; ++i) y[i] = store_f32<T>(load_f32(a[i]) + load_f32(b[i]));
+    });
+}
+
 }  // namespace mt::cpu

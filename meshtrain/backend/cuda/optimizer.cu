@@ -152,14 +152,16 @@ void adam_direction(const Array& m, const Array& v, const Array* p, const kernel
 
 namespace {
 
-// The clipping kernels' tables: one tensor per slice, each block taking kTile elements of one.
-// A slice is 32 bytes, so a table of kClipSlices stays under the 4 KiB of launch parameters.
-constexpr int kClipSlices = 120;
+// The tables of the clipping and update kernels: one tensor per slice, each block taking kTile
+// elements of one. A slice is 40 bytes, so a table of kClipSlices stays under the 4 KiB of
+// launch parameters.
+constexpr int kClipSlices = 96;
 static_assert(kTile == kernels::kSumSquaresTile, "the GPU's tiles are the CPU's");
 
 struct ClipSlice {
   const void* x;
-  void* y;  // scale_multi's output (unused by the sums)
+  const void* z;  // add_multi's second operand
+  void* y;        // scale_multi's and add_multi's output (unused by the sums)
   int64_t n;
   int first_block;
 };
@@ -211,10 +213,22 @@ __global__ void scale_tiles_kernel(const __grid_constant__ ClipTable t, const fl
   for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f32<T>(to_f32(x[i]) * c);
 }
 
-// Calls launch(table, blocks, first_block_of_launch) for tables of up to kClipSlices tensors;
-// y_of(j) is tensor j's output or nullptr. Returns the blocks launched in all.
-template <class YOf, class Launch>
-int64_t launch_clip_tables(const std::vector<Array>& in, YOf y_of, Launch launch) {
+template <class T>
+__global__ void add_tiles_kernel(const __grid_constant__ ClipTable t) {
+  const ClipSlice& s = clip_slice_of_block(t);
+  const T* x = static_cast<const T*>(s.x);
+  const T* z = static_cast<const T*>(s.z);
+  T* y = static_cast<T*>(s.y);
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f32<T>(to_f32(x[i]) + to_f32(z[i]));
+}
+
+// Calls launch(table, blocks, first_block_of_launch) for tables of up to kClipSlices of the
+// tensors `in`; z_of(j) / y_of(j) are tensor j's second operand / output or nullptr. Returns the
+// blocks launched in all.
+template <class ZOf, class YOf, class Launch>
+int64_t launch_clip_tables(const std::vector<Array>& in, ZOf z_of, YOf y_of, Launch launch) {
   ClipTable t{};
   int blocks = 0;
   int64_t launched = 0;
@@ -229,7 +243,7 @@ int64_t launch_clip_tables(const std::vector<Array>& in, YOf y_of, Launch launch
     if (n == 0) continue;
     const int64_t tensor_blocks = (n + kTile - 1) / kTile;
     if (t.count == kClipSlices || int64_t(blocks) + tensor_blocks > (int64_t(1) << 30)) flush();
-    t.s[t.count++] = {in[j].raw(), y_of(j), n, blocks};
+    t.s[t.count++] = {in[j].raw(), z_of(j), y_of(j), n, blocks};
     blocks += int(tensor_blocks);
   }
   flush();
@@ -252,7 +266,7 @@ void sum_squares_multi(const std::vector<Array>& in, Array& out) {
   dispatch_device_float(in[0].dtype(), "sum_squares_multi", [&](auto type) {
     using T = decltype(type);
     launch_clip_tables(
-        in, [](size_t) -> void* { return nullptr; },
+        in, [](size_t) -> const void* { return nullptr; }, [](size_t) -> void* { return nullptr; },
         [&](const ClipTable& t, int blocks, int64_t first) {
           sum_squares_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t, part + first);
           check_launch("sum_squares_multi");
@@ -268,10 +282,25 @@ void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<A
   dispatch_device_float(in[0].dtype(), "scale_multi", [&](auto type) {
     using T = decltype(type);
     launch_clip_tables(
-        in, [&](size_t j) -> void* { return outs[j].raw(); },
+        in, [](size_t) -> const void* { return nullptr; }, [&](size_t j) -> void* { return outs[j].raw(); },
         [&](const ClipTable& t, int blocks, int64_t) {
           scale_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t, c);
           check_launch("scale_multi");
+        });
+  });
+}
+
+void add_multi(const std::vector<Array>& in, std::vector<Array>& outs) {
+  const size_t k = in.size() / 2;
+  if (k == 0) return;
+  const std::vector<Array> a(in.begin(), in.begin() + std::ptrdiff_t(k));
+  dispatch_device_float(in[0].dtype(), "add_multi", [&](auto type) {
+    using T = decltype(type);
+    launch_clip_tables(
+        a, [&](size_t j) -> const void* { return in[k + j].raw(); }, [&](size_t j) -> void* { return outs[j].raw(); },
+        [&](const ClipTable& t, int blocks, int64_t) {
+          add_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t);
+          check_launch("add_multi");
         });
   });
 }
