@@ -26,10 +26,17 @@ enum class MatmulDType { f32, bf16, f16, bf16_f32, f32_as_bf16, f32_as_tf32 };
 //   Every dtype runs on every CPU: where oneDNN has no kernel for a 16-bit dtype
 //   (cpu_features(): bf16 below AVX-512, f16 below AVX512_FP16), the inputs are widened to f32,
 //   the f32 matmul runs and the output is rounded back to nearest even.
+// matmul_bias: c (M, N) = op(a) @ op(b) + bias for one product (a linear layer's rows folded
+//   into M), bias (N,) in c's dtype (f32 for bf16_f32, f32_as_bf16 and f32_as_tf32). The GPU
+//   adds it to the f32 accumulator in cuBLASLt's epilogue (no second pass over c; 16-bit c is
+//   rounded once); the CPU adds it in a pass over c right after the product, rounding as
+//   matmul followed by add rounds, so the f32 result equals the composed ops bit for bit.
 #define MT_MATMUL_KERNELS                                                                          \
   void matmul(kernels::MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch,     \
               int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a,      \
-              bool trans_b, bool accumulate = false);
+              bool trans_b, bool accumulate = false);                                              \
+  void matmul_bias(kernels::MatmulDType dtype, const void* a, const void* b, const void* bias,      \
+                   void* c, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b);
 
 namespace mt::cpu {
 MT_MATMUL_KERNELS

@@ -7,6 +7,7 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/linear.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/random.h"
@@ -14,12 +15,16 @@
 
 namespace mt::models {
 
+// The bias rides in the product's epilogue (ops/linear.h) unless the composed reference is
+// asked for or the arrays are distributed (the sharding rules are matmul's and add's).
 Array linear(const Array& x, const Array& weight, const Array& bias) {
+  if (fused_layers() && linear_bias_applies(x, weight, bias, true)) return linear_bias(x, weight, bias, true);
   Array y = matmul(x, weight, false, true);
   return bias.defined() ? add(y, bias) : y;
 }
 
 Array conv1d(const Array& x, const Array& weight, const Array& bias) {
+  if (fused_layers() && linear_bias_applies(x, weight, bias, false)) return linear_bias(x, weight, bias, false);
   Array y = matmul(x, weight);
   return bias.defined() ? add(y, bias) : y;
 }

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "meshtrain/backend/attention.h"
+#include "meshtrain/ops/linear.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -145,6 +146,36 @@ TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
   EXPECT_TRUE(c.device().is_cuda());
   EXPECT_EQ(c.to_floats(), (std::vector<float>{2, 4, 6}));
   EXPECT_EQ(c.to(Device::cpu()).device(), Device::cpu());
+}
+
+// A linear layer's bias in cuBLASLt's epilogue equals the CPU's product + add at GPT-2's sizes:
+// f32 (exactly as the GEMMs agree), TF32 and bf16 products, both weight layouts, and a bias
+// whose address is not 16-byte aligned (the product, then a pass adding it).
+TEST(GpuPrimitives, LinearBiasEpilogueEqualsTheCpu) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  const Array x = random_normal({4, 256, 768}, 21), w = random_normal({2304, 768}, 22), b = random_normal({2304}, 23);
+  const Array odd_bias = concatenate({Array::zeros({1}), b}, 0);  // b at a 4-byte offset once viewed
+  for (MatmulPrecision precision : {MatmulPrecision::f32, MatmulPrecision::tf32, MatmulPrecision::bf16}) {
+    MatmulPrecisionScope scope(precision);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      if (dtype == DType::bf16 && precision != MatmulPrecision::f32) continue;
+      const std::string label = std::string("linear_bias ") + matmul_precision_name(precision) + " " + dtype_name(dtype);
+      const Array xc = cast(x, dtype), wc = cast(w, dtype), bc = cast(b, dtype);
+      const Array ref = add(matmul(xc, wc, false, true), bc);
+      const Tolerance tol = dtype == DType::bf16 || precision == MatmulPrecision::bf16 ? Tolerance{3e-2, 3e-2, 3e-2}
+                            : precision == MatmulPrecision::tf32                     ? Tolerance{2e-2, 2e-2, 2e-2}
+                                                                                     : Tolerance{1e-4, 1e-4, 1e-4};
+      DeviceScope on(gpu);
+      const Array xg = xc.to(gpu), wg = wc.to(gpu);
+      expect_close(linear_bias(xg, wg, bc.to(gpu), true).to(Device::cpu()), ref, tol, label);
+      const Array shifted = cast(odd_bias, dtype).to(gpu).view_elements(1, Shape{2304});
+      expect_close(linear_bias(xg, wg, shifted, true).to(Device::cpu()), ref, tol, label + " (unaligned bias)");
+      const Array wt = transpose(wc, {1, 0});
+      expect_close(linear_bias(xg, wt.to(gpu), bc.to(gpu), false).to(Device::cpu()), add(matmul(xc, wt), bc), tol,
+                   label + " [in, out]");
+    }
+  }
 }
 
 // Dropout masks are bit-identical to the CPU's for the same key, on the vectorized path (f32,

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "meshtrain/ops/linear.h"
 #include "meshtrain/ops/optimizer_ops.h"
 #include "meshtrain/ops/paged_attention.h"
 
@@ -147,6 +148,14 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"bias_activation", {rn({6, 7}, 122), rn({7}, 123)},
                [](const std::vector<Array>& in) { return bias_activation(in[0], in[1], FusedActivation::gelu); },
                "out = F.gelu(x0 + x1)"});
+  // A linear layer with its bias in the GEMM's epilogue: nn.Linear's layout over folded rows,
+  // and Conv1D's [in, out] on a 2-D input.
+  c.push_back({"linear_bias", {rn({2, 3, 5}, 130), rn({7, 5}, 131), rn({7}, 132)},
+               [](const std::vector<Array>& in) { return linear_bias(in[0], in[1], in[2], true); },
+               "out = F.linear(x0, x1, x2)"});
+  c.push_back({"linear_bias", {rn({6, 5}, 133), rn({5, 9}, 134), rn({9}, 135)},
+               [](const std::vector<Array>& in) { return linear_bias(in[0], in[1], in[2], false); },
+               "out = x0 @ x1 + x2"});
   const Array keep46 = ne(dropout(Array::ones({4, 6}), 0.25, key, true), Array::zeros({4, 6}));
   c.push_back({"add_dropout", {rn({4, 6}, 124), rn({4, 6}, 125), keep46},
                [key](const std::vector<Array>& in) { return add_dropout(in[0], in[1], 0.25, key, true); },

@@ -2,6 +2,7 @@
 
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/core/element.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -582,6 +583,27 @@ void matmul(MatmulDType dtype,
     run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
   else
     run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+}
+
+void matmul_bias(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t M, int64_t N,
+                 int64_t K, bool trans_a, bool trans_b) {
+  matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, false);
+  if (M == 0 || N == 0) return;
+  MT_CHECK(bias != nullptr, "[matmul] null bias pointer for M=", M, " N=", N, " K=", K);
+  // Row by row while the row is in cache, the sum rounded to c's dtype as add() rounds it.
+  auto add_rows = [&](auto type) {
+    using T = decltype(type);
+    const T* bv = static_cast<const T*>(bias);
+    T* cv = static_cast<T*>(c);
+#pragma omp parallel for schedule(static) if (M * N > grain::compute)
+    for (int64_t i = 0; i < M; ++i) {
+      T* row = cv + i * N;
+      for (int64_t j = 0; j < N; ++j) row[j] = store_f32<T>(load_f32(row[j]) + load_f32(bv[j]));
+    }
+  };
+  if (dtype == MatmulDType::bf16) add_rows(bf16{});
+  else if (dtype == MatmulDType::f16) add_rows(f16{});
+  else add_rows(float{});
 }
 
 }  // namespace mt::cpu

@@ -45,6 +45,10 @@ void fill_pattern(void* dst, const void* pattern, size_t pattern_bytes, size_t c
 // dst (n,) bf16 = src (n,) f32 rounded to nearest even (elementwise.cu).
 void round_f32_to_bf16(const float* src, void* dst, int64_t n);
 
+// c (rows, cols) += bias (cols,) in f32, rounded to `dtype` (a floating dtype; elementwise.cu):
+// matmul_bias where cuBLASLt offers no bias epilogue for a shape.
+void add_bias_rows(DType dtype, void* c, const void* bias, int64_t rows, int64_t cols);
+
 // Up to this many dims after coalescing; more is an error naming the op.
 constexpr int kMaxDims = 8;
 struct Strided {

@@ -315,6 +315,24 @@ void round_f32_to_bf16(const float* src, void* dst, int64_t n) {
   check_launch("round_to_bf16");
 }
 
+namespace {
+template <class T>
+__global__ void add_bias_rows_kernel(T* c, const T* bias, int64_t n_cols, int64_t n) {
+  MT_GRID_LOOP(i, n) c[i] = from_f32<T>(to_f32(c[i]) + to_f32(bias[i % n_cols]));
+}
+}  // namespace
+
+void add_bias_rows(DType dtype, void* c, const void* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  dispatch_device_float(dtype, "matmul bias", [&](auto type) {
+    using T = decltype(type);
+    add_bias_rows_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(static_cast<T*>(c), static_cast<const T*>(bias),
+                                                                     cols, n);
+    check_launch("matmul bias");
+  });
+}
+
 void fill_pattern(void* dst, const void* pattern, size_t pattern_bytes, size_t count) {
   if (count == 0) return;
   if (pattern_bytes == 1) {

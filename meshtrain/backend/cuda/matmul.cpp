@@ -11,6 +11,7 @@
 #include <cublasLt.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -48,7 +49,8 @@ struct Plan {
   bool found = false, tuned = false;
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
+// dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32, bias epilogue.
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool>;
 
 struct Lt {
   cublasLtHandle_t handle = nullptr;
@@ -79,9 +81,11 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
   return l;
 }
 
-// Column-major view: first operand = B (N x K, or K x N stored), second = A.
+// Column-major view: first operand = B (N x K, or K x N stored), second = A. With `bias` the
+// epilogue adds a vector along D's N rows (the row-major output's columns) to the f32
+// accumulator; its pointer is set per call.
 Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
-               bool ta, bool tb) {
+               bool ta, bool tb, bool bias) {
   cudaDataType_t in = CUDA_R_32F, out = CUDA_R_32F;
   if (dtype == MatmulDType::bf16) in = out = CUDA_R_16BF;
   if (dtype == MatmulDType::f16) in = out = CUDA_R_16F;
@@ -94,6 +98,16 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
   check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "descriptor");
   check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)),
            "descriptor");
+  if (bias) {
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+             "descriptor");
+    // The heuristic reads the pointer's alignment: a 256-byte aligned stand-in (the workspace)
+    // until the call sets the real one, which matmul_bias requires to be 16-byte aligned.
+    const void* stand_in = lt().workspace;
+    check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in)),
+             "descriptor");
+  }
   // B row-major (K, N) is column-major N x K (ld N); stored transposed (N, K) it is K x N (ld K).
   p.a = tb ? layout(in, K, N, K, batch, batch_b == 1 ? 0 : N * K) : layout(in, N, K, N, batch, batch_b == 1 ? 0 : N * K);
   p.b = ta ? layout(in, M, K, M, batch, batch_a == 1 ? 0 : M * K) : layout(in, K, M, K, batch, batch_a == 1 ? 0 : M * K);
@@ -173,16 +187,14 @@ void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
 
 void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memory_order_relaxed); }
 
-void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
-            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
-  if (batch == 0 || M == 0 || N == 0) return;
-  const bool out_f32 = dtype == MatmulDType::f32 || dtype == MatmulDType::f32_as_tf32 || dtype == MatmulDType::bf16_f32 ||
-                       dtype == MatmulDType::f32_as_bf16;
-  if (K == 0) {  // an empty contraction is a zero product
-    if (!accumulate)
-      check(cudaMemsetAsync(c, 0, size_t(batch * M * N) * (out_f32 ? 4 : 2), stream()), "matmul");
-    return;
-  }
+namespace {
+
+// One cuBLASLt product: c = op(a) op(b) (+ c when accumulating) (+ bias along N when `bias` is
+// given). Returns false, having run nothing, when cuBLASLt has no algorithm with the bias
+// epilogue for this shape (the caller adds the bias itself).
+bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t batch,
+                int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
+                bool accumulate) {
   Array a16, b16;
   if (dtype == MatmulDType::f32_as_bf16) {
     // Operands rounded to bf16 in staging buffers (never in the caller's arrays).
@@ -195,34 +207,73 @@ void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t ba
     b = b16.raw();
   }
   Lt& l = lt();
-  const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, dtype == MatmulDType::f32_as_tf32};
+  const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, dtype == MatmulDType::f32_as_tf32,
+                bias != nullptr};
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // The plan's handles and algorithm, copied under the lock: a tuning call may change the
-  // algorithm of a plan another thread already holds.
-  struct {
+  // algorithm of a plan another thread already holds. A bias plan's pointer lives in its
+  // shared descriptor, so its call is enqueued under the lock too.
+  std::unique_lock<std::mutex> lock(l.mutex);
+  auto it = l.plans.find(key);
+  if (it == l.plans.end())
+    it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, bias != nullptr))
+             .first;
+  Plan& p = it->second;
+  if (bias) {
+    if (!p.found) return false;
+    check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+             "bias pointer");
+  }
+  // Tuning times candidates with events and waits for them: never while a graph is being
+  // recorded (a shape first met inside a capture keeps cuBLASLt's first choice).
+  if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
+      !capture_hooks::capturing_on_this_thread() &&
+      2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)
+    tune(l, p, a, b, c);
+  const struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     bool found;
-  } plan;
-  {
-    std::lock_guard<std::mutex> lock(l.mutex);
-    auto it = l.plans.find(key);
-    if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b)).first;
-    Plan& p = it->second;
-    // Tuning times candidates with events and waits for them: never while a graph is being
-    // recorded (a shape first met inside a capture keeps cuBLASLt's first choice).
-    if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
-        !capture_hooks::capturing_on_this_thread() &&
-        2.0 * double(batch) * double(M) * double(N) * double(K) >= kTuneFlops)
-      tune(l, p, a, b, c);
-    plan = {p.desc, p.a, p.b, p.c, p.algo, p.found};
-  }
+  } plan{p.desc, p.a, p.b, p.c, p.algo, p.found};
+  if (!bias) lock.unlock();
   MT_CHECK(plan.found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
            " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublaslt().Matmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
-                          l.workspace, kWorkspaceBytes, stream()),
+                             l.workspace, kWorkspaceBytes, stream()),
            "matmul");
+  return true;
+}
+
+bool out_is_f32(MatmulDType dtype) {
+  return dtype == MatmulDType::f32 || dtype == MatmulDType::f32_as_tf32 || dtype == MatmulDType::bf16_f32 ||
+         dtype == MatmulDType::f32_as_bf16;
+}
+
+}  // namespace
+
+void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+  if (batch == 0 || M == 0 || N == 0) return;
+  if (K == 0) {  // an empty contraction is a zero product
+    if (!accumulate)
+      check(cudaMemsetAsync(c, 0, size_t(batch * M * N) * (out_is_f32(dtype) ? 4 : 2), stream()), "matmul");
+    return;
+  }
+  run_matmul(dtype, a, b, nullptr, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+}
+
+void matmul_bias(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t M, int64_t N,
+                 int64_t K, bool trans_a, bool trans_b) {
+  if (M == 0 || N == 0) return;
+  MT_CHECK(bias != nullptr, "[matmul] null bias pointer for M=", M, " N=", N, " K=", K);
+  const DType out = out_is_f32(dtype) ? DType::f32 : dtype == MatmulDType::f16 ? DType::f16 : DType::bf16;
+  // The epilogue where cuBLASLt offers one for the shape and the bias is aligned as it asks;
+  // else the product, then a pass adding the bias.
+  const bool aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  if (K > 0 && aligned && run_matmul(dtype, a, b, bias, c, 1, 1, 1, M, N, K, trans_a, trans_b, false)) return;
+  matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, false);
+  add_bias_rows(out, c, bias, M, N);
 }
 
 }  // namespace mt::cuda

@@ -120,6 +120,10 @@ void matmul(kernels::MatmulDType, const void*, const void*, void*, int64_t, int6
             bool, bool) {
   no_cuda();
 }
+void matmul_bias(kernels::MatmulDType, const void*, const void*, const void*, void*, int64_t, int64_t, int64_t, bool,
+                 bool) {
+  no_cuda();
+}
 }  // namespace cuda
 
 }  // namespace mt
