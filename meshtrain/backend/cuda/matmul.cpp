@@ -102,9 +102,10 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
     const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
              "descriptor");
-    // The heuristic reads the pointer's alignment: a 256-byte aligned stand-in (the workspace)
-    // until the call sets the real one, which matmul_bias requires to be 16-byte aligned.
-    const void* stand_in = lt().workspace;
+    // The heuristic reads the pointer's alignment: a stand-in aligned to exactly 16 bytes (what
+    // matmul_bias guarantees) until the call sets the real one, so no algorithm it offers
+    // needs more.
+    const void* stand_in = static_cast<const char*>(lt().workspace) + 16;
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in, sizeof(stand_in)),
              "descriptor");
   }
@@ -191,21 +192,10 @@ namespace {
 
 // One cuBLASLt product: c = op(a) op(b) (+ c when accumulating) (+ bias along N when `bias` is
 // given). Returns false, having run nothing, when cuBLASLt has no algorithm with the bias
-// epilogue for this shape (the caller adds the bias itself).
+// epilogue for this shape or refuses the call (the caller then adds the bias itself).
 bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t batch,
                 int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b,
                 bool accumulate) {
-  Array a16, b16;
-  if (dtype == MatmulDType::f32_as_bf16) {
-    // Operands rounded to bf16 in staging buffers (never in the caller's arrays).
-    const int64_t na = batch_a * M * K, nb = batch_b * K * N;
-    a16 = Array::empty({na}, DType::bf16, Device::cuda(active_device()));
-    b16 = Array::empty({nb}, DType::bf16, Device::cuda(active_device()));
-    round_f32_to_bf16(static_cast<const float*>(a), a16.raw(), na);
-    round_f32_to_bf16(static_cast<const float*>(b), b16.raw(), nb);
-    a = a16.raw();
-    b = b16.raw();
-  }
   Lt& l = lt();
   const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, dtype == MatmulDType::f32_as_tf32,
                 bias != nullptr};
@@ -219,11 +209,21 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
     it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, bias != nullptr))
              .first;
   Plan& p = it->second;
-  if (bias) {
-    if (!p.found) return false;
+  if (bias && !p.found) return false;
+  Array a16, b16;
+  if (dtype == MatmulDType::f32_as_bf16) {
+    // Operands rounded to bf16 in staging buffers (never in the caller's arrays).
+    const int64_t na = batch_a * M * K, nb = batch_b * K * N;
+    a16 = Array::empty({na}, DType::bf16, Device::cuda(active_device()));
+    b16 = Array::empty({nb}, DType::bf16, Device::cuda(active_device()));
+    round_f32_to_bf16(static_cast<const float*>(a), a16.raw(), na);
+    round_f32_to_bf16(static_cast<const float*>(b), b16.raw(), nb);
+    a = a16.raw();
+    b = b16.raw();
+  }
+  if (bias)
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");
-  }
   // Tuning times candidates with events and waits for them: never while a graph is being
   // recorded (a shape first met inside a capture keeps cuBLASLt's first choice).
   if (p.found && !p.tuned && !accumulate && p.candidates.size() > 1 && tuning_enabled() &&
@@ -239,9 +239,16 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   if (!bias) lock.unlock();
   MT_CHECK(plan.found, "[matmul] cuBLASLt has no algorithm for batch ", batch, " (", batch_a, ", ", batch_b, ") M ", M,
            " N ", N, " K ", K, trans_a ? " A^T" : "", trans_b ? " B^T" : "");
-  check_lt(cublaslt().Matmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c, &plan.algo,
-                             l.workspace, kWorkspaceBytes, stream()),
-           "matmul");
+  const cublasStatus_t status = cublaslt().Matmul(l.handle, plan.desc, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c,
+                                                  c, plan.c, &plan.algo, l.workspace, kWorkspaceBytes, stream());
+  if (bias && status != CUBLAS_STATUS_SUCCESS) {
+    // An epilogue the library refuses at run time (an alignment it wanted after all): this
+    // shape takes the product and a bias pass from now on, as when no algorithm was found.
+    cudaGetLastError();
+    p.found = false;
+    return false;
+  }
+  check_lt(status, "matmul");
   return true;
 }
 
