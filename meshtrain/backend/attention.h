@@ -24,7 +24,12 @@ struct FlashAttentionShape {
   // Masked scores take the lowest finite float, as the composed form's where(): a row with no
   // visible key attends uniformly.
   const bool* key_mask = nullptr;
-  int64_t heads = 1, mask_batches = 1;
+  int64_t heads = 1, mask_batches = 1;  // heads: query heads per batch (H; k and v have H / group)
+  // The arrays' layout: (B, H, T, D) (false), or heads inner (B, T, H, D) (true), the layout a
+  // (B, T, H·D) projection has once reshaped, so no transposes are needed around the op. In
+  // both, slice bh = b·H + h; the heads-inner rows of a slice are H·D (k, v: H / group · D)
+  // elements apart. Out, dq, dk and dv have their inputs' layout; lse stays (BH, Tq).
+  bool heads_inner = false;
   // How the GPU's tensor-core kernels multiply (the matmul precision in force when the op
   // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
   // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.
@@ -36,7 +41,8 @@ struct FlashAttentionShape {
 // flash_attention_forward: out (BH, Tq, D) in q's dtype; lse (BH, Tq) f32 =
 //   log Σ_j exp(scale · q_i·k_j) over visible j.
 // flash_attention_backward: first-order gradients from the output cotangent g (BH, Tq, D);
-//   dq/dk/dv have q/k/v's shapes and dtype.
+//   dq/dk/dv have q/k/v's shapes and dtype. Heads-inner arrays (s.heads_inner) are taken by the
+//   CPU and by the GPU's tensor-core kernels only.
 #define MT_ATTENTION_KERNELS                                                                               \
   void flash_attention_forward(const Array& q, const Array& k, const Array& v,                             \
                                const kernels::FlashAttentionShape& s, Array& out, Array& lse);             \

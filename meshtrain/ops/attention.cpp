@@ -1,5 +1,6 @@
 #include "meshtrain/ops/attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cmath>
@@ -109,26 +110,39 @@ Array sum_heads(const Array& x, int64_t rep) {
 // them. Under nested differentiation the VJP differentiates the composed form, so gradients
 // of gradients stay exact. Grouped-query attention: k and v may have fewer heads, Hkv
 // dividing H; query head h reads key/value head h / (H / Hkv), never repeated in memory.
+// With heads_inner the arrays are (B, T, H, D) (a projection's layout) and the kernels read and
+// write them in place; the output and the gradients keep it.
 class FlashAttentionPrimitive final : public prim::Primitive {
  public:
-  FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key)
-      : scale_(scale), causal_(causal), rate_(rate), key_(key), operands_(operands_of(matmul_precision())) {}
+  FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key, bool heads_inner = false)
+      : scale_(scale),
+        causal_(causal),
+        rate_(rate),
+        key_(key),
+        operands_(operands_of(matmul_precision())),
+        heads_inner_(heads_inner) {}
   const char* name() const override { return "flash_attention"; }
   prim::OpKind kind() const override { return prim::OpKind::attention; }
+  // The head and time axes of a 4-d input.
+  int64_t heads_of(const Array& x) const { return x.dim(heads_inner_ ? 2 : 1); }
+  int64_t time_of(const Array& x) const { return x.dim(heads_inner_ ? 1 : 2); }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     const Array &q = in[0], &k = in[1], &v = in[2];
     MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) &&
-                 ((k.dim(1) > 0 && q.dim(1) >= k.dim(1) && q.dim(1) % k.dim(1) == 0) ||
-                  (q.dim(1) == 0 && k.dim(1) == 0)) &&
+                 ((heads_of(k) > 0 && heads_of(q) >= heads_of(k) && heads_of(q) % heads_of(k) == 0) ||
+                  (heads_of(q) == 0 && heads_of(k) == 0)) &&
                  q.dim(3) == k.dim(3) && q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()),
-             "[flash_attention] expects floating (B, H, Tq, D) q and (B, Hkv, Tk, D) k, v of one dtype with Hkv "
-             "dividing H, got q ",
-             q.str(), ", k ", k.str(), ", v ", v.str());
-    MT_CHECK(!causal_ || q.dim(2) <= k.dim(2), "[flash_attention] more queries (", q.dim(2), ") than keys (", k.dim(2),
-             ") under the causal mask");
+             "[flash_attention] expects floating ", (heads_inner_ ? "(B, Tq, H, D) q and (B, Tk, Hkv, D)" :
+                                                                     "(B, H, Tq, D) q and (B, Hkv, Tk, D)"),
+             " k, v of one dtype with Hkv dividing H, got q ", q.str(), ", k ", k.str(), ", v ", v.str());
+    MT_CHECK(!causal_ || time_of(q) <= time_of(k), "[flash_attention] more queries (", time_of(q), ") than keys (",
+             time_of(k), ") under the causal mask");
+    MT_CHECK(!heads_inner_ || q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
+             "[flash_attention] heads-inner arrays on the GPU need the tensor-core kernels (f32 or bf16, head dim <= ",
+             cuda::kMaxTensorCoreHeadDim, ", sm_80+), got q ", q.str(), " on ", q.device().str());
     if (in.size() > 3) {
-      MT_CHECK(is_key_padding_mask(in[3], q.dim(0), k.dim(2)), "[flash_attention] key mask must be bool (",
-               q.dim(0), " or 1, 1, 1, ", k.dim(2), "), got ", in[3].str());
+      MT_CHECK(is_key_padding_mask(in[3], q.dim(0), time_of(k)), "[flash_attention] key mask must be bool (",
+               q.dim(0), " or 1, 1, 1, ", time_of(k), "), got ", in[3].str());
       MT_CHECK(q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
                "[flash_attention] a key mask on the GPU needs f32 or bf16 arrays with head dim <= ",
                cuda::kMaxTensorCoreHeadDim, " (sm_80+, and f32 past head dim 64 more shared memory per block than "
@@ -141,20 +155,21 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   kernels::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
     const Array &q = in[0], &k = in[1];
     kernels::FlashAttentionShape s;
-    s.batch_heads = q.dim(0) * q.dim(1), s.tq = q.dim(2), s.tk = k.dim(2), s.d = q.dim(3);
-    s.group = k.dim(1) > 0 ? q.dim(1) / k.dim(1) : 1;
+    s.batch_heads = q.dim(0) * heads_of(q), s.tq = time_of(q), s.tk = time_of(k), s.d = q.dim(3);
+    s.group = heads_of(k) > 0 ? heads_of(q) / heads_of(k) : 1;
     s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
     s.operands = operands_;
+    s.heads = std::max<int64_t>(heads_of(q), 1);
+    s.heads_inner = heads_inner_;
     if (in.size() > 3) {
       s.key_mask = in[3].data<bool>();
-      s.heads = q.dim(1);
       s.mask_batches = in[3].dim(0);
     }
     return s;
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>& aux) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    Array lse = Array::empty({in[0].dim(0) * in[0].dim(1) * in[0].dim(2)}, DType::f32);
+    Array lse = Array::empty({in[0].dim(0) * in[0].dim(1) * in[0].dim(2)}, DType::f32);  // (B·H·Tq) either way
     MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], shape_of(in), out, lse);
     aux = {lse};
     return out;
@@ -163,6 +178,20 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
     const Array &q = s.inputs[0], &k = s.inputs[1], &v = s.inputs[2];
     std::vector<Array> grads(s.inputs.size());  // none for the mask
+    if (autodiff::grad_enabled() && heads_inner_) {
+      // Recorded (second order), heads inner: the (B, H, T, D) form's composed backward on the
+      // transposed arrays, its gradients transposed back.
+      auto heads_out = [](const Array& x) { return swap_axes(x, 1, 2); };
+      std::vector<Array> inputs = {heads_out(q), heads_out(k), heads_out(v)};
+      if (s.inputs.size() > 3) inputs.push_back(s.inputs[3]);
+      prim::Saved outer = s;
+      outer.inputs = inputs;
+      const FlashAttentionPrimitive heads_outer(scale_, causal_, rate_, key_, false);
+      std::vector<Array> inner = heads_outer.vjp(outer, heads_out(g));
+      for (size_t i = 0; i < 3; ++i)
+        if (inner[i].defined()) grads[i] = heads_out(inner[i]);
+      return grads;
+    }
     if (autodiff::grad_enabled()) {
       // Recorded (second order): the composed backward, written with ops; the key/value
       // heads repeated for it, their gradients summed back over each group.
@@ -197,8 +226,9 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   }
   // Model FLOPs count the whole (Tq, Tk) square, causal or not, as the composed form's GEMMs
   // and the usual 6N + 12·L·T·C per token formula do, so MFU does not depend on the form.
-  static double square_flops(const Array& q, const Array& k) {
-    return 4.0 * double(q.dim(0) * q.dim(1)) * double(q.dim(2)) * double(k.dim(2)) * double(q.dim(3));
+  // (The product of the first three dims is B·H·T in either layout.)
+  double square_flops(const Array& q, const Array& k) const {
+    return 4.0 * double(q.dim(0) * q.dim(1) * q.dim(2)) * double(time_of(k)) * double(q.dim(3));
   }
   prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo& o) const override {
     return {square_flops(in[0], in[1]), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
@@ -215,6 +245,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   double rate_;
   RngKey key_;
   Operands operands_;  // the matmul precision when the op ran: how the GPU kernels multiply
+  bool heads_inner_;
 };
 
 }  // namespace
@@ -236,6 +267,14 @@ Array flash_attention(const Array& q, const Array& k, const Array& v, double sca
                       const RngKey& dropout_key, const Array& key_mask) {
   MT_CHECK(q.defined() && k.defined() && v.defined(), "[flash_attention] undefined input array");
   auto primitive = std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key);
+  if (key_mask.defined()) return prim::apply(primitive, {q, k, v, key_mask});
+  return prim::apply(primitive, {q, k, v});
+}
+
+Array flash_attention_heads_inner(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                                  double dropout_rate, const RngKey& dropout_key, const Array& key_mask) {
+  MT_CHECK(q.defined() && k.defined() && v.defined(), "[flash_attention] undefined input array");
+  auto primitive = std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key, true);
   if (key_mask.defined()) return prim::apply(primitive, {q, k, v, key_mask});
   return prim::apply(primitive, {q, k, v});
 }
@@ -269,6 +308,41 @@ Array masked_softmax(Array scores, const Array& mask, bool causal, int64_t tq, i
 }
 }  // namespace
 
+namespace {
+
+// Whether attention over these arrays runs the fused kernel (flash_attention): q's dtype and
+// device, batch B, Tq and Tk, head dims d (q, k) and dv (v). See AttentionKernel.
+bool runs_fused(const Array& q, const Array& k, const Array& v, int64_t batch, int64_t tq, int64_t tk, int64_t d,
+                int64_t dv, const Array& mask, const AttentionOptions& o) {
+  const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
+  const AttentionKernel kernel = attention_kernel();
+  // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
+  // bf16) the composed form's GEMMs run on the CPU's bf16 units and beat the f32 vector kernel
+  // on short keys: GPT-2 B4 T256 1.37 vs 1.51 s/step, BERT B8 T128 0.97 vs 1.17 (bf16 policy,
+  // avx512_core_bf16). From 512 keys the (B, H, Tq, Tk) probabilities it keeps per layer cost
+  // more than they save: GPT-2 B8 T512 6.95 vs 6.70 s/step and 5.57 vs 3.91 GB peak RSS
+  // (bench/model_step_bench). On a GPU: fused wherever the tensor-core kernels take the arrays
+  // (f32 or bf16, head dim <= 128, sm_80+).
+  const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
+  const bool cpu_fused = q.device().is_cpu() && (f32_math || tk >= 512);
+  const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, d);
+  const bool fused =
+      kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && (cpu_fused || gpu_tensor_cores));
+  // Decoders: causal, no mask. Encoders (BERT): not causal, at most a key-padding mask (on a
+  // GPU, for the tensor-core kernels). Other masks and biases take the composed form.
+  const bool decoder =
+      o.causal && !mask.defined() && tq <= tk && (q.device().is_cpu() || cuda::flash_attention_supported(q, d));
+  const bool encoder = !o.causal && (q.device().is_cpu() || gpu_tensor_cores) &&
+                       (!mask.defined() || (mask.device() == q.device() && is_key_padding_mask(mask, batch, tk)));
+  return fused && (decoder || encoder) && !o.bias.defined() && plain && d == dv;
+}
+
+double scale_of(const AttentionOptions& o, int64_t head_dim) {
+  return o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(head_dim));
+}
+
+}  // namespace
+
 Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& v, const Array& mask,
                                    const AttentionOptions& o) {
   MT_CHECK(q.defined() && k.defined() && v.defined(), "[attention] undefined input array");
@@ -284,31 +358,10 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   MT_CHECK(k.dim(1) > 0 && q.dim(1) % k.dim(1) == 0, "[attention] query heads ", q.dim(1),
            " are not a multiple of key/value heads ", k.dim(1));
   const int64_t rep = q.dim(1) / k.dim(1), tq = q.dim(2), tk = k.dim(2);
-  const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.dim(3)));
+  const double scale = scale_of(o, q.dim(3));
   // The common decoder and encoder cases run fused (no (Tq, Tk) probabilities in memory) by
   // default where the fused kernels are the faster form (see AttentionKernel).
-  const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
-  const AttentionKernel kernel = attention_kernel();
-  // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
-  // bf16) the composed form's GEMMs run on the CPU's bf16 units and beat the f32 vector kernel
-  // on short keys: GPT-2 B4 T256 1.37 vs 1.51 s/step, BERT B8 T128 0.97 vs 1.17 (bf16 policy,
-  // avx512_core_bf16). From 512 keys the (B, H, Tq, Tk) probabilities it keeps per layer cost
-  // more than they save: GPT-2 B8 T512 6.95 vs 6.70 s/step and 5.57 vs 3.91 GB peak RSS
-  // (bench/model_step_bench). On a GPU: fused wherever the tensor-core kernels take the arrays
-  // (f32 or bf16, head dim <= 128, sm_80+).
-  const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
-  const bool cpu_fused = q.device().is_cpu() && (f32_math || tk >= 512);
-  const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, q.dim(3));
-  const bool fused =
-      kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && (cpu_fused || gpu_tensor_cores));
-  // Decoders: causal, no mask. Encoders (BERT): not causal, at most a key-padding mask (on a
-  // GPU, for the tensor-core kernels). Other masks and biases take the composed form.
-  const bool decoder = o.causal && !mask.defined() && tq <= tk &&
-                       (q.device().is_cpu() || cuda::flash_attention_supported(q, q.dim(3)));
-  const bool encoder =
-      !o.causal && (q.device().is_cpu() || gpu_tensor_cores) &&
-      (!mask.defined() || (mask.device() == q.device() && is_key_padding_mask(mask, q.dim(0), tk)));
-  if (fused && (decoder || encoder) && !o.bias.defined() && plain && q.dim(3) == v.dim(3)) {
+  if (runs_fused(q, k, v, q.dim(0), tq, tk, q.dim(3), v.dim(3), mask, o)) {
     return flash_attention(q, k, v, scale, o.causal,
                            o.train ? o.dropout_rate : 0.0, o.dropout_key, mask);
   }
@@ -330,6 +383,26 @@ Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& 
   return matmul(probs, repeat_heads(v, rep));  // (B, H, Tq, Dv)
 }
 
+
+Array attention_heads_inner(const Array& q, const Array& k, const Array& v, const Array& mask,
+                            const AttentionOptions& o) {
+  MT_CHECK(q.defined() && k.defined() && v.defined(), "[attention] undefined input array");
+  MT_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "[attention] expects heads-inner (B, T, H, D) arrays, got q ",
+           q.str(), ", k ", k.str(), ", v ", v.str());
+  MT_CHECK(k.dim(1) == v.dim(1) && k.dim(2) == v.dim(2), "[attention] k ", k.str(), " and v ", v.str(),
+           " must share length and heads");
+  const int64_t tq = q.dim(1), tk = k.dim(1);
+  // On a GPU the heads-inner layout is the tensor-core kernels' alone.
+  const bool kernels_take_it = q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3));
+  if (kernels_take_it && q.dtype() == k.dtype() && k.dtype() == v.dtype() && q.dim(0) == k.dim(0) &&
+      k.dim(0) == v.dim(0) && q.dim(3) == k.dim(3) && k.dim(2) > 0 && q.dim(2) % k.dim(2) == 0 &&
+      runs_fused(q, k, v, q.dim(0), tq, tk, q.dim(3), v.dim(3), mask, o))
+    return flash_attention_heads_inner(q, k, v, scale_of(o, q.dim(3)), o.causal, o.train ? o.dropout_rate : 0.0,
+                                       o.dropout_key, mask);
+  // Elsewhere the heads move out, as split_heads and merge_heads move them (the same ops).
+  return swap_axes(scaled_dot_product_attention(swap_axes(q, 1, 2), swap_axes(k, 1, 2), swap_axes(v, 1, 2), mask, o),
+                   1, 2);
+}
 
 Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved) {
   MT_CHECK(x.defined() && positions.defined(), "[rotary] undefined input array");

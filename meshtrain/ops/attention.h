@@ -53,6 +53,22 @@ AttentionKernel attention_kernel_from_name(const std::string& name);  // "auto" 
 Array scaled_dot_product_attention(const Array& q, const Array& k, const Array& v, const Array& mask = Array(),
                                    const AttentionOptions& options = {});
 
+// scaled_dot_product_attention over heads-inner arrays: q (B, Tq, H, D), k (B, Tk, Hkv, D),
+// v (B, Tk, Hkv, Dv) — (B, T, H·D) projections reshaped, with no transposes — to
+// (B, Tq, H, Dv), which reshapes to (B, Tq, H·Dv) for the output projection. Where
+// scaled_dot_product_attention would run the fused kernel (and, on a GPU, its tensor-core
+// kernels take the arrays), the kernel reads and writes this layout itself, so neither pass
+// moves the heads; elsewhere the heads are transposed around scaled_dot_product_attention. The
+// same values, masks, dropout and gradients as the (B, H, T, D) form.
+Array attention_heads_inner(const Array& q, const Array& k, const Array& v, const Array& mask = Array(),
+                            const AttentionOptions& options = {});
+
+// flash_attention over heads-inner arrays (the primitive attention_heads_inner runs): q
+// (B, Tq, H, D), k and v (B, Tk, Hkv, D), out (B, Tq, H, D).
+Array flash_attention_heads_inner(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                                  double dropout_rate = 0.0, const RngKey& dropout_key = {},
+                                  const Array& key_mask = Array());
+
 // Bool (Tq, Tk) mask of causal attention with keys offset by Tk - Tq.
 Array causal_mask(int64_t tq, int64_t tk);
 

@@ -359,6 +359,42 @@ TEST(GpuPrimitives, FlashAttentionGroupedHeadsEqualTheCpuKernel) {
   }
 }
 
+// Heads-inner (B, T, H, D) arrays on the tensor cores (read and written with H·D-element row
+// strides): forward and gradients equal the CPU kernel's for grouped heads, causal with
+// dropout and key-masked, head dims 64 (vector loads), 128 and 40 (element loads), f32 and
+// bf16; and the GPU refuses the layout where only the CUDA-core kernels would run (f16).
+TEST(GpuPrimitives, FlashAttentionHeadsInnerEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const Array mask = key_padding_mask({90, 50}, 90);
+  for (int64_t d : {64, 128, 40}) {
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      const std::string label = "flash_attention heads inner " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
+      if (!tensor_cores_take(dtype, d, label)) continue;
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
+      const std::vector<Array> in = {cast(random_normal({2, 130, 6, d}, 91), dtype),
+                                     cast(random_normal({2, 200, 2, d}, 92), dtype),
+                                     cast(random_normal({2, 200, 2, d}, 93), dtype)};
+      auto causal = [&](const std::vector<Array>& x) {
+        return flash_attention_heads_inner(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, RngKey{19, 3});
+      };
+      expect_attention_gpu_equals_cpu(causal, in, cast(random_normal({2, 130, 6, d}, 94), dtype), tol, label + " causal");
+      const std::vector<Array> enc = {cast(random_normal({2, 90, 6, d}, 95), dtype),
+                                      cast(random_normal({2, 90, 2, d}, 96), dtype),
+                                      cast(random_normal({2, 90, 2, d}, 97), dtype)};
+      auto masked = [&](const std::vector<Array>& x) {
+        return flash_attention_heads_inner(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), false, 0.1, RngKey{20, 4},
+                                           mask.device() == x[0].device() ? mask : mask.to(x[0].device()));
+      };
+      expect_attention_gpu_equals_cpu(masked, enc, cast(random_normal({2, 90, 6, d}, 98), dtype), tol, label + " key mask");
+    }
+  }
+  const Device gpu = Device::cuda(0);
+  DeviceScope scope(gpu);
+  const Array h16 = Array::zeros({1, 8, 2, 32}, DType::f16, gpu);
+  expect_error([&] { flash_attention_heads_inner(h16, h16, h16, 1.0, true); },
+               {"[flash_attention]", "heads-inner", "tensor-core"});
+}
+
 // BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,
 // 1 and 0: a row with no key attends uniformly), dropout; forward and gradients equal the CPU
 // kernel's.

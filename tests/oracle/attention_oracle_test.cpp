@@ -2,6 +2,8 @@
 // embeddings, and a whole transformer block forward and backward against PyTorch.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "meshtrain/prim/dispatch.h"
 #include "tests/support/op_check.h"
 
@@ -155,6 +157,71 @@ TEST(AttentionOracle, FlashAttentionGroupedHeadsEqualRepeatedHeads) {
   }
   expect_error([] { flash_attention(Array::zeros({1, 3, 4, 8}), Array::zeros({1, 2, 4, 8}), Array::zeros({1, 2, 4, 8}), 1.0, true); },
                {"[flash_attention]", "Hkv dividing H", "(1, 3, 4, 8)", "(1, 2, 4, 8)"});
+}
+
+// The kernels read and write heads-inner (B, T, H, D) arrays in place: the same values as the
+// (B, H, T, D) form on transposed arrays, bit for bit forward and backward (the same arithmetic
+// on the same numbers), second order too, for causal and key-masked attention with dropout,
+// grouped heads, f32 and bf16, and an odd head dim (the padded path). attention_heads_inner
+// takes the fused kernel by default and the transposed composed form when asked for it.
+TEST(AttentionOracle, HeadsInnerArraysEqualTheHeadsOuterForm) {
+  const RngKey key{13, 4};
+  std::vector<int64_t> keep(size_t(2 * 11), 1);
+  for (int64_t j = 6; j < 11; ++j) keep[size_t(11 + j)] = 0;
+  const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 11}), DType::boolean);
+  auto outer = [](const Array& x) { return swap_axes(x, 1, 2); };
+  for (int64_t d : {16, 12}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (bool causal : {true, false}) {
+        const std::vector<Array> in = {cast(random_normal({2, 9, 6, d}, 41), dtype),
+                                       cast(random_normal({2, 11, 2, d}, 42), dtype),
+                                       cast(random_normal({2, 11, 2, d}, 43), dtype)};
+        const Array m = causal ? Array() : mask;
+        auto inner = [&](const std::vector<Array>& x) {
+          return flash_attention_heads_inner(x[0], x[1], x[2], 0.3, causal, 0.1, key, m);
+        };
+        auto transposed = [&](const std::vector<Array>& x) {
+          return outer(flash_attention(outer(x[0]), outer(x[1]), outer(x[2]), 0.3, causal, 0.1, key, m));
+        };
+        const std::string label = std::string("heads inner d ") + std::to_string(d) + " " + dtype_name(dtype) +
+                                  (causal ? " causal" : " key mask");
+        EXPECT_EQ(max_abs_diff(inner(in), transposed(in)), 0.0) << label << " forward";
+        const Array cot = cast(random_normal({2, 9, 6, d}, 44), dtype);
+        const auto gi = vjp(inner, in, cot).second, gt = vjp(transposed, in, cot).second;
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(gi[size_t(i)], gt[size_t(i)]), 0.0) << label << " d" << "qkv"[i];
+        if (dtype != DType::f32 || d != 16) continue;
+        auto second = [&](const OpFn& f) {
+          return [&, f](const std::vector<Array>& x) { return vjp(f, x, cot).second[1]; };
+        };
+        const Array cot2 = random_normal({2, 11, 2, d}, 45);
+        const auto si = vjp(second(inner), in, cot2).second, st = vjp(second(transposed), in, cot2).second;
+        for (int i = 0; i < 3; ++i)
+          expect_close(si[size_t(i)], st[size_t(i)], {1e-6, 1e-5, 1e-6}, label + " second order d" + "qkv"[i]);
+      }
+    }
+  }
+  // The op: fused by default (one flash_attention, no transposes), composed on request; both
+  // equal the (B, H, T, D) path the models took before.
+  const std::vector<Array> in = {random_normal({2, 10, 4, 8}, 46), random_normal({2, 10, 4, 8}, 47),
+                                 random_normal({2, 10, 4, 8}, 48)};
+  AttentionOptions o;
+  o.causal = true, o.dropout_rate = 0.1, o.dropout_key = key, o.train = true;
+  const Array reference =
+      outer(scaled_dot_product_attention(outer(in[0]), outer(in[1]), outer(in[2]), Array(), o));
+  std::map<std::string, int> calls;
+  prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++calls[e.primitive.name()]; });
+  const Array fused = attention_heads_inner(in[0], in[1], in[2], Array(), o);
+  prim::set_op_observer(previous);
+  EXPECT_EQ(calls["flash_attention"], 1);
+  EXPECT_EQ(calls["transpose"], 0);
+  EXPECT_EQ(max_abs_diff(fused, reference), 0.0);
+  set_attention_kernel(AttentionKernel::composed);
+  const Array composed = attention_heads_inner(in[0], in[1], in[2], Array(), o);
+  set_attention_kernel(AttentionKernel::automatic);
+  expect_close(composed, reference, {1e-6, 1e-5}, "attention_heads_inner, composed");
+  expect_error([] { flash_attention_heads_inner(Array::zeros({1, 4, 3, 8}), Array::zeros({1, 4, 2, 8}),
+                                                Array::zeros({1, 4, 2, 8}), 1.0, true); },
+               {"[flash_attention]", "(B, Tq, H, D)", "(1, 4, 3, 8)"});
 }
 
 // The CPU kernel's vector paths at sizes the test above does not reach: several 16-key

@@ -209,6 +209,13 @@ std::vector<PrimitiveCase> primitive_cases() {
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.4, true); },
                "m = torch.ones(5, 6).tril(1).bool()\nk = x1.repeat_interleave(2, 1)\nv = x2.repeat_interleave(2, 1)\n"
                "out = torch.softmax(((x0 @ k.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ v"});
+  // Heads inner: (B, T, H, D) arrays read and written in place, grouped heads (4 query, 2 kv).
+  c.push_back({"flash_attention", {rn({2, 5, 4, 8}, 143), rn({2, 6, 2, 8}, 144), rn({2, 6, 2, 8}, 145)},
+               [](const std::vector<Array>& in) { return flash_attention_heads_inner(in[0], in[1], in[2], 0.4, true); },
+               "m = torch.ones(5, 6).tril(1).bool()\nq = x0.transpose(1, 2)\n"
+               "k = x1.transpose(1, 2).repeat_interleave(2, 1)\nv = x2.transpose(1, 2).repeat_interleave(2, 1)\n"
+               "out = (torch.softmax(((q @ k.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ v)"
+               ".transpose(1, 2)"});
   c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
                "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});

@@ -30,29 +30,43 @@ inline v8f splat(float x) { return v8f{} + x; }
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// Where slice `slice` of an array with `heads` heads and `rows` rows per slice starts, and how
+// far apart its rows are: (B, H, T, D) slices are contiguous; heads-inner (B, T, H, D) rows
+// are H·D apart.
+struct SliceAt {
+  int64_t first, ld;
+};
+SliceAt slice_at(const FlashAttentionShape& s, int64_t slice, int64_t heads, int64_t rows) {
+  if (!s.heads_inner) return {slice * rows * s.d, s.d};
+  return {((slice / heads) * rows * heads + slice % heads) * s.d, heads * s.d};
+}
+// The query side (q, out, g, dq: s.heads heads, Tq rows) and the key side (k, v, dk, dv).
+SliceAt query_slice(const FlashAttentionShape& s, int64_t bh) { return slice_at(s, bh, s.heads, s.tq); }
+SliceAt key_slice(const FlashAttentionShape& s, int64_t kv) { return slice_at(s, kv, s.heads / s.group, s.tk); }
+
 // One (batch·head) slice of an input as f32 rows of `dp` >= d floats (the head dim rounded
 // up to the vector width; the extra columns are zeros, which change no dot product): the
-// array's own memory when it is f32 and d == dp, else a converted copy in `scratch`.
-const float* f32_slice(const Array& x, int64_t bh, int64_t rows, int64_t d, int64_t dp, std::vector<float>& scratch) {
-  const int64_t first = bh * rows * d;
-  if (x.dtype() == DType::f32 && d == dp) return x.data<float>() + first;
+// array's own memory when it is f32, contiguous and d == dp, else a converted copy in
+// `scratch`.
+const float* f32_slice(const Array& x, SliceAt at, int64_t rows, int64_t d, int64_t dp, std::vector<float>& scratch) {
+  if (x.dtype() == DType::f32 && d == dp && at.ld == d) return x.data<float>() + at.first;
   scratch.assign(size_t(rows * dp), 0.0f);
   dispatch_float(x.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
-    const T* p = x.data<T>() + first;
+    const T* p = x.data<T>() + at.first;
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < d; ++c) scratch[size_t(r * dp + c)] = load_f32(p[r * d + c]);
+      for (int64_t c = 0; c < d; ++c) scratch[size_t(r * dp + c)] = load_f32(p[r * at.ld + c]);
   });
   return scratch.data();
 }
 
-// The first d of every dp floats of `from` into slice bh of x, in x's dtype.
-void store_slice(const float* from, int64_t rows, int64_t d, int64_t dp, Array& x, int64_t bh) {
+// The first d of every dp floats of `from` into a slice of x, in x's dtype.
+void store_slice(const float* from, int64_t rows, int64_t d, int64_t dp, Array& x, SliceAt at) {
   dispatch_float(x.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
-    T* p = x.data<T>() + bh * rows * d;
+    T* p = x.data<T>() + at.first;
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < d; ++c) p[r * d + c] = store_f32<T>(from[r * dp + c]);
+      for (int64_t c = 0; c < d; ++c) p[r * at.ld + c] = store_f32<T>(from[r * dp + c]);
   });
 }
 
@@ -213,7 +227,7 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
                              Array& lse) {
   const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
   float* pl = lse.data<float>();
-  const bool direct = out.dtype() == DType::f32 && d == dp;
+  const bool direct = out.dtype() == DType::f32 && d == dp && !s.heads_inner;
   // One query head's slice per task (as many tasks as query heads, grouped or not): the keys
   // of its key/value slice bh / group are transposed once for all its queries.
 #pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
@@ -224,9 +238,9 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
       const int64_t kv = bh / s.group;
-      const float* qs = f32_slice(q, bh, tq, d, dp, w.q);
-      const float* ks = f32_slice(k, kv, tk, d, dp, w.k);
-      const float* vs = f32_slice(v, kv, tk, d, dp, w.v);
+      const float* qs = f32_slice(q, query_slice(s, bh), tq, d, dp, w.q);
+      const float* ks = f32_slice(k, key_slice(s, kv), tk, d, dp, w.k);
+      const float* vs = f32_slice(v, key_slice(s, kv), tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
       const KeyMask mask = key_mask_of(s, bh);
       if (!direct) w.o.resize(size_t(tq * dp));
@@ -260,7 +274,7 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
         }
         probs_times_rows(p, grp.rows, stride, vs, grp.keys, dp, os + i0 * dp, false);
       }
-      if (!direct) store_slice(os, tq, d, dp, out, bh);
+      if (!direct) store_slice(os, tq, d, dp, out, query_slice(s, bh));
     }
   }
 }
@@ -279,16 +293,16 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
     w.keep.resize(size_t(stride));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t kv = 0; kv < s.batch_heads / s.group; ++kv) {
-      const float* ks = f32_slice(k, kv, tk, d, dp, w.k);
-      const float* vs = f32_slice(v, kv, tk, d, dp, w.v);
+      const float* ks = f32_slice(k, key_slice(s, kv), tk, d, dp, w.k);
+      const float* vs = f32_slice(v, key_slice(s, kv), tk, d, dp, w.v);
       transpose_into(ks, tk, dp, w.kt);
       transpose_into(vs, tk, dp, w.vt);
       w.dk.assign(size_t(tk * dp), 0.0f);
       w.dv.assign(size_t(tk * dp), 0.0f);
       for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
-        const float* qs = f32_slice(q, bh, tq, d, dp, w.q);
-        const float* os = f32_slice(out, bh, tq, d, dp, w.o);
-        const float* gs = f32_slice(g, bh, tq, d, dp, w.g);
+        const float* qs = f32_slice(q, query_slice(s, bh), tq, d, dp, w.q);
+        const float* os = f32_slice(out, query_slice(s, bh), tq, d, dp, w.o);
+        const float* gs = f32_slice(g, query_slice(s, bh), tq, d, dp, w.g);
         const KeyMask mask = key_mask_of(s, bh);
         w.dq.assign(size_t(tq * dp), 0.0f);
         for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
@@ -328,10 +342,10 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
           probs_transposed_times_rows(ds, grp.rows, stride, qs + i0 * dp, grp.keys, dp, w.dk.data());
           probs_times_rows(ds, grp.rows, stride, ks, grp.keys, dp, w.dq.data() + i0 * dp, false);
         }
-        store_slice(w.dq.data(), tq, d, dp, dq, bh);
+        store_slice(w.dq.data(), tq, d, dp, dq, query_slice(s, bh));
       }
-      store_slice(w.dk.data(), tk, d, dp, dk, kv);
-      store_slice(w.dv.data(), tk, d, dp, dv, kv);
+      store_slice(w.dk.data(), tk, d, dp, dk, key_slice(s, kv));
+      store_slice(w.dv.data(), tk, d, dp, dv, key_slice(s, kv));
     }
   }
 }

@@ -229,6 +229,8 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_forward_tc(q, k, v, s, out, lse);
+  MT_CHECK(!s.heads_inner, "[flash_attention] heads-inner (B, T, H, D) arrays need the tensor-core kernels, which do "
+           "not take ", q.str());
   const dim3 grid(unsigned(s.batch_heads), unsigned((s.tq + kTile - 1) / kTile));
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
@@ -249,6 +251,8 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
     return;
   }
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv);
+  MT_CHECK(!s.heads_inner, "[flash_attention_backward] heads-inner (B, T, H, D) arrays need the tensor-core kernels, "
+           "which do not take ", q.str());
   Array dvec = Array::empty({s.batch_heads * s.tq}, DType::f32, q.device());
   dispatch_device_float(q.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);

@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
-  load_rows<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, p.tq, q0, p.d);
+  load_rows<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), p.tq, q0, p.d, p.ldq);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
 #pragma unroll
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + kv * p.tk * p.d, vs, v + kv * p.tk * p.d, p.tk, j0, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {};
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     if (rows[h] >= p.tq) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // no keys at all (Tk = 0): zeros, as the CPU
-    store_row(out + (bh * p.tq + rows[h]) * p.d, o, h, p.d, t, inv);
+    store_row(out + query_at(p, bh) + rows[h] * p.ldq, o, h, p.d, t, inv);
     if (t == 0) lse[bh * p.tq + rows[h]] = m[h] + logf(l[h]);
   }
 #endif
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
-  load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, q0, p);
+  load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + query_at(p, bh), p.tq, q0, p.ldq, p);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
 #pragma unroll
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + kv * p.tk * p.d, vs, v + kv * p.tk * p.d, p.tk, j0, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (rows[h] < p.tq) store_row(dq + (bh * p.tq + rows[h]) * p.d, dqa, h, p.d, t, 1.0f);
+    if (rows[h] < p.tq) store_row(dq + query_at(p, bh) + rows[h] * p.ldq, dqa, h, p.d, t, 1.0f);
   }
 #endif
 }
@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   // Block: a key/value slice; its gradients sum over the query heads of its group.
   const int64_t kv = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
 
-  load_pair<Elem, MaxD, S::kLd>(kself, k + kv * p.tk * p.d, vself, v + kv * p.tk * p.d, p.tk, k0, p);
+  load_pair<Elem, MaxD, S::kLd>(kself, k + key_at(p, kv), vself, v + key_at(p, kv), p.tk, k0, p.ldk, p);
   __syncthreads();
   Val<Ops> ka[S::kSteps][4];
 #pragma unroll
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t bh = kv * p.group; bh < (kv + 1) * p.group; ++bh) {
     for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
       __syncthreads();
-      load_pair<Elem, MaxD, S::kLd>(qs, q + bh * p.tq * p.d, gs, g_out + bh * p.tq * p.d, p.tq, i0, p);
+      load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + query_at(p, bh), p.tq, i0, p.ldq, p);
       for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
         lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
         dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
@@ -490,20 +490,21 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (keys[h] >= p.tk) continue;
-    store_row(dk + (kv * p.tk + keys[h]) * p.d, dka, h, p.d, t, 1.0f);
-    store_row(dv + (kv * p.tk + keys[h]) * p.d, dva, h, p.d, t, 1.0f);
+    store_row(dk + key_at(p, kv) + keys[h] * p.ldk, dka, h, p.d, t, 1.0f);
+    store_row(dv + key_at(p, kv) + keys[h] * p.ldk, dva, h, p.d, t, 1.0f);
   }
 #endif
 }
 
-// D_i = dO_i · O_i in f32, one warp per row.
+// D_i = dO_i · O_i in f32, one warp per row of the (BH · Tq) query rows.
 template <class In>
-__global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t rows, int d) {
+__global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t rows, Params p) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
+  const int64_t at = query_at(p, row / p.tq) + (row % p.tq) * p.ldq;
   float acc = 0.0f;
-  for (int c = lane; c < d; c += 32) acc += to_f32(g[row * d + c]) * to_f32(out[row * d + c]);
+  for (int c = lane; c < p.d; c += 32) acc += to_f32(g[at + c]) * to_f32(out[at + c]);
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) dvec[row] = acc;
@@ -627,10 +628,10 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
     using Ops = decltype(ops);
     using In = decltype(elem);
     constexpr int MaxD = decltype(md)::value;
-    row_dot_kernel<In><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<In>(g), ptr<In>(out),
-                                                                              mptr<float>(dvec), rows, int(s.d));
-    check_launch("flash_attention_backward (row dots)");
     const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v, &g}));
+    row_dot_kernel<In><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<In>(g), ptr<In>(out),
+                                                                              mptr<float>(dvec), rows, params);
+    check_launch("flash_attention_backward (row dots)");
     launch(mma_backward_kv_kernel<Ops, MaxD, In>,
            dim3(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows)),
            SharedBytes<Ops, MaxD>::kBackwardKv, "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q),

@@ -41,7 +41,20 @@ struct Params {
   int64_t heads, mask_batches;
   int64_t group;  // query heads per key/value head: query slice bh reads k/v slice bh / group
   bool vector_rows;  // every row starts 16-byte aligned and d fills whole 16-byte loads
+  bool heads_inner;  // (B, T, H, D) arrays instead of (B, H, T, D)
+  int64_t ldq, ldk;  // elements between a slice's rows: q, out, dO, dQ; k, v, dK, dV
 };
+
+// Where query slice bh (q, out, dO, dQ) and key/value slice kv (k, v, dK, dV) start: slices are
+// contiguous (B, H, T, D) blocks, or heads-inner (B, T, H, D) columns whose rows are ldq / ldk
+// apart.
+__device__ inline int64_t query_at(const Params& p, int64_t bh) {
+  return p.heads_inner ? ((bh / p.heads) * p.tq * p.heads + bh % p.heads) * p.d : bh * p.tq * p.d;
+}
+__device__ inline int64_t key_at(const Params& p, int64_t kv) {
+  const int64_t kv_heads = p.heads / p.group;
+  return p.heads_inner ? ((kv / kv_heads) * p.tk * kv_heads + kv % kv_heads) * p.d : kv * p.tk * p.d;
+}
 
 // Key j is visible to query i: inside the key range and the causal limit.
 __device__ inline int64_t visible_keys(const Params& p, int64_t i) {
@@ -84,13 +97,14 @@ __device__ inline Elem elem_of(In x) {
   return to_elem<Elem>(to_f32(x));
 }
 
-// Rows r0 .. r0 + 64 of a (rows, d) matrix into an operand tile, zeros past `rows` and d.
+// Rows r0 .. r0 + 64 of a (rows, d) matrix whose rows are `ld` elements apart into an operand
+// tile, zeros past `rows` and d.
 template <class Elem, int MaxD, int Ld, class In>
-__device__ inline void load_rows(Elem* tile, const In* x, int64_t rows, int64_t r0, int d) {
+__device__ inline void load_rows(Elem* tile, const In* x, int64_t rows, int64_t r0, int d, int64_t ld) {
   for (int e = threadIdx.x; e < kRows * MaxD; e += kBlockThreads) {
     const int r = e / MaxD, c = e % MaxD;
     const int64_t row = r0 + r;
-    tile[r * Ld + c] = row < rows && c < d ? elem_of<Elem>(x[row * d + c]) : to_elem<Elem>(0.0f);
+    tile[r * Ld + c] = row < rows && c < d ? elem_of<Elem>(x[row * ld + c]) : to_elem<Elem>(0.0f);
   }
 }
 
@@ -114,16 +128,16 @@ __device__ inline void store_vec(Elem* dst, const uint4& v) {
   }
 }
 
-// Rows r0 .. r0 + 64 of two (rows, d) matrices into two operand tiles, zeros past `rows` and
-// d. With vector rows every thread issues all its 16-byte loads before it stores any: a tile
-// costs one memory round trip, not one per element (the scalar loop's latency was most of the
-// kernels' time).
+// Rows r0 .. r0 + 64 of two (rows, d) matrices whose rows are `ld` elements apart into two
+// operand tiles, zeros past `rows` and d. With vector rows every thread issues all its 16-byte
+// loads before it stores any: a tile costs one memory round trip, not one per element (the
+// scalar loop's latency was most of the kernels' time).
 template <class Elem, int MaxD, int Ld, class In>
 __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb, int64_t rows, int64_t r0,
-                                 const Params& p) {
+                                 int64_t ld, const Params& p) {
   if (!p.vector_rows) {
-    load_rows<Elem, MaxD, Ld>(ta, xa, rows, r0, p.d);
-    load_rows<Elem, MaxD, Ld>(tb, xb, rows, r0, p.d);
+    load_rows<Elem, MaxD, Ld>(ta, xa, rows, r0, p.d, ld);
+    load_rows<Elem, MaxD, Ld>(tb, xb, rows, r0, p.d, ld);
     return;
   }
   constexpr int kW = kVecElems<In>, kVecs = MaxD / kW, kPerThread = kRows * kVecs / kBlockThreads;
@@ -135,8 +149,8 @@ __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb,
     const int64_t row = r0 + r;
     const bool inside = row < rows && c * kW < p.d;  // d is a multiple of kW: all of a vector or none
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);  // 0.0 in f32 and in bf16
-    a[t] = inside ? reinterpret_cast<const uint4*>(xa + row * p.d)[c] : zero;
-    b[t] = inside ? reinterpret_cast<const uint4*>(xb + row * p.d)[c] : zero;
+    a[t] = inside ? reinterpret_cast<const uint4*>(xa + row * ld)[c] : zero;
+    b[t] = inside ? reinterpret_cast<const uint4*>(xb + row * ld)[c] : zero;
   }
 #pragma unroll
   for (int t = 0; t < kPerThread; ++t) {
@@ -147,7 +161,7 @@ __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb,
 }
 
 // 16-byte row loads need d to be a multiple of a load's elements and 16-byte aligned operands
-// (then every row starts aligned too).
+// (then every row starts aligned too, heads-inner rows being a multiple of d apart).
 inline bool vector_rows(const kernels::FlashAttentionShape& s, size_t elem_bytes,
                         std::initializer_list<const Array*> operands) {
   if (s.d % int64_t(16 / elem_bytes) != 0) return false;
@@ -167,7 +181,10 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           s.heads,
           s.mask_batches,
           s.group,
-          vector};
+          vector,
+          s.heads_inner,
+          s.heads_inner ? s.heads * s.d : s.d,
+          s.heads_inner ? s.heads / s.group * s.d : s.d};
 }
 
 }  // namespace mt::cuda::attention_tiles
