@@ -178,12 +178,12 @@ Array bert_encoder(const BertConfig& c, const Params& p, const BertInputs& in, c
     // Captures by value: a checkpointed block reruns in the backward pass, after this returns.
     auto block = [c, pre, lk, mask, ac, train](const Params& p, Array x) {
       auto lin = [&](const Array& h, const std::string& n) { return adapted_linear(h, p, pre + n, p[pre + n + ".bias"], ac); };
-      Array q = split_heads(lin(x, "attention.self.query"), c.num_attention_heads);
-      Array k = split_heads(lin(x, "attention.self.key"), c.num_attention_heads);
-      Array v = split_heads(lin(x, "attention.self.value"), c.num_attention_heads);
+      const int64_t heads = c.num_attention_heads;
       AttentionOptions opt{.causal = c.is_decoder, .scale = 0, .dropout_rate = c.attention_probs_dropout_prob,
                            .dropout_key = lk.fold_in(0), .train = train};
-      Array a = lin(merge_heads(scaled_dot_product_attention(q, k, v, mask, opt)), "attention.output.dense");
+      Array a = projected_attention(lin(x, "attention.self.query"), lin(x, "attention.self.key"),
+                                    lin(x, "attention.self.value"), heads, heads, mask, opt);
+      a = lin(a, "attention.output.dense");
       x = residual_layer_norm(x, a, p[pre + "attention.output.LayerNorm.weight"],
                               p[pre + "attention.output.LayerNorm.bias"], c.layer_norm_eps, c.hidden_dropout_prob,
                               lk.fold_in(1), train);

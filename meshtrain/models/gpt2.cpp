@@ -164,12 +164,12 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
           const Array& lb = p[lora_b_path(b + "attn.c_attn")];
           y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
         }
-        return split_heads(y, c.n_head);
+        return y;
       };
       Array q = project(0), k = project(1), v = project(2);
       AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
                            .train = train};
-      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
+      Array a = cached_projected_attention(cache, size_t(l), q, k, v, c.n_head, c.n_head, mask, opt);
       a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
       x = residual_add(x, a, c.resid_pdrop, lk.fold_in(1), train);
       if (c.add_cross_attention) {

@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
+#include "meshtrain/models/layers.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/matmul.h"
@@ -49,6 +50,13 @@ Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array
   KvBlockPool& pool = *step.pool;
   pool.write(layer, k, v, step.slots);
   return paged_attention(q, pool.keys[layer], pool.values[layer], step.rows, options.scale);
+}
+
+Array cached_projected_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
+                                 int64_t heads, int64_t kv_heads, const Array& mask, const AttentionOptions& options) {
+  if (!cache) return projected_attention(q, k, v, heads, kv_heads, mask, options);
+  return merge_heads(cached_attention(cache, layer, split_heads(q, heads), split_heads(k, kv_heads),
+                                      split_heads(v, kv_heads), mask, options));
 }
 
 void KvBlockPool::write(size_t layer, const Array& k, const Array& v, const std::vector<int64_t>& slots) {

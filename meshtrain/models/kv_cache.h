@@ -59,5 +59,10 @@ struct KvCache {
 // A paged cache writes into its pool and attends with paged_attention.
 Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
                        const Array& mask, const AttentionOptions& options);
+// The same over a block's projections (B, T, H·D) and (B, T, Hkv·D), to (B, T, H·D): without a
+// cache as projected_attention (models/layers.h: no head transposes), with one the heads split
+// around cached_attention.
+Array cached_projected_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
+                                 int64_t heads, int64_t kv_heads, const Array& mask, const AttentionOptions& options);
 
 }  // namespace mt::models

@@ -74,6 +74,21 @@ Array split_heads(const Array& x, int64_t heads) {
   return swap_axes(reshape(x, {x.dim(0), x.dim(1), heads, x.dim(2) / heads}), 1, 2);
 }
 
+Array projected_attention(const Array& q, const Array& k, const Array& v, int64_t heads, int64_t kv_heads,
+                          const Array& mask, const AttentionOptions& options) {
+  if (!fused_layers())
+    return merge_heads(scaled_dot_product_attention(split_heads(q, heads), split_heads(k, kv_heads),
+                                                    split_heads(v, kv_heads), mask, options));
+  auto heads_inner = [](const Array& x, int64_t h) {
+    MT_CHECK(x.ndim() == 3 && h > 0 && x.dim(2) % h == 0, "[attention] expects (B, T, H*D) projections with H = ", h,
+             ", got ", x.str());
+    return reshape(x, {x.dim(0), x.dim(1), h, x.dim(2) / h});
+  };
+  const Array out = attention_heads_inner(heads_inner(q, heads), heads_inner(k, kv_heads), heads_inner(v, kv_heads),
+                                          mask, options);
+  return reshape(out, {out.dim(0), out.dim(1), out.dim(2) * out.dim(3)});
+}
+
 Array merge_heads(const Array& x) {
   MT_CHECK(x.ndim() == 4, "[merge_heads] expects (B, H, T, D), got ", x.str());
   return reshape(swap_axes(x, 1, 2), {x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});

@@ -10,6 +10,7 @@
 #include "meshtrain/autodiff/remat.h"
 #include "meshtrain/core/array.h"
 #include "meshtrain/core/rng.h"
+#include "meshtrain/ops/attention.h"
 
 namespace mt::models {
 
@@ -32,6 +33,13 @@ Array residual_add(const Array& x, const Array& branch, double rate, const RngKe
 // layer_norm(x + dropout(branch)), the post-norm block's residual step.
 Array residual_layer_norm(const Array& x, const Array& branch, const Array& weight, const Array& bias, double eps,
                           double rate, const RngKey& key, bool train);
+// Attention over a block's projections: q (B, Tq, H·D), k (B, Tk, Hkv·D), v (B, Tk, Hkv·Dv) to
+// (B, Tq, H·Dv), the values merge_heads(scaled_dot_product_attention(split_heads(q, H),
+// split_heads(k, Hkv), split_heads(v, Hkv), mask, options)) has. With fused_layers() on (the
+// default) the heads are split by reshapes only and the fused kernels read them in place
+// (attention_heads_inner): no head transposes in either pass.
+Array projected_attention(const Array& q, const Array& k, const Array& v, int64_t heads, int64_t kv_heads,
+                          const Array& mask, const AttentionOptions& options);
 // (B, T, H*D) -> (B, H, T, D) and back.
 Array split_heads(const Array& x, int64_t heads);
 Array merge_heads(const Array& x);

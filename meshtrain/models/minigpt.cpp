@@ -111,9 +111,8 @@ Array minigpt_hidden(const MiniGptConfig& c, const Params& p, const DecoderInput
         return adapted_linear(h, p, module, p[module + ".bias"], ac);
       };
       auto proj = [&](const char* n) { return dense(x, b + "attn." + n); };
-      Array q = split_heads(proj("query"), c.num_heads), k = split_heads(proj("key"), c.num_heads),
-            v = split_heads(proj("value"), c.num_heads);
-      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, {.causal = true}));
+      Array a = cached_projected_attention(cache, size_t(l), proj("query"), proj("key"), proj("value"), c.num_heads,
+                                           c.num_heads, mask, {.causal = true});
       a = dense(a, b + "attn.out");
       x = residual_layer_norm(x, a, p[b + "ln1.weight"], p[b + "ln1.bias"], c.layer_norm_epsilon, c.dropout_rate,
                               lk.fold_in(0), train);

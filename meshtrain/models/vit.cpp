@@ -164,12 +164,12 @@ Array vit_encoder(const VitConfig& c, const Params& p, const Array& pixel_values
         return adapted_linear(h, p, m, p.contains(m + ".bias") ? p[m + ".bias"] : Array(), ac);
       };
       Array h = layer_norm(x, p[pre + "layernorm_before.weight"], p[pre + "layernorm_before.bias"], c.layer_norm_eps);
-      Array q = split_heads(lin(h, "attention.attention.query"), c.num_attention_heads);
-      Array k = split_heads(lin(h, "attention.attention.key"), c.num_attention_heads);
-      Array v = split_heads(lin(h, "attention.attention.value"), c.num_attention_heads);
+      const int64_t heads = c.num_attention_heads;
       AttentionOptions opt{.causal = false, .scale = 0, .dropout_rate = c.attention_probs_dropout_prob,
                            .dropout_key = lk.fold_in(0), .train = train};
-      Array a = lin(merge_heads(scaled_dot_product_attention(q, k, v, Array(), opt)), "attention.output.dense");
+      Array a = projected_attention(lin(h, "attention.attention.query"), lin(h, "attention.attention.key"),
+                                    lin(h, "attention.attention.value"), heads, heads, Array(), opt);
+      a = lin(a, "attention.output.dense");
       x = residual_add(x, a, c.hidden_dropout_prob, lk.fold_in(1), train);
       h = layer_norm(x, p[pre + "layernorm_after.weight"], p[pre + "layernorm_after.bias"], c.layer_norm_eps);
       const std::string inter = pre + "intermediate.dense";
