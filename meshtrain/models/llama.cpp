@@ -4,6 +4,7 @@
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
@@ -132,15 +133,28 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
         return adapted_linear(h, p, module, bias && c.attention_bias ? p[module + ".bias"] : Array(), ac);
       };
       Array h = rms_norm(x, p[b + "input_layernorm.weight"], c.rms_norm_eps);
-      auto proj = [&](const char* n, int64_t heads) { return split_heads(dense(h, b + "self_attn." + n, true), heads); };
+      // Without a KV cache the heads stay inner, (B, T, H, D), from the projections through
+      // the rotary embedding and the attention kernels: no head transposes (layers.h).
+      const bool heads_inner = !cache && fused_layers();
+      auto proj = [&](const char* n, int64_t heads) {
+        const Array y = dense(h, b + "self_attn." + n, true);
+        MT_CHECK(y.dim(2) == heads * hd, "[llama] ", n, " gives ", y.dim(2), " features, config says ", heads, " x ",
+                 hd);
+        return heads_inner ? reshape(y, {y.dim(0), y.dim(1), heads, hd}) : split_heads(y, heads);
+      };
       Array q = proj("q_proj", c.num_attention_heads);
       Array k = proj("k_proj", c.num_key_value_heads), v = proj("v_proj", c.num_key_value_heads);
-      MT_CHECK(q.dim(3) == hd, "[llama] q_proj gives head dim ", q.dim(3), ", config says ", hd);
-      q = rotary_embedding(q, positions, c.rope_theta, c.rope_interleaved);
-      k = rotary_embedding(k, positions, c.rope_theta, c.rope_interleaved);
+      q = rotary_embedding(q, positions, c.rope_theta, c.rope_interleaved, heads_inner);
+      k = rotary_embedding(k, positions, c.rope_theta, c.rope_interleaved, heads_inner);
       AttentionOptions opt{.causal = true, .scale = 0, .dropout_rate = c.attention_dropout, .dropout_key = lk,
                            .train = train};
-      Array a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
+      Array a;
+      if (heads_inner) {
+        a = attention_heads_inner(q, k, v, mask, opt);
+        a = reshape(a, {a.dim(0), a.dim(1), a.dim(2) * a.dim(3)});
+      } else {
+        a = merge_heads(cached_attention(cache, size_t(l), q, k, v, mask, opt));
+      }
       x = add(x, dense(a, b + "self_attn.o_proj", true));
       h = rms_norm(x, p[b + "post_attention_layernorm.weight"], c.rms_norm_eps);
       Array g = activation(dense(h, b + "mlp.gate_proj", false), c.hidden_act);

@@ -404,11 +404,12 @@ Array attention_heads_inner(const Array& q, const Array& k, const Array& v, cons
                    1, 2);
 }
 
-Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved) {
+Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved, bool heads_inner) {
   MT_CHECK(x.defined() && positions.defined(), "[rotary] undefined input array");
   MT_CHECK(x.ndim() >= 2 && x.dim(-1) % 2 == 0, "[rotary] expects (..., T, D) with even D, got ", x.str());
+  MT_CHECK(!heads_inner || x.ndim() == 4, "[rotary] expects heads-inner x as (B, T, H, D), got ", x.str());
   MT_CHECK(is_integer(positions.dtype()), "[rotary] positions must be integers, got ", positions.str());
-  const int64_t t = x.dim(-2), d = x.dim(-1), half = d / 2;
+  const int64_t t = x.dim(heads_inner ? 1 : -2), d = x.dim(-1), half = d / 2;
   MT_CHECK((positions.ndim() == 1 && positions.dim(0) == t) ||
                (positions.ndim() == 2 && positions.dim(1) == t && x.ndim() == 4 && positions.dim(0) == x.dim(0)),
            "[rotary] positions ", positions.str(), " do not match x ", x.str(), " (expected (T,) or (B, T))");
@@ -424,7 +425,8 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
     return Array::from_vector(inv_freq, Shape{half});
   });
   Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
-  if (positions.ndim() == 2) angles = expand_dims(angles, 1);             // (B, 1, T, half)
+  if (heads_inner) angles = expand_dims(angles, -2);                       // (T, 1, half) or (B, T, 1, half)
+  else if (positions.ndim() == 2) angles = expand_dims(angles, 1);        // (B, 1, T, half)
   // Integer positions are never traced: the tables carry no gradient.
   auto on_x = [&](const Array& a) { return a.device() == x.device() ? a : a.to(x.device()); };
   Array cos_t = on_x(cast(cos(angles), x.dtype())), sin_t = on_x(cast(sin(angles), x.dtype()));
