@@ -372,11 +372,43 @@ class SumSquaresMultiPrimitive final : public prim::Primitive {
   }
 };
 
-// Inputs x_0..x_{k-1}, the scale, then k destinations: x_j · scale is written over d_j (the
-// builder hands in buffers nobody else can see, possibly x_j's own) and the output is d_0.
-class ScaleMultiPrimitive final : public prim::Primitive {
+// A multi-tensor primitive that writes its k results over k destinations handed in last (the
+// builder's buffers nobody else can see, possibly the first k inputs' own: apply_into), d_j
+// shaped like input j; its output is a second handle to d_0. `passes`: memory passes per
+// element, for the cost.
+class MultiTensorIntoPrimitive : public prim::Primitive {
  public:
-  explicit ScaleMultiPrimitive(size_t k) : k_(k) {}
+  MultiTensorIntoPrimitive(size_t k, double passes) : k_(k), passes_(passes) {}
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double n = 0, bytes = 0;
+    for (size_t j = 0; j < k_; ++j) n += double(in[j].numel()), bytes += passes_ * double(in[j].nbytes());
+    return {n, bytes};
+  }
+
+ protected:
+  void check_destinations(const std::vector<Array>& in) const {
+    for (size_t j = 0; j < k_; ++j) {
+      const Array& d = in[in.size() - k_ + j];
+      MT_CHECK(d.dtype() == in[j].dtype() && d.shape() == in[j].shape() && d.device() == in[j].device(), "[",
+               name(), "] tensor ", j, ": destination ", d.str(), " for ", in[j].str());
+    }
+  }
+  std::vector<Array> destinations(const std::vector<Array>& in) const {
+    return {in.end() - std::ptrdiff_t(k_), in.end()};
+  }
+  static Array second_handle(const Array& d) { return Array(std::make_shared<ArrayImpl>(*d.impl())); }
+  size_t k_;
+
+ private:
+  double passes_;
+};
+
+// Inputs x_0..x_{k-1}, the scale, then the destinations: x_j · scale.
+class ScaleMultiPrimitive final : public MultiTensorIntoPrimitive {
+ public:
+  explicit ScaleMultiPrimitive(size_t k) : MultiTensorIntoPrimitive(k, 2.0) {}
   const char* name() const override { return "scale_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     MT_CHECK(in.size() == 2 * k_ + 1, "[", name(), "] expects ", k_, " tensors, the scale and ", k_,
@@ -387,72 +419,59 @@ class ScaleMultiPrimitive final : public prim::Primitive {
                  scale.device() == in[0].device(),
              "[", name(), "] expects the scale as an f32 array of one element on ", in[0].device().str(), ", got ",
              scale.defined() ? scale.str() + " on " + scale.device().str() : std::string("an undefined array"));
-    for (size_t j = 0; j < k_; ++j) {
-      const Array& d = in[k_ + 1 + j];
-      MT_CHECK(d.dtype() == in[j].dtype() && d.shape() == in[j].shape() && d.device() == in[j].device(), "[",
-               name(), "] tensor ", j, ": destination ", d.str(), " for ", in[j].str());
-    }
+    check_destinations(in);
     return {in[0].shape(), in[0].dtype()};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
     const std::vector<Array> xs(in.begin(), in.begin() + std::ptrdiff_t(k_));
-    std::vector<Array> outs(in.begin() + std::ptrdiff_t(k_ + 1), in.end());
+    std::vector<Array> outs = destinations(in);
     MT_KERNEL(outs[0], scale_multi, xs, in[k_], outs);
-    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));  // a second handle, not the input's
+    return second_handle(outs[0]);
   }
-  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
-  uint32_t keeps_inputs() const override { return 0; }
-  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
-    double n = 0, bytes = 0;
-    for (size_t j = 0; j < k_; ++j) n += double(in[j].numel()), bytes += 2.0 * double(in[j].nbytes());
-    return {n, bytes};
-  }
-
- private:
-  size_t k_;
 };
 
-// Inputs a_0..a_{k-1}, b_0..b_{k-1}, then k destinations: a_j + b_j is written over d_j (as
-// ScaleMultiPrimitive's) and the output is d_0.
-class AddMultiPrimitive final : public prim::Primitive {
+// Inputs a_0..a_{k-1}, b_0..b_{k-1}, then the destinations: a_j + b_j.
+class AddMultiPrimitive final : public MultiTensorIntoPrimitive {
  public:
-  explicit AddMultiPrimitive(size_t k) : k_(k) {}
+  explicit AddMultiPrimitive(size_t k) : MultiTensorIntoPrimitive(k, 3.0) {}
   const char* name() const override { return "add_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     MT_CHECK(in.size() == 3 * k_, "[", name(), "] expects ", k_, " tensors, ", k_, " addends and ", k_,
              " destinations, got ", in.size(), " arrays");
     check_clip_tensors(in, 2 * k_, name());
-    for (size_t j = 0; j < k_; ++j) {
+    for (size_t j = 0; j < k_; ++j)
       MT_CHECK(in[k_ + j].shape() == in[j].shape(), "[", name(), "] tensor ", j, ": ", in[j].str(), " + ",
                in[k_ + j].str());
-      const Array& d = in[2 * k_ + j];
-      MT_CHECK(d.dtype() == in[j].dtype() && d.shape() == in[j].shape() && d.device() == in[j].device(), "[",
-               name(), "] tensor ", j, ": destination ", d.str(), " for ", in[j].str());
-    }
+    check_destinations(in);
     return {in[0].shape(), in[0].dtype()};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
     const std::vector<Array> operands(in.begin(), in.begin() + std::ptrdiff_t(2 * k_));
-    std::vector<Array> outs(in.begin() + std::ptrdiff_t(2 * k_), in.end());
+    std::vector<Array> outs = destinations(in);
     MT_KERNEL(outs[0], add_multi, operands, outs);
-    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));
+    return second_handle(outs[0]);
   }
-  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
-  uint32_t keeps_inputs() const override { return 0; }
-  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
-    double n = 0, bytes = 0;
-    for (size_t j = 0; j < k_; ++j) n += double(in[j].numel()), bytes += 3.0 * double(in[j].nbytes());
-    return {n, bytes};
-  }
-
- private:
-  size_t k_;
 };
 
-// Where x (moved in by the caller) may be written over: x itself when nobody else can see its
-// buffer, else a new array of its kind. Asked before any second handle to x exists.
-Array destination_for(const Array& x) {
-  return x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device());
+// Applies a MultiTensorIntoPrimitive to xs (moved in), `rest` and the destinations, and returns
+// the k results: each x_j is written over where nobody else can see its buffer (asked before
+// any second handle exists), else into a new array of its kind. Distributed x_j are gathered
+// first.
+std::vector<Array> apply_into(const prim::PrimitivePtr& primitive, std::vector<Array> xs, const std::vector<Array>& rest,
+                              const char* op) {
+  const size_t k = xs.size();
+  for (Array& x : xs)
+    if (x.defined() && x.distributed()) x = whole(x);
+  check_clip_tensors(xs, k, op);
+  std::vector<Array> destinations;
+  for (const Array& x : xs)
+    destinations.push_back(x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device()));
+  std::vector<Array> in(xs.begin(), xs.end());
+  in.insert(in.end(), rest.begin(), rest.end());
+  for (size_t j = 0; j < k; ++j) in.push_back(destinations[j].defined() ? std::move(destinations[j]) : xs[j]);
+  xs.clear();
+  prim::apply(primitive, in);
+  return {std::make_move_iterator(in.end() - std::ptrdiff_t(k)), std::make_move_iterator(in.end())};
 }
 
 }  // namespace
@@ -464,44 +483,15 @@ Array sum_of_squares_multi(const std::vector<Array>& xs) {
 
 std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale) {
   const size_t k = xs.size();
-  check_clip_tensors(xs, k, "scale_multi");
-  for (Array& x : xs)
-    if (x.distributed()) x = whole(x);
-  // Written over only where nobody else can see it: the caller's kept arrays and views of
-  // shared buffers get buffers of their own.
-  std::vector<Array> destinations;
-  for (const Array& x : xs) destinations.push_back(destination_for(x));
-  std::vector<Array> in;
-  in.reserve(2 * k + 1);
-  for (const Array& x : xs) in.push_back(x);
-  in.push_back(scale);
-  for (size_t j = 0; j < k; ++j) in.push_back(destinations[j].defined() ? std::move(destinations[j]) : xs[j]);
-  xs.clear();
-  prim::apply(std::make_shared<ScaleMultiPrimitive>(k), in);
-  std::vector<Array> out;
-  for (size_t j = 0; j < k; ++j) out.push_back(std::move(in[k + 1 + j]));
-  return out;
+  return apply_into(std::make_shared<ScaleMultiPrimitive>(k), std::move(xs), {scale}, "scale_multi");
 }
 
 std::vector<Array> add_multi_into(std::vector<Array> a, const std::vector<Array>& b) {
   const size_t k = a.size();
   MT_CHECK(b.size() == k, "[add_multi] ", k, " tensors and ", b.size(), " addends");
-  std::vector<Array> in;
-  in.reserve(3 * k);
-  for (Array& x : a)
-    if (x.defined() && x.distributed()) x = whole(x);
-  for (const Array& x : b) in.push_back(x.defined() && x.distributed() ? whole(x) : x);
-  std::vector<Array> destinations;
-  for (const Array& x : a) destinations.push_back(x.defined() ? destination_for(x) : Array());
-  std::vector<Array> operands(a.begin(), a.end());
-  operands.insert(operands.end(), in.begin(), in.end());
-  check_clip_tensors(operands, 2 * k, "add_multi");
-  for (size_t j = 0; j < k; ++j) operands.push_back(destinations[j].defined() ? std::move(destinations[j]) : a[j]);
-  a.clear();
-  prim::apply(std::make_shared<AddMultiPrimitive>(k), operands);
-  std::vector<Array> out;
-  for (size_t j = 0; j < k; ++j) out.push_back(std::move(operands[2 * k + j]));
-  return out;
+  std::vector<Array> addends;
+  for (const Array& x : b) addends.push_back(x.defined() && x.distributed() ? whole(x) : x);
+  return apply_into(std::make_shared<AddMultiPrimitive>(k), std::move(a), addends, "add_multi");
 }
 
 }  // namespace mt

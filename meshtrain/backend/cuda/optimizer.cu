@@ -47,7 +47,9 @@ struct SliceTable {
   int count;
 };
 
-__device__ const Slice& slice_of_block(const SliceTable& t) {
+// The slice of a table (SliceTable, ClipTable) this block works on.
+template <class Table>
+__device__ const auto& slice_of_block(const Table& t) {
   int j = 0;
   while (j + 1 < t.count && t.s[j + 1].first_block <= int(blockIdx.x)) ++j;
   return t.s[j];
@@ -170,17 +172,11 @@ struct ClipTable {
   int count;
 };
 
-__device__ const ClipSlice& clip_slice_of_block(const ClipTable& t) {
-  int j = 0;
-  while (j + 1 < t.count && t.s[j + 1].first_block <= int(blockIdx.x)) ++j;
-  return t.s[j];
-}
-
 // partial[block] = Σ of the squares of the block's tile, each square rounded to f32, in f64.
 template <class T>
 __global__ void sum_squares_tiles_kernel(const __grid_constant__ ClipTable t, double* partial) {
   __shared__ double shared[32];
-  const ClipSlice& s = clip_slice_of_block(t);
+  const ClipSlice& s = slice_of_block(t);
   const T* x = static_cast<const T*>(s.x);
   const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
   const int64_t end = min(s.n, start + kTile);
@@ -204,7 +200,7 @@ __global__ void sum_partials_kernel(const double* partial, int64_t count, float*
 
 template <class T>
 __global__ void scale_tiles_kernel(const __grid_constant__ ClipTable t, const float* scale) {
-  const ClipSlice& s = clip_slice_of_block(t);
+  const ClipSlice& s = slice_of_block(t);
   const T* x = static_cast<const T*>(s.x);
   T* y = static_cast<T*>(s.y);
   const float c = *scale;
@@ -215,7 +211,7 @@ __global__ void scale_tiles_kernel(const __grid_constant__ ClipTable t, const fl
 
 template <class T>
 __global__ void add_tiles_kernel(const __grid_constant__ ClipTable t) {
-  const ClipSlice& s = clip_slice_of_block(t);
+  const ClipSlice& s = slice_of_block(t);
   const T* x = static_cast<const T*>(s.x);
   const T* z = static_cast<const T*>(s.z);
   T* y = static_cast<T*>(s.y);
