@@ -168,6 +168,15 @@ struct BartLayer {
                          .train = train};
     return linear(merge_heads(scaled_dot_product_attention(q, k, v, mask, opt)), p, m + ".out_proj");
   }
+  // The same from the inputs, without a cache: queries projected from xq, keys and values from
+  // xkv, the heads kept inner throughout (projected_attention: no head transposes).
+  Array attend_inputs(const Params& p, const std::string& m, const Array& xq, const Array& xkv, const Array& mask,
+                      bool causal, const RngKey& key) const {
+    AttentionOptions opt{.causal = causal, .scale = 0, .dropout_rate = c.attention_dropout, .dropout_key = key,
+                         .train = train};
+    const Array q = linear(xq, p, m + ".q_proj"), k = linear(xkv, p, m + ".k_proj"), v = linear(xkv, p, m + ".v_proj");
+    return linear(projected_attention(q, k, v, heads, heads, mask, opt), p, m + ".out_proj");
+  }
   // Post-LN: norm(x + dropout(y)).
   Array add_norm(const Array& x, const Array& y, const Params& p, const std::string& norm, const RngKey& key) const {
     return residual_layer_norm(x, y, p[norm + ".weight"], p[norm + ".bias"], 1e-5, c.dropout, key, train);
@@ -205,9 +214,7 @@ EncoderOutput bart_encode(const BartConfig& c, const Params& p, const Array& inp
     const RngKey lk = key.fold_in(uint64_t(l + 1));
     auto block = [layer, b, lk, mask](const Params& p, const Array& x0) {
       const std::string a = b + "self_attn";
-      Array q = layer.project(x0, p, a + ".q_proj"), k = layer.project(x0, p, a + ".k_proj"),
-            v = layer.project(x0, p, a + ".v_proj");
-      Array x = layer.add_norm(x0, layer.attend(p, a, q, k, v, mask, false, lk.fold_in(0)), p,
+      Array x = layer.add_norm(x0, layer.attend_inputs(p, a, x0, x0, mask, false, lk.fold_in(0)), p,
                                b + "self_attn_layer_norm", lk.fold_in(1));
       return layer.add_norm(x, layer.mlp(p, b, x, lk.fold_in(2)), p, b + "final_layer_norm", lk.fold_in(3));
     };
@@ -231,6 +238,13 @@ Array bart_decode_hidden(const BartConfig& c, const Params& p, const Array& deco
     const RngKey lk = key.fold_in(uint64_t(l + 1));
     auto block = [layer, b, lk, self_mask, enc_mask, cache, l](const Params& p, const std::vector<Array>& in) {
       const std::string sa = b + "self_attn", ca = b + "encoder_attn";
+      if (!cache) {  // training and scoring: the heads stay inner
+        Array x = layer.add_norm(in[0], layer.attend_inputs(p, sa, in[0], in[0], self_mask, true, lk.fold_in(0)), p,
+                                 b + "self_attn_layer_norm", lk.fold_in(1));
+        x = layer.add_norm(x, layer.attend_inputs(p, ca, x, in[1], enc_mask, false, lk.fold_in(2)), p,
+                           b + "encoder_attn_layer_norm", lk.fold_in(3));
+        return layer.add_norm(x, layer.mlp(p, b, x, lk.fold_in(4)), p, b + "final_layer_norm", lk.fold_in(5));
+      }
       Array q = layer.project(in[0], p, sa + ".q_proj"), k = layer.project(in[0], p, sa + ".k_proj"),
             v = layer.project(in[0], p, sa + ".v_proj");
       if (cache) std::tie(k, v) = cache->self.append(size_t(l), k, v);
