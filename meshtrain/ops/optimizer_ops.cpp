@@ -325,10 +325,10 @@ Array adam_direction(const Array& m, const Array& v, const Array& p, const AdamS
 
 namespace {
 
-// The clipping primitives' tensors: floating, one dtype and device, plain (the builders gather
-// distributed ones; optim::global_norm keeps those on the composed ops, whose sums span the
-// mesh without a gather).
-int64_t check_clip_tensors(const std::vector<Array>& xs, size_t count, const char* op) {
+// The clipping and update primitives' tensors: floating, one dtype and device, plain (the
+// builders gather distributed ones; optim::global_norm keeps those on the composed ops, whose
+// sums span the mesh without a gather).
+int64_t check_multi_tensors(const std::vector<Array>& xs, size_t count, const char* op) {
   MT_CHECK(count > 0, "[", op, "] no tensors");
   int64_t total = 0;
   for (size_t j = 0; j < count; ++j) {
@@ -347,7 +347,7 @@ class SumSquaresMultiPrimitive final : public prim::Primitive {
  public:
   const char* name() const override { return "sum_squares_multi"; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    check_clip_tensors(in, in.size(), name());
+    check_multi_tensors(in, in.size(), name());
     return {Shape(), DType::f32};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
@@ -413,7 +413,7 @@ class ScaleMultiPrimitive final : public MultiTensorIntoPrimitive {
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     MT_CHECK(in.size() == 2 * k_ + 1, "[", name(), "] expects ", k_, " tensors, the scale and ", k_,
              " destinations, got ", in.size(), " arrays");
-    check_clip_tensors(in, k_, name());
+    check_multi_tensors(in, k_, name());
     const Array& scale = in[k_];
     MT_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.numel() == 1 && !scale.distributed() &&
                  scale.device() == in[0].device(),
@@ -438,7 +438,7 @@ class AddMultiPrimitive final : public MultiTensorIntoPrimitive {
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
     MT_CHECK(in.size() == 3 * k_, "[", name(), "] expects ", k_, " tensors, ", k_, " addends and ", k_,
              " destinations, got ", in.size(), " arrays");
-    check_clip_tensors(in, 2 * k_, name());
+    check_multi_tensors(in, 2 * k_, name());
     for (size_t j = 0; j < k_; ++j)
       MT_CHECK(in[k_ + j].shape() == in[j].shape(), "[", name(), "] tensor ", j, ": ", in[j].str(), " + ",
                in[k_ + j].str());
@@ -462,7 +462,7 @@ std::vector<Array> apply_into(const prim::PrimitivePtr& primitive, std::vector<A
   const size_t k = xs.size();
   for (Array& x : xs)
     if (x.defined() && x.distributed()) x = whole(x);
-  check_clip_tensors(xs, k, op);
+  check_multi_tensors(xs, k, op);
   std::vector<Array> destinations;
   for (const Array& x : xs)
     destinations.push_back(x.sole_owner() ? Array() : Array::empty(x.shape(), x.dtype(), x.device()));
@@ -477,7 +477,7 @@ std::vector<Array> apply_into(const prim::PrimitivePtr& primitive, std::vector<A
 }  // namespace
 
 Array sum_of_squares_multi(const std::vector<Array>& xs) {
-  check_clip_tensors(xs, xs.size(), "sum_squares_multi");
+  check_multi_tensors(xs, xs.size(), "sum_squares_multi");
   return prim::apply(std::make_shared<SumSquaresMultiPrimitive>(), xs);
 }
 

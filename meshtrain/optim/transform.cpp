@@ -314,6 +314,16 @@ std::vector<PlainGroup<Slot>> plain_groups(Tree& tree, std::vector<TreeSlot<Slot
   return groups;
 }
 
+// The arrays of `slots` moved out to `fn` (so a multi-tensor kernel may write over their
+// buffers) and its results moved back in their places.
+template <class Fn>
+void update_slots(const std::vector<Array*>& slots, Fn&& fn) {
+  std::vector<Array> xs;
+  for (Array* slot : slots) xs.push_back(std::move(*slot));
+  std::vector<Array> ys = fn(std::move(xs));
+  for (size_t j = 0; j < slots.size(); ++j) *slots[j] = std::move(ys[j]);
+}
+
 }  // namespace
 
 Array global_norm(const Params& tree) {
@@ -346,12 +356,13 @@ Transform clip_by_global_norm(double max_norm) {
     const Array norm = global_norm(updates);
     // The coefficient, torch's clip_grad_norm_'s: max_norm / (norm + 1e-6) clamped at 1.
     Array coef;
+    double host_coef = 0;  // the CPU's, unrounded (the per-tensor path rounds it to each dtype)
     if (!norm.device().is_cuda()) {
       // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy). A
       // CPU value waits for nothing: read in place, not counted as a host read.
-      const double c = max_norm / (double(*norm.data<float>()) + 1e-6);
-      if (c >= 1.0) return updates;
-      coef = Array::scalar(c, DType::f32);
+      host_coef = max_norm / (double(*norm.data<float>()) + 1e-6);
+      if (host_coef >= 1.0) return updates;
+      coef = Array::scalar(host_coef, DType::f32);
     } else {
       // On a GPU, in f32 on the device, every gradient multiplied (by exactly 1 within
       // bounds): the host never reads the norm, so it goes on enqueueing the optimizer while
@@ -366,10 +377,9 @@ Transform clip_by_global_norm(double max_norm) {
     std::vector<TreeSlot<Array>> others;
     for (auto& group : plain_groups<Params, Array>(updates, others)) {
       const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
-      std::vector<Array> xs;
-      for (auto& slot : group.slots) xs.push_back(std::move(*slot.array));
-      std::vector<Array> scaled = scale_multi_into(std::move(xs), scale);
-      for (size_t j = 0; j < scaled.size(); ++j) *group.slots[j].array = std::move(scaled[j]);
+      std::vector<Array*> slots;
+      for (auto& slot : group.slots) slots.push_back(slot.array);
+      update_slots(slots, [&](std::vector<Array> xs) { return scale_multi_into(std::move(xs), scale); });
     }
     for (auto& slot : others) {
       Array* u = slot.array;
@@ -377,7 +387,7 @@ Transform clip_by_global_norm(double max_norm) {
       if (coef.device().is_cuda())
         *u = u->dtype() == DType::f32 ? mul(*u, coef) : cast(mul(cast(*u, DType::f32), coef), u->dtype());
       else
-        *u = mul_in_place(std::move(*u), scalar_like(*u, double(*coef.data<float>())));
+        *u = mul_in_place(std::move(*u), scalar_like(*u, host_coef));
     }
     return updates;
   };
@@ -511,7 +521,7 @@ Params apply_updates(Params params, const Params& updates) {
   std::vector<TreeSlot<Array>> others;
   for (auto& group : plain_groups<Params, Array>(params, others)) {
     std::vector<Array*> slots;
-    std::vector<Array> ps, us;
+    std::vector<Array> us;
     for (const auto& slot : group.slots) {
       if (!updates.contains(*slot.path)) continue;
       const Array& u = updates[*slot.path];
@@ -522,10 +532,8 @@ Params apply_updates(Params params, const Params& updates) {
       slots.push_back(slot.array);
       us.push_back(u);
     }
-    if (slots.empty()) continue;
-    for (Array* p : slots) ps.push_back(std::move(*p));
-    std::vector<Array> sums = add_multi_into(std::move(ps), us);
-    for (size_t j = 0; j < slots.size(); ++j) *slots[j] = std::move(sums[j]);
+    if (!slots.empty())
+      update_slots(slots, [&](std::vector<Array> ps) { return add_multi_into(std::move(ps), us); });
   }
   for (auto& slot : others)
     if (updates.contains(*slot.path))
