@@ -30,6 +30,12 @@ struct FlashAttentionShape {
   // both, slice bh = b·H + h; the heads-inner rows of a slice are H·D (k, v: H / group · D)
   // elements apart. Out, dq, dk and dv have their inputs' layout; lse stays (BH, Tq).
   bool heads_inner = false;
+  // Heads-inner only: elements between a slice's rows in q and dq (q_row_stride) and in k, v, dk
+  // and dv (kv_row_stride); 0 means H·D and H / group · D. Larger strides read the three from
+  // one packed (B, T, H + 2·Hkv, D) projection (q, k and v given as views at its head offsets)
+  // and write dq, dk and dv into one packed gradient the same way. Out, g and lse stay
+  // contiguous (out and g rows H·D apart).
+  int64_t q_row_stride = 0, kv_row_stride = 0;
   // How the GPU's tensor-core kernels multiply (the matmul precision in force when the op
   // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
   // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.

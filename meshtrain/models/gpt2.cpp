@@ -6,6 +6,7 @@
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
@@ -153,23 +154,37 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
                                                                                     const std::vector<Array>& inputs) {
       Array x = inputs[0];
       Array h = layer_norm(x, p[b + "ln_1.weight"], p[b + "ln_1.bias"], c.layer_norm_epsilon);
-      // q, k and v each from their own [in, out] slice of c_attn (a slice along an unsplit dim);
-      // a c_attn adapter shares A(x) and slices its B [3, out, r] the same way.
+      const Array &w_qkv = p[b + "attn.c_attn.weight"], &b_qkv = p[b + "attn.c_attn.bias"];
       Array down = lora_down(h, p, b + "attn.c_attn", ac);
-      auto project = [&](int64_t s) {
-        Array w = reshape(slice(p[b + "attn.c_attn.weight"], 1, s, s + 1), {e, e});
-        Array bias = reshape(slice(p[b + "attn.c_attn.bias"], 0, s, s + 1), {e});
-        Array y = conv1d(h, w, bias);
-        if (down.defined()) {
-          const Array& lb = p[lora_b_path(b + "attn.c_attn")];
-          y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
-        }
-        return y;
-      };
-      Array q = project(0), k = project(1), v = project(2);
       AttentionOptions opt{.causal = true, .scale = scale, .dropout_rate = c.attn_pdrop, .dropout_key = lk.fold_in(0),
                            .train = train};
-      Array a = cached_projected_attention(cache, size_t(l), q, k, v, c.n_head, c.n_head, mask, opt);
+      Array a;
+      if (fused_layers() && !h.distributed() && !w_qkv.distributed() && !b_qkv.distributed()) {
+        // One GEMM for q | k | v: [in, 3, out] is [in, 3·out] reshaped, and the attention reads
+        // the packed product in place (its gradient comes back packed for the one dW and dX GEMM).
+        Array qkv = conv1d(h, reshape(w_qkv, {e, 3 * e}), reshape(b_qkv, {3 * e}));
+        if (down.defined()) {
+          const Array& lb = p[lora_b_path(b + "attn.c_attn")];
+          qkv = add(qkv, lora_up(down, reshape(lb, {3 * e, lb.dim(2)}), ac));
+        }
+        a = cached_packed_projected_attention(cache, size_t(l), qkv, c.n_head, c.n_head, mask, opt);
+      } else {
+        // The composed reference, and distributed arrays: q, k and v each from their own [in, out]
+        // slice of c_attn (a slice along an unsplit dim keeps the tensor-parallel layout); a c_attn
+        // adapter shares A(x) and slices its B [3, out, r] the same way.
+        auto project = [&](int64_t s) {
+          Array w = reshape(slice(w_qkv, 1, s, s + 1), {e, e});
+          Array bias = reshape(slice(b_qkv, 0, s, s + 1), {e});
+          Array y = conv1d(h, w, bias);
+          if (down.defined()) {
+            const Array& lb = p[lora_b_path(b + "attn.c_attn")];
+            y = add(y, lora_up(down, reshape(slice(lb, 0, s, s + 1), {e, lb.dim(2)}), ac));
+          }
+          return y;
+        };
+        a = cached_projected_attention(cache, size_t(l), project(0), project(1), project(2), c.n_head, c.n_head, mask,
+                                       opt);
+      }
       a = adapted_conv1d(a, p, b + "attn.c_proj", p[b + "attn.c_proj.bias"], ac);
       x = residual_add(x, a, c.resid_pdrop, lk.fold_in(1), train);
       if (c.add_cross_attention) {

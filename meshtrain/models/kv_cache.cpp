@@ -59,6 +59,13 @@ Array cached_projected_attention(KvCache* cache, size_t layer, const Array& q, c
                                       split_heads(v, kv_heads), mask, options));
 }
 
+Array cached_packed_projected_attention(KvCache* cache, size_t layer, const Array& qkv, int64_t heads,
+                                        int64_t kv_heads, const Array& mask, const AttentionOptions& options) {
+  if (!cache) return packed_projected_attention(qkv, heads, kv_heads, mask, options);
+  const auto [q, k, v] = split_packed_projection(qkv, heads, kv_heads);
+  return cached_projected_attention(cache, layer, q, k, v, heads, kv_heads, mask, options);
+}
+
 void KvBlockPool::write(size_t layer, const Array& k, const Array& v, const std::vector<int64_t>& slots) {
   if (keys.size() <= layer) {
     keys.resize(layer + 1);

@@ -65,4 +65,9 @@ Array cached_attention(KvCache* cache, size_t layer, const Array& q, const Array
 Array cached_projected_attention(KvCache* cache, size_t layer, const Array& q, const Array& k, const Array& v,
                                  int64_t heads, int64_t kv_heads, const Array& mask, const AttentionOptions& options);
 
+// The same over one fused q | k | v projection (B, T, (H + 2·Hkv)·D): without a cache as
+// packed_projected_attention, with one its three slices as cached_projected_attention.
+Array cached_packed_projected_attention(KvCache* cache, size_t layer, const Array& qkv, int64_t heads,
+                                        int64_t kv_heads, const Array& mask, const AttentionOptions& options);
+
 }  // namespace mt::models

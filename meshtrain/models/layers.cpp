@@ -89,6 +89,31 @@ Array projected_attention(const Array& q, const Array& k, const Array& v, int64_
   return reshape(out, {out.dim(0), out.dim(1), out.dim(2) * out.dim(3)});
 }
 
+int64_t packed_head_dim(const Array& qkv, int64_t heads, int64_t kv_heads) {
+  MT_CHECK(qkv.ndim() == 3 && heads > 0 && kv_heads > 0 && qkv.dim(2) % (heads + 2 * kv_heads) == 0,
+           "[attention] expects a (B, T, (H + 2·Hkv)·D) q | k | v projection with H = ", heads, " and Hkv = ", kv_heads,
+           ", got ", qkv.str());
+  return qkv.dim(2) / (heads + 2 * kv_heads);
+}
+
+std::array<Array, 3> split_packed_projection(const Array& qkv, int64_t heads, int64_t kv_heads) {
+  const int64_t d = packed_head_dim(qkv, heads, kv_heads);
+  return {slice(qkv, 2, 0, heads * d), slice(qkv, 2, heads * d, (heads + kv_heads) * d),
+          slice(qkv, 2, (heads + kv_heads) * d, qkv.dim(2))};
+}
+
+Array packed_projected_attention(const Array& qkv, int64_t heads, int64_t kv_heads, const Array& mask,
+                                 const AttentionOptions& options) {
+  const int64_t d = packed_head_dim(qkv, heads, kv_heads);
+  if (!fused_layers()) {
+    const auto [q, k, v] = split_packed_projection(qkv, heads, kv_heads);
+    return projected_attention(q, k, v, heads, kv_heads, mask, options);
+  }
+  const Array out = attention_packed(reshape(qkv, {qkv.dim(0), qkv.dim(1), heads + 2 * kv_heads, d}), heads,
+                                     kv_heads, mask, options);
+  return reshape(out, {out.dim(0), out.dim(1), out.dim(2) * out.dim(3)});
+}
+
 Array merge_heads(const Array& x) {
   MT_CHECK(x.ndim() == 4, "[merge_heads] expects (B, H, T, D), got ", x.str());
   return reshape(swap_axes(x, 1, 2), {x.dim(0), x.dim(2), x.dim(1) * x.dim(3)});

@@ -2,6 +2,7 @@
 // The dense layers in both storage conventions (nn.Linear [out, in], HF Conv1D [in, out]),
 // Hugging Face's activations, head splitting, and the transformer block wrapper that
 // recomputes a block in the backward pass under --remat.
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -40,6 +41,16 @@ Array residual_layer_norm(const Array& x, const Array& branch, const Array& weig
 // (attention_heads_inner): no head transposes in either pass.
 Array projected_attention(const Array& q, const Array& k, const Array& v, int64_t heads, int64_t kv_heads,
                           const Array& mask, const AttentionOptions& options);
+// Self-attention over one fused q | k | v projection: qkv (B, T, (H + 2·Hkv)·D) to (B, T, H·D),
+// the values projected_attention has over its three slices. With fused_layers() on, the fused
+// kernel reads the three in place and hands back the projection's gradient whole
+// (attention_packed); otherwise the slices take projected_attention.
+Array packed_projected_attention(const Array& qkv, int64_t heads, int64_t kv_heads, const Array& mask,
+                                 const AttentionOptions& options);
+// The head dim of such a projection (checked), and its q, k and v slices (B, T, H·D),
+// (B, T, Hkv·D), (B, T, Hkv·D).
+int64_t packed_head_dim(const Array& qkv, int64_t heads, int64_t kv_heads);
+std::array<Array, 3> split_packed_projection(const Array& qkv, int64_t heads, int64_t kv_heads);
 // (B, T, H*D) -> (B, H, T, D) and back.
 Array split_heads(const Array& x, int64_t heads);
 Array merge_heads(const Array& x);

@@ -110,39 +110,62 @@ Array sum_heads(const Array& x, int64_t rep) {
 // them. Under nested differentiation the VJP differentiates the composed form, so gradients
 // of gradients stay exact. Grouped-query attention: k and v may have fewer heads, Hkv
 // dividing H; query head h reads key/value head h / (H / Hkv), never repeated in memory.
-// With heads_inner the arrays are (B, T, H, D) (a projection's layout) and the kernels read and
-// write them in place; the output and the gradients keep it.
+// Heads inner, the arrays are (B, T, H, D) (a projection's layout) and the kernels read and
+// write them in place; the output and the gradients keep it. Packed, the one input is the
+// (B, T, H + 2·Hkv, D) output of a fused q | k | v projection, read in place as three
+// heads-inner arrays, and its gradient is written as one array of that shape: the projection's
+// backward takes it whole, with no slices or concatenation on either side.
+enum class AttentionLayout { heads_outer, heads_inner, packed };
+
 class FlashAttentionPrimitive final : public prim::Primitive {
  public:
-  FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key, bool heads_inner = false)
+  FlashAttentionPrimitive(double scale, bool causal, double rate, RngKey key,
+                          AttentionLayout layout = AttentionLayout::heads_outer, int64_t heads = 0,
+                          int64_t kv_heads = 0)
       : scale_(scale),
         causal_(causal),
         rate_(rate),
         key_(key),
         operands_(operands_of(matmul_precision())),
-        heads_inner_(heads_inner) {}
+        layout_(layout),
+        heads_(heads),
+        kv_heads_(kv_heads) {}
   const char* name() const override { return "flash_attention"; }
   prim::OpKind kind() const override { return prim::OpKind::attention; }
-  // The head and time axes of a 4-d input.
-  int64_t heads_of(const Array& x) const { return x.dim(heads_inner_ ? 2 : 1); }
-  int64_t time_of(const Array& x) const { return x.dim(heads_inner_ ? 1 : 2); }
+  bool packed() const { return layout_ == AttentionLayout::packed; }
+  bool heads_inner() const { return layout_ != AttentionLayout::heads_outer; }
+  // The inputs' query heads, key/value heads, query and key lengths and head dim.
+  int64_t query_heads(const std::vector<Array>& in) const { return packed() ? heads_ : in[0].dim(heads_inner() ? 2 : 1); }
+  int64_t key_heads(const std::vector<Array>& in) const { return packed() ? kv_heads_ : in[1].dim(heads_inner() ? 2 : 1); }
+  int64_t query_time(const std::vector<Array>& in) const { return in[0].dim(heads_inner() ? 1 : 2); }
+  int64_t key_time(const std::vector<Array>& in) const { return in[packed() ? 0 : 1].dim(heads_inner() ? 1 : 2); }
+  size_t mask_index() const { return packed() ? 1 : 3; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    const Array &q = in[0], &k = in[1], &v = in[2];
-    MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) &&
-                 ((heads_of(k) > 0 && heads_of(q) >= heads_of(k) && heads_of(q) % heads_of(k) == 0) ||
-                  (heads_of(q) == 0 && heads_of(k) == 0)) &&
-                 q.dim(3) == k.dim(3) && q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()),
-             "[flash_attention] expects floating ", (heads_inner_ ? "(B, Tq, H, D) q and (B, Tk, Hkv, D)" :
-                                                                     "(B, H, Tq, D) q and (B, Hkv, Tk, D)"),
-             " k, v of one dtype with Hkv dividing H, got q ", q.str(), ", k ", k.str(), ", v ", v.str());
-    MT_CHECK(!causal_ || time_of(q) <= time_of(k), "[flash_attention] more queries (", time_of(q), ") than keys (",
-             time_of(k), ") under the causal mask");
-    MT_CHECK(!heads_inner_ || q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
+    const Array& q = in[0];
+    if (packed()) {
+      MT_CHECK(q.ndim() == 4 && heads_ > 0 && kv_heads_ > 0 && heads_ % kv_heads_ == 0 &&
+                   q.dim(2) == heads_ + 2 * kv_heads_ && is_floating(q.dtype()),
+               "[flash_attention] expects a floating packed (B, T, H + 2·Hkv, D) q | k | v with H = ", heads_,
+               " and Hkv = ", kv_heads_, " dividing it, got ", q.str());
+    } else {
+      const Array &k = in[1], &v = in[2];
+      const int64_t hq = query_heads(in), hk = key_heads(in);
+      MT_CHECK(q.ndim() == 4 && k.shape() == v.shape() && k.ndim() == 4 && q.dim(0) == k.dim(0) &&
+                   ((hk > 0 && hq >= hk && hq % hk == 0) || (hq == 0 && hk == 0)) && q.dim(3) == k.dim(3) &&
+                   q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()),
+               "[flash_attention] expects floating ", (heads_inner() ? "(B, Tq, H, D) q and (B, Tk, Hkv, D)" :
+                                                                      "(B, H, Tq, D) q and (B, Hkv, Tk, D)"),
+               " k, v of one dtype with Hkv dividing H, got q ", q.str(), ", k ", k.str(), ", v ", v.str());
+    }
+    MT_CHECK(!causal_ || query_time(in) <= key_time(in), "[flash_attention] more queries (", query_time(in),
+             ") than keys (", key_time(in), ") under the causal mask");
+    MT_CHECK(!heads_inner() || q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
              "[flash_attention] heads-inner arrays on the GPU need the tensor-core kernels (f32 or bf16, head dim <= ",
              cuda::kMaxTensorCoreHeadDim, ", sm_80+), got q ", q.str(), " on ", q.device().str());
-    if (in.size() > 3) {
-      MT_CHECK(is_key_padding_mask(in[3], q.dim(0), time_of(k)), "[flash_attention] key mask must be bool (",
-               q.dim(0), " or 1, 1, 1, ", time_of(k), "), got ", in[3].str());
+    if (in.size() > mask_index()) {
+      const Array& mask = in[mask_index()];
+      MT_CHECK(is_key_padding_mask(mask, q.dim(0), key_time(in)), "[flash_attention] key mask must be bool (",
+               q.dim(0), " or 1, 1, 1, ", key_time(in), "), got ", mask.str());
       MT_CHECK(q.device().is_cpu() || cuda::flash_attention_tensor_cores(q, q.dim(3)),
                "[flash_attention] a key mask on the GPU needs f32 or bf16 arrays with head dim <= ",
                cuda::kMaxTensorCoreHeadDim, " (sm_80+, and f32 past head dim 64 more shared memory per block than "
@@ -150,35 +173,56 @@ class FlashAttentionPrimitive final : public prim::Primitive {
                q.str(), " on ", q.device().str());
       MT_CHECK(!causal_, "[flash_attention] a key mask is supported without the causal mask only");
     }
+    if (packed()) return {Shape{q.dim(0), q.dim(1), heads_, q.dim(3)}, q.dtype()};
     return {q.shape(), q.dtype()};
   }
   kernels::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
-    const Array &q = in[0], &k = in[1];
+    const Array& q = in[0];
     kernels::FlashAttentionShape s;
-    s.batch_heads = q.dim(0) * heads_of(q), s.tq = time_of(q), s.tk = time_of(k), s.d = q.dim(3);
-    s.group = heads_of(k) > 0 ? heads_of(q) / heads_of(k) : 1;
+    const int64_t hq = query_heads(in), hk = key_heads(in);
+    s.batch_heads = q.dim(0) * hq, s.tq = query_time(in), s.tk = key_time(in), s.d = q.dim(3);
+    s.group = hk > 0 ? hq / hk : 1;
     s.scale = float(scale_), s.causal = causal_, s.dropout_rate = rate_, s.dropout_key = key_;
     s.operands = operands_;
-    s.heads = std::max<int64_t>(heads_of(q), 1);
-    s.heads_inner = heads_inner_;
-    if (in.size() > 3) {
-      s.key_mask = in[3].data<bool>();
-      s.mask_batches = in[3].dim(0);
+    s.heads = std::max<int64_t>(hq, 1);
+    s.heads_inner = heads_inner();
+    if (packed()) s.q_row_stride = s.kv_row_stride = q.dim(2) * q.dim(3);
+    if (in.size() > mask_index()) {
+      s.key_mask = in[mask_index()].data<bool>();
+      s.mask_batches = in[mask_index()].dim(0);
     }
     return s;
   }
+  // q, k and v of a packed (B, T, H + 2·Hkv, D) array (its gradient alike): views from their
+  // first head on, which the kernels read with the packed row stride. A non-empty array.
+  struct QkvViews {
+    Array q, k, v;
+  };
+  QkvViews packed_views(const Array& qkv) const {
+    const Array flat = qkv.view_as_shape({qkv.numel()});
+    const int64_t d = qkv.dim(3), n = flat.numel();
+    auto from_head = [&](int64_t head) { return flat.view_elements(head * d, {n - head * d}); };
+    return {from_head(0), from_head(heads_), from_head(heads_ + kv_heads_)};
+  }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>& aux) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    Array lse = Array::empty({in[0].dim(0) * in[0].dim(1) * in[0].dim(2)}, DType::f32);  // (B·H·Tq) either way
-    MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], shape_of(in), out, lse);
+    const kernels::FlashAttentionShape s = shape_of(in);
+    Array lse = Array::empty({s.batch_heads * s.tq}, DType::f32);
     aux = {lse};
+    if (!packed()) {
+      MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], s, out, lse);
+    } else if (in[0].numel() > 0) {
+      const QkvViews qkv = packed_views(in[0]);
+      MT_KERNEL(out, flash_attention_forward, qkv.q, qkv.k, qkv.v, s, out, lse);
+    }
     return out;
   }
   bool keeps_output() const override { return true; }
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    if (packed()) return packed_vjp(s, g);
     const Array &q = s.inputs[0], &k = s.inputs[1], &v = s.inputs[2];
     std::vector<Array> grads(s.inputs.size());  // none for the mask
-    if (autodiff::grad_enabled() && heads_inner_) {
+    if (autodiff::grad_enabled() && heads_inner()) {
       // Recorded (second order), heads inner: the (B, H, T, D) form's composed backward on the
       // transposed arrays, its gradients transposed back.
       auto heads_out = [](const Array& x) { return swap_axes(x, 1, 2); };
@@ -186,7 +230,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
       if (s.inputs.size() > 3) inputs.push_back(s.inputs[3]);
       prim::Saved outer = s;
       outer.inputs = inputs;
-      const FlashAttentionPrimitive heads_outer(scale_, causal_, rate_, key_, false);
+      const FlashAttentionPrimitive heads_outer(scale_, causal_, rate_, key_);
       std::vector<Array> inner = heads_outer.vjp(outer, heads_out(g));
       for (size_t i = 0; i < 3; ++i)
         if (inner[i].defined()) grads[i] = heads_out(inner[i]);
@@ -220,18 +264,46 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     const Array gc = g.dtype() == q.dtype() ? g : cast(g, q.dtype());
     MT_KERNEL(dq, flash_attention_backward, q, k, v, s.output, s.aux[0], gc, shape_of(s.inputs), dq, dk, dv);
     // The backward kernel runs outside the dispatcher: its four products count here.
-    prim::count_model_flops(2 * square_flops(q, k));
+    prim::count_model_flops(2 * square_flops(s.inputs));
     grads[0] = dq, grads[1] = dk, grads[2] = dv;
+    return grads;
+  }
+  // The packed form's gradient: one (B, T, H + 2·Hkv, D) array, q's, k's and v's gradients
+  // written at their heads by the kernel (recorded, second order: the heads-inner form's on the
+  // three slices, concatenated back).
+  std::vector<Array> packed_vjp(const prim::Saved& s, const Array& g) const {
+    const Array& qkv = s.inputs[0];
+    std::vector<Array> grads(s.inputs.size());  // none for the mask
+    if (autodiff::grad_enabled()) {
+      prim::Saved split = s;
+      split.inputs = {slice(qkv, 2, 0, heads_), slice(qkv, 2, heads_, heads_ + kv_heads_),
+                      slice(qkv, 2, heads_ + kv_heads_, heads_ + 2 * kv_heads_)};
+      if (s.inputs.size() > 1) split.inputs.push_back(s.inputs[1]);
+      const FlashAttentionPrimitive inner(scale_, causal_, rate_, key_, AttentionLayout::heads_inner);
+      std::vector<Array> parts = inner.vjp(split, g);
+      grads[0] = concatenate({parts[0], parts[1], parts[2]}, 2);
+      return grads;
+    }
+    Array dqkv = Array::empty(qkv.shape(), qkv.dtype(), qkv.device());
+    if (qkv.numel() > 0) {
+      const Array gc = g.dtype() == qkv.dtype() ? g : cast(g, qkv.dtype());
+      const QkvViews in = packed_views(qkv);
+      QkvViews d = packed_views(dqkv);
+      MT_KERNEL(dqkv, flash_attention_backward, in.q, in.k, in.v, s.output, s.aux[0], gc, shape_of(s.inputs), d.q,
+                d.k, d.v);
+    }
+    prim::count_model_flops(2 * square_flops(s.inputs));
+    grads[0] = dqkv;
     return grads;
   }
   // Model FLOPs count the whole (Tq, Tk) square, causal or not, as the composed form's GEMMs
   // and the usual 6N + 12·L·T·C per token formula do, so MFU does not depend on the form.
-  // (The product of the first three dims is B·H·T in either layout.)
-  double square_flops(const Array& q, const Array& k) const {
-    return 4.0 * double(q.dim(0) * q.dim(1) * q.dim(2)) * double(time_of(k)) * double(q.dim(3));
+  double square_flops(const std::vector<Array>& in) const {
+    return 4.0 * double(in[0].dim(0) * query_heads(in) * query_time(in)) * double(key_time(in)) *
+           double(in[0].dim(3));
   }
   prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo& o) const override {
-    return {square_flops(in[0], in[1]), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
+    return {square_flops(in), double(4 * o.shape.numel()) * double(dtype_size(o.dtype))};
   }
   bool counts_model_flops() const override { return true; }
 
@@ -245,7 +317,8 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   double rate_;
   RngKey key_;
   Operands operands_;  // the matmul precision when the op ran: how the GPU kernels multiply
-  bool heads_inner_;
+  AttentionLayout layout_;
+  int64_t heads_, kv_heads_;  // packed: the query and key/value heads in the one input
 };
 
 }  // namespace
@@ -274,9 +347,19 @@ Array flash_attention(const Array& q, const Array& k, const Array& v, double sca
 Array flash_attention_heads_inner(const Array& q, const Array& k, const Array& v, double scale, bool causal,
                                   double dropout_rate, const RngKey& dropout_key, const Array& key_mask) {
   MT_CHECK(q.defined() && k.defined() && v.defined(), "[flash_attention] undefined input array");
-  auto primitive = std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key, true);
+  auto primitive =
+      std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key, AttentionLayout::heads_inner);
   if (key_mask.defined()) return prim::apply(primitive, {q, k, v, key_mask});
   return prim::apply(primitive, {q, k, v});
+}
+
+Array flash_attention_packed(const Array& qkv, int64_t heads, int64_t kv_heads, double scale, bool causal,
+                             double dropout_rate, const RngKey& dropout_key, const Array& key_mask) {
+  MT_CHECK(qkv.defined(), "[flash_attention] undefined input array");
+  auto primitive = std::make_shared<FlashAttentionPrimitive>(scale, causal, dropout_rate, dropout_key,
+                                                             AttentionLayout::packed, heads, kv_heads);
+  if (key_mask.defined()) return prim::apply(primitive, {qkv, key_mask});
+  return prim::apply(primitive, {qkv});
 }
 
 bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk) {
@@ -402,6 +485,22 @@ Array attention_heads_inner(const Array& q, const Array& k, const Array& v, cons
   // Elsewhere the heads move out, as split_heads and merge_heads move them (the same ops).
   return swap_axes(scaled_dot_product_attention(swap_axes(q, 1, 2), swap_axes(k, 1, 2), swap_axes(v, 1, 2), mask, o),
                    1, 2);
+}
+
+Array attention_packed(const Array& qkv, int64_t heads, int64_t kv_heads, const Array& mask,
+                       const AttentionOptions& o) {
+  MT_CHECK(qkv.defined(), "[attention] undefined input array");
+  MT_CHECK(qkv.ndim() == 4 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+               qkv.dim(2) == heads + 2 * kv_heads,
+           "[attention] expects a packed (B, T, H + 2·Hkv, D) q | k | v with H = ", heads, " and Hkv = ", kv_heads,
+           " dividing it, got ", qkv.str());
+  const int64_t t = qkv.dim(1), d = qkv.dim(3);
+  const bool kernels_take_it = qkv.device().is_cpu() || cuda::flash_attention_tensor_cores(qkv, d);
+  if (kernels_take_it && runs_fused(qkv, qkv, qkv, qkv.dim(0), t, t, d, d, mask, o))
+    return flash_attention_packed(qkv, heads, kv_heads, scale_of(o, d), o.causal, o.train ? o.dropout_rate : 0.0,
+                                  o.dropout_key, mask);
+  return attention_heads_inner(slice(qkv, 2, 0, heads), slice(qkv, 2, heads, heads + kv_heads),
+                               slice(qkv, 2, heads + kv_heads, heads + 2 * kv_heads), mask, o);
 }
 
 Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved, bool heads_inner) {

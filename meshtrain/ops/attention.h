@@ -69,6 +69,21 @@ Array flash_attention_heads_inner(const Array& q, const Array& k, const Array& v
                                   double dropout_rate = 0.0, const RngKey& dropout_key = {},
                                   const Array& key_mask = Array());
 
+// attention_heads_inner over the packed output of one fused q | k | v projection: qkv (B, T,
+// H + 2·Hkv, D) — q's H heads, then k's and v's Hkv each, as a (B, T, (H + 2·Hkv)·D) product
+// reshapes — self-attention to (B, T, H, D). Where the fused kernel runs, it reads q, k and v
+// in place and writes their gradient as one packed array (no slices, no concatenation, one
+// GEMM's worth of gradient for the projection); elsewhere the three are sliced out for
+// attention_heads_inner. The same values, masks, dropout and gradients.
+Array attention_packed(const Array& qkv, int64_t heads, int64_t kv_heads, const Array& mask = Array(),
+                       const AttentionOptions& options = {});
+
+// flash_attention over a packed (B, T, H + 2·Hkv, D) q | k | v (the primitive attention_packed
+// runs): out (B, T, H, D); the gradient comes back packed.
+Array flash_attention_packed(const Array& qkv, int64_t heads, int64_t kv_heads, double scale, bool causal,
+                             double dropout_rate = 0.0, const RngKey& dropout_key = {},
+                             const Array& key_mask = Array());
+
 // Bool (Tq, Tk) mask of causal attention with keys offset by Tk - Tq.
 Array causal_mask(int64_t tq, int64_t tk);
 

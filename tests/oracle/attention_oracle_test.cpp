@@ -224,6 +224,71 @@ TEST(AttentionOracle, HeadsInnerArraysEqualTheHeadsOuterForm) {
                {"[flash_attention]", "(B, Tq, H, D)", "(1, 4, 3, 8)"});
 }
 
+// One fused q | k | v projection's output, (B, T, H + 2·Hkv, D), read in place: the values and
+// the packed gradient equal the heads-inner form's on its three slices bit for bit (grouped
+// heads, causal with dropout and key-masked, f32 and bf16, a padded head dim), second order
+// within 1e-6; the op runs one flash_attention with no slice or concatenation either way.
+TEST(AttentionOracle, PackedProjectionEqualsTheHeadsInnerForm) {
+  const RngKey key{14, 2};
+  std::vector<int64_t> keep(size_t(2 * 11), 1);
+  for (int64_t j = 4; j < 11; ++j) keep[size_t(j)] = 0;
+  const Array mask = cast(Array::from_vector(keep, {2, 1, 1, 11}), DType::boolean);
+  for (int64_t d : {16, 12}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (bool causal : {true, false}) {
+        const std::vector<Array> in = {cast(random_normal({2, 11, 10, d}, 61), dtype)};  // 6 query, 2 + 2 kv heads
+        const Array m = causal ? Array() : mask;
+        auto packed = [&](const std::vector<Array>& x) {
+          return flash_attention_packed(x[0], 6, 2, 0.3, causal, 0.1, key, m);
+        };
+        auto sliced = [&](const std::vector<Array>& x) {
+          return flash_attention_heads_inner(slice(x[0], 2, 0, 6), slice(x[0], 2, 6, 8), slice(x[0], 2, 8, 10), 0.3,
+                                             causal, 0.1, key, m);
+        };
+        const std::string label = std::string("packed d ") + std::to_string(d) + " " + dtype_name(dtype) +
+                                  (causal ? " causal" : " key mask");
+        EXPECT_EQ(max_abs_diff(packed(in), sliced(in)), 0.0) << label << " forward";
+        const Array cot = cast(random_normal({2, 11, 6, d}, 62), dtype);
+        EXPECT_EQ(max_abs_diff(vjp(packed, in, cot).second[0], vjp(sliced, in, cot).second[0]), 0.0)
+            << label << " dqkv";
+        if (dtype != DType::f32 || d != 16) continue;
+        auto second = [&](const OpFn& f) {
+          return [&, f](const std::vector<Array>& x) { return vjp(f, x, cot).second[0]; };
+        };
+        const Array cot2 = random_normal({2, 11, 10, d}, 63);
+        expect_close(vjp(second(packed), in, cot2).second[0], vjp(second(sliced), in, cot2).second[0],
+                     {1e-6, 1e-5, 1e-6}, label + " second order");
+      }
+    }
+  }
+  // The op: one flash_attention and no slice or concatenation in either pass; equal to
+  // attention_heads_inner over the slices, and to the composed form on request.
+  const std::vector<Array> in = {random_normal({2, 10, 12, 8}, 64)};  // 4 query heads, 4 + 4 kv
+  AttentionOptions o;
+  o.causal = true, o.dropout_rate = 0.1, o.dropout_key = key, o.train = true;
+  auto sliced = [&](const std::vector<Array>& x) {
+    return attention_heads_inner(slice(x[0], 2, 0, 4), slice(x[0], 2, 4, 8), slice(x[0], 2, 8, 12), Array(), o);
+  };
+  auto packed = [&](const std::vector<Array>& x) { return attention_packed(x[0], 4, 4, Array(), o); };
+  const Array cot = random_normal({2, 10, 4, 8}, 65);
+  std::map<std::string, int> calls;
+  prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++calls[e.primitive.name()]; });
+  const auto [fused, grads] = vjp(packed, in, cot);
+  prim::set_op_observer(previous);
+  EXPECT_EQ(calls["flash_attention"], 1);
+  EXPECT_EQ(calls["slice"] + calls["concatenate"] + calls["pad_into"] + calls["transpose"], 0);
+  EXPECT_EQ(max_abs_diff(fused, sliced(in)), 0.0);
+  EXPECT_EQ(max_abs_diff(grads[0], vjp(sliced, in, cot).second[0]), 0.0);
+  set_attention_kernel(AttentionKernel::composed);
+  const auto [composed, composed_grads] = vjp(packed, in, cot);
+  set_attention_kernel(AttentionKernel::automatic);
+  expect_close(composed, fused, {1e-6, 1e-5}, "attention_packed, composed");
+  expect_close(composed_grads[0], grads[0], {1e-6, 1e-5}, "attention_packed, composed gradient");
+  expect_error([] { flash_attention_packed(Array::zeros({1, 4, 5, 8}), 2, 2, 1.0, true); },
+               {"[flash_attention]", "(B, T, H + 2·Hkv, D)", "(1, 4, 5, 8)"});
+  expect_error([] { attention_packed(Array::zeros({1, 4, 7, 8}), 3, 2); }, {"[attention]", "Hkv = 2", "(1, 4, 7, 8)"});
+}
+
 // The CPU kernel's vector paths at sizes the test above does not reach: several 16-key
 // blocks with a ragged last one, row groups of 4 with a ragged last group, head dims that
 // are padded (12, 40) or take two vectors (64), bottom-right causal with Tq < Tk; and the

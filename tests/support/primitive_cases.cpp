@@ -216,6 +216,15 @@ std::vector<PrimitiveCase> primitive_cases() {
                "k = x1.transpose(1, 2).repeat_interleave(2, 1)\nv = x2.transpose(1, 2).repeat_interleave(2, 1)\n"
                "out = (torch.softmax(((q @ k.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ v)"
                ".transpose(1, 2)"});
+  // Packed: one (B, T, H + 2·Hkv, D) q | k | v projection read in place (2 query heads, 1 + 1
+  // key/value heads), its gradient written packed.
+  c.push_back({"flash_attention", {rn({2, 6, 4, 8}, 146)},
+               [](const std::vector<Array>& in) { return flash_attention_packed(in[0], 2, 1, 0.4, true); },
+               "m = torch.ones(6, 6).tril().bool()\nq = x0[:, :, :2].transpose(1, 2)\n"
+               "k = x0[:, :, 2:3].transpose(1, 2).repeat_interleave(2, 1)\n"
+               "v = x0[:, :, 3:4].transpose(1, 2).repeat_interleave(2, 1)\n"
+               "out = (torch.softmax(((q @ k.transpose(-1, -2)) * 0.4).masked_fill(~m, float('-inf')), -1) @ v)"
+               ".transpose(1, 2)"});
   c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
                "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});

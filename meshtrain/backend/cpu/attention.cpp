@@ -32,17 +32,24 @@ int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 // Where slice `slice` of an array with `heads` heads and `rows` rows per slice starts, and how
 // far apart its rows are: (B, H, T, D) slices are contiguous; heads-inner (B, T, H, D) rows
-// are H·D apart.
+// are `ld` apart (H·D, or more in a packed projection).
 struct SliceAt {
   int64_t first, ld;
 };
-SliceAt slice_at(const FlashAttentionShape& s, int64_t slice, int64_t heads, int64_t rows) {
+SliceAt slice_at(const FlashAttentionShape& s, int64_t slice, int64_t heads, int64_t rows, int64_t ld) {
   if (!s.heads_inner) return {slice * rows * s.d, s.d};
-  return {((slice / heads) * rows * heads + slice % heads) * s.d, heads * s.d};
+  if (ld == 0) ld = heads * s.d;
+  return {(slice / heads) * rows * ld + (slice % heads) * s.d, ld};
 }
-// The query side (q, out, g, dq: s.heads heads, Tq rows) and the key side (k, v, dk, dv).
-SliceAt query_slice(const FlashAttentionShape& s, int64_t bh) { return slice_at(s, bh, s.heads, s.tq); }
-SliceAt key_slice(const FlashAttentionShape& s, int64_t kv) { return slice_at(s, kv, s.heads / s.group, s.tk); }
+// The query inputs (q, dq: s.heads heads, Tq rows), the outputs' side (out and g: always H·D
+// apart when heads inner) and the key side (k, v, dk, dv).
+SliceAt query_slice(const FlashAttentionShape& s, int64_t bh) {
+  return slice_at(s, bh, s.heads, s.tq, s.q_row_stride);
+}
+SliceAt output_slice(const FlashAttentionShape& s, int64_t bh) { return slice_at(s, bh, s.heads, s.tq, 0); }
+SliceAt key_slice(const FlashAttentionShape& s, int64_t kv) {
+  return slice_at(s, kv, s.heads / s.group, s.tk, s.kv_row_stride);
+}
 
 // One (batch·head) slice of an input as f32 rows of `dp` >= d floats (the head dim rounded
 // up to the vector width; the extra columns are zeros, which change no dot product): the
@@ -274,7 +281,7 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
         }
         probs_times_rows(p, grp.rows, stride, vs, grp.keys, dp, os + i0 * dp, false);
       }
-      if (!direct) store_slice(os, tq, d, dp, out, query_slice(s, bh));
+      if (!direct) store_slice(os, tq, d, dp, out, output_slice(s, bh));
     }
   }
 }
@@ -301,8 +308,8 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
       w.dv.assign(size_t(tk * dp), 0.0f);
       for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
         const float* qs = f32_slice(q, query_slice(s, bh), tq, d, dp, w.q);
-        const float* os = f32_slice(out, query_slice(s, bh), tq, d, dp, w.o);
-        const float* gs = f32_slice(g, query_slice(s, bh), tq, d, dp, w.g);
+        const float* os = f32_slice(out, output_slice(s, bh), tq, d, dp, w.o);
+        const float* gs = f32_slice(g, output_slice(s, bh), tq, d, dp, w.g);
         const KeyMask mask = key_mask_of(s, bh);
         w.dq.assign(size_t(tq * dp), 0.0f);
         for (int64_t i0 = 0; i0 < tq; i0 += kRows) {

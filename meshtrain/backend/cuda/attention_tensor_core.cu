@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p.ldk, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {};
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     if (rows[h] >= p.tq) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;  // no keys at all (Tk = 0): zeros, as the CPU
-    store_row(out + query_at(p, bh) + rows[h] * p.ldq, o, h, p.d, t, inv);
+    store_row(out + output_at(p, bh) + rows[h] * p.ldo, o, h, p.d, t, inv);
     if (t == 0) lse[bh * p.tq + rows[h]] = m[h] + logf(l[h]);
   }
 #endif
@@ -368,7 +368,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
-  load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + query_at(p, bh), p.tq, q0, p.ldq, p);
+  load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + output_at(p, bh), p.tq, q0, p.ldq, p.ldo,
+                                p);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
 #pragma unroll
@@ -387,7 +388,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const KeyEnds ends = key_ends(p, q0, wq0);
   for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
     __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p);
+    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p.ldk, p);
     __syncthreads();
     if (j0 >= ends.warp) continue;
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
@@ -439,7 +440,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   // Block: a key/value slice; its gradients sum over the query heads of its group.
   const int64_t kv = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
 
-  load_pair<Elem, MaxD, S::kLd>(kself, k + key_at(p, kv), vself, v + key_at(p, kv), p.tk, k0, p.ldk, p);
+  load_pair<Elem, MaxD, S::kLd>(kself, k + key_at(p, kv), vself, v + key_at(p, kv), p.tk, k0, p.ldk, p.ldk, p);
   __syncthreads();
   Val<Ops> ka[S::kSteps][4];
 #pragma unroll
@@ -456,7 +457,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t bh = kv * p.group; bh < (kv + 1) * p.group; ++bh) {
     for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
       __syncthreads();
-      load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + query_at(p, bh), p.tq, i0, p.ldq, p);
+      load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + output_at(p, bh), p.tq, i0, p.ldq,
+                                    p.ldo, p);
       for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
         lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
         dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
@@ -502,7 +504,7 @@ __global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t 
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const int64_t at = query_at(p, row / p.tq) + (row % p.tq) * p.ldq;
+  const int64_t at = output_at(p, row / p.tq) + (row % p.tq) * p.ldo;
   float acc = 0.0f;
   for (int c = lane; c < p.d; c += 32) acc += to_f32(g[at + c]) * to_f32(out[at + c]);
 #pragma unroll

@@ -42,18 +42,21 @@ struct Params {
   int64_t group;  // query heads per key/value head: query slice bh reads k/v slice bh / group
   bool vector_rows;  // every row starts 16-byte aligned and d fills whole 16-byte loads
   bool heads_inner;  // (B, T, H, D) arrays instead of (B, H, T, D)
-  int64_t ldq, ldk;  // elements between a slice's rows: q, out, dO, dQ; k, v, dK, dV
+  // Elements between a slice's rows: q and dQ (ldq); out and dO (ldo); k, v, dK and dV (ldk).
+  // d, or heads inner H·D and Hkv·D (ldq and ldk more in a packed (B, T, H + 2·Hkv, D) projection).
+  int64_t ldq, ldo, ldk;
 };
 
-// Where query slice bh (q, out, dO, dQ) and key/value slice kv (k, v, dK, dV) start: slices are
-// contiguous (B, H, T, D) blocks, or heads-inner (B, T, H, D) columns whose rows are ldq / ldk
-// apart.
-__device__ inline int64_t query_at(const Params& p, int64_t bh) {
-  return p.heads_inner ? ((bh / p.heads) * p.tq * p.heads + bh % p.heads) * p.d : bh * p.tq * p.d;
+// Where query slice bh (q, dQ), output slice bh (out, dO) and key/value slice kv (k, v, dK, dV)
+// start: slices are contiguous (B, H, T, D) blocks, or heads-inner (B, T, H, D) columns whose
+// rows are ldq / ldo / ldk apart.
+__device__ inline int64_t slice_at(const Params& p, int64_t slice, int64_t heads, int64_t rows, int64_t ld) {
+  return p.heads_inner ? (slice / heads) * rows * ld + (slice % heads) * p.d : slice * rows * p.d;
 }
+__device__ inline int64_t query_at(const Params& p, int64_t bh) { return slice_at(p, bh, p.heads, p.tq, p.ldq); }
+__device__ inline int64_t output_at(const Params& p, int64_t bh) { return slice_at(p, bh, p.heads, p.tq, p.ldo); }
 __device__ inline int64_t key_at(const Params& p, int64_t kv) {
-  const int64_t kv_heads = p.heads / p.group;
-  return p.heads_inner ? ((kv / kv_heads) * p.tk * kv_heads + kv % kv_heads) * p.d : kv * p.tk * p.d;
+  return slice_at(p, kv, p.heads / p.group, p.tk, p.ldk);
 }
 
 // Key j is visible to query i: inside the key range and the causal limit.
@@ -128,16 +131,16 @@ __device__ inline void store_vec(Elem* dst, const uint4& v) {
   }
 }
 
-// Rows r0 .. r0 + 64 of two (rows, d) matrices whose rows are `ld` elements apart into two
-// operand tiles, zeros past `rows` and d. With vector rows every thread issues all its 16-byte
-// loads before it stores any: a tile costs one memory round trip, not one per element (the
-// scalar loop's latency was most of the kernels' time).
+// Rows r0 .. r0 + 64 of two (rows, d) matrices whose rows are `lda` and `ldb` elements apart
+// into two operand tiles, zeros past `rows` and d. With vector rows every thread issues all its
+// 16-byte loads before it stores any: a tile costs one memory round trip, not one per element
+// (the scalar loop's latency was most of the kernels' time).
 template <class Elem, int MaxD, int Ld, class In>
 __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb, int64_t rows, int64_t r0,
-                                 int64_t ld, const Params& p) {
+                                 int64_t lda, int64_t ldb, const Params& p) {
   if (!p.vector_rows) {
-    load_rows<Elem, MaxD, Ld>(ta, xa, rows, r0, p.d, ld);
-    load_rows<Elem, MaxD, Ld>(tb, xb, rows, r0, p.d, ld);
+    load_rows<Elem, MaxD, Ld>(ta, xa, rows, r0, p.d, lda);
+    load_rows<Elem, MaxD, Ld>(tb, xb, rows, r0, p.d, ldb);
     return;
   }
   constexpr int kW = kVecElems<In>, kVecs = MaxD / kW, kPerThread = kRows * kVecs / kBlockThreads;
@@ -149,8 +152,8 @@ __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb,
     const int64_t row = r0 + r;
     const bool inside = row < rows && c * kW < p.d;  // d is a multiple of kW: all of a vector or none
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);  // 0.0 in f32 and in bf16
-    a[t] = inside ? reinterpret_cast<const uint4*>(xa + row * ld)[c] : zero;
-    b[t] = inside ? reinterpret_cast<const uint4*>(xb + row * ld)[c] : zero;
+    a[t] = inside ? reinterpret_cast<const uint4*>(xa + row * lda)[c] : zero;
+    b[t] = inside ? reinterpret_cast<const uint4*>(xb + row * ldb)[c] : zero;
   }
 #pragma unroll
   for (int t = 0; t < kPerThread; ++t) {
@@ -161,7 +164,8 @@ __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb,
 }
 
 // 16-byte row loads need d to be a multiple of a load's elements and 16-byte aligned operands
-// (then every row starts aligned too, heads-inner rows being a multiple of d apart).
+// (then every row starts aligned too, heads-inner rows and packed heads being a multiple of d
+// apart).
 inline bool vector_rows(const kernels::FlashAttentionShape& s, size_t elem_bytes,
                         std::initializer_list<const Array*> operands) {
   if (s.d % int64_t(16 / elem_bytes) != 0) return false;
@@ -183,8 +187,9 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           s.group,
           vector,
           s.heads_inner,
+          !s.heads_inner ? s.d : s.q_row_stride ? s.q_row_stride : s.heads * s.d,
           s.heads_inner ? s.heads * s.d : s.d,
-          s.heads_inner ? s.heads / s.group * s.d : s.d};
+          !s.heads_inner ? s.d : s.kv_row_stride ? s.kv_row_stride : s.heads / s.group * s.d};
 }
 
 }  // namespace mt::cuda::attention_tiles
