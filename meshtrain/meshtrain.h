@@ -22,6 +22,7 @@
 #include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/rotary.h"
 #include "meshtrain/distributed/sharded_random.h"
 #include "meshtrain/distributed/mesh.h"
 #include "meshtrain/distributed/spmd.h"

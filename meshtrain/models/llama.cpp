@@ -3,6 +3,7 @@
 #include "meshtrain/models/lora.h"
 #include "meshtrain/models/model_spec.h"
 #include "meshtrain/ops/attention.h"
+#include "meshtrain/ops/rotary.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"

@@ -8,7 +8,6 @@
 
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/softmax.h"
-#include "meshtrain/core/device_constants.h"
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/backend/kernel_dispatch.h"
 #include "meshtrain/core/error.h"
@@ -503,43 +502,5 @@ Array attention_packed(const Array& qkv, int64_t heads, int64_t kv_heads, const 
                                slice(qkv, 2, heads + kv_heads, heads + 2 * kv_heads), mask, o);
 }
 
-Array rotary_embedding(const Array& x, const Array& positions, double theta, bool interleaved, bool heads_inner) {
-  MT_CHECK(x.defined() && positions.defined(), "[rotary] undefined input array");
-  MT_CHECK(x.ndim() >= 2 && x.dim(-1) % 2 == 0, "[rotary] expects (..., T, D) with even D, got ", x.str());
-  MT_CHECK(!heads_inner || x.ndim() == 4, "[rotary] expects heads-inner x as (B, T, H, D), got ", x.str());
-  MT_CHECK(is_integer(positions.dtype()), "[rotary] positions must be integers, got ", positions.str());
-  const int64_t t = x.dim(heads_inner ? 1 : -2), d = x.dim(-1), half = d / 2;
-  MT_CHECK((positions.ndim() == 1 && positions.dim(0) == t) ||
-               (positions.ndim() == 2 && positions.dim(1) == t && x.ndim() == 4 && positions.dim(0) == x.dim(0)),
-           "[rotary] positions ", positions.str(), " do not match x ", x.str(), " (expected (T,) or (B, T))");
-  // Angles in f32 as Hugging Face computes them: inv_freq_i = theta^(-2i/D), angle = pos · inv_freq,
-  // formed on the positions' device with ops: no host read of the positions mid-step.
-  // The frequencies depend on (theta, D) alone: made once per device, not uploaded by every call.
-  char key[96];
-  std::snprintf(key, sizeof key, "rotary_inv_freq %.17g %lld", theta, static_cast<long long>(d));
-  const Array freq = device_constant(key, positions.device(), [&] {
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i)
-      inv_freq[size_t(i)] = float(1.0 / std::pow(theta, double(2 * i) / double(d)));
-    return Array::from_vector(inv_freq, Shape{half});
-  });
-  Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
-  if (heads_inner) angles = expand_dims(angles, -2);                       // (T, 1, half) or (B, T, 1, half)
-  else if (positions.ndim() == 2) angles = expand_dims(angles, 1);        // (B, 1, T, half)
-  // Integer positions are never traced: the tables carry no gradient.
-  auto on_x = [&](const Array& a) { return a.device() == x.device() ? a : a.to(x.device()); };
-  Array cos_t = on_x(cast(cos(angles), x.dtype())), sin_t = on_x(cast(sin(angles), x.dtype()));
-  if (!interleaved) {
-    Array x1 = slice(x, -1, 0, half), x2 = slice(x, -1, half, d);
-    return concatenate({sub(mul(x1, cos_t), mul(x2, sin_t)), add(mul(x2, cos_t), mul(x1, sin_t))}, -1);
-  }
-  std::vector<int64_t> pairs = x.shape().dims();
-  pairs.back() = half;
-  pairs.push_back(2);
-  Array xp = reshape(x, pairs);
-  Array x0 = squeeze(slice(xp, -1, 0, 1), -1), x1 = squeeze(slice(xp, -1, 1, 2), -1);
-  Array r0 = sub(mul(x0, cos_t), mul(x1, sin_t)), r1 = add(mul(x0, sin_t), mul(x1, cos_t));
-  return reshape(stack({r0, r1}, -1), x.shape().dims());
-}
 
 }  // namespace mt

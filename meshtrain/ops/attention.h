@@ -92,12 +92,4 @@ Array causal_mask(int64_t tq, int64_t tk);
 // ops, so it nests (second-order gradients).
 Array causal_softmax(const Array& scores, double scale);
 
-// Rotary position embedding on the last dim of x (..., T, D) with positions (T,) or
-// (B, T) (B matching x's first dim, x being (B, H, T, D)). Half-split pairs (x_i,
-// x_{i+D/2}) as Hugging Face LLaMA, or interleaved pairs (x_2i, x_2i+1) as llama2.c.
-// heads_inner: x is (B, T, H, D) instead (attention_heads_inner's layout), the positions the
-// same.
-Array rotary_embedding(const Array& x, const Array& positions, double theta = 10000.0, bool interleaved = false,
-                       bool heads_inner = false);
-
 }  // namespace mt

@@ -122,7 +122,7 @@ TEST(GpuPrimitives, FusedKernelsEqualTheCpuKernel) {
                                        "add_dropout_rms_norm", "cross_entropy", "softmax",
                                        "log_softmax",     "causal_softmax", "layer_norm",
                                        "rms_norm",        "adam_moments_multi", "adam_direction_multi",
-                                       "sum_squares_multi", "scale_multi", "add_multi"};
+                                       "sum_squares_multi", "scale_multi", "add_multi", "rotary_embedding"};
   std::set<std::string> seen;
   for (const PrimitiveCase& c : primitive_cases()) {
     if (!fused.count(c.primitive)) continue;
@@ -146,6 +146,41 @@ TEST(GpuPrimitives, MixedDevicesAreAnErrorAndHostReadsCopy) {
   EXPECT_TRUE(c.device().is_cuda());
   EXPECT_EQ(c.to_floats(), (std::vector<float>{2, 4, 6}));
   EXPECT_EQ(c.to(Device::cpu()).device(), Device::cpu());
+}
+
+// The fused rotation on the GPU equals the GPU's composed ops bit for bit (the same tables,
+// each product and sum rounded as they round it: no FMA), forward and gradient, in LLaMA's
+// heads-inner layout with per-row positions, f32 and bf16, half-split and interleaved pairs.
+TEST(GpuPrimitives, RotaryEmbeddingEqualsTheComposedOpsBitForBit) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  DeviceScope on(gpu);
+  const bool previous = fused_layers();
+  std::vector<int64_t> positions(2 * 257);
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i % 257) + (i < 257 ? 0 : 31);
+  const Array pos = Array::from_vector(positions, {2, 257}).to(gpu);
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (bool interleaved : {false, true}) {
+      const std::vector<Array> in = {cast(random_normal({2, 257, 6, 128}, 31), dtype).to(gpu)};
+      const Array cot = cast(random_normal({2, 257, 6, 128}, 32), dtype).to(gpu);
+      auto with = [&](bool fused) {
+        return [&, fused](const std::vector<Array>& x) {
+          set_fused_layers(fused);
+          Array y = rotary_embedding(x[0], pos, 500000.0, interleaved, true);
+          set_fused_layers(previous);
+          return y;
+        };
+      };
+      const std::string label = std::string("rotary ") + dtype_name(dtype) + (interleaved ? " interleaved" : " half");
+      const auto [fused, fused_grads] = vjp(with(true), in, cot);
+      const auto [composed, composed_grads] = vjp(with(false), in, cot);
+      const double forward = max_abs_diff(fused.to(Device::cpu()), composed.to(Device::cpu()));
+      const double gradient = max_abs_diff(fused_grads[0].to(Device::cpu()), composed_grads[0].to(Device::cpu()));
+      std::cout << "  [max err] " << label << " fused vs composed on the GPU: forward " << forward << ", gradient "
+                << gradient << "\n";
+      EXPECT_EQ(forward, 0.0) << label;
+      EXPECT_EQ(gradient, 0.0) << label;
+    }
 }
 
 // A linear layer's bias in cuBLASLt's epilogue equals the CPU's product + add at GPT-2's sizes:
@@ -400,11 +435,11 @@ TEST(GpuPrimitives, FlashAttentionHeadsInnerEqualsTheCpuKernel) {
 // A packed (B, T, H + 2·Hkv, D) q | k | v projection on the tensor cores (q, k and v read at
 // their head offsets with the packed row stride, out and dO contiguous, the gradient written
 // packed): forward and gradient equal the CPU kernel's, grouped heads, causal with dropout and
-// key-masked, head dims 64, 128 and 40, f32 and bf16.
+// key-masked, head dims 64, 128, 40 and 36 (bf16: element loads from the views), f32 and bf16.
 TEST(GpuPrimitives, FlashAttentionPackedEqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
   const Array mask = key_padding_mask({90, 50}, 90);
-  for (int64_t d : {64, 128, 40}) {
+  for (int64_t d : {64, 128, 40, 36}) {
     for (DType dtype : {DType::bf16, DType::f32}) {
       const std::string label = "flash_attention packed " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
       if (!tensor_cores_take(dtype, d, label)) continue;

@@ -228,6 +228,13 @@ std::vector<PrimitiveCase> primitive_cases() {
   c.push_back({"flash_attention", {rn({1, 2, 4, 3}, 99), rn({1, 2, 6, 3}, 100), rn({1, 2, 6, 3}, 101)},
                [](const std::vector<Array>& in) { return flash_attention(in[0], in[1], in[2], 0.7, false); },
                "out = torch.softmax((x0 @ x1.transpose(-1, -2)) * 0.7, -1) @ x2"});
+  // Rotary embedding, (B, H, T, D) half-split pairs at positions 3..7 (the fused rotation).
+  c.push_back({"rotary_embedding",
+               {rn({2, 3, 5, 8}, 147), Array::from_vector(std::vector<int64_t>{3, 4, 5, 6, 7}, {5})},
+               [](const std::vector<Array>& in) { return rotary_embedding(in[0], in[1]); },
+               "inv = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))\n"
+               "ang = x1.float()[:, None] * inv\nc, s = ang.cos().to(x0.dtype), ang.sin().to(x0.dtype)\n"
+               "a, b = x0[..., :4], x0[..., 4:]\nout = torch.cat([a * c - b * s, b * c + a * s], -1)"});
   // Paged KV cache: a pool of 3 blocks of 2 positions filled by one write (the blocks out of
   // order), read back whole; two rows written into scattered slots; two rows of grouped-query
   // decode attention reading their positions through a block table (row 0 ends mid-block).

@@ -11,6 +11,7 @@
 #include "meshtrain/backend/paged_attention.h"
 #include "meshtrain/backend/random.h"
 #include "meshtrain/backend/reduce.h"
+#include "meshtrain/backend/rotary.h"
 #include "meshtrain/backend/softmax.h"
 #include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/core/device.h"
@@ -58,6 +59,7 @@ void strided_copy(const void*, const std::vector<int64_t>&, void*, const std::ve
                   const std::vector<int64_t>&, size_t) { no_cuda(); }
 void reduce(kernels::ReduceOp, const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
 void argmax(const Array&, Array&, int64_t, int64_t, int64_t) { no_cuda(); }
+void rotary(const Array&, const Array&, const Array&, const kernels::RotaryShape&, Array&) { no_cuda(); }
 void softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, bool) { no_cuda(); }
 void causal_softmax_forward(const Array&, Array&, int64_t, int64_t, int64_t, float) { no_cuda(); }
 void softmax_backward(const Array&, const Array&, Array&, int64_t, int64_t, float) { no_cuda(); }
