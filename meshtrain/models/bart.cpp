@@ -330,6 +330,10 @@ ModelSpec bart_model_spec() {
     return bart_head(c.as<BartConfig>(), p, hidden, key, train);
   };
   s.head_prefixes = {"model.shared.", "lm_head.", "final_logits_bias"};  // tied or untied
+  s.linear_head = [](const ModelConfig& c, const Params& p) {
+    if (c.as<BartConfig>().tie_word_embeddings) return LinearHead{"model.shared.weight", "final_logits_bias"};
+    return only_weight(p, "lm_head") ? LinearHead{"lm_head.weight", "final_logits_bias"} : LinearHead{};
+  };
   s.small_seq2seq_config = [](int64_t vocab, int64_t pad, int64_t eos) {
     return nlohmann::json{{"model_type", "bart"},   {"vocab_size", vocab},       {"d_model", 128},
                           {"encoder_layers", 2},    {"decoder_layers", 2},       {"encoder_ffn_dim", 256},

@@ -263,7 +263,7 @@ ModelSpec gpt2_model_spec() {
     return gpt2_head(c.as<Gpt2Config>(), p, hidden);
   };
   s.head_prefixes = {"transformer.wte."};
-  s.plain_head_weight = [](const ModelConfig&, const Params&) { return std::string("transformer.wte.weight"); };
+  s.linear_head = [](const ModelConfig&, const Params&) { return LinearHead{"transformer.wte.weight"}; };
   s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
     return nlohmann::json{{"model_type", "gpt2"}, {"vocab_size", vocab}, {"n_positions", context}, {"n_embd", 128},
                           {"n_layer", 4},         {"n_head", 4},         {"bos_token_id", eos},  {"eos_token_id", eos}};

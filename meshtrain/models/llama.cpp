@@ -181,9 +181,7 @@ Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, con
 std::string llama_plain_head_weight(const LlamaConfig& c, const Params& p) {
   if (c.tie_word_embeddings && !p.contains("lm_head.weight")) return "model.embed_tokens.weight";
   // A LoRA adapter or a bias on the head makes it more than a product.
-  for (const auto& [path, value] : p.with_prefix("lm_head."))
-    if (path != "lm_head.weight") return "";
-  return p.contains("lm_head.weight") ? "lm_head.weight" : "";
+  return only_weight(p, "lm_head") ? "lm_head.weight" : "";
 }
 
 namespace {
@@ -242,7 +240,9 @@ ModelSpec llama_model_spec() {
     return llama_head(c.as<LlamaConfig>(), p, hidden, key, train);
   };
   s.head_prefixes = {"lm_head.", "model.embed_tokens."};
-  s.plain_head_weight = [](const ModelConfig& c, const Params& p) { return llama_plain_head_weight(c.as<LlamaConfig>(), p); };
+  s.linear_head = [](const ModelConfig& c, const Params& p) {
+    return LinearHead{llama_plain_head_weight(c.as<LlamaConfig>(), p)};
+  };
   s.small_config = [](int64_t vocab, int64_t context, int64_t eos) {
     return nlohmann::json{{"model_type", "llama"},      {"vocab_size", vocab},     {"max_position_embeddings", context},
                           {"hidden_size", 128},         {"intermediate_size", 352}, {"num_hidden_layers", 4},

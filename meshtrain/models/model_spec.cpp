@@ -4,6 +4,13 @@
 
 namespace mt::models {
 
+bool only_weight(const Params& p, const std::string& module) {
+  const std::string weight = module + ".weight";
+  for (const auto& [path, value] : p.with_prefix(module + "."))
+    if (path != weight) return false;
+  return p.contains(weight);
+}
+
 namespace {
 
 // The registry itself: the one place that lists the built-in models. An explicit list

@@ -29,6 +29,19 @@ struct PretrainedOptions;
 // image-to-text model (ViT-GPT2: pixel_values in, a caption out).
 enum class ModelKind { encoder, decoder, seq2seq, vision, image_to_text };
 
+// A language model's head when it is one linear layer: logits = (hidden · hidden_scale) ·
+// weightᵀ [+ bias] with these parameters and nothing else (no adapter). An empty weight: the
+// head is more than that.
+struct LinearHead {
+  std::string weight;         // (V, C)
+  std::string bias;           // (V,) or (1, V), added to every row of logits; "" for none
+  double hidden_scale = 1.0;  // T5's tied head: d_model^-1/2
+  bool linear() const { return !weight.empty(); }
+};
+// Whether `module` holds its weight and nothing else (no bias, no adapter), so that
+// hidden · weightᵀ is all of it.
+bool only_weight(const Params& p, const std::string& module);
+
 struct ModelSpec {
   std::string model_type;  // config.json's "model_type"
   ModelKind kind = ModelKind::decoder;
@@ -81,11 +94,10 @@ struct ModelSpec {
   std::function<Array(const ModelConfig&, const Params&, const Array& hidden, const RngKey& dropout_key, bool train)>
       decoder_head;
   std::vector<std::string> head_prefixes;
-  // The parameter a decoder's head multiplies the hidden states by when the head is exactly
-  // hidden · weightᵀ with these parameters (no bias, scale or adapter), else "" (or null):
-  // decoder_loss then runs the head and the loss as one linear_cross_entropy, holding no
-  // (B·T, V) logits.
-  std::function<std::string(const ModelConfig&, const Params&)> plain_head_weight;
+  // The decoder's head as one linear layer where it is exactly that (else not linear(), or
+  // null): decoder_loss and seq2seq_loss then run the head and the loss as one
+  // linear_cross_entropy, holding no (B·T, V) logits.
+  std::function<LinearHead(const ModelConfig&, const Params&)> linear_head;
   // Encoder-decoders only (null otherwise): the model for generation, and the teacher-forced
   // training forward up to the decoder's final hidden states (B, T, C), with dropout keyed
   // by `dropout_key` when training; logits = decoder_head(seq2seq_hidden(inputs)).

@@ -99,8 +99,9 @@ Array PretrainedModel::seq2seq_logits(const Params& p, const Seq2SeqInputs& in, 
 
 Array PretrainedModel::seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
-  if (config.remat() != Remat::full) return cross_entropy(seq2seq_logits(p, in, dropout_key, train), labels);
-  return chunked_head_loss(p, spec().seq2seq_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
+  MT_CHECK(spec().seq2seq_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
+           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  return head_loss(p, spec().seq2seq_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }
 
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
@@ -113,19 +114,29 @@ Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, 
 
 Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
-  const ModelSpec& s = spec();
-  const std::string head_weight = s.plain_head_weight ? s.plain_head_weight(config, p) : std::string();
-  // --remat full promises small chunks of logits; the others take the op's default.
-  if (!head_weight.empty())
-    return linear_cross_entropy(s.decoder_hidden(config, p, in, dropout_key, train), p[head_weight], labels, -100, 0.0,
-                                Reduction::mean, config.remat() == Remat::full ? kChunkLogits : kLinearCrossEntropyChunk);
-  if (config.remat() != Remat::full) return cross_entropy(decoder_logits(p, in, dropout_key, train), labels);
-  return chunked_head_loss(p, spec().decoder_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
+  MT_CHECK(spec().decoder_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
+           "' is not a decoder language model");
+  return head_loss(p, spec().decoder_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }
 
-Array PretrainedModel::chunked_head_loss(const Params& p, const Array& hidden, const Array& labels,
-                                         const RngKey& dropout_key, bool train) const {
+Array PretrainedModel::head_loss(const Params& p, const Array& hidden, const Array& labels, const RngKey& dropout_key,
+                                 bool train) const {
   const ModelSpec& s = spec();
+  const LinearHead linear = s.linear_head ? s.linear_head(config, p) : LinearHead{};
+  // A sharded bias keeps the head's own form (the vocabulary-parallel logits, composed).
+  if (linear.linear() && (linear.bias.empty() || !p[linear.bias].distributed())) {
+    const Array h = linear.hidden_scale == 1.0 ? hidden : mul(hidden, linear.hidden_scale);
+    const Array& w = p[linear.weight];
+    Array bias;
+    if (!linear.bias.empty()) {
+      bias = reshape(p[linear.bias], {w.dim(0)});
+      if (bias.dtype() != h.dtype()) bias = cast(bias, h.dtype());
+    }
+    // --remat full promises small chunks of logits; the others take the op's default.
+    return linear_cross_entropy(h, w, labels, -100, 0.0, Reduction::mean,
+                                config.remat() == Remat::full ? kChunkLogits : kLinearCrossEntropyChunk, bias);
+  }
+  if (config.remat() != Remat::full) return cross_entropy(s.decoder_head(config, p, hidden, dropout_key, train), labels);
   const Params head_params = head_params_of(s.head_prefixes, p);
   const ModelConfig c = config;
   HeadFn head = [c, dropout_key, train, &s](const Params& hp, const Array& h) {

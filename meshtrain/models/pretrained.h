@@ -97,10 +97,12 @@ struct PretrainedModel {
   Array seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key, bool train) const;
   Array seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels, const RngKey& dropout_key,
                      bool train) const;
-  // The mean cross-entropy of decoder_head(hidden) against labels, the head recomputed in
-  // chunks (--remat full): decoder_loss's and seq2seq_loss's path.
-  Array chunked_head_loss(const Params& p, const Array& hidden, const Array& labels, const RngKey& dropout_key,
-                          bool train) const;
+  // The mean cross-entropy of decoder_head(hidden) against labels: decoder_loss's and
+  // seq2seq_loss's path. A linear head (ModelSpec::linear_head) runs with the loss as one
+  // linear_cross_entropy (no (B·T, V) logits held; small chunks under --remat full); another
+  // head is recomputed in chunks under --remat full (chunked_lm_loss.h), else composed.
+  Array head_loss(const Params& p, const Array& hidden, const Array& labels, const RngKey& dropout_key,
+                  bool train) const;
   ParamRoles param_roles() const;
   std::vector<ParamDef> param_defs() const;
   nlohmann::json config_json() const;

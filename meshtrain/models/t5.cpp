@@ -338,6 +338,11 @@ ModelSpec t5_model_spec() {
     return t5_head(c.as<T5Config>(), p, hidden, key, train);
   };
   s.head_prefixes = {"shared.", "lm_head."};  // tied or untied
+  s.linear_head = [](const ModelConfig& c, const Params& p) {
+    const T5Config& t5 = c.as<T5Config>();
+    if (t5.tie_word_embeddings) return LinearHead{"shared.weight", "", 1.0 / std::sqrt(double(t5.d_model))};
+    return only_weight(p, "lm_head") ? LinearHead{"lm_head.weight"} : LinearHead{};
+  };
   s.small_seq2seq_config = [](int64_t vocab, int64_t pad, int64_t eos) {
     return nlohmann::json{{"model_type", "t5"}, {"vocab_size", vocab},     {"d_model", 128},   {"d_kv", 32},
                           {"d_ff", 256},        {"num_layers", 2},         {"num_heads", 4},   {"pad_token_id", pad},

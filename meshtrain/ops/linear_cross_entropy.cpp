@@ -14,6 +14,7 @@
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/index_checks.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
@@ -36,17 +37,31 @@ Array rows_of(const Array& x, int64_t r0, int64_t n) {
   return x.view_as_shape(Shape{x.numel()}).view_elements(r0 * w, Shape{n, w});
 }
 
+// The kernels' dtype for a product of a's dtype into out: bf16 operands may write an f32 out
+// (a sum over chunks kept in f32); f32 operands multiply as the matmul precision says.
+kernels::MatmulDType kernel_dtype(const Array& a, const Array& out, MatmulPrecision precision) {
+  kernels::MatmulDType dtype = matmul_kernel_dtype(a.dtype(), precision);
+  if (dtype == kernels::MatmulDType::bf16 && out.dtype() == DType::f32) dtype = kernels::MatmulDType::bf16_f32;
+  return dtype;
+}
+
 // out = op(a) · op(b) (or += with accumulate) on 2-D views, straight into out's storage. The
 // operands share a dtype; out has it too, or is f32 for bf16 operands (a sum over chunks kept
 // in f32). f32 operands multiply as the matmul precision says.
 void gemm_into(Array& out, const Array& a, const Array& b, bool ta, bool tb, bool accumulate, MatmulPrecision precision) {
-  kernels::MatmulDType dtype = matmul_kernel_dtype(a.dtype(), precision);
-  if (dtype == kernels::MatmulDType::bf16 && out.dtype() == DType::f32) dtype = kernels::MatmulDType::bf16_f32;
   const int64_t m = out.dim(0), n = out.dim(1), k = ta ? a.dim(0) : a.dim(1);
-  MT_KERNEL(out, matmul, dtype, a.raw(), b.raw(), out.raw(), 1, 1, 1, m, n, k, ta, tb, accumulate);
+  MT_KERNEL(out, matmul, kernel_dtype(a, out, precision), a.raw(), b.raw(), out.raw(), 1, 1, 1, m, n, k, ta, tb,
+            accumulate);
 }
 
-void check_shapes(const Array& hidden, const Array& weight, const Array& labels) {
+// out = a · bᵀ + bias (bias (N,) in out's dtype), the bias in the product's epilogue as
+// linear_bias adds it (rounded as matmul + add round it).
+void gemm_bias_into(Array& out, const Array& a, const Array& b, const Array& bias, MatmulPrecision precision) {
+  MT_KERNEL(out, matmul_bias, kernel_dtype(a, out, precision), a.raw(), b.raw(), bias.raw(), out.raw(), out.dim(0),
+            out.dim(1), a.dim(1), false, true);
+}
+
+void check_shapes(const Array& hidden, const Array& weight, const Array& labels, const Array& bias) {
   MT_CHECK(hidden.defined() && weight.defined() && labels.defined(),
            "[linear_cross_entropy] undefined hidden, weight or labels array");
   MT_CHECK(is_floating(hidden.dtype()) && hidden.ndim() >= 1, "[linear_cross_entropy] hidden must be floating (..., C), got ",
@@ -59,25 +74,31 @@ void check_shapes(const Array& hidden, const Array& weight, const Array& labels)
   std::vector<int64_t> lead(hidden.shape().dims().begin(), hidden.shape().dims().end() - 1);
   MT_CHECK(labels.shape() == Shape(lead), "[linear_cross_entropy] labels ", labels.str(), " must have shape ",
            Shape(lead).str(), " for hidden ", hidden.str());
+  MT_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.dim(0) == weight.dim(0) && bias.dtype() == hidden.dtype()),
+           "[linear_cross_entropy] bias must be (V,) with V = ", weight.dim(0), " in hidden's dtype, got ",
+           bias.defined() ? bias.str() : "none", " for hidden ", hidden.str());
 }
 
-// Inputs (hidden (..., C), weight (V, C), labels (...)); output the f32 loss. aux: the
-// gradients of hidden and weight for a unit cotangent (undefined where none is wanted).
+
+// Inputs (hidden (..., C), weight (V, C), labels (...), optionally bias (V,)); output the f32
+// loss. aux: the gradients of hidden, weight and bias for a unit cotangent (undefined where
+// none is wanted).
 class LinearCrossEntropyPrimitive final : public prim::Primitive {
  public:
   LinearCrossEntropyPrimitive(int64_t ignore_index, double smoothing, Reduction reduction, int64_t chunk_logits,
-                              bool hidden_grad, bool weight_grad)
+                              bool hidden_grad, bool weight_grad, bool bias_grad)
       : ignore_index_(ignore_index),
         smoothing_(smoothing),
         reduction_(reduction),
         chunk_logits_(chunk_logits),
         hidden_grad_(hidden_grad),
         weight_grad_(weight_grad),
+        bias_grad_(bias_grad),
         precision_(matmul_precision()) {}
   const char* name() const override { return "linear_cross_entropy"; }
   prim::OpKind kind() const override { return prim::OpKind::gemm; }
   prim::OutputInfo infer(const std::vector<Array>& in) const override {
-    check_shapes(in[0], in[1], in[2]);
+    check_shapes(in[0], in[1], in[2], in.size() > 3 ? in[3] : Array());
     return {Shape{}, DType::f32};
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>& aux) const override {
@@ -99,7 +120,7 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
     Array count = Array::empty(Shape{}, DType::i64, device);
     MT_KERNEL(labels, cross_entropy_count, labels, ignore_index_, count);
     Array losses = Array::empty(Shape{rows}, DType::f32, device);
-    const bool grads = hidden_grad_ || weight_grad_;
+    const bool grads = hidden_grad_ || weight_grad_ || bias_grad_;
     Array dhidden = hidden_grad_ ? Array::empty(Shape{rows, c}, hidden.dtype(), device) : Array();
     // The weight's gradient sums over every chunk: in f32, as one GEMM over all rows would.
     Array dweight;
@@ -117,6 +138,13 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
     const int64_t pad = vocab_pad_multiple(device.is_cuda()), vp = (v + pad - 1) / pad * pad;
     const Array w =
         vp == v ? weight : concatenate({weight, Array::zeros(Shape{vp - v, c}, weight.dtype(), device)}, 0);
+    Array bias;  // in the logits' dtype (f32 for f32 products whatever the precision), padded as w
+    if (in.size() > 3) {
+      bias = in[3];
+      if (vp != v) bias = concatenate({bias, Array::zeros(Shape{vp - v}, bias.dtype(), device)}, 0);
+    }
+    // The bias's gradient, the sum of the logits' gradients over every row, in f32.
+    Array dbias = bias_grad_ ? Array::zeros(Shape{vp}, DType::f32, device) : Array();
     // Summed over the chunks from the first one's product on (no rows: no product, zeros).
     if (weight_grad_) dweight = rows > 0 ? Array::empty(Shape{vp, c}, DType::f32, device)
                                          : Array::zeros(Shape{vp, c}, DType::f32, device);
@@ -128,7 +156,8 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       const int64_t n = std::min(chunk, rows - r0);
       const Array h = rows_of(hidden, r0, n), y1 = labels.view_elements(r0, Shape{n});
       Array z = rows_of(logits, 0, n), lse_n = lse.view_elements(0, Shape{n}), loss_n = losses.view_elements(r0, Shape{n});
-      gemm_into(z, h, w, false, true, false, precision_);
+      if (bias.defined()) gemm_bias_into(z, h, w, bias, precision_);
+      else gemm_into(z, h, w, false, true, false, precision_);
       MT_KERNEL(z, cross_entropy_forward, z, y1, v, ignore_index_, float(smoothing_), loss_n, lse_n);
       if (!grads) continue;
       Array dz = rows_of(dlogits, 0, n);
@@ -139,6 +168,7 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
         gemm_into(dh, dz, w, false, false, false, precision_);
       }
       if (weight_grad_) gemm_into(dweight, dz, h, true, false, r0 > 0, precision_);
+      if (bias_grad_) dbias = add(dbias, sum(dz.dtype() == DType::f32 ? dz : cast(dz, DType::f32), {0}));
     }
     Array total = Array::empty(Shape{}, DType::f32, device);
     MT_KERNEL(losses, cross_entropy_total, losses, count, reduction_ == Reduction::mean, total);
@@ -147,7 +177,11 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       if (vp != v) dweight = rows_of(dweight, 0, v);  // the real classes' rows (a view)
       dweight = weight.dtype() != DType::f32 ? cast(dweight, weight.dtype()) : vp != v ? dweight.clone() : dweight;
     }
-    aux = {dhidden, dweight};
+    if (bias_grad_) {
+      if (vp != v) dbias = slice(dbias, 0, 0, v);
+      if (bias.dtype() != DType::f32) dbias = cast(dbias, bias.dtype());
+    }
+    aux = {dhidden, dweight, dbias};
     return total;
   }
   uint32_t keeps_inputs() const override { return 0u; }  // the gradients were made forward
@@ -158,7 +192,9 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
     auto scaled = [&](const Array& unit) {
       return unit.defined() ? mul(unit, g.dtype() == unit.dtype() ? g : cast(g, unit.dtype())) : Array();
     };
-    return {scaled(s.aux[0]), scaled(s.aux[1]), Array()};
+    std::vector<Array> grads = {scaled(s.aux[0]), scaled(s.aux[1]), Array()};
+    if (s.inputs.size() > 3) grads.push_back(scaled(s.aux[2]));
+    return grads;
   }
   // The three GEMMs of the head (forward, and the backward's two when a gradient is wanted)
   // run here, so their model FLOPs count here: the same total per step as the composed form.
@@ -174,25 +210,31 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
   double smoothing_;
   Reduction reduction_;
   int64_t chunk_logits_;
-  bool hidden_grad_, weight_grad_;
+  bool hidden_grad_, weight_grad_, bias_grad_;
   MatmulPrecision precision_;  // in force when the op ran: how f32 GEMMs multiply
 };
 
 }  // namespace
 
 Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index,
-                           double label_smoothing, Reduction reduction, int64_t chunk_logits) {
-  check_shapes(hidden, weight, labels);
+                           double label_smoothing, Reduction reduction, int64_t chunk_logits, const Array& bias) {
+  check_shapes(hidden, weight, labels, bias);
   MT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "[linear_cross_entropy] label_smoothing ",
            label_smoothing, " outside [0, 1]");
   MT_CHECK(chunk_logits > 0, "[linear_cross_entropy] chunk_logits must be positive, got ", chunk_logits);
   const bool composed = reduction == Reduction::none || hidden.distributed() || weight.distributed() ||
-                        labels.distributed() || hidden.dtype() == DType::f16 || autodiff::trace_depth() > 1;
-  if (composed) return cross_entropy(matmul(hidden, weight, false, true), labels, ignore_index, label_smoothing, reduction);
-  return prim::apply(std::make_shared<LinearCrossEntropyPrimitive>(ignore_index, label_smoothing, reduction, chunk_logits,
-                                                                    autodiff::should_record({&hidden}),
-                                                                    autodiff::should_record({&weight})),
-                     {hidden, weight, labels});
+                        labels.distributed() || (bias.defined() && bias.distributed()) ||
+                        hidden.dtype() == DType::f16 || autodiff::trace_depth() > 1;
+  if (composed) {
+    Array logits = matmul(hidden, weight, false, true);
+    if (bias.defined()) logits = add(logits, bias);
+    return cross_entropy(logits, labels, ignore_index, label_smoothing, reduction);
+  }
+  auto primitive = std::make_shared<LinearCrossEntropyPrimitive>(
+      ignore_index, label_smoothing, reduction, chunk_logits, autodiff::should_record({&hidden}),
+      autodiff::should_record({&weight}), bias.defined() && autodiff::should_record({&bias}));
+  if (bias.defined()) return prim::apply(primitive, {hidden, weight, labels, bias});
+  return prim::apply(primitive, {hidden, weight, labels});
 }
 
 int64_t vocab_pad_multiple(bool gpu) { return (gpu ? g_gpu_pad : g_cpu_pad).load(std::memory_order_relaxed); }

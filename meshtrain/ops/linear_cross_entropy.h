@@ -12,9 +12,10 @@ namespace mt {
 // chunks that summing the weight's gradient over them costs little next to the GEMMs.
 inline constexpr int64_t kLinearCrossEntropyChunk = int64_t(1) << 26;
 
-// cross_entropy(matmul(hidden, weight, false, true), labels, ignore_index, label_smoothing,
-// reduction): hidden (..., C), weight (V, C) of hidden's dtype, integer labels of shape
-// hidden.shape[:-1]; an f32 scalar. The rows are taken `chunk_logits / V` at a time (at least
+// cross_entropy(matmul(hidden, weight, false, true) [+ bias], labels, ignore_index,
+// label_smoothing, reduction): hidden (..., C), weight (V, C) and the optional bias (V,) of
+// hidden's dtype (the bias added in the product's epilogue, its gradient the logits' gradients
+// summed over the rows in f32), integer labels of shape hidden.shape[:-1]; an f32 scalar. The rows are taken `chunk_logits / V` at a time (at least
 // one): each chunk's logits are made, reduced to the loss and, when a gradient is wanted, turned
 // at once into the chunk's share of the hidden states' and the weight's gradients (the weight's
 // summed over the chunks in f32), so the backward pass only scales them by the cotangent. Peak
@@ -25,7 +26,7 @@ inline constexpr int64_t kLinearCrossEntropyChunk = int64_t(1) << 26;
 // and nested differentiation.
 Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index = -100,
                            double label_smoothing = 0.0, Reduction reduction = Reduction::mean,
-                           int64_t chunk_logits = kLinearCrossEntropyChunk);
+                           int64_t chunk_logits = kLinearCrossEntropyChunk, const Array& bias = Array());
 
 // The multiple linear_cross_entropy pads the vocabulary to inside its GEMMs on a device kind
 // (`gpu` or the CPU): cuBLASLt's fastest kernels want 16-byte aligned rows, which an odd V

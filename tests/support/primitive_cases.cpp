@@ -195,6 +195,14 @@ std::vector<PrimitiveCase> primitive_cases() {
                  return linear_cross_entropy(in[0], in[1], in[2], -100, 0.1, Reduction::mean, 21);
                },
                "out = F.cross_entropy(x0 @ x1.T, x2, ignore_index=-100, label_smoothing=0.1)"});
+  // With a bias on the logits (BART's final_logits_bias), its gradient the rows' sum.
+  c.push_back({"linear_cross_entropy",
+               {rn({8, 5}, 148), rn({7, 5}, 149), Array::from_vector(std::vector<int64_t>{0, 6, -100, 3, 2, 6, 1, 5}, {8}),
+                rn({7}, 150)},
+               [](const std::vector<Array>& in) {
+                 return linear_cross_entropy(in[0], in[1], in[2], -100, 0.0, Reduction::mean, 21, in[3]);
+               },
+               "out = F.cross_entropy(x0 @ x1.T + x3, x2, ignore_index=-100)"});
   c.push_back({"causal_softmax", {rn({4, 3, 5}, 94)},
                [](const std::vector<Array>& in) { return causal_softmax(in[0], 0.5); },
                "m = torch.ones(3, 5).tril(2).bool()\nout = torch.softmax((x0 * 0.5).masked_fill(~m, float('-inf')), -1)"});

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 #include "meshtrain/models/bert.h"
+#include "meshtrain/prim/dispatch.h"
 #include "meshtrain/models/chunked_lm_loss.h"
 #include "meshtrain/models/gpt2.h"
 #include "meshtrain/models/llama.h"
@@ -285,8 +287,8 @@ TEST(Remat, DecoderLossRunsAPlainHeadWithItsLoss) {
        "model.embed_tokens.weight"}};
   for (const auto& [config, head] : configs) {
     PretrainedModel m = init_model(config);
-    ASSERT_TRUE(m.spec().plain_head_weight);
-    EXPECT_EQ(m.spec().plain_head_weight(m.config, m.params), head);
+    ASSERT_TRUE(m.spec().linear_head);
+    EXPECT_EQ(m.spec().linear_head(m.config, m.params).weight, head);
     std::vector<int64_t> lv = random_ints({4, 32}, 64, 0, 2003).to_ints();
     for (int i = 0; i < 9; ++i) lv[size_t(i * 13)] = -100;
     const Array ids = random_ints({4, 32}, 63, 0, 2003), labels = Array::from_vector(lv, Shape{4, 32});
@@ -310,7 +312,55 @@ TEST(Remat, DecoderLossRunsAPlainHeadWithItsLoss) {
   PretrainedModel llama = init_model(configs[1].first);
   Params adapted = llama.params;
   adapted.set("lm_head.lora_A.weight", Array::zeros({2, 16}));
-  EXPECT_EQ(llama.spec().plain_head_weight(llama.config, adapted), "");
+  EXPECT_FALSE(llama.spec().linear_head(llama.config, adapted).linear());
+}
+
+// Encoder-decoders' linear heads run with their loss as one linear_cross_entropy too: BART's
+// (tied or not) with its final_logits_bias as the product's bias (nonzero here, and given a
+// gradient), T5's tied head with its d_model^-1/2 scale and its untied lm_head. The loss and
+// every gradient equal the whole logits' loss, with remat or without.
+TEST(Remat, Seq2SeqLossRunsALinearHeadWithItsLoss) {
+  const json bart = {{"model_type", "bart"}, {"vocab_size", 1001}, {"d_model", 16}, {"encoder_layers", 1},
+                     {"decoder_layers", 1}, {"encoder_ffn_dim", 32}, {"decoder_ffn_dim", 32},
+                     {"encoder_attention_heads", 2}, {"decoder_attention_heads", 2}, {"max_position_embeddings", 32}};
+  const json t5 = {{"model_type", "t5"}, {"vocab_size", 1001}, {"d_model", 16}, {"d_kv", 8}, {"d_ff", 32},
+                   {"num_layers", 1}, {"num_heads", 2}};
+  json bart_untied = bart, t5_untied = t5;
+  bart_untied["tie_word_embeddings"] = false, t5_untied["tie_word_embeddings"] = false;
+  const std::vector<std::pair<json, std::string>> configs = {{bart, "model.shared.weight"},
+                                                             {bart_untied, "lm_head.weight"},
+                                                             {t5, "shared.weight"},
+                                                             {t5_untied, "lm_head.weight"}};
+  for (const auto& [config, head] : configs) {
+    PretrainedModel m = init_model(config);
+    ASSERT_TRUE(m.spec().linear_head);
+    EXPECT_EQ(m.spec().linear_head(m.config, m.params).weight, head);
+    if (m.params.contains("final_logits_bias")) m.params.set("final_logits_bias", random_normal({1, 1001}, 91));
+    std::vector<int64_t> lv = random_ints({3, 12}, 92, 0, 1001).to_ints();
+    for (int i = 0; i < 5; ++i) lv[size_t(i * 7)] = -100;
+    Seq2SeqInputs in;
+    in.input_ids = random_ints({3, 10}, 93, 0, 1001), in.decoder_input_ids = random_ints({3, 12}, 94, 0, 1001);
+    const Array labels = Array::from_vector(lv, Shape{3, 12});
+    auto [ref, ref_grads] = value_and_grad([&](const Params& q) {
+      return cross_entropy(m.seq2seq_logits(q, in, RngKey{6, 0}, true), labels);
+    })(m.params);
+    for (Remat remat : {Remat::none, Remat::full}) {
+      PretrainedModel r = m;
+      r.config = m.config.with_remat(remat);
+      std::map<std::string, int> calls;
+      prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++calls[e.primitive.name()]; });
+      auto [loss, grads] = value_and_grad([&](const Params& q) {
+        return r.seq2seq_loss(q, in, labels, RngKey{6, 0}, true);
+      })(m.params);
+      prim::set_op_observer(previous);
+      EXPECT_EQ(calls["linear_cross_entropy"], 1) << m.model_type << " " << head;
+      const double grad_err = max_rel_diff(grads, ref_grads);
+      std::cout << "  " << m.model_type << " head " << head << " remat " << remat_name(remat) << ": loss err "
+                << std::abs(loss.item() - ref.item()) << ", max grad err (relative) " << grad_err << "\n";
+      EXPECT_LE(std::abs(loss.item() - ref.item()), 1e-6 * std::abs(ref.item())) << head;
+      EXPECT_LE(grad_err, 1e-5) << head;
+    }
+  }
 }
 
 TEST(Remat, PolicyNames) {
