@@ -4,7 +4,8 @@
 // (which the op forms): a' = a·cos − b·sin, b' = b·cos + a·sin, each product and each sum
 // rounded to x's dtype as the composed mul, sub and add round them, so the result equals the
 // composed form bit for bit (no FMA contraction). `inverse` rotates by the opposite angle
-// (sin negated): the backward, since a rotation's transpose is its inverse.
+// (sin negated): the backward, since a rotation's transpose is its inverse; it writes no
+// negative zeros (adds +0), as the composed backward's sum of two zero-padded halves does not.
 #include <cstdint>
 
 #include "meshtrain/core/array.h"

@@ -143,8 +143,10 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       bias = in[3];
       if (vp != v) bias = concatenate({bias, Array::zeros(Shape{vp - v}, bias.dtype(), device)}, 0);
     }
-    // The bias's gradient, the sum of the logits' gradients over every row, in f32.
+    // The bias's gradient, the sum of the logits' gradients over every row, in f32: an f32
+    // chunk's sum, or for 16-bit logits ones · dz into an f32 row (no f32 copy of the chunk).
     Array dbias = bias_grad_ ? Array::zeros(Shape{vp}, DType::f32, device) : Array();
+    Array dbias_row = bias_grad_ ? dbias.view_as_shape(Shape{1, vp}) : Array();
     // Summed over the chunks from the first one's product on (no rows: no product, zeros).
     if (weight_grad_) dweight = rows > 0 ? Array::empty(Shape{vp, c}, DType::f32, device)
                                          : Array::zeros(Shape{vp, c}, DType::f32, device);
@@ -168,7 +170,12 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
         gemm_into(dh, dz, w, false, false, false, precision_);
       }
       if (weight_grad_) gemm_into(dweight, dz, h, true, false, r0 > 0, precision_);
-      if (bias_grad_) dbias = add(dbias, sum(dz.dtype() == DType::f32 ? dz : cast(dz, DType::f32), {0}));
+      if (bias_grad_ && dz.dtype() == DType::f32) {
+        dbias = add(dbias, sum(dz, {0}));
+      } else if (bias_grad_) {
+        const Array ones = Array::full(Shape{1, n}, 1.0, dz.dtype(), device);
+        gemm_into(dbias_row, ones, dz, false, false, true, MatmulPrecision::f32);
+      }
     }
     Array total = Array::empty(Shape{}, DType::f32, device);
     MT_KERNEL(losses, cross_entropy_total, losses, count, reduction_ == Reduction::mean, total);

@@ -84,7 +84,7 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
   Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
   // Integer positions are never traced: the tables carry no gradient.
   auto on_x = [&](const Array& a) { return a.device() == x.device() ? a : a.to(x.device()); };
-  if (fused_layers() && !x.distributed()) {
+  if (fused_layers() && !x.distributed() && x.numel() > 0) {
     kernels::RotaryShape s;
     s.t = t, s.d = d, s.interleaved = interleaved;
     s.inner = heads_inner ? x.dim(2) : 1;

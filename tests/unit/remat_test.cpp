@@ -336,6 +336,11 @@ TEST(Remat, Seq2SeqLossRunsALinearHeadWithItsLoss) {
     ASSERT_TRUE(m.spec().linear_head);
     EXPECT_EQ(m.spec().linear_head(m.config, m.params).weight, head);
     if (m.params.contains("final_logits_bias")) m.params.set("final_logits_bias", random_normal({1, 1001}, 91));
+    if (m.params.contains("lm_head.weight")) {  // an adapter on lm_head: more than a product
+      Params adapted = m.params;
+      adapted.set("lm_head.lora_A.weight", Array::zeros({2, 16}));
+      EXPECT_FALSE(m.spec().linear_head(m.config, adapted).linear()) << m.model_type;
+    }
     std::vector<int64_t> lv = random_ints({3, 12}, 92, 0, 1001).to_ints();
     for (int i = 0; i < 5; ++i) lv[size_t(i * 7)] = -100;
     Seq2SeqInputs in;

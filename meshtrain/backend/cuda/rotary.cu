@@ -24,8 +24,10 @@ __global__ void rotary_kernel(const T* x, const T* cos, const T* sin, T* out, in
     const int64_t ia = r * s.d + (s.interleaved ? 2 * i : i), ib = r * s.d + (s.interleaved ? 2 * i + 1 : i + half);
     const float a = to_f32(x[ia]), b = to_f32(x[ib]), c = to_f32(cos[table]);
     const float sn = s.inverse ? -to_f32(sin[table]) : to_f32(sin[table]);
-    out[ia] = from_f32<T>(__fsub_rn(rounded<T>(__fmul_rn(a, c)), rounded<T>(__fmul_rn(b, sn))));
-    out[ib] = from_f32<T>(__fadd_rn(rounded<T>(__fmul_rn(b, c)), rounded<T>(__fmul_rn(a, sn))));
+    // The backward adds +0 (no negative zeros), as the composed one does; x + -0 is x.
+    const float zero_sum = s.inverse ? 0.0f : -0.0f;
+    out[ia] = from_f32<T>(__fadd_rn(__fsub_rn(rounded<T>(__fmul_rn(a, c)), rounded<T>(__fmul_rn(b, sn))), zero_sum));
+    out[ib] = from_f32<T>(__fadd_rn(__fadd_rn(rounded<T>(__fmul_rn(b, c)), rounded<T>(__fmul_rn(a, sn))), zero_sum));
   }
 }
 
