@@ -20,6 +20,7 @@ struct RotaryShape {
   // (o / outer_per_batch)·T + t of them then.
   bool per_batch = false;
   int64_t outer_per_batch = 1;
+  int64_t batches = 1;  // the tables' batch rows: B with per-batch positions, else 1
   bool interleaved = false;  // pairs (x_2i, x_2i+1) as llama2.c, else (x_i, x_i+D/2) as Hugging Face
   bool inverse = false;
 };

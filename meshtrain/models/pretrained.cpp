@@ -80,42 +80,48 @@ CausalLm PretrainedModel::causal_lm() const {
   return lm;
 }
 
+namespace {
+// The errors for a model without the part a call needs.
+void require_seq2seq(bool has, const std::string& source, const std::string& model_type) {
+  MT_CHECK(has, "[model] ", source, ": model_type '", model_type, "' is not an encoder-decoder (use ",
+           model_types_text(ModelKind::seq2seq), ")");
+}
+void require_decoder(bool has, const std::string& source, const std::string& model_type) {
+  MT_CHECK(has, "[model] ", source, ": model_type '", model_type, "' is not a decoder language model");
+}
+}  // namespace
+
 Seq2SeqLm PretrainedModel::seq2seq_lm() const { return seq2seq_lm(params); }
 
 Seq2SeqLm PretrainedModel::seq2seq_lm(const Params& p) const {
   const ModelSpec& s = spec();
-  MT_CHECK(s.seq2seq_lm != nullptr, "[model] ", source, ": model_type '", model_type,
-           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  require_seq2seq(s.seq2seq_lm != nullptr, source, model_type);
   return s.seq2seq_lm(config, p);
 }
 
 Array PretrainedModel::seq2seq_logits(const Params& p, const Seq2SeqInputs& in, const RngKey& dropout_key,
                                       bool train) const {
   const ModelSpec& s = spec();
-  MT_CHECK(s.seq2seq_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
-           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  require_seq2seq(s.seq2seq_hidden != nullptr, source, model_type);
   return s.decoder_head(config, p, s.seq2seq_hidden(config, p, in, dropout_key, train), dropout_key, train);
 }
 
 Array PretrainedModel::seq2seq_loss(const Params& p, const Seq2SeqInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
-  MT_CHECK(spec().seq2seq_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
-           "' is not an encoder-decoder (use ", model_types_text(ModelKind::seq2seq), ")");
+  require_seq2seq(spec().seq2seq_hidden != nullptr, source, model_type);
   return head_loss(p, spec().seq2seq_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }
 
 Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                                       bool train) const {
   const ModelSpec& s = spec();
-  MT_CHECK(s.decoder_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
-           "' is not a decoder language model");
+  require_decoder(s.decoder_hidden != nullptr, source, model_type);
   return s.decoder_head(config, p, s.decoder_hidden(config, p, in, dropout_key, train), dropout_key, train);
 }
 
 Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,
                                     const RngKey& dropout_key, bool train) const {
-  MT_CHECK(spec().decoder_hidden != nullptr, "[model] ", source, ": model_type '", model_type,
-           "' is not a decoder language model");
+  require_decoder(spec().decoder_hidden != nullptr, source, model_type);
   return head_loss(p, spec().decoder_hidden(config, p, in, dropout_key, train), labels, dropout_key, train);
 }
 

@@ -143,15 +143,15 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       bias = in[3];
       if (vp != v) bias = concatenate({bias, Array::zeros(Shape{vp - v}, bias.dtype(), device)}, 0);
     }
-    // The bias's gradient, the sum of the logits' gradients over every row, in f32: an f32
-    // chunk's sum, or for 16-bit logits ones · dz into an f32 row (no f32 copy of the chunk).
-    Array dbias = bias_grad_ ? Array::zeros(Shape{vp}, DType::f32, device) : Array();
-    Array dbias_row = bias_grad_ ? dbias.view_as_shape(Shape{1, vp}) : Array();
+    // The bias's gradient, the sum of the logits' gradients over every row: ones · dz summed
+    // over the chunks into an f32 row, as dweight (no f32 copy of a 16-bit chunk).
+    Array dbias = bias_grad_ ? Array::zeros(Shape{1, vp}, DType::f32, device) : Array();
     // Summed over the chunks from the first one's product on (no rows: no product, zeros).
     if (weight_grad_) dweight = rows > 0 ? Array::empty(Shape{vp, c}, DType::f32, device)
                                          : Array::zeros(Shape{vp, c}, DType::f32, device);
     const int64_t chunk = std::clamp<int64_t>(chunk_logits_ / vp, 1, std::max<int64_t>(rows, 1));
     Array logits = Array::empty(Shape{chunk, vp}, hidden.dtype(), device);
+    const Array ones = bias_grad_ ? Array::full(Shape{chunk}, 1.0, hidden.dtype(), device) : Array();
     Array dlogits = grads ? Array::empty(Shape{chunk, vp}, hidden.dtype(), device) : Array();
     Array lse = Array::empty(Shape{chunk}, DType::f32, device);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -170,12 +170,7 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
         gemm_into(dh, dz, w, false, false, false, precision_);
       }
       if (weight_grad_) gemm_into(dweight, dz, h, true, false, r0 > 0, precision_);
-      if (bias_grad_ && dz.dtype() == DType::f32) {
-        dbias = add(dbias, sum(dz, {0}));
-      } else if (bias_grad_) {
-        const Array ones = Array::full(Shape{1, n}, 1.0, dz.dtype(), device);
-        gemm_into(dbias_row, ones, dz, false, false, true, MatmulPrecision::f32);
-      }
+      if (bias_grad_) gemm_into(dbias, ones.view_elements(0, Shape{1, n}), dz, false, false, true, MatmulPrecision::f32);
     }
     Array total = Array::empty(Shape{}, DType::f32, device);
     MT_KERNEL(losses, cross_entropy_total, losses, count, reduction_ == Reduction::mean, total);
@@ -185,6 +180,7 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
       dweight = weight.dtype() != DType::f32 ? cast(dweight, weight.dtype()) : vp != v ? dweight.clone() : dweight;
     }
     if (bias_grad_) {
+      dbias = dbias.view_as_shape(Shape{vp});
       if (vp != v) dbias = slice(dbias, 0, 0, v);
       if (bias.dtype() != DType::f32) dbias = cast(dbias, bias.dtype());
     }

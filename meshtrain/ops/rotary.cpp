@@ -37,7 +37,7 @@ class RotaryPrimitive final : public prim::Primitive {
     return {x.shape(), x.dtype()};
   }
   // T rows, or B·T with per-batch positions.
-  int64_t table_rows() const { return (s_.per_batch ? s_.outer / s_.outer_per_batch : 1) * s_.t; }
+  int64_t table_rows() const { return s_.batches * s_.t; }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>&) const override {
     Array out = Array::empty(o.shape, o.dtype);
     if (out.numel() > 0) MT_KERNEL(out, rotary, in[0], in[1], in[2], s_, out);
@@ -84,19 +84,23 @@ Array rotary_embedding(const Array& x, const Array& positions, double theta, boo
   Array angles = mul(expand_dims(cast(positions, DType::f32), -1), freq);  // (T, half) or (B, T, half)
   // Integer positions are never traced: the tables carry no gradient.
   auto on_x = [&](const Array& a) { return a.device() == x.device() ? a : a.to(x.device()); };
-  if (fused_layers() && !x.distributed() && x.numel() > 0) {
+  Array cos_t = on_x(cast(cos(angles), x.dtype())), sin_t = on_x(cast(sin(angles), x.dtype()));
+  if (fused_layers() && !x.distributed()) {
     kernels::RotaryShape s;
     s.t = t, s.d = d, s.interleaved = interleaved;
     s.inner = heads_inner ? x.dim(2) : 1;
     s.outer = t * d * s.inner > 0 ? x.numel() / (t * d * s.inner) : 0;
     s.per_batch = positions.ndim() == 2;
+    s.batches = s.per_batch ? positions.dim(0) : 1;
     s.outer_per_batch = s.per_batch && !heads_inner ? x.dim(1) : 1;
-    return prim::apply(std::make_shared<RotaryPrimitive>(s), {x, on_x(cast(cos(angles), x.dtype())),
-                                                             on_x(cast(sin(angles), x.dtype()))});
+    return prim::apply(std::make_shared<RotaryPrimitive>(s), {x, cos_t, sin_t});
   }
-  if (heads_inner) angles = expand_dims(angles, -2);                 // (T, 1, half) or (B, T, 1, half)
-  else if (positions.ndim() == 2) angles = expand_dims(angles, 1);  // (B, 1, T, half)
-  Array cos_t = on_x(cast(cos(angles), x.dtype())), sin_t = on_x(cast(sin(angles), x.dtype()));
+  // The composed form broadcasts the tables over the heads.
+  auto over_heads = [&](const Array& table) {
+    if (heads_inner) return expand_dims(table, -2);                 // (T, 1, half) or (B, T, 1, half)
+    return positions.ndim() == 2 ? expand_dims(table, 1) : table;  // (B, 1, T, half) or (T, half)
+  };
+  cos_t = over_heads(cos_t), sin_t = over_heads(sin_t);
   if (!interleaved) {
     Array x1 = slice(x, -1, 0, half), x2 = slice(x, -1, half, d);
     return concatenate({sub(mul(x1, cos_t), mul(x2, sin_t)), add(mul(x2, cos_t), mul(x1, sin_t))}, -1);
