@@ -26,9 +26,14 @@
 #   gpu_run.sh head    GPT-2 B16 T1024 bf16 steps with the vocabulary padded to 50304 inside the head's
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
-#   gpu_run.sh session a device session's one script: test, sst2, graphs, largest and head in that order,
-#                      within GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut
-#                      to the time left, and a part that cannot start with 30 s left is skipped (said)
+#   gpu_run.sh session a device session's one script: test, sst2, graphs, largest and head in that order
+#                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
+#                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
+#                      time left, and a part that cannot start with 30 s left is skipped (said)
+#   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive (issue 44)
+# TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
+# (e.g. "--quick --workloads gpt2,bert --precisions tf32,bf16"); MEMCHECK_FILTER narrows memcheck
+# to some of gpu_primitives_test's tests (a gtest filter; default: all but the out-of-memory one).
 # Results (logs) go to $OUT when set, else ./gpu-results.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,34 +60,26 @@ cap() {
   [ "$left" -lt 1 ] && left=1
   [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
-# wants PART: whether this run includes PART (in a session, only while 30 s are left).
-wants() {
-  case "$mode" in
-    "$1") return 0 ;;
-    all) case " test fusion python posttrain caption bench " in *" $1 "*) return 0 ;; esac ;;
-    session)
-      case " test sst2 graphs largest head " in *" $1 "*)
-        [ "$(cap 30)" -ge 30 ] && return 0
-        echo "== $1 skipped: $budget s of the session spent"
-        status=1 ;;
-      esac ;;
-  esac
-  return 1
-}
+# The parts this run takes, in order.
+case "$mode" in
+  all) parts="test fusion python posttrain caption bench" ;;
+  session) parts=${SESSION_PARTS:-test sst2 graphs largest head} ;;
+  *) parts=$mode ;;
+esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-if wants test; then
+part_test() {
   for t in "$here"/bin/gpu_*_test; do
     name=$(basename "$t")
     echo "== $name"
     # The whole log first: a reader that stops early must not kill the test with SIGPIPE.
-    timeout "$(cap 300)" "$t" > "$out/$name.log" 2>&1 || status=1
+    timeout "$(cap "${TEST_S:-300}")" "$t" > "$out/$name.log" 2>&1 || status=1
     grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error" "$out/$name.log" | tail -80
   done
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
     echo "== compute-sanitizer --tool memcheck gpu_primitives_test"
     # The out-of-memory test provokes a failed allocation on purpose: left out here.
     timeout "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
-      --gtest_filter=-*OutOfMemory* \
+      --gtest_filter="${MEMCHECK_FILTER:--*OutOfMemory*}" \
       > "$out/memcheck.log" 2>&1
     rc=$?
     tail -3 "$out/memcheck.log"
@@ -111,8 +108,8 @@ if wants test; then
     echo "memcheck (captured step) exit $rc (124: cut at its time limit)"
     [ $rc = 0 ] || [ $rc = 124 ] || status=1
   fi
-fi
-if wants examples; then
+}
+part_examples() {
   for e in text_classifier causal_lm maml; do
     [ -x "$here/bin/example_$e" ] || continue
     echo "== example_$e"
@@ -127,7 +124,7 @@ if wants examples; then
     echo "example_$e exit $rc"
     [ $rc = 0 ] || status=1
   done
-fi
+}
 bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
   echo '{"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
          "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2}' > /tmp/mt-bert-base.json
@@ -135,7 +132,7 @@ bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
     --tokenizer $here/data/tokenizers/bert-base-uncased-tokenizer.json --max_seq_length 128 \
     --per_device_train_batch_size 32 --learning_rate 2e-5 --device cuda --overwrite"
 }
-if wants sst2; then
+part_sst2() {
   echo "== time meshtrain glue --task sst2 (whole: 67,349 train / 872 dev), BERT-base, 3 epochs, bf16"
   start=$(date +%s.%N)
   timeout "$(cap "${SST2_S:-420}")" "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
@@ -144,8 +141,8 @@ if wants sst2; then
   echo "wall $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $rc"
   grep -E "epoch|^fit:|cuda graphs|tokeniz" "$out/sst2.log" | tail -8
   [ $rc = 0 ] || status=1
-fi
-if wants graphs; then
+}
+part_graphs() {
   for g in off on; do
     echo "== meshtrain glue sst2 (BERT-base, 6400 rows, bf16), --cuda-graphs $g"
     timeout "$(cap 150)" "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
@@ -161,8 +158,8 @@ if wants graphs; then
       > "$out/graphs_torch_${c:-eager}.json" 2> "$out/graphs_torch_${c:-eager}.err"
     echo "exit $?"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
   done
-fi
-if wants largest; then
+}
+part_largest() {
   echo "== model_step_bench llama7b 1 1024 (fp32 AdamW, --remat full)"
   timeout "$(cap 180)" "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
   rc=$?
@@ -174,8 +171,8 @@ if wants largest; then
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
-fi
-if wants head; then
+}
+part_head() {
   for pad in 1 0; do
     echo "== model_step_bench gpt2 16 1024 bf16 cuda, vocabulary padded: $pad"
     if [ $pad = 1 ]; then unset MT_PAD_VOCAB; else export MT_PAD_VOCAB=0; fi
@@ -184,16 +181,22 @@ if wants head; then
     cat "$out/head_pad$pad.json"; tail -2 "$out/head_pad$pad.err"
   done
   unset MT_PAD_VOCAB
-fi
-if wants fusion; then
+}
+part_profile() {
+  echo "== MT_PROFILE_OPS=1 model_step_bench gpt2 16 1024 bf16 cuda (kernel time per primitive)"
+  MT_PROFILE_OPS=1 timeout "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 2 bf16 none cuda \
+    > "$out/profile_gpt2.json" 2> "$out/profile_gpt2.err" || status=1
+  cat "$out/profile_gpt2.json"; head -45 "$out/profile_gpt2.err"
+}
+part_fusion() {
   for f in 1 0; do
     echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_FUSED_LAYERS=$f"
-    MT_FUSED_LAYERS=$f timeout 120 "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+    MT_FUSED_LAYERS=$f timeout "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
       > "$out/fusion_$f.json" 2> "$out/fusion_$f.err" || status=1
     cat "$out/fusion_$f.json"; tail -2 "$out/fusion_$f.err"
   done
-fi
-if wants python; then
+}
+part_python() {
   if [ -d "$here/python/meshtrain" ]; then
     echo "== Python front end on the GPU ($(python3 -c 'import sys; print(sys.version.split()[0])'))"
     for e in "text_classifier.py $here/data 60 400 /tmp/mt-py/tc" "causal_lm.py $here/data 100 40 /tmp/mt-py/clm"; do
@@ -205,8 +208,8 @@ if wants python; then
       [ $rc = 0 ] || status=1
     done
   fi
-fi
-if wants posttrain; then
+}
+part_posttrain() {
   pt=/tmp/mt-posttrain
   rm -rf "$pt" && mkdir -p "$pt"
   python3 - "$pt" <<'PY'
@@ -240,8 +243,8 @@ PY
       cat "$out/grpo_rollout_$m.log" | tail -5
     done
   fi
-fi
-if wants caption; then
+}
+part_caption() {
   if [ -x "$here/bin/example_caption" ]; then
     echo "== example_caption on the GPU (1200 steps)"
     timeout 150 "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
@@ -277,10 +280,20 @@ print("caption losses CPU", [round(x, 5) for x in c])
 print("max |GPU - CPU| %.3g over %d steps" % (max(abs(a - b) for a, b in zip(g, c)), min(len(g), len(c))))
 PY
   fi
-fi
-if wants bench; then
+}
+part_bench() {
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
-    python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+    timeout "$(cap 600)" python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   fi
-fi
+}
+for part in $parts; do
+  if ! type "part_$part" >/dev/null 2>&1; then
+    echo "gpu_run.sh: no part '$part' (see the usage at the top)" >&2; exit 2
+  fi
+  # In a session a part starts only while 30 s of the budget are left.
+  if [ -n "$budget" ] && [ "$(cap 30)" -lt 30 ]; then
+    echo "== $part skipped: $budget s of the session spent"; status=1; continue
+  fi
+  "part_$part"
+done
 exit $status
