@@ -152,6 +152,8 @@ part_graphs() {
     echo "exit $rc"
     [ $rc = 0 ] || status=1
   done
+  # GRAPHS_TORCH=0 leaves PyTorch's side out (a rerun in the same session has it already).
+  [ "${GRAPHS_TORCH:-1}" = 1 ] || return 0
   for c in "" 1 reduce-overhead; do
     echo "== PyTorch BERT-base 32 x 128 bf16, TORCH_COMPILE=${c:-eager}"
     TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \

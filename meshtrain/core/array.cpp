@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/core/host_reads.h"
@@ -86,7 +87,10 @@ Array from_host(const std::vector<Src>& values, const Shape& shape, DType dtype)
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = a.data<T>();
-    for (size_t i = 0; i < values.size(); ++i) p[i] = from_double<T>(double(values[i]));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if constexpr (std::is_integral_v<T> && std::is_integral_v<Src>) p[i] = T(values[i]);  // exact, as in to_host
+      else p[i] = from_double<T>(double(values[i]));
+    }
   });
   return a.to(current_device());
 }
@@ -100,7 +104,12 @@ std::vector<Dst> to_host(const Array& a) {
   dispatch_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* p = host.data<T>();
-    for (size_t i = 0; i < out.size(); ++i) out[i] = Dst(to_double(p[i]));
+    // Integers convert directly: through a double, int64 values past 2^53 round, and INT64_MAX
+    // (the index checks' "no bad index") would overflow back to INT64_MIN.
+    for (size_t i = 0; i < out.size(); ++i) {
+      if constexpr (std::is_integral_v<T> && std::is_integral_v<Dst>) out[i] = Dst(p[i]);
+      else out[i] = Dst(to_double(p[i]));
+    }
   });
   return out;
 }

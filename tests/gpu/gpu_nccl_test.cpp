@@ -156,7 +156,7 @@ TEST(GpuNccl, ProcessesOnTheGpusOfOneHost) {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string command = std::string(MT_MPIRUN) + " -np 2 -x MT_NCCL_TEST_CHILD=1" +
                               (ld ? std::string(" -x LD_LIBRARY_PATH") : std::string()) + " " + self +
-                              " --gtest_filter=GpuNccl.TwoRanksInsideMpirun";
+                              " --gtest_color=no --gtest_filter=GpuNccl.TwoRanksInsideMpirun";
   const CliRun run = run_command(command, "mpirun -np 2 gpu_nccl_test (TwoRanksInsideMpirun)");
   std::cout << run.out;
   EXPECT_EQ(run.code, 0);

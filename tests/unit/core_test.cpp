@@ -58,6 +58,16 @@ TEST(Array, ReshapeIsAViewAndCastConverts) {
   EXPECT_EQ(i.to_ints(), (std::vector<int64_t>{-1, 2}));
 }
 
+// Integers read back exactly: through a double, INT64_MAX (the index checks' "no bad index")
+// came back as INT64_MIN and every GPU index check failed at "flat position -9223372036854775808".
+TEST(Array, ToIntsReadsEveryInt64Exactly) {
+  const std::vector<int64_t> values{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+                                    (int64_t(1) << 53) + 1, -7};
+  EXPECT_EQ(Array::from_vector(values, Shape{4}, DType::i64).to_ints(), values);
+  EXPECT_EQ(Array::from_vector(std::vector<int64_t>{-3, 2147483647}, Shape{2}, DType::i32).to_ints(),
+            (std::vector<int64_t>{-3, 2147483647}));
+}
+
 TEST(Params, KeepsInsertionOrderAndNamesMissingPaths) {
   Params p;
   p.set("b", Array::zeros({1}));
