@@ -16,6 +16,7 @@
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/linear.h"
 #include "meshtrain/ops/matmul.h"
+#include "meshtrain/ops/nn_ops.h"
 #include "meshtrain/prim/dispatch.h"
 #include "meshtrain/prim/registry.h"
 #include "tests/support/gpu.h"
@@ -183,6 +184,32 @@ TEST(GpuPrimitives, RotaryEmbeddingEqualsTheComposedOpsBitForBit) {
       EXPECT_EQ(forward, 0.0) << label;
       EXPECT_EQ(gradient, 0.0) << label;
     }
+}
+
+// Layer and RMS norm at both team sizes: a warp per row up to 2048 wide (a row count that
+// leaves the last block's warps partly idle), a block per row beyond; forward and gradients.
+TEST(GpuPrimitives, NormsOnWarpAndBlockRowsEqualTheCpu) {
+  MT_REQUIRE_GPU();
+  for (int64_t c : {768, 2048, 4100}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::vector<Array> in = {cast(random_normal({4099, c}, 51), dtype), random_normal({c}, 52),
+                                     random_normal({c}, 53)};
+      const Array cot = cast(random_normal({4099, c}, 54), dtype);
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{2e-5, 2e-5, 2e-5} : default_tolerance(dtype);
+      const std::string width = std::string(dtype_name(dtype)) + " (4099, " + std::to_string(c) + ")";
+      const OpFn ln = [](const std::vector<Array>& x) { return layer_norm(x[0], x[1], x[2]); };
+      const OpFn rms = [](const std::vector<Array>& x) { return rms_norm(x[0], x[1]); };
+      for (const auto& [name, fn] : {std::pair{"layer_norm ", ln}, std::pair{"rms_norm ", rms}}) {
+        const auto [ref, ref_grads] = vjp(fn, in, cot);
+        const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+        expect_close(out.to(Device::cpu()), ref, tol, name + width + " forward, gpu vs cpu");
+        for (size_t i = 0; i < grads.size(); ++i)
+          if (grads[i].defined())
+            expect_close(grads[i].to(Device::cpu()), ref_grads[i], tol,
+                         name + width + " gradient " + std::to_string(i) + ", gpu vs cpu");
+      }
+    }
+  }
 }
 
 // The embedding's gradient (scatter_add) sums each row's updates in index order, as the CPU
