@@ -24,7 +24,19 @@ int64_t value_at(const Array& indices, int64_t position) {
 }
 
 [[noreturn]] void fail(const PendingCheck& check, int64_t position, const std::string& note) {
-  throw Error(check.message(position, value_at(check.indices, position)) + note);
+  const int64_t n = check.indices.numel();
+  auto misfire = [&](const std::string& what) {
+    return VerdictMisfire(detail::concat("[deferred checks] a verdict names flat position ", position, " of indices ",
+                                         check.indices.str(), what,
+                                         ": its word on the device was overwritten, an internal error of meshtrain, "
+                                         "not of the data (with CUDA graphs, --cuda-graphs off avoids it; please "
+                                         "report it)"));
+  };
+  if (position < 0 || position >= n) throw misfire(detail::concat(", which has ", n, " entries"));
+  const int64_t value = value_at(check.indices, position);
+  if (check.size >= 0 && ((value >= 0 && value < check.size) || value == check.skip))
+    throw misfire(detail::concat(", whose index ", value, " is in range [0, ", check.size, ")"));
+  throw Error(check.message(position, value) + note);
 }
 
 // The words of i64 scalars on one device: read in place on the CPU (no wait, not counted), in

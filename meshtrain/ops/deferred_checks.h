@@ -13,17 +13,27 @@
 #include <vector>
 
 #include "meshtrain/core/array.h"
+#include "meshtrain/core/error.h"
 
 namespace mt {
 
 // The message of a failed check from its bad flat position and the value found there.
 using CheckMessage = std::function<std::string(int64_t position, int64_t value)>;
 
-// A recorded check: `first` (an i64 scalar, kNoBadIndex when all is well) over `indices`.
+// A recorded check: `first` (an i64 scalar, kNoBadIndex when all is well) over `indices`,
+// whose entries are good in [0, size) or equal to skip (size < 0: the range is not known).
 struct PendingCheck {
   Array first;
   Array indices;
   CheckMessage message;
+  int64_t size = -1, skip = 0;
+};
+
+// A verdict that cannot be true: it names a position outside the indices, or one whose index is
+// in range. The verdict word was overwritten on the device: meshtrain's fault, not the data's.
+class VerdictMisfire : public Error {
+ public:
+  using Error::Error;
 };
 
 // Open on the thread that runs the step; scopes nest and the innermost collects.

@@ -23,12 +23,12 @@ Array checked_indices(const Array& idx, int64_t size, const char* op, CheckMessa
   // is read at once even inside a scope.
   if (!deferred || (size == 0 && idx.numel() > 0)) {
     MT_KERNEL(idx, index_verdict, idx, size, skip, first, nullptr, op);
-    settle_now({first, idx, std::move(message)});
+    settle_now({first, idx, std::move(message), size, skip});
     return idx;
   }
   Array safe = Array::empty(idx.shape(), idx.dtype(), idx.device());
   MT_KERNEL(idx, index_verdict, idx, size, skip, first, &safe, op);
-  deferred->record({first, idx, std::move(message)});
+  deferred->record({first, idx, std::move(message), size, skip});
   return safe;
 }
 

@@ -22,7 +22,11 @@ ForwardResults copied(const ForwardResults& r) {
   out.loss = copy_out(r.loss);
   for (const auto& [name, a] : r.metrics) out.metrics[name] = copy_out(a);
   for (const auto& [name, a] : r.outputs) out.outputs.set(name, copy_out(a));
-  for (const PendingCheck& c : r.checks) out.checks.push_back({copy_out(c.first), copy_out(c.indices), c.message});
+  for (PendingCheck c : r.checks) {  // the graph rewrites its own arrays on the next replay
+    c.first = copy_out(c.first);
+    c.indices = copy_out(c.indices);
+    out.checks.push_back(std::move(c));
+  }
   return out;
 }
 }  // namespace

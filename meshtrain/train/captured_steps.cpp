@@ -36,7 +36,11 @@ StepResults copied(const StepResults& r) {
   StepResults out;
   for (const Array& l : r.losses) out.losses.push_back(copy_out(l));
   out.metrics = r.metrics.transformed(copy_out);
-  for (const PendingCheck& c : r.checks) out.checks.push_back({copy_out(c.first), copy_out(c.indices), c.message});
+  for (PendingCheck c : r.checks) {  // the graph rewrites its own arrays on the next replay
+    c.first = copy_out(c.first);
+    c.indices = copy_out(c.indices);
+    out.checks.push_back(std::move(c));
+  }
   return out;
 }
 

@@ -194,11 +194,14 @@ void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<vo
     read_checks(std::move(checks));
   } catch (const Error& e) {
     const int64_t first = steps.front().step, last = steps.back().step;
+    // A verdict that cannot be true is no fault of the data: the message does not blame it.
+    const bool misfire = dynamic_cast<const VerdictMisfire*>(&e) != nullptr;
     broken_ = detail::concat(first == last ? detail::concat("step ", first) : detail::concat("steps ", first, "-", last),
-                             " read an invalid input (", e.what(), ") after ",
+                             misfire ? ": " : " read an invalid input (", e.what(), misfire ? "; after " : ") after ",
                              first == last ? "its update was" : "their updates were",
                              " applied; nothing was saved from ", first == last ? "it" : "them",
-                             " — fix the data and resume from the last checkpoint");
+                             misfire ? " — resume from the last checkpoint"
+                                     : " — fix the data and resume from the last checkpoint");
     // The unread steps are not counted (their updates were applied: the trainer is broken).
     step_ = first - 1;
     throw Error(detail::concat("[trainer] ", broken_));

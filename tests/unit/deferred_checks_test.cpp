@@ -81,6 +81,35 @@ TEST(DeferredChecks, AnOutOfRangeTokenIdGivesAZeroRowUntilItsVerdictIsRead) {
       << deferred;
 }
 
+// A verdict word that cannot be true (overwritten on the device) is reported as meshtrain's
+// error, not the data's, and never read past the indices: a position outside them, or one
+// whose index is in range.
+TEST(DeferredChecks, AVerdictThatCannotBeTrueIsAnInternalErrorNotTheData) {
+  const Array indices = Array::from_vector(std::vector<int64_t>{5, 12, 2}, {3}, DType::i64);
+  auto verdict = [&](int64_t position) {
+    PendingCheck c{Array::from_vector(std::vector<int64_t>{position}, {}, DType::i64), indices,
+                   [](int64_t p, int64_t v) { return detail::concat("[take] index ", v, " at ", p); }, 10, -100};
+    return c;
+  };
+  auto read = [&](int64_t position) { return error_of([&] { read_checks({verdict(position)}); }); };
+  EXPECT_EQ(read(1).rfind("[take] index 12 at 1 (found when", 0), 0u) << "a true verdict keeps its op's message";
+  for (int64_t position : {0, 2, 3, 99, -5}) {
+    std::string kind;
+    try {
+      read_checks({verdict(position)});
+    } catch (const VerdictMisfire& e) {
+      kind = e.what();
+    } catch (const Error& e) {
+      kind = std::string("not a misfire: ") + e.what();
+    }
+    EXPECT_TRUE(contains(kind, "internal error of meshtrain")) << position << ": " << kind;
+    EXPECT_TRUE(contains(kind, position == 0 ? "whose index 5 is in range [0, 10)"
+                               : position == 2 ? "whose index 2 is in range"
+                                               : "which has 3 entries"))
+        << kind;
+  }
+}
+
 TEST(DeferredChecks, ScopesNestAndTheInnermostCollects) {
   Array x = random_normal({4, 3}, 1);
   Array bad = Array::from_vector(std::vector<int32_t>{0, 5}, {2});
