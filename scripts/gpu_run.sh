@@ -26,7 +26,8 @@
 #   gpu_run.sh head    GPT-2 B16 T1024 bf16 steps with the vocabulary padded to 50304 inside the head's
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
-#   gpu_run.sh session a device session's one script: test, sst2, graphs, largest and head in that order
+#   gpu_run.sh session a device session's one script: test, caption, bench, profile, fusion, graphs, sst2
+#                      and head in that order (largest ran on 2026-11-30)
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
 #                      time left, and a part that cannot start with 30 s left is skipped (said)
@@ -51,7 +52,8 @@ started=$(date +%s)
 budget=
 if [ "$mode" = session ]; then
   # The sanitizers and the whole SST-2 job cut shorter than alone, so that every part gets a turn.
-  budget=${GPU_BUDGET_S:-450} MEMCHECK_S=${MEMCHECK_S:-60} RACECHECK_S=${RACECHECK_S:-60} SST2_S=${SST2_S:-180}
+  budget=${GPU_BUDGET_S:-450} MEMCHECK_S=${MEMCHECK_S:-45} RACECHECK_S=${RACECHECK_S:-30} SST2_S=${SST2_S:-180}
+  TEST_S=${TEST_S:-100} BENCH_ARGS=${BENCH_ARGS:---quick --workloads gpt2,bert --precisions bf16,tf32}
 fi
 # cap N: N seconds, or the session's time left when less (at least 1).
 cap() {
@@ -63,7 +65,7 @@ cap() {
 # The parts this run takes, in order.
 case "$mode" in
   all) parts="test fusion python posttrain caption bench" ;;
-  session) parts=${SESSION_PARTS:-test sst2 graphs largest head} ;;
+  session) parts=${SESSION_PARTS:-test caption bench profile fusion graphs sst2 head} ;;
   *) parts=$mode ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -249,7 +251,7 @@ PY
 part_caption() {
   if [ -x "$here/bin/example_caption" ]; then
     echo "== example_caption on the GPU (1200 steps)"
-    timeout 150 "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
+    timeout "$(cap 150)" "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
     rc=$?
     grep -E "device|fit:|train loss|held out|error" "$out/caption_example.log" | tail -6
     echo "example_caption exit $rc"
@@ -262,7 +264,7 @@ part_caption() {
       > "$cap/train.jsonl"
     for d in cuda cpu; do
       echo "== meshtrain caption --device $d"
-      timeout 120 "$here/bin/meshtrain" caption --config small-vit-gpt2 --tokenizer "$here/data/models/hf-tiny-gpt2" \
+      timeout "$(cap 120)" "$here/bin/meshtrain" caption --config small-vit-gpt2 --tokenizer "$here/data/models/hf-tiny-gpt2" \
         --data "$cap/train.jsonl" --eval-data "$cap/train.jsonl" --image-dir "$here/data/images" --steps 12 \
         --per-device-batch-size 2 --num-beams 2 --max-target-length 12 --learning-rate 1e-3 --warmup-steps 2 \
         --device $d --output-dir "$cap/$d" > "$out/caption_$d.log" 2>&1
