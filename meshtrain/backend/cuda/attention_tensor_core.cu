@@ -67,9 +67,6 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half: the lower k
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ inline uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
-}
 
 __device__ inline void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
@@ -121,24 +118,41 @@ __device__ inline void load_a(Val<Ops> (&a)[4], const typename Ops::Elem* t, int
     a[2] = word_at(t, (r0 + g) * ld + k0 + 2 * q + 8), a[3] = word_at(t, (r0 + g + 8) * ld + k0 + 2 * q + 8);
   }
 }
-// B operand of a · tileᵀ: B[k][n] = tile[n0 + n][k0 + k].
+// Two 8 x 8 bf16 matrices of a shared-memory tile in mma fragment order, one instruction:
+// lanes 0-7 give the row addresses of the first, lanes 8-15 those of the second (16-byte
+// aligned: tile rows are a multiple of 16 bytes long, and matrices start at multiples of 8
+// columns). Plain, lane l receives (row l/4, columns 2(l%4), 2(l%4)+1) of each; transposed,
+// (rows 2(l%4), 2(l%4)+1, column l/4): the B fragment of m16n8k16 either way round.
+template <bool kTrans>
+__device__ inline void ldmatrix_x2(uint32_t (&r)[2], const __nv_bfloat16* row_address) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(row_address));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
+// B operand of a · tileᵀ: B[k][n] = tile[n0 + n][k0 + k]. bf16: the 8 x 8 blocks at columns
+// k0 and k0 + 8 of rows n0.., read as they are stored.
 template <class Ops>
 __device__ inline void load_bt(Val<Ops> (&b)[2], const typename Ops::Elem* t, int ld, int n0, int k0, int g, int q) {
   if constexpr (Ops::kTf32) {
     b[0] = t[(n0 + g) * ld + k0 + q], b[1] = t[(n0 + g) * ld + k0 + q + 4];
   } else {
-    b[0] = word_at(t, (n0 + g) * ld + k0 + 2 * q), b[1] = word_at(t, (n0 + g) * ld + k0 + 2 * q + 8);
+    const int lane = 4 * g + q;
+    ldmatrix_x2<false>(b, t + (n0 + lane % 8) * ld + k0 + 8 * ((lane / 8) % 2));
   }
 }
 // B operand of a · tile for an a made from a C tile (c_to_a): B[k][n] = tile[k0 + k'][n0 + n]
-// with k' the C column behind k (permuted for TF32).
+// with k' the C column behind k (permuted for TF32). bf16: the 8 x 8 blocks at rows k0 and
+// k0 + 8 of columns n0.., transposed on the way (four 16-bit loads and two packs before).
 template <class Ops>
 __device__ inline void load_b(Val<Ops> (&b)[2], const typename Ops::Elem* t, int ld, int k0, int n0, int g, int q) {
   if constexpr (Ops::kTf32) {
     b[0] = t[(k0 + 2 * q) * ld + n0 + g], b[1] = t[(k0 + 2 * q + 1) * ld + n0 + g];
   } else {
-    b[0] = pack_bf16(t[(k0 + 2 * q) * ld + n0 + g], t[(k0 + 2 * q + 1) * ld + n0 + g]);
-    b[1] = pack_bf16(t[(k0 + 2 * q + 8) * ld + n0 + g], t[(k0 + 2 * q + 9) * ld + n0 + g]);
+    const int lane = 4 * g + q;
+    ldmatrix_x2<true>(b, t + (k0 + lane % 16) * ld + n0);
   }
 }
 // The A operand, k step kk, of a product whose k runs over the columns of C tiles c[n].
