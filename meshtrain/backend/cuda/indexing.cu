@@ -56,19 +56,37 @@ __global__ void sort_input_kernel(const I* idx, uint32_t* keys, int32_t* positio
 }
 
 // One thread per (outer, sorted position, column); the thread at the first position of a
-// destination's run sums the run's updates in index order and owns the output element.
+// destination's run sums the run's updates in index order and owns the output element. A run
+// is walked 8 positions at a time, their keys, positions and updates each loaded together
+// before the in-order adds: a run thousands long (BERT's padding id) then waits on three
+// memory round trips per 8 updates, not two per update.
 template <class A, class T>
 __global__ void scatter_add_sorted_kernel(const T* upd, const uint32_t* keys, const int32_t* order, A* acc,
                                           int64_t outer, int64_t a, int64_t n, int64_t inner) {
+  constexpr int kBatch = 8;
   MT_GRID_LOOP(e, outer * n * inner) {
     const int64_t r = e % inner, p = (e / inner) % n, o = e / (inner * n);
     const uint32_t key = keys[p];
     if (p > 0 && keys[p - 1] == key) continue;
     A sum = 0;
-    for (int64_t q = p; q < n && keys[q] == key; ++q) {
-      const T v = upd[(o * n + order[q]) * inner + r];
-      if constexpr (std::is_same_v<A, float>) sum += to_f32(v);
-      else sum += int64_t(v);
+    for (int64_t q = p; q < n; q += kBatch) {
+      uint32_t k[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) k[u] = q + u < n ? keys[q + u] : ~key;
+      int run = 0;  // how many of the batch's positions, from its first, are the run's
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) run += (run == u && k[u] == key) ? 1 : 0;
+      T v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (u < run) v[u] = upd[(o * n + order[q + u]) * inner + r];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (u >= run) break;
+        if constexpr (std::is_same_v<A, float>) sum += to_f32(v[u]);
+        else sum += int64_t(v[u]);
+      }
+      if (run < kBatch) break;
     }
     acc[(o * a + int64_t(key)) * inner + r] = sum;
   }
