@@ -88,26 +88,42 @@ Context& context() {
   return bound_context(c ? c->device : 0);
 }
 
-// Runtime calls other than the capturing thread's wait while a capture records: work they put
-// on the stream would join the graph. The capturing thread's own reads, uploads and waits
-// cannot be replayed: they throw (step_graph.h).
-bool await_capture(Context& c, const char* what, size_t bytes) {
+// The calling thread's turn on the stream: a held lock under which it enqueues. Work another
+// thread put on the stream while a capture records would join the graph, so another thread's
+// capture is waited out first; and since begin() takes the same lock to start one, none can
+// start between this check and the enqueue. (Checked and released before the enqueue, as it
+// was, a loader thread's upload that lost that race became a node of the graph: every replay
+// copied a reused pinned-ring slot into memory the pool had since given to other arrays.)
+// The capturing thread gets its turn at once (its work is recorded), unless its call cannot
+// be replayed (`unreplayable`: a read to the host, an upload, a wait), which throws.
+std::unique_lock<std::mutex> stream_turn(Context& c, const char* unreplayable = nullptr, size_t bytes = 0) {
   std::unique_lock<std::mutex> lock(c.capture_mutex);
-  if (!c.capture) return false;
-  if (c.capture->owner == std::this_thread::get_id())
-    throw Error(detail::concat("[cuda graphs] ", what, bytes ? detail::concat(" of ", bytes, " bytes") : std::string(),
-                               " inside a captured step: a graph replays its work as recorded, so the step must "
-                               "neither read to the host nor upload nor wait; it runs eagerly instead"));
+  if (c.capture && c.capture->owner == std::this_thread::get_id()) {
+    if (unreplayable)
+      throw Error(detail::concat("[cuda graphs] ", unreplayable,
+                                 bytes ? detail::concat(" of ", bytes, " bytes") : std::string(),
+                                 " inside a captured step: a graph replays its work as recorded, so the step must "
+                                 "neither read to the host nor upload nor wait; it runs eagerly instead"));
+    return lock;
+  }
   c.capture_done.wait(lock, [&] { return c.capture == nullptr; });
-  return false;
+  return lock;
 }
 
-// Device-side work other threads put on the stream waits for a capture's end; the capturing
-// thread's is recorded.
-void wait_unless_capturing(Context& c) {
-  std::unique_lock<std::mutex> lock(c.capture_mutex);
-  if (c.capture && c.capture->owner != std::this_thread::get_id())
-    c.capture_done.wait(lock, [&] { return c.capture == nullptr; });
+// Waits, outside any turn, for the work enqueued before `record` ran (an event is no stream
+// operation: another thread may begin a capture meanwhile).
+void wait_for_recorded(Context& c, std::unique_lock<std::mutex>& turn, const char* what) {
+  struct ThreadEvent {
+    cudaEvent_t event = nullptr;
+    ~ThreadEvent() {
+      if (event) cudaEventDestroy(event);
+    }
+  };
+  thread_local ThreadEvent done;
+  if (!done.event) check(cudaEventCreateWithFlags(&done.event, cudaEventDisableTiming), what);
+  check(cudaEventRecord(done.event, c.stream), what);
+  turn.unlock();
+  check(cudaEventSynchronize(done.event), what);
 }
 
 // Leaked like the context: copies may be queued until exit.
@@ -140,16 +156,12 @@ class CudaRuntime final : public DeviceRuntime {
   }
   std::shared_ptr<void> allocate(int index, size_t bytes) const override {
     Context& c = bound_context(index);
-    bool capturing = false;
-    {
-      std::unique_lock<std::mutex> lock(c.capture_mutex);
-      if (c.capture && c.capture->owner != std::this_thread::get_id())
-        c.capture_done.wait(lock, [&] { return c.capture == nullptr; });
-      capturing = c.capture != nullptr;
-    }
+    std::unique_lock<std::mutex> turn = stream_turn(c);
+    const bool capturing = c.capture != nullptr;
     void* p = nullptr;
     const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes == 0 ? 1 : bytes, c.pool, c.stream);
     if (e != cudaSuccess) {
+      turn.unlock();
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
@@ -163,29 +175,27 @@ class CudaRuntime final : public DeviceRuntime {
     while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
     }
     c.allocations.fetch_add(1);
-    {
-      std::lock_guard<std::mutex> lock(c.capture_mutex);
-      c.graph_owned.erase(p);  // a dead capture's address, reused by a real allocation
-      if (capturing) c.capture->graph_allocations[p] = bytes;
-    }
+    c.graph_owned.erase(p);  // a dead capture's address, reused by a real allocation
+    if (capturing) c.capture->graph_allocations[p] = bytes;
+    turn.unlock();
     Context* cp = &c;
     return std::shared_ptr<void>(p, [cp, bytes](void* q) {
       cp->in_use.fetch_sub(bytes);
-      {
-        std::unique_lock<std::mutex> lock(cp->capture_mutex);
-        if (cp->graph_owned.count(q)) return;  // a StepGraph's output: the graph frees it
-        if (Capture* k = cp->capture) {
-          auto it = k->graph_allocations.find(q);
-          if (it == k->graph_allocations.end()) {
-            // Older memory the graph may read on every replay: kept until the graph goes.
-            k->released.emplace_back(q, bytes);
-            return;
-          }
-          // Dropped during the capture: a free node of the graph (only the recording thread
-          // may add one; another thread's drop leaves it to the graph as an output).
-          if (k->owner != std::this_thread::get_id()) return;
-          k->graph_allocations.erase(it);
+      // Under the lock, like every enqueue: a free that lost a race with begin() would be a
+      // free node, in another thread's graph, of memory the graph never allocated.
+      std::lock_guard<std::mutex> lock(cp->capture_mutex);
+      if (cp->graph_owned.count(q)) return;  // a StepGraph's output: the graph frees it
+      if (Capture* k = cp->capture) {
+        auto it = k->graph_allocations.find(q);
+        if (it == k->graph_allocations.end()) {
+          // Older memory the graph may read on every replay: kept until the graph goes.
+          k->released.emplace_back(q, bytes);
+          return;
         }
+        // Dropped during the capture: a free node of the graph (only the recording thread
+        // may add one; another thread's drop leaves it to the graph as an output).
+        if (k->owner != std::this_thread::get_id()) return;
+        k->graph_allocations.erase(it);
       }
       // Ordered after every kernel already enqueued that reads it. A failure (the runtime
       // shutting down at exit) is cleared, not left for the next launch check.
@@ -194,31 +204,31 @@ class CudaRuntime final : public DeviceRuntime {
   }
   void copy_to_host(void* host, const void* device, size_t bytes) const override {
     Context& c = context();
-    await_capture(c, "a read to the host", bytes);
+    std::unique_lock<std::mutex> turn = stream_turn(c, "a read to the host", bytes);
     check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, c.stream), "copy to host");
-    check(cudaStreamSynchronize(c.stream), "copy to host (a kernel before it failed)");
+    wait_for_recorded(c, turn, "copy to host (a kernel before it failed)");
   }
   void copy_from_host(void* device, const void* host, size_t bytes) const override {
     // Through the pinned ring (batches, small arrays): returns at once. Larger copies go from
     // pageable memory; the call returns once `host` has been read (staged by the driver).
     Context& c = context();
-    await_capture(c, "an upload", bytes);
+    const std::unique_lock<std::mutex> turn = stream_turn(c, "an upload", bytes);
     if (staging().copy(device, host, bytes, c.stream)) return;
     check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, c.stream), "copy to device");
   }
   void copy_on_device(void* dst, const void* src, size_t bytes) const override {
     Context& c = context();
-    wait_unless_capturing(c);
+    const std::unique_lock<std::mutex> turn = stream_turn(c);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream), "device copy");
   }
   void fill_bytes(void* device, const void* pattern, size_t pattern_bytes, size_t count) const override {
-    wait_unless_capturing(context());
+    const std::unique_lock<std::mutex> turn = stream_turn(context());
     fill_pattern(device, pattern, pattern_bytes, count);
   }
   void synchronize() const override {
     if (Context* c = g_context.load(std::memory_order_acquire)) {
-      await_capture(*c, "a wait for the stream", 0);
-      check(cudaStreamSynchronize(c->stream), "synchronize");
+      std::unique_lock<std::mutex> turn = stream_turn(*c, "a wait for the stream");
+      wait_for_recorded(*c, turn, "synchronize");
     }
   }
   DeviceMemoryStats memory_stats(int index) const override {
@@ -255,22 +265,17 @@ namespace capture_hooks {
 
 void begin() {
   Context& c = context();
-  {
-    std::lock_guard<std::mutex> lock(c.capture_mutex);
-    MT_CHECK(c.capture == nullptr, "[cuda graphs] a capture is already recording");
-    c.capture = new Capture{std::this_thread::get_id(), {}, {}};
-  }
-  // Thread-local mode: this thread may not call what a capture cannot hold (cudaMalloc, a
-  // synchronization); other threads are held off by the runtime itself.
+  // Under the lock every other thread's enqueue takes (stream_turn): none is half-way between
+  // its check and its enqueue when the capture starts. Thread-local mode: this thread may not
+  // call what a capture cannot hold (cudaMalloc, a synchronization).
+  std::lock_guard<std::mutex> lock(c.capture_mutex);
+  MT_CHECK(c.capture == nullptr, "[cuda graphs] a capture is already recording");
   const cudaError_t e = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    std::lock_guard<std::mutex> lock(c.capture_mutex);
-    delete c.capture;
-    c.capture = nullptr;
-    c.capture_done.notify_all();
     throw_cuda_error(e, "cudaStreamBeginCapture");
   }
+  c.capture = new Capture{std::this_thread::get_id(), {}, {}};
 }
 
 Ended end(bool keep) {
@@ -296,6 +301,7 @@ Ended end(bool keep) {
     c.capture_done.notify_all();
   }
   const bool kept = keep && out.graph != nullptr;
+  const std::unique_lock<std::mutex> turn = stream_turn(c);
   for (const auto& [p, bytes] : k->released) {
     if (kept) {
       out.inputs.push_back(p);
@@ -313,11 +319,9 @@ void release(const std::vector<void*>& outputs, const std::vector<void*>& inputs
   // Outputs exist only once the graph ran: then they are freed, ordered after the last
   // replay. A graph never launched (its instantiation failed) leaves them marked graph-owned,
   // so handles still held free nothing; a real allocation at the address unmarks it.
+  const std::unique_lock<std::mutex> turn = stream_turn(c);
   if (launched) {
-    {
-      std::lock_guard<std::mutex> lock(c.capture_mutex);
-      for (void* p : outputs) c.graph_owned.erase(p);
-    }
+    for (void* p : outputs) c.graph_owned.erase(p);
     for (void* p : outputs)
       if (cudaFreeAsync(p, c.stream) != cudaSuccess) cudaGetLastError();
   }
