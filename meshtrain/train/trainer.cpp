@@ -194,14 +194,16 @@ void Trainer::read_steps(std::vector<PendingStep>& steps, const std::function<vo
     read_checks(std::move(checks));
   } catch (const Error& e) {
     const int64_t first = steps.front().step, last = steps.back().step;
+    const bool one = first == last;
+    const std::string named = one ? detail::concat("step ", first) : detail::concat("steps ", first, "-", last);
+    const std::string applied = detail::concat(one ? "its update was" : "their updates were",
+                                               " applied; nothing was saved from ", one ? "it" : "them");
     // A verdict that cannot be true is no fault of the data: the message does not blame it.
-    const bool misfire = dynamic_cast<const VerdictMisfire*>(&e) != nullptr;
-    broken_ = detail::concat(first == last ? detail::concat("step ", first) : detail::concat("steps ", first, "-", last),
-                             misfire ? ": " : " read an invalid input (", e.what(), misfire ? "; after " : ") after ",
-                             first == last ? "its update was" : "their updates were",
-                             " applied; nothing was saved from ", first == last ? "it" : "them",
-                             misfire ? " — resume from the last checkpoint"
-                                     : " — fix the data and resume from the last checkpoint");
+    if (dynamic_cast<const VerdictMisfire*>(&e))
+      broken_ = detail::concat(named, ": ", e.what(), "; ", applied, " — resume from the last checkpoint");
+    else
+      broken_ = detail::concat(named, " read an invalid input (", e.what(), ") after ", applied,
+                               " — fix the data and resume from the last checkpoint");
     // The unread steps are not counted (their updates were applied: the trainer is broken).
     step_ = first - 1;
     throw Error(detail::concat("[trainer] ", broken_));
