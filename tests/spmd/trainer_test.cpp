@@ -418,8 +418,11 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
     }
   }
   EXPECT_EQ(overlaps, 0);
-  // Coverage: the spans directly inside each step cover >= 90 % of it.
+  // Coverage: the spans directly inside the steps cover >= 90 % of them on average, and each
+  // step >= 75 % (with 4 ranks and another test on 2 cores, a rank descheduled between two
+  // spans left one step at 88 % once; a phase without its span would lower every step).
   int steps = 0;
+  double share_sum = 0;
   for (const Span& step : spans) {
     if (step.cat != "step") continue;
     ++steps;
@@ -436,9 +439,11 @@ TEST(Profiler, TraceNestsCoversStepsAndMatchesTheOpTable) {
     }
     const double share = covered / (step.end - step.ts);
     if (step.pid == 0 && dist::world().rank() == 0) std::cout << "  " << step.name << ": spans cover " << 100 * share << "% of " << (step.end - step.ts) / 1000 << " ms\n";
-    EXPECT_GE(share, 0.9) << step.name << " on rank " << step.pid;
+    EXPECT_GE(share, 0.75) << step.name << " on rank " << step.pid;
+    share_sum += share;
   }
   EXPECT_EQ(steps, 2 * n);
+  EXPECT_GE(share_sum / std::max(steps, 1), 0.9) << "the steps' mean share covered by their spans";
   // Every recorded forward op has a VJP span of the same name; every rank has its process.
   std::set<std::string> recorded, vjps;
   std::map<int, int> collectives;
