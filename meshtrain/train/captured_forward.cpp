@@ -22,11 +22,7 @@ ForwardResults copied(const ForwardResults& r) {
   out.loss = copy_out(r.loss);
   for (const auto& [name, a] : r.metrics) out.metrics[name] = copy_out(a);
   for (const auto& [name, a] : r.outputs) out.outputs.set(name, copy_out(a));
-  for (PendingCheck c : r.checks) {  // the graph rewrites its own arrays on the next replay
-    c.first = copy_out(c.first);
-    c.indices = copy_out(c.indices);
-    out.checks.push_back(std::move(c));
-  }
+  out.checks = copy_out_checks(r.checks);
   return out;
 }
 }  // namespace

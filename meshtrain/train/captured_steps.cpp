@@ -36,11 +36,7 @@ StepResults copied(const StepResults& r) {
   StepResults out;
   for (const Array& l : r.losses) out.losses.push_back(copy_out(l));
   out.metrics = r.metrics.transformed(copy_out);
-  for (PendingCheck c : r.checks) {  // the graph rewrites its own arrays on the next replay
-    c.first = copy_out(c.first);
-    c.indices = copy_out(c.indices);
-    out.checks.push_back(std::move(c));
-  }
+  out.checks = copy_out_checks(r.checks);
   return out;
 }
 
@@ -50,6 +46,16 @@ Array copy_out(const Array& a) {
   if (!a.defined()) return a;
   if (const dist::Sharding* s = layout_of(a)) return dist::global_view(dist::local_view(a).detach().clone(), *s);
   return a.clone();
+}
+
+std::vector<PendingCheck> copy_out_checks(const std::vector<PendingCheck>& checks) {
+  std::vector<PendingCheck> out;
+  for (PendingCheck c : checks) {
+    c.first = copy_out(c.first);
+    c.indices = copy_out(c.indices);
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 void copy_into(const Array& target, const Array& source) {

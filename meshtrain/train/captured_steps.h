@@ -52,6 +52,9 @@ std::string batch_signature(const std::vector<Batch>& micro_batches);
 // A copy on the device, in the same layout, that outlives the next replay of the graph that
 // wrote `a` (undefined stays undefined).
 Array copy_out(const Array& a);
+// Index checks whose verdicts and indices are copied out of a graph's arrays (rewritten by its
+// next replay), each array as copy_out copies it.
+std::vector<PendingCheck> copy_out_checks(const std::vector<PendingCheck>& checks);
 // Writes `source` into `target` (a graph's static input) in place, shard by shard.
 void copy_into(const Array& target, const Array& source);
 // The device buffers of `tree`'s arrays, in order: a graph reads them at these addresses.

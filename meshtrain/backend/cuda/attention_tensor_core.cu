@@ -521,8 +521,7 @@ __global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t 
   const int64_t at = output_at(p, row / p.tq) + (row % p.tq) * p.ldo;
   float acc = 0.0f;
   for (int c = lane; c < p.d; c += 32) acc += to_f32(g[at + c]) * to_f32(out[at + c]);
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) dvec[row] = acc;
 }
 

@@ -107,19 +107,24 @@ __device__ inline double load_double(T v) {
   else return double(v);
 }
 
+// Warp-wide sum of a per-lane value (all 32 lanes present); every lane gets the result.
+template <class T>
+__device__ inline T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Block-wide sum of a per-thread value (blockDim.x a multiple of 32, at most 1024); every
 // thread gets the result. `shared` holds 32 values.
 template <class T>
 __device__ inline T block_sum(T v, T* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   const int warps = (blockDim.x + 31) >> 5;
-  T t = lane < warps ? shared[lane] : T(0);
-  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  return t;
+  return warp_sum(lane < warps ? shared[lane] : T(0));
 }
 template <class T>
 __device__ inline T block_max(T v, T* shared) {

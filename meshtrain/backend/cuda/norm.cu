@@ -38,12 +38,8 @@ struct RowTeam {
     }
   }
   __device__ double sum(double v, double* shared) const {
-    if constexpr (kWarp) {
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      return v;
-    } else {
-      return block_sum(v, shared);
-    }
+    if constexpr (kWarp) return warp_sum(v);
+    else return block_sum(v, shared);
   }
 };
 
@@ -185,7 +181,16 @@ void dispatch_x_w(const Array& x, const Array& w, const Array& b, const char* op
 }
 
 int norm_threads(int64_t c) { return c <= 64 ? 64 : c <= 128 ? 128 : c <= 256 ? 256 : 512; }
-unsigned warp_row_blocks(int64_t n) { return unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+// Launches a row kernel over n rows of c: its warp-per-row form up to kWarpRowMax wide, its
+// block-per-row form beyond.
+template <class... Params, class... Args>
+void launch_rows(int64_t n, int64_t c, void (*warp_rows)(Params...), void (*block_rows)(Params...), Args... args) {
+  if (c <= kWarpRowMax)
+    warp_rows<<<unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, stream()>>>(args...);
+  else
+    block_rows<<<unsigned(n), norm_threads(c), 0, stream()>>>(args...);
+}
 
 }  // namespace
 
@@ -199,13 +204,8 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
     using W = decltype(wt);
     const W* w = weight.defined() ? ptr<W>(weight) : nullptr;
     const W* b = bias.defined() ? ptr<W>(bias) : nullptr;
-    const DeviceBranch<T> br = device_branch<T>(branch, x.shape());
-    if (c <= kWarpRowMax)
-      norm_forward_kernel<true><<<warp_row_blocks(n), 32 * kRowsPerBlock, 0, stream()>>>(
-          center, ptr<T>(x), w, b, eps, mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), n, c, br);
-    else
-      norm_forward_kernel<false><<<unsigned(n), norm_threads(c), 0, stream()>>>(
-          center, ptr<T>(x), w, b, eps, mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), n, c, br);
+    launch_rows(n, c, norm_forward_kernel<true, T, W>, norm_forward_kernel<false, T, W>, center, ptr<T>(x), w, b, eps,
+                mptr<T>(y), mptr<float>(mean), mptr<float>(rstd), n, c, device_branch<T>(branch, x.shape()));
   });
   check_launch(op);
 }
@@ -219,13 +219,8 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
     using T = decltype(xt);
     using W = decltype(wt);
     const W* w = weight.defined() ? ptr<W>(weight) : nullptr;
-    const DeviceBranch<T> br = device_branch<T>(branch, x.shape());
-    if (c <= kWarpRowMax)
-      norm_backward_dx_kernel<true><<<warp_row_blocks(n), 32 * kRowsPerBlock, 0, stream()>>>(
-          center, ptr<T>(g), ptr<T>(x), w, ptr<float>(mean), ptr<float>(rstd), mptr<T>(dx), n, c, br);
-    else
-      norm_backward_dx_kernel<false><<<unsigned(n), norm_threads(c), 0, stream()>>>(
-          center, ptr<T>(g), ptr<T>(x), w, ptr<float>(mean), ptr<float>(rstd), mptr<T>(dx), n, c, br);
+    launch_rows(n, c, norm_backward_dx_kernel<true, T, W>, norm_backward_dx_kernel<false, T, W>, center, ptr<T>(g),
+                ptr<T>(x), w, ptr<float>(mean), ptr<float>(rstd), mptr<T>(dx), n, c, device_branch<T>(branch, x.shape()));
     check_launch(op);
     if (!dweight && !dbias) return;
     const int64_t chunks = (n + kRowChunk - 1) / kRowChunk;
