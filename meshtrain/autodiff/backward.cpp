@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/trace.h"
 #include "meshtrain/ops/elementwise.h"
@@ -99,6 +100,9 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
     std::optional<trace::Span> span;  // the VJP's span, named after its forward op
     if (trace::enabled()) span.emplace("vjp", node->op);
     std::vector<Array> input_grads = node->vjp(g);
+    // Profiled ops are timed to completion; a VJP's own kernels (a fused backward launched
+    // directly) are too, so its self time is theirs and not the next op's wait.
+    if (span && prim::observing_ops() && g.defined()) synchronize(g.device());
     span.reset();
     MT_CHECK(input_grads.size() == node->inputs.size(), "[backward] vjp of ", node->op, " returned ",
              input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
