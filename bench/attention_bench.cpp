@@ -4,7 +4,8 @@
 // between forward and backward (the allocator's peak during the forward minus its inputs).
 // Usage: attention_bench [B H T D ...]   (defaults: GPT-2 124M and the seed miniGPT)
 // MT_DEVICE=cuda runs on the GPU (each call timed to completion); MT_PRECISION=tf32|bf16 sets
-// the matmul precision (the composed form's GEMMs, the fused kernels' tensor-core operands).
+// the matmul precision (the composed form's GEMMs, the fused kernels' tensor-core operands);
+// MT_DTYPE=bf16 makes the arrays bf16 (a bf16 training step's); MT_NO_DROPOUT=1 drops dropout.
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -30,9 +32,12 @@ double median(std::vector<double> v) {
 void run(const Case& c, AttentionKernel kernel) {
   set_attention_kernel(kernel);
   const Shape shape{c.b, c.h, c.t, c.d};
-  Params in{{"q", random_normal(RngKey{1, 0}, shape)}, {"k", random_normal(RngKey{1, 1}, shape)},
-            {"v", random_normal(RngKey{1, 2}, shape)}};
-  const Array cot = random_normal(RngKey{1, 3}, shape);
+  // MT_DTYPE=bf16: bf16 arrays, as a bf16 training step hands the attention (f32 by default).
+  const char* dtype_env = std::getenv("MT_DTYPE");
+  const DType dtype = dtype_env && std::string(dtype_env) == "bf16" ? DType::bf16 : DType::f32;
+  auto draw = [&](uint64_t i) { return cast(random_normal(RngKey{1, i}, shape), dtype); };
+  Params in{{"q", draw(0)}, {"k", draw(1)}, {"v", draw(2)}};
+  const Array cot = draw(3);
   AttentionOptions o;
   o.causal = true, o.train = true, o.dropout_rate = std::getenv("MT_NO_DROPOUT") ? 0.0 : 0.1, o.dropout_key = RngKey{2, 0};
   auto loss = [&](const Params& p) { return sum(mul(scaled_dot_product_attention(p["q"], p["k"], p["v"], Array(), o), cot)); };
@@ -69,7 +74,9 @@ int main(int argc, char** argv) {
   const Device device = Device::parse(device_name ? device_name : "cpu");
   set_default_device(device);
   MatmulPrecisionScope precision(matmul_precision_from_name(precision_name ? precision_name : "f32"));
-  std::printf("causal attention with dropout 0.1, forward + backward, %s matmuls, on %s\n",
+  const char* dtype_env = std::getenv("MT_DTYPE");
+  std::printf("causal attention with dropout %s, %s arrays, forward + backward, %s matmuls, on %s\n",
+              std::getenv("MT_NO_DROPOUT") ? "0" : "0.1", dtype_env ? dtype_env : "f32",
               matmul_precision_name(matmul_precision()),
               device.is_cpu() ? cpu::cpu_summary().c_str() : device.str().c_str());
   for (const Case& c : cases) {

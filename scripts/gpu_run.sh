@@ -31,7 +31,9 @@
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
 #                      time left, and a part that cannot start with 30 s left is skipped (said)
-#   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive (issue 44)
+#   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
+#                      attention kernels alone (attention_bench, with and without dropout); the
+#                      trainer's --profile on the same shape: device time per kernel name (issue 44)
 # TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
 # (e.g. "--quick --workloads gpt2,bert --precisions tf32,bf16"); MEMCHECK_FILTER narrows memcheck
 # to some of gpu_primitives_test's tests (a gtest filter; default: all but the out-of-memory one).
@@ -191,6 +193,49 @@ part_profile() {
   MT_PROFILE_OPS=1 timeout "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 2 bf16 none cuda \
     > "$out/profile_gpt2.json" 2> "$out/profile_gpt2.err" || status=1
   cat "$out/profile_gpt2.json"; head -45 "$out/profile_gpt2.err"
+  # BERT-base at the SST-2 job's batch (32 x 128): where a step whose kernels are small goes.
+  echo "== MT_PROFILE_OPS=1 model_step_bench bert 32 128 bf16 cuda"
+  MT_PROFILE_OPS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 2 bf16 none cuda \
+    > "$out/profile_bert.json" 2> "$out/profile_bert.err" || status=1
+  cat "$out/profile_bert.json"; head -30 "$out/profile_bert.err"
+  # The attention kernels alone at GPT-2's shape, bf16 arrays, with and without dropout (its
+  # Philox draws are the kernels' largest non-matrix work): forward + backward GFLOP/s.
+  for drop in 1 0; do
+    echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $drop = 1 ] && echo 0.1 || echo 0)"
+    if [ $drop = 1 ]; then unset MT_NO_DROPOUT; else export MT_NO_DROPOUT=1; fi
+    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 \
+      > "$out/attention_drop$drop.log" 2>&1 || status=1
+    cat "$out/attention_drop$drop.log"
+  done
+  unset MT_NO_DROPOUT
+  # What limits the attention kernels (forward, dK/dV, dQ: the first three mma_ launches),
+  # from the hardware counters where ncu can read them (Firecracker; not under gVisor).
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$ncu" ]; then
+    echo "== ncu on the attention kernels (B4 H12 T1024 D64, bf16 arrays, dropout 0.1)"
+    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 90)" "$ncu" --clock-control none -k regex:mma_ \
+      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis "$here/bin/attention_bench" 4 12 1024 64 > "$out/ncu_attention.log" 2>&1 ||
+      status=1
+    grep -a -E "mma_|Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|Issue Slot|Executed Ipc|==ERR|==PROF==" \
+      "$out/ncu_attention.log" | head -90
+  fi
+  # The trainer's profiler on the same shape (GPT-2 124M, B16 T1024 bf16, eager): its device
+  # table names every kernel the step ran, the backward's fused kernels included, which the
+  # per-primitive table above leaves "outside the table".
+  echo "== meshtrain pretrain --profile 3:4, GPT-2 124M B16 T1024 bf16 cuda (device kernels by name)"
+  printf '{"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}' > /tmp/mt-gpt2-124m.json
+  rm -rf /tmp/mt-profile
+  timeout "$(cap 120)" "$here/bin/meshtrain" pretrain --model gpt2 --config /tmp/mt-gpt2-124m.json \
+    --data "$here/data/text/tinyshakespeare.txt" --seq-len 1024 --per-device-batch-size 16 --steps 4 \
+    --profile 3:4 --precision bf16 --cuda-graphs off --eval-fraction 0.05 --sample-every 0 --device cuda \
+    --output-dir /tmp/mt-profile > "$out/profile_trainer.log" 2>&1 || status=1
+  if [ -f /tmp/mt-profile/profile/ops.txt ]; then
+    cp /tmp/mt-profile/profile/ops.txt "$out/profile_trainer_ops.txt"
+    head -70 "$out/profile_trainer_ops.txt"
+  else
+    tail -5 "$out/profile_trainer.log"
+  fi
 }
 part_fusion() {
   for f in 1 0; do
