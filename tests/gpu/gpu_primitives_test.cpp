@@ -13,7 +13,9 @@
 #include <tuple>
 
 #include "meshtrain/backend/attention.h"
+#include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
+#include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/linear.h"
 #include "meshtrain/ops/matmul.h"
 #include "meshtrain/ops/nn_ops.h"
@@ -298,6 +300,53 @@ TEST(GpuPrimitives, LargeShapesTakeTheFastPathsAndStillEqualTheCpu) {
                          transpose(reshape(big, {64, 64, 12, 64}), {0, 2, 1, 3})),
             0.0)
       << "head transpose";
+}
+
+// The 16-byte and per-4-element paths at sizes that take them, and at one that leaves a tail:
+// a same-shape bf16 add and mul, x + dropout(branch) over a whole array (one Philox block per
+// 4 elements), bit for bit; the cross-entropy over rows of GPT-2's padded vocabulary (16-byte
+// loads, the 2-D backward) and of an odd width, with and without smoothing, within tolerance.
+TEST(GpuPrimitives, VectorPathsEqualTheCpu) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  const RngKey key{5, 2};
+  for (const Shape& shape : {Shape{64, 1024}, Shape{7, 333}}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const Array x = cast(random_normal(shape, 51), dtype), y = cast(random_normal(shape, 52), dtype);
+      Array sum_gpu, product_gpu, dropped_gpu;
+      {
+        DeviceScope scope(gpu);
+        sum_gpu = add(x.to(gpu), y.to(gpu));
+        product_gpu = mul(x.to(gpu), y.to(gpu));
+        dropped_gpu = add_dropout(x.to(gpu), y.to(gpu), 0.1, key, true);
+      }
+      const std::string label = std::string(dtype_name(dtype)) + shape.str();
+      EXPECT_EQ(max_abs_diff(sum_gpu.to(cpu), add(x, y)), 0.0) << "add " << label;
+      EXPECT_EQ(max_abs_diff(product_gpu.to(cpu), mul(x, y)), 0.0) << "mul " << label;
+      EXPECT_EQ(max_abs_diff(dropped_gpu.to(cpu), add_dropout(x, y, 0.1, key, true)), 0.0) << "add_dropout " << label;
+    }
+  }
+  for (int64_t classes : {int64_t(50304), int64_t(1003)}) {
+    std::vector<int64_t> ids(24);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 997) % classes;
+    ids[5] = -100;
+    const Array labels = Array::from_vector(ids, {24});
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (double smoothing : {0.0, 0.1}) {
+        const std::vector<Array> in = {cast(random_normal({24, classes}, 61), dtype)};
+        auto fn = [&](const std::vector<Array>& z) {
+          return cross_entropy(z[0], z[0].device().is_cuda() ? labels.to(z[0].device()) : labels, -100, smoothing);
+        };
+        const Array cot = Array::scalar(1.0, DType::f32);
+        const auto [ref, ref_grads] = vjp(fn, in, cot);
+        const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+        const std::string label = "cross_entropy (24, " + std::to_string(classes) + ") " + dtype_name(dtype) +
+                                  " smoothing " + std::to_string(smoothing);
+        expect_close(out.to(cpu), ref, default_tolerance(DType::f32), label + " forward, gpu vs cpu");
+        expect_close(grads[0].to(cpu), ref_grads[0], default_tolerance(dtype), label + " gradient, gpu vs cpu");
+      }
+    }
+  }
 }
 
 // An attention function's output and its q, k, v gradients on the GPU (under `gpu_precision`

@@ -270,6 +270,18 @@ __device__ inline void store_row(Out* dst, const float (&acc)[DN][4], int h, int
 }
 #endif
 
+// The query tile a (forward or dQ) block takes: the last tiles first. Under a causal mask they
+// see the most keys, and a grid whose heaviest blocks started last ended on a wave of them
+// with most of the GPU idle.
+__device__ inline int64_t last_first_tile() { return int64_t(gridDim.y - 1 - blockIdx.y); }
+
+// This thread's two rows (whose visible keys end at limits) see the whole key tile from j0,
+// and there is no padding mask: its scores need no per-element visibility test. Only tiles
+// across the causal diagonal or past Tk (or rows past Tq) take the test.
+__device__ inline bool whole_key_tile(const bool* mask, int64_t j0, const int64_t (&limits)[2]) {
+  return !mask && j0 + kCols <= min(limits[0], limits[1]);
+}
+
 // ---- forward ----
 // Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
 template <class Ops, int MaxD, class In>
@@ -285,7 +297,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   Elem* vs = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   uint8_t* flags = smem + 3 * S::kTile + warp * 16 * kCols;
-  const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
+  const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
   load_rows<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), p.tq, q0, p.d, p.ldq);
@@ -316,12 +328,14 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
         mma<Ops>(s[n], qa[st], b);
       }
     float mx[2] = {-INFINITY, -INFINITY};
+    const bool whole = whole_key_tile(mask, j0, limits);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
-        s[n][e] = j < limits[e / 2] ? visible_score(mask, j, s[n][e], p.scale, fill) : -INFINITY;
+        const int c = n * 8 + 2 * t + (e & 1);
+        s[n][e] = whole ? s[n][e] * p.scale
+                        : j0 + c < limits[e / 2] ? visible_score(mask, j0 + c, s[n][e], p.scale, fill) : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
       }
     float alpha[2];
@@ -379,7 +393,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   Elem* vs = reinterpret_cast<Elem*>(smem + 3 * S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   uint8_t* flags = smem + 4 * S::kTile + warp * 16 * kCols;
-  const int64_t bh = blockIdx.x, q0 = int64_t(blockIdx.y) * kRows, wq0 = q0 + warp * 16;
+  const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
   load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + output_at(p, bh), p.tq, q0, p.ldq, p.ldo,
@@ -408,6 +422,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
     fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+    const bool whole = whole_key_tile(mask, j0, limits);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -415,7 +430,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         const int h = e / 2, c = n * 8 + 2 * t + (e & 1);
         const int64_t j = j0 + c;
         float ds = 0.0f;
-        if (j < limits[h] && (!mask || mask[j])) {
+        if (whole || (j < limits[h] && (!mask || mask[j]))) {
           const float prob = __expf(visible_score(mask, j, s[n][e], p.scale, fill) - row_lse[h]);
           ds = prob * (keep_of(p.dropout, flags, g + 8 * h, c) * dp[n][e] - row_d[h]) * p.scale;
         }
@@ -482,6 +497,10 @@ __global__ void __launch_bounds__(kBlockThreads)
       float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
       score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
       fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
+      // Every query of the tile sees both of this thread's keys, and no padding mask: no
+      // per-element visibility test (only tiles across the causal diagonal or an edge test).
+      const bool whole =
+          !mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset);
 #pragma unroll
       for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -489,7 +508,7 @@ __global__ void __launch_bounds__(kBlockThreads)
           const int c = n * 8 + 2 * t + (e & 1);
           const int64_t i = i0 + c, j = keys[e / 2];
           float prob = 0.0f, ds = 0.0f;
-          if (j < visible_keys(p, i)) {
+          if (whole || j < visible_keys(p, i)) {
             const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
             const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
             // where() passes no gradient to a padded-out key's score.

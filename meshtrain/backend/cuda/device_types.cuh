@@ -182,6 +182,13 @@ inline const int64_t* fold_last_address(const RngKey& key) {
 // element when this is >= the rate (compared in double, as on the CPU).
 __device__ inline float philox_uniform(uint32_t word) { return float(word >> 8) * (1.0f / 16777216.0f); }
 
+// i mod c for a kernel's non-negative flat indices: a 64-bit remainder is a software routine
+// of some hundred instructions on the GPU, a 32-bit one a few dozen, and nearly every array's
+// indices fit in 32 bits (the per-column bias of a (rows, c) array is read this way).
+__device__ inline int64_t index_mod(int64_t i, int64_t c) {
+  return ((uint64_t(i) | uint64_t(c)) >> 32) == 0 ? int64_t(uint32_t(i) % uint32_t(c)) : i % c;
+}
+
 // Grid-stride loop over [0, n).
 #define MT_GRID_LOOP(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)

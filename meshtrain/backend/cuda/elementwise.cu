@@ -90,6 +90,11 @@ __device__ inline int64_t offset_of(const Strided& s, int k, int64_t i) {
   return off;
 }
 
+// i / c as index_mod's 32-bit form where both fit.
+__device__ inline int64_t index_div(int64_t i, int64_t c) {
+  return ((uint64_t(i) | uint64_t(c)) >> 32) == 0 ? int64_t(uint32_t(i) / uint32_t(c)) : i / c;
+}
+
 // How an operand's offset follows from the flat output index: the common broadcasts (a
 // scalar, a bias repeated along rows, a column repeated along a row) cost one division at
 // most instead of one per dim.
@@ -103,8 +108,8 @@ __device__ inline int64_t operand_offset(const OperandAccess& a, const Strided& 
   switch (a.mode[k]) {
     case Access::same: return i;
     case Access::scalar: return 0;
-    case Access::modulo: return i % a.m[k];
-    case Access::divide: return i / a.m[k];
+    case Access::modulo: return index_mod(i, a.m[k]);
+    case Access::divide: return index_div(i, a.m[k]);
     default: return offset_of(s, k, i);
   }
 }
@@ -187,9 +192,9 @@ __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, O* out, int64
 __device__ inline float4 fetch4(const float* p, const OperandAccess& acc, int k, int64_t i) {
   switch (acc.mode[k]) {
     case Access::same: return reinterpret_cast<const float4*>(p)[i / 4];
-    case Access::modulo: return reinterpret_cast<const float4*>(p)[(i % acc.m[k]) / 4];
+    case Access::modulo: return reinterpret_cast<const float4*>(p)[index_mod(i, acc.m[k]) / 4];
     case Access::divide: {
-      const float v = p[i / acc.m[k]];
+      const float v = p[index_div(i, acc.m[k])];
       return make_float4(v, v, v, v);
     }
     default: {
@@ -208,6 +213,30 @@ __global__ void binary_f32x4_kernel(BinaryOp op, const float* a, const float* b,
     reinterpret_cast<float4*>(out)[i4] = make_float4(apply_binary(op, x.x, y.x), apply_binary(op, x.y, y.y),
                                                      apply_binary(op, x.z, y.z), apply_binary(op, x.w, y.w));
   }
+}
+
+// bf16 arithmetic eight elements per thread on operands of the output's own shape (a bf16
+// step's cotangent sums at the residual stream, and its gradient scalings): 16-byte accesses,
+// as binary_f32x4_kernel, each element computed in f32 and rounded as binary_kernel does.
+__global__ void binary_bf16x8_kernel(BinaryOp op, const uint4* a, const uint4* b, uint4* out, int64_t n8) {
+  MT_GRID_LOOP(i8, n8) {
+    const uint4 x = a[i8], y = b[i8];
+    bf16_t xs[8], ys[8], o[8];
+    memcpy(xs, &x, sizeof(x));
+    memcpy(ys, &y, sizeof(y));
+#pragma unroll
+    for (int q = 0; q < 8; ++q) o[q] = store<bf16_t>(apply_binary(op, load(xs[q]), load(ys[q])));
+    uint4 r;
+    memcpy(&r, o, sizeof(r));
+    out[i8] = r;
+  }
+}
+
+// Whether every pointer is 16-byte aligned.
+bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 // Whether binary_f32x4_kernel takes the operands: no general strides, periods multiples of 4,
@@ -254,7 +283,7 @@ __global__ void gelu_backward_kernel(const T* x, const T* g, T* out, int64_t n, 
 template <class T, class B>
 __global__ void bias_activation_kernel(UnaryOp act, const T* y, const B* bias, T* out, int64_t n, int64_t c) {
   MT_GRID_LOOP(i, n) {
-    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[i % c])));
+    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[index_mod(i, c)])));
     out[i] = from_f32<T>(apply_unary(act, pre));
   }
 }
@@ -263,7 +292,7 @@ template <class T, class B>
 __global__ void bias_activation_backward_kernel(UnaryOp act, const T* y, const B* bias, const T* g, T* dpre,
                                                 int64_t n, int64_t c) {
   MT_GRID_LOOP(i, n) {
-    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[i % c])));
+    const float pre = to_f32(from_f32<T>(to_f32(y[i]) + to_f32(bias[index_mod(i, c)])));
     const float gv = to_f32(g[i]);
     dpre[i] = from_f32<T>(act == UnaryOp::relu ? (pre > 0.0f ? gv : 0.0f)
                                                : gv * gelu_derivative(pre, act == UnaryOp::gelu_tanh));
@@ -318,7 +347,7 @@ void round_f32_to_bf16(const float* src, void* dst, int64_t n) {
 namespace {
 template <class T>
 __global__ void add_bias_rows_kernel(T* c, const T* bias, int64_t n_cols, int64_t n) {
-  MT_GRID_LOOP(i, n) c[i] = from_f32<T>(to_f32(c[i]) + to_f32(bias[i % n_cols]));
+  MT_GRID_LOOP(i, n) c[i] = from_f32<T>(to_f32(c[i]) + to_f32(bias[index_mod(i, n_cols)]));
 }
 }  // namespace
 
@@ -374,6 +403,14 @@ void binary(BinaryOp op, const Array& a, const Array& b, Array& out) {
   if (a.dtype() == DType::f32 && !kernels::is_comparison(op) && takes_f32x4(acc, n, {a.raw(), b.raw(), out.raw()})) {
     binary_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(op, ptr<float>(a), ptr<float>(b),
                                                                       mptr<float>(out), n / 4, acc);
+    check_launch(kernels::binary_name(op));
+    return;
+  }
+  if (a.dtype() == DType::bf16 && same && !kernels::is_comparison(op) && n % 8 == 0 &&
+      aligned16({a.raw(), b.raw(), out.raw()})) {
+    binary_bf16x8_kernel<<<blocks_for(n / 8), kThreads, 0, stream()>>>(
+        op, static_cast<const uint4*>(a.raw()), static_cast<const uint4*>(b.raw()), static_cast<uint4*>(out.raw()),
+        n / 8);
     check_launch(kernels::binary_name(op));
     return;
   }

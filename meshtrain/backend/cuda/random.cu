@@ -66,6 +66,27 @@ __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t 
   }
 }
 
+// x + dropout(branch) over the whole array: one Philox block per 4 elements, as
+// dropout_whole_kernel (a block per element drew each block four times over). No draws at
+// rate 0 (eval), where every element is kept.
+template <class T>
+__global__ void dropout_add_whole_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed,
+                                         uint64_t stream_id, const int64_t* fold_last, double rate, float scale) {
+  stream_id = stream_of(stream_id, fold_last);
+  MT_GRID_LOOP(b, (n + 3) / 4) {
+    uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
+    if (rate > 0) philox_block(uint64_t(b), seed, stream_id, w);
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t i = b * 4 + lane;
+      if (i >= n) break;
+      // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
+      const float dropped =
+          to_f32(double(philox_uniform(w[lane])) >= rate ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+      out[i] = from_f32<T>(to_f32(x[i]) + dropped);
+    }
+  }
+}
+
 }  // namespace
 
 void dropout(const Array& x, Array& out, const RngKey& key, double rate, const kernels::StreamBlock& block) {
@@ -100,8 +121,12 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
   const int64_t* fold_last = rate > 0 ? fold_last_address(key) : nullptr;  // no draws at rate 0 (eval)
   dispatch_device_float(x.dtype(), "add_dropout", [&](auto tag) {
     using T = decltype(tag);
-    dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed,
-                                                                 key.stream, fold_last, rate, scale, map);
+    if (map.ndim == 0)
+      dropout_add_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(
+          ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed, key.stream, fold_last, rate, scale);
+    else
+      dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n,
+                                                                   key.seed, key.stream, fold_last, rate, scale, map);
   });
   check_launch("add_dropout");
 }
