@@ -200,12 +200,14 @@ part_profile() {
   cat "$out/profile_bert.json"; head -30 "$out/profile_bert.err"
   # The attention kernels alone at GPT-2's shape, bf16 arrays, with and without dropout (its
   # Philox draws are the kernels' largest non-matrix work): forward + backward GFLOP/s.
-  for drop in 1 0; do
-    echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $drop = 1 ] && echo 0.1 || echo 0)"
-    if [ $drop = 1 ]; then unset MT_NO_DROPOUT; else export MT_NO_DROPOUT=1; fi
-    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 \
-      > "$out/attention_drop$drop.log" 2>&1 || status=1
-    cat "$out/attention_drop$drop.log"
+  # MT_ATTENTION_PIPELINE=0: the single-buffered kernels, beside the double-buffered default.
+  for run in "1 1" "1 0" "0 1"; do
+    set -- $run
+    echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $1 = 1 ] && echo 0.1 || echo 0), pipeline $2"
+    if [ $1 = 1 ]; then unset MT_NO_DROPOUT; else export MT_NO_DROPOUT=1; fi
+    MT_ATTENTION_PIPELINE=$2 MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" \
+      "$here/bin/attention_bench" 16 12 1024 64 > "$out/attention_drop$1_pipe$2.log" 2>&1 || status=1
+    cat "$out/attention_drop$1_pipe$2.log"
   done
   unset MT_NO_DROPOUT
   # What limits the attention kernels (forward, dK/dV, dQ: the first three mma_ launches),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -439,7 +440,9 @@ TEST(GpuPrimitives, FlashAttentionTakesBf16ArraysAndHeadDimsTo128) {
       const std::string label = "flash_attention " + std::string(dtype_name(dtype)) + " d=" + std::to_string(d);
       // bf16 tiles fit every sm_80+ GPU's shared memory; f32 ones past d 64 not sm_86/89's.
       const bool tensor_cores = tensor_cores_take(dtype, d, label);
-      if (dtype == DType::bf16) ASSERT_TRUE(tensor_cores) << "bf16 d=" << d;
+      if (dtype == DType::bf16) {
+        ASSERT_TRUE(tensor_cores) << "bf16 d=" << d;
+      }
       if (!tensor_cores) continue;
       const Tolerance tol = dtype == DType::f32 ? Tolerance{1e-5, 1e-5, 1e-5} : default_tolerance(dtype);
       const std::vector<Array> in = {cast(random_normal({2, 3, 130, d}, 71), dtype),
@@ -582,6 +585,33 @@ TEST(GpuPrimitives, FlashAttentionWithAKeyPaddingMaskEqualsTheCpuKernel) {
     };
     expect_attention_gpu_equals_cpu(fn, in, random_normal({b, h, t, d}, 54), Tolerance{1e-5, 1e-5, 1e-5},
                                     "flash_attention key mask " + m.shape().str());
+  }
+}
+
+// The double-buffered kernels (bf16 arrays, the default) against the single-buffered ones
+// (MT_ATTENTION_PIPELINE=0) bit for bit: the same products and sums in the same order, only
+// the tiles' loads differ. Causal with more keys than queries, several tiles, dropout, grouped
+// heads, at head dims 64 and 128; the GPT-2 shape's tile count per row.
+TEST(GpuPrimitives, FlashAttentionDoubleBufferedEqualsSingleBufferedBitForBit) {
+  MT_REQUIRE_GPU();
+  for (int64_t d : {64, 128}) {
+    const std::vector<Array> in = {cast(random_normal({2, 6, 300, d}, 81), DType::bf16),
+                                   cast(random_normal({2, 2, 333, d}, 82), DType::bf16),
+                                   cast(random_normal({2, 2, 333, d}, 83), DType::bf16)};
+    const Array cot = cast(random_normal({2, 6, 300, d}, 84), DType::bf16);
+    auto fn = [&](const std::vector<Array>& x) {
+      return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, RngKey{23, 5});
+    };
+    const auto [piped, piped_grads] = vjp_on_gpu(fn, in, cot);
+    setenv("MT_ATTENTION_PIPELINE", "0", 1);
+    const auto [plain, plain_grads] = vjp_on_gpu(fn, in, cot);
+    unsetenv("MT_ATTENTION_PIPELINE");
+    const std::string label = "flash_attention d=" + std::to_string(d) + " double vs single buffered";
+    EXPECT_EQ(max_abs_diff(piped.to(Device::cpu()), plain.to(Device::cpu())), 0.0) << label << " forward";
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(max_abs_diff(piped_grads[i].to(Device::cpu()), plain_grads[i].to(Device::cpu())), 0.0)
+          << label << " d" << "qkv"[i];
+    }
   }
 }
 

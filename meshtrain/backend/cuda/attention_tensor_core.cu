@@ -25,7 +25,12 @@
 // and for GPUs (or builds) before sm_80, where mma.sync has no TF32/bf16 shapes.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 #include <type_traits>
 
 #include "meshtrain/backend/cuda/attention_tiles.cuh"
@@ -284,22 +289,25 @@ __device__ inline bool whole_key_tile(const bool* mask, int64_t j0, const int64_
 
 // ---- forward ----
 // Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
-template <class Ops, int MaxD, class In>
+// Shared memory: the q tile, the key/value tiles (KeyValueTiles), the warps' dropout flags.
+template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q, const In* k, const In* v, In* out,
                                                                     float* lse, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
+  using Tiles = KeyValueTiles<Elem, MaxD, S::kLd, kPipelined, In>;
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* qs = reinterpret_cast<Elem*>(smem);
-  Elem* ks = reinterpret_cast<Elem*>(smem + S::kTile);
-  Elem* vs = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = smem + 3 * S::kTile + warp * 16 * kCols;
+  uint8_t* flags = smem + S::kTile + Tiles::kBytes + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
+  const KeyEnds ends = key_ends(p, q0, wq0);
+  const Tiles tiles{smem + S::kTile, k + key_at(p, kv), v + key_at(p, kv), p, ends.block};
+  tiles.start();  // the first key tile's copy runs under the q tile's load
   load_rows<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), p.tq, q0, p.d, p.ldq);
   __syncthreads();
   Val<Ops> qa[S::kSteps][4];
@@ -312,12 +320,11 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   const float fill = masked_fill(p, mask);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[S::kDN][4] = {};
-  const KeyEnds ends = key_ends(p, q0, wq0);
-  for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
-    __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p.ldk, p);
-    __syncthreads();
-    if (j0 >= ends.warp) continue;
+  for (int64_t j0 = 0, it = 0; j0 < ends.block; j0 += kCols, ++it) {
+    tiles.ready(it, j0);
+    if (j0 >= ends.warp) continue;  // past this warp's rows' keys (causal)
+    const Elem* ks = tiles.key_tile(it);
+    const Elem* vs = tiles.value_tile(it);
     float s[S::kN][4] = {};
 #pragma unroll
     for (int st = 0; st < S::kSteps; ++st)
@@ -378,7 +385,8 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
 // Block: (batch·head, 64 query rows); warp: 16 rows, q fragments in registers (dO's read from
 // shared memory at each k step); walks
 // the key tiles they see: s = q·kᵀ, dP = dO·vᵀ, dS, dQ += dS·k.
-template <class Ops, int MaxD, class In>
+// Shared memory: the q and dO tiles, the key/value tiles (KeyValueTiles), the dropout flags.
+template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_q_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse, const float* dvec,
                           In* dq, Params p) {
@@ -386,16 +394,18 @@ __global__ void __launch_bounds__(kBlockThreads)
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
+  using Tiles = KeyValueTiles<Elem, MaxD, S::kLd, kPipelined, In>;
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* qs = reinterpret_cast<Elem*>(smem);
   Elem* gs = reinterpret_cast<Elem*>(smem + S::kTile);
-  Elem* ks = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
-  Elem* vs = reinterpret_cast<Elem*>(smem + 3 * S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = smem + 4 * S::kTile + warp * 16 * kCols;
+  uint8_t* flags = smem + 2 * S::kTile + Tiles::kBytes + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
+  const KeyEnds ends = key_ends(p, q0, wq0);
+  const Tiles tiles{smem + 2 * S::kTile, k + key_at(p, kv), v + key_at(p, kv), p, ends.block};
+  tiles.start();  // the first key tile's copy runs under the q and dO tiles' loads
   load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + output_at(p, bh), p.tq, q0, p.ldq, p.ldo,
                                 p);
   __syncthreads();
@@ -413,12 +423,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   const bool* mask = mask_row(p, bh);
   const float fill = masked_fill(p, mask);
   float dqa[S::kDN][4] = {};
-  const KeyEnds ends = key_ends(p, q0, wq0);
-  for (int64_t j0 = 0; j0 < ends.block; j0 += kCols) {
-    __syncthreads();
-    load_pair<Elem, MaxD, S::kLd>(ks, k + key_at(p, kv), vs, v + key_at(p, kv), p.tk, j0, p.ldk, p.ldk, p);
-    __syncthreads();
-    if (j0 >= ends.warp) continue;
+  for (int64_t j0 = 0, it = 0; j0 < ends.block; j0 += kCols, ++it) {
+    tiles.ready(it, j0);
+    if (j0 >= ends.warp) continue;  // past this warp's rows' keys (causal)
+    const Elem* ks = tiles.key_tile(it);
+    const Elem* vs = tiles.value_tile(it);
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
     fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
@@ -449,7 +458,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 // Block: (batch·head, 64 key rows); warp: 16 keys, k fragments in registers (v's read from
 // shared memory at each k step); walks the
 // query tiles that see them: sᵀ = k·qᵀ, dPᵀ = v·dOᵀ, then dV += pᵀ·dO and dK += dSᵀ·q.
-template <class Ops, int MaxD, class In>
+// Shared memory: the block's own k and v tiles, the query-side tiles (QueryTiles), the flags.
+template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_kv_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse,
                            const float* dvec, In* dk, In* dv, Params p) {
@@ -457,17 +467,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
+  using Tiles = QueryTiles<Elem, MaxD, S::kLd, kPipelined, In>;
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* kself = reinterpret_cast<Elem*>(smem);
   Elem* vself = reinterpret_cast<Elem*>(smem + S::kTile);
-  Elem* qs = reinterpret_cast<Elem*>(smem + 2 * S::kTile);
-  Elem* gs = reinterpret_cast<Elem*>(smem + 3 * S::kTile);
-  float* lse_s = reinterpret_cast<float*>(smem + 4 * S::kTile);
-  float* dvec_s = lse_s + kCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = reinterpret_cast<uint8_t*>(dvec_s + kCols) + warp * 16 * kCols;
+  uint8_t* flags = smem + 2 * S::kTile + Tiles::kBytes + warp * 16 * kCols;
   // Block: a key/value slice; its gradients sum over the query heads of its group.
   const int64_t kv = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
+  // Query i sees key j when i >= j - offset: the tiles from the one holding the first such query.
+  const int64_t first_tile = (p.causal ? max(int64_t(0), k0 - offset) : 0) / kCols * kCols;
+  const Tiles tiles{smem + 2 * S::kTile, q, g_out, lse, dvec, p, kv, first_tile,
+                    first_tile < p.tq ? (p.tq - first_tile + kCols - 1) / kCols : 0};
+  tiles.start();  // the first query tiles' copy runs under the own tiles' load
 
   load_pair<Elem, MaxD, S::kLd>(kself, k + key_at(p, kv), vself, v + key_at(p, kv), p.tk, k0, p.ldk, p.ldk, p);
   __syncthreads();
@@ -481,46 +493,41 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
   for (int h = 0; h < 2; ++h) unmasked[h] = !mask || (keys[h] < p.tk && mask[keys[h]]);
   float dka[S::kDN][4] = {}, dva[S::kDN][4] = {};
-  // Query i sees key j when i >= j - offset.
-  const int64_t first_query = p.causal ? max(int64_t(0), k0 - offset) : 0;
-  for (int64_t bh = kv * p.group; bh < (kv + 1) * p.group; ++bh) {
-    for (int64_t i0 = first_query / kCols * kCols; i0 < p.tq; i0 += kCols) {
-      __syncthreads();
-      load_pair<Elem, MaxD, S::kLd>(qs, q + query_at(p, bh), gs, g_out + output_at(p, bh), p.tq, i0, p.ldq,
-                                    p.ldo, p);
-      for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
-        lse_s[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
-        dvec_s[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
-      }
-      __syncthreads();
-      if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
-      float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
-      score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
-      fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
-      // Every query of the tile sees both of this thread's keys, and no padding mask: no
-      // per-element visibility test (only tiles across the causal diagonal or an edge test).
-      const bool whole =
-          !mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset);
+  // The query heads of the group, each one's tiles in order (the sums' order of before).
+  for (int64_t it = 0; it < tiles.count(); ++it) {
+    tiles.ready(it);
+    const int64_t bh = tiles.head(it), i0 = tiles.first_query(it);
+    if (wk0 >= p.tk || (p.causal && i0 + kCols - 1 < wk0 - offset)) continue;
+    const Elem* qs = tiles.q_tile(it);
+    const Elem* gs = tiles.g_tile(it);
+    const float* lse_s = tiles.lse_of(it);
+    const float* dvec_s = tiles.dvec_of(it);
+    float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
+    score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
+    fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
+    // Every query of the tile sees both of this thread's keys, and no padding mask: no
+    // per-element visibility test (only tiles across the causal diagonal or an edge test).
+    const bool whole =
+        !mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset);
 #pragma unroll
-      for (int n = 0; n < S::kN; ++n)
+    for (int n = 0; n < S::kN; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * t + (e & 1);
-          const int64_t i = i0 + c, j = keys[e / 2];
-          float prob = 0.0f, ds = 0.0f;
-          if (whole || j < visible_keys(p, i)) {
-            const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-            const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
-            // where() passes no gradient to a padded-out key's score.
-            if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
-            prob = pr * keep;
-          }
-          st_[n][e] = prob;
-          dpt[n][e] = ds;
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * t + (e & 1);
+        const int64_t i = i0 + c, j = keys[e / 2];
+        float prob = 0.0f, ds = 0.0f;
+        if (whole || j < visible_keys(p, i)) {
+          const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
+          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
+          // where() passes no gradient to a padded-out key's score.
+          if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+          prob = pr * keep;
         }
-      accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
-      accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
-    }
+        st_[n][e] = prob;
+        dpt[n][e] = ds;
+      }
+    accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
+    accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -597,6 +604,13 @@ struct SharedBytes {
   static constexpr size_t kBackwardKv = 4 * S::kTile + 2 * kCols * sizeof(float) + S::kKeepFlags;
 };
 
+// A kernel's shared memory double-buffered: a second buffer of the tiles the block walks (two
+// tiles, with the dK/dV kernel's 64 row statistics of each kind).
+template <class Ops, int MaxD>
+constexpr size_t with_second_buffer(size_t plain, bool row_statistics) {
+  return plain + 2 * Shape<Ops, MaxD>::kTile + (row_statistics ? 2 * kCols * sizeof(float) : 0);
+}
+
 // The most shared memory a block may ask for on this GPU (227 KiB on sm_90, 163 on sm_80, 99
 // on sm_86/89): f32 tiles at head dim 128 need 137 KiB in the dK/dV kernel.
 size_t shared_memory_limit() {
@@ -619,6 +633,47 @@ size_t largest_shared_bytes(DType dtype, int64_t head_dim) {
     });
   };
   return dtype == DType::bf16 ? bound(Bf16Ops{}) : bound(F32Ops{});
+}
+
+// MT_ATTENTION_PIPELINE=0 keeps bf16 arrays on the single-buffered kernels (a comparison on
+// the GPU, or a way around a fault); the double-buffered ones are the default. Read at each
+// launch, so that a test can compare both in one process.
+bool pipeline_enabled() {
+  const char* v = std::getenv("MT_ATTENTION_PIPELINE");
+  return !(v && std::string(v) == "0");
+}
+
+// Blocks of `kernel` with `bytes` of shared memory that one multiprocessor holds at once.
+template <class Kernel>
+int blocks_per_multiprocessor(Kernel kernel, size_t bytes) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+        "flash_attention shared memory");
+  int blocks = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kBlockThreads, bytes), "flash_attention occupancy");
+  return blocks;
+}
+
+// Whether the double-buffered kernel `piped` takes these arrays instead of `plain`: bf16 arrays
+// (copied as they are into bf16 tiles; f32 tiles stay single-buffered), rows of whole 16-byte
+// vectors whose 64-row offsets fit load_pair_async's 32 bits, the block's shared memory within
+// the GPU's limit, and as many of its blocks on a multiprocessor as of plain's: the two extra
+// tiles must not cost occupancy (at head dim 128 on an A100 they would halve it).
+template <class In, class Kernel>
+bool take_pipelined(const Params& params, Kernel plain, size_t plain_bytes, Kernel piped, size_t piped_bytes) {
+  const int64_t widest = std::max({params.ldq, params.ldo, params.ldk});
+  if (!std::is_same_v<In, bf16_t> || !params.vector_rows || !pipeline_enabled() ||
+      piped_bytes > shared_memory_limit() || widest * kRows >= (int64_t(1) << 31))
+    return false;
+  static std::mutex mutex;
+  static std::map<const void*, bool> keeps_occupancy;  // per kernel, on this process's GPU
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = keeps_occupancy.find(reinterpret_cast<const void*>(piped));
+  if (it == keeps_occupancy.end())
+    it = keeps_occupancy
+             .emplace(reinterpret_cast<const void*>(piped),
+                      blocks_per_multiprocessor(piped, piped_bytes) >= blocks_per_multiprocessor(plain, plain_bytes))
+             .first;
+  return it->second;
 }
 
 template <class Kernel, class... Args>
@@ -645,10 +700,18 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
     using Ops = decltype(ops);
     using In = decltype(elem);
     constexpr int MaxD = decltype(md)::value;
+    using Bytes = SharedBytes<Ops, MaxD>;
     const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v}));
-    launch(mma_forward_kernel<Ops, MaxD, In>, grid, SharedBytes<Ops, MaxD>::kForward,
-           "flash_attention (tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse),
-           params);
+    if constexpr (std::is_same_v<In, bf16_t>) {
+      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kForward, false);
+      if (take_pipelined<In>(params, mma_forward_kernel<Ops, MaxD, In>, Bytes::kForward,
+                             mma_forward_kernel<Ops, MaxD, In, true>, piped))
+        return launch(mma_forward_kernel<Ops, MaxD, In, true>, grid, piped,
+                      "flash_attention (tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k), ptr<In>(v),
+                      mptr<In>(out), mptr<float>(lse), params);
+    }
+    launch(mma_forward_kernel<Ops, MaxD, In>, grid, Bytes::kForward, "flash_attention (tensor cores, mma)", ptr<In>(q),
+           ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse), params);
   });
 }
 
@@ -666,13 +729,35 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
     row_dot_kernel<In><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<In>(g), ptr<In>(out),
                                                                               mptr<float>(dvec), rows, params);
     check_launch("flash_attention_backward (row dots)");
-    launch(mma_backward_kv_kernel<Ops, MaxD, In>,
-           dim3(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows)),
-           SharedBytes<Ops, MaxD>::kBackwardKv, "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q),
-           ptr<In>(k), ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
-    launch(mma_backward_q_kernel<Ops, MaxD, In>, dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),
-           SharedBytes<Ops, MaxD>::kBackwardQ, "flash_attention_backward (dQ; tensor cores, mma)", ptr<In>(q),
-           ptr<In>(k), ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
+    using Bytes = SharedBytes<Ops, MaxD>;
+    const dim3 kv_grid(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows));
+    bool kv_done = false;
+    if constexpr (std::is_same_v<In, bf16_t>) {
+      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kBackwardKv, true);
+      if (take_pipelined<In>(params, mma_backward_kv_kernel<Ops, MaxD, In>, Bytes::kBackwardKv,
+                             mma_backward_kv_kernel<Ops, MaxD, In, true>, piped)) {
+        launch(mma_backward_kv_kernel<Ops, MaxD, In, true>, kv_grid, piped,
+               "flash_attention_backward (dK, dV; tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k),
+               ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
+        kv_done = true;
+      }
+    }
+    if (!kv_done)
+      launch(mma_backward_kv_kernel<Ops, MaxD, In>, kv_grid, Bytes::kBackwardKv,
+             "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<In>(g),
+             ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
+    const dim3 q_grid(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows));
+    if constexpr (std::is_same_v<In, bf16_t>) {
+      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kBackwardQ, false);
+      if (take_pipelined<In>(params, mma_backward_q_kernel<Ops, MaxD, In>, Bytes::kBackwardQ,
+                             mma_backward_q_kernel<Ops, MaxD, In, true>, piped))
+        return launch(mma_backward_q_kernel<Ops, MaxD, In, true>, q_grid, piped,
+                      "flash_attention_backward (dQ; tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k),
+                      ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
+    }
+    launch(mma_backward_q_kernel<Ops, MaxD, In>, q_grid, Bytes::kBackwardQ,
+           "flash_attention_backward (dQ; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<In>(g),
+           ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
   });
 }
 

@@ -163,6 +163,159 @@ __device__ inline void load_pair(Elem* ta, const In* xa, Elem* tb, const In* xb,
   }
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80+),
+// or 16 zero bytes when `valid` is false (nothing is read then; src is any mapped address).
+__device__ inline void copy16_async(void* dst, const void* src, bool valid) {
+  const unsigned to = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
+}
+// 4 bytes likewise (cp.async.ca: the sizes below 16 go through L1).
+__device__ inline void copy4_async(void* dst, const void* src, bool valid) {
+  const unsigned to = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ inline void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `kPending` of this thread's committed copy groups are still in flight.
+template <int kPending>
+__device__ inline void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// load_pair's tiles by cp.async (the caller commits the group): the block computes on the
+// previous tile while these land. Needs vector rows and arrays already in the tiles' format (bf16 in
+// bf16 tiles): the bytes are copied as they are.
+template <class Elem, int MaxD, int Ld, class In>
+__device__ inline void load_pair_async(Elem* ta, const In* xa, Elem* tb, const In* xb, int64_t rows, int64_t r0,
+                                       int64_t lda, int64_t ldb, const Params& p) {
+  static_assert(sizeof(Elem) == sizeof(In), "cp.async copies the arrays' bytes into the tiles as they are");
+  constexpr int kW = kVecElems<In>, kVecs = MaxD / kW, kPerThread = kRows * kVecs / kBlockThreads;
+  static_assert(MaxD % kW == 0 && kRows * kVecs % kBlockThreads == 0);
+  // 32-bit offsets inside the tile (pipelined() checks that 64 rows' offsets fit): 64-bit
+  // addresses per copy cost the kernels registers they need for their fragments.
+  const In* a0 = xa + r0 * lda;
+  const In* b0 = xb + r0 * ldb;
+  const int valid_rows = int(min(rows - r0, int64_t(kRows)));
+#pragma unroll
+  for (int t = 0; t < kPerThread; ++t) {
+    const int e = threadIdx.x + t * kBlockThreads, r = e / kVecs, c = kW * (e % kVecs);
+    const bool inside = r < valid_rows && c < p.d;  // d is a multiple of kW: all of a vector or none
+    copy16_async(ta + r * Ld + c, inside ? a0 + (r * int(lda) + c) : xa, inside);
+    copy16_async(tb + r * Ld + c, inside ? b0 + (r * int(ldb) + c) : xb, inside);
+  }
+}
+
+// The key and value tiles a forward or dQ block walks, 64 keys at a time, from `base` in shared
+// memory. Single-buffered (kPipelined false): each tile is loaded between two barriers, the
+// whole block waiting on the loads. Double-buffered (true, load_pair_async's arrays): the next
+// tile's copy is in flight while the block computes on this one, the loads hold no registers
+// (the staging of load_pair took 32 of a thread's), and a tile costs one barrier: after it,
+// tile `it` has landed and every warp is done with tile it - 1, whose buffer the copy of tile
+// it + 1 then refills.
+template <class Elem, int MaxD, int Ld, bool kPipelined, class In>
+struct KeyValueTiles {
+  static constexpr size_t kTileBytes = size_t(kRows) * Ld * sizeof(Elem);
+  static constexpr int kBuffers = kPipelined ? 2 : 1;
+  static constexpr size_t kBytes = 2 * kBuffers * kTileBytes;
+  unsigned char* base;
+  const In *k, *v;
+  const Params& p;
+  int64_t end;  // past the block's last key tile
+
+  __device__ Elem* key_tile(int64_t it) const {
+    return reinterpret_cast<Elem*>(base + 2 * (kPipelined ? it & 1 : 0) * kTileBytes);
+  }
+  __device__ Elem* value_tile(int64_t it) const { return key_tile(it) + kTileBytes / sizeof(Elem); }
+  __device__ void copy(int64_t it, int64_t j0) const {
+    load_pair_async<Elem, MaxD, Ld>(key_tile(it), k, value_tile(it), v, p.tk, j0, p.ldk, p.ldk, p);
+    commit_copies();
+  }
+  // Starts the first tile's copy (double-buffered); every thread of the block calls it.
+  __device__ void start() const {
+    if constexpr (kPipelined)
+      if (end > 0) copy(0, 0);
+  }
+  // Tile `it` (keys from j0) is in key_tile(it) and value_tile(it) for every thread after this
+  // (a barrier: every thread of the block calls it, at the top of each tile's iteration).
+  __device__ void ready(int64_t it, int64_t j0) const {
+    if constexpr (kPipelined) {
+      wait_copies<0>();
+      __syncthreads();
+      if (j0 + kCols < end) copy(it + 1, j0 + kCols);
+    } else {
+      __syncthreads();  // every warp is done with the previous tile
+      load_pair<Elem, MaxD, Ld>(key_tile(it), k, value_tile(it), v, p.tk, j0, p.ldk, p.ldk, p);
+      __syncthreads();
+    }
+  }
+};
+
+// The query-side tiles a dK/dV block walks: for each query head of its group, the q and dO
+// tiles of 64 queries from `first` on, with those queries' log-sum-exps and D values, in the
+// order (head, tile). Single-buffered or double-buffered by cp.async, as KeyValueTiles. A
+// buffer: q tile, dO tile, 64 log-sum-exps, 64 D values.
+template <class Elem, int MaxD, int Ld, bool kPipelined, class In>
+struct QueryTiles {
+  static constexpr size_t kTileBytes = size_t(kRows) * Ld * sizeof(Elem);
+  static constexpr size_t kBufferBytes = 2 * kTileBytes + 2 * kCols * sizeof(float);
+  static constexpr size_t kBytes = (kPipelined ? 2 : 1) * kBufferBytes;
+  static_assert(kBufferBytes % 16 == 0 && kBlockThreads == 2 * kCols);
+  unsigned char* base;
+  const In *q, *g_out;
+  const float *lse, *dvec;
+  const Params& p;
+  int64_t kv;     // the key/value slice: its query heads are kv·group ...
+  int64_t first;  // the first tile's first query (a multiple of 64)
+  int64_t per_head;  // tiles per query head
+
+  __device__ int64_t count() const { return p.group * per_head; }
+  __device__ int64_t head(int64_t it) const { return kv * p.group + it / per_head; }
+  __device__ int64_t first_query(int64_t it) const { return first + (it % per_head) * kCols; }
+  __device__ unsigned char* buffer(int64_t it) const { return base + (kPipelined ? it & 1 : 0) * kBufferBytes; }
+  __device__ Elem* q_tile(int64_t it) const { return reinterpret_cast<Elem*>(buffer(it)); }
+  __device__ Elem* g_tile(int64_t it) const { return reinterpret_cast<Elem*>(buffer(it) + kTileBytes); }
+  __device__ float* lse_of(int64_t it) const { return reinterpret_cast<float*>(buffer(it) + 2 * kTileBytes); }
+  __device__ float* dvec_of(int64_t it) const { return lse_of(it) + kCols; }
+
+  // Tile it's copies, as one committed group (double-buffered).
+  __device__ void copy(int64_t it) const {
+    const int64_t bh = head(it), i0 = first_query(it);
+    load_pair_async<Elem, MaxD, Ld>(q_tile(it), q + query_at(p, bh), g_tile(it), g_out + output_at(p, bh), p.tq, i0,
+                                    p.ldq, p.ldo, p);
+    // One row statistic per thread: the first 64 threads the log-sum-exps, the next 64 the D values.
+    const int e = int(threadIdx.x) % kCols;
+    const bool inside = i0 + e < p.tq;
+    const float* src = threadIdx.x < kCols ? lse : dvec;
+    float* dst = threadIdx.x < kCols ? lse_of(it) : dvec_of(it);
+    copy4_async(dst + e, inside ? src + bh * p.tq + i0 + e : src, inside);
+    commit_copies();
+  }
+  __device__ void start() const {
+    if constexpr (kPipelined)
+      if (count() > 0) copy(0);
+  }
+  // Tile `it` is in its buffer for every thread after this (a barrier for the whole block, at
+  // the top of each tile's iteration; then the next tile's copy, as KeyValueTiles::ready).
+  __device__ void ready(int64_t it) const {
+    if constexpr (kPipelined) {
+      wait_copies<0>();
+      __syncthreads();
+      if (it + 1 < count()) copy(it + 1);
+    } else {
+      __syncthreads();  // every warp is done with the previous tile
+      const int64_t bh = head(it), i0 = first_query(it);
+      load_pair<Elem, MaxD, Ld>(q_tile(it), q + query_at(p, bh), g_tile(it), g_out + output_at(p, bh), p.tq, i0,
+                                p.ldq, p.ldo, p);
+      for (int e = threadIdx.x; e < kCols; e += kBlockThreads) {
+        lse_of(it)[e] = i0 + e < p.tq ? lse[bh * p.tq + i0 + e] : 0.0f;
+        dvec_of(it)[e] = i0 + e < p.tq ? dvec[bh * p.tq + i0 + e] : 0.0f;
+      }
+      __syncthreads();
+    }
+  }
+};
+#endif
+
 // 16-byte row loads need d to be a multiple of a load's elements and 16-byte aligned operands
 // (then every row starts aligned too, heads-inner rows and packed heads being a multiple of d
 // apart).
