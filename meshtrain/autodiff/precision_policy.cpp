@@ -1,8 +1,13 @@
 #include "meshtrain/autodiff/precision_policy.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/optimizer_ops.h"
 
 namespace mt {
 
@@ -13,9 +18,31 @@ thread_local PrecisionPolicy current_policy;
 Params PrecisionPolicy::cast_for_compute(const Params& master) const {
   if (!casts_parameters()) return master;
   autodiff::NoGradGuard no_grad;
+  // Plain weights of one dtype on one device go through one multi-tensor cast per group (a
+  // launch or two on a GPU, where a cast each was one launch per parameter); distributed ones
+  // keep their layout through cast.
+  struct Group {
+    Device device;
+    DType dtype;
+    std::vector<std::string> paths;
+  };
+  std::vector<Group> groups;
   Params out;
-  for (const auto& [path, v] : master)
-    out.set(path, is_floating(v.dtype()) && v.dtype() != compute_dtype ? cast(v, compute_dtype) : v);
+  for (const auto& [path, v] : master) {
+    const bool casts = is_floating(v.dtype()) && v.dtype() != compute_dtype;
+    out.set(path, casts && v.distributed() ? cast(v, compute_dtype) : v);  // the plain ones replaced below
+    if (!casts || v.distributed()) continue;
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const Group& x) { return x.device == v.device() && x.dtype == v.dtype(); });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{v.device(), v.dtype(), {}});
+    g->paths.push_back(path);
+  }
+  for (const Group& g : groups) {
+    std::vector<Array> xs;
+    for (const std::string& path : g.paths) xs.push_back(master[path]);
+    std::vector<Array> casts = cast_multi(xs, compute_dtype);
+    for (size_t j = 0; j < g.paths.size(); ++j) out.set(g.paths[j], std::move(casts[j]));
+  }
   return out;
 }
 

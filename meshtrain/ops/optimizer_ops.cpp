@@ -11,7 +11,7 @@
 namespace mt {
 
 MT_REGISTER_PRIMITIVES("optimizer", {"adam_moments", "adam_direction", "adam_moments_multi", "adam_direction_multi",
-                                      "sum_squares_multi", "scale_multi", "add_multi"});
+                                      "sum_squares_multi", "scale_multi", "add_multi", "cast_multi"});
 
 namespace {
 
@@ -453,6 +453,40 @@ class AddMultiPrimitive final : public MultiTensorIntoPrimitive {
   }
 };
 
+// Inputs x_0..x_{k-1}, then k destinations of the target dtype: x_j cast to it.
+class CastMultiPrimitive final : public prim::Primitive {
+ public:
+  explicit CastMultiPrimitive(size_t k) : k_(k) {}
+  const char* name() const override { return "cast_multi"; }
+  bool differentiable(const std::vector<Array>&, const prim::OutputInfo&) const override { return false; }
+  uint32_t keeps_inputs() const override { return 0; }
+  prim::OutputInfo infer(const std::vector<Array>& in) const override {
+    MT_CHECK(in.size() == 2 * k_, "[", name(), "] expects ", k_, " tensors and ", k_, " destinations, got ",
+             in.size(), " arrays");
+    check_multi_tensors(in, k_, name());
+    const std::vector<Array> outs(in.begin() + std::ptrdiff_t(k_), in.end());
+    check_multi_tensors(outs, k_, name());
+    for (size_t j = 0; j < k_; ++j)
+      MT_CHECK(outs[j].shape() == in[j].shape() && outs[j].device() == in[j].device(), "[", name(), "] tensor ", j,
+               ": destination ", outs[j].str(), " for ", in[j].str());
+    return {outs[0].shape(), outs[0].dtype()};
+  }
+  Array run(const std::vector<Array>& in, const prim::OutputInfo&, std::vector<Array>&) const override {
+    const std::vector<Array> xs(in.begin(), in.begin() + std::ptrdiff_t(k_));
+    std::vector<Array> outs(in.begin() + std::ptrdiff_t(k_), in.end());
+    MT_KERNEL(outs[0], cast_multi, xs, outs);
+    return Array(std::make_shared<ArrayImpl>(*outs[0].impl()));  // a second handle to d_0
+  }
+  prim::Cost cost(const std::vector<Array>& in, const prim::OutputInfo&) const override {
+    double bytes = 0;
+    for (const Array& x : in) bytes += double(x.nbytes());
+    return {0, bytes};
+  }
+
+ private:
+  size_t k_;
+};
+
 // Applies a MultiTensorIntoPrimitive to xs (moved in), `rest` and the destinations, and returns
 // the k results: each x_j is written over where nobody else can see its buffer (asked before
 // any second handle exists), else into a new array of its kind. Distributed x_j are gathered
@@ -484,6 +518,17 @@ Array sum_of_squares_multi(const std::vector<Array>& xs) {
 std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale) {
   const size_t k = xs.size();
   return apply_into(std::make_shared<ScaleMultiPrimitive>(k), std::move(xs), {scale}, "scale_multi");
+}
+
+std::vector<Array> cast_multi(const std::vector<Array>& xs, DType dtype) {
+  const size_t k = xs.size();
+  MT_CHECK(is_floating(dtype), "[cast_multi] casts to a floating dtype, got ", dtype_name(dtype));
+  std::vector<Array> in;
+  for (const Array& x : xs) in.push_back(x.defined() && x.distributed() ? whole(x) : x);
+  check_multi_tensors(in, k, "cast_multi");
+  for (size_t j = 0; j < k; ++j) in.push_back(Array::empty(in[j].shape(), dtype, in[j].device()));
+  prim::apply(std::make_shared<CastMultiPrimitive>(k), in);
+  return {in.begin() + std::ptrdiff_t(k), in.end()};
 }
 
 std::vector<Array> add_multi_into(std::vector<Array> a, const std::vector<Array>& b) {

@@ -69,5 +69,11 @@ std::vector<Array> scale_multi_into(std::vector<Array> xs, const Array& scale);
 // sum in f32 rounded to the dtype: optim::apply_updates' pass. a[j] moved in as the only handle
 // to its buffer is updated in place; the others get new buffers. Not differentiable.
 std::vector<Array> add_multi_into(std::vector<Array> a, const std::vector<Array>& b);
+// xs[j] in `dtype` for each j (floating arrays of one dtype on one device; `dtype` floating),
+// rounded as cast rounds, in new arrays: mixed precision's casts of the master weights, one
+// pass and a launch or two on the GPU. Distributed xs[j] are gathered first, as the other
+// multi-tensor ops do (the precision policy casts those with cast, which keeps their layout).
+// Not differentiable (the policy casts without a tape and reads the casts through precast).
+std::vector<Array> cast_multi(const std::vector<Array>& xs, DType dtype);
 
 }  // namespace mt

@@ -128,7 +128,7 @@ TEST(GpuPrimitives, FusedKernelsEqualTheCpuKernel) {
                                        "add_dropout_rms_norm", "cross_entropy", "softmax",
                                        "log_softmax",     "causal_softmax", "layer_norm",
                                        "rms_norm",        "adam_moments_multi", "adam_direction_multi",
-                                       "sum_squares_multi", "scale_multi", "add_multi", "rotary_embedding"};
+                                       "sum_squares_multi", "scale_multi", "add_multi", "cast_multi", "rotary_embedding"};
   std::set<std::string> seen;
   for (const PrimitiveCase& c : primitive_cases()) {
     if (!fused.count(c.primitive)) continue;

@@ -332,6 +332,14 @@ std::vector<PrimitiveCase> primitive_cases() {
                  return concatenate(flat, 0);
                },
                "out = torch.cat([x.flatten() * 0.37 for x in (x0, x1, x2)])", false});
+  // Mixed precision's weight casts, all tensors in one call (one launch on a GPU).
+  c.push_back({"cast_multi", clip_in,
+               [](const std::vector<Array>& in) {
+                 std::vector<Array> flat;
+                 for (const Array& x : cast_multi(in, DType::bf16)) flat.push_back(reshape(cast(x, DType::f32), {-1}));
+                 return concatenate(flat, 0);
+               },
+               "out = torch.cat([x.flatten().to(torch.bfloat16).float() for x in (x0, x1, x2)])", false});
   std::vector<Array> add_in = clip_in;
   for (size_t j = 0; j < clip_shapes.size(); ++j) add_in.push_back(rn(clip_shapes[j], 310 + j));
   c.push_back({"add_multi", add_in,

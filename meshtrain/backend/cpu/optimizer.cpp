@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/backend/elementwise.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
@@ -125,6 +126,10 @@ void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<A
 #pragma omp parallel for if (n > grain::compute) schedule(static)
       for (int64_t i = 0; i < n; ++i) y[i] = store_f32<T>(load_f32(x[i]) * c);
     });
+}
+
+void cast_multi(const std::vector<Array>& in, std::vector<Array>& outs) {
+  for (size_t j = 0; j < in.size(); ++j) cast(in[j], outs[j]);
 }
 
 void add_multi(const std::vector<Array>& in, std::vector<Array>& outs) {

@@ -220,6 +220,17 @@ __global__ void add_tiles_kernel(const __grid_constant__ ClipTable t) {
   for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f32<T>(to_f32(x[i]) + to_f32(z[i]));
 }
 
+// y = x in O's format, rounded as cast_kernel rounds (f32 to bf16: to nearest even).
+template <class I, class O>
+__global__ void cast_tiles_kernel(const __grid_constant__ ClipTable t) {
+  const ClipSlice& s = slice_of_block(t);
+  const I* x = static_cast<const I*>(s.x);
+  O* y = static_cast<O*>(s.y);
+  const int64_t start = int64_t(int(blockIdx.x) - s.first_block) * kTile;
+  const int64_t end = min(s.n, start + kTile);
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) y[i] = from_f32<O>(float(load_double(x[i])));
+}
+
 // Calls launch(table, blocks, first_block_of_launch) for tables of up to kClipSlices of the
 // tensors `in`; z_of(j) / y_of(j) are tensor j's second operand / output or nullptr. Returns the
 // blocks launched in all.
@@ -283,6 +294,22 @@ void scale_multi(const std::vector<Array>& in, const Array& scale, std::vector<A
           scale_tiles_kernel<T><<<unsigned(blocks), kThreads, 0, stream()>>>(t, c);
           check_launch("scale_multi");
         });
+  });
+}
+
+void cast_multi(const std::vector<Array>& in, std::vector<Array>& outs) {
+  if (in.empty()) return;
+  dispatch_device_float(in[0].dtype(), "cast_multi", [&](auto from) {
+    dispatch_device_float(outs[0].dtype(), "cast_multi", [&](auto to) {
+      using I = decltype(from);
+      using O = decltype(to);
+      launch_clip_tables(
+          in, [](size_t) -> const void* { return nullptr; }, [&](size_t j) -> void* { return outs[j].raw(); },
+          [&](const ClipTable& t, int blocks, int64_t) {
+            cast_tiles_kernel<I, O><<<unsigned(blocks), kThreads, 0, stream()>>>(t);
+            check_launch("cast_multi");
+          });
+    });
   });
 }
 
