@@ -26,8 +26,9 @@
 #   gpu_run.sh head    GPT-2 B16 T1024 bf16 steps with the vocabulary padded to 50304 inside the head's
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
-#   gpu_run.sh session a device session's one script: test, caption, bench, profile, fusion, graphs, sst2
-#                      and head in that order (largest ran on 2026-11-30)
+#   gpu_run.sh session a device session's one script: test, profile, bench (bf16: GPT-2, BERT and the
+#                      seed miniGPT), caption, sst2, graphs, fusion and head in that order (largest ran
+#                      on 2026-11-30)
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
 #                      time left, and a part that cannot start with 30 s left is skipped (said)
@@ -55,7 +56,7 @@ budget=
 if [ "$mode" = session ]; then
   # The sanitizers and the whole SST-2 job cut shorter than alone, so that every part gets a turn.
   budget=${GPU_BUDGET_S:-450} MEMCHECK_S=${MEMCHECK_S:-45} RACECHECK_S=${RACECHECK_S:-30} SST2_S=${SST2_S:-180}
-  TEST_S=${TEST_S:-100} BENCH_ARGS=${BENCH_ARGS:---quick --workloads gpt2,bert --precisions bf16,tf32}
+  TEST_S=${TEST_S:-100} BENCH_ARGS=${BENCH_ARGS:---quick --workloads gpt2,bert,minigpt4 --precisions bf16}
 fi
 # cap N: N seconds, or the session's time left when less (at least 1).
 cap() {
@@ -67,7 +68,7 @@ cap() {
 # The parts this run takes, in order.
 case "$mode" in
   all) parts="test fusion python posttrain caption bench" ;;
-  session) parts=${SESSION_PARTS:-test caption bench profile fusion graphs sst2 head} ;;
+  session) parts=${SESSION_PARTS:-test profile bench caption sst2 graphs fusion head} ;;
   *) parts=$mode ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -345,6 +346,8 @@ for part in $parts; do
   if [ -n "$budget" ] && [ "$(cap 30)" -lt 30 ]; then
     echo "== $part skipped: $budget s of the session spent"; status=1; continue
   fi
+  echo "== part $part, at $(($(date +%s) - started)) s"
   "part_$part"
 done
+echo "== all parts done at $(($(date +%s) - started)) s"
 exit $status
