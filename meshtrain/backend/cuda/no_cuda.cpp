@@ -118,6 +118,7 @@ void adam_direction_multi(const std::vector<Array>&, const std::vector<uint8_t>&
 void sum_squares_multi(const std::vector<Array>&, Array&) { no_cuda(); }
 void scale_multi(const std::vector<Array>&, const Array&, std::vector<Array>&) { no_cuda(); }
 void add_multi(const std::vector<Array>&, std::vector<Array>&) { no_cuda(); }
+void cast_multi(const std::vector<Array>&, std::vector<Array>&) { no_cuda(); }
 void matmul(kernels::MatmulDType, const void*, const void*, void*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
             bool, bool) {
   no_cuda();
