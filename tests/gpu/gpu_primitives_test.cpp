@@ -218,6 +218,39 @@ TEST(GpuPrimitives, NormsOnWarpAndBlockRowsEqualTheCpu) {
 // The embedding's gradient (scatter_add) sums each row's updates in index order, as the CPU
 // does: equal bit for bit, and the same on a second run, with ids repeated thousands of times
 // (BERT's padding id, GPT-2's common tokens) and rows never hit.
+// The residual norms x + dropout(branch) -> norm on both row teams: rows a multiple of 4 long
+// draw one Philox block per 4 elements (768, 4100), others one per element (770); the masks
+// must be the CPU's for the results to agree.
+TEST(GpuPrimitives, ResidualNormsOnWarpAndBlockRowsEqualTheCpu) {
+  MT_REQUIRE_GPU();
+  const RngKey key{9, 4};
+  for (int64_t c : {768, 770, 4100}) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      const std::vector<Array> in = {cast(random_normal({1025, c}, 61), dtype), cast(random_normal({1025, c}, 62), dtype),
+                                     random_normal({c}, 63), random_normal({c}, 64)};
+      const Array cot = cast(random_normal({1025, c}, 65), dtype);
+      const Tolerance tol = dtype == DType::f32 ? Tolerance{2e-5, 2e-5, 2e-5} : default_tolerance(dtype);
+      const std::string width = std::string(dtype_name(dtype)) + " (1025, " + std::to_string(c) + ")";
+      const OpFn ln = [&](const std::vector<Array>& x) {
+        return add_dropout_layer_norm(x[0], x[1], x[2], x[3], 1e-5, 0.1, key, true);
+      };
+      const OpFn rms = [&](const std::vector<Array>& x) {
+        return add_dropout_rms_norm(x[0], x[1], x[2], 1e-6, 0.1, key, true);
+      };
+      for (const auto& [name, fn] : {std::pair{"add_dropout_layer_norm ", ln}, std::pair{"add_dropout_rms_norm ", rms}}) {
+        const auto [ref, ref_grads] = vjp(fn, in, cot);
+        const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+        expect_close(out.to(Device::cpu()), ref, tol, name + width + " forward, gpu vs cpu");
+        for (size_t i = 0; i < grads.size(); ++i) {
+          if (grads[i].defined())
+            expect_close(grads[i].to(Device::cpu()), ref_grads[i], tol,
+                         name + width + " gradient " + std::to_string(i) + ", gpu vs cpu");
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuPrimitives, EmbeddingGradientIsDeterministicAndEqualsTheCpuBitForBit) {
   MT_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);

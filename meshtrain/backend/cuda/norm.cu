@@ -41,6 +41,11 @@ struct RowTeam {
     if constexpr (kWarp) return warp_sum(v);
     else return block_sum(v, shared);
   }
+  // The team's writes to its row are seen by the whole team after this.
+  __device__ void sync() const {
+    if constexpr (kWarp) __syncwarp();
+    else __syncthreads();
+  }
 };
 
 template <class W>
@@ -83,6 +88,26 @@ __device__ inline bool keeps(const DeviceBranch<T>& br, int64_t i) {
   return double(uniform_at_block(br.map, i, br.seed, br.stream_id)) >= br.rate;
 }
 
+// f(i, keep) for the elements of row r this thread takes, with element (r, i)'s dropout verdict.
+// Over a whole array whose rows are a multiple of 4 long, a thread takes runs of 4 consecutive
+// elements and draws one Philox block for each run (the same words as one draw per element,
+// which drew every block four times over); otherwise one element at a time at its global
+// position. At rate 0 (eval) nothing is drawn and everything is kept.
+template <bool kWarp, class T, class F>
+__device__ inline void for_branch_elements(const DeviceBranch<T>& br, const RowTeam<kWarp>& team, int64_t r,
+                                           int64_t c, F&& f) {
+  if (br.map.ndim == 0 && c % 4 == 0) {
+    for (int64_t i4 = 4 * int64_t(team.lane); i4 < c; i4 += 4 * int64_t(team.size)) {
+      uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
+      if (br.rate > 0) philox_block(uint64_t(r * c + i4) / 4, br.seed, br.stream_id, w);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) f(i4 + q, double(philox_uniform(w[q])) >= br.rate);
+    }
+  } else {
+    for (int64_t i = team.lane; i < c; i += team.size) f(i, keeps(br, r * c + i));
+  }
+}
+
 template <bool kWarp, class T, class W>
 __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W* b, double eps, T* y, float* mean,
                                    float* rstd, int64_t n, int64_t c, DeviceBranch<T> br) {
@@ -95,11 +120,11 @@ __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W
   if (br.input) {
     // s = x + dropout(branch), rounded as the composed ops; the rows below read s.
     T* sr = br.sum + r * c;
-    for (int64_t i = team.lane; i < c; i += team.size) {
-      const float dropped =
-          to_f32(keeps(br, r * c + i) ? from_f32<T>(to_f32(br.input[r * c + i]) * br.scale) : from_f32<T>(0.0f));
+    for_branch_elements(br, team, r, c, [&](int64_t i, bool keep) {
+      const float dropped = to_f32(keep ? from_f32<T>(to_f32(br.input[r * c + i]) * br.scale) : from_f32<T>(0.0f));
       sr[i] = from_f32<T>(to_f32(xr[i]) + dropped);
-    }
+    });
+    team.sync();  // the loops below read s at positions other threads wrote
     xr = sr;
   }
   double s = 0;
@@ -147,13 +172,15 @@ __global__ void norm_backward_dx_kernel(bool center, const T* g, const T* x, con
   const float a = center ? float(sum_gy / double(c)) : 0.0f;
   const float bcoef = float(sum_gy_xhat / double(c));
   T* dxr = dx + r * c;
-  for (int64_t i = team.lane; i < c; i += team.size) {
+  auto write = [&](int64_t i, bool keep) {
     const float xhat = (to_f32(xr[i]) - mu) * rs;
     const float gy = to_f32(gr[i]) * param_or(w, i, 1.0f);
     const T d = from_f32<T>(rs * (gy - a - xhat * bcoef));
     dxr[i] = d;
-    if (br.grad) br.grad[r * c + i] = keeps(br, r * c + i) ? from_f32<T>(to_f32(d) * br.scale) : from_f32<T>(0.0f);
-  }
+    if (br.grad) br.grad[r * c + i] = keep ? from_f32<T>(to_f32(d) * br.scale) : from_f32<T>(0.0f);
+  };
+  if (br.grad) for_branch_elements(br, team, r, c, write);
+  else for (int64_t i = team.lane; i < c; i += team.size) write(i, true);
 }
 
 // part_w/part_b: (chunks, C) double partial sums of g·xhat and g over 64-row chunks.
