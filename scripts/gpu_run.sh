@@ -97,7 +97,7 @@ part_test() {
     # racecheck is slow, so it is bounded.
     echo "== compute-sanitizer --tool racecheck gpu_primitives_test (fused kernels, odd shapes)"
     timeout "$(cap "${RACECHECK_S:-240}")" compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
-      --gtest_filter='*FusedKernelsEqualTheCpuKernel*:*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*' \
+      --gtest_filter='*FusedKernelsEqualTheCpuKernel*:*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*:*DropoutBits*:*DoubleBuffered*' \
       > "$out/racecheck.log" 2>&1
     rc=$?
     tail -3 "$out/racecheck.log"
@@ -202,15 +202,22 @@ part_profile() {
   # The attention kernels alone at GPT-2's shape, bf16 arrays, with and without dropout (its
   # Philox draws are the kernels' largest non-matrix work): forward + backward GFLOP/s.
   # MT_ATTENTION_PIPELINE=0: the single-buffered kernels, beside the double-buffered default.
-  for run in "1 1" "1 0" "0 1"; do
+  # MT_ATTENTION_DROPOUT_BITS=1: the backward reads the forward's dropout flags as bits instead
+  # of drawing them again (off by default until measured).
+  for run in "1 1 0" "1 0 0" "1 1 1" "0 1 0"; do
     set -- $run
-    echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $1 = 1 ] && echo 0.1 || echo 0), pipeline $2"
+    echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $1 = 1 ] && echo 0.1 || echo 0), pipeline $2, bits $3"
     if [ $1 = 1 ]; then unset MT_NO_DROPOUT; else export MT_NO_DROPOUT=1; fi
-    MT_ATTENTION_PIPELINE=$2 MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" \
-      "$here/bin/attention_bench" 16 12 1024 64 > "$out/attention_drop$1_pipe$2.log" 2>&1 || status=1
-    cat "$out/attention_drop$1_pipe$2.log"
+    MT_ATTENTION_DROPOUT_BITS=$3 MT_ATTENTION_PIPELINE=$2 MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 \
+      timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 > "$out/attention_drop$1_pipe$2_bits$3.log" 2>&1 ||
+      status=1
+    cat "$out/attention_drop$1_pipe$2_bits$3.log"
   done
   unset MT_NO_DROPOUT
+  echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_DROPOUT_BITS=1"
+  MT_ATTENTION_DROPOUT_BITS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+    > "$out/bits_gpt2.json" 2> "$out/bits_gpt2.err" || status=1
+  cat "$out/bits_gpt2.json"
   # What limits the attention kernels (forward, dK/dV, dQ: the first three mma_ launches),
   # from the hardware counters where ncu can read them (Firecracker; not under gVisor).
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

@@ -40,6 +40,12 @@ struct FlashAttentionShape {
   // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
   // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.
   enum class Operands : uint8_t { f32, tf32, bf16 } operands = Operands::f32;
+  // Optional (the GPU's tensor-core kernels, with dropout): the forward stores the keep flags
+  // it draws here, and the backward reads them instead of drawing them again (twice: its dK/dV
+  // and dQ kernels). Two words per (slice bh, 64-key tile kt, query row i), at
+  // ((bh · ceil(Tk / 64) + kt) · Tq + i) · 2: bit c of the pair keeps key kt · 64 + c
+  // (cuda::dropout_keep_bits_words gives the size, 0 where unused).
+  uint32_t* keep_bits = nullptr;
 };
 
 }  // namespace mt::kernels
@@ -68,6 +74,10 @@ bool flash_attention_supported(const Array& q, int64_t head_dim);
 // CUDA-core kernels of attention.cu elsewhere (f16 arrays, older GPUs).
 constexpr int64_t kMaxTensorCoreHeadDim = 128;
 bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
+// The words of s.keep_bits the tensor-core kernels would fill for q's arrays under s (0: they
+// draw the backward's dropout flags again; always 0 without dropout, off the GPU, and unless
+// MT_ATTENTION_DROPOUT_BITS=1 while the two are being measured against each other).
+int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s);
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                                 Array& out, Array& lse);
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,

@@ -175,6 +175,12 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     if (packed()) return {Shape{q.dim(0), q.dim(1), heads_, q.dim(3)}, q.dtype()};
     return {q.shape(), q.dtype()};
   }
+  // shape_of for the backward: the forward's dropout keep bits, where it kept them.
+  kernels::FlashAttentionShape backward_shape_of(const prim::Saved& saved) const {
+    kernels::FlashAttentionShape s = shape_of(saved.inputs);
+    if (saved.aux.size() > 1 && saved.aux[1].defined()) s.keep_bits = static_cast<uint32_t*>(saved.aux[1].raw());
+    return s;
+  }
   kernels::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
     const Array& q = in[0];
     kernels::FlashAttentionShape s;
@@ -205,9 +211,16 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   }
   Array run(const std::vector<Array>& in, const prim::OutputInfo& o, std::vector<Array>& aux) const override {
     Array out = Array::empty(o.shape, o.dtype);
-    const kernels::FlashAttentionShape s = shape_of(in);
+    kernels::FlashAttentionShape s = shape_of(in);
     Array lse = Array::empty({s.batch_heads * s.tq}, DType::f32);
-    aux = {lse};
+    // Where the GPU kernels keep the dropout flags they draw for the backward (aux[1]).
+    Array keep_bits;
+    const int64_t words = autodiff::should_record(in) ? cuda::dropout_keep_bits_words(in[0], s) : 0;
+    if (words > 0) {
+      keep_bits = Array::empty({words}, DType::i32);
+      s.keep_bits = static_cast<uint32_t*>(keep_bits.raw());
+    }
+    aux = {lse, keep_bits};
     if (!packed()) {
       MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], s, out, lse);
     } else if (in[0].numel() > 0) {
@@ -261,7 +274,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     Array dq = Array::empty(q.shape(), q.dtype(), q.device()), dk = Array::empty(k.shape(), k.dtype(), k.device()),
           dv = Array::empty(v.shape(), v.dtype(), v.device());
     const Array gc = g.dtype() == q.dtype() ? g : cast(g, q.dtype());
-    MT_KERNEL(dq, flash_attention_backward, q, k, v, s.output, s.aux[0], gc, shape_of(s.inputs), dq, dk, dv);
+    MT_KERNEL(dq, flash_attention_backward, q, k, v, s.output, s.aux[0], gc, backward_shape_of(s), dq, dk, dv);
     // The backward kernel runs outside the dispatcher: its four products count here.
     prim::count_model_flops(2 * square_flops(s.inputs));
     grads[0] = dq, grads[1] = dk, grads[2] = dv;
@@ -288,7 +301,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
       const Array gc = g.dtype() == qkv.dtype() ? g : cast(g, qkv.dtype());
       const QkvViews in = packed_views(qkv);
       QkvViews d = packed_views(dqkv);
-      MT_KERNEL(dqkv, flash_attention_backward, in.q, in.k, in.v, s.output, s.aux[0], gc, shape_of(s.inputs), d.q,
+      MT_KERNEL(dqkv, flash_attention_backward, in.q, in.k, in.v, s.output, s.aux[0], gc, backward_shape_of(s), d.q,
                 d.k, d.v);
     }
     prim::count_model_flops(2 * square_flops(s.inputs));

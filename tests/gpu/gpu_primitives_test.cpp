@@ -648,6 +648,48 @@ TEST(GpuPrimitives, FlashAttentionDoubleBufferedEqualsSingleBufferedBitForBit) {
   }
 }
 
+// The backward reading the forward's dropout flags as bits (MT_ATTENTION_DROPOUT_BITS=1)
+// against drawing them again, bit for bit: the same flags either way. Causal with more keys
+// than queries and grouped heads (f32 and bf16), and a key-padding mask (bf16, 130 keys: a
+// partial second key tile).
+TEST(GpuPrimitives, FlashAttentionDropoutBitsEqualRedrawnFlagsBitForBit) {
+  MT_REQUIRE_GPU();
+  const Array mask = key_padding_mask({130, 70}, 130);
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (bool masked : {false, true}) {
+      if (masked && dtype == DType::f32) continue;
+      const std::vector<Array> in =
+          masked ? std::vector<Array>{cast(random_normal({2, 4, 130, 64}, 91), dtype),
+                                      cast(random_normal({2, 4, 130, 64}, 92), dtype),
+                                      cast(random_normal({2, 4, 130, 64}, 93), dtype)}
+                 : std::vector<Array>{cast(random_normal({2, 6, 300, 64}, 91), dtype),
+                                      cast(random_normal({2, 2, 333, 64}, 92), dtype),
+                                      cast(random_normal({2, 2, 333, 64}, 93), dtype)};
+      const Array cot = cast(random_normal(in[0].shape(), 94), dtype);
+      auto fn = [&](const std::vector<Array>& x) {
+        if (masked)
+          return flash_attention(x[0], x[1], x[2], 0.125, false, 0.1, RngKey{24, 6}, mask.to(x[0].device()));
+        return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, RngKey{24, 6});
+      };
+      setenv("MT_ATTENTION_DROPOUT_BITS", "1", 1);
+      kernels::FlashAttentionShape shape;  // the op's, as far as the choice of bits goes
+      shape.batch_heads = in[0].dim(0) * in[0].dim(1), shape.tq = in[0].dim(2), shape.tk = in[1].dim(2);
+      shape.d = in[0].dim(3), shape.dropout_rate = 0.1;
+      EXPECT_GT(cuda::dropout_keep_bits_words(in[0].to(Device::cuda(0)), shape), 0) << "the bits are not taken";
+      const auto [kept, kept_grads] = vjp_on_gpu(fn, in, cot);
+      unsetenv("MT_ATTENTION_DROPOUT_BITS");
+      const auto [drawn, drawn_grads] = vjp_on_gpu(fn, in, cot);
+      const std::string label = std::string("flash_attention ") + dtype_name(dtype) + (masked ? " key mask" : " causal") +
+                                ", dropout bits vs drawn again";
+      EXPECT_EQ(max_abs_diff(kept.to(Device::cpu()), drawn.to(Device::cpu())), 0.0) << label << " forward";
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(max_abs_diff(kept_grads[i].to(Device::cpu()), drawn_grads[i].to(Device::cpu())), 0.0)
+            << label << " d" << "qkv"[i];
+      }
+    }
+  }
+}
+
 // Shapes the model tests do not reach: a head dim between the kernels' 32 and 64 (48, zero-
 // padded), more queries than keys without the causal mask, key counts not a multiple of 4
 // (dropout elements straddling Philox blocks) and below one 64-key tile.

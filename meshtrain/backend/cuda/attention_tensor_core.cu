@@ -203,6 +203,61 @@ __device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropo
   }
   __syncwarp();
 }
+// Word `half` of the keep bits of (slice bh, query row i, the key tile from j): tile-major, so
+// that a warp's 16 rows (forward, dQ) and a tile's 64 queries (dK/dV) are contiguous words.
+__device__ inline int64_t keep_word(const Params& p, int64_t bh, int64_t i, int64_t j, int half) {
+  return ((bh * p.key_tiles + j / kCols) * p.tq + i) * 2 + half;
+}
+
+// The forward's flags of a warp's 16 x 64 block (query rows from wq0, keys from j0) as bits for
+// the backward (FlashAttentionShape::keep_bits): lane l packs row l / 2's half l % 2, 32 flags
+// of one byte (0 or 1) each. The lanes start at different words of their 8 (lane / 4 apart),
+// so that the 8 lanes whose rows share a bank do not read it at once.
+__device__ inline void store_keep_bits(const uint8_t* flags, const Params& p, int64_t bh, int64_t wq0, int64_t j0,
+                                       int lane) {
+  const int r = lane / 2, half = lane % 2;
+  if (wq0 + r >= p.tq) return;
+  const uint32_t* four = reinterpret_cast<const uint32_t*>(flags + r * kCols + 32 * half);
+  uint32_t bits = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int w = (k + lane / 4) % 8;
+    const uint32_t f = four[w];  // flags 4w .. 4w + 3 in its bytes, lowest first
+    bits |= ((f & 1u) | ((f >> 7) & 2u) | ((f >> 14) & 4u) | ((f >> 21) & 8u)) << (4 * w);
+  }
+  p.keep_bits[keep_word(p, bh, wq0 + r, j0, half)] = bits;
+}
+// The dQ kernel's flags of a warp's block read back from those bits (fill_keep_by_rows' layout).
+__device__ inline void load_keep_bits_by_rows(uint8_t* flags, const Params& p, int64_t bh, int64_t wq0, int64_t j0,
+                                              int lane) {
+  const int r = lane / 2, half = lane % 2;
+  const uint32_t bits = wq0 + r < p.tq ? p.keep_bits[keep_word(p, bh, wq0 + r, j0, half)] : 0u;
+  uint32_t* four = reinterpret_cast<uint32_t*>(flags + r * kCols + 32 * half);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int w = (k + lane / 4) % 8;  // as store_keep_bits: no bank taken by 8 lanes at once
+    const uint32_t b = bits >> (4 * w);
+    four[w] = (b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21);
+  }
+  __syncwarp();
+}
+// The dK/dV kernel's flags of a warp's 16 keys from wk0 by 64 queries from i0, from the bits
+// (fill_keep_by_columns' layout): lane l reads queries l and l + 32, whose 16 bits for these keys
+// lie in one word (wk0 is a multiple of 16).
+__device__ inline void load_keep_bits_by_columns(uint8_t* flags, const Params& p, int64_t bh, int64_t i0,
+                                                 int64_t wk0, int lane) {
+  const int half = int(wk0 % kCols) / 32, shift = int(wk0 % 32);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c = lane + 32 * h;
+    const int64_t i = i0 + c;
+    const uint32_t bits = i < p.tq ? p.keep_bits[keep_word(p, bh, i, wk0, half)] >> shift : 0u;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) flags[r * kCols + c] = uint8_t((bits >> r) & 1u);
+  }
+  __syncwarp();
+}
+
 __device__ inline float keep_of(const AttentionDropout& dr, const uint8_t* flags, int r, int c) {
   return !dr.on ? 1.0f : flags[r * kCols + c] ? dr.scale : 0.0f;
 }
@@ -358,6 +413,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
 #pragma unroll
     for (int n = 0; n < S::kDN; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+    if (p.dropout.on && p.keep_bits) store_keep_bits(flags, p, bh, wq0, j0, lane);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -430,7 +486,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     const Elem* vs = tiles.value_tile(it);
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
-    fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+    if (p.dropout.on && p.keep_bits) load_keep_bits_by_rows(flags, p, bh, wq0, j0, lane);
+    else fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
     const bool whole = whole_key_tile(mask, j0, limits);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
@@ -504,7 +561,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     const float* dvec_s = tiles.dvec_of(it);
     float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
     score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
-    fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
+    if (p.dropout.on && p.keep_bits) load_keep_bits_by_columns(flags, p, bh, i0, wk0, lane);
+    else fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
     // Every query of the tile sees both of this thread's keys, and no padding mask: no
     // per-element visibility test (only tiles across the causal diagonal or an edge test).
     const bool whole =
@@ -684,6 +742,19 @@ void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... ar
 }
 
 }  // namespace
+
+int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s) {
+  const char* v = std::getenv("MT_ATTENTION_DROPOUT_BITS");
+  if (!(v && std::string(v) == "1") || s.dropout_rate <= 0 || !q.device().is_cuda() ||
+      !flash_attention_tensor_cores(q, s.d))
+    return 0;
+  const int64_t words = s.batch_heads * s.tq * ((s.tk + kCols - 1) / kCols) * 2;
+  // Kept from the forward to the backward, the bits grow as Tq · Tk: beyond the size of q and
+  // the output together (long contexts) they would outweigh what flash attention saves, and
+  // the backward draws its flags again.
+  if (words * 4 > 2 * s.batch_heads * s.tq * s.d * int64_t(dtype_size(q.dtype()))) return 0;
+  return words;
+}
 
 bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
   return (q.dtype() == DType::f32 || q.dtype() == DType::bf16) && head_dim > 0 && head_dim <= kMaxTensorCoreHeadDim &&

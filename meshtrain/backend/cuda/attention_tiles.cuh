@@ -45,6 +45,8 @@ struct Params {
   // Elements between a slice's rows: q and dQ (ldq); out and dO (ldo); k, v, dK and dV (ldk).
   // d, or heads inner H·D and Hkv·D (ldq and ldk more in a packed (B, T, H + 2·Hkv, D) projection).
   int64_t ldq, ldo, ldk;
+  uint32_t* keep_bits;  // FlashAttentionShape::keep_bits (null: the backward draws its flags)
+  int64_t key_tiles;    // ceil(Tk / 64): keep_bits' tiles per query row
 };
 
 // Where query slice bh (q, dQ), output slice bh (out, dO) and key/value slice kv (k, v, dK, dV)
@@ -342,7 +344,9 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           s.heads_inner,
           !s.heads_inner ? s.d : s.q_row_stride ? s.q_row_stride : s.heads * s.d,
           s.heads_inner ? s.heads * s.d : s.d,
-          !s.heads_inner ? s.d : s.kv_row_stride ? s.kv_row_stride : s.heads / s.group * s.d};
+          !s.heads_inner ? s.d : s.kv_row_stride ? s.kv_row_stride : s.heads / s.group * s.d,
+          s.keep_bits,
+          (s.tk + kCols - 1) / kCols};
 }
 
 }  // namespace mt::cuda::attention_tiles

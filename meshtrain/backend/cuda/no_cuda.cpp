@@ -73,6 +73,7 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
 }
 bool flash_attention_supported(const Array&, int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
+int64_t dropout_keep_bits_words(const Array&, const kernels::FlashAttentionShape&) { return 0; }
 void set_matmul_tuning(bool) {}
 void flash_attention_forward_tc(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&,
                                 Array&) {
