@@ -621,6 +621,22 @@ TEST(GpuPrimitives, FlashAttentionWithAKeyPaddingMaskEqualsTheCpuKernel) {
   }
 }
 
+// An attention function's output and q, k, v gradients on the GPU with the environment variable
+// `variable` set to `value` (a kernel choice) and without it, bit for bit: the variable picks
+// another path to the same arithmetic.
+void expect_same_bits_with_and_without(const char* variable, const char* value, const OpFn& fn,
+                                       const std::vector<Array>& in, const Array& cot, const std::string& label) {
+  setenv(variable, value, 1);
+  const auto [with, with_grads] = vjp_on_gpu(fn, in, cot);
+  unsetenv(variable);
+  const auto [without, without_grads] = vjp_on_gpu(fn, in, cot);
+  EXPECT_EQ(max_abs_diff(with.to(Device::cpu()), without.to(Device::cpu())), 0.0) << label << " forward";
+  for (size_t i = 0; i < with_grads.size(); ++i) {
+    EXPECT_EQ(max_abs_diff(with_grads[i].to(Device::cpu()), without_grads[i].to(Device::cpu())), 0.0)
+        << label << " d" << "qkv"[i];
+  }
+}
+
 // The double-buffered kernels (bf16 arrays, the default) against the single-buffered ones
 // (MT_ATTENTION_PIPELINE=0) bit for bit: the same products and sums in the same order, only
 // the tiles' loads differ. Causal with more keys than queries, several tiles, dropout, grouped
@@ -635,16 +651,8 @@ TEST(GpuPrimitives, FlashAttentionDoubleBufferedEqualsSingleBufferedBitForBit) {
     auto fn = [&](const std::vector<Array>& x) {
       return flash_attention(x[0], x[1], x[2], 1.0 / std::sqrt(double(d)), true, 0.1, RngKey{23, 5});
     };
-    const auto [piped, piped_grads] = vjp_on_gpu(fn, in, cot);
-    setenv("MT_ATTENTION_PIPELINE", "0", 1);
-    const auto [plain, plain_grads] = vjp_on_gpu(fn, in, cot);
-    unsetenv("MT_ATTENTION_PIPELINE");
-    const std::string label = "flash_attention d=" + std::to_string(d) + " double vs single buffered";
-    EXPECT_EQ(max_abs_diff(piped.to(Device::cpu()), plain.to(Device::cpu())), 0.0) << label << " forward";
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(max_abs_diff(piped_grads[i].to(Device::cpu()), plain_grads[i].to(Device::cpu())), 0.0)
-          << label << " d" << "qkv"[i];
-    }
+    expect_same_bits_with_and_without("MT_ATTENTION_PIPELINE", "0", fn, in, cot,
+                                      "flash_attention d=" + std::to_string(d) + " single vs double buffered");
   }
 }
 
@@ -671,21 +679,14 @@ TEST(GpuPrimitives, FlashAttentionDropoutBitsEqualRedrawnFlagsBitForBit) {
           return flash_attention(x[0], x[1], x[2], 0.125, false, 0.1, RngKey{24, 6}, mask.to(x[0].device()));
         return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, RngKey{24, 6});
       };
+      const std::string label = std::string("flash_attention ") + dtype_name(dtype) + (masked ? " key mask" : " causal") +
+                                ", dropout bits vs drawn again";
       setenv("MT_ATTENTION_DROPOUT_BITS", "1", 1);
       kernels::FlashAttentionShape shape;  // the op's, as far as the choice of bits goes
       shape.batch_heads = in[0].dim(0) * in[0].dim(1), shape.tq = in[0].dim(2), shape.tk = in[1].dim(2);
       shape.d = in[0].dim(3), shape.dropout_rate = 0.1;
-      EXPECT_GT(cuda::dropout_keep_bits_words(in[0].to(Device::cuda(0)), shape), 0) << "the bits are not taken";
-      const auto [kept, kept_grads] = vjp_on_gpu(fn, in, cot);
-      unsetenv("MT_ATTENTION_DROPOUT_BITS");
-      const auto [drawn, drawn_grads] = vjp_on_gpu(fn, in, cot);
-      const std::string label = std::string("flash_attention ") + dtype_name(dtype) + (masked ? " key mask" : " causal") +
-                                ", dropout bits vs drawn again";
-      EXPECT_EQ(max_abs_diff(kept.to(Device::cpu()), drawn.to(Device::cpu())), 0.0) << label << " forward";
-      for (size_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(max_abs_diff(kept_grads[i].to(Device::cpu()), drawn_grads[i].to(Device::cpu())), 0.0)
-            << label << " d" << "qkv"[i];
-      }
+      EXPECT_GT(cuda::dropout_keep_bits_words(in[0].to(Device::cuda(0)), shape), 0) << label << ": bits not taken";
+      expect_same_bits_with_and_without("MT_ATTENTION_DROPOUT_BITS", "1", fn, in, cot, label);
     }
   }
 }
