@@ -185,15 +185,15 @@ __device__ inline void wait_copies() {
 }
 
 // load_pair's tiles by cp.async (the caller commits the group): the block computes on the
-// previous tile while these land. Needs vector rows and arrays already in the tiles' format (bf16 in
-// bf16 tiles): the bytes are copied as they are.
+// previous tile while these land. Needs vector rows and arrays already in the tiles' format
+// (bf16 in bf16 tiles): the bytes are copied as they are.
 template <class Elem, int MaxD, int Ld, class In>
 __device__ inline void load_pair_async(Elem* ta, const In* xa, Elem* tb, const In* xb, int64_t rows, int64_t r0,
                                        int64_t lda, int64_t ldb, const Params& p) {
   static_assert(sizeof(Elem) == sizeof(In), "cp.async copies the arrays' bytes into the tiles as they are");
   constexpr int kW = kVecElems<In>, kVecs = MaxD / kW, kPerThread = kRows * kVecs / kBlockThreads;
   static_assert(MaxD % kW == 0 && kRows * kVecs % kBlockThreads == 0);
-  // 32-bit offsets inside the tile (pipelined() checks that 64 rows' offsets fit): 64-bit
+  // 32-bit offsets inside the tile (take_pipelined() checks that 64 rows' offsets fit): 64-bit
   // addresses per copy cost the kernels registers they need for their fragments.
   const In* a0 = xa + r0 * lda;
   const In* b0 = xb + r0 * ldb;
