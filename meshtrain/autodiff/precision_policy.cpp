@@ -1,10 +1,9 @@
 #include "meshtrain/autodiff/precision_policy.h"
 
-#include <algorithm>
-#include <string>
 #include <vector>
 
 #include "meshtrain/autodiff/node.h"
+#include "meshtrain/autodiff/plain_groups.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/optimizer_ops.h"
@@ -18,30 +17,21 @@ thread_local PrecisionPolicy current_policy;
 Params PrecisionPolicy::cast_for_compute(const Params& master) const {
   if (!casts_parameters()) return master;
   autodiff::NoGradGuard no_grad;
-  // Plain weights of one dtype on one device go through one multi-tensor cast per group (a
-  // launch or two on a GPU, where a cast each was one launch per parameter); distributed ones
-  // keep their layout through cast.
-  struct Group {
-    Device device;
-    DType dtype;
-    std::vector<std::string> paths;
-  };
-  std::vector<Group> groups;
-  Params out;
-  for (const auto& [path, v] : master) {
-    const bool casts = is_floating(v.dtype()) && v.dtype() != compute_dtype;
-    out.set(path, casts && v.distributed() ? cast(v, compute_dtype) : v);  // the plain ones replaced below
-    if (!casts || v.distributed()) continue;
-    auto g = std::find_if(groups.begin(), groups.end(),
-                          [&](const Group& x) { return x.device == v.device() && x.dtype == v.dtype(); });
-    if (g == groups.end()) g = groups.insert(groups.end(), Group{v.device(), v.dtype(), {}});
-    g->paths.push_back(path);
-  }
-  for (const Group& g : groups) {
+  // The plain weights of each device and dtype go through one multi-tensor cast (a launch or
+  // two on a GPU, where a cast each was one launch per parameter); the others (sharded, empty)
+  // through cast, which keeps their layout.
+  Params out = master;
+  std::vector<TreeSlot<Array>> others;
+  for (const auto& group : plain_groups<Params, Array>(out, others)) {
+    if (group.dtype == compute_dtype) continue;
     std::vector<Array> xs;
-    for (const std::string& path : g.paths) xs.push_back(master[path]);
+    for (const auto& slot : group.slots) xs.push_back(*slot.array);
     std::vector<Array> casts = cast_multi(xs, compute_dtype);
-    for (size_t j = 0; j < g.paths.size(); ++j) out.set(g.paths[j], std::move(casts[j]));
+    for (size_t j = 0; j < casts.size(); ++j) *group.slots[j].array = std::move(casts[j]);
+  }
+  for (const auto& slot : others) {
+    Array& x = *slot.array;
+    if (x.defined() && is_floating(x.dtype()) && x.dtype() != compute_dtype) x = cast(x, compute_dtype);
   }
   return out;
 }

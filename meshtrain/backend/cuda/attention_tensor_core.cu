@@ -741,6 +741,18 @@ void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... ar
   check_launch(what);
 }
 
+// Launches `piped` (a kernel's double-buffered form) where take_pipelined takes it, else `plain`.
+// Callers pass the plain kernel as `piped` too for arrays other than bf16, whose double-buffered
+// forms are never instantiated.
+template <class In, class Kernel, class... Args>
+void launch_best(const Params& params, Kernel plain, size_t plain_bytes, Kernel piped, size_t piped_bytes, dim3 grid,
+                 const char* what, Args... args) {
+  if (take_pipelined<In>(params, plain, plain_bytes, piped, piped_bytes))
+    launch(piped, grid, piped_bytes, what, args...);
+  else
+    launch(plain, grid, plain_bytes, what, args...);
+}
+
 }  // namespace
 
 int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s) {
@@ -772,17 +784,11 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
     using In = decltype(elem);
     constexpr int MaxD = decltype(md)::value;
     using Bytes = SharedBytes<Ops, MaxD>;
+    constexpr bool kBf16 = std::is_same_v<In, bf16_t>;
     const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v}));
-    if constexpr (std::is_same_v<In, bf16_t>) {
-      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kForward, false);
-      if (take_pipelined<In>(params, mma_forward_kernel<Ops, MaxD, In>, Bytes::kForward,
-                             mma_forward_kernel<Ops, MaxD, In, true>, piped))
-        return launch(mma_forward_kernel<Ops, MaxD, In, true>, grid, piped,
-                      "flash_attention (tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k), ptr<In>(v),
-                      mptr<In>(out), mptr<float>(lse), params);
-    }
-    launch(mma_forward_kernel<Ops, MaxD, In>, grid, Bytes::kForward, "flash_attention (tensor cores, mma)", ptr<In>(q),
-           ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse), params);
+    launch_best<In>(params, mma_forward_kernel<Ops, MaxD, In>, Bytes::kForward, mma_forward_kernel<Ops, MaxD, In, kBf16>,
+                    with_second_buffer<Ops, MaxD>(Bytes::kForward, false), grid, "flash_attention (tensor cores, mma)",
+                    ptr<In>(q), ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse), params);
   });
 }
 
@@ -801,34 +807,17 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
                                                                               mptr<float>(dvec), rows, params);
     check_launch("flash_attention_backward (row dots)");
     using Bytes = SharedBytes<Ops, MaxD>;
-    const dim3 kv_grid(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows));
-    bool kv_done = false;
-    if constexpr (std::is_same_v<In, bf16_t>) {
-      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kBackwardKv, true);
-      if (take_pipelined<In>(params, mma_backward_kv_kernel<Ops, MaxD, In>, Bytes::kBackwardKv,
-                             mma_backward_kv_kernel<Ops, MaxD, In, true>, piped)) {
-        launch(mma_backward_kv_kernel<Ops, MaxD, In, true>, kv_grid, piped,
-               "flash_attention_backward (dK, dV; tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k),
-               ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
-        kv_done = true;
-      }
-    }
-    if (!kv_done)
-      launch(mma_backward_kv_kernel<Ops, MaxD, In>, kv_grid, Bytes::kBackwardKv,
-             "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<In>(g),
-             ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
-    const dim3 q_grid(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows));
-    if constexpr (std::is_same_v<In, bf16_t>) {
-      constexpr size_t piped = with_second_buffer<Ops, MaxD>(Bytes::kBackwardQ, false);
-      if (take_pipelined<In>(params, mma_backward_q_kernel<Ops, MaxD, In>, Bytes::kBackwardQ,
-                             mma_backward_q_kernel<Ops, MaxD, In, true>, piped))
-        return launch(mma_backward_q_kernel<Ops, MaxD, In, true>, q_grid, piped,
-                      "flash_attention_backward (dQ; tensor cores, mma, double-buffered)", ptr<In>(q), ptr<In>(k),
-                      ptr<In>(v), ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
-    }
-    launch(mma_backward_q_kernel<Ops, MaxD, In>, q_grid, Bytes::kBackwardQ,
-           "flash_attention_backward (dQ; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<In>(g),
-           ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
+    constexpr bool kBf16 = std::is_same_v<In, bf16_t>;
+    launch_best<In>(params, mma_backward_kv_kernel<Ops, MaxD, In>, Bytes::kBackwardKv,
+                    mma_backward_kv_kernel<Ops, MaxD, In, kBf16>, with_second_buffer<Ops, MaxD>(Bytes::kBackwardKv, true),
+                    dim3(unsigned(s.batch_heads / s.group), unsigned((s.tk + kRows - 1) / kRows)),
+                    "flash_attention_backward (dK, dV; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v),
+                    ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dk), mptr<In>(dv), params);
+    launch_best<In>(params, mma_backward_q_kernel<Ops, MaxD, In>, Bytes::kBackwardQ,
+                    mma_backward_q_kernel<Ops, MaxD, In, kBf16>, with_second_buffer<Ops, MaxD>(Bytes::kBackwardQ, false),
+                    dim3(unsigned(s.batch_heads), unsigned((s.tq + kRows - 1) / kRows)),
+                    "flash_attention_backward (dQ; tensor cores, mma)", ptr<In>(q), ptr<In>(k), ptr<In>(v),
+                    ptr<In>(g), ptr<float>(lse), ptr<float>(dvec), mptr<In>(dq), params);
   });
 }
 

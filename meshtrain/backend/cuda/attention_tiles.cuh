@@ -113,10 +113,6 @@ __device__ inline void load_rows(Elem* tile, const In* x, int64_t rows, int64_t 
   }
 }
 
-// Elements of In in one 16-byte load.
-template <class In>
-constexpr int kVecElems = int(16 / sizeof(In));
-
 // One 16-byte load of In elements into the tile at dst (16-byte aligned): a straight copy when
 // the tile holds In's own format (f32 in f32 tiles, bf16 in bf16 tiles), else element by element.
 template <class Elem, class In>

@@ -188,6 +188,14 @@ __device__ inline float philox_uniform(uint32_t word) { return float(word >> 8) 
 __device__ inline int64_t index_mod(int64_t i, int64_t c) {
   return ((uint64_t(i) | uint64_t(c)) >> 32) == 0 ? int64_t(uint32_t(i) % uint32_t(c)) : i % c;
 }
+// i / c likewise.
+__device__ inline int64_t index_div(int64_t i, int64_t c) {
+  return ((uint64_t(i) | uint64_t(c)) >> 32) == 0 ? int64_t(uint32_t(i) / uint32_t(c)) : i / c;
+}
+
+// Elements of T in one 16-byte load or store (the kernels' vector paths).
+template <class T>
+constexpr int kVecElems = int(16 / sizeof(T));
 
 // Grid-stride loop over [0, n).
 #define MT_GRID_LOOP(i, n) \

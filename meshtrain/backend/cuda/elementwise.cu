@@ -90,11 +90,6 @@ __device__ inline int64_t offset_of(const Strided& s, int k, int64_t i) {
   return off;
 }
 
-// i / c as index_mod's 32-bit form where both fit.
-__device__ inline int64_t index_div(int64_t i, int64_t c) {
-  return ((uint64_t(i) | uint64_t(c)) >> 32) == 0 ? int64_t(uint32_t(i) / uint32_t(c)) : i / c;
-}
-
 // How an operand's offset follows from the flat output index: the common broadcasts (a
 // scalar, a bias repeated along rows, a column repeated along a row) cost one division at
 // most instead of one per dim.

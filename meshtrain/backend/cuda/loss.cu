@@ -14,10 +14,6 @@ namespace mt::cuda {
 
 namespace {
 
-// Elements of T in one 16-byte load.
-template <class T>
-constexpr int kVecElems = int(16 / sizeof(T));
-
 // f(k, value) for each of the first c elements of a row that this thread takes (threads stride
 // by blockDim.x): 16-byte loads over whole vectors when rows start 16-byte aligned, single
 // loads otherwise and for the tail. A row of GPT-2's logits is 50,304 bf16 values: single

@@ -98,10 +98,10 @@ __device__ inline void for_branch_elements(const DeviceBranch<T>& br, const RowT
                                            int64_t c, F&& f) {
   if (br.map.ndim == 0 && c % 4 == 0) {
     for (int64_t i4 = 4 * int64_t(team.lane); i4 < c; i4 += 4 * int64_t(team.size)) {
-      uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
-      if (br.rate > 0) philox_block(uint64_t(r * c + i4) / 4, br.seed, br.stream_id, w);
+      bool keep[4];
+      keeps4(uint64_t(r * c + i4) / 4, br.seed, br.stream_id, br.rate, keep);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) f(i4 + q, double(philox_uniform(w[q])) >= br.rate);
+      for (int q = 0; q < 4; ++q) f(i4 + q, keep[q]);
     }
   } else {
     for (int64_t i = team.lane; i < c; i += team.size) f(i, keeps(br, r * c + i));

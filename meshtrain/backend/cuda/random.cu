@@ -16,12 +16,12 @@ __global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t see
                                      const int64_t* fold_last, double rate, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, (n + 3) / 4) {
-    uint32_t w[4];
-    philox_block(uint64_t(b), seed, stream_id, w);
+    bool keep[4];
+    keeps4(uint64_t(b), seed, stream_id, rate, keep);
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
-      out[i] = double(philox_uniform(w[lane])) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
+      out[i] = keep[lane] ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
     }
   }
 }
@@ -31,13 +31,12 @@ __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t
                                            const int64_t* fold_last, double rate, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, n4) {
-    uint32_t w[4];
-    philox_block(uint64_t(b), seed, stream_id, w);
+    bool keep[4];
+    keeps4(uint64_t(b), seed, stream_id, rate, keep);
     const float4 v = x[b];
     const float in[4] = {v.x, v.y, v.z, v.w};
     float o[4];
-    for (int lane = 0; lane < 4; ++lane)
-      o[lane] = double(philox_uniform(w[lane])) >= rate ? in[lane] * scale : 0.0f;
+    for (int lane = 0; lane < 4; ++lane) o[lane] = keep[lane] ? in[lane] * scale : 0.0f;
     out[b] = make_float4(o[0], o[1], o[2], o[3]);
   }
 }
@@ -67,21 +66,19 @@ __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t 
 }
 
 // x + dropout(branch) over the whole array: one Philox block per 4 elements, as
-// dropout_whole_kernel (a block per element drew each block four times over). No draws at
-// rate 0 (eval), where every element is kept.
+// dropout_whole_kernel (a block per element drew each block four times over).
 template <class T>
 __global__ void dropout_add_whole_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed,
                                          uint64_t stream_id, const int64_t* fold_last, double rate, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, (n + 3) / 4) {
-    uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
-    if (rate > 0) philox_block(uint64_t(b), seed, stream_id, w);
+    bool keep[4];
+    keeps4(uint64_t(b), seed, stream_id, rate, keep);
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
       // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
-      const float dropped =
-          to_f32(double(philox_uniform(w[lane])) >= rate ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+      const float dropped = to_f32(keep[lane] ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
       out[i] = from_f32<T>(to_f32(x[i]) + dropped);
     }
   }

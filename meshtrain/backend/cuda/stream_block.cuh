@@ -46,6 +46,16 @@ __device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t s
   return w[lane];
 }
 
+// The dropout verdicts (core/rng's uniform_at(key, i) >= rate) of elements 4b .. 4b + 3 of a
+// whole array, from the one Philox block that holds their uniforms; at rate 0 (eval) nothing
+// is drawn and every element is kept.
+__device__ inline void keeps4(uint64_t b, uint64_t seed, uint64_t stream_id, double rate, bool (&keep)[4]) {
+  uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
+  if (rate > 0) philox_block(b, seed, stream_id, w);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) keep[q] = double(philox_uniform(w[q])) >= rate;
+}
+
 // The uniform of local element i of a block: core/rng's uniform_at(key, global index).
 __device__ inline float uniform_at_block(const BlockMap& map, int64_t i, uint64_t seed, uint64_t stream_id) {
   const uint64_t g = global_index(map, i);
