@@ -184,6 +184,7 @@ struct PeerWatch::State {
 
   void run();
   void read_from(Peer& p, std::vector<Failure>& failures);
+  void gather_host_mates(std::vector<Failure>& failures);  // adds the failed ranks' host mates that close too
   [[noreturn]] void report(std::vector<Failure> failures);
   // Prints `message` and exits, at once or, with `linger`, silence_s later (see report()).
   [[noreturn]] void end_job(const std::string& message, bool linger);
@@ -278,16 +279,34 @@ void PeerWatch::State::run() {
       }
     }
     if (!failures.empty() && !goodbye_sent.load()) {
-      // Ranks of one host usually die together: gather the ones closing within a moment, so
-      // the report names them all.
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      for (Peer& p : peers) read_from(p, failures);
+      gather_host_mates(failures);
       report(failures);
     }
     if (Clock::now() >= next_beat) {
       send_to_all(std::string(1, kHeartbeat));
       next_beat = after(period);
     }
+  }
+}
+
+void PeerWatch::State::gather_host_mates(std::vector<Failure>& failures) {
+  // Ranks of one host usually die together, so the report waits for the failed ranks' host
+  // mates to close too, and names them all. It waits no longer than that: a killed host's
+  // launcher daemon dies with its ranks, and mpirun then ends this process within tens of
+  // milliseconds, so a fixed pause could lose the report (it did, once in a few runs).
+  const auto deadline = after(0.03);
+  for (;;) {
+    for (Peer& p : peers) read_from(p, failures);
+    std::vector<pollfd> mates;
+    for (const Peer& p : peers) {
+      if (!p.open.load() || p.goodbye.load()) continue;
+      const bool same_host = std::any_of(failures.begin(), failures.end(),
+                                         [&](const Failure& f) { return hosts[size_t(f.rank)] == hosts[size_t(p.rank)]; });
+      if (same_host) mates.push_back(pollfd{p.fd, POLLIN, 0});
+    }
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (mates.empty() || left <= 0) return;
+    if (poll(mates.data(), nfds_t(mates.size()), int(left * 1000) + 1) < 0 && errno != EINTR) return;
   }
 }
 
