@@ -33,12 +33,19 @@ inline int64_t row_stream_start(const Shape& local, const StreamBlock& block, in
   return g;
 }
 
-// The f32 t with (u >= t) == (double(u) >= rate) for every uniform u (a multiple of 2^-24 in
-// [0, 1)): the keep test in f32, so the loops applying it vectorize on 8 floats.
-inline float keep_threshold(double rate) {
-  const double steps = std::ceil(rate * 16777216.0);
-  return float((steps < 0 ? 0 : steps) / 16777216.0);
+// Dropout keeps element i when uniform_at(key, i) >= rate, compared in double. A uniform is
+// k / 2^24 for the top 24 bits k of its Philox word, and rate · 2^24 is exact (only the
+// exponent moves), so the test is k >= ceil(rate · 2^24): keep_steps(rate), at most 2^24 (no
+// element kept; NaN too, as no uniform compares >= NaN). The GPU kernels compare the integers,
+// which spares a conversion, a widening to double and a double compare per element.
+inline uint32_t keep_steps(double rate) {
+  if (rate <= 0) return 0;
+  if (!(rate < 1)) return 1u << 24;
+  return uint32_t(std::ceil(rate * 16777216.0));
 }
+// The f32 t with (u >= t) == (double(u) >= rate) for every uniform u: the keep test in f32,
+// so the CPU loops applying it vectorize on 8 floats.
+inline float keep_threshold(double rate) { return float(keep_steps(rate)) * (1.0f / 16777216.0f); }
 
 }  // namespace mt::kernels
 

@@ -143,16 +143,23 @@ TEST(Random, BernoulliAndDropoutMask) {
     EXPECT_EQ(yb[i] == 0.0f, double(uniform_at(key, i)) < 0.3) << "bf16 element " << i;
 }
 
-// The kernels test kept elements in f32 against keep_threshold(rate); that must agree with
-// the double comparison uniform >= rate on every uniform value (k / 2^24) near the edge.
+// The CPU kernels test kept elements in f32 against keep_threshold(rate), the GPU kernels the
+// uniform's 24 bits k against keep_steps(rate); both must agree with the double comparison
+// uniform >= rate on every uniform value k / 2^24.
 TEST(Random, KeepThresholdEqualsTheDoubleComparison) {
-  for (double rate : {0.0, 1e-9, 0.1, 1.0 / 3.0, 0.5, 0.9, 1.0 - 1e-9, 1.0}) {
+  const double nan = std::nan("");
+  for (double rate : {-0.5, 0.0, 1e-9, 0.1, 1.0 / 3.0, 0.5, 0.9, 1.0 - 1e-9, 1.0, 2.0, nan}) {
     const float t = mt::kernels::keep_threshold(rate);
-    const int64_t edge = int64_t(std::ceil(rate * 16777216.0));
-    for (int64_t k = std::max<int64_t>(0, edge - 3); k < std::min<int64_t>(16777216, edge + 3); ++k) {
+    const uint32_t steps = mt::kernels::keep_steps(rate);
+    int64_t wrong_f32 = 0, wrong_steps = 0;
+    for (uint32_t k = 0; k < (1u << 24); ++k) {
       const float u = float(k) * (1.0f / 16777216.0f);
-      EXPECT_EQ(u >= t, double(u) >= rate) << "rate " << rate << " k " << k;
+      const bool keep = double(u) >= rate;
+      wrong_f32 += (u >= t) != keep;
+      wrong_steps += (k >= steps) != keep;
     }
+    EXPECT_EQ(wrong_f32, 0) << "rate " << rate;
+    EXPECT_EQ(wrong_steps, 0) << "rate " << rate << " steps " << steps;
   }
 }
 

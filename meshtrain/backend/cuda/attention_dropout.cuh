@@ -3,12 +3,13 @@
 // the same Philox elements dropout() draws on the (BH, Tq, Tk) probabilities, so fused and
 // composed attention drop the same entries for one key.
 #include "meshtrain/backend/cuda/device_types.cuh"
+#include "meshtrain/backend/random.h"
 
 namespace mt::cuda {
 
 struct AttentionDropout {
-  double rate;
-  float scale;  // 1 / (1 - rate)
+  uint32_t keep_from;  // kernels::keep_steps(rate)
+  float scale;         // 1 / (1 - rate)
   uint64_t seed, stream_id;
   bool on;
   const int64_t* fold_last;  // the key's last fold, in device memory (null: none)
@@ -21,7 +22,7 @@ __device__ inline void fold_last_in(AttentionDropout& dr) {
 }
 
 __device__ inline float keep_from_word(const AttentionDropout& dr, uint32_t word) {
-  return double(philox_uniform(word)) >= dr.rate ? dr.scale : 0.0f;
+  return keeps_word(word, dr.keep_from) ? dr.scale : 0.0f;
 }
 
 // The keep factor (0 or 1 / (1 - rate)) of element idx of the (BH, Tq, Tk) array.
@@ -49,7 +50,7 @@ __device__ inline void keep_factors4(const AttentionDropout& dr, int64_t idx, fl
 }
 
 inline AttentionDropout attention_dropout(double rate, const RngKey& key) {
-  return {rate, rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, key.seed, key.stream, rate > 0,
+  return {kernels::keep_steps(rate), rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, key.seed, key.stream, rate > 0,
           rate > 0 ? fold_last_address(key) : nullptr};
 }
 

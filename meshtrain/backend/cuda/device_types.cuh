@@ -178,9 +178,11 @@ inline const int64_t* fold_last_address(const RngKey& key) {
   return key.fold_last->data<int64_t>();
 }
 
-// A Philox word as core/rng's uniform in [0, 1): its top 24 bits over 2^24. Dropout keeps an
-// element when this is >= the rate (compared in double, as on the CPU).
-__device__ inline float philox_uniform(uint32_t word) { return float(word >> 8) * (1.0f / 16777216.0f); }
+// Dropout's verdict on a Philox word, steps = kernels::keep_steps(rate) (backend/random.h):
+// the CPU's double compare uniform >= rate, bit for bit, as one integer compare. The float
+// form spent a conversion, a widening to double (a quarter-rate instruction) and a double
+// compare per element, in the attention kernels' inner loops among others.
+__device__ inline bool keeps_word(uint32_t word, uint32_t steps) { return (word >> 8) >= steps; }
 
 // i mod c for a kernel's non-negative flat indices: a 64-bit remainder is a software routine
 // of some hundred instructions on the GPU, a 32-bit one a few dozen, and nearly every array's

@@ -61,7 +61,7 @@ struct DeviceBranch {
   T* grad = nullptr;         // backward: dropout(dx)
   uint64_t seed = 0, stream_id = 0;
   const int64_t* fold_last = nullptr;  // the key's last fold, folded in by each thread first
-  double rate = 0;
+  uint32_t keep_from = 0;  // kernels::keep_steps(rate)
   float scale = 0;
   BlockMap map;
 };
@@ -77,7 +77,7 @@ DeviceBranch<T> device_branch(const kernels::DropoutBranch* b, const Shape& shap
   d.seed = b->key.seed;
   d.stream_id = b->key.stream;
   d.fold_last = b->rate > 0 ? fold_last_address(b->key) : nullptr;  // no draws at rate 0 (eval)
-  d.rate = b->rate;
+  d.keep_from = kernels::keep_steps(b->rate);
   d.scale = b->rate < 1.0 ? float(1.0 / (1.0 - b->rate)) : 0.0f;
   d.map = block_map(shape, b->block, "layer_norm");
   return d;
@@ -85,7 +85,7 @@ DeviceBranch<T> device_branch(const kernels::DropoutBranch* b, const Shape& shap
 
 template <class T>
 __device__ inline bool keeps(const DeviceBranch<T>& br, int64_t i) {
-  return double(uniform_at_block(br.map, i, br.seed, br.stream_id)) >= br.rate;
+  return keeps_at_block(br.map, i, br.seed, br.stream_id, br.keep_from);
 }
 
 // f(i, keep) for the elements of row r this thread takes, with element (r, i)'s dropout verdict.
@@ -99,7 +99,7 @@ __device__ inline void for_branch_elements(const DeviceBranch<T>& br, const RowT
   if (br.map.ndim == 0 && c % 4 == 0) {
     for (int64_t i4 = 4 * int64_t(team.lane); i4 < c; i4 += 4 * int64_t(team.size)) {
       bool keep[4];
-      keeps4(uint64_t(r * c + i4) / 4, br.seed, br.stream_id, br.rate, keep);
+      keeps4(uint64_t(r * c + i4) / 4, br.seed, br.stream_id, br.keep_from, keep);
 #pragma unroll
       for (int q = 0; q < 4; ++q) f(i4 + q, keep[q]);
     }

@@ -13,11 +13,11 @@ namespace {
 // elements 4b .. 4b+3, so each thread computes it once for its 4 elements.
 template <class T>
 __global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                                     const int64_t* fold_last, double rate, float scale) {
+                                     const int64_t* fold_last, uint32_t steps, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, (n + 3) / 4) {
     bool keep[4];
-    keeps4(uint64_t(b), seed, stream_id, rate, keep);
+    keeps4(uint64_t(b), seed, stream_id, steps, keep);
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
@@ -28,11 +28,11 @@ __global__ void dropout_whole_kernel(const T* x, T* out, int64_t n, uint64_t see
 
 // f32 with 16-byte aligned buffers: each thread's 4 elements move as one vector.
 __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t n4, uint64_t seed, uint64_t stream_id,
-                                           const int64_t* fold_last, double rate, float scale) {
+                                           const int64_t* fold_last, uint32_t steps, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, n4) {
     bool keep[4];
-    keeps4(uint64_t(b), seed, stream_id, rate, keep);
+    keeps4(uint64_t(b), seed, stream_id, steps, keep);
     const float4 v = x[b];
     const float in[4] = {v.x, v.y, v.z, v.w};
     float o[4];
@@ -43,24 +43,22 @@ __global__ void dropout_whole_f32x4_kernel(const float4* x, float4* out, int64_t
 
 template <class T>
 __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                               const int64_t* fold_last, double rate, float scale, BlockMap map) {
+                               const int64_t* fold_last, uint32_t steps, float scale, BlockMap map) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(i, n) {
-    const uint64_t g = global_index(map, i);
-    const float uniform = philox_uniform(philox_word(g / 4, uint32_t(g % 4), seed, stream_id));
-    out[i] = double(uniform) >= rate ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
+    out[i] = keeps_at_block(map, i, seed, stream_id, steps) ? from_f32<T>(to_f32(x[i]) * scale) : from_f32<T>(0.0f);
   }
 }
 
 // x + dropout(branch) in one pass, each element's uniform drawn at its global position.
 template <class T>
 __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed, uint64_t stream_id,
-                                   const int64_t* fold_last, double rate, float scale, BlockMap map) {
+                                   const int64_t* fold_last, uint32_t steps, float scale, BlockMap map) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(i, n) {
-    const float uniform = uniform_at_block(map, i, seed, stream_id);
+    const bool keep = keeps_at_block(map, i, seed, stream_id, steps);
     // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
-    const float dropped = to_f32(double(uniform) >= rate ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+    const float dropped = to_f32(keep ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
     out[i] = from_f32<T>(to_f32(x[i]) + dropped);
   }
 }
@@ -69,11 +67,11 @@ __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t 
 // dropout_whole_kernel (a block per element drew each block four times over).
 template <class T>
 __global__ void dropout_add_whole_kernel(const T* x, const T* branch, T* out, int64_t n, uint64_t seed,
-                                         uint64_t stream_id, const int64_t* fold_last, double rate, float scale) {
+                                         uint64_t stream_id, const int64_t* fold_last, uint32_t steps, float scale) {
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(b, (n + 3) / 4) {
     bool keep[4];
-    keeps4(uint64_t(b), seed, stream_id, rate, keep);
+    keeps4(uint64_t(b), seed, stream_id, steps, keep);
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
@@ -91,6 +89,7 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
   if (n == 0) return;
   const BlockMap map = block_map(x.shape(), block, "dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  const uint32_t steps = kernels::keep_steps(rate);
   const int64_t* fold_last = rate > 0 ? fold_last_address(key) : nullptr;  // no draws at rate 0 (eval)
   dispatch_device_float(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
@@ -98,13 +97,13 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
                          reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
     if (map.ndim == 0 && vector4)
       dropout_whole_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(
-          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, fold_last, rate, scale);
+          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, fold_last, steps, scale);
     else if (map.ndim == 0)
       dropout_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed,
-                                                                               key.stream, fold_last, rate, scale);
+                                                                               key.stream, fold_last, steps, scale);
     else
       dropout_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed, key.stream,
-                                                               fold_last, rate, scale, map);
+                                                               fold_last, steps, scale, map);
   });
   check_launch("dropout");
 }
@@ -115,15 +114,16 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
   if (n == 0) return;
   const BlockMap map = block_map(branch.shape(), block, "add_dropout");
   const float scale = rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  const uint32_t steps = kernels::keep_steps(rate);
   const int64_t* fold_last = rate > 0 ? fold_last_address(key) : nullptr;  // no draws at rate 0 (eval)
   dispatch_device_float(x.dtype(), "add_dropout", [&](auto tag) {
     using T = decltype(tag);
     if (map.ndim == 0)
       dropout_add_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(
-          ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed, key.stream, fold_last, rate, scale);
+          ptr<T>(x), ptr<T>(branch), mptr<T>(out), n, key.seed, key.stream, fold_last, steps, scale);
     else
       dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream()>>>(ptr<T>(x), ptr<T>(branch), mptr<T>(out), n,
-                                                                   key.seed, key.stream, fold_last, rate, scale, map);
+                                                                   key.seed, key.stream, fold_last, steps, scale, map);
   });
   check_launch("add_dropout");
 }

@@ -46,20 +46,21 @@ __device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t s
   return w[lane];
 }
 
-// The dropout verdicts (core/rng's uniform_at(key, i) >= rate) of elements 4b .. 4b + 3 of a
-// whole array, from the one Philox block that holds their uniforms; at rate 0 (eval) nothing
-// is drawn and every element is kept.
-__device__ inline void keeps4(uint64_t b, uint64_t seed, uint64_t stream_id, double rate, bool (&keep)[4]) {
+// The dropout verdicts (core/rng's uniform_at(key, i) >= rate; steps = kernels::keep_steps(rate))
+// of elements 4b .. 4b + 3 of a whole array, from the one Philox block that holds their
+// uniforms; at rate 0 (eval) nothing is drawn and every element is kept.
+__device__ inline void keeps4(uint64_t b, uint64_t seed, uint64_t stream_id, uint32_t steps, bool (&keep)[4]) {
   uint32_t w[4] = {~0u, ~0u, ~0u, ~0u};
-  if (rate > 0) philox_block(b, seed, stream_id, w);
+  if (steps > 0) philox_block(b, seed, stream_id, w);
 #pragma unroll
-  for (int q = 0; q < 4; ++q) keep[q] = double(philox_uniform(w[q])) >= rate;
+  for (int q = 0; q < 4; ++q) keep[q] = keeps_word(w[q], steps);
 }
 
-// The uniform of local element i of a block: core/rng's uniform_at(key, global index).
-__device__ inline float uniform_at_block(const BlockMap& map, int64_t i, uint64_t seed, uint64_t stream_id) {
+// The dropout verdict of local element i of a block, drawn at its global index.
+__device__ inline bool keeps_at_block(const BlockMap& map, int64_t i, uint64_t seed, uint64_t stream_id,
+                                      uint32_t steps) {
   const uint64_t g = global_index(map, i);
-  return philox_uniform(philox_word(g / 4, uint32_t(g % 4), seed, stream_id));
+  return keeps_word(philox_word(g / 4, uint32_t(g % 4), seed, stream_id), steps);
 }
 
 }  // namespace mt::cuda
