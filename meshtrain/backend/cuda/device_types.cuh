@@ -145,12 +145,16 @@ __device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stre
   uint32_t c0 = uint32_t(block), c1 = uint32_t(block >> 32), c2 = uint32_t(stream_id), c3 = uint32_t(stream_id >> 32);
   uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
-    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    // The halves of the 32 x 32 -> 64-bit products as __umulhi and a low product: ptxas fuses
+    // each pair into one wide multiply, where the halves of a uint64_t product cost each round
+    // two more additions (of a zero register) in the attention kernels' draws.
+    const uint32_t h0 = __umulhi(0xD2511F53u, c0), l0 = 0xD2511F53u * c0;
+    const uint32_t h1 = __umulhi(0xCD9E8D57u, c2), l1 = 0xCD9E8D57u * c2;
+    const uint32_t n0 = h1 ^ c1 ^ k0, n2 = h0 ^ c3 ^ k1;
     c0 = n0;
-    c1 = uint32_t(p1);
+    c1 = l1;
     c2 = n2;
-    c3 = uint32_t(p0);
+    c3 = l0;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
