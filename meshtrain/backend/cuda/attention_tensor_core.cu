@@ -33,6 +33,7 @@
 #include <string>
 #include <type_traits>
 
+#include "meshtrain/backend/cuda/attention_keep_lanes.h"
 #include "meshtrain/backend/cuda/attention_tiles.cuh"
 #include "meshtrain/backend/attention.h"
 
@@ -171,25 +172,85 @@ __device__ inline void c_to_a(Val<Ops> (&a)[4], const float (&c)[N][4], int kk) 
   }
 }
 
-// A warp's dropout keep flags for its 16 x 64 block of the (BH, Tq, Tk) array, flags[r·64 + c]
-// (none without dropout; the warp's lanes are synchronized after the fill), one Philox block
-// per 4 consecutive elements (keep_factors4), spread over the lanes instead
-// of each thread drawing the blocks behind its own fragment elements (2 to 4 times as many).
-// Rows: element (r, c) at idx0 + r·stride + c (the forward and dQ: rows are queries).
-__device__ inline void fill_keep_by_rows(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
-                                         int lane) {
-  if (!dr.on) return;
-#pragma unroll 1
-  for (int it = 0; it < 8; ++it) {
-    const int b = lane + 32 * it, r = b / 16, c = 4 * (b % 16);
-    float keep[4];
-    keep_factors4(dr, idx0 + r * stride + c, keep);
+// The dropout verdicts of this lane's fragment of a warp's 16 x 64 block of the (BH, Tq, Tk)
+// array, element (r, c) at idx0 + r·stride + c (the forward and dQ: rows are queries), as
+// attention_keep_lanes.h lays them out: where rows start on a Philox block, 8 blocks per lane
+// and one shuffle between lane pairs (the shared-memory flags of before cost each element a
+// byte stored and loaded); else one draw per element. Every verdict kept without dropout.
+__device__ inline keep_lanes::FragmentKeeps draw_keeps_by_rows(const AttentionDropout& dr, int64_t idx0,
+                                                               int64_t stride, int lane) {
+  using namespace keep_lanes;
+  FragmentKeeps k;
+  if (!dr.on) {
+    k.row[0] = k.row[1] = 0xffffu;
+  } else if (idx0 % 4 == 0 && stride % 4 == 0) {
+    uint32_t own = 0, passed = 0;
+    const int64_t row_start = idx0 + drawn_row(lane) * stride;
+#pragma unroll 2
+    for (int i = 0; i < 8; ++i) {
+      uint32_t w[4];
+      philox_block(uint64_t(row_start + drawn_column(lane, i)) / 4, dr.seed, dr.stream_id, w);
+      uint32_t four = 0;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) flags[r * kCols + c + u] = keep[u] != 0.0f;
+      for (int j = 0; j < 4; ++j) four |= uint32_t(keeps_word(w[j], dr.keep_from)) << j;
+      split_block(four, lane, i, own, passed);
+    }
+    k = assemble(lane, own, __shfl_xor_sync(0xffffffffu, passed, 1));
+  } else {
+#pragma unroll 1
+    for (int n = 0; n < 8; ++n)
+#pragma unroll 1
+      for (int e = 0; e < 4; ++e)
+        set_kept(k, n, e, keep_factor(dr, idx0 + element_row(lane, e) * stride + element_column(lane, n, e)) != 0.0f);
   }
-  __syncwarp();
+  return k;
 }
-// Columns: element (r, c) at idx0 + c·stride + r (dK/dV: rows are keys, columns queries).
+// Word `half` of the keep bits of (slice bh, query row i, the key tile from j): tile-major, so
+// that a warp's 16 rows (forward, dQ) and a tile's 64 queries (dK/dV) are contiguous words.
+__device__ inline int64_t keep_word(const Params& p, int64_t bh, int64_t i, int64_t j, int half) {
+  return ((bh * p.key_tiles + j / kCols) * p.tq + i) * 2 + half;
+}
+// The forward's verdicts of a warp's block (query rows from wq0, keys from j0) as bits for the
+// backward (FlashAttentionShape::keep_bits): the four lanes of a row gather each of its two
+// words by two shuffles, and lane t writes row g + 8(t / 2)'s half t % 2.
+__device__ inline void store_keeps(const keep_lanes::FragmentKeeps& k, const Params& p, int64_t bh, int64_t wq0,
+                                   int64_t j0, int lane) {
+  uint32_t words[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t w = keep_lanes::row_half_part(k, lane, h, half);
+      w |= __shfl_xor_sync(0xffffffffu, w, 1);
+      words[h][half] = w | __shfl_xor_sync(0xffffffffu, w, 2);
+    }
+  const int h = (lane % 4) / 2, half = lane % 2;
+  const uint32_t mine = h ? (half ? words[1][1] : words[1][0]) : (half ? words[0][1] : words[0][0]);
+  const int64_t i = wq0 + lane / 4 + 8 * h;
+  if (i < p.tq) p.keep_bits[keep_word(p, bh, i, j0, half)] = mine;
+}
+// The dQ kernel's verdicts of a warp's block read back from those bits.
+__device__ inline keep_lanes::FragmentKeeps load_keeps_by_rows(const Params& p, int64_t bh, int64_t wq0, int64_t j0,
+                                                               int lane) {
+  keep_lanes::FragmentKeeps k;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t i = wq0 + lane / 4 + 8 * h;
+    if (i >= p.tq) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) keep_lanes::set_row_half(k, lane, h, half, p.keep_bits[keep_word(p, bh, i, j0, half)]);
+  }
+  return k;
+}
+// The factor fragment element (n, e)'s probability takes: 1 / (1 - rate) kept, 0 dropped, 1
+// without dropout (whose draw keeps everything).
+__device__ inline float keep_scale(const AttentionDropout& dr, const keep_lanes::FragmentKeeps& k, int n, int e) {
+  return keep_lanes::kept(k, n, e) ? (dr.on ? dr.scale : 1.0f) : 0.0f;
+}
+// The dK/dV kernel's dropout flags of a warp's 16 keys by 64 queries in shared memory,
+// flags[r·64 + c] (none without dropout; the warp's lanes are synchronized after the fill):
+// element (r, c) at idx0 + c·stride + r (rows are keys, columns queries), one Philox block per
+// 4 consecutive keys (keep_factors4), spread over the lanes.
 __device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
                                             int lane) {
   if (!dr.on) return;
@@ -200,44 +261,6 @@ __device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropo
     keep_factors4(dr, idx0 + c * stride + r, keep);
 #pragma unroll
     for (int u = 0; u < 4; ++u) flags[(r + u) * kCols + c] = keep[u] != 0.0f;
-  }
-  __syncwarp();
-}
-// Word `half` of the keep bits of (slice bh, query row i, the key tile from j): tile-major, so
-// that a warp's 16 rows (forward, dQ) and a tile's 64 queries (dK/dV) are contiguous words.
-__device__ inline int64_t keep_word(const Params& p, int64_t bh, int64_t i, int64_t j, int half) {
-  return ((bh * p.key_tiles + j / kCols) * p.tq + i) * 2 + half;
-}
-
-// The forward's flags of a warp's 16 x 64 block (query rows from wq0, keys from j0) as bits for
-// the backward (FlashAttentionShape::keep_bits): lane l packs row l / 2's half l % 2, 32 flags
-// of one byte (0 or 1) each. The lanes start at different words of their 8 (lane / 4 apart),
-// so that the 8 lanes whose rows share a bank do not read it at once.
-__device__ inline void store_keep_bits(const uint8_t* flags, const Params& p, int64_t bh, int64_t wq0, int64_t j0,
-                                       int lane) {
-  const int r = lane / 2, half = lane % 2;
-  if (wq0 + r >= p.tq) return;
-  const uint32_t* four = reinterpret_cast<const uint32_t*>(flags + r * kCols + 32 * half);
-  uint32_t bits = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int w = (k + lane / 4) % 8;
-    const uint32_t f = four[w];  // flags 4w .. 4w + 3 in its bytes, lowest first
-    bits |= ((f & 1u) | ((f >> 7) & 2u) | ((f >> 14) & 4u) | ((f >> 21) & 8u)) << (4 * w);
-  }
-  p.keep_bits[keep_word(p, bh, wq0 + r, j0, half)] = bits;
-}
-// The dQ kernel's flags of a warp's block read back from those bits (fill_keep_by_rows' layout).
-__device__ inline void load_keep_bits_by_rows(uint8_t* flags, const Params& p, int64_t bh, int64_t wq0, int64_t j0,
-                                              int lane) {
-  const int r = lane / 2, half = lane % 2;
-  const uint32_t bits = wq0 + r < p.tq ? p.keep_bits[keep_word(p, bh, wq0 + r, j0, half)] : 0u;
-  uint32_t* four = reinterpret_cast<uint32_t*>(flags + r * kCols + 32 * half);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int w = (k + lane / 4) % 8;  // as store_keep_bits: no bank taken by 8 lanes at once
-    const uint32_t b = bits >> (4 * w);
-    four[w] = (b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21);
   }
   __syncwarp();
 }
@@ -258,6 +281,7 @@ __device__ inline void load_keep_bits_by_columns(uint8_t* flags, const Params& p
   __syncwarp();
 }
 
+// The factor of the dK/dV kernel's element (r, c): as keep_scale, from the shared flags.
 __device__ inline float keep_of(const AttentionDropout& dr, const uint8_t* flags, int r, int c) {
   return !dr.on ? 1.0f : flags[r * kCols + c] ? dr.scale : 0.0f;
 }
@@ -270,7 +294,7 @@ struct Shape {
   static constexpr int kKeySteps = kCols / Ops::kK;  // k steps over a tile's 64 columns
   static constexpr int kN = kCols / 8, kDN = MaxD / 8;  // 8-wide C tiles across a tile, across d
   static constexpr size_t kTile = size_t(kRows) * kLd * sizeof(typename Ops::Elem);
-  static constexpr size_t kKeepFlags = size_t(kWarps) * 16 * kCols;  // bytes, after the tiles
+  static constexpr size_t kKeepFlags = size_t(kWarps) * 16 * kCols;  // dK/dV: bytes, after the tiles
   static_assert(kTile % 16 == 0);
 };
 
@@ -344,7 +368,7 @@ __device__ inline bool whole_key_tile(const bool* mask, int64_t j0, const int64_
 
 // ---- forward ----
 // Block: (batch·head, 64 query rows); warp: 16 rows, whose q fragments stay in registers.
-// Shared memory: the q tile, the key/value tiles (KeyValueTiles), the warps' dropout flags.
+// Shared memory: the q tile and the key/value tiles (KeyValueTiles).
 template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q, const In* k, const In* v, In* out,
                                                                     float* lse, Params p) {
@@ -356,7 +380,6 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
   extern __shared__ __align__(128) unsigned char smem[];
   Elem* qs = reinterpret_cast<Elem*>(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = smem + S::kTile + Tiles::kBytes + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
@@ -412,17 +435,25 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
     }
 #pragma unroll
     for (int n = 0; n < S::kDN; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
-    if (p.dropout.on && p.keep_bits) store_keep_bits(flags, p, bh, wq0, j0, lane);
+    // A row with no visible score yet (m = -inf) exponentiates its -inf scores from 0: to 0,
+    // with no test per element.
+    const float m_base[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float& x = s[n][e];
-        const float ex = x == -INFINITY ? 0.0f : __expf(x - m[e / 2]);
+        const float ex = __expf(s[n][e] - m_base[e / 2]);
         l[e / 2] += ex;
-        x = ex * keep_of(p.dropout, flags, g + 8 * (e / 2), n * 8 + 2 * t + (e & 1));
+        s[n][e] = ex;
       }
+    if (p.dropout.on) {
+      const keep_lanes::FragmentKeeps keeps = draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+      if (p.keep_bits) store_keeps(keeps, p, bh, wq0, j0, lane);
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] *= keep_scale(p.dropout, keeps, n, e);
+    }
     accumulate_product<Ops, MaxD>(o, s, vs, g, t);
   }
 #pragma unroll
@@ -441,7 +472,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
 // Block: (batch·head, 64 query rows); warp: 16 rows, q fragments in registers (dO's read from
 // shared memory at each k step); walks
 // the key tiles they see: s = q·kᵀ, dP = dO·vᵀ, dS, dQ += dS·k.
-// Shared memory: the q and dO tiles, the key/value tiles (KeyValueTiles), the dropout flags.
+// Shared memory: the q and dO tiles and the key/value tiles (KeyValueTiles).
 template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_q_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse, const float* dvec,
@@ -455,7 +486,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   Elem* qs = reinterpret_cast<Elem*>(smem);
   Elem* gs = reinterpret_cast<Elem*>(smem + S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = smem + 2 * S::kTile + Tiles::kBytes + warp * 16 * kCols;
   const int64_t bh = blockIdx.x, q0 = last_first_tile() * kRows, wq0 = q0 + warp * 16;
 
   const int64_t kv = bh / p.group;  // the key/value slice this query head reads
@@ -486,8 +516,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     const Elem* vs = tiles.value_tile(it);
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
-    if (p.dropout.on && p.keep_bits) load_keep_bits_by_rows(flags, p, bh, wq0, j0, lane);
-    else fill_keep_by_rows(flags, p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+    const keep_lanes::FragmentKeeps keeps = p.dropout.on && p.keep_bits
+                                                ? load_keeps_by_rows(p, bh, wq0, j0, lane)
+                                                : draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
     const bool whole = whole_key_tile(mask, j0, limits);
 #pragma unroll
     for (int n = 0; n < S::kN; ++n)
@@ -498,7 +529,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         float ds = 0.0f;
         if (whole || (j < limits[h] && (!mask || mask[j]))) {
           const float prob = __expf(visible_score(mask, j, s[n][e], p.scale, fill) - row_lse[h]);
-          ds = prob * (keep_of(p.dropout, flags, g + 8 * h, c) * dp[n][e] - row_d[h]) * p.scale;
+          ds = prob * (keep_scale(p.dropout, keeps, n, e) * dp[n][e] - row_d[h]) * p.scale;
         }
         s[n][e] = ds;
       }
@@ -657,8 +688,8 @@ void dispatch(DType dtype, const kernels::FlashAttentionShape& s, F&& f) {
 template <class Ops, int MaxD>
 struct SharedBytes {
   using S = Shape<Ops, MaxD>;
-  static constexpr size_t kForward = 3 * S::kTile + S::kKeepFlags;
-  static constexpr size_t kBackwardQ = 4 * S::kTile + S::kKeepFlags;
+  static constexpr size_t kForward = 3 * S::kTile;
+  static constexpr size_t kBackwardQ = 4 * S::kTile;
   static constexpr size_t kBackwardKv = 4 * S::kTile + 2 * kCols * sizeof(float) + S::kKeepFlags;
 };
 

@@ -1,0 +1,76 @@
+#pragma once
+// Which dropout verdicts each lane of the tensor-core attention kernels (attention_tensor_core.cu)
+// draws, and how a lane pair trades them, so that every lane ends with the verdicts of its own
+// score fragment in two registers. Plain C++ (host and device), so that the CPU tests check the
+// lane arithmetic, which no CPU kernel shares, exhaustively.
+//
+// A warp's block of scores is 16 rows by 64 columns; rows are queries (forward, dQ), columns
+// keys, and element (r, c) of the (BH, Tq, Tk) probabilities sits at idx0 + r·stride + c. In
+// mma.sync's C layout lane 4g + t holds rows g and g + 8 (h = 0, 1) at columns 8n + 2t + b
+// (n < 8, b < 2): fragment element (n, e) is row g + 8(e / 2), column 8n + 2t + (e & 1). One
+// Philox block holds the verdicts of columns 4m .. 4m + 3 of a row, and the columns of block m
+// belong to lanes t = 2(m % 2) and t + 1. So lanes t and t ^ 1 need the same 16 blocks (rows g
+// and g + 8, the 8 blocks m ≡ t / 2 mod 2 of each): the lane of parity q = t % 2 draws row g +
+// 8q's, keeps the two verdicts of each block that are its own and passes the other two to its
+// partner in one shuffle. The warp draws each of its 256 blocks once, 8 per lane, as the
+// shared-memory flags did, but no byte goes through shared memory and no flag is reloaded.
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MT_KEEP_LANES_FN __host__ __device__ inline
+#else
+#define MT_KEEP_LANES_FN inline
+#endif
+
+namespace mt::cuda::keep_lanes {
+
+// A lane's verdicts: bit 2n + b of row[h] keeps its fragment element (n, e = 2h + b).
+struct FragmentKeeps {
+  uint32_t row[2] = {0u, 0u};
+};
+
+MT_KEEP_LANES_FN bool kept(const FragmentKeeps& k, int n, int e) { return (k.row[e / 2] >> (2 * n + (e & 1))) & 1u; }
+
+// The row (0 .. 15) whose blocks lane draws, and the first column of its i-th block (i < 8).
+MT_KEEP_LANES_FN int drawn_row(int lane) { return lane / 4 + 8 * (lane % 2); }
+MT_KEEP_LANES_FN int drawn_column(int lane, int i) { return 4 * (2 * i + (lane % 4) / 2); }
+
+// Block i's four verdicts (bit j: column drawn_column + j) split into the lane's own two (into
+// bits 2i, 2i + 1 of `own`) and its partner's (of `passed`).
+MT_KEEP_LANES_FN void split_block(uint32_t four, int lane, int i, uint32_t& own, uint32_t& passed) {
+  const int q = lane % 2;
+  own |= ((four >> (2 * q)) & 3u) << (2 * i);
+  passed |= ((four >> (2 - 2 * q)) & 3u) << (2 * i);
+}
+
+// The lane's verdicts from its own bits and those its partner (lane ^ 1) passed it.
+MT_KEEP_LANES_FN FragmentKeeps assemble(int lane, uint32_t own, uint32_t received) {
+  FragmentKeeps k;
+  const int q = lane % 2;
+  k.row[q] = own;
+  k.row[1 - q] = received;
+  return k;
+}
+
+// Where a lane draws each of its fragment elements itself (rows that do not start a Philox
+// block): the row and column of element (n, e).
+MT_KEEP_LANES_FN int element_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
+MT_KEEP_LANES_FN int element_column(int lane, int n, int e) { return 8 * n + 2 * (lane % 4) + (e & 1); }
+MT_KEEP_LANES_FN void set_kept(FragmentKeeps& k, int n, int e, bool keep) {
+  if (keep) k.row[e / 2] |= 1u << (2 * n + (e & 1));
+}
+
+// The bits the forward keeps for the backward (FlashAttentionShape::keep_bits) are row words:
+// bit c % 32 of half c / 32 for column c. A lane holds 8 bits of each half of its two rows:
+// its part of row h's half in that layout (the four lanes of a row OR theirs together), and
+// its fragment bits taken back from the whole word.
+MT_KEEP_LANES_FN uint32_t row_half_part(const FragmentKeeps& k, int lane, int h, int half) {
+  uint32_t word = 0;
+  for (int nn = 0; nn < 4; ++nn) word |= ((k.row[h] >> (2 * (4 * half + nn))) & 3u) << (8 * nn + 2 * (lane % 4));
+  return word;
+}
+MT_KEEP_LANES_FN void set_row_half(FragmentKeeps& k, int lane, int h, int half, uint32_t word) {
+  for (int nn = 0; nn < 4; ++nn) k.row[h] |= ((word >> (8 * nn + 2 * (lane % 4))) & 3u) << (2 * (4 * half + nn));
+}
+
+}  // namespace mt::cuda::keep_lanes

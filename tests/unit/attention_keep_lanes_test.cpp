@@ -1,0 +1,103 @@
+// The lane arithmetic of the GPU attention kernels' dropout verdicts (attention_keep_lanes.h),
+// run here on the host for a whole warp: each lane draws its blocks, passes its partner's
+// verdicts as the kernels' one shuffle does, and must end with the verdicts of exactly its own
+// fragment elements. A GPU test checks the kernels' results; this pins the index mapping on
+// every machine, with or without a GPU.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <random>
+
+#include "meshtrain/backend/cuda/attention_keep_lanes.h"
+
+namespace kl = mt::cuda::keep_lanes;
+
+namespace {
+
+constexpr int kLanes = 32, kRows = 16, kCols = 64;
+
+// mma.sync's m16n8 C fragment: lane 4g + t holds c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t),
+// c3 (g + 8, 2t + 1) of each 8-column tile n, independently of the header.
+int layout_row(int lane, int e) { return (e < 2 ? 0 : 8) + lane / 4; }
+int layout_column(int lane, int n, int e) { return 8 * n + 2 * (lane % 4) + e % 2; }
+
+}  // namespace
+
+TEST(AttentionKeepLanes, ElementPositionsAreTheMmaLayout) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        EXPECT_EQ(kl::element_row(lane, e), layout_row(lane, e)) << "lane " << lane << " e " << e;
+        EXPECT_EQ(kl::element_column(lane, n, e), layout_column(lane, n, e)) << "lane " << lane << " n " << n;
+      }
+}
+
+TEST(AttentionKeepLanes, EachLaneEndsWithItsOwnVerdictsAndEveryBlockIsDrawnOnce) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::array<std::array<bool, kCols>, kRows> verdict{};
+    for (auto& row : verdict)
+      for (bool& v : row) v = rng() % 3 != 0;
+    std::array<std::array<int, kCols / 4>, kRows> draws{};
+    std::array<uint32_t, kLanes> own{}, passed{};
+    for (int lane = 0; lane < kLanes; ++lane) {
+      for (int i = 0; i < 8; ++i) {
+        const int r = kl::drawn_row(lane), c = kl::drawn_column(lane, i);
+        ASSERT_EQ(c % 4, 0);
+        ++draws[size_t(r)][size_t(c / 4)];
+        uint32_t four = 0;
+        for (int j = 0; j < 4; ++j) four |= uint32_t(verdict[size_t(r)][size_t(c + j)]) << j;
+        kl::split_block(four, lane, i, own[size_t(lane)], passed[size_t(lane)]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int m = 0; m < kCols / 4; ++m) ASSERT_EQ(draws[size_t(r)][size_t(m)], 1) << "row " << r << " block " << m;
+    int wrong = 0;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      // __shfl_xor_sync(passed, 1): each lane receives its partner's passed bits.
+      const kl::FragmentKeeps k = kl::assemble(lane, own[size_t(lane)], passed[size_t(lane ^ 1)]);
+      kl::FragmentKeeps direct;
+      for (int n = 0; n < 8; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const bool want = verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))];
+          wrong += kl::kept(k, n, e) != want;
+          kl::set_kept(direct, n, e, want);
+          EXPECT_EQ(kl::kept(direct, n, e), want);
+        }
+      EXPECT_EQ(direct.row[0], k.row[0]) << "lane " << lane;
+      EXPECT_EQ(direct.row[1], k.row[1]) << "lane " << lane;
+    }
+    ASSERT_EQ(wrong, 0) << "trial " << trial;
+  }
+}
+
+// The forward's bits for the backward: the four lanes of a row together give each half's word
+// (bit c % 32 for column c), and each lane reads its own verdicts back from the words.
+TEST(AttentionKeepLanes, RowWordsGatherAndScatterTheFragments) {
+  std::mt19937 rng(11);
+  std::array<std::array<bool, kCols>, kRows> verdict{};
+  for (auto& row : verdict)
+    for (bool& v : row) v = rng() % 2 != 0;
+  std::array<kl::FragmentKeeps, kLanes> mine{};
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 4; ++e)
+        kl::set_kept(mine[size_t(lane)], n, e, verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))]);
+  for (int r = 0; r < kRows; ++r)
+    for (int half = 0; half < 2; ++half) {
+      uint32_t want = 0, got = 0;
+      for (int c = 0; c < 32; ++c) want |= uint32_t(verdict[size_t(r)][size_t(32 * half + c)]) << c;
+      for (int t = 0; t < 4; ++t) got |= kl::row_half_part(mine[size_t(4 * (r % 8) + t)], 4 * (r % 8) + t, r / 8, half);
+      EXPECT_EQ(got, want) << "row " << r << " half " << half;
+      for (int t = 0; t < 4; ++t) {
+        const int lane = 4 * (r % 8) + t;
+        kl::FragmentKeeps back;
+        kl::set_row_half(back, lane, r / 8, half, want);
+        for (int n = 4 * half; n < 4 * half + 4; ++n)
+          for (int b = 0; b < 2; ++b)
+            EXPECT_EQ(kl::kept(back, n, 2 * (r / 8) + b), verdict[size_t(r)][size_t(8 * n + 2 * t + b)])
+                << "row " << r << " lane " << lane << " n " << n;
+      }
+    }
+}
+
