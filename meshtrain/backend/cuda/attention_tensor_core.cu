@@ -87,6 +87,15 @@ __device__ inline void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// e^x as __expf computes it, 2^(x · log2 e) on the special function unit, with results below
+// 2^-126 flushed to zero: __expf keeps them (without -ftz) by a compare and two multiplies
+// around each exponential, and no probability that small changes a sum it enters.
+__device__ inline float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504f));
+  return y;
+}
+
 // c += a · b in the operand precision of Ops.
 template <class Ops>
 __device__ inline void mma(float (&c)[4], const Val<Ops> (&a)[4], const Val<Ops> (&b)[2]) {
@@ -413,23 +422,33 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
         mma<Ops>(s[n], qa[st], b);
       }
     float mx[2] = {-INFINITY, -INFINITY};
-    const bool whole = whole_key_tile(mask, j0, limits);
+    // Two loops, not one test per element: the test's mask read kept the compiler from
+    // straightening the whole tiles' elements (each cost three branches).
+    if (whole_key_tile(mask, j0, limits)) {
 #pragma unroll
-    for (int n = 0; n < S::kN; ++n)
+      for (int n = 0; n < S::kN; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * t + (e & 1);
-        s[n][e] = whole ? s[n][e] * p.scale
-                        : j0 + c < limits[e / 2] ? visible_score(mask, j0 + c, s[n][e], p.scale, fill) : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] *= p.scale;
+          mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+        }
+    } else {
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1);
+          s[n][e] = j0 + c < limits[e / 2] ? visible_score(mask, j0 + c, s[n][e], p.scale, fill) : -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+        }
+    }
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       const float m_new = fmaxf(m[h], mx[h]);
-      alpha[h] = m[h] == -INFINITY ? 0.0f : __expf(m[h] - m_new);
+      alpha[h] = m[h] == -INFINITY ? 0.0f : exp_ftz(m[h] - m_new);
       m[h] = m_new;
       l[h] *= alpha[h];
     }
@@ -442,7 +461,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
     for (int n = 0; n < S::kN; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float ex = __expf(s[n][e] - m_base[e / 2]);
+        const float ex = exp_ftz(s[n][e] - m_base[e / 2]);
         l[e / 2] += ex;
         s[n][e] = ex;
       }
@@ -519,20 +538,30 @@ __global__ void __launch_bounds__(kBlockThreads)
     const keep_lanes::FragmentKeeps keeps = p.dropout.on && p.keep_bits
                                                 ? load_keeps_by_rows(p, bh, wq0, j0, lane)
                                                 : draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
-    const bool whole = whole_key_tile(mask, j0, limits);
+    if (whole_key_tile(mask, j0, limits)) {  // as in the forward: two loops
 #pragma unroll
-    for (int n = 0; n < S::kN; ++n)
+      for (int n = 0; n < S::kN; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, c = n * 8 + 2 * t + (e & 1);
-        const int64_t j = j0 + c;
-        float ds = 0.0f;
-        if (whole || (j < limits[h] && (!mask || mask[j]))) {
-          const float prob = __expf(visible_score(mask, j, s[n][e], p.scale, fill) - row_lse[h]);
-          ds = prob * (keep_scale(p.dropout, keeps, n, e) * dp[n][e] - row_d[h]) * p.scale;
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const float prob = exp_ftz(s[n][e] * p.scale - row_lse[h]);
+          s[n][e] = prob * (keep_scale(p.dropout, keeps, n, e) * dp[n][e] - row_d[h]) * p.scale;
         }
-        s[n][e] = ds;
-      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, c = n * 8 + 2 * t + (e & 1);
+          const int64_t j = j0 + c;
+          float ds = 0.0f;
+          if (j < limits[h] && (!mask || mask[j])) {
+            const float prob = exp_ftz(visible_score(mask, j, s[n][e], p.scale, fill) - row_lse[h]);
+            ds = prob * (keep_scale(p.dropout, keeps, n, e) * dp[n][e] - row_d[h]) * p.scale;
+          }
+          s[n][e] = ds;
+        }
+    }
     accumulate_product<Ops, MaxD>(dqa, s, ks, g, t);
   }
 #pragma unroll
@@ -596,25 +625,37 @@ __global__ void __launch_bounds__(kBlockThreads)
     else fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
     // Every query of the tile sees both of this thread's keys, and no padding mask: no
     // per-element visibility test (only tiles across the causal diagonal or an edge test).
-    const bool whole =
-        !mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset);
+    // (Two loops, as in the forward.)
+    if (!mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset)) {
 #pragma unroll
-    for (int n = 0; n < S::kN; ++n)
+      for (int n = 0; n < S::kN; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * t + (e & 1);
-        const int64_t i = i0 + c, j = keys[e / 2];
-        float prob = 0.0f, ds = 0.0f;
-        if (whole || j < visible_keys(p, i)) {
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1);
           const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-          const float pr = __expf(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
-          // where() passes no gradient to a padded-out key's score.
-          if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
-          prob = pr * keep;
+          const float pr = exp_ftz(st_[n][e] * p.scale - lse_s[c]);
+          dpt[n][e] = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+          st_[n][e] = pr * keep;
         }
-        st_[n][e] = prob;
-        dpt[n][e] = ds;
-      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < S::kN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1);
+          const int64_t i = i0 + c, j = keys[e / 2];
+          float prob = 0.0f, ds = 0.0f;
+          if (j < visible_keys(p, i)) {
+            const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
+            const float pr = exp_ftz(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
+            // where() passes no gradient to a padded-out key's score.
+            if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+            prob = pr * keep;
+          }
+          st_[n][e] = prob;
+          dpt[n][e] = ds;
+        }
+    }
     accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
     accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
   }
