@@ -101,3 +101,40 @@ TEST(AttentionKeepLanes, RowWordsGatherAndScatterTheFragments) {
     }
 }
 
+// The dK/dV kernel's transposed blocks (4 rows of one column each): every lane of a group of
+// four draws 8 of the group's 32 blocks, reads the four words by shuffles, and must end with
+// exactly its own verdicts; every block of the warp drawn once.
+TEST(AttentionKeepLanes, ColumnBlocksReachTheirFourLanes) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::array<std::array<bool, kCols>, kRows> verdict{};
+    for (auto& row : verdict)
+      for (bool& v : row) v = rng() % 3 != 0;
+    std::array<std::array<int, kCols>, kRows / 4> draws{};
+    std::array<uint32_t, kLanes> word{};
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int i = 0; i < 8; ++i) {
+        const int r = kl::column_drawn_row(lane, i), c = kl::column_drawn_column(lane, i);
+        ASSERT_EQ(r % 4, 0);
+        ++draws[size_t(r / 4)][size_t(c)];
+        for (int j = 0; j < 4; ++j) word[size_t(lane)] |= uint32_t(verdict[size_t(r + j)][size_t(c)]) << (4 * i + j);
+      }
+    for (int a = 0; a < kRows / 4; ++a)
+      for (int c = 0; c < kCols; ++c) ASSERT_EQ(draws[size_t(a)][size_t(c)], 1) << "rows " << 4 * a << " column " << c;
+    int wrong = 0;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      kl::ColumnKeeps k, direct;
+      for (int s = 0; s < 4; ++s)  // __shfl_sync(word, column_source_lane(lane, s))
+        k.bits |= kl::column_bits_from(lane, s, word[size_t(kl::column_source_lane(lane, s))]);
+      for (int n = 0; n < 8; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const bool want = verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))];
+          wrong += kl::kept(k, n, e) != want;
+          kl::set_kept(direct, n, e, want);
+          EXPECT_EQ(kl::kept(direct, n, e), want);
+        }
+      EXPECT_EQ(k.bits, direct.bits) << "lane " << lane;
+    }
+    ASSERT_EQ(wrong, 0) << "trial " << trial;
+  }
+}

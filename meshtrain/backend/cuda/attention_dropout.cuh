@@ -30,23 +30,8 @@ __device__ inline float keep_factor(const AttentionDropout& dr, int64_t idx) {
   if (!dr.on) return 1.0f;
   uint32_t w[4];
   philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
-  return keep_from_word(dr, w[uint64_t(idx) % 4]);
-}
-
-// Elements idx .. idx + 3: one Philox block when idx starts one (each element draws word
-// idx % 4 of block idx / 4).
-__device__ inline void keep_factors4(const AttentionDropout& dr, int64_t idx, float (&keep)[4]) {
-  if (!dr.on) {
-    keep[0] = keep[1] = keep[2] = keep[3] = 1.0f;
-  } else if (idx % 4 == 0) {
-    uint32_t w[4];
-    philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) keep[u] = keep_from_word(dr, w[u]);
-  } else {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) keep[u] = keep_factor(dr, idx + u);
-  }
+  const int lane = int(uint64_t(idx) % 4);  // selected, not indexed: w stays in registers
+  return keep_from_word(dr, lane < 2 ? (lane == 0 ? w[0] : w[1]) : (lane == 2 ? w[2] : w[3]));
 }
 
 inline AttentionDropout attention_dropout(double rate, const RngKey& key) {

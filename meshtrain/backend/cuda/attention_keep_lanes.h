@@ -73,4 +73,35 @@ MT_KEEP_LANES_FN void set_row_half(FragmentKeeps& k, int lane, int h, int half, 
   for (int nn = 0; nn < 4; ++nn) k.row[h] |= ((word >> (8 * nn + 2 * (lane % 4))) & 3u) << (2 * (4 * half + nn));
 }
 
+// The dK/dV kernel's blocks are transposed: rows are keys, columns queries, element (r, c) at
+// idx0 + c·stride + r, so a Philox block holds 4 rows of one column (rows 4a .. 4a + 3), and
+// its verdicts belong to the four lanes g = 4(a % 2) + j (j < 4) of one t, rows g + 8(a / 2).
+// The 4 lanes u = g % 4 of a group (g / 4, t) need the same 32 blocks (a = g / 4 + 2h, the 16
+// columns of t): lane u draws the 8 whose column tile n has n % 4 == u, block i = 4h + 2(n / 4)
+// + b into nibble i of one word, and every lane of the group reads the 4 words (by shuffles
+// from column_source_lane) and keeps bit u of each nibble: one register in all.
+struct ColumnKeeps {
+  uint32_t bits = 0u;  // bit 4i + k: block i of the lane drawing column tiles n % 4 == k
+};
+
+MT_KEEP_LANES_FN int column_block_index(int n, int e) { return 4 * (e / 2) + 2 * (n / 4) + (e & 1); }
+MT_KEEP_LANES_FN bool kept(const ColumnKeeps& k, int n, int e) {
+  return (k.bits >> (4 * column_block_index(n, e) + n % 4)) & 1u;
+}
+// Block i (< 8) that lane draws: its first row (4a) and its column.
+MT_KEEP_LANES_FN int column_drawn_row(int lane, int i) { return 4 * ((lane / 16) + 2 * (i / 4)); }
+MT_KEEP_LANES_FN int column_drawn_column(int lane, int i) {
+  return 8 * (4 * ((i / 2) % 2) + (lane / 4) % 4) + 2 * (lane % 4) + (i % 2);
+}
+// The lane of this lane's group that draws the blocks of column tiles n % 4 == k.
+MT_KEEP_LANES_FN int column_source_lane(int lane, int k) { return 4 * (4 * (lane / 16) + k) + lane % 4; }
+// This lane's verdicts in the word received from source k, as ColumnKeeps holds them.
+MT_KEEP_LANES_FN uint32_t column_bits_from(int lane, int k, uint32_t word) {
+  return ((word >> ((lane / 4) % 4)) & 0x11111111u) << k;
+}
+// Element (n, e)'s verdict set directly (rows that do not start a block; bits read back).
+MT_KEEP_LANES_FN void set_kept(ColumnKeeps& k, int n, int e, bool keep) {
+  if (keep) k.bits |= 1u << (4 * column_block_index(n, e) + n % 4);
+}
+
 }  // namespace mt::cuda::keep_lanes

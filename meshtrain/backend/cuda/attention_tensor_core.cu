@@ -247,52 +247,66 @@ __device__ inline keep_lanes::FragmentKeeps load_keeps_by_rows(const Params& p, 
     const int64_t i = wq0 + lane / 4 + 8 * h;
     if (i >= p.tq) continue;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) keep_lanes::set_row_half(k, lane, h, half, p.keep_bits[keep_word(p, bh, i, j0, half)]);
+    for (int half = 0; half < 2; ++half)
+      keep_lanes::set_row_half(k, lane, h, half, p.keep_bits[keep_word(p, bh, i, j0, half)]);
   }
+  return k;
+}
+// The dK/dV kernel's verdicts of a warp's 16 keys (rows, from wk0) by 64 queries (columns,
+// from i0), element (r, c) at idx0 + c·stride + r: where rows start on a Philox block, 8 draws
+// per lane and four shuffles within its group of four lanes (attention_keep_lanes.h, the
+// transposed blocks); else one draw per element. Every verdict kept without dropout.
+__device__ inline keep_lanes::ColumnKeeps draw_keeps_by_columns(const AttentionDropout& dr, int64_t idx0,
+                                                                int64_t stride, int lane) {
+  using namespace keep_lanes;
+  ColumnKeeps k;
+  if (!dr.on) {
+    k.bits = ~0u;
+  } else if (idx0 % 4 == 0 && stride % 4 == 0) {
+    uint32_t word = 0;
+#pragma unroll 2
+    for (int i = 0; i < 8; ++i) {
+      uint32_t w[4];
+      philox_block(uint64_t(idx0 + column_drawn_column(lane, i) * stride + column_drawn_row(lane, i)) / 4, dr.seed,
+                   dr.stream_id, w);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) word |= uint32_t(keeps_word(w[j], dr.keep_from)) << (4 * i + j);
+    }
+#pragma unroll
+    for (int src = 0; src < 4; ++src)
+      k.bits |= column_bits_from(lane, src, __shfl_sync(0xffffffffu, word, column_source_lane(lane, src)));
+  } else {
+#pragma unroll 1
+    for (int n = 0; n < 8; ++n)
+#pragma unroll 1
+      for (int e = 0; e < 4; ++e)
+        set_kept(k, n, e, keep_factor(dr, idx0 + element_column(lane, n, e) * stride + element_row(lane, e)) != 0.0f);
+  }
+  return k;
+}
+// The dK/dV kernel's verdicts read back from the forward's bits: query i0 + c's word holds
+// the bits of keys wk0 .. wk0 + 15 (wk0 is a multiple of 16), of which the lane's rows are
+// bits g and g + 8.
+__device__ inline keep_lanes::ColumnKeeps load_keeps_by_columns(const Params& p, int64_t bh, int64_t i0, int64_t wk0,
+                                                                int lane) {
+  keep_lanes::ColumnKeeps k;
+  const int half = int(wk0 % kCols) / 32, shift = int(wk0 % 32) + lane / 4;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int64_t i = i0 + keep_lanes::element_column(lane, n, b);
+      const uint32_t bits = i < p.tq ? p.keep_bits[keep_word(p, bh, i, wk0, half)] >> shift : 0u;
+      keep_lanes::set_kept(k, n, b, bits & 1u);
+      keep_lanes::set_kept(k, n, 2 + b, (bits >> 8) & 1u);
+    }
   return k;
 }
 // The factor fragment element (n, e)'s probability takes: 1 / (1 - rate) kept, 0 dropped, 1
 // without dropout (whose draw keeps everything).
-__device__ inline float keep_scale(const AttentionDropout& dr, const keep_lanes::FragmentKeeps& k, int n, int e) {
+template <class Keeps>
+__device__ inline float keep_scale(const AttentionDropout& dr, const Keeps& k, int n, int e) {
   return keep_lanes::kept(k, n, e) ? (dr.on ? dr.scale : 1.0f) : 0.0f;
-}
-// The dK/dV kernel's dropout flags of a warp's 16 keys by 64 queries in shared memory,
-// flags[r·64 + c] (none without dropout; the warp's lanes are synchronized after the fill):
-// element (r, c) at idx0 + c·stride + r (rows are keys, columns queries), one Philox block per
-// 4 consecutive keys (keep_factors4), spread over the lanes.
-__device__ inline void fill_keep_by_columns(uint8_t* flags, const AttentionDropout& dr, int64_t idx0, int64_t stride,
-                                            int lane) {
-  if (!dr.on) return;
-#pragma unroll 1
-  for (int it = 0; it < 8; ++it) {
-    const int b = lane + 32 * it, c = b % kCols, r = 4 * (b / kCols);
-    float keep[4];
-    keep_factors4(dr, idx0 + c * stride + r, keep);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) flags[(r + u) * kCols + c] = keep[u] != 0.0f;
-  }
-  __syncwarp();
-}
-// The dK/dV kernel's flags of a warp's 16 keys from wk0 by 64 queries from i0, from the bits
-// (fill_keep_by_columns' layout): lane l reads queries l and l + 32, whose 16 bits for these keys
-// lie in one word (wk0 is a multiple of 16).
-__device__ inline void load_keep_bits_by_columns(uint8_t* flags, const Params& p, int64_t bh, int64_t i0,
-                                                 int64_t wk0, int lane) {
-  const int half = int(wk0 % kCols) / 32, shift = int(wk0 % 32);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int c = lane + 32 * h;
-    const int64_t i = i0 + c;
-    const uint32_t bits = i < p.tq ? p.keep_bits[keep_word(p, bh, i, wk0, half)] >> shift : 0u;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) flags[r * kCols + c] = uint8_t((bits >> r) & 1u);
-  }
-  __syncwarp();
-}
-
-// The factor of the dK/dV kernel's element (r, c): as keep_scale, from the shared flags.
-__device__ inline float keep_of(const AttentionDropout& dr, const uint8_t* flags, int r, int c) {
-  return !dr.on ? 1.0f : flags[r * kCols + c] ? dr.scale : 0.0f;
 }
 #endif
 
@@ -303,7 +317,6 @@ struct Shape {
   static constexpr int kKeySteps = kCols / Ops::kK;  // k steps over a tile's 64 columns
   static constexpr int kN = kCols / 8, kDN = MaxD / 8;  // 8-wide C tiles across a tile, across d
   static constexpr size_t kTile = size_t(kRows) * kLd * sizeof(typename Ops::Elem);
-  static constexpr size_t kKeepFlags = size_t(kWarps) * 16 * kCols;  // dK/dV: bytes, after the tiles
   static_assert(kTile % 16 == 0);
 };
 
@@ -412,6 +425,13 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
     if (j0 >= ends.warp) continue;  // past this warp's rows' keys (causal)
     const Elem* ks = tiles.key_tile(it);
     const Elem* vs = tiles.value_tile(it);
+    // The verdicts first, while the scores hold no registers (drawn after them, the draws'
+    // temporaries spilled the d-128 kernels).
+    keep_lanes::FragmentKeeps keeps;
+    if (p.dropout.on) {
+      keeps = draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
+      if (p.keep_bits) store_keeps(keeps, p, bh, wq0, j0, lane);
+    }
     float s[S::kN][4] = {};
 #pragma unroll
     for (int st = 0; st < S::kSteps; ++st)
@@ -466,8 +486,6 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
         s[n][e] = ex;
       }
     if (p.dropout.on) {
-      const keep_lanes::FragmentKeeps keeps = draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
-      if (p.keep_bits) store_keeps(keeps, p, bh, wq0, j0, lane);
 #pragma unroll
       for (int n = 0; n < S::kN; ++n)
 #pragma unroll
@@ -534,10 +552,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     const Elem* ks = tiles.key_tile(it);
     const Elem* vs = tiles.value_tile(it);
     float s[S::kN][4] = {}, dp[S::kN][4] = {};
+    const keep_lanes::FragmentKeeps keeps =
+        p.dropout.on && p.keep_bits ? load_keeps_by_rows(p, bh, wq0, j0, lane)
+                                    : draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
     score_pair<Ops, MaxD>(s, dp, qa, gs, ks, vs, warp, g, t);
-    const keep_lanes::FragmentKeeps keeps = p.dropout.on && p.keep_bits
-                                                ? load_keeps_by_rows(p, bh, wq0, j0, lane)
-                                                : draw_keeps_by_rows(p.dropout, (bh * p.tq + wq0) * p.tk + j0, p.tk, lane);
     if (whole_key_tile(mask, j0, limits)) {  // as in the forward: two loops
 #pragma unroll
       for (int n = 0; n < S::kN; ++n)
@@ -575,7 +593,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 // Block: (batch·head, 64 key rows); warp: 16 keys, k fragments in registers (v's read from
 // shared memory at each k step); walks the
 // query tiles that see them: sᵀ = k·qᵀ, dPᵀ = v·dOᵀ, then dV += pᵀ·dO and dK += dSᵀ·q.
-// Shared memory: the block's own k and v tiles, the query-side tiles (QueryTiles), the flags.
+// Shared memory: the block's own k and v tiles and the query-side tiles (QueryTiles).
 template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_kv_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse,
@@ -589,7 +607,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   Elem* kself = reinterpret_cast<Elem*>(smem);
   Elem* vself = reinterpret_cast<Elem*>(smem + S::kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  uint8_t* flags = smem + 2 * S::kTile + Tiles::kBytes + warp * 16 * kCols;
   // Block: a key/value slice; its gradients sum over the query heads of its group.
   const int64_t kv = blockIdx.x, k0 = int64_t(blockIdx.y) * kRows, wk0 = k0 + warp * 16, offset = p.tk - p.tq;
   // Query i sees key j when i >= j - offset: the tiles from the one holding the first such query.
@@ -620,42 +637,31 @@ __global__ void __launch_bounds__(kBlockThreads)
     const float* lse_s = tiles.lse_of(it);
     const float* dvec_s = tiles.dvec_of(it);
     float st_[S::kN][4] = {}, dpt[S::kN][4] = {};
+    const keep_lanes::ColumnKeeps keeps =
+        p.dropout.on && p.keep_bits ? load_keeps_by_columns(p, bh, i0, wk0, lane)
+                                    : draw_keeps_by_columns(p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
     score_pair<Ops, MaxD>(st_, dpt, ka, vself, qs, gs, warp, g, t);
-    if (p.dropout.on && p.keep_bits) load_keep_bits_by_columns(flags, p, bh, i0, wk0, lane);
-    else fill_keep_by_columns(flags, p.dropout, (bh * p.tq + i0) * p.tk + wk0, p.tk, lane);
     // Every query of the tile sees both of this thread's keys, and no padding mask: no
     // per-element visibility test (only tiles across the causal diagonal or an edge test).
-    // (Two loops, as in the forward.)
-    if (!mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset)) {
+    const bool whole =
+        !mask && keys[1] < p.tk && i0 + kCols <= p.tq && (!p.causal || keys[1] <= i0 + offset);
 #pragma unroll
-      for (int n = 0; n < S::kN; ++n)
+    for (int n = 0; n < S::kN; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * t + (e & 1);
-          const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-          const float pr = exp_ftz(st_[n][e] * p.scale - lse_s[c]);
-          dpt[n][e] = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
-          st_[n][e] = pr * keep;
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * t + (e & 1);
+        const int64_t i = i0 + c, j = keys[e / 2];
+        float prob = 0.0f, ds = 0.0f;
+        if (whole || j < visible_keys(p, i)) {
+          const float keep = keep_scale(p.dropout, keeps, n, e);
+          const float pr = exp_ftz(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
+          // where() passes no gradient to a padded-out key's score.
+          if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
+          prob = pr * keep;
         }
-    } else {
-#pragma unroll
-      for (int n = 0; n < S::kN; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * t + (e & 1);
-          const int64_t i = i0 + c, j = keys[e / 2];
-          float prob = 0.0f, ds = 0.0f;
-          if (j < visible_keys(p, i)) {
-            const float keep = keep_of(p.dropout, flags, g + 8 * (e / 2), c);
-            const float pr = exp_ftz(visible_score(mask, j, st_[n][e], p.scale, fill) - lse_s[c]);
-            // where() passes no gradient to a padded-out key's score.
-            if (unmasked[e / 2]) ds = pr * (keep * dpt[n][e] - dvec_s[c]) * p.scale;
-            prob = pr * keep;
-          }
-          st_[n][e] = prob;
-          dpt[n][e] = ds;
-        }
-    }
+        st_[n][e] = prob;
+        dpt[n][e] = ds;
+      }
     accumulate_product<Ops, MaxD>(dva, st_, gs, g, t);
     accumulate_product<Ops, MaxD>(dka, dpt, qs, g, t);
   }
@@ -731,7 +737,7 @@ struct SharedBytes {
   using S = Shape<Ops, MaxD>;
   static constexpr size_t kForward = 3 * S::kTile;
   static constexpr size_t kBackwardQ = 4 * S::kTile;
-  static constexpr size_t kBackwardKv = 4 * S::kTile + 2 * kCols * sizeof(float) + S::kKeepFlags;
+  static constexpr size_t kBackwardKv = 4 * S::kTile + 2 * kCols * sizeof(float);
 };
 
 // A kernel's shared memory double-buffered: a second buffer of the tiles the block walks (two
@@ -835,7 +841,7 @@ int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionSha
   const int64_t words = s.batch_heads * s.tq * ((s.tk + kCols - 1) / kCols) * 2;
   // Kept from the forward to the backward, the bits grow as Tq · Tk: beyond the size of q and
   // the output together (long contexts) they would outweigh what flash attention saves, and
-  // the backward draws its flags again.
+  // the backward draws its verdicts again.
   if (words * 4 > 2 * s.batch_heads * s.tq * s.d * int64_t(dtype_size(q.dtype()))) return 0;
   return words;
 }
