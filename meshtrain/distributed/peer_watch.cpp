@@ -300,8 +300,9 @@ void PeerWatch::State::gather_host_mates(std::vector<Failure>& failures) {
     std::vector<pollfd> mates;
     for (const Peer& p : peers) {
       if (!p.open.load() || p.goodbye.load()) continue;
-      const bool same_host = std::any_of(failures.begin(), failures.end(),
-                                         [&](const Failure& f) { return hosts[size_t(f.rank)] == hosts[size_t(p.rank)]; });
+      const bool same_host = std::any_of(failures.begin(), failures.end(), [&](const Failure& f) {
+        return hosts[size_t(f.rank)] == hosts[size_t(p.rank)];
+      });
       if (same_host) mates.push_back(pollfd{p.fd, POLLIN, 0});
     }
     const double left = std::chrono::duration<double>(deadline - Clock::now()).count();

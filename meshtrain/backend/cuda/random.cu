@@ -97,7 +97,8 @@ void dropout(const Array& x, Array& out, const RngKey& key, double rate, const k
                          reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
     if (map.ndim == 0 && vector4)
       dropout_whole_f32x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream()>>>(
-          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, fold_last, steps, scale);
+          static_cast<const float4*>(x.raw()), static_cast<float4*>(out.raw()), n / 4, key.seed, key.stream, fold_last,
+          steps, scale);
     else if (map.ndim == 0)
       dropout_whole_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream()>>>(ptr<T>(x), mptr<T>(out), n, key.seed,
                                                                                key.stream, fold_last, steps, scale);
