@@ -21,6 +21,33 @@ constexpr int kLanes = 32, kRows = 16, kCols = 64;
 int layout_row(int lane, int e) { return (e < 2 ? 0 : 8) + lane / 4; }
 int layout_column(int lane, int n, int e) { return 8 * n + 2 * (lane % 4) + e % 2; }
 
+// A warp block's verdicts, two in three kept, and lane's verdict of its fragment element (n, e).
+using Verdicts = std::array<std::array<bool, kCols>, kRows>;
+Verdicts random_verdicts(std::mt19937& rng) {
+  Verdicts v{};
+  for (auto& row : v)
+    for (bool& keep : row) keep = rng() % 3 != 0;
+  return v;
+}
+bool fragment_verdict(const Verdicts& v, int lane, int n, int e) {
+  return v[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))];
+}
+
+// How many of lane's 32 verdicts in `got` differ from the block's; `direct` gets the block's
+// set one by one (set_kept), so that the caller compares the two layouts whole.
+template <class Keeps>
+int wrong_verdicts(const Keeps& got, const Verdicts& v, int lane, Keeps& direct) {
+  int wrong = 0;
+  for (int n = 0; n < 8; ++n)
+    for (int e = 0; e < 4; ++e) {
+      const bool want = fragment_verdict(v, lane, n, e);
+      wrong += kl::kept(got, n, e) != want;
+      kl::set_kept(direct, n, e, want);
+      EXPECT_EQ(kl::kept(direct, n, e), want);
+    }
+  return wrong;
+}
+
 }  // namespace
 
 TEST(AttentionKeepLanes, ElementPositionsAreTheMmaLayout) {
@@ -35,9 +62,7 @@ TEST(AttentionKeepLanes, ElementPositionsAreTheMmaLayout) {
 TEST(AttentionKeepLanes, EachLaneEndsWithItsOwnVerdictsAndEveryBlockIsDrawnOnce) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 50; ++trial) {
-    std::array<std::array<bool, kCols>, kRows> verdict{};
-    for (auto& row : verdict)
-      for (bool& v : row) v = rng() % 3 != 0;
+    const Verdicts verdict = random_verdicts(rng);
     std::array<std::array<int, kCols / 4>, kRows> draws{};
     std::array<uint32_t, kLanes> own{}, passed{};
     for (int lane = 0; lane < kLanes; ++lane) {
@@ -57,13 +82,7 @@ TEST(AttentionKeepLanes, EachLaneEndsWithItsOwnVerdictsAndEveryBlockIsDrawnOnce)
       // __shfl_xor_sync(passed, 1): each lane receives its partner's passed bits.
       const kl::FragmentKeeps k = kl::assemble(lane, own[size_t(lane)], passed[size_t(lane ^ 1)]);
       kl::FragmentKeeps direct;
-      for (int n = 0; n < 8; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const bool want = verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))];
-          wrong += kl::kept(k, n, e) != want;
-          kl::set_kept(direct, n, e, want);
-          EXPECT_EQ(kl::kept(direct, n, e), want);
-        }
+      wrong += wrong_verdicts(k, verdict, lane, direct);
       EXPECT_EQ(direct.row[0], k.row[0]) << "lane " << lane;
       EXPECT_EQ(direct.row[1], k.row[1]) << "lane " << lane;
     }
@@ -75,14 +94,12 @@ TEST(AttentionKeepLanes, EachLaneEndsWithItsOwnVerdictsAndEveryBlockIsDrawnOnce)
 // (bit c % 32 for column c), and each lane reads its own verdicts back from the words.
 TEST(AttentionKeepLanes, RowWordsGatherAndScatterTheFragments) {
   std::mt19937 rng(11);
-  std::array<std::array<bool, kCols>, kRows> verdict{};
-  for (auto& row : verdict)
-    for (bool& v : row) v = rng() % 2 != 0;
+  const Verdicts verdict = random_verdicts(rng);
   std::array<kl::FragmentKeeps, kLanes> mine{};
   for (int lane = 0; lane < kLanes; ++lane)
     for (int n = 0; n < 8; ++n)
       for (int e = 0; e < 4; ++e)
-        kl::set_kept(mine[size_t(lane)], n, e, verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))]);
+        kl::set_kept(mine[size_t(lane)], n, e, fragment_verdict(verdict, lane, n, e));
   for (int r = 0; r < kRows; ++r)
     for (int half = 0; half < 2; ++half) {
       uint32_t want = 0, got = 0;
@@ -107,9 +124,7 @@ TEST(AttentionKeepLanes, RowWordsGatherAndScatterTheFragments) {
 TEST(AttentionKeepLanes, ColumnBlocksReachTheirFourLanes) {
   std::mt19937 rng(13);
   for (int trial = 0; trial < 50; ++trial) {
-    std::array<std::array<bool, kCols>, kRows> verdict{};
-    for (auto& row : verdict)
-      for (bool& v : row) v = rng() % 3 != 0;
+    const Verdicts verdict = random_verdicts(rng);
     std::array<std::array<int, kCols>, kRows / 4> draws{};
     std::array<uint32_t, kLanes> word{};
     for (int lane = 0; lane < kLanes; ++lane)
@@ -126,13 +141,7 @@ TEST(AttentionKeepLanes, ColumnBlocksReachTheirFourLanes) {
       kl::ColumnKeeps k, direct;
       for (int s = 0; s < 4; ++s)  // __shfl_sync(word, column_source_lane(lane, s))
         k.bits |= kl::column_bits_from(lane, s, word[size_t(kl::column_source_lane(lane, s))]);
-      for (int n = 0; n < 8; ++n)
-        for (int e = 0; e < 4; ++e) {
-          const bool want = verdict[size_t(layout_row(lane, e))][size_t(layout_column(lane, n, e))];
-          wrong += kl::kept(k, n, e) != want;
-          kl::set_kept(direct, n, e, want);
-          EXPECT_EQ(kl::kept(direct, n, e), want);
-        }
+      wrong += wrong_verdicts(k, verdict, lane, direct);
       EXPECT_EQ(k.bits, direct.bits) << "lane " << lane;
     }
     ASSERT_EQ(wrong, 0) << "trial " << trial;
