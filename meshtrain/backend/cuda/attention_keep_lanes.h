@@ -29,7 +29,10 @@ struct FragmentKeeps {
   uint32_t row[2] = {0u, 0u};
 };
 
-MT_KEEP_LANES_FN bool kept(const FragmentKeeps& k, int n, int e) { return (k.row[e / 2] >> (2 * n + (e & 1))) & 1u; }
+// (Rows chosen by selects, not indexes: a run-time index would put the pair in local memory.)
+MT_KEEP_LANES_FN bool kept(const FragmentKeeps& k, int n, int e) {
+  return ((e < 2 ? k.row[0] : k.row[1]) >> (2 * n + (e & 1))) & 1u;
+}
 
 // The row (0 .. 15) whose blocks lane draws, and the first column of its i-th block (i < 8).
 MT_KEEP_LANES_FN int drawn_row(int lane) { return lane / 4 + 8 * (lane % 2); }
@@ -46,9 +49,9 @@ MT_KEEP_LANES_FN void split_block(uint32_t four, int lane, int i, uint32_t& own,
 // The lane's verdicts from its own bits and those its partner (lane ^ 1) passed it.
 MT_KEEP_LANES_FN FragmentKeeps assemble(int lane, uint32_t own, uint32_t received) {
   FragmentKeeps k;
-  const int q = lane % 2;
-  k.row[q] = own;
-  k.row[1 - q] = received;
+  const bool odd = lane % 2 != 0;
+  k.row[0] = odd ? received : own;
+  k.row[1] = odd ? own : received;
   return k;
 }
 
@@ -57,7 +60,11 @@ MT_KEEP_LANES_FN FragmentKeeps assemble(int lane, uint32_t own, uint32_t receive
 MT_KEEP_LANES_FN int element_row(int lane, int e) { return lane / 4 + 8 * (e / 2); }
 MT_KEEP_LANES_FN int element_column(int lane, int n, int e) { return 8 * n + 2 * (lane % 4) + (e & 1); }
 MT_KEEP_LANES_FN void set_kept(FragmentKeeps& k, int n, int e, bool keep) {
-  if (keep) k.row[e / 2] |= 1u << (2 * n + (e & 1));
+  const uint32_t bit = keep ? 1u << (2 * n + (e & 1)) : 0u;
+  if (e < 2)
+    k.row[0] |= bit;
+  else
+    k.row[1] |= bit;
 }
 
 // The bits the forward keeps for the backward (FlashAttentionShape::keep_bits) are row words:

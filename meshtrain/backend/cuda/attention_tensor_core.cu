@@ -562,7 +562,9 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = e / 2;
-          const float prob = exp_ftz(s[n][e] * p.scale - row_lse[h]);
+          // __fmul_rn: rounded before the subtraction, as visible_score's product is on the
+          // other tiles (a fused multiply-add would differ in the last bit).
+          const float prob = exp_ftz(__fmul_rn(s[n][e], p.scale) - row_lse[h]);
           s[n][e] = prob * (keep_scale(p.dropout, keeps, n, e) * dp[n][e] - row_d[h]) * p.scale;
         }
     } else {
