@@ -141,9 +141,12 @@ void check_against_transformers(const std::filesystem::path& dir_, const std::st
       }
       // Same elements in HF's order; meshtrain may group dimensions (GPT-2's c_attn [in, 3, out]).
       const Array ref = reshape(hf["grad." + path], v.shape().dims());
+      // Other gradients sum hundreds of f32 products whose round-off follows the parameter's
+      // largest gradient: 4e-6 of it (BART's cross-attention q_proj on an AVX-512 EPYC, where
+      // both sides' GEMMs run AVX-512 kernels: 3.5e-5 off where its largest is about 12).
       const Tolerance tolerance = std::regex_match(path, shift_invariant)
                                       ? Tolerance{std::max(1e-5, 1e-6 * largest_grad), 1e-4, 0}
-                                      : Tolerance{1e-5, 1e-4, std::max(2e-6, scaled)};
+                                      : Tolerance{1e-5, 1e-4, std::max(4e-6, scaled)};
       const double e = expect_close(grads[path], ref, tolerance, label + " d/d" + path);
       ++compared;
       if (e >= grad_err) grad_err = e, worst = path;
