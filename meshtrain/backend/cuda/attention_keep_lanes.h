@@ -1,8 +1,9 @@
 #pragma once
 // Which dropout verdicts each lane of the tensor-core attention kernels (attention_tensor_core.cu)
-// draws, and how a lane pair trades them, so that every lane ends with the verdicts of its own
-// score fragment in two registers. Plain C++ (host and device), so that the CPU tests check the
-// lane arithmetic, which no CPU kernel shares, exhaustively.
+// draws, and how lanes trade them (a pair in the forward and dQ, a group of four in dK/dV), so
+// that every lane ends with the verdicts of its own score fragment in registers. Plain C++ (host
+// and device), so that the CPU tests check the lane arithmetic, which no CPU kernel shares,
+// exhaustively.
 //
 // A warp's block of scores is 16 rows by 64 columns; rows are queries (forward, dQ), columns
 // keys, and element (r, c) of the (BH, Tq, Tk) probabilities sits at idx0 + r·stride + c. In
