@@ -7,7 +7,10 @@
 # disassembler; NVIDIA's nvdisasm from PyPI (pinned below) goes into .venv-tools.
 #
 #   bench/sass_stats.sh SOURCE.cu [KERNEL_REGEX] [SM]
-#   bench/sass_stats.sh meshtrain/backend/cuda/attention_tensor_core.cu 'Bf16Ops.*Li64E.*bf16_t' 90
+#   bench/sass_stats.sh meshtrain/backend/cuda/attention_tensor_core.cu 'backward_kv.*Bf16Ops, 128' 90
+#
+# KERNEL_REGEX matches the mangled name or the one printed (demangled, namespaces dropped, e.g.
+# mma_backward_kv_kernel<Bf16Ops, 128, bf16_t, true>).
 #
 # Needs a configured build (BUILD, default build) for the include paths. Writes the cubin,
 # SASS and ptxas report under OUT_DIR (default /tmp/sass_stats).
@@ -80,7 +83,7 @@ def readable(mangled):  # mt::cuda::(anonymous namespace)::kernel<args>(params) 
 print(f"sm_{sm}: registers, spills (ptxas -v) and static instruction counts (nvdisasm)")
 print(f"{'kernel':60} {'regs':>4} {'stack':>5} {'spill st/ld':>11} {'instr':>6} " + " ".join(f"{g:>6}" for g, _ in groups))
 for name in sorted(set(resources) | set(ops)):
-    if not re.search(pattern, name):
+    if not (re.search(pattern, name) or re.search(pattern, readable(name))):  # mangled or readable
         continue
     regs, stack, stores, loads = resources.get(name, (0, 0, 0, 0))
     c = ops.get(name, collections.Counter())
