@@ -9,7 +9,7 @@ namespace mt::cuda {
 
 struct AttentionDropout {
   uint32_t keep_from;  // kernels::keep_steps(rate)
-  float scale;         // 1 / (1 - rate)
+  float scale;         // a kept probability's factor: 1 / (1 - rate), 1 without dropout
   uint64_t seed, stream_id;
   bool on;
   const int64_t* fold_last;  // the key's last fold, in device memory (null: none)
@@ -27,15 +27,12 @@ __device__ inline float keep_from_word(const AttentionDropout& dr, uint32_t word
 
 // The keep factor (0 or 1 / (1 - rate)) of element idx of the (BH, Tq, Tk) array.
 __device__ inline float keep_factor(const AttentionDropout& dr, int64_t idx) {
-  if (!dr.on) return 1.0f;
-  uint32_t w[4];
-  philox_block(uint64_t(idx) / 4, dr.seed, dr.stream_id, w);
-  const int lane = int(uint64_t(idx) % 4);  // selected, not indexed: w stays in registers
-  return keep_from_word(dr, lane < 2 ? (lane == 0 ? w[0] : w[1]) : (lane == 2 ? w[2] : w[3]));
+  return dr.on ? keep_from_word(dr, philox_element(uint64_t(idx), dr.seed, dr.stream_id)) : 1.0f;
 }
 
 inline AttentionDropout attention_dropout(double rate, const RngKey& key) {
-  return {kernels::keep_steps(rate), rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f, key.seed, key.stream, rate > 0,
+  const float scale = !(rate > 0) ? 1.0f : rate < 1.0 ? float(1.0 / (1.0 - rate)) : 0.0f;
+  return {kernels::keep_steps(rate), scale, key.seed, key.stream, rate > 0,
           rate > 0 ? fold_last_address(key) : nullptr};
 }
 

@@ -302,11 +302,11 @@ __device__ inline keep_lanes::ColumnKeeps load_keeps_by_columns(const Params& p,
     }
   return k;
 }
-// The factor fragment element (n, e)'s probability takes: 1 / (1 - rate) kept, 0 dropped, 1
-// without dropout (whose draw keeps everything).
+// The factor fragment element (n, e)'s probability takes: 1 / (1 - rate) kept, 0 dropped;
+// without dropout the draw keeps everything and the scale is 1.
 template <class Keeps>
 __device__ inline float keep_scale(const AttentionDropout& dr, const Keeps& k, int n, int e) {
-  return keep_lanes::kept(k, n, e) ? (dr.on ? dr.scale : 1.0f) : 0.0f;
+  return keep_lanes::kept(k, n, e) ? dr.scale : 0.0f;
 }
 #endif
 

@@ -161,6 +161,16 @@ __device__ inline void philox_block(uint64_t block, uint64_t seed, uint64_t stre
   w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;
 }
 
+// The Philox word behind element i of the stream: word i % 4 of block i / 4. The run-time
+// index puts the 4 words in local memory (16 bytes of stack), which only the element-by-element
+// paths (sharded blocks, rows off a block boundary) take; selecting them instead cost the
+// attention dQ kernel 7 registers, past the 168 that keep 3 blocks on a multiprocessor.
+__device__ inline uint32_t philox_element(uint64_t i, uint64_t seed, uint64_t stream_id) {
+  uint32_t w[4];
+  philox_block(i / 4, seed, stream_id, w);
+  return w[i % 4];
+}
+
 // RngKey::fold_in's stream on the device: (stream, data) hashed under core/rng's fold seed.
 __device__ inline uint64_t fold_stream(uint64_t stream_id, uint64_t data) {
   uint32_t w[4];

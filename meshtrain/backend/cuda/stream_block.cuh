@@ -40,12 +40,6 @@ __device__ inline uint64_t global_index(const BlockMap& b, int64_t i) {
   return uint64_t(g);
 }
 
-__device__ inline uint32_t philox_word(uint64_t block, uint32_t lane, uint64_t seed, uint64_t stream_id) {
-  uint32_t w[4];
-  philox_block(block, seed, stream_id, w);
-  return w[lane];
-}
-
 // The dropout verdicts (core/rng's uniform_at(key, i) >= rate; steps = kernels::keep_steps(rate))
 // of elements 4b .. 4b + 3 of a whole array, from the one Philox block that holds their
 // uniforms; at rate 0 (eval) nothing is drawn and every element is kept.
@@ -59,8 +53,7 @@ __device__ inline void keeps4(uint64_t b, uint64_t seed, uint64_t stream_id, uin
 // The dropout verdict of local element i of a block, drawn at its global index.
 __device__ inline bool keeps_at_block(const BlockMap& map, int64_t i, uint64_t seed, uint64_t stream_id,
                                       uint32_t steps) {
-  const uint64_t g = global_index(map, i);
-  return keeps_word(philox_word(g / 4, uint32_t(g % 4), seed, stream_id), steps);
+  return keeps_word(philox_element(global_index(map, i), seed, stream_id), steps);
 }
 
 }  // namespace mt::cuda
