@@ -129,14 +129,22 @@ void fill_uniform(const RngKey& key, uint64_t offset, int64_t n, float* out) {
   }
   one_by_one(offset, first_group * 64);
   const int64_t groups = int64_t(end_group - first_group);
-#pragma omp parallel for if (n > grain::copy) schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
+  auto group = [&](int64_t g) {
     uint32_t w[4][16];
     const uint64_t block0 = (first_group + uint64_t(g)) * 16;
     philox_16_blocks(key, block0, w);
     float* o = out + (block0 * 4 - offset);
     for (int j = 0; j < 16; ++j)
       for (int lane = 0; lane < 4; ++lane) o[j * 4 + lane] = unit_closed_open(w[lane][j]);
+  };
+  // Short fills (a row of dropout factors inside a kernel's own threads) stay out of OpenMP:
+  // a parallel region, even one its `if` makes serial, costs a team and futex calls, which
+  // made the fused attention's per-row draws slower than the rows' arithmetic.
+  if (n > grain::copy) {
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) group(g);
+  } else {
+    for (int64_t g = 0; g < groups; ++g) group(g);
   }
   one_by_one(end_group * 64, end);
 }
@@ -146,8 +154,7 @@ void fill_normal(const RngKey& key, uint64_t offset, int64_t n, float* out) {
   if (n <= 0) return;
   const uint64_t first = offset / 2, end = offset + uint64_t(n);
   const int64_t blocks = int64_t((end - 1) / 2 - first + 1);
-#pragma omp parallel for if (n > grain::compute) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
+  auto one_block = [&](int64_t b) {
     const uint64_t block = first + uint64_t(b);
     const auto w = key.block(block);
     for (uint64_t half = 0; half < 2; ++half) {
@@ -155,6 +162,12 @@ void fill_normal(const RngKey& key, uint64_t offset, int64_t n, float* out) {
       if (i < offset || i >= end) continue;
       out[i - offset] = box_muller(w, half);
     }
+  };
+  if (n > grain::compute) {  // as fill_uniform: short fills (random_normal's chunks) open no OpenMP region
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) one_block(b);
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) one_block(b);
   }
 }
 
