@@ -1,6 +1,7 @@
 #pragma once
-// The fused (flash-style) attention kernels: cpu/attention.cpp (the reference every GPU
-// kernel is tested against) and cuda/attention.cu with cuda/attention_tensor_core.cu.
+// The fused (flash-style) attention kernels: cpu/attention.cpp (f32 math: the reference
+// every GPU kernel is tested against) with cpu/attention_gemm.cpp (bf16 operands), and
+// cuda/attention.cu with cuda/attention_tensor_core.cu.
 // softmax(scale · q kᵀ) v per (batch·head) with the bottom-right causal mask, optional dropout
 // on the probabilities (the Philox stream of `key` at the flat index of each probability in
 // the (B·H, Tq, Tk) array, as dropout()), without storing the probabilities: the backward
@@ -38,7 +39,8 @@ struct FlashAttentionShape {
   int64_t q_row_stride = 0, kv_row_stride = 0;
   // How the GPU's tensor-core kernels multiply (the matmul precision in force when the op
   // ran): f32-accurate (each f32 operand split into two TF32 parts, three products), TF32 or
-  // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU kernel is f32.
+  // bf16 operands; f32 accumulation and f32 softmax in every case. The CPU multiplies f32 for
+  // f32 and tf32, and bf16 operands (oneDNN's GEMMs) for bf16 and for bf16 arrays.
   enum class Operands : uint8_t { f32, tf32, bf16 } operands = Operands::f32;
   // Optional (the GPU's tensor-core kernels, with dropout): the forward stores the keep flags
   // it draws here, and the backward reads them instead of drawing them again (twice: its dK/dV

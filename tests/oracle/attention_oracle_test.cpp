@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 
+#include "meshtrain/backend/attention.h"
 #include "meshtrain/prim/dispatch.h"
 #include "tests/support/op_check.h"
 
@@ -372,6 +373,65 @@ TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
                                o);
   prim::set_op_observer(previous);
   EXPECT_EQ(fused_calls, 2);
+}
+
+// The CPU kernel with bf16 operands (bf16 arrays, or f32 arrays under a bf16 matmul
+// precision: blocks of 64 query rows through oneDNN's bf16 GEMMs, native or widened to f32 on
+// the _avx2 registration) against its f32 vector kernel on the same bf16-rounded inputs, at
+// sizes the tests above do not reach: several blocks with a ragged last one, causal with
+// Tq < Tk, grouped heads, heads-inner arrays, a key-padding mask with one batch fully masked,
+// dropout 0.1 on every case, head dims 64, 40 and 32; the forward, the log-sum-exps and the
+// three gradients.
+TEST(AttentionOracle, Bf16OperandKernelEqualsTheF32Kernel) {
+  struct Case {
+    int64_t b, h, group, tq, tk, d;
+    bool causal, masked, heads_inner;
+  };
+  for (const Case& c : {Case{2, 4, 2, 150, 150, 64, true, false, false}, Case{1, 2, 1, 70, 133, 40, true, false, true},
+                        Case{3, 2, 1, 100, 100, 32, false, true, false}}) {
+    const int64_t hkv = c.h / c.group;
+    const Shape qs = c.heads_inner ? Shape{c.b, c.tq, c.h, c.d} : Shape{c.b * c.h, c.tq, c.d};
+    const Shape ks = c.heads_inner ? Shape{c.b, c.tk, hkv, c.d} : Shape{c.b * hkv, c.tk, c.d};
+    // Values bf16 holds exactly, so both kernels see the same inputs.
+    auto draw = [](const Shape& shape, uint64_t i) { return cast(cast(random_normal(shape, i), DType::bf16), DType::f32); };
+    const Array q = draw(qs, 1), k = draw(ks, 2), v = draw(ks, 3), g = draw(qs, 4);
+    std::vector<uint8_t> mask(size_t(c.b * c.tk), 1);
+    for (int64_t j = 60; j < c.tk; ++j) mask[size_t(j)] = 0;                         // batch 0: 60 keys
+    for (int64_t j = 0; j < c.tk; ++j) mask[size_t((c.b - 1) * c.tk + j)] = 0;        // the last: none
+    kernels::FlashAttentionShape s;
+    s.batch_heads = c.b * c.h, s.tq = c.tq, s.tk = c.tk, s.d = c.d, s.group = c.group;
+    s.scale = float(1.0 / std::sqrt(double(c.d))), s.causal = c.causal, s.dropout_rate = 0.1;
+    s.dropout_key = RngKey{13, 4}, s.heads = c.h, s.heads_inner = c.heads_inner;
+    if (c.masked) s.key_mask = reinterpret_cast<const bool*>(mask.data()), s.mask_batches = c.b;
+    struct Result {
+      Array out, lse, dq, dk, dv;
+    };
+    auto run = [&](DType dtype, kernels::FlashAttentionShape::Operands operands) {
+      kernels::FlashAttentionShape sh = s;
+      sh.operands = operands;
+      const Array qd = cast(q, dtype), kd = cast(k, dtype), vd = cast(v, dtype), gd = cast(g, dtype);
+      Result r{Array::zeros(qs, dtype), Array::zeros({s.batch_heads, c.tq}), Array::zeros(qs, dtype),
+               Array::zeros(ks, dtype), Array::zeros(ks, dtype)};
+      cpu::flash_attention_forward(qd, kd, vd, sh, r.out, r.lse);
+      cpu::flash_attention_backward(qd, kd, vd, r.out, r.lse, gd, sh, r.dq, r.dk, r.dv);
+      return r;
+    };
+    using Operands = kernels::FlashAttentionShape::Operands;
+    const Result ref = run(DType::f32, Operands::f32);
+    const std::string name = "T" + std::to_string(c.tq) + "x" + std::to_string(c.tk) + " D" + std::to_string(c.d) +
+                             (c.causal ? " causal" : " masked") + (c.heads_inner ? " heads-inner" : "") +
+                             (c.group > 1 ? " grouped" : "");
+    for (const auto& [dtype, operands] : {std::pair{DType::bf16, Operands::f32}, std::pair{DType::f32, Operands::bf16}}) {
+      const Result r = run(dtype, operands);
+      const std::string label = name + (dtype == DType::bf16 ? ", bf16 arrays" : ", f32 arrays with bf16 operands");
+      const Tolerance tol = default_tolerance(DType::bf16);
+      expect_close(cast(r.out, DType::f32), ref.out, tol, label + " forward");
+      expect_close(r.lse, ref.lse, {1e-5, 1e-5, 1e-5}, label + " log-sum-exps");
+      expect_close(cast(r.dq, DType::f32), ref.dq, tol, label + " dq");
+      expect_close(cast(r.dk, DType::f32), ref.dk, tol, label + " dk");
+      expect_close(cast(r.dv, DType::f32), ref.dv, tol, label + " dv");
+    }
+  }
 }
 
 TEST(AttentionOracle, FullyMaskedRowIsUniformNotNaN) {

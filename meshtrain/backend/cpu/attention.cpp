@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "meshtrain/backend/cpu/attention_slices.h"
 #include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/backend/random.h"
 #include "meshtrain/core/element.h"
@@ -13,9 +14,10 @@
 namespace mt::cpu {
 
 using kernels::FlashAttentionShape;
-using kernels::keep_threshold;
 
 namespace {
+
+using namespace attention;
 
 // The products run on 8-float vectors (GCC vector extensions: AVX2 in the x86-64-v3 build),
 // four query rows at a time, with partial sums in registers: the (Tq, Tk) scores exist only
@@ -29,27 +31,6 @@ inline void store8(float* p, v8f v) { *reinterpret_cast<v8f*>(p) = v; }
 inline v8f splat(float x) { return v8f{} + x; }
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
-// Where slice `slice` of an array with `heads` heads and `rows` rows per slice starts, and how
-// far apart its rows are: (B, H, T, D) slices are contiguous; heads-inner (B, T, H, D) rows
-// are `ld` apart (H·D, or more in a packed projection).
-struct SliceAt {
-  int64_t first, ld;
-};
-SliceAt slice_at(const FlashAttentionShape& s, int64_t slice, int64_t heads, int64_t rows, int64_t ld) {
-  if (!s.heads_inner) return {slice * rows * s.d, s.d};
-  if (ld == 0) ld = heads * s.d;
-  return {(slice / heads) * rows * ld + (slice % heads) * s.d, ld};
-}
-// The query inputs (q, dq: s.heads heads, Tq rows), the outputs' side (out and g: always H·D
-// apart when heads inner) and the key side (k, v, dk, dv).
-SliceAt query_slice(const FlashAttentionShape& s, int64_t bh) {
-  return slice_at(s, bh, s.heads, s.tq, s.q_row_stride);
-}
-SliceAt output_slice(const FlashAttentionShape& s, int64_t bh) { return slice_at(s, bh, s.heads, s.tq, 0); }
-SliceAt key_slice(const FlashAttentionShape& s, int64_t kv) {
-  return slice_at(s, kv, s.heads / s.group, s.tk, s.kv_row_stride);
-}
 
 // One (batch·head) slice of an input as f32 rows of `dp` >= d floats (the head dim rounded
 // up to the vector width; the extra columns are zeros, which change no dot product): the
@@ -158,56 +139,6 @@ void probs_transposed_times_rows(const float* p, int rows, int64_t ld, const flo
   }
 }
 
-// The key-padding mask of one (batch·head) slice: its row (null without a mask) and the
-// score masked keys take, the lowest finite float. When no key is visible every score takes
-// that one value, so the row is uniform: 0 serves (a finite lowest plus log n would round
-// back to lowest in the log-sum-exp).
-struct KeyMask {
-  const bool* allowed = nullptr;
-  float fill = 0.0f;
-};
-
-KeyMask key_mask_of(const FlashAttentionShape& s, int64_t bh) {
-  if (!s.key_mask) return {};
-  const bool* row = s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
-  const bool any = std::any_of(row, row + s.tk, [](bool a) { return a; });
-  return {row, any ? -3.40282347e38f : 0.0f};
-}
-
-// Masked keys' scores take the mask's fill (rows `ld` apart, n keys each).
-void mask_scores(const KeyMask& mask, int rows, int64_t n, float* scores, int64_t ld) {
-  if (!mask.allowed) return;
-  const bool* allowed = mask.allowed;
-  const float fill = mask.fill;
-  for (int r = 0; r < rows; ++r) {
-    float* row = scores + r * ld;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) row[j] = allowed[j] ? row[j] : fill;
-  }
-}
-
-// The composed form's where() passes no gradient to masked scores: zero their dS (only a row
-// with no visible key has nonzero probabilities there).
-void mask_score_gradients(const bool* allowed, int64_t n, float* ds_row) {
-  if (!allowed) return;
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) ds_row[j] = allowed[j] ? ds_row[j] : 0.0f;
-}
-
-int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
-  return s.causal ? std::min(s.tk, i + (s.tk - s.tq) + 1) : s.tk;
-}
-
-// The dropout multipliers of row (bh, i): 0, or 1 / (1 - rate) where kept, from the same
-// Philox stream dropout() draws on the (BH, Tq, Tk) probabilities.
-void keep_factors(const FlashAttentionShape& s, int64_t bh, int64_t i, int64_t n, float* keep) {
-  // Resolved per row (a read and one Philox block): nothing beside a row of Philox blocks.
-  fill_uniform(s.dropout_key.resolved(), uint64_t((bh * s.tq + i) * s.tk), n, keep);
-  const float kept = float(1.0 / (1.0 - s.dropout_rate)), threshold = keep_threshold(s.dropout_rate);
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) keep[j] = keep[j] >= threshold ? kept : 0.0f;
-}
-
 // Per-thread scratch, reused across (batch·head) slices.
 struct Scratch {
   std::vector<float> q, k, v, o, g, kt, vt, probs, scaled, keep, dq, dk, dv;
@@ -232,6 +163,7 @@ int64_t padded_dim(int64_t d) { return round_up(d, 8); }
 
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const FlashAttentionShape& s, Array& out,
                              Array& lse) {
+  if (attention::bf16_operands(q, s)) return attention::gemm_forward(q, k, v, s, out, lse);
   const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
   float* pl = lse.data<float>();
   const bool direct = out.dtype() == DType::f32 && d == dp && !s.heads_inner;
@@ -288,6 +220,8 @@ void flash_attention_forward(const Array& q, const Array& k, const Array& v, con
 
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+  if (attention::bf16_operands(q, s))
+    return attention::gemm_backward(q, k, v, out, lse, g, s, dq, dk, dv);
   const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
   const float* pl = lse.data<float>();
   // Each key/value slice is independent: one task owns its rows of dk and dv, summed over
