@@ -411,15 +411,11 @@ bool runs_fused(const Array& q, const Array& k, const Array& v, int64_t batch, i
                 int64_t dv, const Array& mask, const AttentionOptions& o) {
   const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
   const AttentionKernel kernel = attention_kernel();
-  // Automatic: fused for f32 math on the CPU. With bf16 operands (bf16 arrays or --precision
-  // bf16) the composed form's GEMMs run on the CPU's bf16 units and beat the f32 vector kernel
-  // on short keys: GPT-2 B4 T256 1.37 vs 1.51 s/step, BERT B8 T128 0.97 vs 1.17 (bf16 policy,
-  // avx512_core_bf16). From 512 keys the (B, H, Tq, Tk) probabilities it keeps per layer cost
-  // more than they save: GPT-2 B8 T512 6.95 vs 6.70 s/step and 5.57 vs 3.91 GB peak RSS
-  // (bench/model_step_bench). On a GPU: fused wherever the tensor-core kernels take the arrays
-  // (f32 or bf16, head dim <= 128, sm_80+).
-  const bool f32_math = q.dtype() == DType::f32 && matmul_precision() != MatmulPrecision::bf16;
-  const bool cpu_fused = q.device().is_cpu() && (f32_math || tk >= 512);
+  // Automatic: fused on the CPU, where with bf16 operands (bf16 arrays or --precision bf16)
+  // its blocks run on oneDNN's bf16 GEMMs (cpu/attention_gemm.cpp) and beat the composed form
+  // at every length measured; the f32 vector kernel takes f32 math. On a GPU: fused wherever
+  // the tensor-core kernels take the arrays (f32 or bf16, head dim <= 128, sm_80+).
+  const bool cpu_fused = q.device().is_cpu();
   const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, d);
   const bool fused =
       kernel == AttentionKernel::fused || (kernel == AttentionKernel::automatic && (cpu_fused || gpu_tensor_cores));
