@@ -5,7 +5,8 @@
 // Usage: attention_bench [B H T D ...]   (defaults: GPT-2 124M and the seed miniGPT)
 // MT_DEVICE=cuda runs on the GPU (each call timed to completion); MT_PRECISION=tf32|bf16 sets
 // the matmul precision (the composed form's GEMMs, the fused kernels' tensor-core operands);
-// MT_DTYPE=bf16 makes the arrays bf16 (a bf16 training step's); MT_NO_DROPOUT=1 drops dropout.
+// MT_DTYPE=bf16 makes the arrays bf16 (a bf16 training step's); MT_NO_DROPOUT=1 drops dropout;
+// MT_FORM=fused|composed times one form only (to profile it).
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
 
@@ -79,9 +80,10 @@ int main(int argc, char** argv) {
               std::getenv("MT_NO_DROPOUT") ? "0" : "0.1", dtype_env ? dtype_env : "f32",
               matmul_precision_name(matmul_precision()),
               device.is_cpu() ? cpu::cpu_summary().c_str() : device.str().c_str());
+  const char* form = std::getenv("MT_FORM");
   for (const Case& c : cases) {
-    run(c, AttentionKernel::composed);
-    run(c, AttentionKernel::fused);
+    if (!form || std::string(form) != "fused") run(c, AttentionKernel::composed);
+    if (!form || std::string(form) != "composed") run(c, AttentionKernel::fused);
   }
   return 0;
 }
