@@ -1,7 +1,6 @@
 #pragma once
-// The fused (flash-style) attention kernels: cpu/attention.cpp (f32 math: the reference
-// every GPU kernel is tested against) with cpu/attention_gemm.cpp (bf16 operands), and
-// cuda/attention.cu with cuda/attention_tensor_core.cu.
+// The fused (flash-style) attention kernels: cpu/attention.cpp (under f32 math the reference
+// every GPU kernel is tested against) and cuda/attention.cu with cuda/attention_tensor_core.cu.
 // softmax(scale · q kᵀ) v per (batch·head) with the bottom-right causal mask, optional dropout
 // on the probabilities (the Philox stream of `key` at the flat index of each probability in
 // the (B·H, Tq, Tk) array, as dropout()), without storing the probabilities: the backward

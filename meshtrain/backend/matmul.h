@@ -48,6 +48,14 @@ void matmul_clear_cache();
 // products on a CPU without native kernels for them) stages at once; larger unbatched products
 // run in blocks. Returns the previous limit; tests lower it to reach the blocked path.
 size_t set_matmul_staging_limit(size_t elements);
+// One unbatched product of the many small ones a kernel makes inside its own threads (the
+// fused attention's blocks), as matmul computes it but always on a cached oneDNN primitive,
+// whose packing space is the calling thread's reused scratchpad. The jit GEMM (dnnl_sgemm),
+// which matmul prefers for most f32 shapes, mallocs its packing buffers per call, and in the
+// OpenMP workers those pages were faulted in again and again: BERT-base's f32 step peaked
+// 146 MB higher with its attention blocks on it.
+void matmul_in_kernel(kernels::MatmulDType dtype, const void* a, const void* b, void* c, int64_t M, int64_t N,
+                      int64_t K, bool trans_a, bool trans_b, bool accumulate);
 }  // namespace mt::cpu
 namespace mt::cuda {
 MT_MATMUL_KERNELS

@@ -291,9 +291,8 @@ TEST(AttentionOracle, PackedProjectionEqualsTheHeadsInnerForm) {
   expect_error([] { attention_packed(Array::zeros({1, 4, 7, 8}), 3, 2); }, {"[attention]", "Hkv = 2", "(1, 4, 7, 8)"});
 }
 
-// The CPU kernel's vector paths at sizes the test above does not reach: several 16-key
-// blocks with a ragged last one, row groups of 4 with a ragged last group, head dims that
-// are padded (12, 40) or take two vectors (64), bottom-right causal with Tq < Tk; and the
+// The CPU kernel at sizes the test above does not reach: two blocks of query rows (67: a
+// ragged last block), head dims 12, 40 and 64, bottom-right causal with Tq < Tk; and the
 // default (automatic) path of scaled_dot_product_attention, which is fused on the CPU.
 TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
   const RngKey key{11, 5};
@@ -376,8 +375,9 @@ TEST(AttentionOracle, FlashAttentionKernelShapesEqualTheComposedForm) {
 }
 
 // The CPU kernel with bf16 operands (bf16 arrays, or f32 arrays under a bf16 matmul
-// precision: blocks of 64 query rows through oneDNN's bf16 GEMMs, native or widened to f32 on
-// the _avx2 registration) against its f32 vector kernel on the same bf16-rounded inputs, at
+// precision: blocks of 64 query rows through oneDNN's bf16 GEMMs, native, or f32 GEMMs of the
+// rounded values on the _avx2 registration) against itself with f32 operands on the same
+// bf16-exact inputs, at
 // sizes the tests above do not reach: several blocks with a ragged last one, causal with
 // Tq < Tk, grouped heads, heads-inner arrays, a key-padding mask with one batch fully masked,
 // dropout 0.1 on every case, head dims 64, 40 and 32; the forward, the log-sum-exps and the

@@ -1,12 +1,21 @@
 #include "meshtrain/backend/attention.h"
 
+// The fused attention on the CPU: per (batch·head) slice, blocks of 64 query rows go through
+// oneDNN's GEMMs (forward S = Q·Kᵀ and O = P·V; backward S again, dP = dO·Vᵀ, dV += Pᵀ·dO,
+// dK += dSᵀ·Q, dQ = dS·K) with the softmax, masks and dropout in f32 between them, so no
+// (Tq, Tk) array is ever held and a block's scores stay in the cache. The operands are f32
+// under f32 math (the reference every GPU kernel is tested against) and bf16 for bf16 arrays
+// or a bf16 matmul precision, as the GPU's tensor cores multiply: q, k, v and dO rounded to
+// bf16, P and dS rounded to bf16 for their products, f32 accumulation.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#include "meshtrain/backend/cpu/attention_slices.h"
+#include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/backend/cpu/fast_math.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/backend/random.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
@@ -17,278 +26,355 @@ using kernels::FlashAttentionShape;
 
 namespace {
 
-using namespace attention;
+using kernels::MatmulDType;
 
-// The products run on 8-float vectors (GCC vector extensions: AVX2 in the x86-64-v3 build),
-// four query rows at a time, with partial sums in registers: the (Tq, Tk) scores exist only
-// as the current rows' slices. Head dims that are not a multiple of 8 take scalar loops.
-typedef float v8f __attribute__((vector_size(32), aligned(4)));  // unaligned loads and stores
-constexpr int kRows = 4;
-constexpr int64_t kKeys = 16;  // keys per block of scores: two vectors
+// Where slice `slice` of an array with `heads` heads and `rows` rows per slice starts, and how
+// far apart its rows are: (B, H, T, D) slices are contiguous; heads-inner (B, T, H, D) rows
+// are `ld` apart (H·D, or more in a packed projection).
+struct SliceAt {
+  int64_t first, ld;
+};
+SliceAt slice_at(const FlashAttentionShape& s, int64_t slice, int64_t heads, int64_t rows, int64_t ld) {
+  if (!s.heads_inner) return {slice * rows * s.d, s.d};
+  if (ld == 0) ld = heads * s.d;
+  return {(slice / heads) * rows * ld + (slice % heads) * s.d, ld};
+}
+// The query inputs (q, dq: s.heads heads, Tq rows), the outputs' side (out and g: always H·D
+// apart when heads inner) and the key side (k, v, dk, dv).
+SliceAt query_slice(const FlashAttentionShape& s, int64_t bh) {
+  return slice_at(s, bh, s.heads, s.tq, s.q_row_stride);
+}
+SliceAt output_slice(const FlashAttentionShape& s, int64_t bh) { return slice_at(s, bh, s.heads, s.tq, 0); }
+SliceAt key_slice(const FlashAttentionShape& s, int64_t kv) {
+  return slice_at(s, kv, s.heads / s.group, s.tk, s.kv_row_stride);
+}
 
-inline v8f load8(const float* p) { return *reinterpret_cast<const v8f*>(p); }
-inline void store8(float* p, v8f v) { *reinterpret_cast<v8f*>(p) = v; }
-inline v8f splat(float x) { return v8f{} + x; }
+// The keys query row i sees: all, or up to the bottom-right causal diagonal.
+int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
+  return s.causal ? std::min(s.tk, i + (s.tk - s.tq) + 1) : s.tk;
+}
 
-int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+// The key-padding mask of one (batch·head) slice: its row (null without a mask) and the
+// score masked keys take, the lowest finite float. When no key is visible every score takes
+// that one value, so the row is uniform: 0 serves (a finite lowest plus log n would round
+// back to lowest in the log-sum-exp).
+struct KeyMask {
+  const bool* allowed = nullptr;
+  float fill = 0.0f;
+};
 
-// One (batch·head) slice of an input as f32 rows of `dp` >= d floats (the head dim rounded
-// up to the vector width; the extra columns are zeros, which change no dot product): the
-// array's own memory when it is f32, contiguous and d == dp, else a converted copy in
-// `scratch`.
-const float* f32_slice(const Array& x, SliceAt at, int64_t rows, int64_t d, int64_t dp, std::vector<float>& scratch) {
-  if (x.dtype() == DType::f32 && d == dp && at.ld == d) return x.data<float>() + at.first;
-  scratch.assign(size_t(rows * dp), 0.0f);
+KeyMask key_mask_of(const FlashAttentionShape& s, int64_t bh) {
+  if (!s.key_mask) return {};
+  const bool* row = s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
+  const bool any = std::any_of(row, row + s.tk, [](bool a) { return a; });
+  return {row, any ? -3.40282347e38f : 0.0f};
+}
+
+// Masked keys' scores take the mask's fill (rows `ld` apart, n keys each).
+void mask_scores(const KeyMask& mask, int64_t rows, int64_t n, float* scores, int64_t ld) {
+  if (!mask.allowed) return;
+  const bool* allowed = mask.allowed;
+  const float fill = mask.fill;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) row[j] = allowed[j] ? row[j] : fill;
+  }
+}
+
+// The composed form's where() passes no gradient to masked scores: zero their dS (only a row
+// with no visible key has nonzero probabilities there).
+void mask_score_gradients(const bool* allowed, int64_t n, float* ds_row) {
+  if (!allowed) return;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) ds_row[j] = allowed[j] ? ds_row[j] : 0.0f;
+}
+
+// The dropout multipliers of row (bh, i): 0, or 1 / (1 - rate) where kept, from the same
+// Philox stream dropout() draws on the (BH, Tq, Tk) probabilities.
+// `keep` holds at least Tk floats: the draw runs on to a multiple of 64 keys (within the row),
+// since fill_uniform takes whole groups of 64 through its vectorized Philox and the rest one
+// block at a time, and a causal row's visible keys mostly end mid-group.
+void keep_factors(const FlashAttentionShape& s, int64_t bh, int64_t i, int64_t n, float* keep) {
+  // Resolved per row (a read and one Philox block): nothing beside a row of Philox blocks.
+  const int64_t drawn = std::min(s.tk, (n + 63) / 64 * 64);
+  fill_uniform(s.dropout_key.resolved(), uint64_t((bh * s.tq + i) * s.tk), drawn, keep);
+  const float kept = float(1.0 / (1.0 - s.dropout_rate)), threshold = kernels::keep_threshold(s.dropout_rate);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) keep[j] = keep[j] >= threshold ? kept : 0.0f;
+}
+
+// Query rows per block: each GEMM is then large enough that oneDNN's per-call cost (a few
+// microseconds) is small beside its work, and a block's f32 scores (64 × Tk) stay in L2.
+constexpr int64_t kBlockRows = 64;
+
+// Whether the products take bf16 operands: bf16 arrays, or a bf16 matmul precision in force
+// when the op ran (s.operands), as on the GPU's tensor cores.
+bool bf16_operands(const Array& q, const FlashAttentionShape& s) {
+  return q.dtype() == DType::bf16 || s.operands == FlashAttentionShape::Operands::bf16;
+}
+
+// How the products take their operands (P below): the element type E the GEMMs multiply,
+// oneDNN's kernel for it, and round_row, which turns f32 values (a slice's rows, P, dS) into
+// operands.
+// f32 math: operands as they are.
+struct ExactF32 {
+  using E = float;
+  static constexpr MatmulDType gemm_dtype = MatmulDType::f32;
+  static void round_row(const float* from, float* to, int64_t n) {
+    if (from != to) std::memcpy(to, from, size_t(n) * sizeof(float));
+  }
+};
+// bf16 operands where oneDNN multiplies bf16 natively (AVX512_BF16, AMX).
+struct NativeBf16 {
+  using E = bf16;
+  static constexpr MatmulDType gemm_dtype = MatmulDType::bf16_f32;
+  static void round_row(const float* from, bf16* to, int64_t n) {
+    f32_to_bf16_n(from, reinterpret_cast<uint16_t*>(to), n);
+  }
+};
+// bf16 operands elsewhere (AVX2): f32 holding the rounded values, which the f32 GEMM multiplies
+// as a native kernel does (products of bf16 values are exact in f32; only the order of the
+// sums differs), without widening each operand again per call.
+struct RoundedF32 {
+  using E = float;
+  static constexpr MatmulDType gemm_dtype = MatmulDType::f32;
+  static void round_row(const float* from, float* to, int64_t n) { f32_round_to_bf16_n(from, to, n); }
+};
+
+// c (M, N) f32 (+)= op(a) · op(b) with a, b dense (row-major, as cpu::matmul takes them).
+template <class P>
+void gemm(const typename P::E* a, const typename P::E* b, float* c, int64_t M, int64_t N, int64_t K, bool trans_a,
+          bool trans_b, bool accumulate) {
+  matmul_in_kernel(P::gemm_dtype, a, b, c, M, N, K, trans_a, trans_b, accumulate);
+}
+
+// A slice's rows as a dense (rows, d) block of operands: the array's own memory where it
+// already is that (rows d apart, in E, and needing no rounding), else a copy in `scratch`.
+template <class P>
+const typename P::E* operand_rows(const Array& x, SliceAt at, int64_t rows, int64_t d,
+                                  std::vector<typename P::E>& scratch) {
+  using E = typename P::E;
+  if (at.ld == d) {
+    if constexpr (std::is_same_v<P, NativeBf16>)
+      if (x.dtype() == DType::bf16) return x.data<bf16>() + at.first;
+    if constexpr (std::is_same_v<P, ExactF32>)
+      if (x.dtype() == DType::f32) return x.data<float>() + at.first;
+  }
+  scratch.resize(size_t(rows * d));
   dispatch_float(x.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>() + at.first;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < d; ++c) scratch[size_t(r * dp + c)] = load_f32(p[r * at.ld + c]);
+    std::vector<float> widened;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = p + r * at.ld;
+      E* row = scratch.data() + r * d;
+      if constexpr (std::is_same_v<T, float>) {
+        P::round_row(src, row, d);
+      } else if constexpr (std::is_same_v<T, bf16> && std::is_same_v<E, bf16>) {
+        std::memcpy(row, src, size_t(d) * sizeof(bf16));
+      } else if constexpr (std::is_same_v<T, bf16>) {
+        bf16_to_f32_n(reinterpret_cast<const uint16_t*>(src), row, d);  // exact: no rounding needed
+      } else {
+        widened.resize(size_t(d));
+        for (int64_t c = 0; c < d; ++c) widened[size_t(c)] = load_f32(src[c]);
+        P::round_row(widened.data(), row, d);
+      }
+    }
   });
   return scratch.data();
 }
 
-// The first d of every dp floats of `from` into a slice of x, in x's dtype.
-void store_slice(const float* from, int64_t rows, int64_t d, int64_t dp, Array& x, SliceAt at) {
+// Rows [row0, row0 + rows) of a slice of x from dense (rows, d) f32, in x's dtype.
+void store_rows(const float* from, int64_t row0, int64_t rows, int64_t d, Array& x, SliceAt at) {
   dispatch_float(x.dtype(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
-    T* p = x.data<T>() + at.first;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < d; ++c) p[r * at.ld + c] = store_f32<T>(from[r * dp + c]);
+    T* p = x.data<T>() + at.first + row0 * at.ld;
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (std::is_same_v<T, float>) std::memcpy(p + r * at.ld, from + r * d, size_t(d) * sizeof(float));
+      else if constexpr (std::is_same_v<T, bf16>) f32_to_bf16_n(from + r * d, reinterpret_cast<uint16_t*>(p + r * at.ld), d);
+      else for (int64_t c = 0; c < d; ++c) p[r * at.ld + c] = store_f32<T>(from[r * d + c]);
+    }
   });
 }
 
-// (rows, d) -> (d, stride) with stride = rows rounded up to kKeys and zero columns after
-// `rows`: keys as columns, so 16 keys' scores accumulate lane by lane over the head dim.
-void transpose_into(const float* x, int64_t rows, int64_t d, std::vector<float>& out) {
-  const int64_t stride = round_up(rows, kKeys);
-  out.assign(size_t(d * stride), 0.0f);
-  for (int64_t j = 0; j < rows; ++j)
-    for (int64_t c = 0; c < d; ++c) out[size_t(c * stride + j)] = x[j * d + c];
+// Row i's scores: scale · q_i·k_j for its n visible keys, masked keys at the mask's fill.
+void scale_and_mask(float* row, int64_t n, float scale, const KeyMask& mask) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+  mask_scores(mask, 1, n, row, n);
 }
 
-// out[r][j] = scale · Σ_c a[r][c] · bt[c][j] for r < rows (<= kRows), j < n rounded up to
-// kKeys; a: rows of length d; bt: (d, stride) from transpose_into; out rows `ld` apart.
-void rows_times_columns(const float* a, int rows, const float* bt, int64_t d, int64_t stride, int64_t n, float scale,
-                        float* out, int64_t ld) {
-  for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
-    v8f acc[kRows][2] = {};
-    for (int64_t c = 0; c < d; ++c) {
-      const v8f b0 = load8(bt + c * stride + j0), b1 = load8(bt + c * stride + j0 + 8);
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows) break;
-        const v8f ar = splat(a[r * d + c]);
-        acc[r][0] += ar * b0;
-        acc[r][1] += ar * b1;
-      }
-    }
-    for (int r = 0; r < rows; ++r) {
-      store8(out + r * ld + j0, acc[r][0] * scale);
-      store8(out + r * ld + j0 + 8, acc[r][1] * scale);
-    }
-  }
-}
-
-// out[r][c] (+)= Σ_{j<n} p[r][j] · m[j][c] for r < rows, c < d (d a multiple of 8); p rows
-// `ld` apart, m (n, d), out rows d apart.
-void probs_times_rows(const float* p, int rows, int64_t ld, const float* m, int64_t n, int64_t d, float* out,
-                      bool accumulate) {
-  for (int64_t c0 = 0; c0 < d; c0 += 16) {
-    const bool two = c0 + 16 <= d;
-    v8f acc[kRows][2] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      const v8f m0 = load8(m + j * d + c0), m1 = two ? load8(m + j * d + c0 + 8) : v8f{};
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows) break;
-        const v8f pr = splat(p[r * ld + j]);
-        acc[r][0] += pr * m0;
-        acc[r][1] += pr * m1;
-      }
-    }
-    for (int r = 0; r < rows; ++r) {
-      float* o = out + r * d + c0;
-      store8(o, accumulate ? load8(o) + acc[r][0] : acc[r][0]);
-      if (two) store8(o + 8, accumulate ? load8(o + 8) + acc[r][1] : acc[r][1]);
-    }
-  }
-}
-
-// m[j][c] += Σ_r p[r][j] · x[r][c] for j < n, c < d (d a multiple of 8): the rank-`rows`
-// update of dK and dV; x's rows stay in registers while m's rows stream.
-void probs_transposed_times_rows(const float* p, int rows, int64_t ld, const float* x, int64_t n, int64_t d,
-                                 float* m) {
-  for (int64_t c0 = 0; c0 < d; c0 += 16) {
-    const bool two = c0 + 16 <= d;
-    v8f xr[kRows][2] = {};
-    for (int r = 0; r < rows; ++r) {
-      xr[r][0] = load8(x + r * d + c0);
-      if (two) xr[r][1] = load8(x + r * d + c0 + 8);
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      float* mj = m + j * d + c0;
-      v8f a0 = load8(mj), a1 = two ? load8(mj + 8) : v8f{};
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows) break;
-        const v8f pr = splat(p[r * ld + j]);
-        a0 += pr * xr[r][0];
-        a1 += pr * xr[r][1];
-      }
-      store8(mj, a0);
-      if (two) store8(mj + 8, a1);
-    }
-  }
-}
-
-// Per-thread scratch, reused across (batch·head) slices.
-struct Scratch {
-  std::vector<float> q, k, v, o, g, kt, vt, probs, scaled, keep, dq, dk, dv;
+// A block of query rows [i0, i0 + rows) and the keys its last row sees (the most of any of
+// its rows under the bottom-right causal mask); a row's own count is visible_keys().
+struct Block {
+  int64_t i0, rows, keys;
 };
-
-// Group of up to kRows query rows starting at i0, and the keys the last of them sees (the
-// most in the group: visibility grows with the row under the bottom-right causal mask).
-struct RowGroup {
-  int64_t i0;
-  int rows;
-  int64_t keys;
-};
-
-RowGroup row_group(const FlashAttentionShape& s, int64_t i0) {
-  const int rows = int(std::min<int64_t>(kRows, s.tq - i0));
-  return {i0, rows, visible_keys(s, i0 + rows - 1)};
+Block block_at(const FlashAttentionShape& s, int64_t i0) {
+  const int64_t rows = std::min(kBlockRows, s.tq - i0);
+  return {i0, rows, std::max<int64_t>(0, visible_keys(s, i0 + rows - 1))};
 }
 
-int64_t padded_dim(int64_t d) { return round_up(d, 8); }
+template <class P>
+void forward_slices(const Array& q, const Array& k, const Array& v, const FlashAttentionShape& s, Array& out,
+                    Array& lse) {
+  const int64_t d = s.d, tq = s.tq, tk = s.tk;
+  float* pl = lse.data<float>();
+  const bool drop = s.dropout_rate > 0;
+#pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
+  {
+    using E = typename P::E;
+    std::vector<E> qb, kb, vb, probs(size_t(kBlockRows * tk));
+    std::vector<float> scores(size_t(kBlockRows * tk)), keep(static_cast<size_t>(tk)), o(size_t(kBlockRows * d));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
+      const int64_t kv = bh / s.group;
+      const E* qs = operand_rows<P>(q, query_slice(s, bh), tq, d, qb);
+      const E* ks = operand_rows<P>(k, key_slice(s, kv), tk, d, kb);
+      const E* vs = operand_rows<P>(v, key_slice(s, kv), tk, d, vb);
+      const KeyMask mask = key_mask_of(s, bh);
+      for (int64_t i0 = 0; i0 < tq; i0 += kBlockRows) {
+        const Block blk = block_at(s, i0);
+        const int64_t n = blk.keys;
+        if (n > 0) gemm<P>(qs + i0 * d, ks, scores.data(), blk.rows, n, d, false, true, false);
+        for (int64_t r = 0; r < blk.rows; ++r) {
+          float* sr = scores.data() + r * n;
+          E* pr = probs.data() + r * n;
+          const int64_t ni = std::max<int64_t>(0, visible_keys(s, i0 + r));
+          scale_and_mask(sr, ni, s.scale, mask);
+          float m = -INFINITY;
+          for (int64_t j = 0; j < ni; ++j) m = std::max(m, sr[j]);
+          double sum = 0;  // in double, as the composed softmax sums
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < ni; ++j) {
+            sr[j] = fast_exp(sr[j] - m);
+            sum += double(sr[j]);
+          }
+          pl[bh * tq + i0 + r] = m + float(std::log(sum));
+          const float inv = float(1.0 / sum);
+          if (drop) {
+            keep_factors(s, bh, i0 + r, ni, keep.data());
+            const float* kp = keep.data();
+#pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) sr[j] *= inv * kp[j];
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) sr[j] *= inv;
+          }
+          P::round_row(sr, pr, ni);
+          std::fill(pr + ni, pr + n, E{});  // keys the block's later rows see
+        }
+        if (n > 0) gemm<P>(probs.data(), vs, o.data(), blk.rows, d, n, false, false, false);
+        else std::fill(o.begin(), o.end(), 0.0f);
+        store_rows(o.data(), i0, blk.rows, d, out, output_slice(s, bh));
+      }
+    }
+  }
+}
+
+// D_i = Σ_c dO_ic · O_ic for every query row of slice bh, in double (dS subtracts it from
+// each dP_ij, where cancellation would magnify its rounding).
+void row_dots(const Array& g, const Array& out, SliceAt at, int64_t tq, int64_t d, std::vector<float>& di) {
+  di.resize(size_t(tq));
+  dispatch_float(g.dtype(), "flash_attention", [&](auto tag) {
+    using T = decltype(tag);
+    const T* gp = g.data<T>() + at.first;
+    const T* op = out.data<T>() + at.first;
+    for (int64_t i = 0; i < tq; ++i) {
+      double sum = 0;
+      for (int64_t c = 0; c < d; ++c) sum += double(load_f32(gp[i * at.ld + c])) * double(load_f32(op[i * at.ld + c]));
+      di[size_t(i)] = float(sum);
+    }
+  });
+}
+
+template <class P>
+void backward_slices(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse, const Array& g,
+                     const FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+  const int64_t d = s.d, tq = s.tq, tk = s.tk;
+  const float* pl = lse.data<float>();
+  const bool drop = s.dropout_rate > 0;
+  // Each key/value slice is independent: one task owns its rows of dk and dv, summed over its
+  // group's query heads, and those heads' rows of dq.
+#pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
+  {
+    using E = typename P::E;
+    std::vector<E> qb, kb, vb, gb, probs(size_t(kBlockRows * tk)), dsb(size_t(kBlockRows * tk));
+    std::vector<float> scores(size_t(kBlockRows * tk)), dprobs(size_t(kBlockRows * tk)), di;
+    std::vector<float> keep(static_cast<size_t>(tk), 1.0f);  // all kept without dropout
+    std::vector<float> dqf(size_t(kBlockRows * d)), dkf, dvf;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t kv = 0; kv < s.batch_heads / s.group; ++kv) {
+      const E* ks = operand_rows<P>(k, key_slice(s, kv), tk, d, kb);
+      const E* vs = operand_rows<P>(v, key_slice(s, kv), tk, d, vb);
+      dkf.assign(size_t(tk * d), 0.0f);
+      dvf.assign(size_t(tk * d), 0.0f);
+      for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
+        const E* qs = operand_rows<P>(q, query_slice(s, bh), tq, d, qb);
+        const E* gs = operand_rows<P>(g, output_slice(s, bh), tq, d, gb);
+        row_dots(g, out, output_slice(s, bh), tq, d, di);
+        const KeyMask mask = key_mask_of(s, bh);
+        for (int64_t i0 = 0; i0 < tq; i0 += kBlockRows) {
+          const Block blk = block_at(s, i0);
+          const int64_t n = blk.keys;
+          if (n == 0) {
+            std::fill(dqf.begin(), dqf.end(), 0.0f);
+            store_rows(dqf.data(), i0, blk.rows, d, dq, query_slice(s, bh));
+            continue;
+          }
+          // S recomputed (P from the saved log-sum-exps); dP_ij = dO_i · V_j.
+          gemm<P>(qs + i0 * d, ks, scores.data(), blk.rows, n, d, false, true, false);
+          gemm<P>(gs + i0 * d, vs, dprobs.data(), blk.rows, n, d, false, true, false);
+          for (int64_t r = 0; r < blk.rows; ++r) {
+            const int64_t i = i0 + r, ni = std::max<int64_t>(0, visible_keys(s, i));
+            float* sr = scores.data() + r * n;
+            float* dpr = dprobs.data() + r * n;
+            scale_and_mask(sr, ni, s.scale, mask);
+            if (drop) keep_factors(s, bh, i, ni, keep.data());
+            const float row_lse = pl[bh * tq + i], dot = di[size_t(i)], scale = s.scale;
+            const float* kp = keep.data();
+#pragma omp simd
+            for (int64_t j = 0; j < ni; ++j) {
+              const float pj = fast_exp(sr[j] - row_lse);
+              const float kj = kp[j];
+              dpr[j] = pj * (kj * dpr[j] - dot) * scale;  // dS
+              sr[j] = pj * kj;                            // P with dropout applied
+            }
+            mask_score_gradients(mask.allowed, ni, dpr);
+            E* pr = probs.data() + r * n;
+            E* dsr = dsb.data() + r * n;
+            P::round_row(sr, pr, ni);
+            P::round_row(dpr, dsr, ni);
+            std::fill(pr + ni, pr + n, E{});
+            std::fill(dsr + ni, dsr + n, E{});
+          }
+          // dV += Pᵀ dO and dK += dSᵀ Q over the block's keys; dQ = dS K for its rows.
+          gemm<P>(probs.data(), gs + i0 * d, dvf.data(), n, d, blk.rows, true, false, true);
+          gemm<P>(dsb.data(), qs + i0 * d, dkf.data(), n, d, blk.rows, true, false, true);
+          gemm<P>(dsb.data(), ks, dqf.data(), blk.rows, d, n, false, false, false);
+          store_rows(dqf.data(), i0, blk.rows, d, dq, query_slice(s, bh));
+        }
+      }
+      store_rows(dkf.data(), 0, tk, d, dk, key_slice(s, kv));
+      store_rows(dvf.data(), 0, tk, d, dv, key_slice(s, kv));
+    }
+  }
+}
 
 }  // namespace
 
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const FlashAttentionShape& s, Array& out,
                              Array& lse) {
-  if (attention::bf16_operands(q, s)) return attention::gemm_forward(q, k, v, s, out, lse);
-  const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
-  float* pl = lse.data<float>();
-  const bool direct = out.dtype() == DType::f32 && d == dp && !s.heads_inner;
-  // One query head's slice per task (as many tasks as query heads, grouped or not): the keys
-  // of its key/value slice bh / group are transposed once for all its queries.
-#pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
-  {
-    Scratch w;
-    w.probs.resize(size_t(kRows * stride));
-    w.keep.resize(size_t(stride));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
-      const int64_t kv = bh / s.group;
-      const float* qs = f32_slice(q, query_slice(s, bh), tq, d, dp, w.q);
-      const float* ks = f32_slice(k, key_slice(s, kv), tk, d, dp, w.k);
-      const float* vs = f32_slice(v, key_slice(s, kv), tk, d, dp, w.v);
-      transpose_into(ks, tk, dp, w.kt);
-      const KeyMask mask = key_mask_of(s, bh);
-      if (!direct) w.o.resize(size_t(tq * dp));
-      float* os = direct ? out.data<float>() + bh * tq * d : w.o.data();
-      for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
-        const RowGroup grp = row_group(s, i0);
-        float* p = w.probs.data();
-        rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
-        mask_scores(mask, grp.rows, grp.keys, p, stride);
-        for (int r = 0; r < grp.rows; ++r) {
-          float* pr = p + r * stride;
-          const int64_t n = visible_keys(s, i0 + r);
-          float m = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) m = std::max(m, pr[j]);
-          double sum = 0;  // in double, as the composed softmax sums
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < n; ++j) {
-            pr[j] = fast_exp(pr[j] - m);
-            sum += double(pr[j]);
-          }
-          pl[bh * tq + i0 + r] = m + float(std::log(sum));
-          const float l = float(sum);
-          if (s.dropout_rate > 0) {
-            keep_factors(s, bh, i0 + r, n, w.keep.data());
-            for (int64_t j = 0; j < n; ++j) pr[j] = pr[j] / l * w.keep[size_t(j)];
-          } else {
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) pr[j] /= l;
-          }
-          std::fill(pr + n, pr + grp.keys, 0.0f);  // keys the group's later rows see
-        }
-        probs_times_rows(p, grp.rows, stride, vs, grp.keys, dp, os + i0 * dp, false);
-      }
-      if (!direct) store_slice(os, tq, d, dp, out, output_slice(s, bh));
-    }
-  }
+  if (!bf16_operands(q, s)) forward_slices<ExactF32>(q, k, v, s, out, lse);
+  else if (cpu_features().bf16_gemm_native) forward_slices<NativeBf16>(q, k, v, s, out, lse);
+  else forward_slices<RoundedF32>(q, k, v, s, out, lse);
 }
 
 void flash_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
-  if (attention::bf16_operands(q, s))
-    return attention::gemm_backward(q, k, v, out, lse, g, s, dq, dk, dv);
-  const int64_t d = s.d, dp = padded_dim(d), tq = s.tq, tk = s.tk, stride = round_up(tk, kKeys);
-  const float* pl = lse.data<float>();
-  // Each key/value slice is independent: one task owns its rows of dk and dv, summed over
-  // its group's query heads, and those heads' rows of dq.
-#pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
-  {
-    Scratch w;
-    w.probs.resize(size_t(kRows * stride));
-    w.scaled.resize(size_t(kRows * stride));
-    w.keep.resize(size_t(stride));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t kv = 0; kv < s.batch_heads / s.group; ++kv) {
-      const float* ks = f32_slice(k, key_slice(s, kv), tk, d, dp, w.k);
-      const float* vs = f32_slice(v, key_slice(s, kv), tk, d, dp, w.v);
-      transpose_into(ks, tk, dp, w.kt);
-      transpose_into(vs, tk, dp, w.vt);
-      w.dk.assign(size_t(tk * dp), 0.0f);
-      w.dv.assign(size_t(tk * dp), 0.0f);
-      for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
-        const float* qs = f32_slice(q, query_slice(s, bh), tq, d, dp, w.q);
-        const float* os = f32_slice(out, output_slice(s, bh), tq, d, dp, w.o);
-        const float* gs = f32_slice(g, output_slice(s, bh), tq, d, dp, w.g);
-        const KeyMask mask = key_mask_of(s, bh);
-        w.dq.assign(size_t(tq * dp), 0.0f);
-        for (int64_t i0 = 0; i0 < tq; i0 += kRows) {
-          const RowGroup grp = row_group(s, i0);
-          float* p = w.probs.data();  // P, then P with dropout applied
-          float* ds = w.scaled.data();  // dP = dO · Vᵀ, then dS
-          // P recomputed from the saved log-sum-exps; dP_ij = dO_i · V_j.
-          rows_times_columns(qs + i0 * dp, grp.rows, w.kt.data(), dp, stride, grp.keys, s.scale, p, stride);
-          mask_scores(mask, grp.rows, grp.keys, p, stride);
-          rows_times_columns(gs + i0 * dp, grp.rows, w.vt.data(), dp, stride, grp.keys, 1.0f, ds, stride);
-          for (int r = 0; r < grp.rows; ++r) {
-            const int64_t i = i0 + r, n = visible_keys(s, i);
-            float* pr = p + r * stride;
-            float* dsr = ds + r * stride;
-            const float row_lse = pl[bh * tq + i];
-            // Σ_j P_ij dP_ij = dO_i · O_i (with the dropped-out P), in double: dS subtracts it
-            // from each dP_ij, where cancellation would magnify its rounding.
-            double dsum = 0;
-  #pragma omp simd reduction(+ : dsum)
-            for (int64_t c = 0; c < dp; ++c) dsum += double(gs[i * dp + c]) * double(os[i * dp + c]);
-            const float di = float(dsum);
-            const bool drop = s.dropout_rate > 0;
-            if (drop) keep_factors(s, bh, i, n, w.keep.data());
-            const float scale = s.scale;
-  #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) {
-              const float pj = fast_exp(pr[j] - row_lse);
-              const float keep = drop ? w.keep[size_t(j)] : 1.0f;
-              dsr[j] = pj * (keep * dsr[j] - di) * scale;
-              pr[j] = pj * keep;
-            }
-            mask_score_gradients(mask.allowed, n, dsr);
-            std::fill(pr + n, pr + grp.keys, 0.0f);
-            std::fill(dsr + n, dsr + grp.keys, 0.0f);
-          }
-          probs_transposed_times_rows(p, grp.rows, stride, gs + i0 * dp, grp.keys, dp, w.dv.data());
-          probs_transposed_times_rows(ds, grp.rows, stride, qs + i0 * dp, grp.keys, dp, w.dk.data());
-          probs_times_rows(ds, grp.rows, stride, ks, grp.keys, dp, w.dq.data() + i0 * dp, false);
-        }
-        store_slice(w.dq.data(), tq, d, dp, dq, query_slice(s, bh));
-      }
-      store_slice(w.dk.data(), tk, d, dp, dk, key_slice(s, kv));
-      store_slice(w.dv.data(), tk, d, dp, dv, key_slice(s, kv));
-    }
-  }
+  if (!bf16_operands(q, s)) backward_slices<ExactF32>(q, k, v, out, lse, g, s, dq, dk, dv);
+  else if (cpu_features().bf16_gemm_native) backward_slices<NativeBf16>(q, k, v, out, lse, g, s, dq, dk, dv);
+  else backward_slices<RoundedF32>(q, k, v, out, lse, g, s, dq, dk, dv);
 }
 
 }  // namespace mt::cpu

@@ -313,13 +313,15 @@ void run_sgemm(const float* a, const float* b, float* c, int64_t M, int64_t N, i
 }
 
 // Runs the matmul on oneDNN in the given (natively supported) dtype. K > 0, all sizes > 0.
+// jit_gemm_allowed = false keeps f32 on the primitive too (matmul_in_kernel).
 void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch,
                 int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a,
-                bool trans_b, bool accumulate) {
+                bool trans_b, bool accumulate, bool jit_gemm_allowed = true) {
   // oneDNN needs dst batch == max(src batch, weights batch); when both operands broadcast
   // every output slice is the same product, so run a batch-1 primitive.
   const bool both_broadcast = batch > 1 && batch_a == 1 && batch_b == 1;
-  const bool jit_gemm = dtype == MatmulDType::f32 && (batch == 1 || both_broadcast) && prefers_jit_sgemm(M, trans_b);
+  const bool jit_gemm = jit_gemm_allowed && dtype == MatmulDType::f32 && (batch == 1 || both_broadcast) &&
+                        prefers_jit_sgemm(M, trans_b);
   const PlanKey key{dtype, both_broadcast ? 1 : batch, batch_a, batch_b, M, N, K,
                     trans_a, trans_b, accumulate};
   ThreadSlot* slot = nullptr;
@@ -583,6 +585,23 @@ void matmul(MatmulDType dtype,
     run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
   else
     run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+}
+
+void matmul_in_kernel(MatmulDType dtype, const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K,
+                      bool trans_a, bool trans_b, bool accumulate) {
+  if (dtype == MatmulDType::f32_as_tf32) dtype = MatmulDType::f32;
+  if (dtype != MatmulDType::f32 && dtype != MatmulDType::bf16_f32 && dtype != MatmulDType::bf16) {
+    matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate);
+    return;
+  }
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || !runs_natively(dtype)) {  // an empty sum, or 16-bit operands widened: as matmul
+    matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate);
+    return;
+  }
+  MT_CHECK(a != nullptr && b != nullptr && c != nullptr, "[matmul] null pointer in matmul_in_kernel (M=", M, " N=", N,
+           " K=", K, ")");
+  run_onednn(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate, false);
 }
 
 void matmul_bias(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t M, int64_t N,
