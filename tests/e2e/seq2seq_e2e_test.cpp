@@ -181,7 +181,7 @@ TEST_F(Seq2SeqE2E, LoraAdaptersTeachATrainedBartANewTask) {
   ASSERT_EQ(run_cli(common("small-bart", base.string())).code, 0);
   const std::string lora_args = "seq2seq --model " + (base / "model").string() + " --data " + train_desc_ +
                                 " --eval-data " + dev_desc_ +
-                                " --source-field words --target-field sorted --epochs 6 --per-device-batch-size 32"
+                                " --source-field words --target-field sorted --epochs 10 --per-device-batch-size 32"
                                 " --max-source-length 8 --max-target-length 8 --num-beams 2 --learning-rate 5e-3"
                                 " --lora-rank 8 --merge-lora --output-dir " + lora.string();
   CliRun r = run_cli(lora_args);
