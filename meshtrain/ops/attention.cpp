@@ -411,10 +411,10 @@ bool runs_fused(const Array& q, const Array& k, const Array& v, int64_t batch, i
                 int64_t dv, const Array& mask, const AttentionOptions& o) {
   const bool plain = !q.distributed() && !k.distributed() && !v.distributed();
   const AttentionKernel kernel = attention_kernel();
-  // Automatic: fused on the CPU, where with bf16 operands (bf16 arrays or --precision bf16)
-  // its blocks run on oneDNN's bf16 GEMMs (cpu/attention_gemm.cpp) and beat the composed form
-  // at every length measured; the f32 vector kernel takes f32 math. On a GPU: fused wherever
-  // the tensor-core kernels take the arrays (f32 or bf16, head dim <= 128, sm_80+).
+  // Automatic: fused on the CPU, whose blocks of query rows run on oneDNN's GEMMs
+  // (cpu/attention.cpp: bf16 operands for bf16 arrays or --precision bf16, f32 otherwise) and
+  // beat the composed form at every length measured. On a GPU: fused wherever the tensor-core
+  // kernels take the arrays (f32 or bf16, head dim <= 128, sm_80+).
   const bool cpu_fused = q.device().is_cpu();
   const bool gpu_tensor_cores = !q.device().is_cpu() && cuda::flash_attention_tensor_cores(q, d);
   const bool fused =

@@ -34,11 +34,9 @@ bool is_key_padding_mask(const Array& mask, int64_t batch, int64_t tk);
 // and for non-causal attention with at most a key-padding mask (BERT's):
 // `composed` (GEMMs, the fused causal softmax, dropout, with the (Tq, Tk) probabilities kept
 // for the backward), `fused` (flash_attention: none kept), or `automatic` (the default):
-// on the CPU fused for f32 math (its vector kernels run close to oneDNN's f32 GEMMs and keep
-// no T x T arrays) and for bf16 math from 512 keys (where the kept probabilities cost more
-// memory and time than they save), composed for bf16 math below (its bf16 GEMMs are faster
-// there); on a GPU fused
-// where the tensor-core kernels take the arrays (f32 or bf16, head dim <= 128, sm_80+), else composed.
+// on the CPU fused under every precision (its blocks of rows run on oneDNN's GEMMs, f32 or
+// bf16, and keep no T x T arrays); on a GPU fused where the tensor-core kernels take the
+// arrays (f32 or bf16, head dim <= 128, sm_80+), else composed.
 // Process-wide.
 enum class AttentionKernel { automatic, composed, fused };
 void set_attention_kernel(AttentionKernel kernel);
