@@ -137,15 +137,8 @@ void fill_uniform(const RngKey& key, uint64_t offset, int64_t n, float* out) {
     for (int j = 0; j < 16; ++j)
       for (int lane = 0; lane < 4; ++lane) o[j * 4 + lane] = unit_closed_open(w[lane][j]);
   };
-  // Short fills (a row of dropout factors inside a kernel's own threads) stay out of OpenMP:
-  // a parallel region, even one its `if` makes serial, costs a team and futex calls, which
-  // made the fused attention's per-row draws slower than the rows' arithmetic.
-  if (n > grain::copy) {
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) group(g);
-  } else {
-    for (int64_t g = 0; g < groups; ++g) group(g);
-  }
+  // Short fills (a row of dropout factors inside a kernel's own threads) stay out of OpenMP.
+  grain::parallel_for(n, grain::copy, groups, group);
   one_by_one(end_group * 64, end);
 }
 
@@ -163,12 +156,7 @@ void fill_normal(const RngKey& key, uint64_t offset, int64_t n, float* out) {
       out[i - offset] = box_muller(w, half);
     }
   };
-  if (n > grain::compute) {  // as fill_uniform: short fills (random_normal's chunks) open no OpenMP region
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) one_block(b);
-  } else {
-    for (int64_t b = 0; b < blocks; ++b) one_block(b);
-  }
+  grain::parallel_for(n, grain::compute, blocks, one_block);  // random_normal's chunks: serial
 }
 
 }  // namespace mt
