@@ -554,12 +554,15 @@ void matmul_clear_cache() {
   gc.generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
-void matmul(MatmulDType dtype,
-            const void* a,  // (batch_a, M, K), or (batch_a, K, M) when trans_a
-            const void* b,  // (batch_b, K, N), or (batch_b, N, K) when trans_b
-            void* c,        // (batch, M, N)
-            int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
-            bool trans_a, bool trans_b, bool accumulate) {
+namespace {
+// matmul's checks and dispatch; jit_gemm_allowed = false keeps f32 off dnnl_sgemm
+// (matmul_in_kernel).
+void checked_matmul(MatmulDType dtype,
+                    const void* a,  // (batch_a, M, K), or (batch_a, K, M) when trans_a
+                    const void* b,  // (batch_b, K, N), or (batch_b, N, K) when trans_b
+                    void* c,        // (batch, M, N)
+                    int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
+                    bool trans_a, bool trans_b, bool accumulate, bool jit_gemm_allowed) {
   if (dtype == MatmulDType::f32_as_tf32) dtype = MatmulDType::f32;  // no TF32 unit on a CPU
   const PlanKey requested{dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate};
   MT_CHECK(dtype == MatmulDType::f32 || dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ||
@@ -582,26 +585,20 @@ void matmul(MatmulDType dtype,
     run_as_bf16(static_cast<const float*>(a), static_cast<const float*>(b), c, batch, batch_a, batch_b, M, N, K, trans_a,
                 trans_b, accumulate);
   else if (runs_natively(dtype))
-    run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+    run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate, jit_gemm_allowed);
   else
     run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
+}
+}  // namespace
+
+void matmul(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b,
+            int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
+  checked_matmul(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate, true);
 }
 
 void matmul_in_kernel(MatmulDType dtype, const void* a, const void* b, void* c, int64_t M, int64_t N, int64_t K,
                       bool trans_a, bool trans_b, bool accumulate) {
-  if (dtype == MatmulDType::f32_as_tf32) dtype = MatmulDType::f32;
-  if (dtype != MatmulDType::f32 && dtype != MatmulDType::bf16_f32 && dtype != MatmulDType::bf16) {
-    matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate);
-    return;
-  }
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || !runs_natively(dtype)) {  // an empty sum, or 16-bit operands widened: as matmul
-    matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate);
-    return;
-  }
-  MT_CHECK(a != nullptr && b != nullptr && c != nullptr, "[matmul] null pointer in matmul_in_kernel (M=", M, " N=", N,
-           " K=", K, ")");
-  run_onednn(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate, false);
+  checked_matmul(dtype, a, b, c, 1, 1, 1, M, N, K, trans_a, trans_b, accumulate, false);
 }
 
 void matmul_bias(MatmulDType dtype, const void* a, const void* b, const void* bias, void* c, int64_t M, int64_t N,
