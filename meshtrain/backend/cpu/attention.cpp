@@ -121,7 +121,7 @@ bool bf16_operands(const Array& q, const FlashAttentionShape& s) {
 struct ExactF32 {
   using E = float;
   static constexpr MatmulDType gemm_dtype = MatmulDType::f32;
-  static void round_row(const float* from, float* to, int64_t n) {
+  static void round_row(const float* from, float* to, int64_t n) {  // in place: nothing to do
     if (from != to) std::memcpy(to, from, size_t(n) * sizeof(float));
   }
 };
@@ -185,6 +185,19 @@ const typename P::E* operand_rows(const Array& x, SliceAt at, int64_t rows, int6
   return scratch.data();
 }
 
+// Where a block's probabilities (or dS) go as GEMM operands: over their own f32 values when
+// those are the operands (f32 math: nothing to round or copy), else into `rounded`, grown to
+// hold `elements`.
+template <class P>
+typename P::E* block_operands(std::vector<float>& values, std::vector<typename P::E>& rounded, size_t elements) {
+  if constexpr (std::is_same_v<P, ExactF32>) {
+    return values.data();
+  } else {
+    rounded.resize(elements);
+    return rounded.data();
+  }
+}
+
 // Rows [row0, row0 + rows) of a slice of x from dense (rows, d) f32, in x's dtype.
 void store_rows(const float* from, int64_t row0, int64_t rows, int64_t d, Array& x, SliceAt at) {
   dispatch_float(x.dtype(), "flash_attention", [&](auto tag) {
@@ -224,8 +237,9 @@ void forward_slices(const Array& q, const Array& k, const Array& v, const FlashA
 #pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
   {
     using E = typename P::E;
-    std::vector<E> qb, kb, vb, probs(size_t(kBlockRows * tk));
+    std::vector<E> qb, kb, vb, rounded;
     std::vector<float> scores(size_t(kBlockRows * tk)), keep(static_cast<size_t>(tk)), o(size_t(kBlockRows * d));
+    E* probs = block_operands<P>(scores, rounded, scores.size());
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < s.batch_heads; ++bh) {
       const int64_t kv = bh / s.group;
@@ -239,7 +253,7 @@ void forward_slices(const Array& q, const Array& k, const Array& v, const FlashA
         if (n > 0) gemm<P>(qs + i0 * d, ks, scores.data(), blk.rows, n, d, false, true, false);
         for (int64_t r = 0; r < blk.rows; ++r) {
           float* sr = scores.data() + r * n;
-          E* pr = probs.data() + r * n;
+          E* pr = probs + r * n;
           const int64_t ni = std::max<int64_t>(0, visible_keys(s, i0 + r));
           scale_and_mask(sr, ni, s.scale, mask);
           float m = -INFINITY;
@@ -264,7 +278,7 @@ void forward_slices(const Array& q, const Array& k, const Array& v, const FlashA
           P::round_row(sr, pr, ni);
           std::fill(pr + ni, pr + n, E{});  // keys the block's later rows see
         }
-        if (n > 0) gemm<P>(probs.data(), vs, o.data(), blk.rows, d, n, false, false, false);
+        if (n > 0) gemm<P>(probs, vs, o.data(), blk.rows, d, n, false, false, false);
         else std::fill(o.begin(), o.end(), 0.0f);
         store_rows(o.data(), i0, blk.rows, d, out, output_slice(s, bh));
       }
@@ -299,8 +313,10 @@ void backward_slices(const Array& q, const Array& k, const Array& v, const Array
 #pragma omp parallel if (s.batch_heads * tq * tk * d > grain::compute)
   {
     using E = typename P::E;
-    std::vector<E> qb, kb, vb, gb, probs(size_t(kBlockRows * tk)), dsb(size_t(kBlockRows * tk));
+    std::vector<E> qb, kb, vb, gb, rounded_p, rounded_ds;
     std::vector<float> scores(size_t(kBlockRows * tk)), dprobs(size_t(kBlockRows * tk)), di;
+    E* probs = block_operands<P>(scores, rounded_p, scores.size());
+    E* dsb = block_operands<P>(dprobs, rounded_ds, dprobs.size());
     std::vector<float> keep(static_cast<size_t>(tk), 1.0f);  // all kept without dropout
     std::vector<float> dqf(size_t(kBlockRows * d)), dkf, dvf;
 #pragma omp for schedule(dynamic, 1)
@@ -341,17 +357,17 @@ void backward_slices(const Array& q, const Array& k, const Array& v, const Array
               sr[j] = pj * kj;                            // P with dropout applied
             }
             mask_score_gradients(mask.allowed, ni, dpr);
-            E* pr = probs.data() + r * n;
-            E* dsr = dsb.data() + r * n;
+            E* pr = probs + r * n;
+            E* dsr = dsb + r * n;
             P::round_row(sr, pr, ni);
             P::round_row(dpr, dsr, ni);
             std::fill(pr + ni, pr + n, E{});
             std::fill(dsr + ni, dsr + n, E{});
           }
           // dV += Pᵀ dO and dK += dSᵀ Q over the block's keys; dQ = dS K for its rows.
-          gemm<P>(probs.data(), gs + i0 * d, dvf.data(), n, d, blk.rows, true, false, true);
-          gemm<P>(dsb.data(), qs + i0 * d, dkf.data(), n, d, blk.rows, true, false, true);
-          gemm<P>(dsb.data(), ks, dqf.data(), blk.rows, d, n, false, false, false);
+          gemm<P>(probs, gs + i0 * d, dvf.data(), n, d, blk.rows, true, false, true);
+          gemm<P>(dsb, qs + i0 * d, dkf.data(), n, d, blk.rows, true, false, true);
+          gemm<P>(dsb, ks, dqf.data(), blk.rows, d, n, false, false, false);
           store_rows(dqf.data(), i0, blk.rows, d, dq, query_slice(s, bh));
         }
       }
