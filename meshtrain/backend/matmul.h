@@ -44,6 +44,14 @@ MT_MATMUL_KERNELS
 // many one-off shapes). Clearing is safe while other threads are calling matmul.
 size_t matmul_cache_size();
 void matmul_clear_cache();
+// The cache keeps at most this many primitives (default 1024, or MT_MATMUL_PLAN_CACHE), dropping
+// the one unused longest (cpu/matmul_plans.h); returns the previous capacity, plans >= 1.
+size_t set_matmul_cache_capacity(size_t plans);
+// Primitives not yet destroyed (the cached ones and those threads still hold), and primitives
+// created since the process started (a count that keeps rising in a steady run means the cache
+// is too small for its shapes).
+size_t matmul_plans_alive();
+uint64_t matmul_plans_created();
 // The most elements (default 4Mi: 16 MB of f32) of an operand block the widened path (16-bit
 // products on a CPU without native kernels for them) stages at once; larger unbatched products
 // run in blocks. Returns the previous limit; tests lower it to reach the blocked path.

@@ -276,6 +276,65 @@ TEST(MatmulKernel, CacheReusesPrimitives) {
   EXPECT_EQ(mt::cpu::matmul_cache_size(), 1u);
 }
 
+TEST(MatmulKernel, CacheDropsThePlanUnusedLongestPastItsCapacity) {
+  // A server meets a new product shape with every prompt length: past its capacity the cache
+  // drops the plan used least recently, and threads let go of it too, so what stays alive is
+  // bounded. Few rows times a transposed weight run on primitives (prefers_jit_sgemm).
+  mt::cpu::matmul_clear_cache();
+  const size_t previous = mt::cpu::set_matmul_cache_capacity(4);
+  const int64_t N = 7, K = 6;
+  std::vector<float> a(64 * K, 1.0f), b(N * K, 1.0f), c(64 * N);
+  auto run = [&](int64_t M) {
+    std::fill(c.begin(), c.end(), 0.0f);
+    mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), c.data(), 1, 1, 1, M, N, K, false, true);
+    for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(c[size_t(i)], float(K)) << "M=" << M << " at " << i;
+  };
+  for (int64_t M = 2; M <= 5; ++M) run(M);
+  EXPECT_EQ(mt::cpu::matmul_cache_size(), 4u);
+  run(2);  // used again: now M=3 is the one unused longest
+  const uint64_t created = mt::cpu::matmul_plans_created();
+  run(6);  // drops M=3
+  EXPECT_EQ(mt::cpu::matmul_plans_created(), created + 1);
+  EXPECT_EQ(mt::cpu::matmul_cache_size(), 4u);
+  EXPECT_EQ(mt::cpu::matmul_plans_alive(), 4u);  // this thread let go of M=3 as well
+  run(2), run(4), run(5), run(6);
+  EXPECT_EQ(mt::cpu::matmul_plans_created(), created + 1) << "a kept plan was created again";
+  run(3);
+  EXPECT_EQ(mt::cpu::matmul_plans_created(), created + 2) << "the dropped plan was not created again";
+
+  // Another thread's use decides what the cache drops; this thread lets go of those plans at its
+  // next miss, not only of its own least recently used one.
+  mt::cpu::matmul_clear_cache();
+  for (int64_t M = 2; M <= 5; ++M) run(M);
+  std::thread([&] {
+    std::vector<float> ct(64 * N);
+    for (int64_t M : {3, 6}) mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), ct.data(), 1, 1, 1, M, N, K, false, true);
+  }).join();  // M=6 dropped M=2
+  run(7);     // drops M=4, the unused longest now
+  EXPECT_EQ(mt::cpu::matmul_cache_size(), 4u);
+  EXPECT_EQ(mt::cpu::matmul_plans_alive(), 4u) << "this thread still holds a plan the cache dropped";
+
+  // Threads each meeting many shapes: the cache stays at its capacity, and each thread holds
+  // at most as many plans as the cache may.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<float> ct(64 * N);
+      for (int64_t M = 2 + t; M < 64; M += 3) {
+        mt::cpu::matmul(MatmulDType::f32, a.data(), b.data(), ct.data(), 1, 1, 1, M, N, K, false, true);
+        for (int64_t i = 0; i < M * N; ++i) ASSERT_EQ(ct[size_t(i)], float(K)) << "M=" << M;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mt::cpu::matmul_cache_size(), 4u);
+  EXPECT_LE(mt::cpu::matmul_plans_alive(), 4u + 4u) << "only this thread's slots may outlive the cache";
+  EXPECT_THROW(mt::cpu::set_matmul_cache_capacity(0), std::runtime_error);
+  mt::cpu::set_matmul_cache_capacity(previous);
+  mt::cpu::matmul_clear_cache();
+  run(2);
+  EXPECT_EQ(mt::cpu::matmul_plans_alive(), 1u) << "clearing let go of every plan";
+}
+
 TEST(MatmulKernel, JitGemmShapesNeedNoPrimitive) {
   // (K, N)-stored weights and long row blocks take oneDNN's jit GEMM: no primitive is built,
   // and each layout and the accumulate form give the exact integer products.

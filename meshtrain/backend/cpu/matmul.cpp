@@ -1,27 +1,19 @@
 #include "meshtrain/backend/matmul.h"
 
 #include "meshtrain/backend/cpu/cpu_features.h"
+#include "meshtrain/backend/cpu/matmul_plans.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/element.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <atomic>
-#include <bit>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <mutex>
-#include <shared_mutex>
-#include <sstream>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -30,174 +22,18 @@
 namespace mt::cpu {
 
 using kernels::MatmulDType;
+using matmul_plans::describe;
+using matmul_plans::PlanKey;
 
 namespace {
-
-// ---------------------------------------------------------------------------------------
-// Global oneDNN state. Heap-allocated and never freed so thread_local caches that outlive
-// static destruction at exit never touch a dead engine.
-// ---------------------------------------------------------------------------------------
-
-// oneDNN's jit GEMM (dnnl_sgemm) mallocs its packing buffers on every call. With glibc's
-// defaults those come from fresh mmaps or from heap tops trimmed after the previous call, so
-// each training step took ~21,000 minor page faults (GPT-2 B4 T256) and zeroed those pages
-// again. A fixed mmap threshold (the largest glibc allows, 32 MiB) and no trimming keep freed
-// buffers in the heaps for the next call; the engine's own arrays come from the caching
-// allocator and are not affected.
-void keep_malloc_heaps() {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-}
-
-dnnl::engine& cpu_engine() {
-  // cpu_features() first: it applies the instruction-set cap before oneDNN reads it.
-  static auto* engine = (cpu_features(), keep_malloc_heaps(), new dnnl::engine(dnnl::engine::kind::cpu, 0));
-  return *engine;
-}
-
-// With the OpenMP runtime a CPU stream carries no per-execution state, so one stream can be
-// shared by every calling thread.
-dnnl::stream& cpu_stream() {
-  static auto* stream = new dnnl::stream(cpu_engine());
-  return *stream;
-}
 
 size_t out_elem_size(MatmulDType dtype) {
   return dtype == MatmulDType::bf16 || dtype == MatmulDType::f16 ? 2 : 4;
 }
 
-const char* dtype_name(MatmulDType dtype) {
-  switch (dtype) {
-    case MatmulDType::f32: return "f32";
-    case MatmulDType::bf16: return "bf16";
-    case MatmulDType::f16: return "f16";
-    case MatmulDType::bf16_f32: return "bf16->f32";
-    case MatmulDType::f32_as_bf16: return "f32 as bf16";
-    case MatmulDType::f32_as_tf32: return "f32 as tf32";
-  }
-  return "?";
-}
-
-dnnl::memory::data_type to_dnnl(MatmulDType dtype) {
-  switch (dtype) {
-    case MatmulDType::f32: return dnnl::memory::data_type::f32;
-    case MatmulDType::bf16: return dnnl::memory::data_type::bf16;
-    case MatmulDType::f16: return dnnl::memory::data_type::f16;
-    case MatmulDType::bf16_f32: return dnnl::memory::data_type::bf16;
-    case MatmulDType::f32_as_bf16: break;  // never reaches oneDNN: run_as_bf16 picks bf16_f32 or f32
-    case MatmulDType::f32_as_tf32: break;  // never reaches oneDNN: matmul() runs it as f32
-  }
-  return dnnl::memory::data_type::undef;
-}
-dnnl::memory::data_type to_dnnl_out(MatmulDType dtype) {
-  return dtype == MatmulDType::bf16_f32 ? dnnl::memory::data_type::f32 : to_dnnl(dtype);
-}
-
-// Everything that changes the created primitive; `batch` is the batch the primitive runs,
-// which is 1 when both operands broadcast (see run_onednn).
-struct PlanKey {
-  MatmulDType dtype;
-  int64_t batch, batch_a, batch_b, M, N, K;
-  bool trans_a, trans_b, accumulate;
-  bool operator==(const PlanKey&) const = default;
-};
-
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const noexcept {
-    uint64_t h = 0x9e3779b97f4a7c15ull;
-    auto mix = [&h](uint64_t v) {
-      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h *= 0xff51afd7ed558ccdull;
-    };
-    mix(uint64_t(k.dtype) | uint64_t(k.trans_a) << 8 | uint64_t(k.trans_b) << 9 |
-        uint64_t(k.accumulate) << 10);
-    mix(uint64_t(k.batch));
-    mix(uint64_t(k.batch_a));
-    mix(uint64_t(k.batch_b));
-    mix(uint64_t(k.M));
-    mix(uint64_t(k.N));
-    mix(uint64_t(k.K));
-    return size_t(h ^ (h >> 31));
-  }
-};
-
-std::string describe(const PlanKey& k) {
-  std::ostringstream os;
-  os << "dtype=" << dtype_name(k.dtype) << " batch=" << k.batch << " batch_a=" << k.batch_a
-     << " batch_b=" << k.batch_b << " M=" << k.M << " N=" << k.N << " K=" << k.K
-     << " trans_a=" << k.trans_a << " trans_b=" << k.trans_b << " accumulate=" << k.accumulate;
-  return os.str();
-}
-
-// A created primitive and the descriptors used to wrap user pointers; immutable once built,
-// so it is shared between threads.
-struct Plan {
-  dnnl::matmul prim;
-  dnnl::memory::desc a_md, b_md, c_md, scratch_md;
-  size_t scratch_bytes = 0;
-};
-
-std::shared_ptr<const Plan> make_plan(const PlanKey& k) {
-  using dims = dnnl::memory::dims;
-  const auto dt = to_dnnl(k.dtype);
-  // Transposed operands are the same buffers read with swapped inner strides: no copies.
-  const dnnl::memory::desc a_md({k.batch_a, k.M, k.K}, dt,
-                                k.trans_a ? dims{k.M * k.K, 1, k.M} : dims{k.M * k.K, k.K, 1});
-  const dnnl::memory::desc b_md({k.batch_b, k.K, k.N}, dt,
-                                k.trans_b ? dims{k.K * k.N, 1, k.K} : dims{k.K * k.N, k.N, 1});
-  const dnnl::memory::desc c_md({k.batch, k.M, k.N}, to_dnnl_out(k.dtype), dims{k.M * k.N, k.N, 1});
-
-  dnnl::primitive_attr attr;
-  // User scratchpad lets a cached primitive run on any thread (the library-managed global
-  // scratchpad ties a primitive to its creating thread).
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (k.accumulate) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.0f);  // beta = 1
-    attr.set_post_ops(ops);
-  }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
-                                        cpu_engine());
-  auto plan = std::make_shared<Plan>();
-  plan->prim = dnnl::matmul(pd);
-  plan->a_md = pd.src_desc();
-  plan->b_md = pd.weights_desc();
-  plan->c_md = pd.dst_desc();
-  plan->scratch_md = pd.scratchpad_desc();
-  plan->scratch_bytes = plan->scratch_md.get_size();
-  return plan;
-}
-
-// Process-wide cache: primitive creation (JIT) is expensive, so threads share plans.
-struct GlobalCache {
-  std::shared_mutex mu;
-  std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;
-  std::atomic<uint64_t> generation{1};  // bumped by clear so thread caches drop stale slots
-};
-
-GlobalCache& global_cache() {
-  static auto* cache = new GlobalCache;
-  return *cache;
-}
-
-// Per-thread memory objects for one plan. Rebinding via set_data_handle is ~40x cheaper than
-// creating memory objects per call, but is only safe on objects no other thread touches.
-struct ThreadSlot {
-  std::shared_ptr<const Plan> plan;
-  dnnl::memory a, b, c, scratch;
-};
-
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-
-struct ThreadCache {
-  uint64_t generation = 0;
-  std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
-  std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
-  size_t scratch_cap = 0;
-  // Staging buffers for the widened (non-native) and rounded paths, kept to avoid page
-  // faults on every call (up to kKeptStagingBytes each, see ReleaseLargeStaging).
+// Staging buffers for the widened (non-native) and rounded paths, kept per thread to avoid
+// page faults on every call (up to kKeptStagingBytes each, see ReleaseLargeStaging).
+struct Staging {
   std::vector<float> a32, b32, c32;
   std::vector<uint16_t> a16, b16;
 };
@@ -209,7 +45,7 @@ struct ThreadCache {
 constexpr size_t kKeptStagingBytes = size_t(64) << 20;
 
 struct ReleaseLargeStaging {
-  ThreadCache& tc;
+  Staging& tc;
   template <class T>
   static void release_if_large(std::vector<T>& v) {
     if (v.capacity() * sizeof(T) > kKeptStagingBytes) std::vector<T>().swap(v);
@@ -220,76 +56,9 @@ struct ReleaseLargeStaging {
   }
 };
 
-ThreadCache& thread_cache() {
-  thread_local ThreadCache cache;
-  return cache;
-}
-
-std::shared_ptr<const Plan> find_or_create_plan(const PlanKey& key) {
-  auto& gc = global_cache();
-  {
-    std::shared_lock lock(gc.mu);
-    if (auto it = gc.plans.find(key); it != gc.plans.end()) return it->second;
-  }
-  // Create outside the lock so a slow JIT does not block other shapes; a racing thread may
-  // build the same plan, and the first one inserted wins.
-  auto plan = make_plan(key);
-  std::unique_lock lock(gc.mu);
-  return gc.plans.try_emplace(key, std::move(plan)).first->second;
-}
-
-ThreadSlot& get_slot(const PlanKey& key) {
-  auto& tc = thread_cache();
-  const uint64_t gen = global_cache().generation.load(std::memory_order_acquire);
-  if (tc.generation != gen) {
-    tc.slots.clear();
-    tc.generation = gen;
-  }
-  if (auto it = tc.slots.find(key); it != tc.slots.end()) return it->second;
-
-  ThreadSlot slot;
-  slot.plan = find_or_create_plan(key);
-  const auto& eng = cpu_engine();
-  slot.a = dnnl::memory(slot.plan->a_md, eng, nullptr);
-  slot.b = dnnl::memory(slot.plan->b_md, eng, nullptr);
-  slot.c = dnnl::memory(slot.plan->c_md, eng, nullptr);
-  if (slot.plan->scratch_bytes > 0) slot.scratch = dnnl::memory(slot.plan->scratch_md, eng, nullptr);
-  return tc.slots.emplace(key, std::move(slot)).first->second;
-}
-
-void* thread_scratch(size_t bytes) {
-  auto& tc = thread_cache();
-  if (bytes > tc.scratch_cap) {
-    const size_t cap = (bytes + 4095) & ~size_t(4095);
-    void* p = std::aligned_alloc(4096, cap);
-    if (!p) throw std::bad_alloc();
-    tc.scratch.reset(p);
-    tc.scratch_cap = cap;
-  }
-  return tc.scratch.get();
-}
-
-void execute(ThreadSlot& slot, const PlanKey& key, const void* a, const void* b, void* c) {
-  slot.a.set_data_handle(const_cast<void*>(a));
-  slot.b.set_data_handle(const_cast<void*>(b));
-  slot.c.set_data_handle(c);
-  dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, slot.a.get()},
-                             {DNNL_ARG_WEIGHTS, slot.b.get()},
-                             {DNNL_ARG_DST, slot.c.get()},
-                             {DNNL_ARG_SCRATCHPAD, nullptr}};
-  int nargs = 3;
-  if (slot.plan->scratch_bytes > 0) {
-    slot.scratch.set_data_handle(thread_scratch(slot.plan->scratch_bytes));
-    args[3].memory = slot.scratch.get();
-    nargs = 4;
-  }
-  // The C entry point takes a stack array; the C++ one builds an unordered_map per call.
-  const dnnl_status_t st =
-      dnnl_primitive_execute(slot.plan->prim.get(), cpu_stream().get(), nargs, args);
-  if (st != dnnl_success) {
-    throw Error(detail::concat("[matmul] oneDNN execute failed (", dnnl_status2str(st),
-                               ") for ", describe(key)));
-  }
+Staging& thread_staging() {
+  thread_local Staging staging;
+  return staging;
 }
 
 // oneDNN 2.6's matmul primitive picks its brgemm kernels on AVX-512, which run some of the
@@ -324,24 +93,14 @@ void run_onednn(MatmulDType dtype, const void* a, const void* b, void* c, int64_
                         prefers_jit_sgemm(M, trans_b);
   const PlanKey key{dtype, both_broadcast ? 1 : batch, batch_a, batch_b, M, N, K,
                     trans_a, trans_b, accumulate};
-  ThreadSlot* slot = nullptr;
-  if (jit_gemm) {
-    cpu_engine();  // applies the instruction-set cap first
-  } else {
-    try {
-      slot = &get_slot(key);
-    } catch (const dnnl::error& e) {
-      throw Error(detail::concat("[matmul] oneDNN could not create primitive for ", describe(key),
-                                 ": ", e.what()));
-    }
-  }
+  if (jit_gemm) matmul_plans::init_onednn();  // applies the instruction-set cap first
   // One product into `out`: the whole batch on a primitive, one matrix on the jit GEMM.
   auto product = [&](void* out) {
     if (jit_gemm)
       run_sgemm(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(out), M, N, K,
                 trans_a, trans_b, accumulate);
     else
-      execute(*slot, key, a, b, out);
+      matmul_plans::run(key, a, b, out);
   };
   if (!both_broadcast) {
     product(c);
@@ -436,7 +195,7 @@ std::array<int64_t, 3> widened_blocks(int64_t M, int64_t N, int64_t K, size_t li
 void run_widened_blocked(MatmulDType dtype, MatmulDType in, const void* a, const void* b, void* c, int64_t M, int64_t N,
                          int64_t K, bool trans_a, bool trans_b, bool accumulate, std::array<int64_t, 3> blocks) {
   const auto [bm, bn, bk] = blocks;
-  auto& tc = thread_cache();
+  auto& tc = thread_staging();
   const bool f32_out = dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16;
   if (tc.a32.size() < size_t(bm * bk)) tc.a32.resize(size_t(bm * bk));
   if (tc.b32.size() < size_t(bk * bn)) tc.b32.resize(size_t(bk * bn));
@@ -489,7 +248,7 @@ bool ran_in_blocks(MatmulDType dtype, MatmulDType in, const void* a, const void*
 void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64_t batch, int64_t batch_a,
                  int64_t batch_b, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
   const MatmulDType in = dtype == MatmulDType::bf16_f32 ? MatmulDType::bf16 : dtype;
-  auto& tc = thread_cache();
+  auto& tc = thread_staging();
   ReleaseLargeStaging release{tc};
   if (ran_in_blocks(dtype, in, a, b, c, batch, M, N, K, trans_a, trans_b, accumulate)) return;
   const size_t na = size_t(batch_a) * size_t(M) * size_t(K);
@@ -514,7 +273,7 @@ void run_widened(MatmulDType dtype, const void* a, const void* b, void* c, int64
 // with f32 accumulation into the f32 output.
 void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M,
                  int64_t N, int64_t K, bool trans_a, bool trans_b, bool accumulate) {
-  auto& tc = thread_cache();
+  auto& tc = thread_staging();
   ReleaseLargeStaging release{tc};
   const size_t na = size_t(batch_a * M * K), nb = size_t(batch_b * K * N);
   if (cpu_features().bf16_gemm_native) {
@@ -541,18 +300,11 @@ size_t set_matmul_staging_limit(size_t elements) {
   return staging_limit.exchange(elements);
 }
 
-size_t matmul_cache_size() {
-  auto& gc = global_cache();
-  std::shared_lock lock(gc.mu);
-  return gc.plans.size();
-}
-
-void matmul_clear_cache() {
-  auto& gc = global_cache();
-  std::unique_lock lock(gc.mu);
-  gc.plans.clear();
-  gc.generation.fetch_add(1, std::memory_order_acq_rel);
-}
+size_t matmul_cache_size() { return matmul_plans::cached(); }
+size_t matmul_plans_alive() { return matmul_plans::alive(); }
+uint64_t matmul_plans_created() { return matmul_plans::created(); }
+void matmul_clear_cache() { matmul_plans::clear(); }
+size_t set_matmul_cache_capacity(size_t plans) { return matmul_plans::set_capacity(plans); }
 
 namespace {
 // matmul's checks and dispatch; jit_gemm_allowed = false keeps f32 off dnnl_sgemm
