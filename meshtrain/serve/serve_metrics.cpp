@@ -1,5 +1,8 @@
 #include "meshtrain/serve/serve_metrics.h"
 
+#include "meshtrain/backend/matmul.h"
+#include "meshtrain/train/memory_usage.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +117,16 @@ std::string ServeMetrics::render(const EngineStats& e) const {
   total = cumulative;
   out += "meshtrain_batch_size_bucket{le=\"+Inf\"} " + std::to_string(total) + "\n";
   out += "meshtrain_batch_size_sum " + number(sum) + "\nmeshtrain_batch_size_count " + std::to_string(total) + "\n";
+  // The process: a server meets new product shapes with every prompt length, so its memory and
+  // the CPU's GEMM plans (bounded: MT_MATMUL_PLAN_CACHE) are worth watching.
+  const train::MemoryUsage mem = train::memory_usage();
+  sample(out, "meshtrain_resident_bytes", "gauge", "resident memory of the server process", train::resident_bytes());
+  sample(out, "meshtrain_peak_resident_bytes", "gauge", "largest resident memory so far", mem.peak_rss_gb * 1e9);
+  sample(out, "meshtrain_matmul_plans", "gauge", "CPU GEMM plans cached (one per product shape)",
+         double(cpu::matmul_cache_size()));
+  sample(out, "meshtrain_matmul_plans_created_total", "counter",
+         "CPU GEMM plans created (rising steadily: the plan cache is smaller than the shapes met)",
+         double(cpu::matmul_plans_created()));
   header(out, "meshtrain_request_latency_seconds", "histogram", "completion request latency, submission to last byte");
   latency_.render(out, "meshtrain_request_latency_seconds");
   header(out, "meshtrain_time_to_first_token_seconds", "histogram", "submission to first generated token");

@@ -2,7 +2,7 @@
 // The server's Prometheus metrics (GET /metrics, text exposition format 0.0.4): request
 // counts by endpoint and status, latency and time-to-first-token histograms, and the
 // engine's gauges and counters (queue depth, running sequences, KV-cache use, tokens,
-// decode batch sizes) read at scrape time.
+// decode batch sizes) read at scrape time, and the process's resident memory and CPU GEMM plans.
 #include <cstdint>
 #include <map>
 #include <mutex>

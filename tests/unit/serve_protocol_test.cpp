@@ -187,6 +187,11 @@ TEST(ServeMetrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
                            "meshtrain_request_latency_seconds_count 2\n",
                            "meshtrain_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n", "# TYPE meshtrain_queue_depth gauge\n"})
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\n" << text;
+  for (const char* gauge : {"\nmeshtrain_resident_bytes ", "\nmeshtrain_peak_resident_bytes ", "\nmeshtrain_matmul_plans ",
+                            "\nmeshtrain_matmul_plans_created_total "})
+    EXPECT_NE(text.find(gauge), std::string::npos) << "missing: " << gauge << "\n" << text;
+  const size_t at = text.find("\nmeshtrain_resident_bytes ");
+  EXPECT_GT(std::stod(text.substr(at + 26)), 1e6) << "a process holds more than a megabyte";
 }
 
 }  // namespace
