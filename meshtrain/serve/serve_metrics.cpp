@@ -4,6 +4,7 @@
 #include "meshtrain/train/memory_usage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -11,9 +12,14 @@ namespace mt::serve {
 
 namespace {
 
-// The shortest text that reads back as v (0.05, not 0.050000000000000003).
+// The shortest text that reads back as v (0.05, not 0.050000000000000003); whole numbers in
+// plain digits (1400, not 1.4e+03), as counters are read.
 std::string number(double v) {
   char buf[32];
+  if (v == std::trunc(v) && std::fabs(v) < 9007199254740992.0) {  // 2^53: every integer exact
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(buf, sizeof buf, "%.*g", digits, v);
     if (std::strtod(buf, nullptr) == v) break;

@@ -391,7 +391,10 @@ TEST_F(ServeE2E, AClientThatDisconnectsMidStreamFreesItsSequences) {
       running = metric(server.port(), "meshtrain_running_sequences");
     }
     EXPECT_EQ(running, 0);
-    const int64_t generated = metric(server.port(), "meshtrain_generation_tokens_total") - tokens;
+    const int64_t total = metric(server.port(), "meshtrain_generation_tokens_total");
+    ASSERT_GE(tokens, 0) << "meshtrain_generation_tokens_total not found as a whole number";
+    ASSERT_GE(total, tokens);
+    const int64_t generated = total - tokens;
     std::cout << "  trial " << trial << ": " << generated << " of 480 tokens generated before the server noticed\n";
     EXPECT_EQ(metric(server.port(), "meshtrain_cancelled_sequences_total") - cancelled, 4);
     EXPECT_LT(generated, 480);

@@ -173,12 +173,12 @@ TEST(ServeMetrics, PrometheusTextHasCountersGaugesAndCumulativeHistograms) {
   m.observe_time_to_first_token(0.002);
   EngineStats e;
   e.waiting_requests = 2, e.running_sequences = 3, e.kv_reserved_bytes = 50, e.kv_budget_bytes = 200;
-  e.generated_tokens = 42;
+  e.generated_tokens = 1400;  // whole numbers print as digits, not 1.4e+03
   e.batch_size_counts = {0, 5, 0, 2, 1};  // five steps of 1, two of 3, one of 4
   const std::string text = m.render(e);
   for (const char* line : {"meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
                            "meshtrain_requests_total{endpoint=\"/v1/completions\",status=\"400\"} 1\n",
-                           "meshtrain_generation_tokens_total 42\n", "meshtrain_queue_depth 2\n",
+                           "meshtrain_generation_tokens_total 1400\n", "meshtrain_queue_depth 2\n",
                            "meshtrain_running_sequences 3\n", "meshtrain_kv_cache_usage_ratio 0.25\n",
                            "meshtrain_batch_size_bucket{le=\"1\"} 5\n", "meshtrain_batch_size_bucket{le=\"2\"} 5\n",
                            "meshtrain_batch_size_bucket{le=\"4\"} 8\n", "meshtrain_batch_size_sum 15\n",
