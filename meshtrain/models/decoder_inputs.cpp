@@ -26,6 +26,14 @@ Array arange_ids(int64_t start, int64_t n) {
   return device_constant("arange_ids " + std::to_string(start) + " " + std::to_string(n), current_device(), make);
 }
 
+Array keep_last_positions(const Array& hidden, int64_t keep) {
+  MT_CHECK(keep >= 0, "[decoder] logits_to_keep must be >= 0, got ", keep);
+  MT_CHECK(hidden.ndim() == 3, "[decoder] hidden states ", hidden.str(), " must be (B, T, C)");
+  const int64_t t = hidden.dim(1);
+  if (keep == 0 || keep >= t) return hidden;
+  return slice(hidden, 1, t - keep, t);
+}
+
 Array position_ids_from_mask(const Array& attention_mask, int64_t t) {
   MT_CHECK(attention_mask.ndim() == 2 && attention_mask.dim(1) >= t, "[position_ids] attention mask ",
            attention_mask.str(), " must be (B, P + T) with T = ", t);

@@ -51,6 +51,7 @@ class CausalState final : public DecodingState {
     DecoderInputs in;
     in.input_ids = Array::from_vector(ids, Shape{rows(), n});
     in.attention_mask = Array::from_vector(mask, Shape{rows(), length()});
+    in.logits_to_keep = 1;  // only the next token's: rows are left-padded
     first_ = false;
     return last_logits(lm_.forward(in, use_cache_ ? &cache_ : nullptr), rows(), lm_.vocab_size);
   }

@@ -227,7 +227,7 @@ Array gpt2_hidden(const Gpt2Config& c, const Params& p, const DecoderInputs& in,
 
 Array gpt2_apply(const Gpt2Config& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
                  KvCache* cache) {
-  return gpt2_head(c, p, gpt2_hidden(c, p, in, dropout_key, train, cache));
+  return gpt2_head(c, p, keep_last_positions(gpt2_hidden(c, p, in, dropout_key, train, cache), in.logits_to_keep));
 }
 
 Array gpt2_head(const Gpt2Config&, const Params& p, const Array& hidden) {

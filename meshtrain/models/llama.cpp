@@ -169,7 +169,8 @@ Array llama_hidden(const LlamaConfig& c, const Params& p, const DecoderInputs& i
 
 Array llama_apply(const LlamaConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key, bool train,
                   KvCache* cache) {
-  return llama_head(c, p, llama_hidden(c, p, in, dropout_key, train, cache), dropout_key, train);
+  return llama_head(c, p, keep_last_positions(llama_hidden(c, p, in, dropout_key, train, cache), in.logits_to_keep),
+                    dropout_key, train);
 }
 
 Array llama_head(const LlamaConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key, bool train) {

@@ -88,7 +88,8 @@ Params minigpt_init(const MiniGptConfig& c, const RngKey& key, DType dtype) {
 
 Array minigpt_apply(const MiniGptConfig& c, const Params& p, const DecoderInputs& in, const RngKey& dropout_key,
                     bool train, KvCache* cache) {
-  return minigpt_head(c, p, minigpt_hidden(c, p, in, dropout_key, train, cache), dropout_key, train);
+  return minigpt_head(c, p, keep_last_positions(minigpt_hidden(c, p, in, dropout_key, train, cache), in.logits_to_keep),
+                      dropout_key, train);
 }
 
 Array minigpt_head(const MiniGptConfig& c, const Params& p, const Array& hidden, const RngKey& dropout_key, bool train) {

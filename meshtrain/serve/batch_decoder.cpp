@@ -23,6 +23,7 @@ std::vector<float> BatchDecoder::prefill(const std::vector<int64_t>& prompt, mod
   models::DecoderInputs in;
   in.input_ids = Array::from_vector(prompt, Shape{1, n});
   in.attention_mask = Array::full(Shape{1, n}, 1.0, DType::i64);
+  in.logits_to_keep = 1;  // only the next token's
   return models::last_logits(lm_.forward(in, &cache), 1, lm_.vocab_size);
 }
 
@@ -48,6 +49,7 @@ std::vector<float> BatchDecoder::prefill_batch(const std::vector<std::vector<int
   models::DecoderInputs in;
   in.input_ids = Array::from_vector(ids, Shape{b, t});
   in.attention_mask = Array::from_vector(mask, Shape{b, t});
+  in.logits_to_keep = 1;  // left-padded: every row's last position is the batch's last
   return models::last_logits(lm_.forward(in, &cache), b, lm_.vocab_size);
 }
 

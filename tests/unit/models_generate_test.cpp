@@ -95,6 +95,49 @@ TEST(ModelsKvCache, Gpt2LlamaMiniGptCacheEqualsFullRecomputation) {
   check_cache_equals_full("minigpt", minigpt_causal_lm(mc, minigpt_init(mc, {3, 0})), mc.vocab_size);
 }
 
+// logits_to_keep = n returns (B, n, V): the last n positions' logits of the full forward pass,
+// with and without a cache, for each decoder; 0 and n >= T keep them all.
+TEST(ModelsLogitsToKeep, LastPositionsEqualTheFullForwardPass) {
+  Gpt2Config g = tiny_gpt2();
+  LlamaConfig l = tiny_llama(false);
+  MiniGptConfig mc = tiny_minigpt();
+  const std::vector<std::pair<std::string, CausalLm>> lms = {
+      {"gpt2", gpt2_causal_lm(g, scaled(gpt2_init(g, {1, 0}), 20))},
+      {"llama", llama_causal_lm(l, scaled(llama_init(l, {2, 0}), 20))},
+      {"minigpt", minigpt_causal_lm(mc, minigpt_init(mc, {3, 0}))}};
+  autodiff::NoGradGuard ng;
+  for (const auto& [name, lm] : lms) {
+    const int64_t b = 2, t = 7, v = lm.vocab_size;
+    const Array ids = random_ints({b, t}, 5, 0, v);
+    const Array mask = Array::from_vector(std::vector<int64_t>{0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, Shape{b, t});
+    const std::vector<float> full = lm.forward({.input_ids = ids, .attention_mask = mask}, nullptr).to_floats();
+    for (int64_t keep : {1, 3}) {
+      for (bool cached : {false, true}) {
+        KvCache cache;
+        const Array kept =
+            lm.forward({.input_ids = ids, .attention_mask = mask, .logits_to_keep = keep}, cached ? &cache : nullptr);
+        ASSERT_EQ(kept.shape(), (Shape{b, keep, v})) << name;
+        const std::vector<float> k = kept.to_floats();
+        double err = 0, other = 0;  // other: against the positions before them (must differ)
+        for (int64_t r = 0; r < b; ++r)
+          for (int64_t i = 0; i < keep; ++i)
+            for (int64_t j = 0; j < v; ++j) {
+              const double ours = k[size_t((r * keep + i) * v + j)];
+              err = std::max(err, std::abs(ours - full[size_t((r * t + t - keep + i) * v + j)]));
+              other = std::max(other, std::abs(ours - full[size_t((r * t + t - keep + i - 1) * v + j)]));
+            }
+        EXPECT_LE(err, 1e-5) << name << " keep " << keep << (cached ? " with a cache" : "");
+        EXPECT_GT(other, 1e-2) << name << ": the comparison must be able to fail";
+      }
+    }
+    for (int64_t keep : {int64_t(0), t, t + 4})
+      EXPECT_EQ(lm.forward({.input_ids = ids, .attention_mask = mask, .logits_to_keep = keep}, nullptr).shape(),
+                (Shape{b, t, v}))
+          << name << " keep " << keep;
+    EXPECT_THROW(lm.forward({.input_ids = ids, .logits_to_keep = -1}, nullptr), std::runtime_error) << name;
+  }
+}
+
 TEST(ModelsKvCache, GenerateWithCacheEqualsRecomputationAtEveryStep) {
   Gpt2Config g = tiny_gpt2();
   LlamaConfig l = tiny_llama(false);
