@@ -14,7 +14,8 @@ struct CausalLm {
   int64_t vocab_size = 0;
   int64_t max_positions = 0;  // learned position tables bound the length; 0 = no bound
   std::vector<int64_t> stop_tokens;  // the model's end-of-sequence ids (defaults for generation)
-  // Logits (B, T, V) of the inputs (evaluation mode); `cache` may be null.
+  // Logits (B, T, V) of the inputs (evaluation mode), (B, n, V) under in.logits_to_keep = n;
+  // `cache` may be null.
   std::function<Array(const DecoderInputs&, KvCache*)> forward;
 };
 

@@ -116,7 +116,8 @@ Array PretrainedModel::decoder_logits(const Params& p, const DecoderInputs& in, 
                                       bool train) const {
   const ModelSpec& s = spec();
   require_decoder(s.decoder_hidden != nullptr, source, model_type);
-  return s.decoder_head(config, p, s.decoder_hidden(config, p, in, dropout_key, train), dropout_key, train);
+  return s.decoder_head(config, p, keep_last_positions(s.decoder_hidden(config, p, in, dropout_key, train), in.logits_to_keep),
+                        dropout_key, train);
 }
 
 Array PretrainedModel::decoder_loss(const Params& p, const DecoderInputs& in, const Array& labels,

@@ -105,7 +105,8 @@ Array vision_decoder_logits(const VisionEncoderDecoderConfig& c, const Params& p
                             const RngKey& dropout_key, bool train, KvCache* cache) {
   const Params decoder = p.subtree("decoder");
   const Gpt2Config dc = c.decoder_config();
-  return gpt2_head(dc, decoder, gpt2_hidden(dc, decoder, in, dropout_key.fold_in(2), train, cache));
+  return gpt2_head(dc, decoder,
+                   keep_last_positions(gpt2_hidden(dc, decoder, in, dropout_key.fold_in(2), train, cache), in.logits_to_keep));
 }
 
 Seq2SeqLm vision_seq2seq_lm(const VisionEncoderDecoderConfig& c, const Params& p) {

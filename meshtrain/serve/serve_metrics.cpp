@@ -125,9 +125,10 @@ std::string ServeMetrics::render(const EngineStats& e) const {
   out += "meshtrain_batch_size_sum " + number(sum) + "\nmeshtrain_batch_size_count " + std::to_string(total) + "\n";
   // The process: a server meets new product shapes with every prompt length, so its memory and
   // the CPU's GEMM plans (bounded: MT_MATMUL_PLAN_CACHE) are worth watching.
-  const train::MemoryUsage mem = train::memory_usage();
-  sample(out, "meshtrain_resident_bytes", "gauge", "resident memory of the server process", train::resident_bytes());
-  sample(out, "meshtrain_peak_resident_bytes", "gauge", "largest resident memory so far", mem.peak_rss_gb * 1e9);
+  const double resident = train::resident_bytes();
+  sample(out, "meshtrain_resident_bytes", "gauge", "resident memory of the server process", resident);
+  sample(out, "meshtrain_peak_resident_bytes", "gauge", "largest resident memory so far",
+         std::max(resident, train::peak_resident_bytes()));
   sample(out, "meshtrain_matmul_plans", "gauge", "CPU GEMM plans cached (one per product shape)",
          double(cpu::matmul_cache_size()));
   sample(out, "meshtrain_matmul_plans_created_total", "counter",

@@ -18,13 +18,17 @@ double resident_bytes() {
   return resident * double(sysconf(_SC_PAGESIZE));
 }
 
+double peak_resident_bytes() {
+  rusage usage{};
+  const double peak = getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) * 1024.0 : 0.0;  // KiB on Linux
+  return std::max(peak, resident_bytes());
+}
+
 MemoryUsage memory_usage() {
   constexpr double kGb = 1e9;
   MemoryUsage m;
   m.rss_gb = resident_bytes() / kGb;
-  rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) == 0) m.peak_rss_gb = double(usage.ru_maxrss) * 1024.0 / kGb;  // KiB on Linux
-  m.peak_rss_gb = std::max(m.peak_rss_gb, m.rss_gb);  // the kernel updates ru_maxrss lazily
+  m.peak_rss_gb = std::max(peak_resident_bytes() / kGb, m.rss_gb);
   const AllocatorStats host = CachingAllocator::instance().stats();
   m.host_allocated_gb = double(host.bytes_in_use) / kGb;
   m.host_peak_gb = double(host.peak_bytes_in_use) / kGb;

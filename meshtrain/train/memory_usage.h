@@ -19,8 +19,10 @@ struct MemoryUsage {
 
 // This process's usage (the current device's, for the GPU fields).
 MemoryUsage memory_usage();
-// Resident bytes now (/proc/self/statm).
+// Resident bytes now (/proc/self/statm), and the most so far (getrusage's ru_maxrss, never
+// below resident_bytes(): the kernel updates it lazily).
 double resident_bytes();
+double peak_resident_bytes();
 // Whether a logged metric is one of the memory figures above (rss_gb, host_peak_gb, gpu_*).
 bool is_memory_metric(const std::string& name);
 // Whether it is a peak (drawn solid in the memory panel) rather than a current value.

@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -165,15 +166,18 @@ struct Entry {
   std::atomic<bool> dropped{false};
 };
 
+// A bad value warns and keeps the default rather than throwing: the first matmul may run
+// inside an OpenMP region, where an exception would end the process.
 size_t default_capacity() {
-  if (const char* v = std::getenv("MT_MATMUL_PLAN_CACHE")) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    MT_CHECK(end != v && *end == '\0' && n >= 1,
-             "[matmul] MT_MATMUL_PLAN_CACHE must be a number of plans >= 1, got '", v, "'");
-    return size_t(n);
-  }
-  return 1024;
+  constexpr size_t kDefault = 1024;
+  const char* v = std::getenv("MT_MATMUL_PLAN_CACHE");
+  if (!v) return kDefault;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*v >= '0' && *v <= '9' && *end == '\0' && n >= 1) return size_t(n);
+  std::fprintf(stderr, "meshtrain: [matmul] MT_MATMUL_PLAN_CACHE must be a number of plans >= 1, got '%s'; using %zu\n",
+               v, kDefault);
+  return kDefault;
 }
 
 // Process-wide cache: primitive creation (JIT) is expensive, so threads share plans.
@@ -185,6 +189,7 @@ struct SharedPlans {
   // a creation starts, still finds the plan unused longest.
   std::atomic<uint64_t> clock{1};
   std::atomic<uint64_t> generation{1};  // bumped by clear so thread slots drop stale plans
+  std::atomic<uint64_t> drops{0};       // plans dropped so far: a thread that sees it change purges
   std::atomic<size_t> capacity{default_capacity()};
 };
 
@@ -212,6 +217,7 @@ void evict_beyond_capacity(SharedPlans& sp, const Entry* keep) {
     if (oldest == sp.entries.end()) return;
     oldest->second->dropped.store(true, std::memory_order_relaxed);
     sp.entries.erase(oldest);
+    sp.drops.fetch_add(1, std::memory_order_release);  // after `dropped`: a thread seeing it sees that
   }
 }
 
@@ -226,16 +232,14 @@ std::shared_ptr<Entry> find_or_create(const PlanKey& key) {
   }
   // Create outside the lock so a slow JIT does not block other shapes; a racing thread may
   // build the same plan, and the first one inserted wins.
-  auto plan = make_plan(key);
+  auto entry = std::make_shared<Entry>(make_plan(key), 0);
   std::unique_lock lock(sp.mu);
-  auto [it, inserted] = sp.entries.try_emplace(key);
+  auto [it, inserted] = sp.entries.try_emplace(key, entry);
   if (!inserted) {
     touch(*it->second, sp.clock.load(std::memory_order_relaxed));
     return it->second;
   }
-  const uint64_t now = sp.clock.fetch_add(1, std::memory_order_relaxed) + 1;
-  it->second = std::make_shared<Entry>(std::move(plan), now);
-  auto entry = it->second;
+  entry->last_used.store(sp.clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   evict_beyond_capacity(sp, entry.get());
   return entry;
 }
@@ -254,6 +258,7 @@ struct FreeDeleter {
 
 struct ThreadPlans {
   uint64_t generation = 0;
+  uint64_t drops_seen = 0;
   std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
   std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
   size_t scratch_cap = 0;
@@ -264,11 +269,17 @@ ThreadPlans& thread_plans() {
   return plans;
 }
 
-// Before a new slot: the thread lets go of plans the cache dropped (the new plan's creation may
-// just have dropped one), and of its own least recently used slot when it holds as many as the
-// cache may.
-void make_room(ThreadPlans& tp, size_t capacity) {
+// The thread lets go of the plans the cache has dropped since it last looked.
+void let_go_of_dropped(ThreadPlans& tp, const SharedPlans& sp) {
+  const uint64_t drops = sp.drops.load(std::memory_order_acquire);
+  if (tp.drops_seen == drops) return;
+  tp.drops_seen = drops;
   std::erase_if(tp.slots, [](const auto& kv) { return kv.second.entry->dropped.load(std::memory_order_relaxed); });
+}
+
+// Before a new slot: the thread's own least recently used slot goes when it holds as many as
+// the cache may.
+void make_room(ThreadPlans& tp, size_t capacity) {
   if (tp.slots.size() < capacity) return;
   auto oldest = tp.slots.begin();
   for (auto it = tp.slots.begin(); it != tp.slots.end(); ++it)
@@ -284,17 +295,16 @@ ThreadSlot& get_slot(const PlanKey& key) {
     tp.slots.clear();
     tp.generation = gen;
   }
+  let_go_of_dropped(tp, sp);
   const uint64_t now = sp.clock.load(std::memory_order_relaxed);
   if (auto it = tp.slots.find(key); it != tp.slots.end()) {
-    if (!it->second.entry->dropped.load(std::memory_order_relaxed)) {
-      touch(*it->second.entry, now);
-      it->second.last_used = now;
-      return it->second;
-    }
-    tp.slots.erase(it);
+    touch(*it->second.entry, now);
+    it->second.last_used = now;
+    return it->second;
   }
   ThreadSlot slot;
   slot.entry = find_or_create(key);
+  let_go_of_dropped(tp, sp);  // the creation may just have dropped one
   make_room(tp, sp.capacity.load(std::memory_order_relaxed));
   slot.last_used = sp.clock.load(std::memory_order_relaxed);
   const Plan& plan = *slot.entry->plan;

@@ -7,9 +7,9 @@
 // (each adds a product shape per layer kind) or a seq2seq run padding to each batch's longest
 // rows would otherwise grow without end. Past the capacity (default 1024, or
 // MT_MATMUL_PLAN_CACHE) the plan used least recently is dropped. Threads keep their own slots
-// (memory objects rebound per call) on top of the shared plans; a thread lets go of a dropped
-// plan at its next call of that shape or its next miss, so the plans alive stay within the
-// capacity plus what idle threads last ran.
+// (memory objects rebound per call) on top of the shared plans; a thread lets go of dropped
+// plans at its next matmul, so the plans alive stay within the capacity plus what threads idle
+// since the drop last ran.
 #include "meshtrain/backend/matmul.h"
 
 #include <cstddef>
