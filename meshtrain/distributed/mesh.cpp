@@ -52,28 +52,30 @@ Mesh::Mesh() : Mesh(single()) {}
 
 Mesh Mesh::single() {
   auto local = std::make_shared<LocalCommunicator>("single");
-  Mesh m({}, {}, *local);
-  m.owned_comm_ = std::move(local);
-  return m;
+  Communicator& comm = *local;
+  return Mesh({}, {}, comm, std::move(local));
 }
 
-Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm)
-    : names_(std::move(names)), sizes_(std::move(sizes)), comm_(&comm) {
+Mesh::Mesh(std::vector<std::string> names, std::vector<int> sizes, Communicator& comm,
+           std::shared_ptr<Communicator> owned) {
   install_spmd();  // arrays on this mesh run through the distributed executor
-  hosts_ = host_of_ranks(comm);  // collective; without communication on one rank
-  if (comm.size() > 1) position_ = host_order_positions(hosts_);
-  coords_ = coords_of(comm.rank());
+  auto s = std::make_shared<State>();
+  s->names = std::move(names), s->sizes = std::move(sizes), s->comm = &comm, s->owned_comm = std::move(owned);
+  s->hosts = host_of_ranks(comm);  // collective; without communication on one rank
+  if (comm.size() > 1) s->position = host_order_positions(s->hosts);
+  s->coords = coords_of(*s, comm.rank());
   // Splits run in axis order on every rank, so the collective calls match.
-  for (size_t a = 0; a < names_.size(); ++a) {
-    if (sizes_[a] == 1) {
-      axis_comms_.push_back(std::make_shared<LocalCommunicator>(names_[a]));
+  for (size_t a = 0; a < s->names.size(); ++a) {
+    if (s->sizes[a] == 1) {
+      s->axis_comms.push_back(std::make_shared<LocalCommunicator>(s->names[a]));
       continue;
     }
     int color = 0;  // linear index of the coordinates without axis a
-    for (size_t i = 0; i < names_.size(); ++i)
-      if (i != a) color = color * sizes_[i] + coords_[i];
-    axis_comms_.push_back(comm.split(color, coords_[a], names_[a]));
+    for (size_t i = 0; i < s->names.size(); ++i)
+      if (i != a) color = color * s->sizes[i] + s->coords[i];
+    s->axis_comms.push_back(comm.split(color, s->coords[a], s->names[a]));
   }
+  s_ = std::move(s);
 }
 
 Mesh Mesh::from_string(const std::string& spec) {
@@ -146,45 +148,53 @@ Mesh Mesh::from_model_shards(int n_model_shards) {
 
 int Mesh::size() const {
   int n = 1;
-  for (int s : sizes_) n *= s;
+  for (int v : s_->sizes) n *= v;
   return n;
 }
 
 int Mesh::axis_position(const std::string& axis) const {
-  for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == axis) return int(i);
+  const auto& names = s_->names;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == axis) return int(i);
   throw Error(::mt::detail::concat("[mesh] unknown axis '", axis, "'; mesh '", str(), "' has ",
-                                   names_.empty() ? "no axes" : "axes " + detail::join(names_)));
+                                   names.empty() ? "no axes" : "axes " + detail::join(names)));
 }
 
 bool Mesh::has_axis(const std::string& axis) const {
-  for (const auto& n : names_)
+  for (const auto& n : s_->names)
     if (n == axis) return true;
   return false;
 }
 
-int Mesh::axis_size(const std::string& axis) const { return sizes_[size_t(axis_position(axis))]; }
+int Mesh::axis_size(const std::string& axis) const { return s_->sizes[size_t(axis_position(axis))]; }
+
 std::vector<int> Mesh::coords_of(int rank) const {
+  MT_CHECK(rank >= 0 && (s_->position.empty() || rank < int(s_->position.size())), "[mesh] no rank ", rank,
+           " in mesh ", str());
+  return coords_of(*s_, rank);
+}
+
+std::vector<int> Mesh::coords_of(const State& s, int rank) {
   // Row-major over the host-ordered positions: the last axis varies fastest.
-  MT_CHECK(rank >= 0 && (position_.empty() || rank < int(position_.size())), "[mesh] no rank ", rank, " in mesh ",
-           str());
-  if (!position_.empty()) rank = position_[size_t(rank)];
-  std::vector<int> c(names_.size(), 0);
-  for (size_t i = names_.size(); i-- > 0;) {
-    c[i] = rank % sizes_[i];
-    rank /= sizes_[i];
+  if (!s.position.empty()) rank = s.position[size_t(rank)];
+  std::vector<int> c(s.names.size(), 0);
+  for (size_t i = s.names.size(); i-- > 0;) {
+    c[i] = rank % s.sizes[i];
+    rank /= s.sizes[i];
   }
   return c;
 }
 
-int Mesh::axis_index(const std::string& axis) const { return coords_[size_t(axis_position(axis))]; }
+int Mesh::axis_index(const std::string& axis) const { return s_->coords[size_t(axis_position(axis))]; }
 
-Communicator& Mesh::axis_comm(const std::string& axis) const { return *axis_comms_[size_t(axis_position(axis))]; }
+Communicator& Mesh::axis_comm(const std::string& axis) const { return *s_->axis_comms[size_t(axis_position(axis))]; }
 
-Communicator& Mesh::comm() const { return *comm_; }
+Communicator& Mesh::comm() const { return *s_->comm; }
 
-std::string Mesh::str() const { return names_.empty() ? "single" : format(names_, sizes_); }
+std::string Mesh::str() const { return s_->names.empty() ? "single" : format(s_->names, s_->sizes); }
 
-bool Mesh::operator==(const Mesh& other) const { return names_ == other.names_ && sizes_ == other.sizes_; }
+bool Mesh::operator==(const Mesh& other) const {
+  return s_ == other.s_ || (s_->names == other.s_->names && s_->sizes == other.s_->sizes);
+}
 
 }  // namespace mt::dist
