@@ -5,7 +5,7 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/element.h"
 
-#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl.h>  // dnnl_sgemm
 #include <oneapi/dnnl/dnnl_debug.h>
 
 #include <algorithm>

@@ -188,8 +188,7 @@ struct SharedPlans {
   // stores only when a creation happened since its plan's last use, and eviction, which only
   // a creation starts, still finds the plan unused longest.
   std::atomic<uint64_t> clock{1};
-  std::atomic<uint64_t> generation{1};  // bumped by clear so thread slots drop stale plans
-  std::atomic<uint64_t> drops{0};       // plans dropped so far: a thread that sees it change purges
+  std::atomic<uint64_t> drops{0};  // evictions and clears so far: a thread that sees it change purges
   std::atomic<size_t> capacity{default_capacity()};
 };
 
@@ -248,7 +247,6 @@ std::shared_ptr<Entry> find_or_create(const PlanKey& key) {
 // creating memory objects per call, but is only safe on objects no other thread touches.
 struct ThreadSlot {
   std::shared_ptr<Entry> entry;
-  uint64_t last_used = 0;
   dnnl::memory a, b, c, scratch;
 };
 
@@ -256,8 +254,9 @@ struct FreeDeleter {
   void operator()(void* p) const noexcept { std::free(p); }
 };
 
+// A thread's slots are the cache's plans it has run: it lets go of dropped ones at its next
+// matmul, so it holds no more than the cache does.
 struct ThreadPlans {
-  uint64_t generation = 0;
   uint64_t drops_seen = 0;
   std::unordered_map<PlanKey, ThreadSlot, PlanKeyHash> slots;
   std::unique_ptr<void, FreeDeleter> scratch;  // grown to the largest plan run on this thread
@@ -277,36 +276,17 @@ void let_go_of_dropped(ThreadPlans& tp, const SharedPlans& sp) {
   std::erase_if(tp.slots, [](const auto& kv) { return kv.second.entry->dropped.load(std::memory_order_relaxed); });
 }
 
-// Before a new slot: the thread's own least recently used slot goes when it holds as many as
-// the cache may.
-void make_room(ThreadPlans& tp, size_t capacity) {
-  if (tp.slots.size() < capacity) return;
-  auto oldest = tp.slots.begin();
-  for (auto it = tp.slots.begin(); it != tp.slots.end(); ++it)
-    if (it->second.last_used < oldest->second.last_used) oldest = it;
-  tp.slots.erase(oldest);
-}
-
 ThreadSlot& get_slot(const PlanKey& key) {
   auto& sp = shared_plans();
   auto& tp = thread_plans();
-  const uint64_t gen = sp.generation.load(std::memory_order_acquire);
-  if (tp.generation != gen) {
-    tp.slots.clear();
-    tp.generation = gen;
-  }
   let_go_of_dropped(tp, sp);
-  const uint64_t now = sp.clock.load(std::memory_order_relaxed);
   if (auto it = tp.slots.find(key); it != tp.slots.end()) {
-    touch(*it->second.entry, now);
-    it->second.last_used = now;
+    touch(*it->second.entry, sp.clock.load(std::memory_order_relaxed));
     return it->second;
   }
   ThreadSlot slot;
   slot.entry = find_or_create(key);
   let_go_of_dropped(tp, sp);  // the creation may just have dropped one
-  make_room(tp, sp.capacity.load(std::memory_order_relaxed));
-  slot.last_used = sp.clock.load(std::memory_order_relaxed);
   const Plan& plan = *slot.entry->plan;
   const auto& eng = cpu_engine();
   slot.a = dnnl::memory(plan.a_md, eng, nullptr);
@@ -387,7 +367,7 @@ void clear() {
   std::unique_lock lock(sp.mu);
   for (auto& kv : sp.entries) kv.second->dropped.store(true, std::memory_order_relaxed);
   sp.entries.clear();
-  sp.generation.fetch_add(1, std::memory_order_acq_rel);
+  sp.drops.fetch_add(1, std::memory_order_release);
 }
 
 size_t set_capacity(size_t plans) {

@@ -7,7 +7,7 @@
 // (each adds a product shape per layer kind) or a seq2seq run padding to each batch's longest
 // rows would otherwise grow without end. Past the capacity (default 1024, or
 // MT_MATMUL_PLAN_CACHE) the plan used least recently is dropped. Threads keep their own slots
-// (memory objects rebound per call) on top of the shared plans; a thread lets go of dropped
+// (memory objects rebound per call) for the shared plans it has run, and lets go of dropped
 // plans at its next matmul, so the plans alive stay within the capacity plus what threads idle
 // since the drop last ran.
 #include "meshtrain/backend/matmul.h"
