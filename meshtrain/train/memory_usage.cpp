@@ -20,8 +20,7 @@ double resident_bytes() {
 
 double peak_resident_bytes() {
   rusage usage{};
-  const double peak = getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) * 1024.0 : 0.0;  // KiB on Linux
-  return std::max(peak, resident_bytes());
+  return getrusage(RUSAGE_SELF, &usage) == 0 ? double(usage.ru_maxrss) * 1024.0 : 0.0;  // KiB on Linux
 }
 
 MemoryUsage memory_usage() {

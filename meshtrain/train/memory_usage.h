@@ -19,8 +19,8 @@ struct MemoryUsage {
 
 // This process's usage (the current device's, for the GPU fields).
 MemoryUsage memory_usage();
-// Resident bytes now (/proc/self/statm), and the most so far (getrusage's ru_maxrss, never
-// below resident_bytes(): the kernel updates it lazily).
+// Resident bytes now (/proc/self/statm), and the most so far (getrusage's ru_maxrss; the kernel
+// updates it lazily, so callers take the larger of the two).
 double resident_bytes();
 double peak_resident_bytes();
 // Whether a logged metric is one of the memory figures above (rss_gb, host_peak_gb, gpu_*).
