@@ -27,6 +27,7 @@ struct CachingAllocator::Impl {
   // Blocks up to kLargeBlock: cached per bucket size (cheap, and their total stays small).
   std::unordered_map<size_t, std::vector<void*>> free_lists;
   size_t bucket_cached_bytes = 0;
+  size_t bucket_in_use = 0, bucket_peak_in_use = 0;
   // Larger blocks: split from and merged back into one arena (see block_arena.h).
   BlockArena arena{arena_reservation()};
   AllocatorStats stats;  // bytes_cached is filled in by stats()
@@ -87,6 +88,8 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       s->stats.os_allocations++;
     }
     s->count_allocation(size);
+    s->bucket_in_use += size;
+    s->bucket_peak_in_use = std::max(s->bucket_peak_in_use, s->bucket_in_use);
   }
   if (!ptr) {
     ptr = std::aligned_alloc(kAlignment, size);
@@ -97,15 +100,27 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
     if (!ptr) {
       std::lock_guard<std::mutex> lock(s->mutex);
       s->stats.bytes_in_use -= size;
+      s->bucket_in_use -= size;
       throw std::bad_alloc();
     }
   }
   return std::shared_ptr<void>(ptr, [s, size](void* p) {
-    std::lock_guard<std::mutex> lock(s->mutex);
-    s->free_lists[size].push_back(p);
-    s->stats.bytes_in_use -= size;
-    s->bucket_cached_bytes += size;
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      s->stats.bytes_in_use -= size;
+      s->bucket_in_use -= size;
+      if (s->bucket_cached_bytes + size <= bucket_cache_limit(s->bucket_peak_in_use)) {
+        s->free_lists[size].push_back(p);
+        s->bucket_cached_bytes += size;
+        return;
+      }
+    }
+    std::free(p);  // past the bound: malloc's free lists reuse it for any size
   });
+}
+
+size_t CachingAllocator::bucket_cache_limit(size_t bucket_peak_bytes_in_use) {
+  return std::max(kMinBucketCache, 2 * bucket_peak_bytes_in_use);
 }
 
 AllocatorStats CachingAllocator::stats() const {
@@ -114,6 +129,8 @@ AllocatorStats CachingAllocator::stats() const {
   AllocatorStats out = s->stats;
   out.bytes_cached = s->bucket_cached_bytes + s->arena.free_bytes();
   out.bytes_reserved = out.bytes_in_use + out.bytes_cached;
+  out.bucket_bytes_cached = s->bucket_cached_bytes;
+  out.bucket_peak_bytes_in_use = s->bucket_peak_in_use;
   return out;
 }
 

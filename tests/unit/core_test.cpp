@@ -113,6 +113,30 @@ TEST(Allocator, TrainingStepAllocatesNothingAfterWarmUp) {
   EXPECT_LT(last, first);
 }
 
+TEST(Allocator, BucketedBlocksKeptStayWithinTwiceTheirPeakInUse) {
+  // A dense KV cache grown by concatenation: each step, 72 arrays (36 layers' keys and
+  // values) one position longer replace the last step's. Keeping every freed size would hold
+  // each bucket's 72 blocks, about 290 MB here; the bound keeps twice the peak in use.
+  CachingAllocator& allocator = CachingAllocator::instance();
+  std::vector<std::shared_ptr<void>> live;
+  size_t every_bucket = 0;
+  size_t last_bucket = 0;
+  for (size_t bytes = 5120; bytes <= CachingAllocator::kLargeBlock; bytes += 5120) {
+    std::vector<std::shared_ptr<void>> next;
+    for (int i = 0; i < 72; ++i) next.push_back(allocator.allocate(bytes));
+    live = std::move(next);
+    const size_t bucket = CachingAllocator::bucket_size(bytes);
+    if (bucket != last_bucket) every_bucket += 72 * bucket, last_bucket = bucket;
+  }
+  live.clear();
+  const AllocatorStats stats = allocator.stats();
+  std::cout << "  bucketed bytes kept " << (stats.bucket_bytes_cached >> 20) << " MiB (peak in use "
+            << (stats.bucket_peak_bytes_in_use >> 20) << " MiB); every bucket's blocks: " << (every_bucket >> 20)
+            << " MiB\n";
+  EXPECT_LE(stats.bucket_bytes_cached, CachingAllocator::bucket_cache_limit(stats.bucket_peak_bytes_in_use));
+  EXPECT_LT(stats.bucket_bytes_cached, every_bucket / 2);
+}
+
 TEST(Allocator, ArenaSplitsAndMergesBlocks) {
   // A private arena: the process-wide one is shared with everything else in this binary.
   BlockArena arena(size_t(1) << 30);
