@@ -15,6 +15,11 @@ namespace mt::kernels {
 //   TF32 unit and computes these in f32, within TF32's tolerance.
 enum class MatmulDType { f32, bf16, f16, bf16_f32, f32_as_bf16, f32_as_tf32 };
 
+// How many GEMM plans (one per product shape) each backend keeps: MT_MATMUL_PLAN_CACHE, else
+// 1024. A bad value warns and gives 1024 rather than throwing: the first matmul may run
+// inside an OpenMP region, where an exception would end the process.
+size_t matmul_plan_capacity_from_env();
+
 }  // namespace mt::kernels
 
 // matmul: C[b] = op(A[b]) @ op(B[b]), op transposing when trans_* is set. All buffers are dense
@@ -71,4 +76,10 @@ MT_MATMUL_KERNELS
 // turn it off: each process would choose by its own timings, and replicated products must round
 // alike on every rank.
 void set_matmul_tuning(bool allowed);
+// As the CPU's: cuBLASLt descriptors and chosen algorithms cached per product shape (about a
+// KB of host memory each), at most this many (default matmul_plan_capacity_from_env()), the
+// one unused longest dropped; returns the previous capacity, plans >= 1.
+size_t set_matmul_cache_capacity(size_t plans);
+size_t matmul_cache_size();
+uint64_t matmul_plans_created();
 }  // namespace mt::cuda

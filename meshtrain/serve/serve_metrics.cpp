@@ -124,16 +124,16 @@ std::string ServeMetrics::render(const EngineStats& e) const {
   out += "meshtrain_batch_size_bucket{le=\"+Inf\"} " + std::to_string(total) + "\n";
   out += "meshtrain_batch_size_sum " + number(sum) + "\nmeshtrain_batch_size_count " + std::to_string(total) + "\n";
   // The process: a server meets new product shapes with every prompt length, so its memory and
-  // the CPU's GEMM plans (bounded: MT_MATMUL_PLAN_CACHE) are worth watching.
+  // its GEMM plans (bounded on each backend: MT_MATMUL_PLAN_CACHE) are worth watching.
   const double resident = train::resident_bytes();
   sample(out, "meshtrain_resident_bytes", "gauge", "resident memory of the server process", resident);
   sample(out, "meshtrain_peak_resident_bytes", "gauge", "largest resident memory so far",
          std::max(resident, train::peak_resident_bytes()));
-  sample(out, "meshtrain_matmul_plans", "gauge", "CPU GEMM plans cached (one per product shape)",
-         double(cpu::matmul_cache_size()));
+  sample(out, "meshtrain_matmul_plans", "gauge", "GEMM plans cached, CPU and GPU (one per product shape)",
+         double(cpu::matmul_cache_size() + cuda::matmul_cache_size()));
   sample(out, "meshtrain_matmul_plans_created_total", "counter",
-         "CPU GEMM plans created (rising steadily: the plan cache is smaller than the shapes met)",
-         double(cpu::matmul_plans_created()));
+         "GEMM plans created, CPU and GPU (rising steadily: the plan cache is smaller than the shapes met)",
+         double(cpu::matmul_plans_created() + cuda::matmul_plans_created()));
   header(out, "meshtrain_request_latency_seconds", "histogram", "completion request latency, submission to last byte");
   latency_.render(out, "meshtrain_request_latency_seconds");
   header(out, "meshtrain_time_to_first_token_seconds", "histogram", "submission to first generated token");

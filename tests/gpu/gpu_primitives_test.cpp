@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "meshtrain/backend/attention.h"
+#include "meshtrain/backend/matmul.h"
 #include "meshtrain/ops/fused_ops.h"
 #include "meshtrain/ops/indexing.h"
 #include "meshtrain/ops/loss.h"
@@ -303,6 +304,43 @@ TEST(GpuPrimitives, LinearBiasEpilogueEqualsTheCpu) {
                    label + " [in, out]");
     }
   }
+}
+
+// The cuBLASLt plans are bounded like the CPU's: past the capacity the shape unused longest is
+// dropped (and made again when it returns), a kept one is not, and every product stays right,
+// the bias epilogue's included.
+TEST(GpuPrimitives, MatmulPlanCacheDropsTheShapeUnusedLongest) {
+  MT_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  DeviceScope on(gpu);
+  MatmulPrecisionScope exact(MatmulPrecision::f32);
+  const size_t previous = cuda::set_matmul_cache_capacity(3);
+  EXPECT_LE(cuda::matmul_cache_size(), 3u);
+  const Array w = random_normal({64, 48}, 31), b = random_normal({48}, 32);
+  const Array wg = w.to(gpu), bg = b.to(gpu);
+  auto product = [&](int64_t rows) {
+    const Array x = random_normal({rows, 64}, 40 + rows);
+    expect_close(matmul(x.to(gpu), wg).to(Device::cpu()), matmul(x, w), {1e-4, 1e-4, 1e-4},
+                 "matmul M=" + std::to_string(rows));
+  };
+  for (int64_t rows : {5, 6, 7}) product(rows);
+  const uint64_t created = cuda::matmul_plans_created();
+  product(5);  // M=5 is used again: M=6 is now the one unused longest
+  EXPECT_EQ(cuda::matmul_plans_created(), created) << "a cached plan was made again";
+  product(8);  // past the capacity: M=6 goes
+  EXPECT_EQ(cuda::matmul_plans_created(), created + 1);
+  EXPECT_EQ(cuda::matmul_cache_size(), 3u);
+  product(5);
+  product(7);
+  EXPECT_EQ(cuda::matmul_plans_created(), created + 1) << "a kept plan was made again";
+  product(6);
+  EXPECT_EQ(cuda::matmul_plans_created(), created + 2) << "the dropped plan was not made again";
+  const Array x = random_normal({9, 64}, 50);
+  expect_close(linear_bias(x.to(gpu), wg, bg, false).to(Device::cpu()), add(matmul(x, w), b), {1e-4, 1e-4, 1e-4},
+               "linear_bias past the capacity");
+  EXPECT_EQ(cuda::matmul_cache_size(), 3u);
+  EXPECT_THROW(cuda::set_matmul_cache_capacity(0), std::runtime_error);
+  cuda::set_matmul_cache_capacity(previous);
 }
 
 // Dropout masks are bit-identical to the CPU's for the same key, on the vectorized path (f32,

@@ -17,11 +17,13 @@ TEST(CublasLtLibrary, LoadsWithEveryEntryPointTheGemmsCall) {
                            reinterpret_cast<const void*>(l.Matmul),
                            reinterpret_cast<const void*>(l.MatmulAlgoGetHeuristic),
                            reinterpret_cast<const void*>(l.MatmulDescCreate),
+                           reinterpret_cast<const void*>(l.MatmulDescDestroy),
                            reinterpret_cast<const void*>(l.MatmulDescSetAttribute),
                            reinterpret_cast<const void*>(l.MatmulPreferenceCreate),
                            reinterpret_cast<const void*>(l.MatmulPreferenceDestroy),
                            reinterpret_cast<const void*>(l.MatmulPreferenceSetAttribute),
                            reinterpret_cast<const void*>(l.MatrixLayoutCreate),
+                           reinterpret_cast<const void*>(l.MatrixLayoutDestroy),
                            reinterpret_cast<const void*>(l.MatrixLayoutSetAttribute)};
   for (const void* e : entries) EXPECT_NE(e, nullptr);
   static_assert(sizeof(entries) / sizeof(entries[0]) == sizeof(cuda::CublasLtLibrary) / sizeof(void*),

@@ -9,7 +9,6 @@
 #include <malloc.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -166,20 +165,6 @@ struct Entry {
   std::atomic<bool> dropped{false};
 };
 
-// A bad value warns and keeps the default rather than throwing: the first matmul may run
-// inside an OpenMP region, where an exception would end the process.
-size_t default_capacity() {
-  constexpr size_t kDefault = 1024;
-  const char* v = std::getenv("MT_MATMUL_PLAN_CACHE");
-  if (!v) return kDefault;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*v >= '0' && *v <= '9' && *end == '\0' && n >= 1) return size_t(n);
-  std::fprintf(stderr, "meshtrain: [matmul] MT_MATMUL_PLAN_CACHE must be a number of plans >= 1, got '%s'; using %zu\n",
-               v, kDefault);
-  return kDefault;
-}
-
 // Process-wide cache: primitive creation (JIT) is expensive, so threads share plans.
 struct SharedPlans {
   std::shared_mutex mu;
@@ -189,7 +174,7 @@ struct SharedPlans {
   // a creation starts, still finds the plan unused longest.
   std::atomic<uint64_t> clock{1};
   std::atomic<uint64_t> drops{0};  // evictions and clears so far: a thread that sees it change purges
-  std::atomic<size_t> capacity{default_capacity()};
+  std::atomic<size_t> capacity{kernels::matmul_plan_capacity_from_env()};
 };
 
 SharedPlans& shared_plans() {

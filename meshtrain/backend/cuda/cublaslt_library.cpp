@@ -36,11 +36,13 @@ CublasLtLibrary load() {
   bind(library, "cublasLtMatmul", l.Matmul);
   bind(library, "cublasLtMatmulAlgoGetHeuristic", l.MatmulAlgoGetHeuristic);
   bind(library, "cublasLtMatmulDescCreate", l.MatmulDescCreate);
+  bind(library, "cublasLtMatmulDescDestroy", l.MatmulDescDestroy);
   bind(library, "cublasLtMatmulDescSetAttribute", l.MatmulDescSetAttribute);
   bind(library, "cublasLtMatmulPreferenceCreate", l.MatmulPreferenceCreate);
   bind(library, "cublasLtMatmulPreferenceDestroy", l.MatmulPreferenceDestroy);
   bind(library, "cublasLtMatmulPreferenceSetAttribute", l.MatmulPreferenceSetAttribute);
   bind(library, "cublasLtMatrixLayoutCreate", l.MatrixLayoutCreate);
+  bind(library, "cublasLtMatrixLayoutDestroy", l.MatrixLayoutDestroy);
   bind(library, "cublasLtMatrixLayoutSetAttribute", l.MatrixLayoutSetAttribute);
   return l;  // the library stays loaded for the process's life
 }

@@ -14,11 +14,13 @@ struct CublasLtLibrary {
   decltype(&cublasLtMatmul) Matmul;
   decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
   decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
   decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
   decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
   decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
   decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
   decltype(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute;
 };
 

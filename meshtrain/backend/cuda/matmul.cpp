@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -41,29 +42,65 @@ constexpr int kCandidates = 8;
 // it could save (and decoding's shapes change with every token).
 constexpr double kTuneFlops = 4e9;
 
+// A shape's descriptors and algorithm. Shared: a call holds its plan while cuBLASLt reads it,
+// so that another thread dropping it from the cache cannot destroy it under the call.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's order
   cublasLtMatmulAlgo_t algo{};
   bool found = false, tuned = false;
+  uint64_t last_used = 0;  // the cache's clock at its last call
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    for (cublasLtMatrixLayout_t l : {a, b, c})
+      if (l) cublaslt().MatrixLayoutDestroy(l);
+    if (desc) cublaslt().MatmulDescDestroy(desc);
+  }
 };
 
 // dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, tf32, bias epilogue.
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool>;
 
+// Plans per shape, at most `capacity` of them: decoding and padded batches meet a new shape
+// with every length, and a server would otherwise keep every one it ever met.
 struct Lt {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<Key, Plan> plans;
+  std::map<Key, std::shared_ptr<Plan>> plans;
+  uint64_t clock = 0;  // advanced by every call, under the mutex
+  uint64_t created = 0;
   std::mutex mutex;
+
+  // Drops the plans unused longest (never `keep`) until within capacity. Caller holds mutex.
+  void evict_beyond_capacity(const Plan* keep);
 };
+
+// Kept outside Lt: reading the counters or setting the bound must not load cuBLASLt (a CPU
+// run's server reports them too, on machines with no GPU at all).
+std::atomic<size_t> g_capacity{kernels::matmul_plan_capacity_from_env()};
+std::atomic<Lt*> g_lt{nullptr};
+
+void Lt::evict_beyond_capacity(const Plan* keep) {
+  while (plans.size() > g_capacity.load(std::memory_order_relaxed)) {
+    auto oldest = plans.end();
+    for (auto it = plans.begin(); it != plans.end(); ++it)
+      if (it->second.get() != keep && (oldest == plans.end() || it->second->last_used < oldest->second->last_used))
+        oldest = it;
+    if (oldest == plans.end()) return;
+    plans.erase(oldest);
+  }
+}
 
 Lt& lt() {
   static Lt* s = [] {
     auto* l = new Lt();  // leaked: lives as long as the process's stream
     check_lt(cublaslt().Create(&l->handle), "create");
     check(cudaMalloc(&l->workspace, kWorkspaceBytes), "matmul workspace");
+    g_lt.store(l, std::memory_order_release);
     return l;
   }();
   return *s;
@@ -84,15 +121,16 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 // Column-major view: first operand = B (N x K, or K x N stored), second = A. With `bias` the
 // epilogue adds a vector along D's N rows (the row-major output's columns) to the f32
 // accumulator; its pointer is set per call.
-Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M, int64_t N, int64_t K,
-               bool ta, bool tb, bool bias) {
+std::shared_ptr<Plan> make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_b, int64_t M,
+                                int64_t N, int64_t K, bool ta, bool tb, bool bias) {
   cudaDataType_t in = CUDA_R_32F, out = CUDA_R_32F;
   if (dtype == MatmulDType::bf16) in = out = CUDA_R_16BF;
   if (dtype == MatmulDType::f16) in = out = CUDA_R_16F;
   if (dtype == MatmulDType::bf16_f32 || dtype == MatmulDType::f32_as_bf16) in = CUDA_R_16BF;
   const cublasComputeType_t compute =
       dtype == MatmulDType::f32_as_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  Plan p;
+  auto plan = std::make_shared<Plan>();
+  Plan& p = *plan;
   check_lt(cublaslt().MatmulDescCreate(&p.desc, compute, CUDA_R_32F), "descriptor");
   const cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "descriptor");
@@ -129,7 +167,7 @@ Plan make_plan(MatmulDType dtype, int64_t batch, int64_t batch_a, int64_t batch_
     p.found = !p.candidates.empty();
     if (p.found) p.algo = p.candidates.front();
   }
-  return p;
+  return plan;
 }
 
 std::atomic<bool> g_tuning_allowed{true};
@@ -188,6 +226,30 @@ void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
 
 void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memory_order_relaxed); }
 
+size_t set_matmul_cache_capacity(size_t plans) {
+  MT_CHECK(plans >= 1, "[matmul] the plan cache must hold at least one plan");
+  const size_t previous = g_capacity.exchange(plans);
+  if (Lt* l = g_lt.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(l->mutex);
+    l->evict_beyond_capacity(nullptr);
+  }
+  return previous;
+}
+
+size_t matmul_cache_size() {
+  Lt* l = g_lt.load(std::memory_order_acquire);
+  if (!l) return 0;
+  std::lock_guard<std::mutex> lock(l->mutex);
+  return l->plans.size();
+}
+
+uint64_t matmul_plans_created() {
+  Lt* l = g_lt.load(std::memory_order_acquire);
+  if (!l) return 0;
+  std::lock_guard<std::mutex> lock(l->mutex);
+  return l->created;
+}
+
 namespace {
 
 // One cuBLASLt product: c = op(a) op(b) (+ c when accumulating) (+ bias along N when `bias` is
@@ -205,10 +267,15 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   // shared descriptor, so its call is enqueued under the lock too.
   std::unique_lock<std::mutex> lock(l.mutex);
   auto it = l.plans.find(key);
-  if (it == l.plans.end())
+  if (it == l.plans.end()) {
     it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, bias != nullptr))
              .first;
-  Plan& p = it->second;
+    ++l.created;
+  }
+  const std::shared_ptr<Plan> held = it->second;
+  Plan& p = *held;
+  p.last_used = ++l.clock;
+  l.evict_beyond_capacity(&p);
   if (bias && !p.found) return false;
   Array a16, b16;
   if (dtype == MatmulDType::f32_as_bf16) {

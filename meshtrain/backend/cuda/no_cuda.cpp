@@ -1,6 +1,8 @@
 // The CUDA backend's stand-in in builds without CUDA (MESHTRAIN_CUDA=OFF, or no nvcc): no GPU
 // is ever visible, so Device::parse refuses "cuda" with a clear message and no array can reach
 // these kernels; they throw all the same, in case one is called directly.
+#include <utility>
+
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/elementwise.h"
 #include "meshtrain/backend/indexing.h"
@@ -75,6 +77,14 @@ bool flash_attention_supported(const Array&, int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
 int64_t dropout_keep_bits_words(const Array&, const kernels::FlashAttentionShape&) { return 0; }
 void set_matmul_tuning(bool) {}
+// No GPU GEMMs, so no plans: the capacity is only remembered.
+size_t set_matmul_cache_capacity(size_t plans) {
+  MT_CHECK(plans >= 1, "[matmul] the plan cache must hold at least one plan");
+  static size_t capacity = kernels::matmul_plan_capacity_from_env();
+  return std::exchange(capacity, plans);
+}
+size_t matmul_cache_size() { return 0; }
+uint64_t matmul_plans_created() { return 0; }
 void flash_attention_forward_tc(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&,
                                 Array&) {
   no_cuda();
