@@ -36,6 +36,12 @@ struct CachingAllocator::Impl {
     stats.bytes_in_use += size;
     stats.peak_bytes_in_use = std::max(stats.peak_bytes_in_use, stats.bytes_in_use);
   }
+  void count_bucketed(size_t size, bool small) {
+    count_allocation(size);
+    if (!small) return;
+    bucket_in_use += size;
+    bucket_peak_in_use = std::max(bucket_peak_in_use, bucket_in_use);
+  }
 };
 
 CachingAllocator::Impl* CachingAllocator::impl() {
@@ -74,7 +80,10 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
     }
     // The arena's address space is spent (or was never granted): a bucketed block instead.
   }
-  size_t size = bucket_size(bytes);
+  const size_t size = bucket_size(bytes);
+  // Only the requests buckets are for count toward their peak: a large block that fell back
+  // here (the arena spent) would otherwise lift the bound for good.
+  const bool small = bytes <= kLargeBlock;
   void* ptr = nullptr;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
@@ -84,12 +93,8 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       it->second.pop_back();
       s->stats.cache_hits++;
       s->bucket_cached_bytes -= size;
-    } else {
-      s->stats.os_allocations++;
+      s->count_bucketed(size, small);
     }
-    s->count_allocation(size);
-    s->bucket_in_use += size;
-    s->bucket_peak_in_use = std::max(s->bucket_peak_in_use, s->bucket_in_use);
   }
   if (!ptr) {
     ptr = std::aligned_alloc(kAlignment, size);
@@ -97,18 +102,16 @@ std::shared_ptr<void> CachingAllocator::allocate(size_t bytes) {
       release_cached();
       ptr = std::aligned_alloc(kAlignment, size);
     }
-    if (!ptr) {
-      std::lock_guard<std::mutex> lock(s->mutex);
-      s->stats.bytes_in_use -= size;
-      s->bucket_in_use -= size;
-      throw std::bad_alloc();
-    }
+    if (!ptr) throw std::bad_alloc();  // counted nothing: the peaks stay what was really used
+    std::lock_guard<std::mutex> lock(s->mutex);
+    s->stats.os_allocations++;
+    s->count_bucketed(size, small);
   }
-  return std::shared_ptr<void>(ptr, [s, size](void* p) {
+  return std::shared_ptr<void>(ptr, [s, size, small](void* p) {
     {
       std::lock_guard<std::mutex> lock(s->mutex);
       s->stats.bytes_in_use -= size;
-      s->bucket_in_use -= size;
+      if (small) s->bucket_in_use -= size;
       if (s->bucket_cached_bytes + size <= bucket_cache_limit(s->bucket_peak_in_use)) {
         s->free_lists[size].push_back(p);
         s->bucket_cached_bytes += size;

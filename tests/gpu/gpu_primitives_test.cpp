@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -312,16 +313,24 @@ TEST(GpuPrimitives, LinearBiasEpilogueEqualsTheCpu) {
 TEST(GpuPrimitives, MatmulPlanCacheDropsTheShapeUnusedLongest) {
   MT_REQUIRE_GPU();
   const Device gpu = Device::cuda(0);
-  DeviceScope on(gpu);
   MatmulPrecisionScope exact(MatmulPrecision::f32);
+  // Inputs and references on the CPU, made before the GPU scope opens (inside it new arrays
+  // would be made on the GPU, and the references would run on the plans under test).
+  const Array w = random_normal({64, 48}, 31), b = random_normal({48}, 32);
+  std::map<int64_t, std::pair<Array, Array>> rows_cases;  // M -> (x, x @ w)
+  for (int64_t rows : {5, 6, 7, 8}) {
+    const Array x = random_normal({rows, 64}, 40 + rows);
+    rows_cases.emplace(rows, std::make_pair(x, matmul(x, w)));
+  }
+  const Array x9 = random_normal({9, 64}, 50);
+  const Array ref9 = add(matmul(x9, w), b);
   const size_t previous = cuda::set_matmul_cache_capacity(3);
   EXPECT_LE(cuda::matmul_cache_size(), 3u);
-  const Array w = random_normal({64, 48}, 31), b = random_normal({48}, 32);
+  DeviceScope on(gpu);
   const Array wg = w.to(gpu), bg = b.to(gpu);
   auto product = [&](int64_t rows) {
-    const Array x = random_normal({rows, 64}, 40 + rows);
-    expect_close(matmul(x.to(gpu), wg).to(Device::cpu()), matmul(x, w), {1e-4, 1e-4, 1e-4},
-                 "matmul M=" + std::to_string(rows));
+    const auto& [x, ref] = rows_cases.at(rows);
+    expect_close(matmul(x.to(gpu), wg).to(Device::cpu()), ref, {1e-4, 1e-4, 1e-4}, "matmul M=" + std::to_string(rows));
   };
   for (int64_t rows : {5, 6, 7}) product(rows);
   const uint64_t created = cuda::matmul_plans_created();
@@ -335,8 +344,7 @@ TEST(GpuPrimitives, MatmulPlanCacheDropsTheShapeUnusedLongest) {
   EXPECT_EQ(cuda::matmul_plans_created(), created + 1) << "a kept plan was made again";
   product(6);
   EXPECT_EQ(cuda::matmul_plans_created(), created + 2) << "the dropped plan was not made again";
-  const Array x = random_normal({9, 64}, 50);
-  expect_close(linear_bias(x.to(gpu), wg, bg, false).to(Device::cpu()), add(matmul(x, w), b), {1e-4, 1e-4, 1e-4},
+  expect_close(linear_bias(x9.to(gpu), wg, bg, false).to(Device::cpu()), ref9, {1e-4, 1e-4, 1e-4},
                "linear_bias past the capacity");
   EXPECT_EQ(cuda::matmul_cache_size(), 3u);
   EXPECT_THROW(cuda::set_matmul_cache_capacity(0), std::runtime_error);

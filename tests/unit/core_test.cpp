@@ -116,7 +116,8 @@ TEST(Allocator, TrainingStepAllocatesNothingAfterWarmUp) {
 TEST(Allocator, BucketedBlocksKeptStayWithinTwiceTheirPeakInUse) {
   // A dense KV cache grown by concatenation: each step, 72 arrays (36 layers' keys and
   // values) one position longer replace the last step's. Keeping every freed size would hold
-  // each bucket's 72 blocks, about 290 MB here; the bound keeps twice the peak in use.
+  // each bucket's 72 blocks, about 200 MiB here; the bound keeps twice the peak in use (the
+  // tests before this one in the binary use a few MiB of small blocks at most).
   CachingAllocator& allocator = CachingAllocator::instance();
   std::vector<std::shared_ptr<void>> live;
   size_t every_bucket = 0;

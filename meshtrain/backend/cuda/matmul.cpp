@@ -80,12 +80,21 @@ struct Lt {
 };
 
 // Kept outside Lt: reading the counters or setting the bound must not load cuBLASLt (a CPU
-// run's server reports them too, on machines with no GPU at all).
-std::atomic<size_t> g_capacity{kernels::matmul_plan_capacity_from_env()};
+// run's server reports them too, on machines with no GPU at all). The capacity is read from
+// the environment at first use (0: not yet), as the CPU's is, not during static init.
+std::atomic<size_t> g_capacity{0};
 std::atomic<Lt*> g_lt{nullptr};
 
+size_t capacity() {
+  size_t c = g_capacity.load(std::memory_order_relaxed);
+  if (c != 0) return c;
+  size_t unset = 0;
+  const size_t from_env = kernels::matmul_plan_capacity_from_env();
+  return g_capacity.compare_exchange_strong(unset, from_env) ? from_env : unset;
+}
+
 void Lt::evict_beyond_capacity(const Plan* keep) {
-  while (plans.size() > g_capacity.load(std::memory_order_relaxed)) {
+  while (plans.size() > capacity()) {
     auto oldest = plans.end();
     for (auto it = plans.begin(); it != plans.end(); ++it)
       if (it->second.get() != keep && (oldest == plans.end() || it->second->last_used < oldest->second->last_used))
@@ -228,7 +237,7 @@ void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memo
 
 size_t set_matmul_cache_capacity(size_t plans) {
   MT_CHECK(plans >= 1, "[matmul] the plan cache must hold at least one plan");
-  const size_t previous = g_capacity.exchange(plans);
+  const size_t previous = (capacity(), g_capacity.exchange(plans));
   if (Lt* l = g_lt.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(l->mutex);
     l->evict_beyond_capacity(nullptr);
