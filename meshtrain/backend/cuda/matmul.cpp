@@ -237,7 +237,8 @@ void set_matmul_tuning(bool allowed) { g_tuning_allowed.store(allowed, std::memo
 
 size_t set_matmul_cache_capacity(size_t plans) {
   MT_CHECK(plans >= 1, "[matmul] the plan cache must hold at least one plan");
-  const size_t previous = (capacity(), g_capacity.exchange(plans));
+  const size_t previous = capacity();  // the environment's value, when nothing set one yet
+  g_capacity.store(plans);
   if (Lt* l = g_lt.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(l->mutex);
     l->evict_beyond_capacity(nullptr);
@@ -276,7 +277,8 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   // shared descriptor, so its call is enqueued under the lock too.
   std::unique_lock<std::mutex> lock(l.mutex);
   auto it = l.plans.find(key);
-  if (it == l.plans.end()) {
+  const bool created = it == l.plans.end();
+  if (created) {
     it = l.plans.emplace(key, make_plan(dtype, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, bias != nullptr))
              .first;
     ++l.created;
@@ -284,7 +286,7 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   const std::shared_ptr<Plan> held = it->second;
   Plan& p = *held;
   p.last_used = ++l.clock;
-  l.evict_beyond_capacity(&p);
+  if (created) l.evict_beyond_capacity(&p);  // only a new plan (or a lower capacity) can go past it
   if (bias && !p.found) return false;
   Array a16, b16;
   if (dtype == MatmulDType::f32_as_bf16) {
