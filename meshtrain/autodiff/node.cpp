@@ -50,6 +50,10 @@ void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn 
   out.impl()->node = std::move(node);
 }
 
+void takes_distributed_cotangent(Array& out) {
+  if (out.defined() && out.impl()->node) out.impl()->node->global_output = true;
+}
+
 Array make_leaf(const Array& x) {
   MT_CHECK(x.defined(), "[value_and_grad] cannot differentiate with respect to an undefined array");
   Array leaf = x.detach();

@@ -21,8 +21,9 @@ struct Node {
   const char* op = "";
   std::vector<std::shared_ptr<Node>> inputs;  // node of each op input; null when untraced
   VjpFn vjp;                                  // null for leaves
-  // The output was a global (sharded) array. A node computed on plain arrays receives its
-  // cotangent as a plain array: sharded cotangents are gathered first.
+  // The output was a global (sharded) array, or the VJP handles sharded cotangents itself
+  // (takes_distributed_cotangent). Any other node receives its cotangent as a plain array:
+  // sharded cotangents are gathered first.
   bool global_output = false;
 };
 
@@ -57,6 +58,12 @@ bool should_record(const std::vector<Array>& inputs);
 // `vjp` must capture what it needs by value and never capture `out` itself
 // (use out.detach()), so the graph holds no reference cycle.
 void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn vjp);
+
+// Marks `out`'s node (if recorded) as taking its cotangent however it is laid out, sharded or
+// partial, although `out` itself is plain: for VJPs that are collectives themselves. Without
+// it, the gradient of an FSDP parameter gathered to a plain array would be all-reduced whole
+// before its VJP could reduce-scatter it.
+void takes_distributed_cotangent(Array& out);
 
 // The id the next recorded node will get: nodes recorded from now on have ids >= it.
 uint64_t next_node_id();

@@ -1,7 +1,7 @@
 // A small GPT (tests/support/tiny_gpt.h) trained for a few AdamW steps under data parallel,
 // FSDP, tensor parallel and data x tensor meshes: every loss and every updated parameter
 // equals the one-device run (dropout included, thanks to position-keyed randomness). Also counts the collectives of a
-// tensor-parallel MLP, so silent extra gathers are caught.
+// tensor-parallel MLP and of an FSDP weight, so silent extra gathers and all-reduces are caught.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -116,6 +116,39 @@ TEST(SpmdTrain, TensorParallelMlpCommunicatesOncePerPass) {
   if (n > 1) {
     EXPECT_EQ(dist::sharding_of(grads["fc"])->spec, (PartitionSpec{"", "model"}));
   }
+}
+
+// FSDP: a weight split over data is gathered for the product with the data-split batch; its
+// gradient comes back partial from each rank's rows and must be reduce-scattered into the
+// weight's shards, never all-reduced whole (which sent twice the bytes and held the whole
+// gradient on every rank).
+TEST(SpmdTrain, FsdpWeightGradientIsReduceScatteredNotAllReduced) {
+  const int n = dist::world().size();
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
+  const Array x_host = random_normal({2 * n, kTime, kWidth}, 31), w_host = random_normal({kWidth, 4 * n}, 32);
+  Params p{{"w", dist::shard(w_host, mesh, PartitionSpec{"data", ""}, "w")}};
+  const Array x = dist::shard(x_host, mesh, PartitionSpec{"data", "", ""}, "x");
+  dist::Communicator& comm = mesh.axis_comm("data");
+  comm.reset_stats();
+  auto [loss, grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p);
+  const dist::CommStats s = comm.stats();
+  if (dist::world().rank() == 0) std::cout << "  FSDP matmul forward+backward: " << s.str() << "\n";
+  const int64_t w_bytes = w_host.nbytes();
+  if (n > 1) {
+    EXPECT_EQ(s.all_gather.calls, 1);  // the weight, once
+    EXPECT_EQ(s.reduce_scatter.calls, 1);
+    EXPECT_EQ(s.reduce_scatter.bytes, w_bytes);
+    EXPECT_LT(s.all_reduce.bytes, w_bytes) << "the weight gradient was all-reduced";
+    EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
+  }
+  auto [ref_loss, ref_grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x_host, q["w"]))); })(
+      Params{{"w", w_host}});
+  auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
+  double err = 0;
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]) / (1 + std::abs(b[i])));
+  if (dist::world().rank() == 0) std::cout << "  [max err] FSDP weight gradient vs one device: " << err << "\n";
+  EXPECT_LE(err, 1e-5);
+  EXPECT_NEAR(dist::to_host(loss).item() / ref_loss.item(), 1.0, 1e-6);
 }
 
 }  // namespace
