@@ -16,6 +16,12 @@ Communicator* device_comm_for(const Array& x, Communicator& comm) {
   Communicator* device_comm = comm.device_communicator(x.device());
   return x.device().is_cuda() ? device_comm : nullptr;
 }
+// Elements before dim d in each row-major slice: 1 when splitting d cuts x into consecutive blocks.
+int64_t leading_numel(const Array& x, int d) {
+  int64_t n = 1;
+  for (int i = 0; i < d; ++i) n *= x.dim(i);
+  return n;
+}
 }  // namespace
 
 // (..., n_d, ...) blocks of the ranks of `comm`, concatenated along d in rank order.
@@ -36,14 +42,14 @@ Array all_gather_dim(const Array& x, int d, Communicator& comm) {
     comm.all_gather(xh.raw(), buf.raw(), x.numel(), x.dtype());
     buf = buf.to(x.device());
   }
+  std::vector<int64_t> merged = x.shape().dims();
+  merged[size_t(d)] *= p;
+  if (leading_numel(x, d) == 1) return reshape(buf, merged);  // rank blocks already in place
   std::vector<int> perm(size_t(buf.ndim()));
   std::iota(perm.begin(), perm.end(), 0);
   perm.erase(perm.begin());
   perm.insert(perm.begin() + d, 0);  // (..., P, n_d, ...)
-  Array t = transpose(buf, perm);
-  std::vector<int64_t> merged = x.shape().dims();
-  merged[size_t(d)] *= p;
-  return reshape(t, merged);
+  return reshape(transpose(buf, perm), merged);
 }
 
 // Sums x over the ranks of `comm` and keeps this rank's block along d.
@@ -60,7 +66,9 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   std::iota(perm.begin(), perm.end(), 0);
   perm.erase(perm.begin() + d);
   perm.insert(perm.begin(), d);  // (P, ..., n_d / P, ...)
-  Array blocks = transpose(reshape(x, split), perm);
+  // Split along the outermost dim that is not 1, the blocks already lie one after another:
+  // no transposed copy of the whole (for FSDP's embedding gradient, 257 MB in GPT-2 Large).
+  Array blocks = leading_numel(x, d) == 1 ? x : transpose(reshape(x, split), perm);
   std::vector<int64_t> out_dims = x.shape().dims();
   out_dims[size_t(d)] /= p;
   if (Communicator* device_comm = device_comm_for(x, comm)) {

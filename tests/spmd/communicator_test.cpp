@@ -21,7 +21,7 @@
 namespace mt::dist {
 namespace {
 
-// The largest crosses the 4 MiB chunks of the MPI all_reduce for every dtype.
+// The largest crosses the 4 MiB chunks of the MPI all_reduce and reduce_scatter for every dtype.
 const std::vector<int64_t> kCounts = {0, 1, 7, (1 << 20) + 5};
 
 // Rank r's element i of buffer `salt`: small multiples of 0.5 for floats (exact in bf16, and
@@ -137,6 +137,11 @@ TYPED_TEST(TypedCollectives, ReduceScatterSumAndMax) {
       }
       w.reduce_scatter(send.data(), recv.data(), count, dtype_of<T>(), op);
       EXPECT_EQ(mismatches(recv, want, label<T>("reduce_scatter", count, op == ReduceOp::sum ? "(sum)" : "(max)")), 0);
+      // In place: the result lands in the first block, over input the MPI rounds read.
+      std::vector<T> inplace = send;
+      w.reduce_scatter(inplace.data(), inplace.data(), count, dtype_of<T>(), op);
+      inplace.resize(size_t(count));
+      EXPECT_EQ(mismatches(inplace, want, label<T>("reduce_scatter", count, "(in place)")), 0);
     }
   }
 }
