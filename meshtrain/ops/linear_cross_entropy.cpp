@@ -11,6 +11,7 @@
 #include "meshtrain/backend/loss.h"
 #include "meshtrain/backend/matmul.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/layout/rules.h"
 #include "meshtrain/ops/elementwise.h"
 #include "meshtrain/ops/index_checks.h"
 #include "meshtrain/ops/matmul.h"
@@ -188,6 +189,25 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
     return total;
   }
   uint32_t keeps_inputs() const override { return 0u; }  // the gradients were made forward
+  // Data parallel (the summed loss only): each rank takes its rows against the whole weight
+  // and bias, and the output is partial over the rows' axes. A weight split over those axes
+  // (FSDP) is gathered for the op and its gradient, partial from each rank's rows,
+  // reduce-scattered back; the (rows, V) logits still never exist whole. Other reductions
+  // compute everything everywhere (always correct; linear_cross_entropy routes the
+  // distributed mean through the sum).
+  layout::RuleResult sharding(const std::vector<layout::ArgInfo>& in, const layout::MeshShape& mesh) const override {
+    if (reduction_ != Reduction::sum) return layout::rules::replicate_all(in, mesh);
+    const int n = in[0].shape.ndim();
+    layout::PartitionSpec hidden = in[0].spec.without_partial().padded(n);
+    hidden.dims[size_t(n - 1)].clear();
+    layout::PartitionSpec labels;
+    labels.dims.assign(hidden.dims.begin(), hidden.dims.end() - 1);
+    layout::RuleResult r;
+    r.inputs = {hidden, layout::PartitionSpec{}, labels};
+    if (in.size() > 3) r.inputs.emplace_back();
+    r.output = layout::PartitionSpec{}.with_partial(labels.used_axes());
+    return r;
+  }
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
     MT_CHECK(!autodiff::grad_enabled(),
              "[linear_cross_entropy] the chunked form has no recorded backward (nested differentiation uses the "
@@ -217,6 +237,26 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
   MatmulPrecision precision_;  // in force when the op ran: how f32 GEMMs multiply
 };
 
+// Rows split over some mesh axes and classes whole (hidden's last dim unsplit), with the
+// weight and bias split over none but those axes (FSDP) or replicated: the fused op runs per
+// rank on its rows. Otherwise (a weight split over classes on an axis the rows do not use:
+// the tensor-parallel head) the composed form's vocab-parallel cross-entropy runs, which
+// never gathers the weight.
+bool data_parallel(const Array& hidden, const Array& weight, const Array& bias) {
+  const layout::PartitionSpec hs = prim::spec_of(hidden).padded(hidden.ndim());
+  if (!hs.axes_of(hidden.ndim() - 1).empty() || !hs.partial.empty()) return false;
+  const std::vector<std::string> row_axes = hs.used_axes();
+  auto within_rows = [&](const Array& a) {
+    if (!a.defined()) return true;
+    const layout::PartitionSpec s = prim::spec_of(a);
+    if (!s.partial.empty()) return false;
+    for (const std::string& axis : s.used_axes())
+      if (std::find(row_axes.begin(), row_axes.end(), axis) == row_axes.end()) return false;
+    return true;
+  };
+  return !row_axes.empty() && within_rows(weight) && within_rows(bias);
+}
+
 }  // namespace
 
 Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index,
@@ -225,9 +265,18 @@ Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array
   MT_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "[linear_cross_entropy] label_smoothing ",
            label_smoothing, " outside [0, 1]");
   MT_CHECK(chunk_logits > 0, "[linear_cross_entropy] chunk_logits must be positive, got ", chunk_logits);
-  const bool composed = reduction == Reduction::none || hidden.distributed() || weight.distributed() ||
-                        labels.distributed() || (bias.defined() && bias.distributed()) ||
+  const bool distributed =
+      hidden.distributed() || weight.distributed() || labels.distributed() || (bias.defined() && bias.distributed());
+  const bool composed = reduction == Reduction::none || (distributed && !data_parallel(hidden, weight, bias)) ||
                         hidden.dtype() == DType::f16 || autodiff::trace_depth() > 1;
+  if (!composed && distributed && reduction == Reduction::mean) {
+    // The mean over rows split across ranks, as cross_entropy takes it: the summed loss over
+    // the count of targets not ignored, both totals over all ranks.
+    Array total = linear_cross_entropy(hidden, weight, labels, ignore_index, label_smoothing, Reduction::sum,
+                                       chunk_logits, bias);
+    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype(), labels.device())), DType::f32));
+    return div(total, count);
+  }
   if (composed) {
     Array logits = matmul(hidden, weight, false, true);
     if (bias.defined()) logits = add(logits, bias);

@@ -21,9 +21,12 @@ inline constexpr int64_t kLinearCrossEntropyChunk = int64_t(1) << 26;
 // summed over the chunks in f32), so the backward pass only scales them by the cotangent. Peak
 // memory is two chunks of logits instead of the logits, their gradient and the loss's f32
 // copies; the forward pass does the backward's GEMMs. Matmuls follow the matmul precision in
-// force, as matmul()'s. Falls back to the composed form (same values) where the chunked one
-// does not apply: Reduction::none, sharded arrays (the vocabulary-parallel loss), f16 arrays,
-// and nested differentiation.
+// force, as matmul()'s. Rows split over mesh axes (data parallel) run it per rank on their
+// rows, with a weight split over those axes (FSDP) gathered for it and its gradient
+// reduce-scattered back; the mean is then the summed loss over the count of targets. Falls
+// back to the composed form (same values) where the chunked one does not apply:
+// Reduction::none, a weight or bias split over an axis the rows do not use (the
+// tensor-parallel head: the vocabulary-parallel loss), f16 arrays, and nested differentiation.
 Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array& labels, int64_t ignore_index = -100,
                            double label_smoothing = 0.0, Reduction reduction = Reduction::mean,
                            int64_t chunk_logits = kLinearCrossEntropyChunk, const Array& bias = Array());

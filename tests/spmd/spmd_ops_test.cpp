@@ -4,8 +4,10 @@
 // op on the unsharded arrays. Run under mpirun with 1, 2 and 4 ranks.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <iostream>
 
+#include "meshtrain/core/allocator.h"
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/distributed/mesh.h"
 #include "meshtrain/distributed/spmd.h"
@@ -162,6 +164,52 @@ TEST(SpmdOps, NormsSoftmaxEmbeddingLoss) {
                   [](auto& v) { return cross_entropy(v[0], v[1], -100, 0.1, Reduction::sum); }, {logits, labels},
                   {s, "data,None"});
   }
+}
+
+// The fused head and loss with rows split over ranks: each rank runs the chunked op on its
+// rows against the whole weight (gathered when FSDP splits it, even over its second dim),
+// equal to one device with ignored targets, smoothing and a bias; a class-split weight on an
+// axis the rows do not use keeps the composed vocabulary-parallel form.
+TEST(SpmdOps, LinearCrossEntropySplitRowsEqualOneDevice) {
+  const Array hidden = random_normal({4, 6, 8}, 40), weight = random_normal({12, 8}, 41), bias = random_normal({12}, 42);
+  std::vector<int64_t> lv = random_ints({4, 6}, 43, 0, 12).to_ints();
+  lv[5] = -100;
+  const Array labels = Array::from_vector(lv, {4, 6});
+  for (const char* hs : {"data,None,None", "None,data,None", "data,model,None"})
+    for (const char* ws : {"", "data,None", "None,data", "model,None"}) {
+      const std::string where = std::string(" hidden ") + hs + " weight " + ws;
+      const char* bs = std::string(ws) == "model,None" ? "model" : std::string(ws) == "data,None" ? "data" : "";
+      check_sharded("linear_cross_entropy mean, smoothed, bias" + where,
+                    [](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.1, Reduction::mean, 24, v[3]); },
+                    {hidden, weight, labels, bias}, {hs, ws, "", bs});
+      check_sharded("linear_cross_entropy sum" + where,
+                    [](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::sum, 24); },
+                    {hidden, weight, labels}, {hs, ws, ""});
+    }
+}
+
+// FSDP's head without its logits: per rank, the op holds a few rows of logits, not the
+// (rows, V) logits and their gradient the composed form made (2 MB each here).
+TEST(SpmdOps, LinearCrossEntropyUnderFsdpNeverHoldsTheLogits) {
+  const int n = dist::world().size();
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
+  const int64_t rows = 512, vocab = 1024, width = 16;
+  const Array hidden = dist::shard(random_normal({n * rows, width}, 44), mesh, PartitionSpec{"data", ""}, "hidden");
+  const Array labels = dist::shard(random_ints({n * rows}, 45, 0, vocab), mesh, PartitionSpec{"data"}, "labels");
+  Params p{{"w", dist::shard(random_normal({vocab, width}, 46), mesh, PartitionSpec{"data", ""}, "w")}};
+  CachingAllocator::instance().reset_peak();
+  const double before = double(CachingAllocator::instance().stats().bytes_in_use);
+  auto [loss, grads] = value_and_grad([&](const Params& q) {
+    return linear_cross_entropy(hidden, q["w"], labels, -100, 0.0, Reduction::mean, 8 * vocab);
+  })(p);
+  const double peak = double(CachingAllocator::instance().stats().peak_bytes_in_use) - before;
+  const double logits_bytes = double(rows * vocab * 4);
+  if (dist::world().rank() == 0)
+    std::cout << "  FSDP linear_cross_entropy: peak " << peak / 1e6 << " MB above the start (logits: "
+              << logits_bytes / 1e6 << " MB)\n";
+  EXPECT_LT(peak, logits_bytes / 2);
+  EXPECT_TRUE(std::isfinite(dist::to_host(loss).item()));
+  EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
 }
 
 TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
