@@ -16,7 +16,8 @@ Communicator* device_comm_for(const Array& x, Communicator& comm) {
   Communicator* device_comm = comm.device_communicator(x.device());
   return x.device().is_cuda() ? device_comm : nullptr;
 }
-// Elements before dim d in each row-major slice: 1 when splitting d cuts x into consecutive blocks.
+// The product of the dims before d: 1 (all of them 1) when splitting d cuts x into
+// consecutive blocks.
 int64_t leading_numel(const Array& x, int d) {
   int64_t n = 1;
   for (int i = 0; i < d; ++i) n *= x.dim(i);

@@ -150,7 +150,9 @@ Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
   Array out = target.is_trivial() ? moved : wrap_global(moved, target);
   const PartitionSpec back = from.without_partial();
   autodiff::record(out, "redistribute", {x}, [mesh, back](const Array& g) {
-    return Grads{redistribute(g, mesh, back)};
+    // A cotangent from a computation on another mesh comes back whole, as before.
+    const Sharding* gs = sharding_of(g);
+    return Grads{redistribute(gs && gs->mesh != mesh ? to_host(g) : g, mesh, back)};
   });
   // Gathered to a plain array (FSDP's parameter gather), the cotangent comes back partial
   // from the ranks' different batches; redistributing it as it is reduce-scatters it. Gathered

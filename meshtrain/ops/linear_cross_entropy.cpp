@@ -241,7 +241,8 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
 // weight and bias split over none but those axes (FSDP) or replicated: the fused op runs per
 // rank on its rows. Otherwise (a weight split over classes on an axis the rows do not use:
 // the tensor-parallel head) the composed form's vocab-parallel cross-entropy runs, which
-// never gathers the weight.
+// never gathers the weight. A weight split over classes on a row axis is gathered either way
+// (the composed matmul's rule gathers it too, the rows holding that axis).
 bool data_parallel(const Array& hidden, const Array& weight, const Array& bias) {
   const layout::PartitionSpec hs = prim::spec_of(hidden).padded(hidden.ndim());
   if (!hs.axes_of(hidden.ndim() - 1).empty() || !hs.partial.empty()) return false;

@@ -209,7 +209,7 @@ TEST(SpmdOps, LinearCrossEntropyUnderFsdpNeverHoldsTheLogits) {
               << logits_bytes / 1e6 << " MB)\n";
   EXPECT_LT(peak, logits_bytes / 2);
   EXPECT_TRUE(std::isfinite(dist::to_host(loss).item()));
-  EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
+  if (n > 1) EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
 }
 
 TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {
