@@ -197,15 +197,10 @@ class LinearCrossEntropyPrimitive final : public prim::Primitive {
   // distributed mean through the sum).
   layout::RuleResult sharding(const std::vector<layout::ArgInfo>& in, const layout::MeshShape& mesh) const override {
     if (reduction_ != Reduction::sum) return layout::rules::replicate_all(in, mesh);
-    const int n = in[0].shape.ndim();
-    layout::PartitionSpec hidden = in[0].spec.without_partial().padded(n);
-    hidden.dims[size_t(n - 1)].clear();
-    layout::PartitionSpec labels;
-    labels.dims.assign(hidden.dims.begin(), hidden.dims.end() - 1);
-    layout::RuleResult r;
-    r.inputs = {hidden, layout::PartitionSpec{}, labels};
-    if (in.size() > 3) r.inputs.emplace_back();
-    r.output = layout::PartitionSpec{}.with_partial(labels.used_axes());
+    // Hidden and labels laid out as the summed cross_entropy's logits and labels.
+    layout::RuleResult r = layout::rules::cross_entropy({in[0], in[2]}, mesh, true);
+    r.inputs.insert(r.inputs.begin() + 1, layout::PartitionSpec{});  // the weight, whole
+    if (in.size() > 3) r.inputs.emplace_back();                        // the bias, whole
     return r;
   }
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
@@ -275,8 +270,7 @@ Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array
     // the count of targets not ignored, both totals over all ranks.
     Array total = linear_cross_entropy(hidden, weight, labels, ignore_index, label_smoothing, Reduction::sum,
                                        chunk_logits, bias);
-    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype(), labels.device())), DType::f32));
-    return div(total, count);
+    return div(total, target_count(labels, ignore_index));
   }
   if (composed) {
     Array logits = matmul(hidden, weight, false, true);

@@ -288,11 +288,14 @@ Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_ind
     // The mean over a batch split across ranks: the summed loss over the count of the
     // targets that are not ignored, both totals over all ranks.
     Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
-    Array count = sum(cast(ne(labels, Array::scalar(double(ignore_index), labels.dtype(), labels.device())), DType::f32));
-    return div(total, count);
+    return div(total, target_count(labels, ignore_index));
   }
   return prim::apply(std::make_shared<CrossEntropyPrimitive>(ignore_index, label_smoothing, reduction),
                      {logits, labels});
+}
+
+Array target_count(const Array& labels, int64_t ignore_index) {
+  return sum(cast(ignore_mask(labels, ignore_index), DType::f32));
 }
 
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,

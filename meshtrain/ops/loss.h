@@ -18,6 +18,9 @@ enum class Reduction { mean, sum, none };
 // the logits' dtype. A label outside [0, C) other than ignore_index throws mt::Error.
 Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
                     Reduction reduction = Reduction::mean);
+// The targets of `labels` that are not `ignore_index`, counted as an f32 scalar (a total over
+// every rank when the labels are split): the divisor of a mean over split rows.
+Array target_count(const Array& labels, int64_t ignore_index);
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index = -100,
                               double label_smoothing = 0.0, Reduction reduction = Reduction::mean);
 
