@@ -96,7 +96,7 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
     if (!create_graph) cotangents.erase(node);
     // Sharded consumers of a plain (replicated) value hand back partial or split cotangents;
     // the plain op's VJP (kernels included) needs the whole value.
-    if (!node->global_output && g.distributed()) g = prim::distributed_executor()->gather(g);
+    if (!node->takes_distributed_cotangent && g.distributed()) g = prim::distributed_executor()->gather(g);
     std::optional<trace::Span> span;  // the VJP's span, named after its forward op
     if (trace::enabled()) span.emplace("vjp", node->op);
     std::vector<Array> input_grads = node->vjp(g);

@@ -46,12 +46,12 @@ void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn 
   node->inputs.reserve(inputs.size());
   for (const Array& a : inputs) node->inputs.push_back(a.defined() ? a.impl()->node : nullptr);
   node->vjp = std::move(vjp);
-  node->global_output = out.sharded();
+  node->takes_distributed_cotangent = out.sharded();
   out.impl()->node = std::move(node);
 }
 
-void takes_distributed_cotangent(Array& out) {
-  if (out.defined() && out.impl()->node) out.impl()->node->global_output = true;
+void accept_distributed_cotangent(Array& out) {
+  if (out.defined() && out.impl()->node) out.impl()->node->takes_distributed_cotangent = true;
 }
 
 Array make_leaf(const Array& x) {
@@ -64,7 +64,7 @@ Array make_leaf(const Array& x) {
     node->inputs.push_back(x.impl()->node);
     node->vjp = [](const Array& g) { return std::vector<Array>{g}; };
   }
-  node->global_output = leaf.sharded();
+  node->takes_distributed_cotangent = leaf.sharded();
   leaf.impl()->node = std::move(node);
   return leaf;
 }

@@ -21,10 +21,10 @@ struct Node {
   const char* op = "";
   std::vector<std::shared_ptr<Node>> inputs;  // node of each op input; null when untraced
   VjpFn vjp;                                  // null for leaves
-  // The output was a global (sharded) array, or the VJP handles sharded cotangents itself
-  // (takes_distributed_cotangent). Any other node receives its cotangent as a plain array:
-  // sharded cotangents are gathered first.
-  bool global_output = false;
+  // The VJP takes a sharded or partial cotangent as it comes: the output was a global
+  // (sharded) array, or the VJP is a collective itself (accept_distributed_cotangent). Any
+  // other node receives its cotangent as a plain array: sharded cotangents are gathered first.
+  bool takes_distributed_cotangent = false;
 };
 
 // Grad mode: when off, ops record nothing (like torch.no_grad).
@@ -63,7 +63,7 @@ void record(Array& out, const char* op, const std::vector<Array>& inputs, VjpFn 
 // partial, although `out` itself is plain: for VJPs that are collectives themselves. Without
 // it, the gradient of an FSDP parameter gathered to a plain array would be all-reduced whole
 // before its VJP could reduce-scatter it.
-void takes_distributed_cotangent(Array& out);
+void accept_distributed_cotangent(Array& out);
 
 // The id the next recorded node will get: nodes recorded from now on have ids >= it.
 uint64_t next_node_id();

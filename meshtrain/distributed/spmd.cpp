@@ -158,7 +158,7 @@ Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
   // from the ranks' different batches; redistributing it as it is reduce-scatters it. Gathered
   // first, it was all-reduced whole and then sliced: twice the traffic, and a second full
   // gradient per rank (GPT-2 Large's 257 MB embedding, twice a step).
-  if (target.is_trivial()) autodiff::takes_distributed_cotangent(out);
+  if (target.is_trivial()) autodiff::accept_distributed_cotangent(out);
   return out;
 }
 
