@@ -39,21 +39,14 @@ constexpr int64_t kAllReduceChunkBytes = int64_t(4) << 20;
 
 bool is_half(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
 
-// Reusable f32 staging for bf16/f16 reductions; only the communication thread touches it,
-// so steady-state steps do not allocate.
-float* f32_scratch(size_t n) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
-}
-
-// Reusable byte staging for the reduce-scatter's rounds; only the communication thread
-// touches it.
+// Reusable staging for the all-reduce's bf16/f16 chunks and the reduce-scatter's rounds; only
+// the communication thread touches it, so steady-state steps do not allocate.
 char* staging_bytes(size_t n) {
   thread_local std::vector<char> buffer;
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }
+float* f32_scratch(size_t n) { return reinterpret_cast<float*>(staging_bytes(n * sizeof(float))); }
 
 void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
   if (dtype == DType::bf16) return bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
