@@ -82,6 +82,11 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
   else no_grad = std::make_unique<NoGradGuard>();
 
   std::unordered_map<Node*, Array> cotangents;
+  // A second cotangent for the same node is summed into the first one's storage when nothing
+  // else holds it (a first-order pass): tied weights then hold one whole gradient, not three.
+  auto accumulate = [create_graph](Array sum, Array more) {
+    return create_graph ? add(sum, more) : add_in_place(std::move(sum), more);
+  };
   auto by_id = [](Node* a, Node* b) { return a->id < b->id; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(by_id)> ready(by_id);
   if (needed[root]) {
@@ -104,6 +109,9 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
     // directly) are too, so its self time is theirs and not the next op's wait.
     if (span && prim::observing_ops() && g.defined()) synchronize(g.device());
     span.reset();
+    // The node's cotangent is spent: freed before its inputs' cotangents are summed, not
+    // after (an embedding's whole-table gradient would otherwise sit beside their sum).
+    g = Array();
     MT_CHECK(input_grads.size() == node->inputs.size(), "[backward] vjp of ", node->op, " returned ",
              input_grads.size(), " cotangents for ", node->inputs.size(), " inputs");
     for (size_t i = 0; i < node->inputs.size(); ++i) {
@@ -112,8 +120,8 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
         // Delivered (or not) either way: count the edge, then report once all are in.
         if (input_grads[i].defined()) {
           auto it = cotangents.find(in);
-          if (it == cotangents.end()) cotangents.emplace(in, input_grads[i]);
-          else it->second = add(it->second, input_grads[i]);
+          if (it == cotangents.end()) cotangents.emplace(in, std::move(input_grads[i]));
+          else it->second = accumulate(std::move(it->second), std::move(input_grads[i]));
         }
         if (--pending[in] == 0) {
           auto it = cotangents.find(in);
@@ -126,10 +134,10 @@ std::vector<Array> backward(const Array& output, const Array& cotangent, const s
       if (need == needed.end() || !need->second) continue;
       auto it = cotangents.find(in);
       if (it == cotangents.end()) {
-        cotangents.emplace(in, input_grads[i]);
+        cotangents.emplace(in, std::move(input_grads[i]));
         ready.push(in);
       } else {
-        it->second = add(it->second, input_grads[i]);
+        it->second = accumulate(std::move(it->second), std::move(input_grads[i]));
       }
     }
     // A first-order pass runs once over its graph: drop saved tensors as soon as possible.

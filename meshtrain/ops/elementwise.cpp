@@ -336,7 +336,7 @@ Array binary_moving_first(BinaryOp op, Array a, const Array& b) {
   in.reserve(2);
   in.push_back(std::move(a));
   in.push_back(b);
-  return prim::apply(primitive_for<BinaryPrimitive, BinaryOp, kBinaryOps>(op), in);
+  return prim::apply_moving_first(primitive_for<BinaryPrimitive, BinaryOp, kBinaryOps>(op), std::move(in));
 }
 
 #define MT_NAME(e, name, ...) name,

@@ -97,6 +97,13 @@ Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs) {
   return out;
 }
 
+Array apply_moving_first(const PrimitivePtr& p, std::vector<Array> inputs) {
+  if (!any_distributed(inputs)) return prim::apply(p, inputs);  // inputs[0]: still the only handle
+  const OutputInfo global = p->infer(inputs);
+  MT_CHECK(g_executor, "[", p->name(), "] distributed input but no distributed executor installed");
+  return g_executor->apply_moving_first(p, std::move(inputs), global);
+}
+
 double model_flops() { return g_model_flops.load(std::memory_order_relaxed); }
 void count_model_flops(double flops) { g_model_flops.fetch_add(flops, std::memory_order_relaxed); }
 

@@ -12,6 +12,9 @@ namespace mt::prim {
 // the call to the distributed executor; otherwise runs the kernel, records the VJP when an
 // input is traced and grad mode is on, and reports the call to the op observer.
 Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs);
+// apply() for a caller that moved its first input in (add_in_place): when nobody else holds
+// it, its storage may take the output, distributed or not (a kernel sees a sole owner).
+Array apply_moving_first(const PrimitivePtr& p, std::vector<Array> inputs);
 
 // The distributed layer plugs in here from above: it runs a primitive on global arrays
 // (sharding rule, redistribution, then apply() of the localized primitive on the blocks)
@@ -21,6 +24,11 @@ class DistributedExecutor {
   virtual ~DistributedExecutor() = default;
   // `global` is p's output for the global inputs (the dispatcher has already inferred it).
   virtual Array apply(const PrimitivePtr& p, const std::vector<Array>& inputs, const OutputInfo& global) const = 0;
+  // apply() whose first input was moved in: the executor may drop its own handles to it, so
+  // that a block nobody else holds reaches the kernel as its storage's sole owner.
+  virtual Array apply_moving_first(const PrimitivePtr& p, std::vector<Array> inputs, const OutputInfo& global) const {
+    return apply(p, inputs, global);
+  }
   // The whole value of a distributed array as a plain array on every rank (differentiable).
   virtual Array gather(const Array& x) const = 0;
   // A distributed array's layout and its mesh's axes.

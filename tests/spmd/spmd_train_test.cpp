@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 
+#include "meshtrain/core/allocator.h"
 #include "meshtrain/distributed/mesh.h"
 #include "meshtrain/distributed/sharded_random.h"
 #include "meshtrain/distributed/spmd.h"
@@ -149,6 +151,34 @@ TEST(SpmdTrain, FsdpWeightGradientIsReduceScatteredNotAllReduced) {
   if (dist::world().rank() == 0) std::cout << "  [max err] FSDP weight gradient vs one device: " << err << "\n";
   EXPECT_LE(err, 1e-5);
   EXPECT_NEAR(dist::to_host(loss).item() / ref_loss.item(), 1.0, 1e-6);
+}
+
+// A weight used twice (GPT-2's tied embedding and head) gets two gradients. The backward
+// sums the second into the first one's storage, on one device and when both are split
+// over the ranks, so the pair holds one gradient more than a single use at its peak; a new
+// array for the sum held two more.
+TEST(SpmdTrain, BackwardSumsASecondGradientIntoTheFirstsStorage) {
+  const int n = dist::world().size();
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
+  const int64_t rows = 256 * n, cols = 1024;  // each rank's block: 1 MiB of f32
+  Params p{{"w", dist::shard(random_normal({rows, cols}, 51), mesh, PartitionSpec{"data", ""}, "w")}};
+  auto peak_of = [&](const std::function<Array(const Params&)>& f) {
+    CachingAllocator::instance().reset_peak();
+    const size_t before = CachingAllocator::instance().stats().bytes_in_use;
+    auto [loss, grads] = value_and_grad(f)(p);
+    const size_t peak = CachingAllocator::instance().stats().peak_bytes_in_use - before;
+    return std::make_pair(peak, dist::to_host(grads["w"]).to_doubles());
+  };
+  // Each use's gradient is a new block of ones (sum's VJP broadcasts its cotangent).
+  const auto [once, g_once] = peak_of([&](const Params& q) { return sum(q["w"]); });
+  const auto [twice, g_twice] = peak_of([&](const Params& q) { return add(sum(q["w"]), sum(q["w"])); });
+  const size_t block = size_t(rows / n * cols * 4);
+  if (dist::world().rank() == 0)
+    std::cout << "  backward peak above the start: one use " << once << " B, two uses " << twice << " B (block "
+              << block << " B)\n";
+  EXPECT_LE(twice, once + block + block / 4) << "the second gradient was not summed in place";
+  EXPECT_EQ(g_once, std::vector<double>(size_t(rows * cols), 1.0));
+  EXPECT_EQ(g_twice, std::vector<double>(size_t(rows * cols), 2.0));
 }
 
 }  // namespace
