@@ -217,6 +217,9 @@ class SpmdExecutor : public prim::DistributedExecutor {
   }
 
   Array gather(const Array& x) const override { return to_host(x); }
+  Array redistribute(const Array& x, const layout::PartitionSpec& spec) const override {
+    return dist::redistribute(x, spec);
+  }
   layout::PartitionSpec spec_of(const Array& x) const override { return dist::spec_of(x); }
   layout::MeshShape mesh_shape_of(const Array& x) const override { return sharding_of(x)->mesh.shape(); }
 

@@ -31,6 +31,9 @@ class DistributedExecutor {
   }
   // The whole value of a distributed array as a plain array on every rank (differentiable).
   virtual Array gather(const Array& x) const = 0;
+  // x moved to `spec` on its own mesh (differentiable): for builders that choose which
+  // operand to move (an FSDP embedding gathers its ids rather than its table).
+  virtual Array redistribute(const Array& x, const layout::PartitionSpec& spec) const = 0;
   // A distributed array's layout and its mesh's axes.
   virtual layout::PartitionSpec spec_of(const Array& x) const = 0;
   virtual layout::MeshShape mesh_shape_of(const Array& x) const = 0;

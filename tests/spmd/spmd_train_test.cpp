@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <optional>
 
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/distributed/mesh.h"
@@ -179,6 +180,54 @@ TEST(SpmdTrain, BackwardSumsASecondGradientIntoTheFirstsStorage) {
   EXPECT_LE(twice, once + block + block / 4) << "the second gradient was not summed in place";
   EXPECT_EQ(g_once, std::vector<double>(size_t(rows * cols), 1.0));
   EXPECT_EQ(g_twice, std::vector<double>(size_t(rows * cols), 2.0));
+}
+
+// An FSDP embedding table (split over the data axis, on its rows or its columns) with fewer
+// ids than rows: the ids are gathered and each rank looks its block up for every id, so
+// neither the table nor its gradient ever moves whole; with more ids than rows the rule's
+// route (the table gathered, its gradient reduce-scattered) stays. Both equal one device,
+// and a padding id passes no gradient either way.
+TEST(SpmdTrain, FsdpEmbeddingGathersTheIdsWhenFewerThanTheTableRows) {
+  const int n = dist::world().size();
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
+  dist::Communicator& comm = mesh.axis_comm("data");
+  for (const bool few_ids : {true, false}) {
+    for (const PartitionSpec& table_spec : {PartitionSpec{"data", ""}, PartitionSpec{"", "data"}}) {
+      for (const std::optional<int64_t> padding : {std::optional<int64_t>(), std::optional<int64_t>(3)}) {
+        const int64_t rows = few_ids ? 8 * kTime * n : 2 * n;  // ids: 2n x kTime
+        const Array table_host = random_normal({rows, 8 * n}, 41);
+        const Array ids_host = random_ints({2 * n, kTime}, 42, 0, rows);
+        const Array mix = random_normal({8 * n, 8 * n}, 43);
+        const Array ids = dist::shard(ids_host, mesh, PartitionSpec{"data", ""}, "ids");
+        Params p{{"table", dist::shard(table_host, mesh, table_spec, "table")}};
+        auto f = [&](const Array& tokens, const Params& q) {
+          return sum(square(tanh(matmul(embedding(q["table"], tokens, padding), mix))));
+        };
+        comm.reset_stats();
+        auto [loss, grads] = value_and_grad([&](const Params& q) { return f(ids, q); })(p);
+        const dist::CommStats s = comm.stats();
+        const std::string what = std::string(few_ids ? "fewer ids than rows" : "more ids than rows") + ", table " +
+                                 table_spec.str() + (padding ? ", padding id 3" : "");
+        if (dist::world().rank() == 0) std::cout << "  FSDP embedding, " << what << ": " << s.str() << "\n";
+        const int64_t table_bytes = table_host.nbytes();
+        if (n > 1 && few_ids) {
+          EXPECT_LT(s.all_gather.bytes, table_bytes / 2) << what;
+          EXPECT_LT(s.reduce_scatter.bytes, table_bytes / 2) << what;
+          EXPECT_LT(s.all_reduce.bytes, table_bytes / 2) << what;
+        }
+        if (n > 1 && !few_ids) EXPECT_EQ(s.reduce_scatter.bytes, table_bytes) << what;
+        if (n > 1) EXPECT_EQ(dist::sharding_of(grads["table"])->spec, table_spec) << what;
+        auto [ref_loss, ref_grads] =
+            value_and_grad([&](const Params& q) { return f(ids_host, q); })(Params{{"table", table_host}});
+        auto a = dist::to_host(grads["table"]).to_doubles(), b = ref_grads["table"].to_doubles();
+        double err = 0;
+        for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]) / (1 + std::abs(b[i])));
+        if (dist::world().rank() == 0) std::cout << "  [max err] table gradient vs one device: " << err << "\n";
+        EXPECT_LE(err, 1e-5) << what;
+        EXPECT_NEAR(dist::to_host(loss).item() / ref_loss.item(), 1.0, 1e-6) << what;
+      }
+    }
+  }
 }
 
 }  // namespace
