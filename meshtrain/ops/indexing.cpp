@@ -373,7 +373,9 @@ Array embedding_by_gathered_ids(const prim::PrimitivePtr& p, const Array& table,
   };
   // Only a table split over the ids' axes alone (FSDP); tensor-parallel tables keep the rule.
   if (table_axes.empty() || !std::all_of(table_axes.begin(), table_axes.end(), splits_ids)) return Array();
-  const layout::MeshShape mesh = prim::mesh_shape_of(ids);
+  const layout::MeshShape mesh = prim::mesh_shape_of(ids), table_mesh = prim::mesh_shape_of(table);
+  // Gathered ids would be plain: the executor's check that both live on one mesh is kept.
+  if (mesh.names != table_mesh.names || mesh.sizes != table_mesh.sizes) return Array();
   const layout::PartitionSpec target =
       layout::rules::embedding({{table.shape(), ts, table.dtype(), true}, {ids.shape(), is, ids.dtype(), true}}, mesh)
           .output;
