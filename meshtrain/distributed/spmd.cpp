@@ -208,12 +208,11 @@ class SpmdExecutor : public prim::DistributedExecutor {
  public:
   Array apply(const prim::PrimitivePtr& p, const std::vector<Array>& inputs,
               const prim::OutputInfo& global) const override {
-    std::vector<Array> copies = inputs;
-    return run(p, copies, global, false);
+    return run(p, inputs, global, nullptr);
   }
   Array apply_moving_first(const prim::PrimitivePtr& p, std::vector<Array> inputs,
                            const prim::OutputInfo& global) const override {
-    return run(p, inputs, global, true);
+    return run(p, inputs, global, &inputs[0]);
   }
 
   Array gather(const Array& x) const override { return to_host(x); }
@@ -224,13 +223,14 @@ class SpmdExecutor : public prim::DistributedExecutor {
   layout::MeshShape mesh_shape_of(const Array& x) const override { return sharding_of(x)->mesh.shape(); }
 
  private:
-  // With `first_moved`, inputs[0] was moved in by its caller: once its block is taken, the
-  // global handles to it are dropped, so that a block nobody else holds reaches the kernel as
-  // its storage's sole owner and takes the output (a sharded gradient summed in place).
-  Array run(const prim::PrimitivePtr& p, std::vector<Array>& inputs, const prim::OutputInfo& global,
-            bool first_moved) const {
+  // `moved_first` is the caller's own handle to inputs[0] when it was moved in: once its block
+  // is taken, the global handles to it are dropped, so that a block nobody else holds reaches
+  // the kernel as its storage's sole owner and takes the output (a sharded gradient summed in
+  // place).
+  Array run(const prim::PrimitivePtr& p, const std::vector<Array>& inputs, const prim::OutputInfo& global,
+            Array* moved_first) const {
     // `mesh` points into an input's layout: kept alive when inputs[0] is dropped below.
-    const std::shared_ptr<const Layout> first_layout = inputs[0].defined() ? inputs[0].impl()->layout : nullptr;
+    const std::shared_ptr<const Layout> first_layout = moved_first && moved_first->defined() ? moved_first->impl()->layout : nullptr;
     const Mesh* mesh = nullptr;
     for (const Array& a : inputs) {
       if (!is_sharded(a)) continue;
@@ -262,7 +262,7 @@ class SpmdExecutor : public prim::DistributedExecutor {
       ctx.input_global.push_back(x.shape());
       ctx.input_offsets.push_back(Sharding{*mesh, r.inputs[i]}.local_offsets(x.shape()));
       locals.push_back(enter_local(x, *mesh, r.inputs[i], r.output.used_axes()));
-      if (first_moved && i == 0) x = inputs[0] = Array();
+      if (moved_first && i == 0) x = *moved_first = Array();
     }
     Sharding out{*mesh, r.output};
     ctx.output_spec = r.output;

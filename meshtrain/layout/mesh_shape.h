@@ -13,6 +13,7 @@ struct MeshShape {
   int axis_size(const std::string& axis) const;  // 1 for an axis the mesh does not have
   // Product of the sizes of `axes` (the number of blocks a dim split over them is cut into).
   int64_t blocks(const std::vector<std::string>& axes) const;
+  bool operator==(const MeshShape& o) const { return names == o.names && sizes == o.sizes; }
 };
 
 }  // namespace mt::layout

@@ -89,6 +89,15 @@ PartitionSpec PartitionSpec::with_partial(std::vector<std::string> axes) const {
 
 PartitionSpec PartitionSpec::without_partial() const { return with_partial({}); }
 
+PartitionSpec PartitionSpec::without_axes(const std::vector<std::string>& axes) const {
+  PartitionSpec s = *this;
+  for (auto& d : s.dims)
+    d.erase(std::remove_if(d.begin(), d.end(),
+                           [&](const std::string& a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); }),
+            d.end());
+  return s;
+}
+
 PartitionSpec PartitionSpec::padded(int n) const {
   PartitionSpec s = *this;
   while (s.ndim() < n) s.dims.emplace_back();

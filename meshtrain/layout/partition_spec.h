@@ -30,6 +30,8 @@ struct PartitionSpec {
 
   PartitionSpec with_partial(std::vector<std::string> axes) const;
   PartitionSpec without_partial() const;
+  // The same layout with `axes` taken out of every dim's split (partial sums unchanged).
+  PartitionSpec without_axes(const std::vector<std::string>& axes) const;
   // The same layout padded with unsplit dims to rank n (for comparisons).
   PartitionSpec padded(int n) const;
 

@@ -296,13 +296,8 @@ RuleResult embedding(const std::vector<ArgInfo>& in, const MeshShape& mesh) {
   // The ids keep their (batch) split and the table gives up any axis they use: an FSDP
   // table split over the data axis is gathered, as FSDP means, rather than the batch (which
   // would leave every later activation whole over the batch and split over features).
-  PartitionSpec t = in[0].spec.without_partial().padded(2);
   PartitionSpec ids = in[1].spec.without_partial().padded(in[1].shape.ndim());
-  const std::vector<std::string> used = ids.used_axes();
-  for (auto& d : t.dims)
-    d.erase(std::remove_if(d.begin(), d.end(),
-                           [&](const std::string& x) { return std::find(used.begin(), used.end(), x) != used.end(); }),
-            d.end());
+  PartitionSpec t = in[0].spec.without_partial().padded(2).without_axes(ids.used_axes());
   RuleResult r;
   r.inputs = {t, ids};
   r.output.dims = ids.dims;

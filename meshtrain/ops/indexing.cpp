@@ -373,20 +373,14 @@ Array embedding_by_gathered_ids(const prim::PrimitivePtr& p, const Array& table,
   };
   // Only a table split over the ids' axes alone (FSDP); tensor-parallel tables keep the rule.
   if (table_axes.empty() || !std::all_of(table_axes.begin(), table_axes.end(), splits_ids)) return Array();
-  const layout::MeshShape mesh = prim::mesh_shape_of(ids), table_mesh = prim::mesh_shape_of(table);
+  const layout::MeshShape mesh = prim::mesh_shape_of(ids);
   // Gathered ids would be plain: the executor's check that both live on one mesh is kept.
-  if (mesh.names != table_mesh.names || mesh.sizes != table_mesh.sizes) return Array();
+  if (!(mesh == prim::mesh_shape_of(table))) return Array();
   const layout::PartitionSpec target =
       layout::rules::embedding({{table.shape(), ts, table.dtype(), true}, {ids.shape(), is, ids.dtype(), true}}, mesh)
           .output;
-  layout::PartitionSpec gathered = is.padded(ids.ndim());
-  for (auto& axes : gathered.dims)
-    axes.erase(std::remove_if(axes.begin(), axes.end(),
-                              [&](const std::string& a) {
-                                return std::find(table_axes.begin(), table_axes.end(), a) != table_axes.end();
-                              }),
-               axes.end());
-  const Array looked_up = prim::apply(p, {table, executor->redistribute(ids, gathered)});
+  const Array gathered_ids = executor->redistribute(ids, is.padded(ids.ndim()).without_axes(table_axes));
+  const Array looked_up = prim::apply(p, {table, gathered_ids});
   return executor->redistribute(looked_up, target);
 }
 
