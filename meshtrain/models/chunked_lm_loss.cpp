@@ -46,8 +46,7 @@ Array chunked_lm_loss(const Array& hidden, const Array& labels, const HeadFn& he
     Array part = checkpoint(chunk_sum, head_params, {slice(hidden, 1, t0, t1), slice(labels, 1, t0, t1)});
     total = total.defined() ? add(total, part) : part;
   }
-  Array counted = sum(cast(ne(labels, scalar_like(labels, -100)), total.dtype()));
-  return div(total, counted);
+  return target_mean(total, labels, -100);
 }
 
 }  // namespace mt::models

@@ -270,7 +270,7 @@ Array linear_cross_entropy(const Array& hidden, const Array& weight, const Array
     // the count of targets not ignored, both totals over all ranks.
     Array total = linear_cross_entropy(hidden, weight, labels, ignore_index, label_smoothing, Reduction::sum,
                                        chunk_logits, bias);
-    return div(total, target_count(labels, ignore_index));
+    return target_mean(total, labels, ignore_index);
   }
   if (composed) {
     Array logits = matmul(hidden, weight, false, true);

@@ -274,7 +274,7 @@ Array vocab_parallel_cross_entropy(const Array& logits, const Array& labels, int
   if (reduction == Reduction::none) return per;
   Array total = sum(per);
   if (reduction == Reduction::sum) return total;
-  return div(total, sum(cast(valid, DType::f32)));
+  return target_mean(total, labels, ignore_index);
 }
 
 }  // namespace
@@ -288,14 +288,20 @@ Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_ind
     // The mean over a batch split across ranks: the summed loss over the count of the
     // targets that are not ignored, both totals over all ranks.
     Array total = cross_entropy(logits, labels, ignore_index, label_smoothing, Reduction::sum);
-    return div(total, target_count(labels, ignore_index));
+    return target_mean(total, labels, ignore_index);
   }
   return prim::apply(std::make_shared<CrossEntropyPrimitive>(ignore_index, label_smoothing, reduction),
                      {logits, labels});
 }
 
-Array target_count(const Array& labels, int64_t ignore_index) {
-  return sum(cast(ignore_mask(labels, ignore_index), DType::f32));
+Array target_mean(const Array& total, const Array& labels, int64_t ignore_index) {
+  Array count = sum(cast(ignore_mask(labels, ignore_index), DType::f32));
+  // Divided by max(count, 1), so that when every target is ignored the gradient is 0·1 = 0
+  // (as one device's op gives) and not 0·∞ = NaN; the value is then made NaN, as torch's,
+  // by adding an untraced NaN, which passes the gradient through unchanged.
+  Array mean = div(total, maximum(count, scalar_like(count, 1.0)));
+  Array empty = eq(count, scalar_like(count, 0.0));
+  return add(mean, where(empty, scalar_like(count, std::numeric_limits<double>::quiet_NaN()), scalar_like(count, 0.0)));
 }
 
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index, double label_smoothing,

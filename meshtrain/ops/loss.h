@@ -18,9 +18,10 @@ enum class Reduction { mean, sum, none };
 // the logits' dtype. A label outside [0, C) other than ignore_index throws mt::Error.
 Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_index = -100, double label_smoothing = 0.0,
                     Reduction reduction = Reduction::mean);
-// The targets of `labels` that are not `ignore_index`, counted as an f32 scalar (a total over
-// every rank when the labels are split): the divisor of a mean over split rows.
-Array target_count(const Array& labels, int64_t ignore_index);
+// A summed loss over the count of `labels` not equal to `ignore_index` (both totals over every
+// rank when the rows are split): the mean over split rows. As the one-device op, the value is
+// NaN when every target is ignored and the gradient is then 0.
+Array target_mean(const Array& total, const Array& labels, int64_t ignore_index);
 Array cross_entropy_reference(const Array& logits, const Array& labels, int64_t ignore_index = -100,
                               double label_smoothing = 0.0, Reduction reduction = Reduction::mean);
 

@@ -188,6 +188,53 @@ TEST(SpmdOps, LinearCrossEntropySplitRowsEqualOneDevice) {
     }
 }
 
+// A batch whose targets are all ignored (a prompt-only SFT batch, say): the mean is NaN, as
+// one device and torch give, and the gradients are 0 as one device gives — the mean over
+// split rows divided 0 by a count of 0 and made every gradient NaN, which poisons AdamW's
+// moments for the rest of the run.
+TEST(SpmdOps, MeanOverSplitRowsWithEveryTargetIgnoredHasZeroGradients) {
+  const Array logits = random_normal({4, 6, 12}, 60), hidden = random_normal({4, 6, 8}, 61);
+  const Array weight = random_normal({12, 8}, 62);
+  const Array labels = Array::full({4, 6}, -100, DType::i64);
+  struct Case {
+    std::string label;
+    std::function<Array(const std::vector<Array>&)> fn;
+    std::vector<Array> host;
+    std::vector<std::string> specs;
+  };
+  std::vector<Case> cases;
+  for (const char* s : {"data,None,None", "data,None,model", "None,None,data"})
+    cases.push_back({std::string("cross_entropy ") + s, [](auto& v) { return cross_entropy(v[0], v[1], -100, 0.1); },
+                     {logits, labels}, {s, ""}});
+  for (const char* ws : {"", "data,None"})
+    cases.push_back({std::string("linear_cross_entropy hidden data,None,None weight ") + ws,
+                     [](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::mean, 24); },
+                     {hidden, weight, labels}, {"data,None,None", ws, ""}});
+  for (const Case& c : cases) {
+    auto [ref, ref_grads] = vjp(c.fn, c.host, Array::scalar(1.0));
+    ASSERT_TRUE(std::isnan(ref.item())) << c.label << ": one device's mean is not NaN";
+    for (const Mesh& mesh : meshes()) {
+      std::vector<Array> sharded;
+      bool ok = true;
+      for (size_t i = 0; i < c.host.size() && ok; ++i) {
+        PartitionSpec spec = PartitionSpec::parse(c.specs[i]);
+        ok = fits(mesh, spec, c.host[i].shape());
+        if (ok) sharded.push_back(dist::shard(c.host[i], mesh, spec, "x" + std::to_string(i)));
+      }
+      if (!ok) continue;
+      auto [loss, grads] = vjp(c.fn, sharded, Array::scalar(1.0));
+      const std::string where = c.label + " on " + mesh.str();
+      EXPECT_TRUE(std::isnan(dist::to_host(loss).item())) << where;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!is_floating(c.host[i].dtype())) continue;
+        const Array g = dist::to_host(grads[i]);
+        EXPECT_EQ(max_abs_diff(g, ref_grads[i]), 0.0) << where << ", gradient " << i;
+        for (float v : g.to_floats()) ASSERT_TRUE(v == 0.0f) << where << ", gradient " << i << " holds " << v;
+      }
+    }
+  }
+}
+
 // FSDP's head without its logits: per rank, the op holds a few rows of logits, not the
 // (rows, V) logits and their gradient the composed form made (2 MB each here).
 TEST(SpmdOps, LinearCrossEntropyUnderFsdpNeverHoldsTheLogits) {
