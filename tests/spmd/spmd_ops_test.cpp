@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <iostream>
+#include <map>
 
 #include "meshtrain/core/allocator.h"
 #include "meshtrain/core/host_reads.h"
 #include "meshtrain/distributed/mesh.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/meshtrain.h"
+#include "meshtrain/prim/dispatch.h"
 #include "tests/support/op_check.h"
 
 namespace mt::testing {
@@ -185,6 +187,28 @@ TEST(SpmdOps, LinearCrossEntropySplitRowsEqualOneDevice) {
       check_sharded("linear_cross_entropy sum" + where,
                     [](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::sum, 24); },
                     {hidden, weight, labels}, {hs, ws, ""});
+      // Equal values alone would not tell the routes apart: which primitives ran says it. The
+      // fused op runs when every axis splitting the weight also splits the rows.
+      const bool fused = std::string(ws) != "model,None" || std::string(hs) == "data,model,None";
+      for (const Mesh& mesh : meshes()) {
+        const PartitionSpec h_spec = PartitionSpec::parse(hs), w_spec = PartitionSpec::parse(ws);
+        if (!fits(mesh, h_spec, hidden.shape()) || !fits(mesh, w_spec, weight.shape())) continue;
+        const Array h = dist::shard(hidden, mesh, h_spec, "hidden"), w = dist::shard(weight, mesh, w_spec, "weight");
+        const Array y = dist::shard(labels, mesh, PartitionSpec{}, "labels");
+        std::map<std::string, int> ran;
+        prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++ran[e.primitive.name()]; });
+        vjp([](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::mean, 24); }, {h, w, y},
+            Array::scalar(1.0));
+        prim::set_op_observer(previous);
+        const std::string at = where + " on " + mesh.str();
+        if (fused) {
+          EXPECT_GT(ran["linear_cross_entropy"], 0) << at << ": the fused op did not run";
+          EXPECT_EQ(ran["cross_entropy"] + ran["vocab_parallel_statistics"], 0) << at << ": the composed form ran";
+        } else {
+          EXPECT_EQ(ran["linear_cross_entropy"], 0) << at << ": the fused op ran on a class-split weight";
+          EXPECT_GT(ran["vocab_parallel_statistics"], 0) << at << ": the vocabulary-parallel form did not run";
+        }
+      }
     }
 }
 
