@@ -163,14 +163,17 @@ train::Deployer make_deployer(const RunFlags& f) {
 
 void print_cpu_line() {
   // On stderr, so the ids, text and JSON that generate, eval and tokenize print stay clean on stdout.
-  if (dist::world().rank() == 0) std::cerr << "meshtrain: " << cpu::cpu_summary() << "\n";
+  // The summary is formed first: detecting the CPU may throw (a bad MESHTRAIN_* variable),
+  // and a half-printed line would prefix the error message.
+  const std::string summary = cpu::cpu_summary();
+  if (dist::world().rank() == 0) std::cerr << "meshtrain: " << summary << "\n";
 }
 
 std::unique_ptr<PrecisionScope> precision_scope(const std::string& precision) {
   PrecisionPolicy p = precision_policy_from_name(precision, "--precision");
   print_cpu_line();
   const bool bf16 = p.compute_dtype == DType::bf16 || p.matmul == MatmulPrecision::bf16;
-  if (bf16 && current_device().is_cpu() && !cpu::cpu_features().bf16_gemm_native && dist::world().rank() == 0)
+  if (bf16 && current_device().is_cpu() && !cpu::cpu_features().bf16_gemm_onednn && dist::world().rank() == 0)
     std::cerr << "meshtrain: --precision " << precision << " is emulated on this CPU (" << cpu::cpu_features().isa
               << ": no native bf16 GEMM below AVX-512): bf16 operands are widened and multiplied by the f32 GEMM, so "
                  "results are bf16's but there is no speed-up over f32\n";

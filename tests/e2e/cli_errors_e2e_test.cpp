@@ -29,6 +29,29 @@ class CliErrors : public TempDir {
   }
 };
 
+// The CPU variables a user may set are checked: a value that is not one names the variable
+// and what it takes; MESHTRAIN_CPU_BF16_GEMM=widened is honoured and said on the CPU line.
+TEST_F(CliErrors, CpuVariablesAreCheckedAndNamed) {
+  const std::string run = " pretrain --precision bf16 --seq-len 32 --dry-run --output-dir " + (dir_ / "cpu").string();
+  CliRun gemm = run_command("MESHTRAIN_CPU_BF16_GEMM=fastest " + meshtrain_bin() + run, "(bad bf16 GEMM choice)");
+  EXPECT_NE(gemm.code, 0);
+  EXPECT_NE(gemm.out.find("meshtrain: [cpu] MESHTRAIN_CPU_BF16_GEMM='fastest': expected auto, native or widened"),
+            std::string::npos)
+      << gemm.out;
+  CliRun isa = run_command("MESHTRAIN_MAX_CPU_ISA=avx9 " + meshtrain_bin() + run, "(bad ISA cap)");
+  EXPECT_NE(isa.code, 0);
+  EXPECT_NE(isa.out.find("MESHTRAIN_MAX_CPU_ISA='avx9' is not an instruction set; expected one of: sse41"),
+            std::string::npos)
+      << isa.out;
+  CliRun widened = run_command("MESHTRAIN_CPU_BF16_GEMM=widened " + meshtrain_bin() + run, "(widened bf16 GEMMs)");
+  ASSERT_EQ(widened.code, 0) << widened.out;
+  // Where oneDNN has bf16 kernels the choice is named; below AVX-512 bf16 is widened anyway.
+  EXPECT_TRUE(widened.out.find("bf16 widened to f32 (MESHTRAIN_CPU_BF16_GEMM=widened)") != std::string::npos ||
+              widened.out.find("bf16 emulated (widened to f32; MESHTRAIN_CPU_BF16_GEMM=widened has no oneDNN kernel") !=
+                  std::string::npos)
+      << widened.out;
+}
+
 // Nothing typed is silently ignored: a mistyped command or flag names the nearest real one,
 // in the order typed; an unknown config key names the nearest key and the known ones, while
 // Hugging Face's aliases are honoured.

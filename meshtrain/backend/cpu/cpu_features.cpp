@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 #include <vector>
 
+#include "meshtrain/backend/cpu/bf16_dot_rate.h"
 #include "meshtrain/core/error.h"
 
 namespace mt::cpu {
@@ -120,6 +122,32 @@ bool onednn_has_matmul(const dnnl::engine& engine, dnnl::memory::data_type dt) {
   }
 }
 
+// Below this ratio of the bf16 dot product's flop rate to the f32 FMA's, a bf16 GEMM is
+// faster widened to f32. An Intel Xeon without AMX measured 0.48 (the best of six runs, so
+// preemption cannot lower it much); a rate near 1 is what makes the native kernels pay.
+constexpr double kSlowBf16DotRate = 0.75;
+
+// Whether bf16 GEMMs take oneDNN's bf16 kernels: forced by MESHTRAIN_CPU_BF16_GEMM, else
+// by what the cores do (AMX always; AVX512_BF16 when its dot product is not slow).
+void choose_bf16_gemm(CpuFeatures& f) {
+  const char* raw = std::getenv("MESHTRAIN_CPU_BF16_GEMM");
+  const std::string asked = raw ? raw : "";
+  if (!asked.empty() && asked != "auto" && asked != "native" && asked != "widened")
+    throw Error(detail::concat("[cpu] MESHTRAIN_CPU_BF16_GEMM='", asked, "': expected auto, native or widened"));
+  f.bf16_gemm_native = f.bf16_gemm_onednn;
+  if (asked == "native" || asked == "widened") {
+    f.bf16_gemm_forced = asked;
+    f.bf16_gemm_native = f.bf16_gemm_onednn && asked == "native";  // no kernel to force where oneDNN has none
+    return;
+  }
+  const cpu_isa isa = dnnl::get_effective_cpu_isa();
+  if (f.bf16_gemm_onednn && f.avx512_bf16 && includes(isa, cpu_isa::avx512_core_bf16) &&
+      !includes(isa, cpu_isa::avx512_core_amx)) {
+    f.bf16_dot_rate = measure_bf16_dot_rate();
+    f.bf16_gemm_native = f.bf16_dot_rate >= kSlowBf16DotRate;
+  }
+}
+
 CpuFeatures detect() {
   (void)isa_floor_checked;
   CpuFeatures f;
@@ -141,8 +169,9 @@ CpuFeatures detect() {
   }
   f.isa = isa_name(dnnl::get_effective_cpu_isa());
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  f.bf16_gemm_native = onednn_has_matmul(engine, dnnl::memory::data_type::bf16);
+  f.bf16_gemm_onednn = onednn_has_matmul(engine, dnnl::memory::data_type::bf16);
   f.f16_gemm_native = onednn_has_matmul(engine, dnnl::memory::data_type::f16);
+  choose_bf16_gemm(f);
   return f;
 }
 
@@ -155,11 +184,18 @@ const CpuFeatures& cpu_features() {
 
 std::string bf16_gemm_mode() {
   const CpuFeatures& f = cpu_features();
-  if (!f.bf16_gemm_native) return "emulated (widened to f32)";
+  char rate[96] = "";
+  if (f.bf16_dot_rate > 0)
+    std::snprintf(rate, sizeof rate, "AVX512_BF16's dot product at %.2fx the f32 FMA rate here", f.bf16_dot_rate);
+  const std::string forced = f.bf16_gemm_forced.empty() ? "" : "MESHTRAIN_CPU_BF16_GEMM=" + f.bf16_gemm_forced;
+  if (!f.bf16_gemm_onednn)
+    return "emulated (widened to f32" + (forced.empty() ? "" : "; " + forced + " has no oneDNN kernel to use") + ")";
+  if (!f.bf16_gemm_native) return "widened to f32 (" + (forced.empty() ? std::string(rate) : forced) + ")";
   const cpu_isa isa = dnnl::get_effective_cpu_isa();
-  if (includes(isa, cpu_isa::avx512_core_amx)) return "native (AMX)";
-  if (includes(isa, cpu_isa::avx512_core_bf16)) return "native (AVX512_BF16)";
-  return "by oneDNN on " + f.isa + " (no AVX512_BF16)";
+  const std::string why = !forced.empty() ? ", " + forced : *rate ? ", " + std::string(rate) : "";
+  if (includes(isa, cpu_isa::avx512_core_amx)) return "native (AMX" + why + ")";
+  if (includes(isa, cpu_isa::avx512_core_bf16)) return "native (AVX512_BF16" + why + ")";
+  return "by oneDNN on " + f.isa + " (no AVX512_BF16" + why + ")";
 }
 
 std::string cpu_summary() {

@@ -26,8 +26,15 @@ struct CpuFeatures {
   std::string cap_source;  // "MESHTRAIN_MAX_CPU_ISA" or "ONEDNN_MAX_CPU_ISA"
   std::string isa;         // oneDNN's effective ISA under the cap, e.g. "avx2"
 
-  bool bf16_gemm_native = false;  // oneDNN multiplies bf16 matrices (AVX-512 and up)
-  bool f16_gemm_native = false;   // oneDNN multiplies f16 matrices (AVX512_FP16 / AMX-FP16)
+  bool bf16_gemm_onednn = false;  // oneDNN has a bf16 matmul under the cap (AVX-512 and up)
+  // bf16 GEMMs (and the CPU attention's bf16 products) run on oneDNN's bf16 kernels; when
+  // false they are widened to f32 and run on the f32 GEMM. Native where oneDNN has them,
+  // except on an AVX512_BF16 core without AMX whose dot product measures slower than f32's
+  // FMA (Intel's run it at half the rate). MESHTRAIN_CPU_BF16_GEMM=native|widened chooses.
+  bool bf16_gemm_native = false;
+  double bf16_dot_rate = 0;      // VDPBF16PS flops / f32 FMA flops, measured (0: not measured)
+  std::string bf16_gemm_forced;  // "native" or "widened" when MESHTRAIN_CPU_BF16_GEMM chose
+  bool f16_gemm_native = false;  // oneDNN multiplies f16 matrices (AVX512_FP16 / AMX-FP16)
 };
 
 // Detected on first use, before oneDNN creates any primitive (the cap must come first).
@@ -38,7 +45,8 @@ const CpuFeatures& cpu_features();
 // f32)" or "cpu: avx512_core_amx, bf16 native (AMX)"; names the cap when one is set.
 std::string cpu_summary();
 
-// How bf16 GEMMs run here, in a few words: "native (AMX)", "native (AVX512_BF16)",
+// How bf16 GEMMs run here, in a few words: "native (AMX)", "native (AVX512_BF16, ...)",
+// "widened to f32 (AVX512_BF16's dot product at 0.50x the f32 FMA rate here)",
 // "by oneDNN on avx512_core (no AVX512_BF16)" or "emulated (widened to f32)".
 std::string bf16_gemm_mode();
 
