@@ -151,14 +151,32 @@ void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
   });
 }
 
-bool runs_natively(MatmulDType dtype) {
+// Products per element read or written below which a bf16 GEMM stays on oneDNN's bf16
+// kernel even where cpu_features chose to widen (a slow bf16 dot product): such a product is
+// bound by memory, not by the dot product, and widening (2 bytes read, 4 written and read
+// again per element) would cost more than it saves. Calibrated with matmul_bench's route
+// table on an Intel Xeon whose dot product runs at 0.48x the FMA's rate: widened against
+// native, (8, 768, 768) (8 products per element) 0.46x, (32, 768, 768) (30) 1.02x,
+// (64, 768, 768) (55) 1.25x, (64, 50257, 768) (59) 1.38x, (1024, 768, 768) 1.7x.
+constexpr double kWidenFromProductsPerElement = 32;
+
+bool bf16_runs_natively(int64_t M, int64_t N, int64_t K) {
+  const CpuFeatures& f = cpu_features();
+  if (f.bf16_gemm_native) return true;
+  if (!f.bf16_gemm_onednn || !f.bf16_gemm_forced.empty()) return false;
+  const double products = double(M) * double(N) * double(K);
+  const double elements = double(M) * double(K) + double(K) * double(N) + double(M) * double(N);
+  return products < kWidenFromProductsPerElement * elements;
+}
+
+bool runs_natively(MatmulDType dtype, int64_t M, int64_t N, int64_t K) {
   switch (dtype) {
     case MatmulDType::f32:
     case MatmulDType::f32_as_tf32:
     case MatmulDType::f32_as_bf16: return true;
     case MatmulDType::f16: return cpu_features().f16_gemm_native;
     case MatmulDType::bf16:
-    case MatmulDType::bf16_f32: return cpu_features().bf16_gemm_native;
+    case MatmulDType::bf16_f32: return bf16_runs_natively(M, N, K);
   }
   return false;
 }
@@ -276,7 +294,7 @@ void run_as_bf16(const float* a, const float* b, void* c, int64_t batch, int64_t
   auto& tc = thread_staging();
   ReleaseLargeStaging release{tc};
   const size_t na = size_t(batch_a * M * K), nb = size_t(batch_b * K * N);
-  if (cpu_features().bf16_gemm_native) {
+  if (bf16_runs_natively(M, N, K)) {
     if (tc.a16.size() < na) tc.a16.resize(na);
     if (tc.b16.size() < nb) tc.b16.resize(nb);
     for_chunks(int64_t(na), [&](int64_t i, int64_t count) { f32_to_bf16_n(a + i, tc.a16.data() + i, count); });
@@ -336,7 +354,7 @@ void checked_matmul(MatmulDType dtype,
   if (dtype == MatmulDType::f32_as_bf16)
     run_as_bf16(static_cast<const float*>(a), static_cast<const float*>(b), c, batch, batch_a, batch_b, M, N, K, trans_a,
                 trans_b, accumulate);
-  else if (runs_natively(dtype))
+  else if (runs_natively(dtype, M, N, K))
     run_onednn(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate, jit_gemm_allowed);
   else
     run_widened(dtype, a, b, c, batch, batch_a, batch_b, M, N, K, trans_a, trans_b, accumulate);
