@@ -29,12 +29,14 @@ inline float bf16_to_f32(bf16 v) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// Nearest even; a NaN stays a (quiet) NaN. Branch-free (a select, not an early return), so
+// the kernels' `omp simd` loops that store bf16 through it vectorize.
 inline bf16 f32_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // keep NaN a NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{uint16_t(u >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 float f16_to_f32(f16 v);
 // Bulk conversions with the rounding above, as branch-free loops the compiler vectorizes

@@ -355,7 +355,7 @@ void bias_activation(UnaryOp act, const Array& y, const Array& bias, Array& out)
       T* orow = po + r * c;
 #pragma omp simd
       for (int64_t i = 0; i < c; ++i)
-        orow[i] = store_f32<T>(activation_value<a>(load_f32(store_f32<T>(load_f32(yr[i]) + b[i]))));
+        orow[i] = store_f32<T>(activation_value<a>(round_to_f32<T>(load_f32(yr[i]) + b[i])));
     }
   });
 }
@@ -381,7 +381,7 @@ void bias_activation_backward(UnaryOp act, const Array& y, const Array& bias, co
         T* dr = pd + r * c;
         // No simd pragma: vectorized as gelu_backward's loop is, so both round alike.
         for (int64_t i = 0; i < c; ++i) {
-          const float pre = load_f32(store_f32<T>(load_f32(yr[i]) + b[i]));
+          const float pre = round_to_f32<T>(load_f32(yr[i]) + b[i]);
           const float gv = load_f32(gr[i]);
           // ReLU passes g or 0 (as relu_backward: no 0·inf), the GeLUs scale it.
           if constexpr (a == UnaryOp::relu) dr[i] = store_f32<T>(pre > 0.0f ? gv : 0.0f);

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/rng.h"
 #include "meshtrain/core/parallel_grain.h"
@@ -91,15 +94,18 @@ void norm_forward(bool center, const Array& x, const Array& weight, const Array&
           T* sr = psum + r * c;
           float* ur = u.data();
           // The dropped term in its own loop (no product-sum contraction into an FMA), then the sum.
-#pragma omp simd
-          for (int64_t i = 0; i < c; ++i)
-            ur[i] = load_f32(store_f32<T>(ur[i] >= drop.threshold ? load_f32(br[i]) * drop.scale : 0.0f));
+          // The branch is read whether kept or not: a read under the condition is control flow
+          // the vectorizer will not convert for 16-bit elements.
 #pragma omp simd
           for (int64_t i = 0; i < c; ++i) {
-            const T sum = store_f32<T>(xr[i] + ur[i]);
-            sr[i] = sum;
-            xr[i] = load_f32(sum);
+            const float kept = load_f32(br[i]) * drop.scale;
+            ur[i] = round_to_f32<T>(ur[i] >= drop.threshold ? kept : 0.0f);
           }
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i) xr[i] = round_to_f32<T>(xr[i] + ur[i]);
+          // xr holds T values exactly, so storing them rounds nothing: sr gets the sum's bits.
+#pragma omp simd
+          for (int64_t i = 0; i < c; ++i) sr[i] = store_f32<T>(xr[i]);
         }
         double s = 0;
         if (center) {
@@ -180,8 +186,10 @@ void norm_backward(bool center, const Array& g, const Array& x, const Array& wei
             const float* ur = u.data();
             T* br = pgrad + r * c;
 #pragma omp simd
-            for (int64_t i = 0; i < c; ++i)
-              br[i] = store_f32<T>(ur[i] >= drop.threshold ? load_f32(dxr[i]) * drop.scale : 0.0f);
+            for (int64_t i = 0; i < c; ++i) {
+              const float kept = load_f32(dxr[i]) * drop.scale;
+              br[i] = store_f32<T>(ur[i] >= drop.threshold ? kept : 0.0f);
+            }
           }
           const float* g_row = gr.data();
           const float* xhat_row = xhat.data();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "meshtrain/backend/cpu/fast_math.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/parallel_grain.h"
 
@@ -112,9 +113,13 @@ void dropout_add(const Array& x, const Array& branch, Array& out, const RngKey& 
       // Rounded as the composed x + dropout(branch): the dropped term first (its own loop, so
       // the compiler cannot contract the product and the sum into one FMA), then the sum.
       float dropped[kChunk];
+      // The branch is read whether kept or not (no read under the condition, which keeps
+      // 16-bit loops scalar).
 #pragma omp simd
-      for (int64_t j = 0; j < n; ++j)
-        dropped[j] = load_f32(store_f32<T>(u[j] >= threshold ? load_f32(bs[j]) * scale : 0.0f));
+      for (int64_t j = 0; j < n; ++j) {
+        const float kept = load_f32(bs[j]) * scale;
+        dropped[j] = round_to_f32<T>(u[j] >= threshold ? kept : 0.0f);
+      }
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) os[j] = store_f32<T>(load_f32(xs[j]) + dropped[j]);
     });
