@@ -41,7 +41,11 @@ struct Op {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t rows = argc > 2 ? std::stoll(argv[1]) : 1024, width = argc > 2 ? std::stoll(argv[2]) : 768;
+  if (argc != 1 && argc != 3) {
+    std::fprintf(stderr, "usage: fused_ops_bench [ROWS WIDTH]\n");
+    return 2;
+  }
+  const int64_t rows = argc == 3 ? std::stoll(argv[1]) : 1024, width = argc == 3 ? std::stoll(argv[2]) : 768;
   std::printf("%s; rows %lld, width %lld\n", cpu::cpu_summary().c_str(), (long long)rows, (long long)width);
   const RngKey key{5, 9};
   std::vector<Op> ops = {

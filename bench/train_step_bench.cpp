@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   if (bf16_native)
     std::printf("%.1f GFLOP/s\n\n", peak_bf16);
   else
-    std::printf("n/a (no native bf16 on this CPU; bf16 rows are widened to f32, MFU against the f32 peak)\n\n");
+    std::printf("n/a (bf16 %s; bf16 rows use the f32 peak for MFU)\n\n", cpu::bf16_gemm_mode().c_str());
   std::printf("%-6s %-26s %-5s %-10s %10s %10s %7s\n", "model", "shape", "prec", "engine", "s/step", "tokens/s", "MFU");
   const std::vector<Config> configs = {{"demo", 320, 128, 128, 4, 512, 4, 16}, {"wide", 8192, 256, 512, 8, 2048, 4, 8}};
   for (const Config& c : configs) {

@@ -295,7 +295,7 @@ Array cross_entropy(const Array& logits, const Array& labels, int64_t ignore_ind
 }
 
 Array target_mean(const Array& total, const Array& labels, int64_t ignore_index) {
-  Array count = sum(cast(ignore_mask(labels, ignore_index), DType::f32));
+  Array count = sum(cast(ignore_mask(labels, ignore_index), total.dtype()));
   // Divided by max(count, 1), so that when every target is ignored the gradient is 0·1 = 0
   // (as one device's op gives) and not 0·∞ = NaN; the value is then made NaN, as torch's,
   // by adding an untraced NaN, which passes the gradient through unchanged.

@@ -664,7 +664,8 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
   if (o.log_mfu) {
     peak_gflops = o.peak_gflops;
     if (peak_gflops <= 0) {
-      // bf16 precision runs bf16 GEMMs where they are native: every GPU, AVX-512 CPUs.
+      // bf16 precision runs bf16 GEMMs where they are native (every GPU; CPUs where
+      // cpu_features chose oneDNN's bf16 kernels), else widened GEMMs at the f32 roof.
       const bool bf16_native = current_device().is_cuda() || cpu::cpu_features().bf16_gemm_native;
       const DType dtype = matmul_precision() == MatmulPrecision::bf16 && bf16_native ? DType::bf16 : DType::f32;
       float peak = dist::world().rank() == 0 ? float(gemm_peak_gflops(dtype)) : 0.f;

@@ -196,10 +196,15 @@ TEST(SpmdOps, LinearCrossEntropySplitRowsEqualOneDevice) {
         const Array h = dist::shard(hidden, mesh, h_spec, "hidden"), w = dist::shard(weight, mesh, w_spec, "weight");
         const Array y = dist::shard(labels, mesh, PartitionSpec{}, "labels");
         std::map<std::string, int> ran;
-        prim::OpObserver previous = prim::set_op_observer([&](const prim::OpEvent& e) { ++ran[e.primitive.name()]; });
-        vjp([](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::mean, 24); }, {h, w, y},
-            Array::scalar(1.0));
-        prim::set_op_observer(previous);
+        {
+          // Restored however the block ends, so no later test meets an observer of a dead map.
+          struct ObserverScope {
+            prim::OpObserver previous;
+            ~ObserverScope() { prim::set_op_observer(previous); }
+          } scope{prim::set_op_observer([&](const prim::OpEvent& e) { ++ran[e.primitive.name()]; })};
+          vjp([](auto& v) { return linear_cross_entropy(v[0], v[1], v[2], -100, 0.0, Reduction::mean, 24); },
+              {h, w, y}, Array::scalar(1.0));
+        }
         const std::string at = where + " on " + mesh.str();
         if (fused) {
           EXPECT_GT(ran["linear_cross_entropy"], 0) << at << ": the fused op did not run";
@@ -280,7 +285,9 @@ TEST(SpmdOps, LinearCrossEntropyUnderFsdpNeverHoldsTheLogits) {
               << logits_bytes / 1e6 << " MB)\n";
   EXPECT_LT(peak, logits_bytes / 2);
   EXPECT_TRUE(std::isfinite(dist::to_host(loss).item()));
-  if (n > 1) EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
+  if (n > 1) {
+    EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
+  }
 }
 
 TEST(SpmdOps, DropoutAndInitMatchSingleDevice) {

@@ -3,6 +3,7 @@
 // counter-based), holds less memory, refuses traced arrays it was not given, and nests.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -234,6 +235,18 @@ TEST(Remat, ChunkedHeadLossEqualsTheWholeLogitsLoss) {
     EXPECT_LE(loss_err, 1e-6 * std::abs(ref.item()));
     EXPECT_LE(grad_err, 1e-5);
   }
+  // Every target ignored (a prompt-only batch): the mean is NaN, as the whole-logits loss and
+  // torch give, and every gradient 0 (the split-rows mean gave NaN gradients; this one, now
+  // through the same target_mean, is kept at 0).
+  const Array none = Array::full({b, t}, -100, DType::i64);
+  auto [empty_loss, empty_grads] = value_and_grad([&](const Params& q) {
+    HeadFn head = [&c](const Params& hp, const Array& h) { return gpt2_head(c, hp, h); };
+    return chunked_lm_loss(gpt2_hidden(c, q, {.input_ids = ids}, RngKey{1, 0}, true), none, head,
+                           q.with_prefix("transformer.wte."), 3 * b * c.vocab_size);
+  })(p);
+  EXPECT_TRUE(std::isnan(empty_loss.item()));
+  for (const auto& [path, g] : empty_grads)
+    for (float v : g.to_floats()) ASSERT_EQ(v, 0.0f) << path << " with every target ignored";
 }
 
 TEST(Remat, FullRematKeepsTheLossAndGradientsAndLowersThePeak) {

@@ -125,7 +125,8 @@ struct ExactF32 {
     if (from != to) std::memcpy(to, from, size_t(n) * sizeof(float));
   }
 };
-// bf16 operands where oneDNN multiplies bf16 natively (AVX512_BF16, AMX).
+// bf16 operands where bf16 GEMMs run on oneDNN's bf16 kernels (cpu_features: AMX, a fast
+// AVX512_BF16).
 struct NativeBf16 {
   using E = bf16;
   static constexpr MatmulDType gemm_dtype = MatmulDType::bf16_f32;
@@ -133,7 +134,7 @@ struct NativeBf16 {
     f32_to_bf16_n(from, reinterpret_cast<uint16_t*>(to), n);
   }
 };
-// bf16 operands elsewhere (AVX2): f32 holding the rounded values, which the f32 GEMM multiplies
+// bf16 operands elsewhere (AVX2, or a slow AVX512_BF16 dot product): f32 holding the rounded values, which the f32 GEMM multiplies
 // as a native kernel does (products of bf16 values are exact in f32; only the order of the
 // sums differs), without widening each operand again per call.
 struct RoundedF32 {

@@ -129,11 +129,17 @@ constexpr double kSlowBf16DotRate = 0.75;
 
 // Whether bf16 GEMMs take oneDNN's bf16 kernels: forced by MESHTRAIN_CPU_BF16_GEMM, else
 // by what the cores do (AMX always; AVX512_BF16 when its dot product is not slow).
-void choose_bf16_gemm(CpuFeatures& f) {
+// MESHTRAIN_CPU_BF16_GEMM's value ("" when unset); checked before oneDNN is touched, so a
+// bad value is the error reported, not a later "oneDNN was used before" on a retry.
+std::string asked_bf16_gemm() {
   const char* raw = std::getenv("MESHTRAIN_CPU_BF16_GEMM");
   const std::string asked = raw ? raw : "";
   if (!asked.empty() && asked != "auto" && asked != "native" && asked != "widened")
     throw Error(detail::concat("[cpu] MESHTRAIN_CPU_BF16_GEMM='", asked, "': expected auto, native or widened"));
+  return asked;
+}
+
+void choose_bf16_gemm(CpuFeatures& f, const std::string& asked) {
   f.bf16_gemm_native = f.bf16_gemm_onednn;
   if (asked == "native" || asked == "widened") {
     f.bf16_gemm_forced = asked;
@@ -151,6 +157,7 @@ void choose_bf16_gemm(CpuFeatures& f) {
 CpuFeatures detect() {
   (void)isa_floor_checked;
   CpuFeatures f;
+  const std::string asked = asked_bf16_gemm();
   detect_processor(f);
   // The cap must reach oneDNN before anything queries it, so it is applied here, first.
   const auto ours = read_cap("MESHTRAIN_MAX_CPU_ISA");
@@ -171,7 +178,7 @@ CpuFeatures detect() {
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   f.bf16_gemm_onednn = onednn_has_matmul(engine, dnnl::memory::data_type::bf16);
   f.f16_gemm_native = onednn_has_matmul(engine, dnnl::memory::data_type::f16);
-  choose_bf16_gemm(f);
+  choose_bf16_gemm(f, asked);
   return f;
 }
 
@@ -189,7 +196,8 @@ std::string bf16_gemm_mode() {
     std::snprintf(rate, sizeof rate, "AVX512_BF16's dot product at %.2fx the f32 FMA rate here", f.bf16_dot_rate);
   const std::string forced = f.bf16_gemm_forced.empty() ? "" : "MESHTRAIN_CPU_BF16_GEMM=" + f.bf16_gemm_forced;
   if (!f.bf16_gemm_onednn)
-    return "emulated (widened to f32" + (forced.empty() ? "" : "; " + forced + " has no oneDNN kernel to use") + ")";
+    return "emulated (widened to f32" +
+           (f.bf16_gemm_forced == "native" ? "; " + forced + " has no oneDNN kernel to use" : std::string()) + ")";
   if (!f.bf16_gemm_native) return "widened to f32 (" + (forced.empty() ? std::string(rate) : forced) + ")";
   const cpu_isa isa = dnnl::get_effective_cpu_isa();
   const std::string why = !forced.empty() ? ", " + forced : *rate ? ", " + std::string(rate) : "";

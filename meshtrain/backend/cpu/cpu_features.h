@@ -28,9 +28,11 @@ struct CpuFeatures {
 
   bool bf16_gemm_onednn = false;  // oneDNN has a bf16 matmul under the cap (AVX-512 and up)
   // bf16 GEMMs (and the CPU attention's bf16 products) run on oneDNN's bf16 kernels; when
-  // false they are widened to f32 and run on the f32 GEMM. Native where oneDNN has them,
-  // except on an AVX512_BF16 core without AMX whose dot product measures slower than f32's
-  // FMA (Intel's run it at half the rate). MESHTRAIN_CPU_BF16_GEMM=native|widened chooses.
+  // false they are widened to f32 and run on the f32 GEMM, except products too small to
+  // repay the widening (cpu/matmul.cpp). Native where oneDNN has them, except on an
+  // AVX512_BF16 core without AMX whose dot product measures below 0.75x the f32 FMA's flop
+  // rate (an Intel Xeon: 0.48x). MESHTRAIN_CPU_BF16_GEMM=native|widened|auto chooses; each
+  // process measures for itself (a rate far from the threshold on both known kinds).
   bool bf16_gemm_native = false;
   double bf16_dot_rate = 0;      // VDPBF16PS flops / f32 FMA flops, measured (0: not measured)
   std::string bf16_gemm_forced;  // "native" or "widened" when MESHTRAIN_CPU_BF16_GEMM chose
