@@ -6,9 +6,10 @@
 // (README), so its rate is taken to be high. cpu_features decides by the measurement.
 namespace mt::cpu {
 
-// Measured on the calling thread in about 3 ms: the best of several short runs of each
-// instruction on independent accumulators (a preempted run only reads slower, so the best
-// is the rate). Call only where the processor has AVX512_BF16.
+// Measured on the calling thread: six interleaved runs of each instruction, 240k instructions
+// a run on independent accumulators (about 1 ms in all at the rates above), keeping each
+// one's best run (a preempted run only reads slower, so the best is the rate). Call only
+// where the processor has AVX512_BF16.
 double measure_bf16_dot_rate();
 
 }  // namespace mt::cpu
