@@ -213,8 +213,10 @@ int main(int argc, char** argv) {
 
   // First: it applies any instruction-set cap before oneDNN is used below.
   const mt::cpu::CpuFeatures& cpu = mt::cpu::cpu_features();
-  std::printf("oneDNN %d.%d.%d; %s; f16 matmul: %s\n\n", dnnl_version()->major, dnnl_version()->minor,
+  std::printf("oneDNN %d.%d.%d; %s; f16 matmul: %s\n", dnnl_version()->major, dnnl_version()->minor,
               dnnl_version()->patch, mt::cpu::cpu_summary().c_str(), cpu.f16_gemm_native ? "native" : "widened to f32");
+  if (cpu.bf16_dot_rate > 0) std::printf("bf16 dot product measured at %.2fx the f32 FMA's rate\n", cpu.bf16_dot_rate);
+  std::printf("\n");
   std::printf("%-5s %5s %5s %5s | %12s %12s | %9s\n", "dtype", "M", "N", "K", "direct GF/s", "mt GF/s", "mt/direct");
   for (MatmulDType d : {MatmulDType::f32, MatmulDType::bf16}) {
     const bool direct = d == MatmulDType::f32 || cpu.bf16_gemm_onednn;

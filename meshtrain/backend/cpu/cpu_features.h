@@ -48,7 +48,7 @@ const CpuFeatures& cpu_features();
 std::string cpu_summary();
 
 // How bf16 GEMMs run here, in a few words: "native (AMX)", "native (AVX512_BF16, ...)",
-// "widened to f32 (AVX512_BF16's dot product at 0.50x the f32 FMA rate here)",
+// "widened to f32 (AVX512_BF16's dot product under 0.75x the f32 FMA's rate here)",
 // "by oneDNN on avx512_core (no AVX512_BF16)" or "emulated (widened to f32)".
 std::string bf16_gemm_mode();
 
