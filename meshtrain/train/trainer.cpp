@@ -614,6 +614,9 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       o.save_best_by.empty() ? std::nullopt : std::optional<BestMetric>(BestMetric::parse(o.save_best_by));
   const StepPlan steps = plan_steps(train->size(), o, deployer_);
   set_cuda_graphs(o.cuda_graphs);
+  // The CPU is detected (oneDNN queried, the bf16 dot product timed) before the first step,
+  // not inside it: the first step's time and profile show the step's own work.
+  (void)cpu::cpu_features();
   // A checkpoint still being written when fit ends or throws is completed by the writer's
   // destructor (one process) before fit returns.
   struct ReleaseWriter {
