@@ -1,0 +1,38 @@
+#include "meshtrain/backend/cuda/cudnn_library.h"
+
+#include <string>
+
+#include "meshtrain/backend/cuda/dynamic_library.h"
+
+namespace mt::cuda {
+
+namespace {
+
+CudnnLibrary load() {
+  const std::string name = "libcudnn.so." + std::to_string(CUDNN_MAJOR);
+  const std::string headers = std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR);
+  void* library = open_library(name, "cuDNN's fused attention", "the CUDA toolkit's lib directory, or the nvidia-cudnn wheel's lib,");
+  CudnnLibrary l{};
+  auto bind = [&](const char* symbol, auto& fn) { bind_symbol(library, name, symbol, headers, fn); };
+  bind("cudnnGetVersion", l.GetVersion);
+  bind("cudnnGetErrorString", l.GetErrorString);
+  bind("cudnnGetLastErrorString", l.GetLastErrorString);
+  bind("cudnnCreate", l.Create);
+  bind("cudnnSetStream", l.SetStream);
+  bind("cudnnBackendCreateDescriptor", l.BackendCreateDescriptor);
+  bind("cudnnBackendDestroyDescriptor", l.BackendDestroyDescriptor);
+  bind("cudnnBackendSetAttribute", l.BackendSetAttribute);
+  bind("cudnnBackendGetAttribute", l.BackendGetAttribute);
+  bind("cudnnBackendFinalize", l.BackendFinalize);
+  bind("cudnnBackendExecute", l.BackendExecute);
+  return l;
+}
+
+}  // namespace
+
+const CudnnLibrary& cudnn() {
+  static const CudnnLibrary library = load();  // a failed load throws, and the next call tries again
+  return library;
+}
+
+}  // namespace mt::cuda
