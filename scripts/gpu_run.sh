@@ -33,7 +33,8 @@
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
 #                      time left, and a part that cannot start with 30 s left is skipped (said)
 #   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
-#                      attention kernels alone (attention_bench, with and without dropout); the
+#                      attention kernels alone (attention_bench, with and without dropout, and
+#                      cuDNN's fused forward without); a LLaMA step with and without cuDNN's; the
 #                      trainer's --profile on the same shape: device time per kernel name (issue 44)
 # TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
 # (e.g. "--quick --workloads gpt2,bert --precisions tf32,bf16"); MEMCHECK_FILTER narrows memcheck
@@ -213,7 +214,21 @@ part_profile() {
       status=1
     cat "$out/attention_drop$1_pipe$2_bits$3.log"
   done
+  # cuDNN's fused forward (MT_ATTENTION_CUDNN=1, no dropout: its condition) beside the run
+  # above without dropout; CUDNN_LOGLEVEL_DBG=2 puts cuDNN's reasons in the log if it refuses.
+  echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout 0, MT_ATTENTION_CUDNN=1"
+  MT_NO_DROPOUT=1 MT_ATTENTION_CUDNN=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_attention_dbg.log" \
+    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 \
+    32 12 128 64 > "$out/attention_cudnn.log" 2>&1 || status=1
+  cat "$out/attention_cudnn.log"
   unset MT_NO_DROPOUT
+  # A LLaMA step (no dropout anywhere: the route takes every attention) with and without it.
+  for c in 0 1; do
+    echo "== model_step_bench llama:768,2048,12,12,32000 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=$c"
+    MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" llama:768,2048,12,12,32000 16 1024 2 5 bf16 \
+      none cuda > "$out/cudnn_llama_$c.json" 2> "$out/cudnn_llama_$c.err" || status=1
+    cat "$out/cudnn_llama_$c.json"; grep -a "cudnn" "$out/cudnn_llama_$c.err" | head -3
+  done
   echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_DROPOUT_BITS=1"
   MT_ATTENTION_DROPOUT_BITS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
     > "$out/bits_gpt2.json" 2> "$out/bits_gpt2.err" || status=1

@@ -5,6 +5,8 @@
 // on the probabilities (the Philox stream of `key` at the flat index of each probability in
 // the (B·H, Tq, Tk) array, as dropout()), without storing the probabilities: the backward
 // recomputes them from the saved row log-sum-exps.
+#include <string>
+
 #include "meshtrain/core/array.h"
 #include "meshtrain/core/rng.h"
 
@@ -83,4 +85,10 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
                                 Array& out, Array& lse);
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                                  const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
+// The forwards and backwards cuDNN's fused engine has run in this process
+// (MT_ATTENTION_CUDNN=1; cuda/cudnn_attention.h), and the last shape it refused with cuDNN's
+// reason ("" when none): what the GPU tests and logs check the route by.
+uint64_t cudnn_attention_forwards();
+uint64_t cudnn_attention_backwards();
+std::string cudnn_attention_last_refusal();
 }  // namespace mt::cuda

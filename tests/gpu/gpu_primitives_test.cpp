@@ -646,6 +646,65 @@ TEST(GpuPrimitives, FlashAttentionPackedEqualsTheCpuKernel) {
   }
 }
 
+// cuDNN's fused attention (MT_ATTENTION_CUDNN=1; cuda/cudnn_attention.h) against the CPU
+// kernel, forward and gradients: bf16 arrays at head dims 64 and 128, causal over several
+// tiles and an odd length, not causal with Tq != Tk, heads inner and a packed projection;
+// grouped-query heads (its forward; their backward is the tensor-core kernels', from cuDNN's
+// log-sum-exp); f16 at head dim 64. All without dropout, the route's condition; with dropout
+// it leaves the arrays to the kernels here. The test fails when cuDNN refused a shape, with
+// cuDNN's reason.
+TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  setenv("MT_ATTENTION_CUDNN", "1", 1);
+  const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
+  auto arrays = [](DType dtype, std::initializer_list<Shape> shapes, uint64_t seed) {
+    std::vector<Array> xs;
+    for (const Shape& sh : shapes) xs.push_back(cast(random_normal(sh, seed++), dtype));
+    return xs;
+  };
+  for (int64_t d : {64, 128}) {
+    const double scale = 1.0 / std::sqrt(double(d));
+    const Tolerance tol = default_tolerance(DType::bf16);
+    const std::string at = " d=" + std::to_string(d);
+    const DType bf = DType::bf16;
+    auto causal = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], scale, true); };
+    auto full = [&](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], scale, false); };
+    expect_attention_gpu_equals_cpu(causal, arrays(bf, {{2, 3, 300, d}, {2, 3, 300, d}, {2, 3, 300, d}}, 111),
+                                    arrays(bf, {{2, 3, 300, d}}, 114)[0], tol, "cudnn attention causal" + at);
+    expect_attention_gpu_equals_cpu(full, arrays(bf, {{2, 3, 130, d}, {2, 3, 200, d}, {2, 3, 200, d}}, 121),
+                                    arrays(bf, {{2, 3, 130, d}}, 124)[0], tol, "cudnn attention Tq 130 Tk 200" + at);
+    auto inner = [&](const std::vector<Array>& x) {
+      return flash_attention_heads_inner(x[0], x[1], x[2], scale, true);
+    };
+    expect_attention_gpu_equals_cpu(inner, arrays(bf, {{2, 200, 6, d}, {2, 200, 6, d}, {2, 200, 6, d}}, 141),
+                                    arrays(bf, {{2, 200, 6, d}}, 144)[0], tol, "cudnn attention heads inner" + at);
+    auto packed = [&](const std::vector<Array>& x) { return flash_attention_packed(x[0], 6, 6, scale, true); };
+    expect_attention_gpu_equals_cpu(packed, arrays(bf, {{2, 200, 18, d}}, 151), arrays(bf, {{2, 200, 6, d}}, 152)[0],
+                                    tol, "cudnn attention packed" + at);
+    expect_attention_gpu_equals_cpu(causal, arrays(bf, {{2, 6, 257, d}, {2, 2, 257, d}, {2, 2, 257, d}}, 131),
+                                    arrays(bf, {{2, 6, 257, d}}, 134)[0], tol, "cudnn attention 6/2 heads" + at);
+  }
+  auto causal64 = [](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.125, true); };
+  expect_attention_gpu_equals_cpu(causal64, arrays(DType::f16, {{2, 3, 150, 64}, {2, 3, 150, 64}, {2, 3, 150, 64}}, 161),
+                                  arrays(DType::f16, {{2, 3, 150, 64}}, 164)[0], default_tolerance(DType::f16),
+                                  "cudnn attention f16 causal d=64");
+  const uint64_t ran_forward = cuda::cudnn_attention_forwards() - forwards;
+  const uint64_t ran_backward = cuda::cudnn_attention_backwards() - backwards;
+  // With dropout the kernels here run it (their Philox mask is the backward's and the CPU's).
+  auto dropped = [](const std::vector<Array>& x) {
+    return flash_attention(x[0], x[1], x[2], 0.125, true, 0.1, RngKey{25, 7});
+  };
+  expect_attention_gpu_equals_cpu(dropped, arrays(DType::bf16, {{1, 2, 64, 64}, {1, 2, 64, 64}, {1, 2, 64, 64}}, 171),
+                                  arrays(DType::bf16, {{1, 2, 64, 64}}, 174)[0], default_tolerance(DType::bf16),
+                                  "attention with dropout under MT_ATTENTION_CUDNN=1");
+  EXPECT_EQ(cuda::cudnn_attention_forwards() - forwards, ran_forward) << "cuDNN took an attention with dropout";
+  unsetenv("MT_ATTENTION_CUDNN");
+  std::cout << "  cuDNN ran " << ran_forward << " attention forwards and " << ran_backward << " backwards\n";
+  EXPECT_GE(ran_forward, 11u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
+  EXPECT_GE(ran_backward, 9u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
+  EXPECT_EQ(cuda::cudnn_attention_last_refusal(), "");
+}
+
 // BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,
 // 1 and 0: a row with no key attends uniformly), dropout; forward and gradients equal the CPU
 // kernel's.

@@ -5,6 +5,7 @@
 // (Tq, Tk) probabilities are never stored — the backward recomputes them from the saved row
 // log-sum-exps. f32 arithmetic for every dtype. The CPU kernel (cpu/attention_kernel) is the
 // reference; dropout draws the same Philox elements as dropout() on the (BH, Tq, Tk) array.
+#include "meshtrain/backend/cuda/cudnn_attention.h"
 #include "meshtrain/backend/cuda/attention_dropout.cuh"
 #include "meshtrain/backend/cuda/device_types.cuh"
 #include "meshtrain/backend/attention.h"
@@ -228,6 +229,9 @@ bool flash_attention_supported(const Array& q, int64_t head_dim) {
 void flash_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                              Array& out, Array& lse) {
   if (s.batch_heads * s.tq == 0) return;
+  // cuDNN's fused engine where asked for and it takes the arrays (cudnn_attention.h); its
+  // log-sum-exp is the one the backward kernels below read, and the one it reads.
+  if (cudnn_attention_forward(q, k, v, s, out, lse)) return;
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_forward_tc(q, k, v, s, out, lse);
   MT_CHECK(!s.heads_inner, "[flash_attention] heads-inner (B, T, H, D) arrays need the tensor-core kernels, which do "
            "not take ", q.str());
@@ -250,6 +254,7 @@ void flash_attention_backward(const Array& q, const Array& k, const Array& v, co
       if (a->nbytes() > 0) check(cudaMemsetAsync(a->raw(), 0, a->nbytes(), stream()), "flash_attention_backward");
     return;
   }
+  if (cudnn_attention_backward(q, k, v, out, lse, g, s, dq, dk, dv)) return;
   if (flash_attention_tensor_cores(q, s.d)) return flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv);
   MT_CHECK(!s.heads_inner, "[flash_attention_backward] heads-inner (B, T, H, D) arrays need the tensor-core kernels, "
            "which do not take ", q.str());

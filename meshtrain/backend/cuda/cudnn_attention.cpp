@@ -1,0 +1,248 @@
+#include "meshtrain/backend/cuda/cudnn_attention.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "meshtrain/backend/cuda/cuda_common.h"
+#include "meshtrain/backend/cuda/cudnn_attention_graphs.h"
+#include "meshtrain/backend/cuda/step_graph.h"
+
+namespace mt::cuda {
+
+using Dims = std::array<int64_t, 4>;
+
+std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const Array& v, const Array& out,
+                                          const kernels::FlashAttentionShape& s) {
+  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16)
+    return std::string(dtype_name(q.dtype())) + " arrays (cuDNN's fused attention takes bf16 and f16)";
+  if (s.dropout_rate > 0)
+    return "dropout (cuDNN would draw its own masks, not the Philox stream the backward and the CPU share)";
+  if (s.key_mask) return "a key-padding mask";
+  if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
+  if (s.d <= 0 || s.d % 8 != 0 || s.d > 128) return "head dim " + std::to_string(s.d) + " (multiples of 8 up to 128)";
+  if (s.tq <= 0 || s.tk <= 0) return "no rows";
+  if (s.heads <= 0 || s.batch_heads % s.heads != 0 || s.group <= 0 || s.heads % s.group != 0)
+    return "heads that do not divide the slices";
+  for (const Array* a : {&q, &k, &v, &out})
+    if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return "an array not 16-byte aligned";
+  const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
+  for (const Dims* strides : {&geo.q_strides, &geo.k_strides, &geo.v_strides, &geo.o_strides})
+    for (int i = 0; i < 3; ++i)
+      if ((*strides)[i] % 8 != 0) return "rows not 16-byte aligned";
+  return "";
+}
+
+bool cudnn_attention_enabled() {
+  const char* v = std::getenv("MT_ATTENTION_CUDNN");
+  return v && std::strcmp(v, "1") == 0;
+}
+
+namespace {
+
+// A shape's graph and plan (no plan: cuDNN refused it, said once).
+struct PlannedAttention {
+  cudnn_graph::Graph graph;
+  cudnn_graph::Plan plan;
+  uint64_t last_used = 0;
+  // Ran inside a captured step: the graph replays its kernels, which the plan may own (the
+  // engines compiled at run time), so it is never evicted.
+  bool captured = false;
+};
+
+// Plans per shape and direction, at most this many: a server meets a new prompt length with
+// every request.
+constexpr size_t kMaxPlans = 64;
+
+struct CudnnAttentionState {
+  std::mutex mutex;
+  cudnnHandle_t handle = nullptr;
+  std::string unavailable;  // why cuDNN could not be loaded or its handle made
+  bool tried = false;
+  float mask_value = -std::numeric_limits<float>::infinity();
+  std::map<std::vector<int64_t>, std::unique_ptr<PlannedAttention>> plans;
+  uint64_t clock = 0;
+  uint64_t forwards = 0, backwards = 0;
+  std::string last_refusal;
+  size_t version = 0;  // cuDNN's, at run time
+};
+
+CudnnAttentionState& state() {
+  static CudnnAttentionState* s = new CudnnAttentionState();  // leaked: lives as long as the stream
+  return *s;
+}
+
+// Makes the handle on first use. Caller holds the mutex.
+bool ready(CudnnAttentionState& st) {
+  if (st.tried) return st.handle != nullptr;
+  st.tried = true;
+  try {
+    const CudnnLibrary& l = cudnn();
+    // The fused attention engines are compiled at run time by NVRTC, which cuDNN loads by name:
+    // made global here when the CUDA toolkit's or the nvidia wheel's copy is on the loader's
+    // path (a process that has not imported PyTorch may not have it otherwise). Without it,
+    // cuDNN refuses the graphs and its reason names NVRTC.
+    const std::string nvrtc = "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000);
+    if (!dlopen(nvrtc.c_str(), RTLD_NOW | RTLD_GLOBAL))
+      std::cerr << "[cudnn attention] " << nvrtc << " is not on the loader's path: cuDNN's runtime-compiled "
+                << "attention engines may be missing\n";
+    stream();  // the process's GPU is current from here
+    const cudnnStatus_t status = l.Create(&st.handle);
+    st.version = l.GetVersion();
+    if (status != CUDNN_STATUS_SUCCESS) {
+      st.unavailable = "cudnnCreate: " + cudnn_graph::status_text(status);
+      st.handle = nullptr;
+    } else if (st.version < 91000) {
+      st.mask_value = std::numeric_limits<float>::lowest();
+    }
+  } catch (const std::exception& e) {
+    st.unavailable = e.what();
+  }
+  if (!st.unavailable.empty())
+    std::cerr << "[cudnn attention] MT_ATTENTION_CUDNN=1 but cuDNN is unavailable: " << st.unavailable
+              << "; the attention kernels of this build run instead\n";
+  return st.handle != nullptr;
+}
+
+std::string describe(const CudnnAttentionGeometry& g) {
+  return detail::concat("B ", g.batch, " H ", g.heads, " Hkv ", g.kv_heads, " Tq ", g.tq, " Tk ", g.tk, " D ", g.d,
+                        g.causal ? " causal" : "", g.io == CUDNN_DATA_HALF ? " f16" : " bf16");
+}
+
+// The plan for `geo` in one direction, made on first use (none: cuDNN refused the shape, or
+// the caller is inside a captured step, where planning may not compile or allocate; the
+// eager warm-up steps before a capture plan every shape the step has). Caller holds the mutex.
+const cudnn_graph::Plan* plan_for(CudnnAttentionState& st, const CudnnAttentionGeometry& geo, bool backward) {
+  std::vector<int64_t> key = {int64_t(backward), int64_t(geo.io), geo.batch, geo.heads, geo.kv_heads,
+                              geo.tq, geo.tk, geo.d, int64_t(geo.causal)};
+  for (const auto* strides : {&geo.q_strides, &geo.k_strides, &geo.v_strides, &geo.o_strides})
+    key.insert(key.end(), strides->begin(), strides->end());
+  auto it = st.plans.find(key);
+  if (it == st.plans.end()) {
+    if (capturing_on_this_thread()) return nullptr;
+    const std::string what = std::string("attention ") + (backward ? "backward" : "forward");
+    auto planned = std::make_unique<PlannedAttention>();
+    try {
+      if (backward)
+        build_cudnn_attention_backward(planned->graph, geo);
+      else
+        build_cudnn_attention_forward(planned->graph, geo);
+      planned->plan = cudnn_graph::make_plan(st.handle, planned->graph, what);
+    } catch (const std::exception& e) {
+      planned->plan = cudnn_graph::Plan{};
+      planned->plan.refusal = e.what();
+    }
+    if (!planned->plan.plan) {
+      st.last_refusal = what + " " + describe(geo) + ": " + planned->plan.refusal;
+      std::cerr << "[cudnn attention] not taken for the " << st.last_refusal
+                << "; the attention kernels of this build run it\n";
+    }
+    while (st.plans.size() >= kMaxPlans) {  // the one unused longest goes, unless captured
+      auto oldest = st.plans.end();
+      for (auto o = st.plans.begin(); o != st.plans.end(); ++o)
+        if (!o->second->captured && (oldest == st.plans.end() || o->second->last_used < oldest->second->last_used))
+          oldest = o;
+      if (oldest == st.plans.end()) break;
+      st.plans.erase(oldest);
+    }
+    it = st.plans.emplace(std::move(key), std::move(planned)).first;
+  }
+  it->second->last_used = ++st.clock;
+  if (it->second->plan.plan && capturing_on_this_thread()) it->second->captured = true;
+  return it->second->plan.plan ? &it->second->plan : nullptr;
+}
+
+// Device memory of `bytes` (none for 0), from the arrays' pool.
+Array device_buffer(int64_t bytes, Device device) {
+  return bytes > 0 ? Array::empty({(bytes + 3) / 4}, DType::i32, device) : Array();
+}
+
+void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAttentionGeometry& geo, Device device,
+         std::vector<int64_t> uids, std::vector<void*> pointers, const std::string& what) {
+  float mask_value = st.mask_value;
+  if (geo.causal) {
+    uids.push_back(kCudnnMaskValue);
+    pointers.push_back(&mask_value);
+  }
+  const Array workspace = device_buffer(plan.workspace_bytes, device);
+  const cudnnStatus_t status = cudnn().SetStream(st.handle, stream());
+  MT_CHECK(status == CUDNN_STATUS_SUCCESS, "[cudnn attention] cudnnSetStream: ", cudnn_graph::status_text(status));
+  cudnn_graph::execute(st.handle, plan, uids, pointers, workspace.defined() ? workspace.raw() : nullptr,
+                       what + " " + describe(geo));
+}
+
+}  // namespace
+
+bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
+                             Array& out, Array& lse) {
+  if (!cudnn_attention_enabled() || !cudnn_attention_ineligibility(q, k, v, out, s).empty()) return false;
+  const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!ready(st)) return false;
+  const cudnn_graph::Plan* plan = plan_for(st, geo, false);
+  if (!plan) return false;
+  float scale = s.scale;
+  run(st, *plan, geo, q.device(), {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale},
+      {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale}, "attention forward");
+  ++st.forwards;
+  return true;
+}
+
+bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+                              const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+  if (!cudnn_attention_enabled() || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s).empty())
+    return false;
+  for (const Array* a : {&g, static_cast<const Array*>(&dq), static_cast<const Array*>(&dk),
+                         static_cast<const Array*>(&dv)})
+    if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return false;
+  const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (!ready(st)) return false;
+  const cudnn_graph::Plan* plan = plan_for(st, geo, true);
+  if (!plan) return false;
+  // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
+  // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
+  const int64_t rows = geo.batch * geo.heads * geo.tq;
+  const Array softmax_sum = device_buffer(rows * 4, q.device());
+  const Array dq_accum = device_buffer(rows * geo.d * 4, q.device());
+  if (st.version < 90600)
+    check(cudaMemsetAsync(dq_accum.raw(), 0, size_t(rows * geo.d * 4), stream()), "cudnn attention backward");
+  float scale = s.scale, one = 1.0f;
+  run(st, *plan, geo, q.device(),
+      {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnDO, kCudnnStats, kCudnnDQ, kCudnnDK, kCudnnDV, kCudnnSoftmaxSum,
+       kCudnnDqAccum, kCudnnScale, kCudnnOne},
+      {q.raw(), k.raw(), v.raw(), out.raw(), g.raw(), lse.raw(), dq.raw(), dk.raw(), dv.raw(), softmax_sum.raw(),
+       dq_accum.raw(), &scale, &one},
+      "attention backward");
+  ++st.backwards;
+  return true;
+}
+
+uint64_t cudnn_attention_forwards() {
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.forwards;
+}
+
+uint64_t cudnn_attention_backwards() {
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.backwards;
+}
+
+std::string cudnn_attention_last_refusal() {
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return !st.unavailable.empty() ? "cuDNN is unavailable: " + st.unavailable : st.last_refusal;
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,149 @@
+// cuDNN's fused attention graphs (backend/cuda/cudnn_attention_graphs.h) are made of
+// descriptors that cuDNN checks as each is finalized: shapes, strides, data types and the
+// operations' operands. Only the operation graph and its plan need a GPU. This test builds the
+// forward and backward graphs where the CUDA backend is built and libcudnn loads (no GPU
+// needed), for every layout the route takes, so a malformed graph fails here rather than
+// first on a GPU machine; the plans and the results are gpu_primitives_test's.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "meshtrain/backend/attention.h"
+#include "meshtrain/core/array.h"
+#include "meshtrain/core/error.h"
+
+#if MT_WITH_CUDA
+#include "meshtrain/backend/cuda/cudnn_attention.h"
+#include "meshtrain/backend/cuda/cudnn_attention_graphs.h"
+#endif
+
+namespace mt::testing {
+namespace {
+
+#if MT_WITH_CUDA
+// True when libcudnn loads here; the reason is printed when it does not.
+bool cudnn_loads() {
+  try {
+    cuda::cudnn();
+    return true;
+  } catch (const std::exception& e) {
+    std::cout << "  cuDNN does not load here: " << e.what() << "\n";
+    return false;
+  }
+}
+
+kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t tq, int64_t tk, int64_t d,
+                                   bool causal, bool heads_inner = false) {
+  kernels::FlashAttentionShape s;
+  s.batch_heads = b * h;
+  s.heads = h;
+  s.group = group;
+  s.tq = tq;
+  s.tk = tk;
+  s.d = d;
+  s.scale = 0.125f;
+  s.causal = causal;
+  s.heads_inner = heads_inner;
+  return s;
+}
+
+size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false) {
+  cuda::cudnn_graph::Graph g;
+  const cuda::CudnnAttentionGeometry geo = cuda::cudnn_attention_geometry(dtype, s);
+  if (backward)
+    cuda::build_cudnn_attention_backward(g, geo);
+  else
+    cuda::build_cudnn_attention_forward(g, geo);
+  return g.operations().size();
+}
+#endif
+
+TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheForwardFinalizes) {
+#if MT_WITH_CUDA
+  if (!cudnn_loads()) GTEST_SKIP() << "libcudnn is not on this machine";
+  // Two products, the scale and softmax's seven (max, subtract, exp, sum, log, the
+  // log-sum-exp, divide): 10; a causal mask adds four (two indices, a compare, a select).
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16), 14u);
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::bf16), 10u);
+  EXPECT_EQ(operations_of(shape(1, 8, 4, 77, 77, 128, true), DType::f16), 14u);   // grouped-query heads
+  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::bf16), 10u);    // Tq != Tk, not causal
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 256, 256, 64, true, true), DType::bf16), 14u);  // heads inner
+  kernels::FlashAttentionShape packed = shape(2, 6, 2, 256, 256, 128, true, true);
+  packed.q_row_stride = packed.kv_row_stride = (6 + 2 * 3) * 128;  // one (B, T, H + 2·Hkv, D) projection
+  EXPECT_EQ(operations_of(packed, DType::bf16), 14u);
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheBackwardFinalizes) {
+#if MT_WITH_CUDA
+  if (!cudnn_loads()) GTEST_SKIP() << "libcudnn is not on this machine";
+  // Σ dO·O (3), P again (S, scale, - Stats, exp: 4), dV (a transpose, a product), dS (a
+  // product and three pointwise), dK (a transpose, a product), dQ (a transpose, a product
+  // into f32, the rounding): 18; a causal mask adds four.
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16, true), 22u);
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::bf16, true), 18u);
+  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::f16, true), 18u);  // Tq != Tk
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 256, 256, 128, true, true), DType::bf16, true), 22u);  // heads inner
+  kernels::FlashAttentionShape packed = shape(2, 6, 1, 256, 256, 64, true, true);
+  packed.q_row_stride = packed.kv_row_stride = 3 * 6 * 64;
+  EXPECT_EQ(operations_of(packed, DType::bf16, true), 22u);
+  // Grouped-query heads would need their gradients summed over each group: not this graph.
+  try {
+    operations_of(shape(1, 8, 4, 64, 64, 64, true), DType::bf16, true);
+    FAIL() << "the backward graph took grouped-query heads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one key/value head per query head"), std::string::npos) << e.what();
+  }
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+// The checks are real: a product whose operands disagree is refused at its finalize, with an
+// error that names it.
+TEST(CudnnAttentionGraph, AMalformedGraphIsRefusedNamingTheOperation) {
+#if MT_WITH_CUDA
+  if (!cudnn_loads()) GTEST_SKIP() << "libcudnn is not on this machine";
+  cuda::CudnnAttentionGeometry geo = cuda::cudnn_attention_geometry(DType::bf16, shape(2, 4, 1, 64, 64, 64, true));
+  geo.kv_heads = 3;  // 4 query heads cannot share 3 key/value heads
+  geo.k_strides = geo.v_strides = {3 * 64 * 64, 64 * 64, 64, 1};
+  cuda::cudnn_graph::Graph g;
+  try {
+    cuda::build_cudnn_attention_forward(g, geo);
+    FAIL() << "a product of 4 query heads with 3 key heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul operation S = Q Kt"), std::string::npos) << e.what();
+    std::cout << "  refused: " << e.what() << "\n";
+  }
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+// What the route leaves to the attention kernels, and why.
+TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
+#if MT_WITH_CUDA
+  const kernels::FlashAttentionShape s = shape(1, 2, 1, 16, 16, 64, true);
+  const Array bf = Array::empty({1, 2, 16, 64}, DType::bf16), f32 = Array::empty({1, 2, 16, 64}, DType::f32);
+  EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, s), "");
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(f32, f32, f32, f32, s).find("f32 arrays"), std::string::npos);
+  kernels::FlashAttentionShape dropped = s;
+  dropped.dropout_rate = 0.1;
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, dropped).find("dropout"), std::string::npos);
+  kernels::FlashAttentionShape offset = shape(1, 2, 1, 8, 16, 64, true);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, offset).find("Tq != Tk"), std::string::npos);
+  kernels::FlashAttentionShape odd = shape(1, 2, 1, 16, 16, 60, false);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, odd).find("head dim 60"), std::string::npos);
+  bool mask[16] = {};
+  kernels::FlashAttentionShape masked = s;
+  masked.key_mask = mask;
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked).find("key-padding"), std::string::npos);
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+}  // namespace
+}  // namespace mt::testing
