@@ -6,9 +6,10 @@
 // MT_DEVICE=cuda runs on the GPU (each call timed to completion); MT_PRECISION=tf32|bf16 sets
 // the matmul precision (the composed form's GEMMs, the fused kernels' tensor-core operands);
 // MT_DTYPE=bf16 makes the arrays bf16 (a bf16 training step's); MT_NO_DROPOUT=1 drops dropout;
-// MT_FORM=fused|composed times one form only (to profile it). MT_ATTENTION_CUDNN=1 lets cuDNN's
-// fused engine run the fused form's forward where it takes the arrays (bf16/f16, no dropout):
-// the last line says how many forwards it ran and, if it refused a shape, why.
+// MT_FORM=fused|composed times one form only (to profile it). MT_ATTENTION_CUDNN=1 (=all: with
+// dropout too) lets cuDNN's fused engine run the fused form where it takes the arrays
+// (cuda/cudnn_attention.h): the last line says how many forwards it ran and, if it refused a
+// shape, why.
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/meshtrain.h"
@@ -88,10 +89,12 @@ int main(int argc, char** argv) {
     if (!form || std::string(form) != "fused") run(c, AttentionKernel::composed);
     if (!form || std::string(form) != "composed") run(c, AttentionKernel::fused);
   }
-  if (const char* v = std::getenv("MT_ATTENTION_CUDNN"); v && std::string(v) == "1") {
+  if (const char* v = std::getenv("MT_ATTENTION_CUDNN"); v && (std::string(v) == "1" || std::string(v) == "all")) {
     const std::string refusal = cuda::cudnn_attention_last_refusal();
-    std::printf("cuDNN ran %llu forwards%s%s\n", (unsigned long long)cuda::cudnn_attention_forwards(),
-                refusal.empty() ? "" : "; refused: ", refusal.c_str());
+    std::printf("cuDNN ran %llu forwards and %llu backwards%s%s\n",
+                (unsigned long long)cuda::cudnn_attention_forwards(),
+                (unsigned long long)cuda::cudnn_attention_backwards(), refusal.empty() ? "" : "; refused: ",
+                refusal.c_str());
   }
   return 0;
 }

@@ -34,7 +34,8 @@
 #                      time left, and a part that cannot start with 30 s left is skipped (said)
 #   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
 #                      attention kernels alone (attention_bench, with and without dropout, and
-#                      cuDNN's fused forward without); a LLaMA step with and without cuDNN's; the
+#                      cuDNN's fused attention: MT_ATTENTION_CUDNN=1 and =all); a LLaMA step with
+#                      and without cuDNN's, a GPT-2 step with it (dropout by cuDNN's mask); the
 #                      trainer's --profile on the same shape: device time per kernel name (issue 44)
 # TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
 # (e.g. "--quick --workloads gpt2,bert --precisions tf32,bf16"); MEMCHECK_FILTER narrows memcheck
@@ -222,6 +223,14 @@ part_profile() {
     32 12 128 64 > "$out/attention_cudnn.log" 2>&1 || status=1
   cat "$out/attention_cudnn.log"
   unset MT_NO_DROPOUT
+  echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout 0.1, MT_ATTENTION_CUDNN=all (cuDNN's own mask)"
+  MT_ATTENTION_CUDNN=all MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" \
+    16 12 1024 64 32 12 128 64 > "$out/attention_cudnn_dropout.log" 2>&1 || status=1
+  cat "$out/attention_cudnn_dropout.log"
+  echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=all (beside fusion's MT_FUSED_LAYERS=1 run)"
+  MT_ATTENTION_CUDNN=all timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+    > "$out/cudnn_gpt2.json" 2> "$out/cudnn_gpt2.err" || status=1
+  cat "$out/cudnn_gpt2.json"; grep -a "cudnn" "$out/cudnn_gpt2.err" | head -3
   # A LLaMA step (no dropout anywhere: the route takes every attention) with and without it.
   for c in 0 1; do
     echo "== model_step_bench llama:768,2048,12,12,32000 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=$c"

@@ -705,6 +705,51 @@ TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
   EXPECT_EQ(cuda::cudnn_attention_last_refusal(), "");
 }
 
+// MT_ATTENTION_CUDNN=all: attention with dropout on cuDNN, whose mask is its own (not the
+// CPU's), so the checks are the mask's properties. The same key draws the same mask and
+// another key another; with v all ones each output row is Σ_j mask·P / (1 - rate), whose mean
+// over the rows is 1 (the rate and the scale) while rows differ from 1 (a mask was drawn); and
+// the output is linear in v for a fixed mask, so the backward's dV pairs with any v2 as the
+// forward's output on v2 does, ⟨dV, v2⟩ = ⟨dO, out(v2)⟩, only if the backward drew the
+// forward's mask.
+TEST(GpuPrimitives, CudnnAttentionWithDropoutDrawsOneMaskForwardAndBackward) {
+  MT_REQUIRE_GPU();
+  setenv("MT_ATTENTION_CUDNN", "all", 1);
+  const Device gpu = Device::cuda(0);
+  DeviceScope scope(gpu);
+  const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
+  const Shape shape{2, 3, 128, 64};
+  auto bf = [&](uint64_t seed) { return cast(random_normal(shape, seed), DType::bf16).to(gpu); };
+  const Array q = bf(181), k = bf(182), v = bf(183), v2 = bf(184), cot = bf(185);
+  auto attend = [&](const Array& values, const RngKey& key) {
+    return flash_attention(q, k, values, 0.125, true, 0.1, key);
+  };
+  const RngKey key{26, 3};
+  const Array a = attend(v, key).to(Device::cpu()), b = attend(v, key).to(Device::cpu());
+  const Array other = attend(v, RngKey{27, 3}).to(Device::cpu());
+  EXPECT_EQ(max_abs_diff(cast(a, DType::f32), cast(b, DType::f32)), 0.0) << "one key drew two masks";
+  EXPECT_GT(max_abs_diff(cast(a, DType::f32), cast(other, DType::f32)), 0.0) << "two keys drew one mask";
+  const std::vector<float> rows =
+      cast(attend(Array::full(shape, 1.0, DType::bf16, gpu), key), DType::f32).to(Device::cpu()).to_floats();
+  double mean = 0, farthest = 0;
+  for (float r : rows) mean += r, farthest = std::max(farthest, std::abs(double(r) - 1.0));
+  mean /= double(rows.size());
+  std::cout << "  rows of dropout(P) · 1: mean " << mean << ", farthest from 1 by " << farthest << "\n";
+  EXPECT_NEAR(mean, 1.0, 0.03);
+  EXPECT_GT(farthest, 0.05);
+  const auto [out, grads] = vjp([&](const std::vector<Array>& x) { return attend(x[0], key); }, {v}, cot);
+  auto pairing = [](const Array& x, const Array& y) {
+    return sum(mul(cast(x, DType::f32), cast(y, DType::f32))).to(Device::cpu()).to_doubles()[0];
+  };
+  const double backward_pairing = pairing(grads[0], v2);
+  const double forward_pairing = pairing(attend(v2, key), cot);
+  std::cout << "  <dV, v2> " << backward_pairing << " vs <dO, out(v2)> " << forward_pairing << "\n";
+  EXPECT_NEAR(backward_pairing, forward_pairing, 0.02 * std::abs(forward_pairing) + 0.5);
+  unsetenv("MT_ATTENTION_CUDNN");
+  EXPECT_GE(cuda::cudnn_attention_forwards() - forwards, 6u) << cuda::cudnn_attention_last_refusal();
+  EXPECT_GE(cuda::cudnn_attention_backwards() - backwards, 1u) << cuda::cudnn_attention_last_refusal();
+}
+
 // BERT's attention on the GPU: not causal, a key-padding mask per batch row (lengths 77, 40,
 // 1 and 0: a row with no key attends uniformly), dropout; forward and gradients equal the CPU
 // kernel's.

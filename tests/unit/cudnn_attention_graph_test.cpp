@@ -6,6 +6,7 @@
 // first on a GPU machine; the plans and the results are gpu_primitives_test's.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "meshtrain/backend/attention.h"
@@ -47,9 +48,12 @@ kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t 
   return s;
 }
 
-size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false) {
+size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false,
+                     double dropout = 0.0) {
   cuda::cudnn_graph::Graph g;
-  const cuda::CudnnAttentionGeometry geo = cuda::cudnn_attention_geometry(dtype, s);
+  kernels::FlashAttentionShape with = s;
+  with.dropout_rate = dropout;
+  const cuda::CudnnAttentionGeometry geo = cuda::cudnn_attention_geometry(dtype, with);
   if (backward)
     cuda::build_cudnn_attention_backward(g, geo);
   else
@@ -71,6 +75,9 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheForwardFinalizes) {
   kernels::FlashAttentionShape packed = shape(2, 6, 2, 256, 256, 128, true, true);
   packed.q_row_stride = packed.kv_row_stride = (6 + 2 * 3) * 128;  // one (B, T, H + 2·Hkv, D) projection
   EXPECT_EQ(operations_of(packed, DType::bf16), 14u);
+  // Dropout (MT_ATTENTION_CUDNN=all): cuDNN's Bernoulli draw, the mask and the scale: 3 more.
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16, false, 0.1), 17u);
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::f16, false, 0.1), 13u);
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif
@@ -89,6 +96,9 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheBackwardFinalizes) {
   kernels::FlashAttentionShape packed = shape(2, 6, 1, 256, 256, 64, true, true);
   packed.q_row_stride = packed.kv_row_stride = 3 * 6 * 64;
   EXPECT_EQ(operations_of(packed, DType::bf16, true), 22u);
+  // Dropout: the draw, its mask and scale on P, the mask on dP, the scale on dS: 5 more.
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16, true, 0.1), 27u);
+  EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::bf16, true, 0.1), 23u);
   // Grouped-query heads would need their gradients summed over each group: not this graph.
   try {
     operations_of(shape(1, 8, 4, 64, 64, 64, true), DType::bf16, true);
@@ -131,7 +141,14 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
   EXPECT_NE(cuda::cudnn_attention_ineligibility(f32, f32, f32, f32, s).find("f32 arrays"), std::string::npos);
   kernels::FlashAttentionShape dropped = s;
   dropped.dropout_rate = 0.1;
-  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, dropped).find("dropout"), std::string::npos);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, dropped).find("MT_ATTENTION_CUDNN=all"),
+            std::string::npos);
+  EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, dropped, cuda::CudnnAttentionMode::all), "");
+  kernels::FlashAttentionShape grouped = shape(1, 2, 2, 16, 16, 64, true);
+  grouped.dropout_rate = 0.1;
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, grouped, cuda::CudnnAttentionMode::all)
+                .find("grouped-query"),
+            std::string::npos);
   kernels::FlashAttentionShape offset = shape(1, 2, 1, 8, 16, 64, true);
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, offset).find("Tq != Tk"), std::string::npos);
   kernels::FlashAttentionShape odd = shape(1, 2, 1, 16, 16, 60, false);
@@ -140,6 +157,29 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
   kernels::FlashAttentionShape masked = s;
   masked.key_mask = mask;
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked).find("key-padding"), std::string::npos);
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
+}
+
+// The switch's values, and a clear error for any other.
+TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
+#if MT_WITH_CUDA
+  unsetenv("MT_ATTENTION_CUDNN");
+  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::off);
+  setenv("MT_ATTENTION_CUDNN", "1", 1);
+  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::without_dropout);
+  setenv("MT_ATTENTION_CUDNN", "all", 1);
+  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::all);
+  setenv("MT_ATTENTION_CUDNN", "yes", 1);
+  try {
+    cuda::cudnn_attention_mode();
+    ADD_FAILURE() << "MT_ATTENTION_CUDNN=yes was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MT_ATTENTION_CUDNN='yes'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0, 1"), std::string::npos) << e.what();
+  }
+  unsetenv("MT_ATTENTION_CUDNN");
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif

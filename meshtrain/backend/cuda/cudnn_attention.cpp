@@ -19,12 +19,25 @@ namespace mt::cuda {
 
 using Dims = std::array<int64_t, 4>;
 
+CudnnAttentionMode cudnn_attention_mode() {
+  const char* v = std::getenv("MT_ATTENTION_CUDNN");
+  if (!v || !*v || std::strcmp(v, "0") == 0) return CudnnAttentionMode::off;
+  if (std::strcmp(v, "1") == 0) return CudnnAttentionMode::without_dropout;
+  if (std::strcmp(v, "all") == 0) return CudnnAttentionMode::all;
+  throw Error(detail::concat("[attention] MT_ATTENTION_CUDNN='", v, "': expected 0, 1 (cuDNN's fused attention "
+                             "without dropout) or all (with dropout too, cuDNN's own mask)"));
+}
+
 std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const Array& v, const Array& out,
-                                          const kernels::FlashAttentionShape& s) {
+                                          const kernels::FlashAttentionShape& s, CudnnAttentionMode mode) {
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16)
     return std::string(dtype_name(q.dtype())) + " arrays (cuDNN's fused attention takes bf16 and f16)";
-  if (s.dropout_rate > 0)
-    return "dropout (cuDNN would draw its own masks, not the Philox stream the backward and the CPU share)";
+  if (s.dropout_rate > 0 && mode != CudnnAttentionMode::all)
+    return "dropout (cuDNN would draw its own mask, not dropout()'s Philox stream: MT_ATTENTION_CUDNN=all allows it)";
+  if (s.dropout_rate > 0 && s.group != 1)
+    return "dropout with grouped-query heads (the backward, which must draw the same mask, takes one key/value head "
+           "per query head)";
+  if (s.dropout_rate >= 1) return "a dropout rate of 1";
   if (s.key_mask) return "a key-padding mask";
   if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
   if (s.d <= 0 || s.d % 8 != 0 || s.d > 128) return "head dim " + std::to_string(s.d) + " (multiples of 8 up to 128)";
@@ -40,25 +53,26 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
   return "";
 }
 
-bool cudnn_attention_enabled() {
-  const char* v = std::getenv("MT_ATTENTION_CUDNN");
-  return v && std::strcmp(v, "1") == 0;
-}
-
 namespace {
 
 // A shape's graph and plan (no plan: cuDNN refused it, said once).
+// One shape's two directions, each planned on first use (no plan: cuDNN refused it, said
+// once). Kept and dropped together: with dropout the forward plans both before it draws
+// cuDNN's mask, and the backward runs on cuDNN exactly when both are there.
 struct PlannedAttention {
-  cudnn_graph::Graph graph;
-  cudnn_graph::Plan plan;
+  struct Direction {
+    cudnn_graph::Graph graph;
+    cudnn_graph::Plan plan;
+    bool tried = false;
+  };
+  Direction forward, backward;
   uint64_t last_used = 0;
   // Ran inside a captured step: the graph replays its kernels, which the plan may own (the
   // engines compiled at run time), so it is never evicted.
   bool captured = false;
 };
 
-// Plans per shape and direction, at most this many: a server meets a new prompt length with
-// every request.
+// Shapes planned, at most this many: a server meets a new prompt length with every request.
 constexpr size_t kMaxPlans = 64;
 
 struct CudnnAttentionState {
@@ -113,37 +127,24 @@ bool ready(CudnnAttentionState& st) {
 
 std::string describe(const CudnnAttentionGeometry& g) {
   return detail::concat("B ", g.batch, " H ", g.heads, " Hkv ", g.kv_heads, " Tq ", g.tq, " Tk ", g.tk, " D ", g.d,
-                        g.causal ? " causal" : "", g.io == CUDNN_DATA_HALF ? " f16" : " bf16");
+                        g.causal ? " causal" : "", g.dropout_rate > 0 ? detail::concat(" dropout ", g.dropout_rate) : "",
+                        g.io == CUDNN_DATA_HALF ? " f16" : " bf16");
 }
 
-// The plan for `geo` in one direction, made on first use (none: cuDNN refused the shape, or
-// the caller is inside a captured step, where planning may not compile or allocate; the
-// eager warm-up steps before a capture plan every shape the step has). Caller holds the mutex.
-const cudnn_graph::Plan* plan_for(CudnnAttentionState& st, const CudnnAttentionGeometry& geo, bool backward) {
-  std::vector<int64_t> key = {int64_t(backward), int64_t(geo.io), geo.batch, geo.heads, geo.kv_heads,
-                              geo.tq, geo.tk, geo.d, int64_t(geo.causal)};
+// The shape's entry, made on first use unless the caller is inside a captured step (planning
+// may compile and allocate; the eager warm-up steps before a capture plan every shape the step
+// has): null then. Caller holds the mutex.
+PlannedAttention* entry_for(CudnnAttentionState& st, const CudnnAttentionGeometry& geo) {
+  int64_t rate_bits = 0;
+  std::memcpy(&rate_bits, &geo.dropout_rate, sizeof(rate_bits));
+  std::vector<int64_t> key = {int64_t(geo.io), geo.batch, geo.heads, geo.kv_heads, geo.tq,
+                              geo.tk,          geo.d,     int64_t(geo.causal), rate_bits};
   for (const auto* strides : {&geo.q_strides, &geo.k_strides, &geo.v_strides, &geo.o_strides})
     key.insert(key.end(), strides->begin(), strides->end());
+  const bool capturing = capturing_on_this_thread();
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
-    if (capturing_on_this_thread()) return nullptr;
-    const std::string what = std::string("attention ") + (backward ? "backward" : "forward");
-    auto planned = std::make_unique<PlannedAttention>();
-    try {
-      if (backward)
-        build_cudnn_attention_backward(planned->graph, geo);
-      else
-        build_cudnn_attention_forward(planned->graph, geo);
-      planned->plan = cudnn_graph::make_plan(st.handle, planned->graph, what);
-    } catch (const std::exception& e) {
-      planned->plan = cudnn_graph::Plan{};
-      planned->plan.refusal = e.what();
-    }
-    if (!planned->plan.plan) {
-      st.last_refusal = what + " " + describe(geo) + ": " + planned->plan.refusal;
-      std::cerr << "[cudnn attention] not taken for the " << st.last_refusal
-                << "; the attention kernels of this build run it\n";
-    }
+    if (capturing) return nullptr;
     while (st.plans.size() >= kMaxPlans) {  // the one unused longest goes, unless captured
       auto oldest = st.plans.end();
       for (auto o = st.plans.begin(); o != st.plans.end(); ++o)
@@ -152,11 +153,39 @@ const cudnn_graph::Plan* plan_for(CudnnAttentionState& st, const CudnnAttentionG
       if (oldest == st.plans.end()) break;
       st.plans.erase(oldest);
     }
-    it = st.plans.emplace(std::move(key), std::move(planned)).first;
+    it = st.plans.emplace(std::move(key), std::make_unique<PlannedAttention>()).first;
   }
   it->second->last_used = ++st.clock;
-  if (it->second->plan.plan && capturing_on_this_thread()) it->second->captured = true;
-  return it->second->plan.plan ? &it->second->plan : nullptr;
+  if (capturing) it->second->captured = true;
+  return it->second.get();
+}
+
+// The entry's plan in one direction, made on first use outside captures (null: refused, or
+// not yet made inside a capture). Caller holds the mutex.
+const cudnn_graph::Plan* planned(CudnnAttentionState& st, PlannedAttention& entry, const CudnnAttentionGeometry& geo,
+                                 bool backward) {
+  PlannedAttention::Direction& d = backward ? entry.backward : entry.forward;
+  if (!d.tried) {
+    if (capturing_on_this_thread()) return nullptr;
+    d.tried = true;
+    const std::string what = std::string("attention ") + (backward ? "backward" : "forward");
+    try {
+      if (backward)
+        build_cudnn_attention_backward(d.graph, geo);
+      else
+        build_cudnn_attention_forward(d.graph, geo);
+      d.plan = cudnn_graph::make_plan(st.handle, d.graph, what);
+    } catch (const std::exception& e) {
+      d.plan = cudnn_graph::Plan{};
+      d.plan.refusal = e.what();
+    }
+    if (!d.plan.plan) {
+      st.last_refusal = what + " " + describe(geo) + ": " + d.plan.refusal;
+      std::cerr << "[cudnn attention] not taken for the " << st.last_refusal
+                << "; the attention kernels of this build run it\n";
+    }
+  }
+  return d.plan.plan ? &d.plan : nullptr;
 }
 
 // Device memory of `bytes` (none for 0), from the arrays' pool.
@@ -180,34 +209,70 @@ void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAtte
 
 }  // namespace
 
+namespace {
+
+// The device's seed and offset for a dropout graph, appended to its variant pack (kept alive by
+// the caller until the execution is enqueued; the pool frees it in stream order).
+Array append_dropout_seed(const kernels::FlashAttentionShape& s, Device device, std::vector<int64_t>& uids,
+                          std::vector<void*>& pointers) {
+  if (!(s.dropout_rate > 0)) return Array();
+  Array seed_offset = Array::empty({4}, DType::i64, device);
+  cudnn_dropout_seed(s.dropout_key, seed_offset);
+  uids.insert(uids.end(), {kCudnnSeed, kCudnnOffset});
+  pointers.insert(pointers.end(), {seed_offset.raw(), static_cast<int64_t*>(seed_offset.raw()) + 2});
+  return seed_offset;
+}
+
+}  // namespace
+
 bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
                              Array& out, Array& lse) {
-  if (!cudnn_attention_enabled() || !cudnn_attention_ineligibility(q, k, v, out, s).empty()) return false;
+  const CudnnAttentionMode mode = cudnn_attention_mode();
+  if (mode == CudnnAttentionMode::off || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty()) return false;
   const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!ready(st)) return false;
-  const cudnn_graph::Plan* plan = plan_for(st, geo, false);
-  if (!plan) return false;
-  float scale = s.scale;
-  run(st, *plan, geo, q.device(), {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale},
-      {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale}, "attention forward");
+  PlannedAttention* entry = entry_for(st, geo);
+  const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, false) : nullptr;
+  // With dropout the backward must draw the same mask: both directions on cuDNN, or neither.
+  if (!plan || (geo.dropout_rate > 0 && !planned(st, *entry, geo, true))) return false;
+  float scale = s.scale, dropout_scale = float(1.0 / (1.0 - s.dropout_rate));
+  std::vector<int64_t> uids = {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale};
+  std::vector<void*> pointers = {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale};
+  const Array seed = append_dropout_seed(s, q.device(), uids, pointers);
+  if (seed.defined()) {
+    uids.push_back(kCudnnDropoutScale);
+    pointers.push_back(&dropout_scale);
+  }
+  run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
   ++st.forwards;
   return true;
 }
 
 bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
-  if (!cudnn_attention_enabled() || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s).empty())
+  const CudnnAttentionMode mode = cudnn_attention_mode();
+  if (mode == CudnnAttentionMode::off || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty())
     return false;
+  const bool dropout = s.dropout_rate > 0;
   for (const Array* a : {&g, static_cast<const Array*>(&dq), static_cast<const Array*>(&dk),
                          static_cast<const Array*>(&dv)})
-    if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) {
+      MT_CHECK(!dropout, "[cudnn attention] the forward drew cuDNN's dropout mask, but a gradient array is not "
+               "16-byte aligned for its backward, whose kernels here could not draw that mask again");
+      return false;
+    }
   const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!ready(st)) return false;
-  const cudnn_graph::Plan* plan = plan_for(st, geo, true);
+  PlannedAttention* entry = entry_for(st, geo);
+  // With dropout the forward ran on cuDNN exactly when it found (or made) both plans, and the
+  // backward follows it: never a plan of its own making, whose mask the forward did not draw.
+  const cudnn_graph::Plan* plan = nullptr;
+  if (entry && (!dropout || (entry->forward.plan.plan && entry->backward.tried)))
+    plan = planned(st, *entry, geo, true);
   if (!plan) return false;
   // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
   // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
@@ -216,13 +281,19 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   const Array dq_accum = device_buffer(rows * geo.d * 4, q.device());
   if (st.version < 90600)
     check(cudaMemsetAsync(dq_accum.raw(), 0, size_t(rows * geo.d * 4), stream()), "cudnn attention backward");
-  float scale = s.scale, one = 1.0f;
-  run(st, *plan, geo, q.device(),
-      {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnDO, kCudnnStats, kCudnnDQ, kCudnnDK, kCudnnDV, kCudnnSoftmaxSum,
-       kCudnnDqAccum, kCudnnScale, kCudnnOne},
-      {q.raw(), k.raw(), v.raw(), out.raw(), g.raw(), lse.raw(), dq.raw(), dk.raw(), dv.raw(), softmax_sum.raw(),
-       dq_accum.raw(), &scale, &one},
-      "attention backward");
+  // With dropout the softmax sum is scaled by (1 - rate) where it is by 1 otherwise.
+  float scale = s.scale, one = dropout ? float(1.0 - s.dropout_rate) : 1.0f;
+  float dropout_scale = float(1.0 / (1.0 - s.dropout_rate));
+  std::vector<int64_t> uids = {kCudnnQ,  kCudnnK,  kCudnnV,  kCudnnO,          kCudnnDO,      kCudnnStats, kCudnnDQ,
+                               kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnScale, kCudnnOne};
+  std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),  out.raw(),         g.raw(),        lse.raw(), dq.raw(),
+                                 dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,    &one};
+  const Array seed = append_dropout_seed(s, q.device(), uids, pointers);
+  if (seed.defined()) {
+    uids.push_back(kCudnnDropoutScale);
+    pointers.push_back(&dropout_scale);
+  }
+  run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
   ++st.backwards;
   return true;
 }

@@ -5,10 +5,13 @@
 // the forward writes is flash_attention_forward's (natural log of Σ exp(scale · q·k) over
 // visible keys), so either backward takes either forward.
 //
-// Opt-in (MT_ATTENTION_CUDNN=1) until a GPU run has compared it with the kernels here. It
-// takes bf16 and f16 arrays, head dims that are multiples of 8 up to 128, no dropout and no
-// key-padding mask, causal only where Tq == Tk, 16-byte aligned rows, and for the backward one
-// key/value head per query head. Elsewhere, and where cuDNN refuses a shape (said once per
+// Opt-in until a GPU run has compared it with the kernels here: MT_ATTENTION_CUDNN=1 for
+// attention without dropout, =all with dropout too, where cuDNN draws its own mask (from a
+// seed the dropout key gives; not dropout()'s Philox stream, so a run no longer draws the
+// CPU's masks), and then the forward and the backward both run on cuDNN or neither does. It
+// takes bf16 and f16 arrays, head dims that are multiples of 8 up to 128, no key-padding mask,
+// causal only where Tq == Tk, 16-byte aligned rows, and for the backward (and with dropout)
+// one key/value head per query head. Elsewhere, and where cuDNN refuses a shape (said once per
 // shape on stderr, with cuDNN's reason), the caller runs its own kernels.
 #include <string>
 
@@ -17,12 +20,21 @@
 
 namespace mt::cuda {
 
-// Why the route does not take these arrays' forward, or "" when it does (the switch aside);
-// the backward also needs kv_heads == heads (cudnn_attention_backward checks).
+// MT_ATTENTION_CUDNN in the environment (read at each call, as the tests toggle it): unset or
+// 0 off, 1 without dropout, all with dropout too; another value is an error naming these.
+enum class CudnnAttentionMode { off, without_dropout, all };
+CudnnAttentionMode cudnn_attention_mode();
+
+// Why the route does not take these arrays' forward in `mode`, or "" when it does; the
+// backward also needs kv_heads == heads (cudnn_attention_backward checks).
 std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const Array& v, const Array& out,
-                                          const kernels::FlashAttentionShape& s);
-// MT_ATTENTION_CUDNN=1 in the environment (read at each call, as the tests toggle it).
-bool cudnn_attention_enabled();
+                                          const kernels::FlashAttentionShape& s,
+                                          CudnnAttentionMode mode = CudnnAttentionMode::without_dropout);
+
+// seed_offset[0] = cuDNN's dropout seed for `key`, [2] = its offset (0): an i64 array of 3 or
+// more on the GPU, written by a kernel that reads the key's last fold when it runs
+// (cudnn_dropout_seed.cu).
+void cudnn_dropout_seed(const RngKey& key, Array& seed_offset);
 
 // Run through cuDNN where enabled, eligible and planned: true when it ran (the outputs
 // written), false when the caller's kernels must run.

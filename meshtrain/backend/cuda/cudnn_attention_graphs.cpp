@@ -20,6 +20,7 @@ CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::Flas
   g.tk = s.tk;
   g.d = s.d;
   g.causal = s.causal;
+  g.dropout_rate = s.dropout_rate;
   const int64_t H = g.heads, Hk = g.kv_heads, D = s.d;
   if (!s.heads_inner) {
     g.q_strides = g.o_strides = {H * s.tq * D, s.tq * D, D, 1};
@@ -83,6 +84,15 @@ struct Tensors {
     return t;
   }
 
+  // cuDNN's dropout mask over the scores (1 kept, 0 dropped) from the device's seed and offset.
+  const Descriptor& dropout_mask() {
+    const Descriptor& seed = array(kCudnnSeed, CUDNN_DATA_INT64, one, one, "dropout seed");
+    const Descriptor& offset = array(kCudnnOffset, CUDNN_DATA_INT64, one, one, "dropout offset");
+    const Descriptor& mask = virtual_scores("dropout mask");
+    g.rng_bernoulli(1.0 - geo.dropout_rate, seed, offset, mask, "dropout mask");
+    return mask;
+  }
+
   // Key j visible to query i where i >= j (Tq == Tk: the top-left and bottom-right diagonals
   // agree); the others take the mask value, by value (-inf, or the lowest float on cuDNN
   // before 9.10, whose softmax wanted it).
@@ -132,10 +142,23 @@ void build_cudnn_attention_forward(Graph& g, const CudnnAttentionGeometry& geo) 
   const Descriptor& log_sum = t.virtual_rows("log row sum");
   g.pointwise(CUDNN_POINTWISE_LOG, f32, row_sum, log_sum, nullptr, nullptr, -1, "log row sum");
   g.pointwise(CUDNN_POINTWISE_ADD, f32, row_max, stats, &log_sum, nullptr, -1, "log-sum-exp");
-  // P in the arrays' dtype: the second product's operand.
-  const Descriptor& p = t.virtual_scores("P", geo.io);
+  // P in the arrays' dtype: the second product's operand (with dropout, after the mask and
+  // the 1 / (1 - rate) scale).
+  if (geo.dropout_rate <= 0) {
+    const Descriptor& p = t.virtual_scores("P", geo.io);
+    g.pointwise(CUDNN_POINTWISE_DIV, f32, e, p, &row_sum, nullptr, -1, "P = exp / sum");
+    g.matmul(p, v, o, "O = P V");
+    return;
+  }
+  const Descriptor& p = t.virtual_scores("P");
   g.pointwise(CUDNN_POINTWISE_DIV, f32, e, p, &row_sum, nullptr, -1, "P = exp / sum");
-  g.matmul(p, v, o, "O = P V");
+  const Descriptor& mask = t.dropout_mask();
+  const Descriptor& kept = t.virtual_scores("P * mask");
+  g.pointwise(CUDNN_POINTWISE_MUL, f32, p, kept, &mask, nullptr, -1, "P * mask");
+  const Descriptor& dropout_scale = t.scalar(kCudnnDropoutScale, "dropout scale");
+  const Descriptor& dropped = t.virtual_scores("dropout(P)", geo.io);
+  g.pointwise(CUDNN_POINTWISE_MUL, f32, kept, dropped, &dropout_scale, nullptr, -1, "dropout(P)");
+  g.matmul(dropped, v, o, "O = dropout(P) V");
 }
 
 void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo) {
@@ -156,7 +179,12 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   const Descriptor& softmax_sum = t.array(kCudnnSoftmaxSum, f32, t.rows, t.rows_strides, "softmax sum");
   const Descriptor& dq_accum = t.array(kCudnnDqAccum, f32, {B, H, Tq, D}, {H * Tq * D, Tq * D, D, 1}, "dQ in f32");
   const Descriptor& scale = t.scalar(kCudnnScale, "scale");
-  const Descriptor& one = t.scalar(kCudnnOne, "one");
+  const bool dropout = geo.dropout_rate > 0;
+  // With dropout: 1 / (1 - rate), and (1 - rate) in the softmax sum's place of 1 (kCudnnOne
+  // carries the value the caller gives it).
+  const Descriptor* dropout_scale = dropout ? &t.scalar(kCudnnDropoutScale, "dropout scale") : nullptr;
+  const Descriptor& one = t.scalar(kCudnnOne, dropout ? "1 - rate" : "one");
+  const Descriptor* mask = dropout ? &t.dropout_mask() : nullptr;
 
   // Σ_d dO·O per row: softmax's backward subtracts it from dP.
   const Descriptor& d_o_o = t.virtual_tensor(f32, {B, H, Tq, D}, {H * Tq * D, Tq * D, H * D, 1}, "dO * O");
@@ -174,17 +202,37 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   const Descriptor& logits = geo.causal ? t.causal_mask(shifted) : shifted;
   const Descriptor& p = t.virtual_scores("P");
   g.pointwise(CUDNN_POINTWISE_EXP, f32, logits, p, nullptr, nullptr, -1, "P = exp");
-  // dV = Pᵀ dO.
-  g.matmul(t.transposed_scores(p, "P transposed"), d_o, dv, "dV = Pt dO");
-  // dS = P ∘ (dO Vᵀ - softmax sum) · scale.
+  // dV = dropout(P)ᵀ dO.
+  const Descriptor* p_used = &p;
+  if (dropout) {
+    const Descriptor& kept = t.virtual_scores("P * mask");
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, p, kept, mask, nullptr, -1, "P * mask");
+    const Descriptor& dropped = t.virtual_scores("dropout(P)");
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, kept, dropped, dropout_scale, nullptr, -1, "dropout(P)");
+    p_used = &dropped;
+  }
+  g.matmul(t.transposed_scores(*p_used, "P transposed"), d_o, dv, "dV = Pt dO");
+  // dS = P ∘ (mask ∘ dO Vᵀ - softmax sum) · dropout scale · scale.
   const Descriptor& dp = t.virtual_scores("dP");
   g.matmul(d_o, vt, dp, "dP = dO Vt");
+  const Descriptor* dp_used = &dp;
+  if (dropout) {
+    const Descriptor& kept = t.virtual_scores("dP * mask");
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, dp, kept, mask, nullptr, -1, "dP * mask");
+    dp_used = &kept;
+  }
   const Descriptor& centered = t.virtual_scores("dP - softmax sum");
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, dp, centered, &softmax_sum, nullptr, -1, "dP - softmax sum");
+  g.pointwise(CUDNN_POINTWISE_SUB, f32, *dp_used, centered, &softmax_sum, nullptr, -1, "dP - softmax sum");
   const Descriptor& ds_unscaled = t.virtual_scores("P * (dP - softmax sum)");
   g.pointwise(CUDNN_POINTWISE_MUL, f32, centered, ds_unscaled, &p, nullptr, -1, "P * (dP - softmax sum)");
+  const Descriptor* ds_kept = &ds_unscaled;
+  if (dropout) {
+    const Descriptor& rescaled = t.virtual_scores("dS before the scale");
+    g.pointwise(CUDNN_POINTWISE_MUL, f32, ds_unscaled, rescaled, dropout_scale, nullptr, -1, "dropout scale of dS");
+    ds_kept = &rescaled;
+  }
   const Descriptor& ds = t.virtual_scores("dS");
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, ds_unscaled, ds, &scale, nullptr, -1, "dS");
+  g.pointwise(CUDNN_POINTWISE_MUL, f32, *ds_kept, ds, &scale, nullptr, -1, "dS");
   // dK = dSᵀ Q; dQ = dS K, accumulated in f32 and then written in the arrays' dtype.
   g.matmul(t.transposed_scores(ds, "dS transposed"), q, dk, "dK = dSt Q");
   // K back from Kᵀ, f32 as the frontend leaves it (the dQ product is f32 dS times f32 K).

@@ -18,6 +18,9 @@ struct CudnnAttentionGeometry {
   cudnnDataType_t io = CUDNN_DATA_BFLOAT16;
   int64_t batch = 0, heads = 0, kv_heads = 0, tq = 0, tk = 0, d = 0;
   bool causal = false;
+  // Dropout on the probabilities with cuDNN's own Philox mask (seed and offset read from the
+  // device: kCudnnSeed, kCudnnOffset); 0: none.
+  double dropout_rate = 0.0;
   std::array<int64_t, 4> q_strides{}, k_strides{}, v_strides{}, o_strides{};
 };
 CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::FlashAttentionShape& s);
@@ -27,12 +30,14 @@ CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::Flas
 // buffers the backward's caller provides.
 enum CudnnAttentionUid : int64_t {
   kCudnnQ = 1, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale, kCudnnMaskValue,
-  kCudnnDO, kCudnnDQ, kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnOne
+  kCudnnDO, kCudnnDQ, kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnOne,
+  kCudnnSeed, kCudnnOffset, kCudnnDropoutScale
 };
 
 // Build the graphs into `g`: every tensor and operation finalized, the operation graph not yet
 // (that needs a GPU's handle: cudnn_graph::make_plan). The backward takes one key/value head
-// per query head (kv_heads == heads).
+// per query head (kv_heads == heads). With dropout both draw the same mask for the same seed
+// and offset; it is cuDNN's, not the Philox stream of dropout() and the kernels here.
 void build_cudnn_attention_forward(cudnn_graph::Graph& g, const CudnnAttentionGeometry& geo);
 void build_cudnn_attention_backward(cudnn_graph::Graph& g, const CudnnAttentionGeometry& geo);
 

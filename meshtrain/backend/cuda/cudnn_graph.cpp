@@ -117,6 +117,24 @@ void Graph::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x, const D
   ops_.push_back(op.get());
 }
 
+void Graph::rng_bernoulli(double probability, const Descriptor& seed, const Descriptor& offset, const Descriptor& y,
+                          const std::string& name) {
+  Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_RNG_DESCRIPTOR);
+  const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+  desc.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli, "rng " + name);
+  desc.set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &probability, "rng " + name);
+  desc.finalize("rng " + name);
+  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+  const std::string what = "rng operation " + name;
+  cudnnBackendDescriptor_t rd = desc.get(), sd = seed.get(), od = offset.get(), yd = y.get();
+  op.set(CUDNN_ATTR_OPERATION_RNG_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd, what);
+  op.set(CUDNN_ATTR_OPERATION_RNG_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what);
+  op.set(CUDNN_ATTR_OPERATION_RNG_SEED, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sd, what);
+  op.set(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &od, what);
+  op.finalize(what);
+  ops_.push_back(op.get());
+}
+
 void Graph::reshape(const Descriptor& x, const Descriptor& y, const std::string& name) {
   Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
   const std::string what = "reshape operation " + name;

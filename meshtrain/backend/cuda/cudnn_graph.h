@@ -62,6 +62,10 @@ class Graph {
                  const Descriptor* b, const Descriptor* t, int64_t axis, const std::string& name);
   // y = reduce(x) over the dims where y has 1, accumulated in f32.
   void reduction(cudnnReduceTensorOp_t op, const Descriptor& x, const Descriptor& y, const std::string& name);
+  // y = Bernoulli(probability) draws (1 or 0) from cuDNN's Philox generator at `seed` and
+  // `offset` (device tensors of one int64 each).
+  void rng_bernoulli(double probability, const Descriptor& seed, const Descriptor& offset, const Descriptor& y,
+                     const std::string& name);
   // y = x seen with y's dims and strides (a transpose where two strides swap places).
   void reshape(const Descriptor& x, const Descriptor& y, const std::string& name);
 
