@@ -33,8 +33,8 @@ bool cudnn_loads() {
   }
 }
 
-kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t tq, int64_t tk, int64_t d,
-                                   bool causal, bool heads_inner = false) {
+kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t tq, int64_t tk, int64_t d, bool causal,
+                                   bool heads_inner = false) {
   kernels::FlashAttentionShape s;
   s.batch_heads = b * h;
   s.heads = h;
@@ -48,8 +48,7 @@ kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t 
   return s;
 }
 
-size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false,
-                     double dropout = 0.0) {
+size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false, double dropout = 0.0) {
   cuda::cudnn_graph::Graph g;
   kernels::FlashAttentionShape with = s;
   with.dropout_rate = dropout;
@@ -69,8 +68,8 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheForwardFinalizes) {
   // log-sum-exp, divide): 10; a causal mask adds four (two indices, a compare, a select).
   EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16), 14u);
   EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::bf16), 10u);
-  EXPECT_EQ(operations_of(shape(1, 8, 4, 77, 77, 128, true), DType::f16), 14u);   // grouped-query heads
-  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::bf16), 10u);    // Tq != Tk, not causal
+  EXPECT_EQ(operations_of(shape(1, 8, 4, 77, 77, 128, true), DType::f16), 14u);           // grouped-query heads
+  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::bf16), 10u);            // Tq != Tk, not causal
   EXPECT_EQ(operations_of(shape(2, 12, 1, 256, 256, 64, true, true), DType::bf16), 14u);  // heads inner
   kernels::FlashAttentionShape packed = shape(2, 6, 2, 256, 256, 128, true, true);
   packed.q_row_stride = packed.kv_row_stride = (6 + 2 * 3) * 128;  // one (B, T, H + 2·Hkv, D) projection
@@ -91,7 +90,7 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheBackwardFinalizes) {
   // into f32, the rounding): 18; a causal mask adds four.
   EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16, true), 22u);
   EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::bf16, true), 18u);
-  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::f16, true), 18u);  // Tq != Tk
+  EXPECT_EQ(operations_of(shape(3, 4, 1, 5, 9, 32, false), DType::f16, true), 18u);              // Tq != Tk
   EXPECT_EQ(operations_of(shape(2, 12, 1, 256, 256, 128, true, true), DType::bf16, true), 22u);  // heads inner
   kernels::FlashAttentionShape packed = shape(2, 6, 1, 256, 256, 64, true, true);
   packed.q_row_stride = packed.kv_row_stride = 3 * 6 * 64;
@@ -146,9 +145,9 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
   EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, dropped, cuda::CudnnAttentionMode::all), "");
   kernels::FlashAttentionShape grouped = shape(1, 2, 2, 16, 16, 64, true);
   grouped.dropout_rate = 0.1;
-  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, grouped, cuda::CudnnAttentionMode::all)
-                .find("grouped-query"),
-            std::string::npos);
+  EXPECT_NE(
+      cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, grouped, cuda::CudnnAttentionMode::all).find("grouped-query"),
+      std::string::npos);
   kernels::FlashAttentionShape offset = shape(1, 2, 1, 8, 16, 64, true);
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, offset).find("Tq != Tk"), std::string::npos);
   kernels::FlashAttentionShape odd = shape(1, 2, 1, 16, 16, 60, false);

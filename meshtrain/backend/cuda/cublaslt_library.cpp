@@ -9,11 +9,12 @@ namespace mt::cuda {
 namespace {
 
 CublasLtLibrary load() {
-  const std::string name = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-  const std::string headers = std::to_string(CUBLAS_VER_MAJOR) + "." + std::to_string(CUBLAS_VER_MINOR);
-  void* library = open_library(name, "GPU matrix products", "the CUDA toolkit's lib64 directory, or the nvidia-cublas wheel's lib,");
+  const DynamicLibrary library =
+      open_library("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR),
+                   std::to_string(CUBLAS_VER_MAJOR) + "." + std::to_string(CUBLAS_VER_MINOR), "GPU matrix products",
+                   "the CUDA toolkit's lib64 directory, or the nvidia-cublas wheel's lib,");
   CublasLtLibrary l{};
-  auto bind = [&](const char* symbol, auto& fn) { bind_symbol(library, name, symbol, headers, fn); };
+  auto bind = [&](const char* symbol, auto& fn) { library.bind(symbol, fn); };
   bind("cublasLtCreate", l.Create);
   bind("cublasLtMatmul", l.Matmul);
   bind("cublasLtMatmulAlgoGetHeuristic", l.MatmulAlgoGetHeuristic);

@@ -24,7 +24,8 @@ CudnnAttentionMode cudnn_attention_mode() {
   if (!v || !*v || std::strcmp(v, "0") == 0) return CudnnAttentionMode::off;
   if (std::strcmp(v, "1") == 0) return CudnnAttentionMode::without_dropout;
   if (std::strcmp(v, "all") == 0) return CudnnAttentionMode::all;
-  throw Error(detail::concat("[attention] MT_ATTENTION_CUDNN='", v, "': expected 0, 1 (cuDNN's fused attention "
+  throw Error(detail::concat("[attention] MT_ATTENTION_CUDNN='", v,
+                             "': expected 0, 1 (cuDNN's fused attention "
                              "without dropout) or all (with dropout too, cuDNN's own mask)"));
 }
 
@@ -127,7 +128,8 @@ bool ready(CudnnAttentionState& st) {
 
 std::string describe(const CudnnAttentionGeometry& g) {
   return detail::concat("B ", g.batch, " H ", g.heads, " Hkv ", g.kv_heads, " Tq ", g.tq, " Tk ", g.tk, " D ", g.d,
-                        g.causal ? " causal" : "", g.dropout_rate > 0 ? detail::concat(" dropout ", g.dropout_rate) : "",
+                        g.causal ? " causal" : "",
+                        g.dropout_rate > 0 ? detail::concat(" dropout ", g.dropout_rate) : "",
                         g.io == CUDNN_DATA_HALF ? " f16" : " bf16");
 }
 
@@ -137,7 +139,7 @@ std::string describe(const CudnnAttentionGeometry& g) {
 PlannedAttention* entry_for(CudnnAttentionState& st, const CudnnAttentionGeometry& geo) {
   int64_t rate_bits = 0;
   std::memcpy(&rate_bits, &geo.dropout_rate, sizeof(rate_bits));
-  std::vector<int64_t> key = {int64_t(geo.io), geo.batch, geo.heads, geo.kv_heads, geo.tq,
+  std::vector<int64_t> key = {int64_t(geo.io), geo.batch, geo.heads,           geo.kv_heads, geo.tq,
                               geo.tk,          geo.d,     int64_t(geo.causal), rate_bits};
   for (const auto* strides : {&geo.q_strides, &geo.k_strides, &geo.v_strides, &geo.o_strides})
     key.insert(key.end(), strides->begin(), strides->end());
@@ -211,15 +213,17 @@ void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAtte
 
 namespace {
 
-// The device's seed and offset for a dropout graph, appended to its variant pack (kept alive by
-// the caller until the execution is enqueued; the pool frees it in stream order).
-Array append_dropout_seed(const kernels::FlashAttentionShape& s, Device device, std::vector<int64_t>& uids,
-                          std::vector<void*>& pointers) {
+// A dropout graph's seed and offset (device memory) and its scale 1 / (1 - rate) (the host's
+// `scale`, by value), appended to its variant pack; the returned buffer is kept alive by the
+// caller until the execution is enqueued (the pool frees it in stream order).
+Array append_dropout(const kernels::FlashAttentionShape& s, Device device, float& scale, std::vector<int64_t>& uids,
+                     std::vector<void*>& pointers) {
   if (!(s.dropout_rate > 0)) return Array();
   Array seed_offset = Array::empty({4}, DType::i64, device);
   cudnn_dropout_seed(s.dropout_key, seed_offset);
-  uids.insert(uids.end(), {kCudnnSeed, kCudnnOffset});
-  pointers.insert(pointers.end(), {seed_offset.raw(), static_cast<int64_t*>(seed_offset.raw()) + 2});
+  scale = float(1.0 / (1.0 - s.dropout_rate));
+  uids.insert(uids.end(), {kCudnnSeed, kCudnnOffset, kCudnnDropoutScale});
+  pointers.insert(pointers.end(), {seed_offset.raw(), static_cast<int64_t*>(seed_offset.raw()) + 2, &scale});
   return seed_offset;
 }
 
@@ -237,14 +241,10 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
   const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, false) : nullptr;
   // With dropout the backward must draw the same mask: both directions on cuDNN, or neither.
   if (!plan || (geo.dropout_rate > 0 && !planned(st, *entry, geo, true))) return false;
-  float scale = s.scale, dropout_scale = float(1.0 / (1.0 - s.dropout_rate));
+  float scale = s.scale, dropout_scale = 1.0f;
   std::vector<int64_t> uids = {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale};
   std::vector<void*> pointers = {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale};
-  const Array seed = append_dropout_seed(s, q.device(), uids, pointers);
-  if (seed.defined()) {
-    uids.push_back(kCudnnDropoutScale);
-    pointers.push_back(&dropout_scale);
-  }
+  const Array seed = append_dropout(s, q.device(), dropout_scale, uids, pointers);
   run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
   ++st.forwards;
   return true;
@@ -256,10 +256,11 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   if (mode == CudnnAttentionMode::off || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty())
     return false;
   const bool dropout = s.dropout_rate > 0;
-  for (const Array* a : {&g, static_cast<const Array*>(&dq), static_cast<const Array*>(&dk),
-                         static_cast<const Array*>(&dv)})
+  for (const Array* a :
+       {&g, static_cast<const Array*>(&dq), static_cast<const Array*>(&dk), static_cast<const Array*>(&dv)})
     if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) {
-      MT_CHECK(!dropout, "[cudnn attention] the forward drew cuDNN's dropout mask, but a gradient array is not "
+      MT_CHECK(!dropout,
+               "[cudnn attention] the forward drew cuDNN's dropout mask, but a gradient array is not "
                "16-byte aligned for its backward, whose kernels here could not draw that mask again");
       return false;
     }
@@ -271,8 +272,7 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   // With dropout the forward ran on cuDNN exactly when it found (or made) both plans, and the
   // backward follows it: never a plan of its own making, whose mask the forward did not draw.
   const cudnn_graph::Plan* plan = nullptr;
-  if (entry && (!dropout || (entry->forward.plan.plan && entry->backward.tried)))
-    plan = planned(st, *entry, geo, true);
+  if (entry && (!dropout || (entry->forward.plan.plan && entry->backward.tried))) plan = planned(st, *entry, geo, true);
   if (!plan) return false;
   // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
   // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
@@ -282,17 +282,12 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   if (st.version < 90600)
     check(cudaMemsetAsync(dq_accum.raw(), 0, size_t(rows * geo.d * 4), stream()), "cudnn attention backward");
   // With dropout the softmax sum is scaled by (1 - rate) where it is by 1 otherwise.
-  float scale = s.scale, one = dropout ? float(1.0 - s.dropout_rate) : 1.0f;
-  float dropout_scale = float(1.0 / (1.0 - s.dropout_rate));
-  std::vector<int64_t> uids = {kCudnnQ,  kCudnnK,  kCudnnV,  kCudnnO,          kCudnnDO,      kCudnnStats, kCudnnDQ,
+  float scale = s.scale, one = dropout ? float(1.0 - s.dropout_rate) : 1.0f, dropout_scale = 1.0f;
+  std::vector<int64_t> uids = {kCudnnQ,  kCudnnK,  kCudnnV,          kCudnnO,       kCudnnDO,    kCudnnStats, kCudnnDQ,
                                kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnScale, kCudnnOne};
-  std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),  out.raw(),         g.raw(),        lse.raw(), dq.raw(),
-                                 dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,    &one};
-  const Array seed = append_dropout_seed(s, q.device(), uids, pointers);
-  if (seed.defined()) {
-    uids.push_back(kCudnnDropoutScale);
-    pointers.push_back(&dropout_scale);
-  }
+  std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),           out.raw(),      g.raw(), lse.raw(), dq.raw(),
+                                 dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,  &one};
+  const Array seed = append_dropout(s, q.device(), dropout_scale, uids, pointers);
   run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
   ++st.backwards;
   return true;

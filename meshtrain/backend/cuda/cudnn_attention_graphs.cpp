@@ -84,6 +84,14 @@ struct Tensors {
     return t;
   }
 
+  // x · factor over the scores (x itself without a factor: the optional dropout steps).
+  const Descriptor& times(const Descriptor& x, const Descriptor* factor, const std::string& name) {
+    if (!factor) return x;
+    const Descriptor& y = virtual_scores(name);
+    g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, x, y, factor, nullptr, -1, name);
+    return y;
+  }
+
   // cuDNN's dropout mask over the scores (1 kept, 0 dropped) from the device's seed and offset.
   const Descriptor& dropout_mask() {
     const Descriptor& seed = array(kCudnnSeed, CUDNN_DATA_INT64, one, one, "dropout seed");
@@ -162,8 +170,10 @@ void build_cudnn_attention_forward(Graph& g, const CudnnAttentionGeometry& geo) 
 }
 
 void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo) {
-  MT_CHECK(geo.kv_heads == geo.heads, "[cudnn attention] the backward graph takes one key/value head per query head, "
-           "not ", geo.heads, " over ", geo.kv_heads);
+  MT_CHECK(geo.kv_heads == geo.heads,
+           "[cudnn attention] the backward graph takes one key/value head per query head, "
+           "not ",
+           geo.heads, " over ", geo.kv_heads);
   const int64_t B = geo.batch, H = geo.heads, Tq = geo.tq, Tk = geo.tk, D = geo.d;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   Tensors t(g, geo);
@@ -203,36 +213,19 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   const Descriptor& p = t.virtual_scores("P");
   g.pointwise(CUDNN_POINTWISE_EXP, f32, logits, p, nullptr, nullptr, -1, "P = exp");
   // dV = dropout(P)ᵀ dO.
-  const Descriptor* p_used = &p;
-  if (dropout) {
-    const Descriptor& kept = t.virtual_scores("P * mask");
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, p, kept, mask, nullptr, -1, "P * mask");
-    const Descriptor& dropped = t.virtual_scores("dropout(P)");
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, kept, dropped, dropout_scale, nullptr, -1, "dropout(P)");
-    p_used = &dropped;
-  }
-  g.matmul(t.transposed_scores(*p_used, "P transposed"), d_o, dv, "dV = Pt dO");
+  const Descriptor& dropped = t.times(t.times(p, mask, "P * mask"), dropout_scale, "dropout(P)");
+  g.matmul(t.transposed_scores(dropped, "P transposed"), d_o, dv, "dV = Pt dO");
   // dS = P ∘ (mask ∘ dO Vᵀ - softmax sum) · dropout scale · scale.
   const Descriptor& dp = t.virtual_scores("dP");
   g.matmul(d_o, vt, dp, "dP = dO Vt");
-  const Descriptor* dp_used = &dp;
-  if (dropout) {
-    const Descriptor& kept = t.virtual_scores("dP * mask");
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, dp, kept, mask, nullptr, -1, "dP * mask");
-    dp_used = &kept;
-  }
   const Descriptor& centered = t.virtual_scores("dP - softmax sum");
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, *dp_used, centered, &softmax_sum, nullptr, -1, "dP - softmax sum");
+  g.pointwise(CUDNN_POINTWISE_SUB, f32, t.times(dp, mask, "dP * mask"), centered, &softmax_sum, nullptr, -1,
+              "dP - softmax sum");
   const Descriptor& ds_unscaled = t.virtual_scores("P * (dP - softmax sum)");
   g.pointwise(CUDNN_POINTWISE_MUL, f32, centered, ds_unscaled, &p, nullptr, -1, "P * (dP - softmax sum)");
-  const Descriptor* ds_kept = &ds_unscaled;
-  if (dropout) {
-    const Descriptor& rescaled = t.virtual_scores("dS before the scale");
-    g.pointwise(CUDNN_POINTWISE_MUL, f32, ds_unscaled, rescaled, dropout_scale, nullptr, -1, "dropout scale of dS");
-    ds_kept = &rescaled;
-  }
   const Descriptor& ds = t.virtual_scores("dS");
-  g.pointwise(CUDNN_POINTWISE_MUL, f32, *ds_kept, ds, &scale, nullptr, -1, "dS");
+  g.pointwise(CUDNN_POINTWISE_MUL, f32, t.times(ds_unscaled, dropout_scale, "dropout scale of dS"), ds, &scale, nullptr,
+              -1, "dS");
   // dK = dSᵀ Q; dQ = dS K, accumulated in f32 and then written in the arrays' dtype.
   g.matmul(t.transposed_scores(ds, "dS transposed"), q, dk, "dK = dSt Q");
   // K back from Kᵀ, f32 as the frontend leaves it (the dQ product is f32 dS times f32 K).

@@ -29,9 +29,23 @@ CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::Flas
 // log-sum-exp (B·H, Tq) f32; SoftmaxSum (Σ_d dO·O per row) and DqAccum (dQ in f32) are f32
 // buffers the backward's caller provides.
 enum CudnnAttentionUid : int64_t {
-  kCudnnQ = 1, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale, kCudnnMaskValue,
-  kCudnnDO, kCudnnDQ, kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnOne,
-  kCudnnSeed, kCudnnOffset, kCudnnDropoutScale
+  kCudnnQ = 1,
+  kCudnnK,
+  kCudnnV,
+  kCudnnO,
+  kCudnnStats,
+  kCudnnScale,
+  kCudnnMaskValue,
+  kCudnnDO,
+  kCudnnDQ,
+  kCudnnDK,
+  kCudnnDV,
+  kCudnnSoftmaxSum,
+  kCudnnDqAccum,
+  kCudnnOne,
+  kCudnnSeed,
+  kCudnnOffset,
+  kCudnnDropoutScale
 };
 
 // Build the graphs into `g`: every tensor and operation finalized, the operation graph not yet

@@ -14,7 +14,7 @@ __global__ void cudnn_dropout_seed_kernel(uint64_t seed, uint64_t stream_id, con
   uint32_t w[4];
   philox_block(0, seed, stream_of(stream_id, fold_last), w);
   out[0] = int64_t(uint64_t(w[0]) | uint64_t(w[1]) << 32);  // the seed
-  out[2] = 0;                                                // the offset, 16 bytes on
+  out[2] = 0;                                               // the offset, 16 bytes on
 }
 
 }  // namespace

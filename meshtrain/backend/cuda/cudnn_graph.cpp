@@ -59,20 +59,29 @@ const Descriptor& Graph::tensor(const TensorSpec& spec, const std::string& name)
   return t;
 }
 
+void Graph::operation(cudnnBackendDescriptorType_t type, const std::vector<Operand>& operands,
+                      const std::string& what) {
+  Descriptor& op = owned_.emplace_back(type);
+  for (const Operand& o : operands) {
+    if (!o.descriptor) continue;
+    cudnnBackendDescriptor_t d = o.descriptor->get();
+    op.set(o.attribute, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &d, what);
+  }
+  op.finalize(what);
+  ops_.push_back(op.get());
+}
+
 void Graph::matmul(const Descriptor& a, const Descriptor& b, const Descriptor& c, const std::string& name) {
   Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   desc.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul " + name);
   desc.finalize("matmul " + name);
-  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-  const std::string what = "matmul operation " + name;
-  cudnnBackendDescriptor_t ad = a.get(), bd = b.get(), cd = c.get(), dd = desc.get();
-  op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ad, what);
-  op.set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bd, what);
-  op.set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cd, what);
-  op.set(CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dd, what);
-  op.finalize(what);
-  ops_.push_back(op.get());
+  operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+            {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, &a},
+             {CUDNN_ATTR_OPERATION_MATMUL_BDESC, &b},
+             {CUDNN_ATTR_OPERATION_MATMUL_CDESC, &c},
+             {CUDNN_ATTR_OPERATION_MATMUL_DESC, &desc}},
+            "matmul operation " + name);
 }
 
 void Graph::pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t precision, const Descriptor& x, const Descriptor& y,
@@ -82,39 +91,27 @@ void Graph::pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t precision, cons
   desc.set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision, "pointwise " + name);
   if (axis >= 0) desc.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise " + name);
   desc.finalize("pointwise " + name);
-  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-  const std::string what = "pointwise operation " + name;
-  cudnnBackendDescriptor_t pd = desc.get(), xd = x.get(), yd = y.get();
-  op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pd, what);
-  op.set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd, what);
-  if (b) {
-    cudnnBackendDescriptor_t bd = b->get();
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bd, what);
-  }
-  op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd, what);
-  if (t) {
-    cudnnBackendDescriptor_t td = t->get();
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &td, what);
-  }
-  op.finalize(what);
-  ops_.push_back(op.get());
+  // The condition of BINARY_SELECT after y, as the frontend orders them.
+  operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+            {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &desc},
+             {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &x},
+             {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+             {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &y},
+             {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t}},
+            "pointwise operation " + name);
 }
 
-void Graph::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x, const Descriptor& y,
-                      const std::string& name) {
+void Graph::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x, const Descriptor& y, const std::string& name) {
   Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   desc.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce, "reduction " + name);
   desc.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction " + name);
   desc.finalize("reduction " + name);
-  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-  const std::string what = "reduction operation " + name;
-  cudnnBackendDescriptor_t rd = desc.get(), xd = x.get(), yd = y.get();
-  op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd, what);
-  op.set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd, what);
-  op.set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what);
-  op.finalize(what);
-  ops_.push_back(op.get());
+  operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+            {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &x},
+             {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &y},
+             {CUDNN_ATTR_OPERATION_REDUCTION_DESC, &desc}},
+            "reduction operation " + name);
 }
 
 void Graph::rng_bernoulli(double probability, const Descriptor& seed, const Descriptor& offset, const Descriptor& y,
@@ -124,25 +121,18 @@ void Graph::rng_bernoulli(double probability, const Descriptor& seed, const Desc
   desc.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli, "rng " + name);
   desc.set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &probability, "rng " + name);
   desc.finalize("rng " + name);
-  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
-  const std::string what = "rng operation " + name;
-  cudnnBackendDescriptor_t rd = desc.get(), sd = seed.get(), od = offset.get(), yd = y.get();
-  op.set(CUDNN_ATTR_OPERATION_RNG_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd, what);
-  op.set(CUDNN_ATTR_OPERATION_RNG_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd, what);
-  op.set(CUDNN_ATTR_OPERATION_RNG_SEED, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sd, what);
-  op.set(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &od, what);
-  op.finalize(what);
-  ops_.push_back(op.get());
+  operation(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR,
+            {{CUDNN_ATTR_OPERATION_RNG_YDESC, &y},
+             {CUDNN_ATTR_OPERATION_RNG_DESC, &desc},
+             {CUDNN_ATTR_OPERATION_RNG_SEED, &seed},
+             {CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, &offset}},
+            "rng operation " + name);
 }
 
 void Graph::reshape(const Descriptor& x, const Descriptor& y, const std::string& name) {
-  Descriptor& op = owned_.emplace_back(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-  const std::string what = "reshape operation " + name;
-  cudnnBackendDescriptor_t xd = x.get(), yd = y.get();
-  op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &xd, what);
-  op.set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &yd, what);
-  op.finalize(what);
-  ops_.push_back(op.get());
+  operation(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+            {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &y}},
+            "reshape operation " + name);
 }
 
 Plan make_plan(cudnnHandle_t handle, const Graph& graph, const std::string& what) {
@@ -170,8 +160,8 @@ Plan make_plan(cudnnHandle_t handle, const Graph& graph, const std::string& what
     return p;
   }
   int64_t count = 0;
-  check_status(lib().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+  check_status(lib().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         0, &count, nullptr),
                what + " heuristics: count");
   if (count <= 0) {
     p.refusal = "no engine takes the graph (" + status_text(CUDNN_STATUS_NOT_SUPPORTED) + ")";
@@ -184,8 +174,8 @@ Plan make_plan(cudnnHandle_t handle, const Graph& graph, const std::string& what
     raw.push_back(configs.back().get());
   }
   int64_t returned = 0;
-  check_status(lib().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, raw.data()),
+  check_status(lib().BackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         count, &returned, raw.data()),
                what + " heuristics: results");
   std::string refusals;
   for (int64_t i = 0; i < returned; ++i) {

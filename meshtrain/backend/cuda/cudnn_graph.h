@@ -72,6 +72,14 @@ class Graph {
   const std::vector<cudnnBackendDescriptor_t>& operations() const { return ops_; }
 
  private:
+  // An operation's descriptor-valued attribute (skipped when null: an optional operand).
+  struct Operand {
+    cudnnBackendAttributeName_t attribute;
+    const Descriptor* descriptor;
+  };
+  // An operation of `type` with these operands, finalized and appended to the graph.
+  void operation(cudnnBackendDescriptorType_t type, const std::vector<Operand>& operands, const std::string& what);
+
   std::deque<Descriptor> owned_;  // stable addresses
   std::vector<cudnnBackendDescriptor_t> ops_;
 };

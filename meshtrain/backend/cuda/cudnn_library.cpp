@@ -9,11 +9,11 @@ namespace mt::cuda {
 namespace {
 
 CudnnLibrary load() {
-  const std::string name = "libcudnn.so." + std::to_string(CUDNN_MAJOR);
-  const std::string headers = std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR);
-  void* library = open_library(name, "cuDNN's fused attention", "the CUDA toolkit's lib directory, or the nvidia-cudnn wheel's lib,");
+  const DynamicLibrary library = open_library(
+      "libcudnn.so." + std::to_string(CUDNN_MAJOR), std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR),
+      "cuDNN's fused attention", "the CUDA toolkit's lib directory, or the nvidia-cudnn wheel's lib,");
   CudnnLibrary l{};
-  auto bind = [&](const char* symbol, auto& fn) { bind_symbol(library, name, symbol, headers, fn); };
+  auto bind = [&](const char* symbol, auto& fn) { library.bind(symbol, fn); };
   bind("cudnnGetVersion", l.GetVersion);
   bind("cudnnGetErrorString", l.GetErrorString);
   bind("cudnnGetLastErrorString", l.GetLastErrorString);

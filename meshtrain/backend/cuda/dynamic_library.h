@@ -10,24 +10,32 @@
 
 namespace mt::cuda {
 
-// `name` opened, or an mt::Error naming it, what it is loaded for and the loader's reason.
-inline void* open_library(const std::string& name, const char* purpose, const char* where_to_find) {
-  void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!library) {
+// A library opened for its entry points, named for errors.
+struct DynamicLibrary {
+  void* handle = nullptr;
+  std::string name;     // e.g. libcudnn.so.9
+  std::string headers;  // the version of the headers meshtrain was built with, e.g. "9.19"
+
+  // fn = `symbol`, or an mt::Error naming both: a library older than the headers.
+  template <class Fn>
+  void bind(const char* symbol, Fn& fn) const {
+    fn = reinterpret_cast<Fn>(dlsym(handle, symbol));
+    MT_CHECK(fn != nullptr, "[cuda] ", name, " has no ", symbol, " (older than the headers, ", headers,
+             ", meshtrain was built with?)");
+  }
+};
+
+// `name` opened (it stays loaded for the process's life), or an mt::Error naming it, what it
+// is loaded for and the loader's reason.
+inline DynamicLibrary open_library(std::string name, std::string headers, const char* purpose,
+                                   const char* where_to_find) {
+  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
     const char* why = dlerror();
     throw Error(detail::concat("[cuda] cannot load ", name, " for ", purpose, ": ", why ? why : "not found", " (",
                                where_to_find, " must be on LD_LIBRARY_PATH)"));
   }
-  return library;  // stays loaded for the process's life
-}
-
-// fn = `symbol` of `library`, or an mt::Error naming both: a library older than the headers
-// meshtrain was built with (`headers`, e.g. "12.9").
-template <class Fn>
-void bind_symbol(void* library, const std::string& name, const char* symbol, const std::string& headers, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(library, symbol));
-  MT_CHECK(fn != nullptr, "[cuda] ", name, " has no ", symbol, " (older than the headers, ", headers,
-           ", meshtrain was built with?)");
+  return {handle, std::move(name), std::move(headers)};
 }
 
 }  // namespace mt::cuda
