@@ -87,6 +87,7 @@ struct CudnnAttentionState {
   uint64_t forwards = 0, backwards = 0;
   std::string last_refusal;
   size_t version = 0;  // cuDNN's, at run time
+  bool announced = false;
 };
 
 CudnnAttentionState& state() {
@@ -185,6 +186,11 @@ const cudnn_graph::Plan* planned(CudnnAttentionState& st, PlannedAttention& entr
       st.last_refusal = what + " " + describe(geo) + ": " + d.plan.refusal;
       std::cerr << "[cudnn attention] not taken for the " << st.last_refusal
                 << "; the attention kernels of this build run it\n";
+    } else if (!st.announced) {
+      // Once per process: the opt-in route is in use (logs and tests look for this line).
+      st.announced = true;
+      std::cerr << "[cudnn attention] cuDNN " << st.version << " runs the " << what << " of " << describe(geo)
+                << " (" << d.plan.workspace_bytes << " bytes of workspace)\n";
     }
   }
   return d.plan.plan ? &d.plan : nullptr;
