@@ -49,6 +49,13 @@ struct FlashAttentionShape {
   // ((bh · ceil(Tk / 64) + kt) · Tq + i) · 2: bit c of the pair keeps key kt · 64 + c
   // (cuda::dropout_keep_bits_words gives the size, 0 where unused).
   uint32_t* keep_bits = nullptr;
+  // cuDNN's dropout (MT_ATTENTION_CUDNN=all; cuda/cudnn_attention.h) is decided per call by the
+  // forward and followed by its backward, whose kernels could not draw cuDNN's mask again. The
+  // forward sets *cudnn_dropout_record (when given) to the seed array it drew its mask from
+  // (left undefined when it drew dropout()'s mask); the backward is handed that array as
+  // cudnn_dropout_seed and then runs on cuDNN with it, or fails saying why.
+  Array* cudnn_dropout_record = nullptr;
+  const Array* cudnn_dropout_seed = nullptr;
 };
 
 }  // namespace mt::kernels

@@ -179,6 +179,7 @@ class FlashAttentionPrimitive final : public prim::Primitive {
   kernels::FlashAttentionShape backward_shape_of(const prim::Saved& saved) const {
     kernels::FlashAttentionShape s = shape_of(saved.inputs);
     if (saved.aux.size() > 1 && saved.aux[1].defined()) s.keep_bits = static_cast<uint32_t*>(saved.aux[1].raw());
+    if (saved.aux.size() > 2 && saved.aux[2].defined()) s.cudnn_dropout_seed = &saved.aux[2];
     return s;
   }
   kernels::FlashAttentionShape shape_of(const std::vector<Array>& in) const {
@@ -220,17 +221,28 @@ class FlashAttentionPrimitive final : public prim::Primitive {
       keep_bits = Array::empty({words}, DType::i32);
       s.keep_bits = static_cast<uint32_t*>(keep_bits.raw());
     }
-    aux = {lse, keep_bits};
+    // The seed of cuDNN's dropout mask when the forward drew it (aux[2]; cuda/cudnn_attention.h).
+    Array cudnn_dropout;
+    s.cudnn_dropout_record = &cudnn_dropout;
     if (!packed()) {
       MT_KERNEL(out, flash_attention_forward, in[0], in[1], in[2], s, out, lse);
     } else if (in[0].numel() > 0) {
       const QkvViews qkv = packed_views(in[0]);
       MT_KERNEL(out, flash_attention_forward, qkv.q, qkv.k, qkv.v, s, out, lse);
     }
+    aux = {lse, keep_bits, cudnn_dropout};
     return out;
   }
   bool keeps_output() const override { return true; }
+  // A recorded (second-order) backward redraws dropout()'s mask: not the one cuDNN drew.
+  void check_recordable(const prim::Saved& s) const {
+    MT_CHECK(!autodiff::grad_enabled() || s.aux.size() < 3 || !s.aux[2].defined(),
+             "[flash_attention] a second-order gradient through an attention whose dropout mask cuDNN drew "
+             "(MT_ATTENTION_CUDNN=all) is not available: its recorded backward draws dropout()'s mask; run it with "
+             "MT_ATTENTION_CUDNN=1 or unset");
+  }
   std::vector<Array> vjp(const prim::Saved& s, const Array& g) const override {
+    check_recordable(s);
     if (packed()) return packed_vjp(s, g);
     const Array &q = s.inputs[0], &k = s.inputs[1], &v = s.inputs[2];
     std::vector<Array> grads(s.inputs.size());  // none for the mask

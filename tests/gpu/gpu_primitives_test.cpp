@@ -36,6 +36,29 @@ std::vector<Array> on(const std::vector<Array>& xs, Device d) {
   return out;
 }
 
+// An environment variable set for a scope (the attention routes read theirs at each call).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+double max_abs(const Array& x) {
+  double m = 0;
+  for (double e : cast(x, DType::f32).to(Device::cpu()).to_doubles()) m = std::max(m, std::abs(e));
+  return m;
+}
+double mean_of(const Array& x) {
+  const std::vector<double> e = cast(x, DType::f32).to(Device::cpu()).to_doubles();
+  double total = 0;
+  for (double v : e) total += v;
+  return e.empty() ? 0.0 : total / double(e.size());
+}
+
 // fn's output and input cotangents for `cot`, computed on the GPU (inputs and cotangent moved
 // there).
 std::pair<Array, std::vector<Array>> vjp_on_gpu(const OpFn& fn, const std::vector<Array>& in, const Array& cot) {
@@ -655,7 +678,8 @@ TEST(GpuPrimitives, FlashAttentionPackedEqualsTheCpuKernel) {
 // cuDNN's reason.
 TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
   MT_REQUIRE_GPU();
-  setenv("MT_ATTENTION_CUDNN", "1", 1);
+  std::optional<ScopedEnv> route;
+  route.emplace("MT_ATTENTION_CUDNN", "1");
   const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
   auto arrays = [](DType dtype, std::initializer_list<Shape> shapes, uint64_t seed) {
     std::vector<Array> xs;
@@ -698,7 +722,7 @@ TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
                                   arrays(DType::bf16, {{1, 2, 64, 64}}, 174)[0], default_tolerance(DType::bf16),
                                   "attention with dropout under MT_ATTENTION_CUDNN=1");
   EXPECT_EQ(cuda::cudnn_attention_forwards() - forwards, ran_forward) << "cuDNN took an attention with dropout";
-  unsetenv("MT_ATTENTION_CUDNN");
+  route.reset();
   std::cout << "  cuDNN ran " << ran_forward << " attention forwards and " << ran_backward << " backwards\n";
   EXPECT_GE(ran_forward, 11u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
   EXPECT_GE(ran_backward, 9u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
@@ -708,45 +732,51 @@ TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
 // MT_ATTENTION_CUDNN=all: attention with dropout on cuDNN, whose mask is its own (not the
 // CPU's), so the checks are the mask's properties. The same key draws the same mask and
 // another key another; with v all ones each output row is Σ_j mask·P / (1 - rate), whose mean
-// over the rows is 1 (the rate and the scale) while rows differ from 1 (a mask was drawn); and
-// the output is linear in v for a fixed mask, so the backward's dV pairs with any v2 as the
-// forward's output on v2 does, ⟨dV, v2⟩ = ⟨dO, out(v2)⟩, only if the backward drew the
-// forward's mask.
+// over the rows is 1 (the rate and the scale) while rows differ from 1 (a mask was drawn).
+// The backward must draw the forward's mask: the output is linear in v for a fixed mask, so
+// ⟨dV, v2⟩ = ⟨dO, out(v2)⟩ for every v2 (three here), and the rows of dS sum to 0 when its
+// softmax sum is the forward's, so Σ_j dK_j = 0 for each (batch, head, dim).
 TEST(GpuPrimitives, CudnnAttentionWithDropoutDrawsOneMaskForwardAndBackward) {
   MT_REQUIRE_GPU();
-  setenv("MT_ATTENTION_CUDNN", "all", 1);
+  const ScopedEnv route("MT_ATTENTION_CUDNN", "all");
   const Device gpu = Device::cuda(0);
   DeviceScope scope(gpu);
   const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
   const Shape shape{2, 3, 128, 64};
   auto bf = [&](uint64_t seed) { return cast(random_normal(shape, seed), DType::bf16).to(gpu); };
-  const Array q = bf(181), k = bf(182), v = bf(183), v2 = bf(184), cot = bf(185);
-  auto attend = [&](const Array& values, const RngKey& key) {
-    return flash_attention(q, k, values, 0.125, true, 0.1, key);
+  const Array q = bf(181), k = bf(182), v = bf(183), cot = bf(185);
+  auto attend = [&](const Array& keys, const Array& values, const RngKey& key) {
+    return flash_attention(q, keys, values, 0.125, true, 0.1, key);
   };
   const RngKey key{26, 3};
-  const Array a = attend(v, key).to(Device::cpu()), b = attend(v, key).to(Device::cpu());
-  const Array other = attend(v, RngKey{27, 3}).to(Device::cpu());
+  const Array a = attend(k, v, key).to(Device::cpu()), b = attend(k, v, key).to(Device::cpu());
+  const Array other = attend(k, v, RngKey{27, 3}).to(Device::cpu());
   EXPECT_EQ(max_abs_diff(cast(a, DType::f32), cast(b, DType::f32)), 0.0) << "one key drew two masks";
   EXPECT_GT(max_abs_diff(cast(a, DType::f32), cast(other, DType::f32)), 0.0) << "two keys drew one mask";
   const std::vector<float> rows =
-      cast(attend(Array::full(shape, 1.0, DType::bf16, gpu), key), DType::f32).to(Device::cpu()).to_floats();
+      cast(attend(k, Array::full(shape, 1.0, DType::bf16, gpu), key), DType::f32).to(Device::cpu()).to_floats();
   double mean = 0, farthest = 0;
   for (float r : rows) mean += r, farthest = std::max(farthest, std::abs(double(r) - 1.0));
   mean /= double(rows.size());
   std::cout << "  rows of dropout(P) · 1: mean " << mean << ", farthest from 1 by " << farthest << "\n";
   EXPECT_NEAR(mean, 1.0, 0.03);
   EXPECT_GT(farthest, 0.05);
-  const auto [out, grads] = vjp([&](const std::vector<Array>& x) { return attend(x[0], key); }, {v}, cot);
+  const std::vector<Array> grads =
+      vjp([&](const std::vector<Array>& x) { return attend(x[0], x[1], key); }, {k, v}, cot).second;
   auto pairing = [](const Array& x, const Array& y) {
     return sum(mul(cast(x, DType::f32), cast(y, DType::f32))).to(Device::cpu()).to_doubles()[0];
   };
-  const double backward_pairing = pairing(grads[0], v2);
-  const double forward_pairing = pairing(attend(v2, key), cot);
-  std::cout << "  <dV, v2> " << backward_pairing << " vs <dO, out(v2)> " << forward_pairing << "\n";
-  EXPECT_NEAR(backward_pairing, forward_pairing, 0.02 * std::abs(forward_pairing) + 0.5);
-  unsetenv("MT_ATTENTION_CUDNN");
-  EXPECT_GE(cuda::cudnn_attention_forwards() - forwards, 6u) << cuda::cudnn_attention_last_refusal();
+  for (uint64_t seed : {186, 187, 188}) {
+    const Array v2 = bf(seed);
+    const double backward_pairing = pairing(grads[1], v2), forward_pairing = pairing(attend(k, v2, key), cot);
+    std::cout << "  <dV, v2> " << backward_pairing << " vs <dO, out(v2)> " << forward_pairing << "\n";
+    EXPECT_NEAR(backward_pairing, forward_pairing, 0.005 * std::abs(forward_pairing) + 0.5);
+  }
+  const Array dk = cast(grads[0], DType::f32);
+  const double key_sums = max_abs(sum(dk, {2})), rms = std::sqrt(mean_of(mul(dk, dk)));
+  std::cout << "  |sum over keys of dK| " << key_sums << " against rms(dK) " << rms << "\n";
+  EXPECT_LT(key_sums, 1e-2 * std::sqrt(128.0) * rms + 1e-3);
+  EXPECT_GE(cuda::cudnn_attention_forwards() - forwards, 8u) << cuda::cudnn_attention_last_refusal();
   EXPECT_GE(cuda::cudnn_attention_backwards() - backwards, 1u) << cuda::cudnn_attention_last_refusal();
 }
 

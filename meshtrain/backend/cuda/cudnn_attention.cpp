@@ -56,10 +56,9 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
 
 namespace {
 
-// A shape's graph and plan (no plan: cuDNN refused it, said once).
 // One shape's two directions, each planned on first use (no plan: cuDNN refused it, said
 // once). Kept and dropped together: with dropout the forward plans both before it draws
-// cuDNN's mask, and the backward runs on cuDNN exactly when both are there.
+// cuDNN's mask (its backward then follows the op's record of that, FlashAttentionShape).
 struct PlannedAttention {
   struct Direction {
     cudnn_graph::Graph graph;
@@ -122,7 +121,7 @@ bool ready(CudnnAttentionState& st) {
     st.unavailable = e.what();
   }
   if (!st.unavailable.empty())
-    std::cerr << "[cudnn attention] MT_ATTENTION_CUDNN=1 but cuDNN is unavailable: " << st.unavailable
+    std::cerr << "[cudnn attention] MT_ATTENTION_CUDNN is set but cuDNN is unavailable: " << st.unavailable
               << "; the attention kernels of this build run instead\n";
   return st.handle != nullptr;
 }
@@ -219,18 +218,13 @@ void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAtte
 
 namespace {
 
-// A dropout graph's seed and offset (device memory) and its scale 1 / (1 - rate) (the host's
-// `scale`, by value), appended to its variant pack; the returned buffer is kept alive by the
-// caller until the execution is enqueued (the pool frees it in stream order).
-Array append_dropout(const kernels::FlashAttentionShape& s, Device device, float& scale, std::vector<int64_t>& uids,
-                     std::vector<void*>& pointers) {
-  if (!(s.dropout_rate > 0)) return Array();
-  Array seed_offset = Array::empty({4}, DType::i64, device);
-  cudnn_dropout_seed(s.dropout_key, seed_offset);
+// A dropout graph's seed and offset (device memory: `seed_offset`, [0] and [2]) and its scale
+// 1 / (1 - rate) (the host's `scale`, by value), appended to its variant pack.
+void append_dropout(const kernels::FlashAttentionShape& s, const Array& seed_offset, float& scale,
+                    std::vector<int64_t>& uids, std::vector<void*>& pointers) {
   scale = float(1.0 / (1.0 - s.dropout_rate));
   uids.insert(uids.end(), {kCudnnSeed, kCudnnOffset, kCudnnDropoutScale});
   pointers.insert(pointers.end(), {seed_offset.raw(), static_cast<int64_t*>(seed_offset.raw()) + 2, &scale});
-  return seed_offset;
 }
 
 }  // namespace
@@ -239,6 +233,9 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
                              Array& out, Array& lse) {
   const CudnnAttentionMode mode = cudnn_attention_mode();
   if (mode == CudnnAttentionMode::off || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty()) return false;
+  const bool dropout = s.dropout_rate > 0;
+  // With dropout the backward must be handed the mask's seed (the op keeps the record).
+  if (dropout && !s.cudnn_dropout_record) return false;
   const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -246,11 +243,16 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
   PlannedAttention* entry = entry_for(st, geo);
   const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, false) : nullptr;
   // With dropout the backward must draw the same mask: both directions on cuDNN, or neither.
-  if (!plan || (geo.dropout_rate > 0 && !planned(st, *entry, geo, true))) return false;
+  if (!plan || (dropout && !planned(st, *entry, geo, true))) return false;
   float scale = s.scale, dropout_scale = 1.0f;
   std::vector<int64_t> uids = {kCudnnQ, kCudnnK, kCudnnV, kCudnnO, kCudnnStats, kCudnnScale};
   std::vector<void*> pointers = {q.raw(), k.raw(), v.raw(), out.raw(), lse.raw(), &scale};
-  const Array seed = append_dropout(s, q.device(), dropout_scale, uids, pointers);
+  if (dropout) {
+    Array seed_offset = Array::empty({4}, DType::i64, q.device());
+    cudnn_dropout_seed(s.dropout_key, seed_offset);
+    append_dropout(s, seed_offset, dropout_scale, uids, pointers);
+    *s.cudnn_dropout_record = seed_offset;  // the backward draws the mask again from it
+  }
   run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
   ++st.forwards;
   return true;
@@ -258,28 +260,35 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
 
 bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
                               const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
-  const CudnnAttentionMode mode = cudnn_attention_mode();
-  if (mode == CudnnAttentionMode::off || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty())
-    return false;
+  // With dropout the forward decided: a recorded seed means cuDNN drew the mask and must draw
+  // it again here (the kernels of this build cannot); none means dropout()'s mask, which only
+  // they draw. Without dropout either backward takes either forward.
   const bool dropout = s.dropout_rate > 0;
+  const bool follows = s.cudnn_dropout_seed && s.cudnn_dropout_seed->defined();
+  if (dropout && !follows) return false;
+  const auto must = [&](bool ok, const std::string& why) {
+    MT_CHECK(ok || !follows, "[cudnn attention] the forward drew cuDNN's dropout mask, but its backward cannot run "
+             "on cuDNN (", why, "), and the attention kernels of this build cannot draw that mask again");
+    return ok;
+  };
+  if (!follows) {
+    const CudnnAttentionMode mode = cudnn_attention_mode();
+    if (mode == CudnnAttentionMode::off || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty())
+      return false;
+  } else {
+    const std::string why = cudnn_attention_ineligibility(q, k, v, out, s, CudnnAttentionMode::all);
+    must(why.empty(), why);
+  }
   for (const Array* a :
        {&g, static_cast<const Array*>(&dq), static_cast<const Array*>(&dk), static_cast<const Array*>(&dv)})
-    if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) {
-      MT_CHECK(!dropout,
-               "[cudnn attention] the forward drew cuDNN's dropout mask, but a gradient array is not "
-               "16-byte aligned for its backward, whose kernels here could not draw that mask again");
-      return false;
-    }
+    if (!must(reinterpret_cast<uintptr_t>(a->raw()) % 16 == 0, "a gradient array is not 16-byte aligned")) return false;
   const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (!ready(st)) return false;
+  if (!must(ready(st), "cuDNN is unavailable")) return false;
   PlannedAttention* entry = entry_for(st, geo);
-  // With dropout the forward ran on cuDNN exactly when it found (or made) both plans, and the
-  // backward follows it: never a plan of its own making, whose mask the forward did not draw.
-  const cudnn_graph::Plan* plan = nullptr;
-  if (entry && (!dropout || (entry->forward.plan.plan && entry->backward.tried))) plan = planned(st, *entry, geo, true);
-  if (!plan) return false;
+  const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, true) : nullptr;
+  if (!must(plan != nullptr, "no plan for its shape: " + st.last_refusal)) return false;
   // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
   // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
   const int64_t rows = geo.batch * geo.heads * geo.tq;
@@ -293,7 +302,7 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
                                kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnScale, kCudnnOne};
   std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),           out.raw(),      g.raw(), lse.raw(), dq.raw(),
                                  dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,  &one};
-  const Array seed = append_dropout(s, q.device(), dropout_scale, uids, pointers);
+  if (dropout) append_dropout(s, *s.cudnn_dropout_seed, dropout_scale, uids, pointers);
   run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
   ++st.backwards;
   return true;

@@ -3,12 +3,14 @@
 // flash kernels for Hopper and Ampere run at several times the rate of the mma.sync kernels
 // of attention_tensor_core.cu), with the graphs of cudnn_attention_graphs.h. The log-sum-exp
 // the forward writes is flash_attention_forward's (natural log of Σ exp(scale · q·k) over
-// visible keys), so either backward takes either forward.
+// visible keys), so without dropout either backward takes either forward; with dropout the
+// backward follows its forward's record (FlashAttentionShape::cudnn_dropout_seed).
 //
 // Opt-in until a GPU run has compared it with the kernels here: MT_ATTENTION_CUDNN=1 for
 // attention without dropout, =all with dropout too, where cuDNN draws its own mask (from a
 // seed the dropout key gives; not dropout()'s Philox stream, so a run no longer draws the
-// CPU's masks), and then the forward and the backward both run on cuDNN or neither does. It
+// CPU's masks), and then the forward and the backward both run on cuDNN or neither does (a
+// backward that cannot follow its forward there fails saying why). It
 // takes bf16 and f16 arrays, head dims that are multiples of 8 up to 128, no key-padding mask,
 // causal only where Tq == Tk, 16-byte aligned rows, and for the backward (and with dropout)
 // one key/value head per query head. Elsewhere, and where cuDNN refuses a shape (said once per
