@@ -153,6 +153,10 @@ PlannedAttention* entry_for(CudnnAttentionState& st, const CudnnAttentionGeometr
         if (!o->second->captured && (oldest == st.plans.end() || o->second->last_used < oldest->second->last_used))
           oldest = o;
       if (oldest == st.plans.end()) break;
+      // Its kernels may still be queued, and a plan may own the code they run (the engines
+      // compiled at run time): the stream drains first. Only a run meeting more than
+      // kMaxPlans shapes (a server) waits here, never inside a captured step.
+      check(cudaStreamSynchronize(stream()), "cudnn attention plan eviction");
       st.plans.erase(oldest);
     }
     it = st.plans.emplace(std::move(key), std::make_unique<PlannedAttention>()).first;
