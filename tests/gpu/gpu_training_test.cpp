@@ -94,10 +94,10 @@ TEST_F(GpuTraining, Bf16OnTheGpuStaysCloseToTheCpu) {
   }
 }
 
-// LLaMA (no dropout anywhere) with its attention's forward on cuDNN's fused engine
-// (MT_ATTENTION_CUDNN=1; the small config's 4 query heads over 2 key/value heads keep the
-// backward on the tensor-core kernels, from cuDNN's log-sum-exp): 20 bf16 steps on the GPU
-// within bf16's 2e-2 of the CPU's, and the route said it ran and refused nothing.
+// LLaMA (no dropout anywhere) with its attention on cuDNN's fused engine (MT_ATTENTION_CUDNN=1;
+// the small config's 4 query heads over 2 key/value heads: grouped heads both ways): 20 bf16
+// steps on the GPU within bf16's 2e-2 of the CPU's, and the route said it ran and refused
+// nothing.
 TEST_F(GpuTraining, LlamaWithCudnnAttentionStaysCloseToTheCpu) {
   MT_REQUIRE_GPU();
   const fs::path cpu = dir_ / "llama_cudnn_cpu", gpu = dir_ / "llama_cudnn_gpu";

@@ -35,9 +35,6 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
     return std::string(dtype_name(q.dtype())) + " arrays (cuDNN's fused attention takes bf16 and f16)";
   if (s.dropout_rate > 0 && mode != CudnnAttentionMode::all)
     return "dropout (cuDNN would draw its own mask, not dropout()'s Philox stream: MT_ATTENTION_CUDNN=all allows it)";
-  if (s.dropout_rate > 0 && s.group != 1)
-    return "dropout with grouped-query heads (the backward, which must draw the same mask, takes one key/value head "
-           "per query head)";
   if (s.dropout_rate >= 1) return "a dropout rate of 1";
   if (s.key_mask) return "a key-padding mask";
   if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
@@ -277,8 +274,7 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   };
   if (!follows) {
     const CudnnAttentionMode mode = cudnn_attention_mode();
-    if (mode == CudnnAttentionMode::off || s.group != 1 || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty())
-      return false;
+    if (mode == CudnnAttentionMode::off || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty()) return false;
   } else {
     const std::string why = cudnn_attention_ineligibility(q, k, v, out, s, CudnnAttentionMode::all);
     must(why.empty(), why);

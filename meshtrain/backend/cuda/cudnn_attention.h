@@ -10,11 +10,11 @@
 // attention without dropout, =all with dropout too, where cuDNN draws its own mask (from a
 // seed the dropout key gives; not dropout()'s Philox stream, so a run no longer draws the
 // CPU's masks), and then the forward and the backward both run on cuDNN or neither does (a
-// backward that cannot follow its forward there fails saying why). It
-// takes bf16 and f16 arrays, head dims that are multiples of 8 up to 128, no key-padding mask,
-// causal only where Tq == Tk, 16-byte aligned rows, and for the backward (and with dropout)
-// one key/value head per query head. Elsewhere, and where cuDNN refuses a shape (said once per
-// shape on stderr, with cuDNN's reason), the caller runs its own kernels.
+// backward that cannot follow its forward there fails saying why). It takes bf16 and f16
+// arrays, head dims that are multiples of 8 up to 128, grouped-query heads, no key-padding
+// mask, causal only where Tq == Tk, and 16-byte aligned rows. Elsewhere, and where cuDNN
+// refuses a shape (said once per shape on stderr, with cuDNN's reason), the caller runs its
+// own kernels.
 #include <string>
 
 #include "meshtrain/backend/attention.h"
@@ -27,8 +27,7 @@ namespace mt::cuda {
 enum class CudnnAttentionMode { off, without_dropout, all };
 CudnnAttentionMode cudnn_attention_mode();
 
-// Why the route does not take these arrays' forward in `mode`, or "" when it does; the
-// backward also needs kv_heads == heads (cudnn_attention_backward checks).
+// Why the route does not take these arrays in `mode`, or "" when it does.
 std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const Array& v, const Array& out,
                                           const kernels::FlashAttentionShape& s,
                                           CudnnAttentionMode mode = CudnnAttentionMode::without_dropout);

@@ -170,22 +170,32 @@ void build_cudnn_attention_forward(Graph& g, const CudnnAttentionGeometry& geo) 
 }
 
 void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo) {
-  MT_CHECK(geo.kv_heads == geo.heads,
-           "[cudnn attention] the backward graph takes one key/value head per query head, "
-           "not ",
-           geo.heads, " over ", geo.kv_heads);
-  const int64_t B = geo.batch, H = geo.heads, Tq = geo.tq, Tk = geo.tk, D = geo.d;
+  MT_CHECK(geo.kv_heads > 0 && geo.heads % geo.kv_heads == 0, "[cudnn attention] ", geo.heads,
+           " query heads cannot share ", geo.kv_heads, " key/value heads");
+  const int64_t B = geo.batch, H = geo.heads, Hk = geo.kv_heads, Tq = geo.tq, Tk = geo.tk, D = geo.d;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
   Tensors t(g, geo);
   const Descriptor& q = t.array(kCudnnQ, geo.io, {B, H, Tq, D}, geo.q_strides, "Q");
-  const Descriptor& kt = t.array(kCudnnK, geo.io, {B, H, D, Tk}, transposed(geo.k_strides), "K transposed");
-  const Descriptor& vt = t.array(kCudnnV, geo.io, {B, H, D, Tk}, transposed(geo.v_strides), "V transposed");
+  const Descriptor& kt = t.array(kCudnnK, geo.io, {B, Hk, D, Tk}, transposed(geo.k_strides), "K transposed");
+  const Descriptor& vt = t.array(kCudnnV, geo.io, {B, Hk, D, Tk}, transposed(geo.v_strides), "V transposed");
   const Descriptor& o = t.array(kCudnnO, geo.io, {B, H, Tq, D}, geo.o_strides, "O");
   const Descriptor& d_o = t.array(kCudnnDO, geo.io, {B, H, Tq, D}, geo.o_strides, "dO");
   const Descriptor& stats = t.array(kCudnnStats, f32, t.rows, t.rows_strides, "Stats");
   const Descriptor& dq = t.array(kCudnnDQ, geo.io, {B, H, Tq, D}, geo.q_strides, "dQ");
-  const Descriptor& dk = t.array(kCudnnDK, geo.io, {B, H, Tk, D}, geo.k_strides, "dK");
-  const Descriptor& dv = t.array(kCudnnDV, geo.io, {B, H, Tk, D}, geo.v_strides, "dV");
+  const Descriptor& dk = t.array(kCudnnDK, geo.io, {B, Hk, Tk, D}, geo.k_strides, "dK");
+  const Descriptor& dv = t.array(kCudnnDV, geo.io, {B, Hk, Tk, D}, geo.v_strides, "dV");
+  // Grouped-query heads: each query head's dK and dV (B, H, Tk, D), summed over its group into
+  // the key/value head's, as the frontend lowers them; the products write dK and dV directly
+  // otherwise.
+  auto grouped = [&](const Descriptor& out, const std::string& name) -> const Descriptor& {
+    if (Hk == H) return out;
+    return t.virtual_tensor(geo.io, {B, H, Tk, D}, {H * Tk * D, Tk * D, D, 1}, name + " per query head");
+  };
+  auto sum_groups = [&](const Descriptor& per_head, const Descriptor& out, const std::string& name) {
+    if (&per_head != &out) g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_head, out, name + " over each group");
+  };
+  const Descriptor& dk_heads = grouped(dk, "dK");
+  const Descriptor& dv_heads = grouped(dv, "dV");
   const Descriptor& softmax_sum = t.array(kCudnnSoftmaxSum, f32, t.rows, t.rows_strides, "softmax sum");
   const Descriptor& dq_accum = t.array(kCudnnDqAccum, f32, {B, H, Tq, D}, {H * Tq * D, Tq * D, D, 1}, "dQ in f32");
   const Descriptor& scale = t.scalar(kCudnnScale, "scale");
@@ -214,7 +224,8 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   g.pointwise(CUDNN_POINTWISE_EXP, f32, logits, p, nullptr, nullptr, -1, "P = exp");
   // dV = dropout(P)ᵀ dO.
   const Descriptor& dropped = t.times(t.times(p, mask, "P * mask"), dropout_scale, "dropout(P)");
-  g.matmul(t.transposed_scores(dropped, "P transposed"), d_o, dv, "dV = Pt dO");
+  g.matmul(t.transposed_scores(dropped, "P transposed"), d_o, dv_heads, "dV = Pt dO");
+  sum_groups(dv_heads, dv, "dV");
   // dS = P ∘ (mask ∘ dO Vᵀ - softmax sum) · dropout scale · scale.
   const Descriptor& dp = t.virtual_scores("dP");
   g.matmul(d_o, vt, dp, "dP = dO Vt");
@@ -227,9 +238,10 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   g.pointwise(CUDNN_POINTWISE_MUL, f32, t.times(ds_unscaled, dropout_scale, "dropout scale of dS"), ds, &scale, nullptr,
               -1, "dS");
   // dK = dSᵀ Q; dQ = dS K, accumulated in f32 and then written in the arrays' dtype.
-  g.matmul(t.transposed_scores(ds, "dS transposed"), q, dk, "dK = dSt Q");
+  g.matmul(t.transposed_scores(ds, "dS transposed"), q, dk_heads, "dK = dSt Q");
+  sum_groups(dk_heads, dk, "dK");
   // K back from Kᵀ, f32 as the frontend leaves it (the dQ product is f32 dS times f32 K).
-  const Descriptor& k = t.virtual_tensor(CUDNN_DATA_FLOAT, {B, H, Tk, D}, geo.k_strides, "K");
+  const Descriptor& k = t.virtual_tensor(CUDNN_DATA_FLOAT, {B, Hk, Tk, D}, geo.k_strides, "K");
   g.reshape(kt, k, "K");
   g.matmul(ds, k, dq_accum, "dQ = dS K");
   g.pointwise(CUDNN_POINTWISE_IDENTITY, f32, dq_accum, dq, nullptr, nullptr, -1, "dQ");

@@ -49,8 +49,8 @@ enum CudnnAttentionUid : int64_t {
 };
 
 // Build the graphs into `g`: every tensor and operation finalized, the operation graph not yet
-// (that needs a GPU's handle: cudnn_graph::make_plan). The backward takes one key/value head
-// per query head (kv_heads == heads). With dropout both draw the same mask for the same seed
+// (that needs a GPU's handle: cudnn_graph::make_plan). With grouped-query heads the backward
+// sums each group's dK and dV. With dropout both draw the same mask for the same seed
 // and offset; it is cuDNN's, not the Philox stream of dropout() and the kernels here.
 void build_cudnn_attention_forward(cudnn_graph::Graph& g, const CudnnAttentionGeometry& geo);
 void build_cudnn_attention_backward(cudnn_graph::Graph& g, const CudnnAttentionGeometry& geo);
