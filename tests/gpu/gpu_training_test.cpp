@@ -14,6 +14,7 @@
 
 #include "tests/support/cli_run.h"
 #include "tests/support/run_metrics.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/gpu.h"
 #include "tests/support/temp_dir.h"
 
@@ -103,9 +104,10 @@ TEST_F(GpuTraining, LlamaWithCudnnAttentionStaysCloseToTheCpu) {
   const fs::path cpu = dir_ / "llama_cudnn_cpu", gpu = dir_ / "llama_cudnn_gpu";
   const std::string args = pretrain("llama") + "--precision bf16";
   ASSERT_EQ(run_cli(args + " --device cpu --output-dir " + cpu.string()).code, 0);
-  setenv("MT_ATTENTION_CUDNN", "1", 1);
-  const CliRun g = run_cli(args + " --device cuda --output-dir " + gpu.string());
-  unsetenv("MT_ATTENTION_CUDNN");
+  const CliRun g = [&] {
+    const ScopedEnv route("MT_ATTENTION_CUDNN", "1");
+    return run_cli(args + " --device cuda --output-dir " + gpu.string());
+  }();
   ASSERT_EQ(g.code, 0);
   EXPECT_NE(g.out.find("[cudnn attention] cuDNN"), std::string::npos) << g.out;
   EXPECT_EQ(g.out.find("not taken"), std::string::npos) << g.out;

@@ -12,6 +12,7 @@
 #include "meshtrain/backend/attention.h"
 #include "meshtrain/core/array.h"
 #include "meshtrain/core/error.h"
+#include "tests/support/scoped_env.h"
 
 #if MT_WITH_CUDA
 #include "meshtrain/backend/cuda/cudnn_attention.h"
@@ -158,13 +159,19 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
 // The switch's values, and a clear error for any other.
 TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
 #if MT_WITH_CUDA
-  unsetenv("MT_ATTENTION_CUDNN");
-  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::off);
-  setenv("MT_ATTENTION_CUDNN", "1", 1);
-  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::without_dropout);
-  setenv("MT_ATTENTION_CUDNN", "all", 1);
-  EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::all);
-  setenv("MT_ATTENTION_CUDNN", "yes", 1);
+  {
+    const ScopedEnv unset("MT_ATTENTION_CUDNN", nullptr);
+    EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::off);
+  }
+  {
+    const ScopedEnv one("MT_ATTENTION_CUDNN", "1");
+    EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::without_dropout);
+  }
+  {
+    const ScopedEnv all("MT_ATTENTION_CUDNN", "all");
+    EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::all);
+  }
+  const ScopedEnv yes("MT_ATTENTION_CUDNN", "yes");
   try {
     cuda::cudnn_attention_mode();
     ADD_FAILURE() << "MT_ATTENTION_CUDNN=yes was taken";
@@ -172,7 +179,6 @@ TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
     EXPECT_NE(std::string(e.what()).find("MT_ATTENTION_CUDNN='yes'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("0, 1"), std::string::npos) << e.what();
   }
-  unsetenv("MT_ATTENTION_CUDNN");
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif

@@ -9,36 +9,12 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/comm_handle.h"
 #include "meshtrain/distributed/nccl_communicator.h"
+#include "tests/support/scoped_env.h"
 
 namespace mt {
 namespace {
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using testing::ScopedEnv;
 
 TEST(LocalGpuIndex, OneProcessPerGpuUnderALauncher) {
   ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", nullptr), mpich("MPI_LOCALRANKID", nullptr),
