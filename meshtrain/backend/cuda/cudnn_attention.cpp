@@ -211,8 +211,12 @@ void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAtte
   const Array workspace = device_buffer(plan.workspace_bytes, device);
   const cudnnStatus_t status = cudnn().SetStream(st.handle, stream());
   MT_CHECK(status == CUDNN_STATUS_SUCCESS, "[cudnn attention] cudnnSetStream: ", cudnn_graph::status_text(status));
-  cudnn_graph::execute(st.handle, plan, uids, pointers, workspace.defined() ? workspace.raw() : nullptr,
-                       what + " " + describe(geo));
+  // The shape is named only when something fails: describe() is not built at every call.
+  try {
+    cudnn_graph::execute(st.handle, plan, uids, pointers, workspace.defined() ? workspace.raw() : nullptr, what);
+  } catch (const Error& e) {
+    throw Error(detail::concat(e.what(), " (", describe(geo), ")"));
+  }
 }
 
 }  // namespace

@@ -207,12 +207,11 @@ void execute(cudnnHandle_t handle, const Plan& plan, const std::vector<int64_t>&
   MT_CHECK(uids.size() == pointers.size(), "[cudnn] ", what, ": ", uids.size(), " tensor ids and ", pointers.size(),
            " pointers");
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data(),
-           what + " variant pack");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(pointers.size()), pointers.data(),
-           what + " variant pack");
-  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, what + " variant pack");
-  pack.finalize(what + " variant pack");
+  const std::string where = what + " variant pack";  // once: this runs at every attention call
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()), uids.data(), where);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(pointers.size()), pointers.data(), where);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, where);
+  pack.finalize(where);
   check_status(lib().BackendExecute(handle, plan.plan, pack.get()), what + ": execute");
 }
 
