@@ -12,6 +12,12 @@
 
 namespace mt::kernels {
 
+// The score a masked key takes: bf16's lowest finite value (0xFF7F), the composed form's on
+// bf16 scores. Any f32 score plus it rounds to it, so the cuDNN route's additive bias
+// (cuda/cudnn_attention.h) gives masked keys this very score, log-sum-exps included, and either
+// route's backward takes the other's forward.
+constexpr float kMaskedScore = -3.38953139e38f;
+
 struct FlashAttentionShape {
   int64_t batch_heads = 0, tq = 0, tk = 0, d = 0;  // q: (BH, Tq, D); k, v: (BH / group, Tk, D)
   // Query heads per key/value head (grouped-query attention): q's slice bh reads k's and v's
@@ -23,8 +29,8 @@ struct FlashAttentionShape {
   RngKey dropout_key{};
   // Optional key-padding mask (mask_batches, Tk): key j is visible to the queries of batch
   // b = bh / heads only where key_mask[b · Tk + j] (row 0 for every b when mask_batches is 1).
-  // Masked scores take the lowest finite float, as the composed form's where(): a row with no
-  // visible key attends uniformly.
+  // Masked scores take kMaskedScore, as the composed form's where() on bf16 scores: a row with
+  // no visible key attends uniformly.
   const bool* key_mask = nullptr;
   int64_t heads = 1, mask_batches = 1;  // heads: query heads per batch (H; k and v have H / group)
   // The arrays' layout: (B, H, T, D) (false), or heads inner (B, T, H, D) (true), the layout a

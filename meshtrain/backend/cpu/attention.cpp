@@ -55,9 +55,9 @@ int64_t visible_keys(const FlashAttentionShape& s, int64_t i) {
 }
 
 // The key-padding mask of one (batch·head) slice: its row (null without a mask) and the
-// score masked keys take, the lowest finite float. When no key is visible every score takes
+// score masked keys take, kMaskedScore. When no key is visible every score takes
 // that one value, so the row is uniform: 0 serves (a finite lowest plus log n would round
-// back to lowest in the log-sum-exp).
+// back to it in the log-sum-exp).
 struct KeyMask {
   const bool* allowed = nullptr;
   float fill = 0.0f;
@@ -67,7 +67,7 @@ KeyMask key_mask_of(const FlashAttentionShape& s, int64_t bh) {
   if (!s.key_mask) return {};
   const bool* row = s.key_mask + (s.mask_batches == 1 ? 0 : bh / s.heads) * s.tk;
   const bool any = std::any_of(row, row + s.tk, [](bool a) { return a; });
-  return {row, any ? -3.40282347e38f : 0.0f};
+  return {row, any ? kernels::kMaskedScore : 0.0f};
 }
 
 // Masked keys' scores take the mask's fill (rows `ld` apart, n keys each).

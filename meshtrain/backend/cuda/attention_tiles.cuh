@@ -80,15 +80,15 @@ __device__ inline KeyEnds key_ends(const Params& p, int64_t q0, int64_t wq0) {
           wq0 < p.tq ? visible_keys(p, min(p.tq - 1, wq0 + 15)) : 0};
 }
 
-// The score a padded-out key takes: the lowest finite float, as the composed form's where(),
-// or 0 in a mask row with no unmasked key (it then attends uniformly; with the lowest float
-// its log-sum-exp would round back to the lowest float and lose log(Tk), as on the CPU).
+// The score a padded-out key takes: kMaskedScore (backend/attention.h), or 0 in a mask row with
+// no unmasked key (it then attends uniformly; with kMaskedScore its log-sum-exp would round
+// back to kMaskedScore and lose log(Tk), as on the CPU).
 // Every thread of the block must call it (a barrier).
 __device__ inline float masked_fill(const Params& p, const bool* mask) {
-  if (!mask) return -FLT_MAX;
+  if (!mask) return kernels::kMaskedScore;
   int any = 0;
   for (int64_t j = threadIdx.x; j < p.tk && !any; j += blockDim.x) any = mask[j];
-  return __syncthreads_or(any) ? -FLT_MAX : 0.0f;
+  return __syncthreads_or(any) ? kernels::kMaskedScore : 0.0f;
 }
 // The scaled score of a visible key (`fill` for a padded-out one).
 __device__ inline float visible_score(const bool* mask, int64_t j, float raw, float scale, float fill) {
