@@ -94,10 +94,14 @@ bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
 // draw the backward's dropout flags again; always 0 without dropout, off the GPU, and unless
 // MT_ATTENTION_DROPOUT_BITS=1 while the two are being measured against each other).
 int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s);
+// only_batches (device memory, one i32 per batch b = slice / heads, or null for all): the
+// kernels compute the slices of the batches flagged nonzero and leave the others' outputs as
+// they are (the cuDNN route's rows its key-mask bias cannot make uniform: cudnn_attention.h).
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
-                                Array& out, Array& lse);
+                                Array& out, Array& lse, const int32_t* only_batches = nullptr);
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv);
+                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv,
+                                 const int32_t* only_batches = nullptr);
 // The forwards and backwards cuDNN's fused engine has run in this process
 // (MT_ATTENTION_CUDNN=1; cuda/cudnn_attention.h), and the last shape it refused with cuDNN's
 // reason ("" when none): what the GPU tests and logs check the route by.

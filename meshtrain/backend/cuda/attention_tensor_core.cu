@@ -395,6 +395,7 @@ template <class Ops, int MaxD, class In, bool kPipelined = false>
 __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q, const In* k, const In* v, In* out,
                                                                     float* lse, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  if (batch_skipped(p, int64_t(blockIdx.x) / p.heads)) return;
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
@@ -515,6 +516,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_q_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse, const float* dvec,
                           In* dq, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  if (batch_skipped(p, int64_t(blockIdx.x) / p.heads)) return;
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
@@ -601,6 +603,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     mma_backward_kv_kernel(const In* q, const In* k, const In* v, const In* g_out, const float* lse,
                            const float* dvec, In* dk, In* dv, Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  if (batch_skipped(p, int64_t(blockIdx.x) / (p.heads / p.group))) return;  // a key/value slice's batch
   fold_last_in(p.dropout);
   using S = Shape<Ops, MaxD>;
   using Elem = typename Ops::Elem;
@@ -854,7 +857,7 @@ bool flash_attention_tensor_cores(const Array& q, int64_t head_dim) {
 }
 
 void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
-                                Array& out, Array& lse) {
+                                Array& out, Array& lse, const int32_t* only_batches) {
   MT_CHECK(s.d > 0 && s.d <= kMaxTensorCoreHeadDim, "[flash_attention] head dim ", s.d,
            " is past the tensor-core kernels' ", kMaxTensorCoreHeadDim);
   if (s.batch_heads * s.tq == 0) return;
@@ -865,7 +868,8 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
     constexpr int MaxD = decltype(md)::value;
     using Bytes = SharedBytes<Ops, MaxD>;
     constexpr bool kBf16 = std::is_same_v<In, bf16_t>;
-    const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v}));
+    Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v}));
+    params.only_batches = only_batches;
     launch_best<In>(params, mma_forward_kernel<Ops, MaxD, In>, Bytes::kForward, mma_forward_kernel<Ops, MaxD, In, kBf16>,
                     with_second_buffer<Ops, MaxD>(Bytes::kForward, false), grid, "flash_attention (tensor cores, mma)",
                     ptr<In>(q), ptr<In>(k), ptr<In>(v), mptr<In>(out), mptr<float>(lse), params);
@@ -873,7 +877,8 @@ void flash_attention_forward_tc(const Array& q, const Array& k, const Array& v, 
 }
 
 void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv) {
+                                 const Array& g, const kernels::FlashAttentionShape& s, Array& dq, Array& dk, Array& dv,
+                                 const int32_t* only_batches) {
   MT_CHECK(s.d > 0 && s.d <= kMaxTensorCoreHeadDim, "[flash_attention_backward] head dim ", s.d,
            " is past the tensor-core kernels' ", kMaxTensorCoreHeadDim);
   const int64_t rows = s.batch_heads * s.tq;
@@ -882,7 +887,8 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
     using Ops = decltype(ops);
     using In = decltype(elem);
     constexpr int MaxD = decltype(md)::value;
-    const Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v, &g}));
+    Params params = params_of(s, vector_rows(s, sizeof(In), {&q, &k, &v, &g}));
+    params.only_batches = only_batches;
     row_dot_kernel<In><<<unsigned((rows * 32 + 255) / 256), 256, 0, stream()>>>(ptr<In>(g), ptr<In>(out),
                                                                               mptr<float>(dvec), rows, params);
     check_launch("flash_attention_backward (row dots)");

@@ -47,7 +47,15 @@ struct Params {
   int64_t ldq, ldo, ldk;
   uint32_t* keep_bits;  // FlashAttentionShape::keep_bits (null: the backward draws its flags)
   int64_t key_tiles;    // ceil(Tk / 64): keep_bits' tiles per query row
+  // Null, or per batch b a flag: the kernels run batch b's slices only where it is nonzero (the
+  // cuDNN route hands them the batches its key-mask bias cannot give uniform rows:
+  // cudnn_attention.cpp). Blocks of the other batches return before they read anything.
+  const int32_t* only_batches;
 };
+
+__device__ inline bool batch_skipped(const Params& p, int64_t batch) {
+  return p.only_batches && p.only_batches[batch] == 0;
+}
 
 // Where query slice bh (q, dQ), output slice bh (out, dO) and key/value slice kv (k, v, dK, dV)
 // start: slices are contiguous (B, H, T, D) blocks, or heads-inner (B, T, H, D) columns whose
@@ -342,7 +350,8 @@ inline Params params_of(const kernels::FlashAttentionShape& s, bool vector) {
           s.heads_inner ? s.heads * s.d : s.d,
           !s.heads_inner ? s.d : s.kv_row_stride ? s.kv_row_stride : s.heads / s.group * s.d,
           s.keep_bits,
-          (s.tk + kCols - 1) / kCols};
+          (s.tk + kCols - 1) / kCols,
+          nullptr};
 }
 
 }  // namespace mt::cuda::attention_tiles

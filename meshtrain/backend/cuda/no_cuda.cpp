@@ -89,11 +89,11 @@ size_t set_matmul_cache_capacity(size_t plans) {
 size_t matmul_cache_size() { return 0; }
 uint64_t matmul_plans_created() { return 0; }
 void flash_attention_forward_tc(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&,
-                                Array&) {
+                                Array&, const int32_t*) {
   no_cuda();
 }
 void flash_attention_backward_tc(const Array&, const Array&, const Array&, const Array&, const Array&, const Array&,
-                                 const kernels::FlashAttentionShape&, Array&, Array&, Array&) {
+                                 const kernels::FlashAttentionShape&, Array&, Array&, Array&, const int32_t*) {
   no_cuda();
 }
 void flash_attention_forward(const Array&, const Array&, const Array&, const kernels::FlashAttentionShape&, Array&, Array&) {
