@@ -684,7 +684,7 @@ template <class In>
 __global__ void row_dot_kernel(const In* g, const In* out, float* dvec, int64_t rows, Params p) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  if (row >= rows || batch_skipped(p, row / p.tq / p.heads)) return;  // whole warps
   const int64_t at = output_at(p, row / p.tq) + (row % p.tq) * p.ldo;
   float acc = 0.0f;
   for (int c = lane; c < p.d; c += 32) acc += to_f32(g[at + c]) * to_f32(out[at + c]);
