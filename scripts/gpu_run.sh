@@ -36,7 +36,8 @@
 #   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
 #                      attention kernels alone (attention_bench, with and without dropout, and
 #                      cuDNN's fused attention: MT_ATTENTION_CUDNN=1 and =all); a LLaMA step with
-#                      and without cuDNN's, a GPT-2 step with it (dropout by cuDNN's mask); the
+#                      and without cuDNN's, a GPT-2 step with it (dropout by cuDNN's mask), a BERT
+#                      step with and without it (key-padding masks as cuDNN's bias); the
 #                      trainer's --profile on the same shape: device time per kernel name (issue 44)
 # TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
 # (e.g. "--quick --workloads gpt2,bert --precisions tf32,bf16"); MEMCHECK_FILTER narrows memcheck
@@ -251,6 +252,14 @@ part_profile() {
     MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" llama:768,2048,12,12,32000 16 1024 2 5 bf16 \
       none cuda > "$out/cudnn_llama_$c.json" 2> "$out/cudnn_llama_$c.err" || status=1
     cat "$out/cudnn_llama_$c.json"; grep -a "cudnn" "$out/cudnn_llama_$c.err" | head -3
+  done
+  # BERT's key-padding masks on cuDNN (an additive bias; batches unmasking no key go to the
+  # kernels after it), attention dropout by cuDNN's mask, against the kernels alone.
+  for c in 0 all; do
+    echo "== model_step_bench bert 32 128 bf16 cuda, MT_ATTENTION_CUDNN=$c"
+    MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 10 bf16 none cuda \
+      > "$out/cudnn_bert_$c.json" 2> "$out/cudnn_bert_$c.err" || status=1
+    cat "$out/cudnn_bert_$c.json"; grep -a "cudnn" "$out/cudnn_bert_$c.err" | head -3
   done
   echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_DROPOUT_BITS=1"
   MT_ATTENTION_DROPOUT_BITS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -704,6 +705,64 @@ TEST(GpuPrimitives, CudnnAttentionEqualsTheCpuKernel) {
   EXPECT_GE(ran_forward, 11u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
   EXPECT_GE(ran_backward, 11u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
   EXPECT_EQ(cuda::cudnn_attention_last_refusal(), "");
+}
+
+// A key-padding mask on the cuDNN route: its bias on cuDNN, and the batches whose mask row
+// unmasks no key on the tensor-core kernels after it (their rows attend uniformly, which the
+// bias alone gives the forward but not the backward). Against the CPU kernel: BERT's shape
+// (heads inner, prefix masks), a mask with holes, a batch with no visible key, a mask shared by
+// every batch with Tq != Tk, and grouped heads.
+TEST(GpuPrimitives, CudnnAttentionWithAKeyMaskEqualsTheCpuKernel) {
+  MT_REQUIRE_GPU();
+  const ScopedEnv route("MT_ATTENTION_CUDNN", "1");
+  const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
+  const DType bf = DType::bf16;
+  const Tolerance tol = default_tolerance(bf);
+  auto normal = [&](const Shape& sh, uint64_t seed) { return cast(random_normal(sh, seed), bf); };
+  // Row r of a (B, 1, 1, Tk) mask keeps key j where keep(r, j).
+  auto mask_of = [](int64_t b, int64_t tk, const std::function<bool(int64_t, int64_t)>& keep) {
+    std::vector<float> k(size_t(b * tk));
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j < tk; ++j) k[size_t(r * tk + j)] = keep(r, j) ? 1.0f : 0.0f;
+    return cast(Array::from_vector(k, {b, 1, 1, tk}), DType::boolean);
+  };
+  auto on_device_of = [](const Array& mask, const Array& x) {
+    return mask.device() == x.device() ? mask : mask.to(x.device());
+  };
+  // Batch 0 a prefix of 100 keys, batch 1 none, batch 2 every third key masked.
+  const Array holes = mask_of(3, 128, [](int64_t r, int64_t j) { return r == 0 ? j < 100 : r == 2 && j % 3 != 0; });
+  auto inner = [&](const std::vector<Array>& x) {
+    return flash_attention_heads_inner(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(holes, x[0]));
+  };
+  expect_attention_gpu_equals_cpu(inner, {normal({3, 128, 12, 64}, 191), normal({3, 128, 12, 64}, 192),
+                                          normal({3, 128, 12, 64}, 193)},
+                                  normal({3, 128, 12, 64}, 194), tol, "cudnn attention key mask, heads inner");
+  const Array prefixes = key_padding_mask({128, 77, 5}, 128);
+  auto packed = [&](const std::vector<Array>& x) {
+    return flash_attention_packed(x[0], 12, 12, 0.125, false, 0.0, {}, on_device_of(prefixes, x[0]));
+  };
+  expect_attention_gpu_equals_cpu(packed, {normal({3, 128, 36, 64}, 195)}, normal({3, 128, 12, 64}, 196), tol,
+                                  "cudnn attention key mask, packed (BERT)");
+  // One mask row for both batches (the first 40 keys padded, and every seventh), head dim 128.
+  const Array shared = mask_of(1, 256, [](int64_t, int64_t j) { return j >= 40 && j % 7 != 0; });
+  auto one_row = [&](const std::vector<Array>& x) {
+    return flash_attention(x[0], x[1], x[2], 0.0884, false, 0.0, {}, on_device_of(shared, x[0]));
+  };
+  expect_attention_gpu_equals_cpu(one_row, {normal({2, 4, 200, 128}, 197), normal({2, 4, 256, 128}, 198),
+                                            normal({2, 4, 256, 128}, 199)},
+                                  normal({2, 4, 200, 128}, 200), tol, "cudnn attention one mask row, Tq 200 Tk 256");
+  const Array grouped_mask = mask_of(2, 64, [](int64_t r, int64_t j) { return r == 0 || j < 8; });
+  auto grouped = [&](const std::vector<Array>& x) {
+    return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(grouped_mask, x[0]));
+  };
+  expect_attention_gpu_equals_cpu(grouped, {normal({2, 6, 64, 64}, 201), normal({2, 2, 64, 64}, 202),
+                                            normal({2, 2, 64, 64}, 203)},
+                                  normal({2, 6, 64, 64}, 204), tol, "cudnn attention key mask, 6/2 heads");
+  const uint64_t ran_forward = cuda::cudnn_attention_forwards() - forwards;
+  const uint64_t ran_backward = cuda::cudnn_attention_backwards() - backwards;
+  std::cout << "  cuDNN ran " << ran_forward << " masked attention forwards and " << ran_backward << " backwards\n";
+  EXPECT_GE(ran_forward, 4u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
+  EXPECT_GE(ran_backward, 4u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
 }
 
 // MT_ATTENTION_CUDNN=all: attention with dropout on cuDNN, whose mask is its own (not the

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "meshtrain/backend/attention.h"
@@ -49,6 +50,13 @@ kernels::FlashAttentionShape shape(int64_t b, int64_t h, int64_t group, int64_t 
   return s;
 }
 
+// s with a key-padding mask of `rows` rows (the route reads only its presence and shape here).
+kernels::FlashAttentionShape masked(kernels::FlashAttentionShape s, const bool* mask, int64_t rows) {
+  s.key_mask = mask;
+  s.mask_batches = rows;
+  return s;
+}
+
 size_t operations_of(const kernels::FlashAttentionShape& s, DType dtype, bool backward = false, double dropout = 0.0) {
   cuda::cudnn_graph::Graph g;
   kernels::FlashAttentionShape with = s;
@@ -78,6 +86,24 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheForwardFinalizes) {
   // Dropout (MT_ATTENTION_CUDNN=all): cuDNN's Bernoulli draw, the mask and the scale: 3 more.
   EXPECT_EQ(operations_of(shape(2, 12, 1, 1024, 1024, 64, true), DType::bf16, false, 0.1), 17u);
   EXPECT_EQ(operations_of(shape(2, 12, 1, 128, 128, 64, false), DType::f16, false, 0.1), 13u);
+  // A key-padding mask: its bias added to the scaled scores, one more (BERT's shape: heads
+  // inner, one mask row per batch; and a mask shared by every batch).
+  bool mask[1024] = {};
+  EXPECT_EQ(operations_of(masked(shape(2, 12, 1, 128, 128, 64, false, true), mask, 2), DType::bf16), 11u);
+  EXPECT_EQ(operations_of(masked(shape(2, 12, 1, 1024, 1024, 64, true), mask, 1), DType::bf16), 15u);
+  EXPECT_EQ(operations_of(masked(shape(2, 12, 1, 128, 128, 64, false, true), mask, 2), DType::bf16, false, 0.1), 14u);
+  // The route's second try, should cuDNN refuse the bias's 0 stride: its rows written out.
+  for (bool backward : {false, true}) {
+    cuda::CudnnAttentionGeometry written =
+        cuda::cudnn_attention_geometry(DType::bf16, masked(shape(2, 12, 1, 128, 128, 64, false, true), mask, 2));
+    written.bias_rows_written = true;
+    cuda::cudnn_graph::Graph g;
+    if (backward)
+      cuda::build_cudnn_attention_backward(g, written);
+    else
+      cuda::build_cudnn_attention_forward(g, written);
+    EXPECT_EQ(g.operations().size(), backward ? 19u : 11u);
+  }
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif
@@ -102,6 +128,11 @@ TEST(CudnnAttentionGraph, EveryTensorAndOperationOfTheBackwardFinalizes) {
   // Grouped-query heads: each group's dK and dV summed (two reductions more).
   EXPECT_EQ(operations_of(shape(1, 8, 4, 64, 64, 64, true), DType::bf16, true), 24u);
   EXPECT_EQ(operations_of(shape(2, 6, 3, 100, 100, 128, false, true), DType::bf16, true, 0.1), 25u);  // heads inner
+  // A key-padding mask's bias, added where P is computed again: one more.
+  bool mask[1024] = {};
+  EXPECT_EQ(operations_of(masked(shape(2, 12, 1, 128, 128, 64, false, true), mask, 2), DType::bf16, true), 19u);
+  EXPECT_EQ(operations_of(masked(shape(2, 12, 1, 1024, 1024, 64, true), mask, 1), DType::bf16, true), 23u);
+  EXPECT_EQ(operations_of(masked(shape(2, 6, 3, 104, 104, 128, false, true), mask, 2), DType::bf16, true, 0.1), 26u);
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif
@@ -147,13 +178,38 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, offset).find("Tq != Tk"), std::string::npos);
   kernels::FlashAttentionShape odd = shape(1, 2, 1, 16, 16, 60, false);
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, odd).find("head dim 60"), std::string::npos);
+  // A key-padding mask: bf16 arrays, Tk a multiple of 8, one mask row or one per batch, not
+  // causal.
   bool mask[16] = {};
-  kernels::FlashAttentionShape masked = s;
-  masked.key_mask = mask;
-  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked).find("key-padding"), std::string::npos);
+  const Array f16 = Array::empty({1, 2, 16, 64}, DType::f16);
+  const kernels::FlashAttentionShape full = shape(1, 2, 1, 16, 16, 64, false);
+  EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked(full, mask, 1)), "");
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(f16, f16, f16, f16, masked(full, mask, 1)).find("mask on f16"),
+            std::string::npos);
+  EXPECT_EQ(cuda::cudnn_attention_ineligibility(f16, f16, f16, f16, full), "");
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked(shape(1, 2, 1, 12, 12, 64, false), mask, 1))
+                .find("over 12 keys"),
+            std::string::npos);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked(full, mask, 2)).find("2 rows for 1 batches"),
+            std::string::npos);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, masked(s, mask, 1)).find("with the causal mask"),
+            std::string::npos);
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif
+}
+
+// The masked score is bf16's lowest finite value, and any score of a sane size plus it rounds
+// to it in f32: what lets the cuDNN route's additive bias give masked keys the kernels' score.
+TEST(CudnnAttentionGraph, AMaskedScoreAbsorbsAnyScoreAddedToIt) {
+  const uint32_t bits = 0xFF7F0000u;  // bf16 0xFF7F widened
+  float lowest_bf16;
+  std::memcpy(&lowest_bf16, &bits, sizeof(bits));
+  EXPECT_EQ(kernels::kMaskedScore, lowest_bf16);
+  for (float s : {-1e30f, -1e4f, -3.0f, 0.0f, 7.5f, 1e4f, 1e30f}) {
+    volatile float sum = s + kernels::kMaskedScore;  // rounded to f32, as cuDNN's f32 add
+    EXPECT_EQ(sum, kernels::kMaskedScore) << s;
+  }
 }
 
 // The switch's values, and a clear error for any other.

@@ -36,12 +36,25 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
   if (s.dropout_rate > 0 && mode != CudnnAttentionMode::all)
     return "dropout (cuDNN would draw its own mask, not dropout()'s Philox stream: MT_ATTENTION_CUDNN=all allows it)";
   if (s.dropout_rate >= 1) return "a dropout rate of 1";
-  if (s.key_mask) return "a key-padding mask";
   if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
   if (s.d <= 0 || s.d % 8 != 0 || s.d > 128) return "head dim " + std::to_string(s.d) + " (multiples of 8 up to 128)";
   if (s.tq <= 0 || s.tk <= 0) return "no rows";
   if (s.heads <= 0 || s.batch_heads % s.heads != 0 || s.group <= 0 || s.heads % s.group != 0)
     return "heads that do not divide the slices";
+  if (s.key_mask) {
+    // Masked keys take bf16's lowest as a bias: their scores round to it in f32. f16's lowest
+    // (-65504) would leave them apart, so a row with no visible key would not be uniform.
+    if (q.dtype() != DType::bf16) return "a key-padding mask on f16 arrays (its bias is bf16's lowest)";
+    // An additive bias lets the backward's gradient reach masked scores, which is 0 only where
+    // their probability is: a causal row whose visible keys are all masked (left padding) gives
+    // each probability 1 and would get gradients the kernels zero.
+    if (s.causal) return "a key-padding mask with the causal mask";
+    if (s.tk % 8 != 0)
+      return "a key-padding mask over " + std::to_string(s.tk) + " keys (multiples of 8: 16-byte aligned bias rows)";
+    if (s.mask_batches != 1 && s.mask_batches != s.batch_heads / s.heads)
+      return "a key-padding mask of " + std::to_string(s.mask_batches) + " rows for " +
+             std::to_string(s.batch_heads / s.heads) + " batches";
+  }
   for (const Array* a : {&q, &k, &v, &out})
     if (reinterpret_cast<uintptr_t>(a->raw()) % 16 != 0) return "an array not 16-byte aligned";
   const CudnnAttentionGeometry geo = cudnn_attention_geometry(q.dtype(), s);
@@ -61,6 +74,7 @@ struct PlannedAttention {
     cudnn_graph::Graph graph;
     cudnn_graph::Plan plan;
     bool tried = false;
+    bool bias_rows_written = false;  // the plan reads the key mask's bias row by row
   };
   Direction forward, backward;
   uint64_t last_used = 0;
@@ -71,6 +85,10 @@ struct PlannedAttention {
 
 // Shapes planned, at most this many: a server meets a new prompt length with every request.
 constexpr size_t kMaxPlans = 64;
+
+// A key mask's bias written out row by row (cuDNN refusing its 0 stride) is made at every call:
+// shapes that would need more are left to the kernels.
+constexpr int64_t kMaxWrittenBiasBytes = int64_t(128) << 20;
 
 struct CudnnAttentionState {
   std::mutex mutex;
@@ -125,7 +143,7 @@ bool ready(CudnnAttentionState& st) {
 
 std::string describe(const CudnnAttentionGeometry& g) {
   return detail::concat("B ", g.batch, " H ", g.heads, " Hkv ", g.kv_heads, " Tq ", g.tq, " Tk ", g.tk, " D ", g.d,
-                        g.causal ? " causal" : "",
+                        g.causal ? " causal" : "", g.key_bias ? " key mask" : "",
                         g.dropout_rate > 0 ? detail::concat(" dropout ", g.dropout_rate) : "",
                         g.io == CUDNN_DATA_HALF ? " f16" : " bf16");
 }
@@ -136,8 +154,9 @@ std::string describe(const CudnnAttentionGeometry& g) {
 PlannedAttention* entry_for(CudnnAttentionState& st, const CudnnAttentionGeometry& geo) {
   int64_t rate_bits = 0;
   std::memcpy(&rate_bits, &geo.dropout_rate, sizeof(rate_bits));
-  std::vector<int64_t> key = {int64_t(geo.io), geo.batch, geo.heads,           geo.kv_heads, geo.tq,
-                              geo.tk,          geo.d,     int64_t(geo.causal), rate_bits};
+  std::vector<int64_t> key = {int64_t(geo.io), geo.batch, geo.heads, geo.kv_heads, geo.tq, geo.tk, geo.d,
+                              int64_t(geo.causal), rate_bits};
+  key.insert(key.end(), {int64_t(geo.key_bias), geo.key_bias ? geo.bias_batches : 0});
   for (const auto* strides : {&geo.q_strides, &geo.k_strides, &geo.v_strides, &geo.o_strides})
     key.insert(key.end(), strides->begin(), strides->end());
   const bool capturing = capturing_on_this_thread();
@@ -163,24 +182,46 @@ PlannedAttention* entry_for(CudnnAttentionState& st, const CudnnAttentionGeometr
   return it->second.get();
 }
 
-// The entry's plan in one direction, made on first use outside captures (null: refused, or
+// The entry's direction with its plan, made on first use outside captures (null: refused, or
 // not yet made inside a capture). Caller holds the mutex.
-const cudnn_graph::Plan* planned(CudnnAttentionState& st, PlannedAttention& entry, const CudnnAttentionGeometry& geo,
-                                 bool backward) {
+const PlannedAttention::Direction* planned(CudnnAttentionState& st, PlannedAttention& entry,
+                                           const CudnnAttentionGeometry& geo, bool backward) {
   PlannedAttention::Direction& d = backward ? entry.backward : entry.forward;
   if (!d.tried) {
     if (capturing_on_this_thread()) return nullptr;
     d.tried = true;
     const std::string what = std::string("attention ") + (backward ? "backward" : "forward");
-    try {
-      if (backward)
-        build_cudnn_attention_backward(d.graph, geo);
+    auto attempt = [&](const CudnnAttentionGeometry& g) {
+      d.plan = cudnn_graph::Plan{};  // before the graph whose operations it names
+      d.graph = cudnn_graph::Graph{};
+      try {
+        if (backward)
+          build_cudnn_attention_backward(d.graph, g);
+        else
+          build_cudnn_attention_forward(d.graph, g);
+        d.plan = cudnn_graph::make_plan(st.handle, d.graph, what);
+      } catch (const std::exception& e) {
+        d.plan = cudnn_graph::Plan{};
+        d.plan.refusal = e.what();
+      }
+    };
+    attempt(geo);
+    // The mask's bias read with a 0 stride over the rows is how PyTorch hands cuDNN an expanded
+    // mask; should this cuDNN refuse it, the rows written out (Tq times the bytes, at every call:
+    // not past kMaxWrittenBiasBytes).
+    const int64_t written_bytes = geo.bias_batches * geo.tq * geo.tk * 2;
+    if (!d.plan.plan && geo.key_bias && written_bytes <= kMaxWrittenBiasBytes) {
+      const std::string zero_stride_refusal = d.plan.refusal;
+      CudnnAttentionGeometry written = geo;
+      written.bias_rows_written = true;
+      attempt(written);
+      d.bias_rows_written = d.plan.plan != nullptr;
+      if (d.plan.plan)
+        std::cerr << "[cudnn attention] the " << what << " of " << describe(geo) << " reads its key mask's bias "
+                  << "row by row: cuDNN refused it with a 0 stride over the rows (" << zero_stride_refusal << ")\n";
       else
-        build_cudnn_attention_forward(d.graph, geo);
-      d.plan = cudnn_graph::make_plan(st.handle, d.graph, what);
-    } catch (const std::exception& e) {
-      d.plan = cudnn_graph::Plan{};
-      d.plan.refusal = e.what();
+        d.plan.refusal = "with the key mask's bias read with a 0 stride over the rows: " + zero_stride_refusal +
+                         "; with its rows written out: " + d.plan.refusal;
     }
     if (!d.plan.plan) {
       st.last_refusal = what + " " + describe(geo) + ": " + d.plan.refusal;
@@ -193,7 +234,7 @@ const cudnn_graph::Plan* planned(CudnnAttentionState& st, PlannedAttention& entr
                 << " (" << d.plan.workspace_bytes << " bytes of workspace)\n";
     }
   }
-  return d.plan.plan ? &d.plan : nullptr;
+  return d.plan.plan ? &d : nullptr;
 }
 
 // Device memory of `bytes` (none for 0), from the arrays' pool.
@@ -232,6 +273,31 @@ void append_dropout(const kernels::FlashAttentionShape& s, const Array& seed_off
   pointers.insert(pointers.end(), {seed_offset.raw(), static_cast<int64_t*>(seed_offset.raw()) + 2, &scale});
 }
 
+// A key mask's bias and the batches whose mask row unmasks no key (cudnn_key_mask_bias), made
+// on the stream; empty without a mask.
+struct KeyMaskBias {
+  Array bias, no_visible_key;
+  const int32_t* flags() const { return static_cast<const int32_t*>(no_visible_key.raw()); }
+};
+
+KeyMaskBias key_mask_bias(const kernels::FlashAttentionShape& s, const CudnnAttentionGeometry& geo,
+                          const PlannedAttention::Direction& plan, Device device, std::vector<int64_t>& uids,
+                          std::vector<void*>& pointers) {
+  if (!s.key_mask) return {};
+  const int64_t rows = plan.bias_rows_written ? s.tq : 1;
+  KeyMaskBias m{Array::empty({s.mask_batches, rows, s.tk}, DType::bf16, device),
+                Array::empty({geo.batch}, DType::i32, device)};
+  cudnn_key_mask_bias(s.key_mask, s.mask_batches, s.tk, rows, m.bias, m.no_visible_key);
+  uids.push_back(kCudnnBias);
+  pointers.push_back(m.bias.raw());
+  return m;
+}
+
+// The batches cuDNN's bias cannot serve run on the tensor-core kernels (on the device's verdict),
+// which a key mask therefore needs here too.
+const char* const kKeyMaskNeedsTensorCores =
+    "a key-padding mask where the tensor-core kernels, which take its batches with no visible key, do not run";
+
 }  // namespace
 
 bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
@@ -245,8 +311,12 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!ready(st)) return false;
+  if (s.key_mask && !flash_attention_tensor_cores(q, s.d)) {
+    st.last_refusal = kKeyMaskNeedsTensorCores;
+    return false;
+  }
   PlannedAttention* entry = entry_for(st, geo);
-  const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, false) : nullptr;
+  const PlannedAttention::Direction* plan = entry ? planned(st, *entry, geo, false) : nullptr;
   // With dropout the backward must draw the same mask: both directions on cuDNN, or neither.
   if (!plan || (dropout && !planned(st, *entry, geo, true))) return false;
   float scale = s.scale, dropout_scale = 1.0f;
@@ -258,7 +328,9 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
     append_dropout(s, seed_offset, dropout_scale, uids, pointers);
     *s.cudnn_dropout_record = seed_offset;  // the backward draws the mask again from it
   }
-  run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
+  const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
+  run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
+  if (s.key_mask) flash_attention_forward_tc(q, k, v, s, out, lse, mask.flags());
   ++st.forwards;
   return true;
 }
@@ -290,8 +362,9 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!must(ready(st), "cuDNN is unavailable")) return false;
+  if (s.key_mask && !must(flash_attention_tensor_cores(q, s.d), kKeyMaskNeedsTensorCores)) return false;
   PlannedAttention* entry = entry_for(st, geo);
-  const cudnn_graph::Plan* plan = entry ? planned(st, *entry, geo, true) : nullptr;
+  const PlannedAttention::Direction* plan = entry ? planned(st, *entry, geo, true) : nullptr;
   if (!must(plan != nullptr, "no plan for its shape: " + st.last_refusal)) return false;
   // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
   // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
@@ -307,7 +380,9 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),           out.raw(),      g.raw(), lse.raw(), dq.raw(),
                                  dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,  &one};
   if (dropout) append_dropout(s, *s.cudnn_dropout_seed, dropout_scale, uids, pointers);
-  run(st, *plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
+  const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
+  run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
+  if (s.key_mask) flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv, mask.flags());
   ++st.backwards;
   return true;
 }

@@ -11,10 +11,14 @@
 // seed the dropout key gives; not dropout()'s Philox stream, so a run no longer draws the
 // CPU's masks), and then the forward and the backward both run on cuDNN or neither does (a
 // backward that cannot follow its forward there fails saying why). It takes bf16 and f16
-// arrays, head dims that are multiples of 8 up to 128, grouped-query heads, no key-padding
-// mask, causal only where Tq == Tk, and 16-byte aligned rows. Elsewhere, and where cuDNN
-// refuses a shape (said once per shape on stderr, with cuDNN's reason), the caller runs its
-// own kernels.
+// arrays, head dims that are multiples of 8 up to 128, grouped-query heads, causal only where
+// Tq == Tk, and 16-byte aligned rows. A key-padding mask (bf16 arrays, Tk a multiple of 8, not
+// causal: the op takes none with it either) goes to cuDNN as an additive bias (0, or bf16's
+// lowest for a masked key); the batches whose mask row unmasks no key then run on the
+// tensor-core kernels after cuDNN, on the device's own verdict (cudnn_key_mask_bias), so they
+// attend uniformly as FlashAttentionShape says.
+// Elsewhere, and where cuDNN refuses a shape (said once per shape on stderr, with cuDNN's
+// reason), the caller runs its own kernels.
 #include <string>
 
 #include "meshtrain/backend/attention.h"
@@ -36,6 +40,13 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
 // more on the GPU, written by a kernel that reads the key's last fold when it runs
 // (cudnn_dropout_seed.cu).
 void cudnn_dropout_seed(const RngKey& key, Array& seed_offset);
+
+// bias (mask_batches, rows, Tk) bf16: each of its `rows` rows per batch 0 where key_mask (device
+// memory, (mask_batches, Tk)) unmasks the key, else kMaskedScore (bf16's lowest);
+// no_visible_key[b] (i32) = 1 for each batch b < no_visible_key's size whose mask row (row 0
+// for all when mask_batches is 1) unmasks no key, else 0.
+void cudnn_key_mask_bias(const bool* key_mask, int64_t mask_batches, int64_t tk, int64_t rows, Array& bias,
+                         Array& no_visible_key);
 
 // Run through cuDNN where enabled, eligible and planned: true when it ran (the outputs
 // written), false when the caller's kernels must run.

@@ -21,6 +21,8 @@ CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::Flas
   g.d = s.d;
   g.causal = s.causal;
   g.dropout_rate = s.dropout_rate;
+  g.key_bias = s.key_mask != nullptr;
+  g.bias_batches = s.mask_batches;
   const int64_t H = g.heads, Hk = g.kv_heads, D = s.d;
   if (!s.heads_inner) {
     g.q_strides = g.o_strides = {H * s.tq * D, s.tq * D, D, 1};
@@ -101,6 +103,18 @@ struct Tensors {
     return mask;
   }
 
+  // The scaled scores plus the key mask's bias (the frontend's bias, added where it adds it:
+  // after the scale, before the causal mask), or the scores themselves without a mask.
+  const Descriptor& plus_key_bias(const Descriptor& scaled) {
+    if (!geo.key_bias) return scaled;
+    const int64_t rows = geo.bias_rows_written ? geo.tq : 1;
+    const Descriptor& bias = array(kCudnnBias, geo.io, {geo.bias_batches, 1, geo.tq, geo.tk},
+                                   {rows * geo.tk, rows * geo.tk, rows == 1 ? 0 : geo.tk, 1}, "key mask bias");
+    const Descriptor& biased = virtual_scores("S + key mask bias");
+    g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, scaled, biased, &bias, nullptr, -1, "key mask bias");
+    return biased;
+  }
+
   // Key j visible to query i where i >= j (Tq == Tk: the top-left and bottom-right diagonals
   // agree); the others take the mask value, by value (-inf, or the lowest float on cuDNN
   // before 9.10, whose softmax wanted it).
@@ -137,7 +151,8 @@ void build_cudnn_attention_forward(Graph& g, const CudnnAttentionGeometry& geo) 
   g.matmul(q, kt, s, "S = Q Kt");
   const Descriptor& scaled = t.virtual_scores("scale S");
   g.pointwise(CUDNN_POINTWISE_MUL, f32, s, scaled, &scale, nullptr, -1, "scale S");
-  const Descriptor& logits = geo.causal ? t.causal_mask(scaled) : scaled;
+  const Descriptor& biased = t.plus_key_bias(scaled);
+  const Descriptor& logits = geo.causal ? t.causal_mask(biased) : biased;
   // Softmax with its statistics: max, exp(S - max), their sum, log-sum-exp = max + log(sum).
   const Descriptor& row_max = t.virtual_rows("row max");
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, logits, row_max, "row max");
@@ -218,7 +233,7 @@ void build_cudnn_attention_backward(Graph& g, const CudnnAttentionGeometry& geo)
   const Descriptor& scaled = t.virtual_scores("scale S");
   g.pointwise(CUDNN_POINTWISE_MUL, f32, s, scaled, &scale, nullptr, -1, "scale S");
   const Descriptor& shifted = t.virtual_scores("S - Stats");
-  g.pointwise(CUDNN_POINTWISE_SUB, f32, scaled, shifted, &stats, nullptr, -1, "S - Stats");
+  g.pointwise(CUDNN_POINTWISE_SUB, f32, t.plus_key_bias(scaled), shifted, &stats, nullptr, -1, "S - Stats");
   const Descriptor& logits = geo.causal ? t.causal_mask(shifted) : shifted;
   const Descriptor& p = t.virtual_scores("P");
   g.pointwise(CUDNN_POINTWISE_EXP, f32, logits, p, nullptr, nullptr, -1, "P = exp");

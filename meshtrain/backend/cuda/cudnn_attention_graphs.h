@@ -21,6 +21,12 @@ struct CudnnAttentionGeometry {
   // Dropout on the probabilities with cuDNN's own Philox mask (seed and offset read from the
   // device: kCudnnSeed, kCudnnOffset); 0: none.
   double dropout_rate = 0.0;
+  // A key-padding mask as an additive bias on the scaled scores (kCudnnBias: (bias_batches, Tk)
+  // in the arrays' dtype, read as (bias_batches, 1, Tq, Tk) with a 0 stride over the rows, as
+  // PyTorch hands cuDNN an expanded mask; with bias_rows_written, (bias_batches, Tq, Tk), each
+  // row written out, should cuDNN refuse the 0 stride).
+  bool key_bias = false, bias_rows_written = false;
+  int64_t bias_batches = 1;
   std::array<int64_t, 4> q_strides{}, k_strides{}, v_strides{}, o_strides{};
 };
 CudnnAttentionGeometry cudnn_attention_geometry(DType dtype, const kernels::FlashAttentionShape& s);
@@ -45,7 +51,8 @@ enum CudnnAttentionUid : int64_t {
   kCudnnOne,
   kCudnnSeed,
   kCudnnOffset,
-  kCudnnDropoutScale
+  kCudnnDropoutScale,
+  kCudnnBias
 };
 
 // Build the graphs into `g`: every tensor and operation finalized, the operation graph not yet
