@@ -176,6 +176,9 @@ TEST(CudnnAttentionGraph, TheRouteSaysWhichArraysItLeavesToTheKernels) {
   EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, grouped, cuda::CudnnAttentionMode::all), "");
   kernels::FlashAttentionShape offset = shape(1, 2, 1, 8, 16, 64, true);
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, offset).find("Tq != Tk"), std::string::npos);
+  EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, shape(1, 2, 1, 1, 1, 64, true)).find("one query"),
+            std::string::npos);
+  EXPECT_EQ(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, shape(1, 2, 1, 1, 16, 64, false)), "");
   kernels::FlashAttentionShape odd = shape(1, 2, 1, 16, 16, 60, false);
   EXPECT_NE(cuda::cudnn_attention_ineligibility(bf, bf, bf, bf, odd).find("head dim 60"), std::string::npos);
   // A key-padding mask: bf16 arrays, Tk a multiple of 8, one mask row or one per batch, not

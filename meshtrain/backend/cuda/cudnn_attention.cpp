@@ -39,6 +39,9 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
   if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
   if (s.d <= 0 || s.d % 8 != 0 || s.d > 128) return "head dim " + std::to_string(s.d) + " (multiples of 8 up to 128)";
   if (s.tq <= 0 || s.tk <= 0) return "no rows";
+  // cuDNN's frontend refuses this backward on every version (and causal with one query before
+  // cuDNN 9.10, which Tq == Tk == 1 covers here).
+  if (s.tq == 1 && s.tk == 1) return "one query and one key";
   if (s.heads <= 0 || s.batch_heads % s.heads != 0 || s.group <= 0 || s.heads % s.group != 0)
     return "heads that do not divide the slices";
   if (s.key_mask) {
@@ -129,6 +132,10 @@ bool ready(CudnnAttentionState& st) {
     if (status != CUDNN_STATUS_SUCCESS) {
       st.unavailable = "cudnnCreate: " + cudnn_graph::status_text(status);
       st.handle = nullptr;
+    } else if (st.version == 91000 || st.version == 91001) {
+      // Its frontend refuses bf16 and f16 attention on these two releases for known bugs.
+      st.unavailable = "cuDNN " + std::to_string(st.version) + " has known bugs in its fused attention (its " +
+                       "frontend refuses it there); use another cuDNN 9";
     } else if (st.version < 91000) {
       st.mask_value = std::numeric_limits<float>::lowest();
     }
@@ -293,6 +300,14 @@ KeyMaskBias key_mask_bias(const kernels::FlashAttentionShape& s, const CudnnAtte
   return m;
 }
 
+// cuDNN up to 9.15.0 reads out of bounds in the backward replayed from a captured CUDA graph
+// where Tk is not a multiple of 128 and no padding mask is set (fixed in 9.15.1; its frontend
+// works around it with a padding mask of full lengths): such calls run on the kernels inside
+// captures. With dropout the forward, which decides for both, asks too.
+bool replay_bug_applies(const CudnnAttentionState& st, const kernels::FlashAttentionShape& s) {
+  return st.version <= 91500 && s.tk % 128 != 0 && capturing_on_this_thread();
+}
+
 // The batches cuDNN's bias cannot serve run on the tensor-core kernels (on the device's verdict),
 // which a key mask therefore needs here too.
 const char* const kKeyMaskNeedsTensorCores =
@@ -315,6 +330,7 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
     st.last_refusal = kKeyMaskNeedsTensorCores;
     return false;
   }
+  if (dropout && replay_bug_applies(st, s)) return false;
   PlannedAttention* entry = entry_for(st, geo);
   const PlannedAttention::Direction* plan = entry ? planned(st, *entry, geo, false) : nullptr;
   // With dropout the backward must draw the same mask: both directions on cuDNN, or neither.
@@ -363,6 +379,8 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   std::lock_guard<std::mutex> lock(st.mutex);
   if (!must(ready(st), "cuDNN is unavailable")) return false;
   if (s.key_mask && !must(flash_attention_tensor_cores(q, s.d), kKeyMaskNeedsTensorCores)) return false;
+  if (!must(!replay_bug_applies(st, s), "cuDNN " + std::to_string(st.version) + "'s backward replayed from a " +
+            "captured graph reads out of bounds where Tk is not a multiple of 128")) return false;
   PlannedAttention* entry = entry_for(st, geo);
   const PlannedAttention::Direction* plan = entry ? planned(st, *entry, geo, true) : nullptr;
   if (!must(plan != nullptr, "no plan for its shape: " + st.last_refusal)) return false;

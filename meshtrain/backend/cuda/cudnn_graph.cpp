@@ -138,8 +138,9 @@ void Graph::reshape(const Descriptor& x, const Descriptor& y, const std::string&
 Plan make_plan(cudnnHandle_t handle, const Graph& graph, const std::string& what) {
   Plan p;
   p.keep.reserve(4);  // the graph, the heuristics, the chosen config and the plan: no reallocation
-  // The graph: a failure here is a malformed graph (an error in the code that built it), so
-  // it throws; engines refusing a well-formed graph below is an answer, kept in `refusal`.
+  // The graph: its finalize refuses a malformed graph (an error in the code that built it) and
+  // may refuse one no engine takes; either is kept in `refusal`, as engines refusing it below
+  // are (the route then runs its kernels and says why; the GPU tests check for no refusal).
   Descriptor& op_graph = p.keep.emplace_back(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   op_graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, what + " graph");
   op_graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(graph.operations().size()),
