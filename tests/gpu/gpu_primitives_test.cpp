@@ -765,6 +765,43 @@ TEST(GpuPrimitives, CudnnAttentionWithAKeyMaskEqualsTheCpuKernel) {
   EXPECT_GE(ran_backward, 4u) << "cuDNN's last refusal: " << cuda::cudnn_attention_last_refusal();
 }
 
+// Without dropout either route's backward takes the other's forward (the log-sum-exp and the
+// masked score are the same): cuDNN's forward with the kernels' backward, and the reverse, for
+// causal attention and for a key mask with holes and a batch with no visible key.
+TEST(GpuPrimitives, CudnnAndKernelAttentionTakeEachOthersForward) {
+  MT_REQUIRE_GPU();
+  const DType bf = DType::bf16;
+  auto normal = [&](const Shape& sh, uint64_t seed) { return cast(random_normal(sh, seed), bf); };
+  const Array mask = key_padding_mask({0, 256, 100}, 256);  // batch 0 sees no key
+  auto on_device_of = [](const Array& m, const Array& x) { return m.device() == x.device() ? m : m.to(x.device()); };
+  for (const char* forward_route : {"1", "0"}) {
+    const std::string backward_route = std::string(forward_route) == "1" ? "0" : "1";
+    const ScopedEnv outer("MT_ATTENTION_CUDNN", backward_route.c_str());  // in force when the backward runs
+    const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
+    const std::string label = std::string("cudnn attention, forward on ") +
+                              (backward_route == "0" ? "cuDNN, backward on the kernels" : "the kernels, backward on cuDNN");
+    auto causal = [&](const std::vector<Array>& x) {
+      const ScopedEnv inner("MT_ATTENTION_CUDNN", forward_route);  // the forward runs inside
+      return flash_attention(x[0], x[1], x[2], 0.125, true);
+    };
+    expect_attention_gpu_equals_cpu(causal, {normal({2, 4, 256, 64}, 211), normal({2, 4, 256, 64}, 212),
+                                             normal({2, 4, 256, 64}, 213)},
+                                    normal({2, 4, 256, 64}, 214), default_tolerance(bf), label + " (causal)");
+    auto masked = [&](const std::vector<Array>& x) {
+      const ScopedEnv inner("MT_ATTENTION_CUDNN", forward_route);
+      return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(mask, x[0]));
+    };
+    expect_attention_gpu_equals_cpu(masked, {normal({3, 4, 256, 64}, 215), normal({3, 4, 256, 64}, 216),
+                                             normal({3, 4, 256, 64}, 217)},
+                                    normal({3, 4, 256, 64}, 218), default_tolerance(bf), label + " (key mask)");
+    const uint64_t ran_forward = cuda::cudnn_attention_forwards() - forwards;
+    const uint64_t ran_backward = cuda::cudnn_attention_backwards() - backwards;
+    std::cout << "  " << label << ": cuDNN ran " << ran_forward << " forwards, " << ran_backward << " backwards\n";
+    EXPECT_EQ(ran_forward, backward_route == "0" ? 2u : 0u) << cuda::cudnn_attention_last_refusal();
+    EXPECT_EQ(ran_backward, backward_route == "1" ? 2u : 0u) << cuda::cudnn_attention_last_refusal();
+  }
+}
+
 // MT_ATTENTION_CUDNN=all: attention with dropout on cuDNN, whose mask is its own (not the
 // CPU's), so the checks are the mask's properties. The same key draws the same mask and
 // another key another; with v all ones each output row is Σ_j mask·P / (1 - rate), whose mean
