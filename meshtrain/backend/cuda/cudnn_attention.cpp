@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -212,6 +213,7 @@ const PlannedAttention::Direction* planned(CudnnAttentionState& st, PlannedAtten
         d.plan.refusal = e.what();
       }
     };
+    const auto planning_started = std::chrono::steady_clock::now();
     attempt(geo);
     // The mask's bias read with a 0 stride over the rows is how PyTorch hands cuDNN an expanded
     // mask; should this cuDNN refuse it, the rows written out (Tq times the bytes, at every call:
@@ -234,11 +236,18 @@ const PlannedAttention::Direction* planned(CudnnAttentionState& st, PlannedAtten
       st.last_refusal = what + " " + describe(geo) + ": " + d.plan.refusal;
       std::cerr << "[cudnn attention] not taken for the " << st.last_refusal
                 << "; the attention kernels of this build run it\n";
-    } else if (!st.announced) {
-      // Once per process: the opt-in route is in use (logs and tests look for this line).
-      st.announced = true;
-      std::cerr << "[cudnn attention] cuDNN " << st.version << " runs the " << what << " of " << describe(geo)
-                << " (" << d.plan.workspace_bytes << " bytes of workspace)\n";
+    } else {
+      // Planning may compile the engine's kernels (NVRTC): seconds a new shape waits, which a
+      // run should be able to see. Said for the first plan (logs and tests look for that line:
+      // the opt-in route is in use) and for any that took a second or more.
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_started).count();
+      if (!st.announced || ms >= 1000) {
+        std::cerr << "[cudnn attention] cuDNN " << st.version << (st.announced ? " planned" : " runs") << " the "
+                  << what << " of " << describe(geo) << " (planned in " << int64_t(ms) << " ms, "
+                  << d.plan.workspace_bytes << " bytes of workspace)\n";
+        st.announced = true;
+      }
     }
   }
   return d.plan.plan ? &d : nullptr;
