@@ -37,6 +37,8 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
   if (s.dropout_rate > 0 && mode != CudnnAttentionMode::all)
     return "dropout (cuDNN would draw its own mask, not dropout()'s Philox stream: MT_ATTENTION_CUDNN=all allows it)";
   if (s.dropout_rate >= 1) return "a dropout rate of 1";
+  // (Which also keeps cached decoding off the route: one query against a cache that grows each
+  // step would be a new shape, and a new plan, at every token.)
   if (s.causal && s.tq != s.tk) return "a causal mask with Tq != Tk";
   if (s.d <= 0 || s.d % 8 != 0 || s.d > 128) return "head dim " + std::to_string(s.d) + " (multiples of 8 up to 128)";
   if (s.tq <= 0 || s.tk <= 0) return "no rows";
