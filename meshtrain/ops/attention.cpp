@@ -218,7 +218,9 @@ class FlashAttentionPrimitive final : public prim::Primitive {
     Array keep_bits;
     const int64_t words = autodiff::should_record(in) ? cuda::dropout_keep_bits_words(in[0], s) : 0;
     if (words > 0) {
-      keep_bits = Array::empty({words}, DType::i32);
+      // Zeroed: the dK/dV kernel reads the words of some key tiles no forward warp visits (their
+      // verdicts fall on keys its queries cannot see, so no result depends on them).
+      keep_bits = Array::zeros({words}, DType::i32);
       s.keep_bits = static_cast<uint32_t*>(keep_bits.raw());
     }
     // The seed of cuDNN's dropout mask when the forward drew it (aux[2]; cuda/cudnn_attention.h).
