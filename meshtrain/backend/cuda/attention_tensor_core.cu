@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kBlockThreads) mma_forward_kernel(const In* q,
       for (int n = 0; n < S::kN; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= p.scale;
+          s[n][e] = __fmul_rn(s[n][e], p.scale);  // rounded as on the other tiles: no fused multiply-add
           mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
         }
     } else {

@@ -121,7 +121,8 @@ __global__ void norm_forward_kernel(bool center, const T* x, const W* w, const W
     // s = x + dropout(branch), rounded as the composed ops; the rows below read s.
     T* sr = br.sum + r * c;
     for_branch_elements(br, team, r, c, [&](int64_t i, bool keep) {
-      const float dropped = to_f32(keep ? from_f32<T>(to_f32(br.input[r * c + i]) * br.scale) : from_f32<T>(0.0f));
+      const float kept = __fmul_rn(to_f32(br.input[r * c + i]), br.scale);  // never fused into the sum
+      const float dropped = to_f32(keep ? from_f32<T>(kept) : from_f32<T>(0.0f));
       sr[i] = from_f32<T>(to_f32(xr[i]) + dropped);
     });
     team.sync();  // the loops below read s at positions other threads wrote

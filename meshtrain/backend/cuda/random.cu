@@ -57,8 +57,10 @@ __global__ void dropout_add_kernel(const T* x, const T* branch, T* out, int64_t 
   stream_id = stream_of(stream_id, fold_last);
   MT_GRID_LOOP(i, n) {
     const bool keep = keeps_at_block(map, i, seed, stream_id, steps);
-    // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
-    const float dropped = to_f32(keep ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+    // Rounded as the composed x + dropout(branch): the dropped term first (__fmul_rn: never
+    // fused into the sum), then the sum.
+    const float kept = __fmul_rn(to_f32(branch[i]), scale);
+    const float dropped = to_f32(keep ? from_f32<T>(kept) : from_f32<T>(0.0f));
     out[i] = from_f32<T>(to_f32(x[i]) + dropped);
   }
 }
@@ -76,7 +78,8 @@ __global__ void dropout_add_whole_kernel(const T* x, const T* branch, T* out, in
       const int64_t i = b * 4 + lane;
       if (i >= n) break;
       // Rounded as the composed x + dropout(branch): the dropped term first, then the sum.
-      const float dropped = to_f32(keep[lane] ? from_f32<T>(to_f32(branch[i]) * scale) : from_f32<T>(0.0f));
+      const float kept = __fmul_rn(to_f32(branch[i]), scale);
+      const float dropped = to_f32(keep[lane] ? from_f32<T>(kept) : from_f32<T>(0.0f));
       out[i] = from_f32<T>(to_f32(x[i]) + dropped);
     }
   }
