@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 
 namespace mt {
@@ -14,6 +15,9 @@ struct Cache {
   struct Entry {
     Array array;
     std::list<std::string>::iterator use;  // its place in `uses`
+    // Read by a captured graph, which holds no handle to it and replays at its address for as
+    // long as the graph lives: never evicted (the pool would give its memory to other arrays).
+    bool captured = false;
   };
   std::mutex mutex;
   std::unordered_map<std::string, Entry> entries;
@@ -35,6 +39,7 @@ Array device_constant(const std::string& key, Device device, const std::function
     auto it = c.entries.find(full_key);
     if (it != c.entries.end()) {
       c.uses.splice(c.uses.end(), c.uses, it->second.use);
+      if (capturing_device_work()) it->second.captured = true;
       return it->second.array;
     }
   }
@@ -47,13 +52,17 @@ Array device_constant(const std::string& key, Device device, const std::function
   auto it = c.entries.find(full_key);
   if (it != c.entries.end()) return it->second.array;  // another thread made it first: one for all
   c.uses.push_back(full_key);
-  c.entries.emplace(full_key, Cache::Entry{made, std::prev(c.uses.end())});
+  c.entries.emplace(full_key, Cache::Entry{made, std::prev(c.uses.end()), capturing_device_work()});
   c.bytes += made.nbytes();
-  while ((c.bytes > kDeviceConstantBytes || c.entries.size() > kDeviceConstantEntries) && c.uses.size() > 1) {
-    auto old = c.entries.find(c.uses.front());
+  // The least recently used go first, but never the one just made nor one a captured graph reads.
+  auto victim = c.uses.begin();
+  while (c.bytes > kDeviceConstantBytes || c.entries.size() > kDeviceConstantEntries) {
+    while (victim != c.uses.end() && (*victim == full_key || c.entries.at(*victim).captured)) ++victim;
+    if (victim == c.uses.end()) break;
+    auto old = c.entries.find(*victim);
     c.bytes -= old->second.array.nbytes();
     c.entries.erase(old);
-    c.uses.pop_front();
+    victim = c.uses.erase(victim);
   }
   return made;
 }

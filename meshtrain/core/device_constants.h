@@ -15,7 +15,8 @@ namespace mt {
 // The array `make` returns for `key` on `device`, made (and moved to `device`) on the first
 // call and the same array after. `key` must name everything the values depend on. The cache
 // keeps at most kDeviceConstantBytes in kDeviceConstantEntries; beyond that the least
-// recently used go (their holders keep them alive). For shapes a run meets again (training
+// recently used go (their holders keep them alive), except those read while a capture records
+// (capturing_device_work): a graph holds no handle to them and replays at their addresses. For shapes a run meets again (training
 // steps, a prefill), not for what changes every call (one decoding position after another).
 Array device_constant(const std::string& key, Device device, const std::function<Array()>& make);
 
