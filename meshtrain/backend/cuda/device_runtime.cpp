@@ -7,7 +7,6 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/device_trace.h"
@@ -20,11 +19,23 @@ namespace mt::cuda {
 
 namespace {
 
+// Who frees one allocation, shared by its handle's deleter and the capture bookkeeping (under
+// capture_mutex): once a StepGraph owns it (one of its outputs, or an allocation of a capture
+// given up, which never held memory), its handle frees nothing, however long the handle
+// outlives the graph and whatever later allocation takes the address.
+struct AllocationState {
+  bool graph_owned = false;
+};
+
 // A StepGraph being recorded (step_graph.h): the thread recording it, the graph allocations
 // still alive, and the older allocations released meanwhile (the graph keeps them).
 struct Capture {
+  struct GraphAllocation {
+    size_t bytes;
+    std::shared_ptr<AllocationState> state;
+  };
   std::thread::id owner;
-  std::unordered_map<void*, size_t> graph_allocations;
+  std::unordered_map<void*, GraphAllocation> graph_allocations;
   std::vector<std::pair<void*, size_t>> released;
 };
 
@@ -34,12 +45,10 @@ struct Context {
   cudaMemPool_t pool = nullptr;
   std::atomic<size_t> in_use{0}, peak{0};
   std::atomic<uint64_t> allocations{0};
-  // Capture state, under capture_mutex. graph_owned: memory a StepGraph frees (its outputs,
-  // and a failed capture's allocations, which never existed): their handles free nothing.
+  // Capture state, under capture_mutex (with every AllocationState).
   std::mutex capture_mutex;
   std::condition_variable capture_done;
   Capture* capture = nullptr;
-  std::unordered_set<void*> graph_owned;
 };
 
 std::mutex g_mutex;
@@ -175,16 +184,16 @@ class CudaRuntime final : public DeviceRuntime {
     while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
     }
     c.allocations.fetch_add(1);
-    c.graph_owned.erase(p);  // a dead capture's address, reused by a real allocation
-    if (capturing) c.capture->graph_allocations[p] = bytes;
+    auto state = std::make_shared<AllocationState>();
+    if (capturing) c.capture->graph_allocations[p] = {bytes, state};
     turn.unlock();
     Context* cp = &c;
-    return std::shared_ptr<void>(p, [cp, bytes](void* q) {
+    return std::shared_ptr<void>(p, [cp, bytes, state](void* q) {
       cp->in_use.fetch_sub(bytes);
       // Under the lock, like every enqueue: a free that lost a race with begin() would be a
       // free node, in another thread's graph, of memory the graph never allocated.
       std::lock_guard<std::mutex> lock(cp->capture_mutex);
-      if (cp->graph_owned.count(q)) return;  // a StepGraph's output: the graph frees it
+      if (state->graph_owned) return;  // a StepGraph's output: the graph frees it
       if (Capture* k = cp->capture) {
         auto it = k->graph_allocations.find(q);
         if (it == k->graph_allocations.end()) {
@@ -226,9 +235,12 @@ class CudaRuntime final : public DeviceRuntime {
     fill_pattern(device, pattern, pattern_bytes, count);
   }
   void synchronize() const override {
-    if (Context* c = g_context.load(std::memory_order_acquire)) {
-      std::unique_lock<std::mutex> turn = stream_turn(*c, "a wait for the stream");
-      wait_for_recorded(*c, turn, "synchronize");
+    if (Context* existing = g_context.load(std::memory_order_acquire)) {
+      // Bound first: a thread whose first GPU call this is would otherwise make its cached
+      // event on device 0 (a process on cuda:N, N > 0, would then fail every wait).
+      Context& c = bound_context(existing->device);
+      std::unique_lock<std::mutex> turn = stream_turn(c, "a wait for the stream");
+      wait_for_recorded(c, turn, "synchronize");
     }
   }
   DeviceMemoryStats memory_stats(int index) const override {
@@ -293,10 +305,10 @@ Ended end(bool keep) {
     c.capture = nullptr;
     // The allocations still held: the graph's outputs (or, for a capture given up, addresses
     // that never held memory): their handles free nothing.
-    for (const auto& [p, bytes] : k->graph_allocations) {
-      c.graph_owned.insert(p);
+    for (const auto& [p, allocation] : k->graph_allocations) {
+      allocation.state->graph_owned = true;
       out.outputs.push_back(p);
-      out.bytes += bytes;
+      out.bytes += allocation.bytes;
     }
     c.capture_done.notify_all();
   }
@@ -317,11 +329,9 @@ Ended end(bool keep) {
 void release(const std::vector<void*>& outputs, const std::vector<void*>& inputs, bool launched) {
   Context& c = context();
   // Outputs exist only once the graph ran: then they are freed, ordered after the last
-  // replay. A graph never launched (its instantiation failed) leaves them marked graph-owned,
-  // so handles still held free nothing; a real allocation at the address unmarks it.
+  // replay. Their handles, graph-owned since the capture ended, free nothing either way.
   const std::unique_lock<std::mutex> turn = stream_turn(c);
   if (launched) {
-    for (void* p : outputs) c.graph_owned.erase(p);
     for (void* p : outputs)
       if (cudaFreeAsync(p, c.stream) != cudaSuccess) cudaGetLastError();
   }
