@@ -105,12 +105,25 @@ Batch batch_of(const py::handle& out, const char* what) {
 train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>& rows) {
   auto f = held(fn);
   return [f, rows](const std::vector<data::Example>& examples) {
-    py::gil_scoped_acquire gil;
-    return rows->call([&] {
-      py::list batch;
-      for (const data::Example& e : examples) batch.append(rows->examples[size_t(e.as_int("__index__"))]);
-      return batch_of((*f)(batch), "collate_fn");
-    });
+    // Python builds the batch on the host, and it goes to the device once the GIL is released:
+    // a loader thread holding the GIL must neither wait for a capture the training thread is
+    // recording (whose Python loss or pred_fn needs the GIL: a deadlock) nor put GPU work of
+    // its own (a dtype cast) on the stream, where a capture starting meanwhile would record it.
+    const Device device = current_device();
+    Batch host;
+    {
+      py::gil_scoped_acquire gil;
+      const DeviceScope on_host(Device::cpu());
+      host = rows->call([&] {
+        py::list batch;
+        for (const data::Example& e : examples) batch.append(rows->examples[size_t(e.as_int("__index__"))]);
+        return batch_of((*f)(batch), "collate_fn");
+      });
+    }
+    if (device.is_cpu()) return host;
+    Batch placed;
+    for (const auto& [key, array] : host) placed.set(key, array.device() == device ? array : array.to(device));
+    return placed;
   };
 }
 
