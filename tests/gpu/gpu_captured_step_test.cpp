@@ -25,6 +25,7 @@
 #include "tests/support/model_twins.h"
 #include "tests/support/next_token_batches.h"
 #include "tests/support/run_metrics.h"
+#include "tests/support/scoped_env.h"
 #include "tests/support/temp_dir.h"
 
 namespace mt::testing {
@@ -248,6 +249,10 @@ TEST_F(GpuCapturedStep, CapturedPredictStepsEqualEagerOnes) {
 // Whole commands: the captured run logs the eager run's losses exactly.
 class GpuCapturedCommands : public TempDir {
  protected:
+  // The commands compared here run in separate processes, each timing cuBLASLt's candidate
+  // algorithms for its large GEMMs (the GPT-2 head's): a near tie can pick different ones, whose
+  // sums round differently. Bit-for-bit comparisons take cuBLASLt's first choice in both.
+  const ScopedEnv no_gemm_tuning_{"MT_MATMUL_TUNING", "0"};
   std::string pretrain(const std::string& model) const {
     return "pretrain --model " + model + " --data " + gpu_data_dir() +
            "/text/tinyshakespeare.txt --seq-len 64 --eval-fraction 0.005 --sample-every 0 "
