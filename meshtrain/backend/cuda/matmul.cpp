@@ -272,6 +272,18 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   const Key key{int(dtype), batch, batch_a, batch_b, M, N, K, trans_a, trans_b, dtype == MatmulDType::f32_as_tf32,
                 bias != nullptr};
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  Array a16, b16;
+  if (dtype == MatmulDType::f32_as_bf16) {
+    // Operands rounded to bf16 in staging buffers (never in the caller's arrays), before the
+    // lock: an allocation waits out another thread's capture, which may itself want the lock.
+    const int64_t na = batch_a * M * K, nb = batch_b * K * N;
+    a16 = Array::empty({na}, DType::bf16, Device::cuda(active_device()));
+    b16 = Array::empty({nb}, DType::bf16, Device::cuda(active_device()));
+    round_f32_to_bf16(static_cast<const float*>(a), a16.raw(), na);
+    round_f32_to_bf16(static_cast<const float*>(b), b16.raw(), nb);
+    a = a16.raw();
+    b = b16.raw();
+  }
   // The plan's handles and algorithm, copied under the lock: a tuning call may change the
   // algorithm of a plan another thread already holds. A bias plan's pointer lives in its
   // shared descriptor, so its call is enqueued under the lock too.
@@ -288,17 +300,6 @@ bool run_matmul(MatmulDType dtype, const void* a, const void* b, const void* bia
   p.last_used = ++l.clock;
   if (created) l.evict_beyond_capacity(&p);  // only a new plan (or a lower capacity) can go past it
   if (bias && !p.found) return false;
-  Array a16, b16;
-  if (dtype == MatmulDType::f32_as_bf16) {
-    // Operands rounded to bf16 in staging buffers (never in the caller's arrays).
-    const int64_t na = batch_a * M * K, nb = batch_b * K * N;
-    a16 = Array::empty({na}, DType::bf16, Device::cuda(active_device()));
-    b16 = Array::empty({nb}, DType::bf16, Device::cuda(active_device()));
-    round_f32_to_bf16(static_cast<const float*>(a), a16.raw(), na);
-    round_f32_to_bf16(static_cast<const float*>(b), b16.raw(), nb);
-    a = a16.raw();
-    b = b16.raw();
-  }
   if (bias)
     check_lt(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");
