@@ -28,7 +28,7 @@ enum AdamScalar : int {
 };
 
 // The elements of one tensor whose squares sum_squares_multi adds up in f64 before adding the
-// tiles' sums in order, on both backends.
+// tiles' sums, on both backends.
 constexpr int64_t kSumSquaresTile = 4096;
 
 }  // namespace mt::kernels
@@ -51,8 +51,10 @@ constexpr int64_t kSumSquaresTile = 4096;
 // foreach norm, mul_ and add_), where the composed ops took up to four ops per tensor:
 // sum_squares_multi: out f32 [] = Σ_j Σ_i x_j[i]² over k arrays of one floating dtype. Each square
 //   is rounded to f32 (as square() of the f32 value rounds it), summed in f64 over tiles of
-//   kSumSquaresTile elements of one tensor, and the tiles' sums are added in order: the result
-//   depends neither on the thread count nor on the order blocks run in.
+//   kSumSquaresTile elements of one tensor, and the tiles' sums are added: the result depends
+//   neither on the thread count nor on the order blocks run in. The CPU adds in order; the GPU
+//   adds within a tile and over the tiles by fixed trees, so the two may differ in the f64
+//   sum's last bits (and the f32 norm by an ulp).
 // scale_multi: outs[j] = in[j] · scale[0], the product in f32 rounded to the arrays' dtype;
 //   scale is an f32 array of one element on the tensors' device (read there: a GPU launch
 //   carries no value that changes from step to step). outs[j] may be in[j].
