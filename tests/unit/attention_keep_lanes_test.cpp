@@ -147,3 +147,59 @@ TEST(AttentionKeepLanes, ColumnBlocksReachTheirFourLanes) {
     ASSERT_EQ(wrong, 0) << "trial " << trial;
   }
 }
+
+// The bits the forward stores for the backward (MT_ATTENTION_DROPOUT_BITS=1), through the
+// kernels' own rules: each forward warp's four lanes of a row OR their parts and lane t writes
+// its word (stored_row, stored_half), every (query, half) written once and holding that query's
+// verdicts; the dK/dV kernel's lanes read them back by columns (column_word_half and _shift,
+// keys g and g + 8 bits apart) and end with their fragment's verdicts, keys as rows.
+TEST(AttentionKeepLanes, StoredWordsReadBackByColumns) {
+  std::mt19937 rng(23);
+  constexpr int kQueries = 64;  // four forward warps of 16 rows over one 64-key tile
+  std::array<std::array<bool, kCols>, kQueries> verdict{};
+  for (auto& row : verdict)
+    for (bool& keep : row) keep = rng() % 3 != 0;
+  std::array<std::array<uint32_t, 2>, kQueries> words{};
+  std::array<std::array<int, 2>, kQueries> writes{};
+  for (int wq0 = 0; wq0 < kQueries; wq0 += kRows) {
+    std::array<kl::FragmentKeeps, kLanes> mine{};
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int n = 0; n < 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          kl::set_kept(mine[size_t(lane)], n, e,
+                       verdict[size_t(wq0 + kl::element_row(lane, e))][size_t(kl::element_column(lane, n, e))]);
+    for (int lane = 0; lane < kLanes; ++lane) {
+      // The two xor-shuffles (1, 2): the OR over lanes 4g .. 4g + 3 of the part for (h, half).
+      const int h = (lane % 4) / 2, half = kl::stored_half(lane);
+      uint32_t word = 0;
+      for (int t = 0; t < 4; ++t) word |= kl::row_half_part(mine[size_t(lane / 4 * 4 + t)], lane / 4 * 4 + t, h, half);
+      const int q = wq0 + kl::stored_row(lane);
+      words[size_t(q)][size_t(half)] = word;
+      ++writes[size_t(q)][size_t(half)];
+    }
+  }
+  for (int q = 0; q < kQueries; ++q)
+    for (int half = 0; half < 2; ++half) {
+      ASSERT_EQ(writes[size_t(q)][size_t(half)], 1) << "query " << q << " half " << half;
+      for (int c = 0; c < 32; ++c)
+        ASSERT_EQ((words[size_t(q)][size_t(half)] >> c) & 1u, uint32_t(verdict[size_t(q)][size_t(32 * half + c)]))
+            << "query " << q << " key " << 32 * half + c;
+    }
+  int wrong = 0;
+  for (int64_t wk0 = 0; wk0 < kCols; wk0 += 16)
+    for (int lane = 0; lane < kLanes; ++lane) {
+      kl::ColumnKeeps k;  // as load_keeps_by_columns builds it (queries from i0 = 0)
+      const int half = kl::column_word_half(wk0), shift = kl::column_word_shift(wk0, lane);
+      for (int n = 0; n < 8; ++n)
+        for (int b = 0; b < 2; ++b) {
+          const uint32_t bits = words[size_t(kl::element_column(lane, n, b))][size_t(half)] >> shift;
+          kl::set_kept(k, n, b, bits & 1u);
+          kl::set_kept(k, n, 2 + b, (bits >> 8) & 1u);
+        }
+      for (int n = 0; n < 8; ++n)
+        for (int e = 0; e < 4; ++e)
+          wrong += kl::kept(k, n, e) !=
+                   verdict[size_t(kl::element_column(lane, n, e))][size_t(wk0 + kl::element_row(lane, e))];
+    }
+  EXPECT_EQ(wrong, 0) << "verdicts read back wrong by columns";
+}

@@ -81,6 +81,16 @@ MT_KEEP_LANES_FN void set_row_half(FragmentKeeps& k, int lane, int h, int half, 
   for (int nn = 0; nn < 4; ++nn) k.row[h] |= ((word >> (8 * nn + 2 * (lane % 4))) & 3u) << (2 * (4 * half + nn));
 }
 
+// The row words a lane writes: the four lanes of a row (4g .. 4g + 3) OR their parts together,
+// then lane t writes half t % 2 of row g + 8((t % 4) / 2) (each of the four one word).
+MT_KEEP_LANES_FN int stored_row(int lane) { return lane / 4 + 8 * ((lane % 4) / 2); }
+MT_KEEP_LANES_FN int stored_half(int lane) { return lane % 2; }
+// The dK/dV kernel reads them back by columns: for its 16 keys from wk0 (a multiple of 16) the
+// word of query c's half (wk0 % 64) / 32 holds key g's verdict at bit (wk0 % 32) + g and key
+// g + 8's eight bits above (g = lane / 4).
+MT_KEEP_LANES_FN int column_word_half(int64_t wk0) { return int(wk0 % 64) / 32; }
+MT_KEEP_LANES_FN int column_word_shift(int64_t wk0, int lane) { return int(wk0 % 32) + lane / 4; }
+
 // The dK/dV kernel's blocks are transposed: rows are keys, columns queries, element (r, c) at
 // idx0 + c·stride + r, so a Philox block holds 4 rows of one column (rows 4a .. 4a + 3), and
 // its verdicts belong to the four lanes g = 4(a % 2) + j (j < 4) of one t, rows g + 8(a / 2).

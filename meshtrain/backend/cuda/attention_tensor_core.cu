@@ -233,9 +233,9 @@ __device__ inline void store_keeps(const keep_lanes::FragmentKeeps& k, const Par
       w |= __shfl_xor_sync(0xffffffffu, w, 1);
       words[h][half] = w | __shfl_xor_sync(0xffffffffu, w, 2);
     }
-  const int h = (lane % 4) / 2, half = lane % 2;
+  const int h = (lane % 4) / 2, half = keep_lanes::stored_half(lane);
   const uint32_t mine = h ? (half ? words[1][1] : words[1][0]) : (half ? words[0][1] : words[0][0]);
-  const int64_t i = wq0 + lane / 4 + 8 * h;
+  const int64_t i = wq0 + keep_lanes::stored_row(lane);
   if (i < p.tq) p.keep_bits[keep_word(p, bh, i, j0, half)] = mine;
 }
 // The dQ kernel's verdicts of a warp's block read back from those bits.
@@ -290,7 +290,7 @@ __device__ inline keep_lanes::ColumnKeeps draw_keeps_by_columns(const AttentionD
 __device__ inline keep_lanes::ColumnKeeps load_keeps_by_columns(const Params& p, int64_t bh, int64_t i0, int64_t wk0,
                                                                 int lane) {
   keep_lanes::ColumnKeeps k;
-  const int half = int(wk0 % kCols) / 32, shift = int(wk0 % 32) + lane / 4;
+  const int half = keep_lanes::column_word_half(wk0), shift = keep_lanes::column_word_shift(wk0, lane);
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
