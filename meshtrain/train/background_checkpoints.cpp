@@ -5,7 +5,9 @@
 #include <string>
 #include <utility>
 
+#include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/distributed/communicator.h"
 
 namespace mt::train {
 
@@ -65,9 +67,19 @@ void BackgroundCheckpoints::start(const CheckpointManager& manager, StagedCheckp
   // Auto: in the background when the state lives on a GPU and its host copy fits in half the
   // available memory. On the CPU the copy would compete with the training state itself for the
   // same memory (the peak a run is sized by would grow by the state), so it is asked for.
-  bool on_gpu = false;
-  for (const auto& [key, a] : staged.tensors) on_gpu = on_gpu || !a.device().is_cpu();
-  const bool background = background_.value_or(on_gpu && staged_bytes(staged) <= 0.5 * available_bytes());
+  // The training device, not the staged tensors' (a rank that writes no tensor has none).
+  const bool on_gpu = !current_device().is_cpu();
+  bool background = background_.value_or(on_gpu && staged_bytes(staged) <= 0.5 * available_bytes());
+  // Every rank must take the same path: the foreground commits now (two barriers), the
+  // background at the next save. A rank that writes nothing, or reads less free memory, would
+  // otherwise meet the others' next collective with a barrier: a hang. In the background only
+  // if all ranks can.
+  dist::Communicator& comm = mesh_->comm();
+  if (!background_ && comm.size() > 1) {
+    int32_t foreground = background ? 0 : 1;
+    comm.all_reduce(&foreground, 1, DType::i32, dist::ReduceOp::max);
+    background = foreground == 0;
+  }
   last_in_background_ = background;
   if (!background) {
     CheckpointManager::write_files(staged);
