@@ -6,10 +6,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
+#include "meshtrain/io/mapped_file.h"
 #include "meshtrain/io/safetensors.h"
 
 namespace mt::train {
@@ -84,6 +88,17 @@ StagedCheckpoint CheckpointManager::stage(const CheckpointState& state, const di
   return staged;
 }
 
+namespace {
+// The directory's entries on disk (a rename in it survives a crash). Best effort: a file system
+// that cannot sync a directory keeps the renames as the kernel ordered them.
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+}  // namespace
+
 void CheckpointManager::write_files(const StagedCheckpoint& staged) {
   io::save_safetensors(staged.file, staged.tensors, staged.offsets);
 }
@@ -92,16 +107,16 @@ std::string CheckpointManager::commit(const StagedCheckpoint& staged, const dist
   dist::Communicator& comm = mesh.comm();
   comm.barrier();  // every rank's file is complete
   if (comm.rank() == 0) {
-    const fs::path meta_path = fs::path(staged.tmp_dir) / "meta.json";
-    std::ofstream out(meta_path);
-    out << staged.meta.dump(2) << "\n";
-    out.close();
-    MT_CHECK(out, "[checkpoint] cannot write ", meta_path.string());
+    // On disk (fsynced, with its directory) before the rename makes the checkpoint visible: a
+    // crash must not leave a checkpoint whose meta.json is empty.
+    io::write_file_atomic((fs::path(staged.tmp_dir) / "meta.json").string(), staged.meta.dump(2) + "\n",
+                          "checkpoint");
     // The old checkpoint of the same name goes only once the new one is complete.
     const std::string old_dir = staged.final_dir + ".old";
     fs::remove_all(old_dir);
     if (fs::exists(staged.final_dir)) fs::rename(staged.final_dir, old_dir);
     fs::rename(staged.tmp_dir, staged.final_dir);
+    sync_directory(fs::path(staged.final_dir).parent_path().string());  // the rename, before pruning
     fs::remove_all(old_dir);
     if (staged.prune && keep_last_ > 0) {
       std::vector<std::string> done = all();
@@ -154,6 +169,16 @@ bool CheckpointManager::save_best(const CheckpointState& state, const dist::Mesh
   return true;
 }
 
+namespace {
+// A checkpoint counts once its meta.json exists and parses: one cut short by a crash before
+// meta.json was written whole (checkpoints of older builds wrote it without a sync) is not
+// resumed from, and the one before it is.
+bool meta_is_whole(const std::string& path) {
+  std::ifstream in(path);
+  return in && !json::parse(in, nullptr, false).is_discarded();
+}
+}  // namespace
+
 std::vector<std::string> CheckpointManager::all() const {
   std::vector<std::string> out;
   if (!fs::exists(dir_)) return out;
@@ -162,7 +187,7 @@ std::vector<std::string> CheckpointManager::all() const {
     // Exactly step_<8 digits>: leftovers of an interrupted replace (step_N.old) are not checkpoints.
     const bool named = n.size() == 13 && n.rfind("step_", 0) == 0 &&
                        std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (e.is_directory() && named && fs::exists(e.path() / "meta.json")) out.push_back(e.path().string());
+    if (e.is_directory() && named && meta_is_whole((e.path() / "meta.json").string())) out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -114,6 +114,14 @@ TEST(Checkpoint, KeepLastBestAndCorruption) {
   }
   dist::world().barrier();
   EXPECT_EQ(fs::path(*manager.latest()).filename().string(), "step_00000003");
+  // A newer checkpoint whose meta.json a crash left empty (a build before meta.json was synced)
+  // is not resumed from: the one before it is.
+  if (dist::world().rank() == 0) {
+    fs::copy(kept.back(), fs::path(dir) / "step_00000005");
+    std::ofstream(fs::path(dir) / "step_00000005" / "meta.json", std::ios::trunc);
+  }
+  dist::world().barrier();
+  EXPECT_EQ(fs::path(*manager.latest()).filename().string(), "step_00000003");
   // Best by metric: replaced only by a better value; NaN (a diverged run) is never better
   // and does not break later comparisons.
   EXPECT_FALSE(manager.save_best(state, mesh, train::BestMetric::parse("max:accuracy"), std::nan("")));
