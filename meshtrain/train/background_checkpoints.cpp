@@ -91,13 +91,19 @@ void BackgroundCheckpoints::start(const CheckpointManager& manager, StagedCheckp
   for (auto& [key, a] : staged.tensors) a = a.device().is_cpu() ? a.clone() : a.to(Device::cpu());
   manager_.emplace(manager);
   staged_.emplace(std::move(staged));
+  written_ = false;
   writer_ = std::thread([this] {
     try {
       CheckpointManager::write_files(*staged_);
     } catch (...) {
       error_ = std::current_exception();
     }
+    written_ = true;
   });
+}
+
+void BackgroundCheckpoints::commit_if_written() {
+  if (staged_ && written_.load() && mesh_->comm().size() == 1) complete();
 }
 
 void BackgroundCheckpoints::save(const CheckpointManager& manager, const CheckpointState& state) {

@@ -744,6 +744,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
     const double epoch_train_loss = epoch_end ? epoch.loss_sum / double(epoch.steps) : 0.0;
     if (epoch_end) epoch = {};
     if (save_now) save_checkpoint(CheckpointKind::step, loader.state(), epoch, o);
+    else if (checkpoints_) checkpoints_->commit_if_written();  // a background save, once on disk
     if (o.on_step) {
       trace::Span span("phase", "on_step");
       o.on_step(step_, params_);
