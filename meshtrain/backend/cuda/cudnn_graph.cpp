@@ -71,11 +71,18 @@ void Graph::operation(cudnnBackendDescriptorType_t type, const std::vector<Opera
   ops_.push_back(op.get());
 }
 
+const Descriptor& Graph::described(cudnnBackendDescriptorType_t type, const std::vector<Setting>& settings,
+                                   const std::string& what) {
+  Descriptor& desc = owned_.emplace_back(type);
+  for (const Setting& s : settings) desc.set(s.attribute, s.type, 1, s.value, what);
+  desc.finalize(what);
+  return desc;
+}
+
 void Graph::matmul(const Descriptor& a, const Descriptor& b, const Descriptor& c, const std::string& name) {
-  Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  desc.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "matmul " + name);
-  desc.finalize("matmul " + name);
+  const Descriptor& desc = described(CUDNN_BACKEND_MATMUL_DESCRIPTOR,
+                                     {{CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32}}, "matmul " + name);
   operation(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
             {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, &a},
              {CUDNN_ATTR_OPERATION_MATMUL_BDESC, &b},
@@ -86,11 +93,10 @@ void Graph::matmul(const Descriptor& a, const Descriptor& b, const Descriptor& c
 
 void Graph::pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t precision, const Descriptor& x, const Descriptor& y,
                       const Descriptor* b, const Descriptor* t, int64_t axis, const std::string& name) {
-  Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-  desc.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise " + name);
-  desc.set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision, "pointwise " + name);
-  if (axis >= 0) desc.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise " + name);
-  desc.finalize("pointwise " + name);
+  std::vector<Setting> settings = {{CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode},
+                                   {CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &precision}};
+  if (axis >= 0) settings.push_back({CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &axis});
+  const Descriptor& desc = described(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, settings, "pointwise " + name);
   // The condition of BINARY_SELECT after y, as the frontend orders them.
   operation(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
             {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &desc},
@@ -102,11 +108,11 @@ void Graph::pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t precision, cons
 }
 
 void Graph::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x, const Descriptor& y, const std::string& name) {
-  Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  desc.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce, "reduction " + name);
-  desc.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32, "reduction " + name);
-  desc.finalize("reduction " + name);
+  const Descriptor& desc = described(CUDNN_BACKEND_REDUCTION_DESCRIPTOR,
+                                     {{CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &reduce},
+                                      {CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &f32}},
+                                     "reduction " + name);
   operation(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
             {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &x},
              {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &y},
@@ -116,11 +122,11 @@ void Graph::reduction(cudnnReduceTensorOp_t reduce, const Descriptor& x, const D
 
 void Graph::rng_bernoulli(double probability, const Descriptor& seed, const Descriptor& offset, const Descriptor& y,
                           const std::string& name) {
-  Descriptor& desc = owned_.emplace_back(CUDNN_BACKEND_RNG_DESCRIPTOR);
   const cudnnRngDistribution_t bernoulli = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
-  desc.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &bernoulli, "rng " + name);
-  desc.set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &probability, "rng " + name);
-  desc.finalize("rng " + name);
+  const Descriptor& desc = described(CUDNN_BACKEND_RNG_DESCRIPTOR,
+                                     {{CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, &bernoulli},
+                                      {CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, &probability}},
+                                     "rng " + name);
   operation(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR,
             {{CUDNN_ATTR_OPERATION_RNG_YDESC, &y},
              {CUDNN_ATTR_OPERATION_RNG_DESC, &desc},

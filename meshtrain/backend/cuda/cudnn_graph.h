@@ -79,6 +79,16 @@ class Graph {
   };
   // An operation of `type` with these operands, finalized and appended to the graph.
   void operation(cudnnBackendDescriptorType_t type, const std::vector<Operand>& operands, const std::string& what);
+  // One value-typed attribute of a descriptor (one element).
+  struct Setting {
+    cudnnBackendAttributeName_t attribute;
+    cudnnBackendAttributeType_t type;
+    const void* value;
+  };
+  // A descriptor of `type` (an operation's matmul, pointwise, reduction or RNG settings) with
+  // these settings, finalized and owned by the graph.
+  const Descriptor& described(cudnnBackendDescriptorType_t type, const std::vector<Setting>& settings,
+                              const std::string& what);
 
   std::deque<Descriptor> owned_;  // stable addresses
   std::vector<cudnnBackendDescriptor_t> ops_;
