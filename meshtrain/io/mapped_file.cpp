@@ -99,12 +99,14 @@ void AtomicFileWriter::commit() {
            ": cannot rename the temporary file into place: ", errno_text());
   committed_ = true;
   // The rename itself is durable only once the directory entry is flushed.
-  std::string dir = std::filesystem::path(path_).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  sync_directory(std::filesystem::path(path_).parent_path().string());
+}
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
 }
 
 void write_file_atomic(const std::string& path, const std::string& contents, const char* op) {

@@ -54,6 +54,10 @@ class AtomicFileWriter {
   bool committed_ = false;
 };
 
+// Flushes a directory's entries (a rename in it survives a crash). Best effort: a file system
+// that cannot sync a directory keeps the renames as the kernel ordered them.
+void sync_directory(const std::string& dir);
+
 // Convenience: the whole of `contents` written atomically.
 void write_file_atomic(const std::string& path, const std::string& contents, const char* op = "write");
 

@@ -6,9 +6,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include "meshtrain/backend/strided_copy.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/spmd.h"
@@ -88,17 +85,6 @@ StagedCheckpoint CheckpointManager::stage(const CheckpointState& state, const di
   return staged;
 }
 
-namespace {
-// The directory's entries on disk (a rename in it survives a crash). Best effort: a file system
-// that cannot sync a directory keeps the renames as the kernel ordered them.
-void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-}  // namespace
-
 void CheckpointManager::write_files(const StagedCheckpoint& staged) {
   io::save_safetensors(staged.file, staged.tensors, staged.offsets);
 }
@@ -116,7 +102,7 @@ std::string CheckpointManager::commit(const StagedCheckpoint& staged, const dist
     fs::remove_all(old_dir);
     if (fs::exists(staged.final_dir)) fs::rename(staged.final_dir, old_dir);
     fs::rename(staged.tmp_dir, staged.final_dir);
-    sync_directory(fs::path(staged.final_dir).parent_path().string());  // the rename, before pruning
+    io::sync_directory(fs::path(staged.final_dir).parent_path().string());  // the rename, before pruning
     fs::remove_all(old_dir);
     if (staged.prune && keep_last_ > 0) {
       std::vector<std::string> done = all();
