@@ -120,9 +120,8 @@ train::CollateFn collate_of(const py::function& fn, const std::shared_ptr<Rows>&
         return batch_of((*f)(batch), "collate_fn");
       });
     }
-    if (device.is_cpu()) return host;
     Batch placed;
-    for (const auto& [key, array] : host) placed.set(key, array.device() == device ? array : array.to(device));
+    for (const auto& [key, array] : host) placed.set(key, array.to(device));  // to() keeps a host array on the CPU
     return placed;
   };
 }
