@@ -489,13 +489,17 @@ TEST(GpuPrimitives, FlashAttentionOnTensorCoresTakesTheMatmulPrecision) {
   }
 }
 
-// A bool (B, 1, 1, Tk) key-padding mask: batch row r attends to its first lengths[r] keys.
-Array key_padding_mask(const std::vector<int64_t>& lengths, int64_t tk) {
-  const int64_t b = int64_t(lengths.size());
-  std::vector<float> keep(size_t(b * tk));
+// A bool (B, 1, 1, Tk) key mask: batch row r attends to key j where keep(r, j).
+Array key_mask_where(int64_t b, int64_t tk, const std::function<bool(int64_t, int64_t)>& keep) {
+  std::vector<float> k(size_t(b * tk));
   for (int64_t r = 0; r < b; ++r)
-    for (int64_t j = 0; j < tk; ++j) keep[size_t(r * tk + j)] = j < lengths[size_t(r)] ? 1.0f : 0.0f;
-  return cast(Array::from_vector(keep, {b, 1, 1, tk}), DType::boolean);
+    for (int64_t j = 0; j < tk; ++j) k[size_t(r * tk + j)] = keep(r, j) ? 1.0f : 0.0f;
+  return cast(Array::from_vector(k, {b, 1, 1, tk}), DType::boolean);
+}
+
+// A key-padding mask: batch row r attends to its first lengths[r] keys.
+Array key_padding_mask(const std::vector<int64_t>& lengths, int64_t tk) {
+  return key_mask_where(int64_t(lengths.size()), tk, [&](int64_t r, int64_t j) { return j < lengths[size_t(r)]; });
 }
 
 // Whether the tensor-core kernels take `dtype` arrays at head dim d on this GPU; says so when
@@ -719,41 +723,32 @@ TEST(GpuPrimitives, CudnnAttentionWithAKeyMaskEqualsTheCpuKernel) {
   const DType bf = DType::bf16;
   const Tolerance tol = default_tolerance(bf);
   auto normal = [&](const Shape& sh, uint64_t seed) { return cast(random_normal(sh, seed), bf); };
-  // Row r of a (B, 1, 1, Tk) mask keeps key j where keep(r, j).
-  auto mask_of = [](int64_t b, int64_t tk, const std::function<bool(int64_t, int64_t)>& keep) {
-    std::vector<float> k(size_t(b * tk));
-    for (int64_t r = 0; r < b; ++r)
-      for (int64_t j = 0; j < tk; ++j) k[size_t(r * tk + j)] = keep(r, j) ? 1.0f : 0.0f;
-    return cast(Array::from_vector(k, {b, 1, 1, tk}), DType::boolean);
-  };
-  auto on_device_of = [](const Array& mask, const Array& x) {
-    return mask.device() == x.device() ? mask : mask.to(x.device());
-  };
   // Batch 0 a prefix of 100 keys, batch 1 none, batch 2 every third key masked.
-  const Array holes = mask_of(3, 128, [](int64_t r, int64_t j) { return r == 0 ? j < 100 : r == 2 && j % 3 != 0; });
+  const Array holes =
+      key_mask_where(3, 128, [](int64_t r, int64_t j) { return r == 0 ? j < 100 : r == 2 && j % 3 != 0; });
   auto inner = [&](const std::vector<Array>& x) {
-    return flash_attention_heads_inner(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(holes, x[0]));
+    return flash_attention_heads_inner(x[0], x[1], x[2], 0.125, false, 0.0, {}, holes.to(x[0].device()));
   };
   expect_attention_gpu_equals_cpu(inner, {normal({3, 128, 12, 64}, 191), normal({3, 128, 12, 64}, 192),
                                           normal({3, 128, 12, 64}, 193)},
                                   normal({3, 128, 12, 64}, 194), tol, "cudnn attention key mask, heads inner");
   const Array prefixes = key_padding_mask({128, 77, 5}, 128);
   auto packed = [&](const std::vector<Array>& x) {
-    return flash_attention_packed(x[0], 12, 12, 0.125, false, 0.0, {}, on_device_of(prefixes, x[0]));
+    return flash_attention_packed(x[0], 12, 12, 0.125, false, 0.0, {}, prefixes.to(x[0].device()));
   };
   expect_attention_gpu_equals_cpu(packed, {normal({3, 128, 36, 64}, 195)}, normal({3, 128, 12, 64}, 196), tol,
                                   "cudnn attention key mask, packed (BERT)");
   // One mask row for both batches (the first 40 keys padded, and every seventh), head dim 128.
-  const Array shared = mask_of(1, 256, [](int64_t, int64_t j) { return j >= 40 && j % 7 != 0; });
+  const Array shared = key_mask_where(1, 256, [](int64_t, int64_t j) { return j >= 40 && j % 7 != 0; });
   auto one_row = [&](const std::vector<Array>& x) {
-    return flash_attention(x[0], x[1], x[2], 0.0884, false, 0.0, {}, on_device_of(shared, x[0]));
+    return flash_attention(x[0], x[1], x[2], 0.0884, false, 0.0, {}, shared.to(x[0].device()));
   };
   expect_attention_gpu_equals_cpu(one_row, {normal({2, 4, 200, 128}, 197), normal({2, 4, 256, 128}, 198),
                                             normal({2, 4, 256, 128}, 199)},
                                   normal({2, 4, 200, 128}, 200), tol, "cudnn attention one mask row, Tq 200 Tk 256");
-  const Array grouped_mask = mask_of(2, 64, [](int64_t r, int64_t j) { return r == 0 || j < 8; });
+  const Array grouped_mask = key_mask_where(2, 64, [](int64_t r, int64_t j) { return r == 0 || j < 8; });
   auto grouped = [&](const std::vector<Array>& x) {
-    return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(grouped_mask, x[0]));
+    return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, grouped_mask.to(x[0].device()));
   };
   expect_attention_gpu_equals_cpu(grouped, {normal({2, 6, 64, 64}, 201), normal({2, 2, 64, 64}, 202),
                                             normal({2, 2, 64, 64}, 203)},
@@ -773,7 +768,6 @@ TEST(GpuPrimitives, CudnnAndKernelAttentionTakeEachOthersForward) {
   const DType bf = DType::bf16;
   auto normal = [&](const Shape& sh, uint64_t seed) { return cast(random_normal(sh, seed), bf); };
   const Array mask = key_padding_mask({0, 256, 100}, 256);  // batch 0 sees no key
-  auto on_device_of = [](const Array& m, const Array& x) { return m.device() == x.device() ? m : m.to(x.device()); };
   for (const char* forward_route : {"1", "0"}) {
     const std::string backward_route = std::string(forward_route) == "1" ? "0" : "1";
     const ScopedEnv outer("MT_ATTENTION_CUDNN", backward_route.c_str());  // in force when the backward runs
@@ -789,7 +783,7 @@ TEST(GpuPrimitives, CudnnAndKernelAttentionTakeEachOthersForward) {
                                     normal({2, 4, 256, 64}, 214), default_tolerance(bf), label + " (causal)");
     auto masked = [&](const std::vector<Array>& x) {
       const ScopedEnv inner("MT_ATTENTION_CUDNN", forward_route);
-      return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, on_device_of(mask, x[0]));
+      return flash_attention(x[0], x[1], x[2], 0.125, false, 0.0, {}, mask.to(x[0].device()));
     };
     expect_attention_gpu_equals_cpu(masked, {normal({3, 4, 256, 64}, 215), normal({3, 4, 256, 64}, 216),
                                              normal({3, 4, 256, 64}, 217)},
