@@ -278,10 +278,6 @@ void run(CudnnAttentionState& st, const cudnn_graph::Plan& plan, const CudnnAtte
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A dropout graph's seed and offset (device memory: `seed_offset`, [0] and [2]) and its scale
 // 1 / (1 - rate) (the host's `scale`, by value), appended to its variant pack.
 void append_dropout(const kernels::FlashAttentionShape& s, const Array& seed_offset, float& scale,
