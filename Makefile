@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= 2
 
-.PHONY: deps test-deps bench-peers configure build demo test test-unit test-oracle test-gpu gpu-pack bench clean
+.PHONY: deps test-deps bench-peers configure build demo test test-unit test-oracle test-gpu gpu-pack llmc bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -39,6 +39,12 @@ test-gpu: build test-deps
 # The archive the GPU machine runs (scripts/gpu_pack.sh): binaries, their libraries, test data.
 gpu-pack: build
 	BUILD=$(BUILD) ./scripts/gpu_pack.sh
+
+# llm.c's GPT-2 trainer, built from a checkout of its public repository beside the project for
+# the GPU side-by-side (gpu_run.sh llmc); gpu-pack packs it once built:
+#   make llmc LLMC_SRC=path/to/llm.c CUDNN_FRONTEND=path/to/cudnn-frontend/include
+llmc:
+	./bench/llmc_build.sh $(LLMC_SRC) $(CUDNN_FRONTEND) .gpu/llmc
 
 # bench/'s peers, not needed by make test: a current PyTorch (eager, torch.compile) and the
 # seed systems (Redco, JAX, Flax, Optax) in .venv-bench, pinned in bench/requirements-peers.txt.

@@ -56,6 +56,29 @@ if [ -f "$photos/china.jpg" ]; then
   mkdir -p "$stage/data/images"
   cp "$photos/china.jpg" "$photos/flower.jpg" "$stage/data/images/"
 fi
+# llm.c's GPT-2 trainer, when built beside the project (bench/llmc_build.sh ... .gpu/llmc), for
+# `gpu_run.sh llmc`; Tiny Shakespeare in its token-file format (a 256-int header: magic 20240520,
+# version 1, the token count; then the GPT-2 ids as uint16), tokenized by meshtrain prepare-data.
+llmc=${LLMC_BIN:-$root/.gpu/llmc/train_gpt2cu}
+if [ -x "$llmc" ]; then
+  cp "$llmc" "$stage/bin/"
+  tok=$(mktemp -d)
+  cp "$data/tokenizers/gpt2-encoder.json" "$tok/vocab.json"
+  cp "$data/tokenizers/gpt2-vocab.bpe" "$tok/merges.txt"
+  "$build/apps/meshtrain/meshtrain" prepare-data --data "$data/text/tinyshakespeare.txt" --tokenizer "$tok" \
+    --output "$tok/shards" > /dev/null
+  mkdir -p "$stage/data/llmc"
+  python3 - "$tok/shards" "$stage/data/llmc/tinyshakespeare_gpt2.bin" <<'PY'
+import json, struct, sys
+index = json.load(open(sys.argv[1] + "/index.json"))
+assert index["dtype"] == "uint16" and len(index["shards"]) == 1, index
+ids = open(sys.argv[1] + "/" + index["shards"][0]["file"], "rb").read()
+assert len(ids) == 2 * index["num_tokens"]
+with open(sys.argv[2], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, index["num_tokens"], *([0] * 253)) + ids)
+PY
+  rm -rf "$tok"
+fi
 cp "$root/scripts/gpu_run.sh" "$stage/"
 # One xz stream with a dictionary larger than the whole stage: every binary links the same
 # CUDA kernels (tens of MB each), and a window that spans them all stores them once

@@ -4,6 +4,8 @@
 #                      tests on their own, with cuDNN's debug log), then the sanitizer passes (memcheck;
 #                      racecheck on the fused kernels and flash attention's odd shapes, at most 240 s)
 #   gpu_run.sh bench   bench/gpu_compare_pytorch.py: meshtrain and PyTorch side by side
+#   gpu_run.sh llmc    llm.c's GPT-2 trainer (when packed: bench/llmc_build.sh) on the same GPT-2
+#                      shape, bf16 with cuDNN attention: its tok/s beside bench's (issue 44)
 #   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
 #   gpu_run.sh largest LLaMA-7B-shaped fp32 AdamW, seq 1024, --remat full on one GPU (meshtrain's
 #                      model_step_bench, then PyTorch's twin if it fits): step time and device peak
@@ -28,7 +30,7 @@
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
 #   gpu_run.sh session a device session's one script: test, profile, bench (bf16: GPT-2, BERT and the
-#                      seed miniGPT), caption, sst2, graphs, fusion and head in that order (largest ran
+#                      seed miniGPT), llmc, caption, sst2, graphs, fusion and head in that order (largest ran
 #                      on 2026-11-30)
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
@@ -72,7 +74,7 @@ cap() {
 # The parts this run takes, in order.
 case "$mode" in
   all) parts="test fusion python posttrain caption bench" ;;
-  session) parts=${SESSION_PARTS:-test profile bench caption sst2 graphs fusion head} ;;
+  session) parts=${SESSION_PARTS:-test profile bench llmc caption sst2 graphs fusion head} ;;
   *) parts=$mode ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -389,6 +391,25 @@ print("caption losses CPU", [round(x, 5) for x in c])
 print("max |GPU - CPU| %.3g over %d steps" % (max(abs(a - b) for a, b in zip(g, c)), min(len(g), len(c))))
 PY
   fi
+}
+# llm.c (bench/llmc_build.sh; packed when built) on the bench's GPT-2 shape: 124M from random
+# init ("d12"), B16 T1024, bf16 with cuDNN's flash attention, on Tiny Shakespeare; as shipped
+# (GeLU recomputed in the backward, -r 1) and keeping it (-r 0). Its per-step ms, steps 6 to 25,
+# give tok/s beside `bench`'s meshtrain and PyTorch GPT-2 figures (issue 44's third column).
+part_llmc() {
+  if [ ! -x "$here/bin/train_gpt2cu" ]; then
+    echo "== llmc skipped: train_gpt2cu not packed (bench/llmc_build.sh, then make gpu-pack)"; return
+  fi
+  for r in 1 0; do
+    echo "== llm.c train_gpt2cu -e d12 -b 16 -t 1024, 25 steps, recompute $r"
+    (cd "$out" && timeout "$(cap 90)" "$here/bin/train_gpt2cu" -i "$here/data/llmc/tinyshakespeare_gpt2.bin" \
+      -j "$here/data/llmc/tinyshakespeare_gpt2.bin" -e d12 -b 16 -t 1024 -x 25 -v 1000 -m 1 -s 0 -h 0 -r $r) \
+      > "$out/llmc_r$r.log" 2>&1 || status=1
+    grep -a -E "^step +(1|5|25)/|MiB|error|Error|device +\|" "$out/llmc_r$r.log" | head -12
+    awk -v r=$r '/^step +[0-9]+\// { split($2, a, "/"); if (a[1] + 0 >= 6) { for (i = 1; i < NF; i++) if ($(i + 1) == "ms") { ms += $i; n++ } } }
+      END { if (n) printf "llm.c GPT-2 124M B16 T1024 bf16, recompute %d: %.2f ms/step, %.0f tok/s (mean of %d steps)\n", r, ms / n, 16 * 1024 * 1000 * n / ms, n;
+            else print "llm.c recompute " r ": no step times in its log" }' "$out/llmc_r$r.log" | tee -a "$out/llmc.txt"
+  done
 }
 part_bench() {
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
