@@ -6,6 +6,8 @@
 #   gpu_run.sh bench   bench/gpu_compare_pytorch.py: meshtrain and PyTorch side by side
 #   gpu_run.sh llmc    llm.c's GPT-2 trainer (when packed: bench/llmc_build.sh) on the same GPT-2
 #                      shape, bf16 with cuDNN attention: its tok/s beside bench's (issue 44)
+#   gpu_run.sh compile PyTorch with torch.compile on GPT-2 16 x 1024 and the seed miniGPT 144 x 256,
+#                      bf16 (issue 44's goals: meshtrain against torch.compile in the same run)
 #   gpu_run.sh examples  the tutorial programs (their three functions unchanged) on the GPU
 #   gpu_run.sh largest LLaMA-7B-shaped fp32 AdamW, seq 1024, --remat full on one GPU (meshtrain's
 #                      model_step_bench, then PyTorch's twin if it fits): step time and device peak
@@ -30,7 +32,7 @@
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
 #   gpu_run.sh session a device session's one script: test, profile, bench (bf16: GPT-2, BERT and the
-#                      seed miniGPT), llmc, caption, sst2, graphs, fusion and head in that order (largest ran
+#                      seed miniGPT), llmc, compile, caption, sst2, graphs, fusion and head in that order (largest ran
 #                      on 2026-11-30)
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
 #                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
@@ -38,7 +40,7 @@
 #   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
 #                      attention kernels alone (attention_bench, with and without dropout, and
 #                      cuDNN's fused attention: MT_ATTENTION_CUDNN=1 and =all); a LLaMA step with
-#                      and without cuDNN's, a GPT-2 step with it (dropout by cuDNN's mask), a BERT
+#                      and without cuDNN's and with =auto (each direction's route measured), a GPT-2 step with it (dropout by cuDNN's mask), a BERT
 #                      step with and without it (key-padding masks as cuDNN's bias); the
 #                      trainer's --profile on the same shape: device time per kernel name (issue 44)
 # TEST_S bounds each GPU test binary (default 300 s); BENCH_ARGS are passed to gpu_compare_pytorch.py
@@ -74,7 +76,7 @@ cap() {
 # The parts this run takes, in order.
 case "$mode" in
   all) parts="test fusion python posttrain caption bench" ;;
-  session) parts=${SESSION_PARTS:-test profile bench llmc caption sst2 graphs fusion head} ;;
+  session) parts=${SESSION_PARTS:-test profile bench llmc compile caption sst2 graphs fusion head} ;;
   *) parts=$mode ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -251,12 +253,13 @@ part_profile() {
   MT_ATTENTION_CUDNN=all timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
     > "$out/cudnn_gpt2.json" 2> "$out/cudnn_gpt2.err" || status=1
   cat "$out/cudnn_gpt2.json"; grep -a "cudnn" "$out/cudnn_gpt2.err" | head -3
-  # A LLaMA step (no dropout anywhere: the route takes every attention) with and without it.
-  for c in 0 1; do
+  # A LLaMA step (no dropout anywhere: the route takes every attention) with and without it,
+  # and with each direction where its first calls measured it faster (auto: the choice said).
+  for c in 0 1 auto; do
     echo "== model_step_bench llama:768,2048,12,12,32000 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=$c"
     MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" llama:768,2048,12,12,32000 16 1024 2 5 bf16 \
       none cuda > "$out/cudnn_llama_$c.json" 2> "$out/cudnn_llama_$c.err" || status=1
-    cat "$out/cudnn_llama_$c.json"; grep -a "cudnn" "$out/cudnn_llama_$c.err" | head -3
+    cat "$out/cudnn_llama_$c.json"; grep -a "cudnn" "$out/cudnn_llama_$c.err" | head -5
   done
   # BERT's key-padding masks on cuDNN (an additive bias; batches unmasking no key go to the
   # kernels after it), attention dropout by cuDNN's mask, against the kernels alone.
@@ -409,6 +412,18 @@ part_llmc() {
     awk -v r=$r '/^step +[0-9]+\// { split($2, a, "/"); if (a[1] + 0 >= 6) { for (i = 1; i < NF; i++) if ($(i + 1) == "ms") { ms += $i; n++ } } }
       END { if (n) printf "llm.c GPT-2 124M B16 T1024 bf16, recompute %d: %.2f ms/step, %.0f tok/s (mean of %d steps)\n", r, ms / n, 16 * 1024 * 1000 * n / ms, n;
             else print "llm.c recompute " r ": no step times in its log" }' "$out/llmc_r$r.log" | tee -a "$out/llmc.txt"
+  done
+}
+# torch.compile (inductor) on issue 44's two workloads, GPT-2 124M 16 x 1024 and the seed's
+# miniGPT (4 blocks) 144 x 256, bf16 autocast: its compile falls in the untimed warm-up steps.
+# bench's table has PyTorch eager beside meshtrain; these are the goals' other column.
+part_compile() {
+  for w in "gpt2 16 1024" "minigpt 144 256 50257,256,8,256,4"; do
+    set -- $w
+    echo "== PyTorch $1 $2 x $3 bf16, TORCH_COMPILE=1"
+    TORCH_DEVICE=cuda TORCH_COMPILE=1 timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" $1 $2 $3 3 10 1 bf16 \
+      ${4:-} > "$out/compile_torch_$1.json" 2> "$out/compile_torch_$1.err"
+    echo "exit $?"; cat "$out/compile_torch_$1.json"; tail -2 "$out/compile_torch_$1.err"
   done
 }
 part_bench() {

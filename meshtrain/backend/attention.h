@@ -108,4 +108,7 @@ void flash_attention_backward_tc(const Array& q, const Array& k, const Array& v,
 uint64_t cudnn_attention_forwards();
 uint64_t cudnn_attention_backwards();
 std::string cudnn_attention_last_refusal();
+// MT_ATTENTION_CUDNN=auto's choices so far, one line per shape and direction: the route and
+// both routes' median times.
+std::string cudnn_attention_measured_choices();
 }  // namespace mt::cuda

@@ -796,6 +796,48 @@ TEST(GpuPrimitives, CudnnAndKernelAttentionTakeEachOthersForward) {
   }
 }
 
+// MT_ATTENTION_CUDNN=auto: a shape's first calls alternate between the kernels and cuDNN (one
+// warm-up and three timed calls each), then every call takes the faster. Ten forward and
+// backward calls of one causal shape (a length no other test uses, so its trial starts here):
+// each equals the CPU kernel whichever route ran it; cuDNN ran 4 calls of each direction in
+// the trial (of the first 8) and the last 2 as well where chosen; both choices are said.
+TEST(GpuPrimitives, CudnnAutoRouteTimesBothRoutesAndKeepsItsChoice) {
+  MT_REQUIRE_GPU();
+  const ScopedEnv route("MT_ATTENTION_CUDNN", "auto");
+  const DType bf = DType::bf16;
+  auto normal = [&](const Shape& sh, uint64_t seed) { return cast(random_normal(sh, seed), bf); };
+  const std::vector<Array> in = {normal({2, 4, 392, 64}, 231), normal({2, 4, 392, 64}, 232),
+                                 normal({2, 4, 392, 64}, 233)};
+  const Array cot = normal({2, 4, 392, 64}, 234);
+  auto fn = [](const std::vector<Array>& x) { return flash_attention(x[0], x[1], x[2], 0.125, true); };
+  const auto [ref, ref_grads] = vjp(fn, in, cot);
+  const uint64_t forwards = cuda::cudnn_attention_forwards(), backwards = cuda::cudnn_attention_backwards();
+  const Tolerance tol = default_tolerance(bf);
+  for (int call = 1; call <= 10; ++call) {
+    const std::string label = "cudnn attention auto, call " + std::to_string(call);
+    const auto [out, grads] = vjp_on_gpu(fn, in, cot);
+    expect_close(out.to(Device::cpu()), ref, tol, label + " forward, gpu vs cpu");
+    for (size_t i = 0; i < grads.size(); ++i)
+      expect_close(grads[i].to(Device::cpu()), ref_grads[i], tol, label + " d" + "qkv"[i] + ", gpu vs cpu");
+  }
+  const uint64_t ran_forward = cuda::cudnn_attention_forwards() - forwards;
+  const uint64_t ran_backward = cuda::cudnn_attention_backwards() - backwards;
+  const std::string choices = cuda::cudnn_attention_measured_choices();
+  std::cout << "  cuDNN ran " << ran_forward << " of 10 forwards and " << ran_backward << " of 10 backwards; chosen:\n"
+            << choices;
+  // The line of one direction of this shape, and the calls cuDNN ran by its choice.
+  auto expected_runs = [&](const std::string& direction) -> uint64_t {
+    const std::string head = "attention " + direction + " of B 2 H 4 Hkv 4 Tq 392 Tk 392 D 64 causal bf16: ";
+    const size_t at = choices.find(head);
+    EXPECT_NE(at, std::string::npos) << "no choice said for the " << direction << "; cuDNN's last refusal: "
+                                     << cuda::cudnn_attention_last_refusal();
+    if (at == std::string::npos) return 0;
+    return choices.compare(at + head.size(), 6, "cuDNN ") == 0 ? 6 : 4;
+  };
+  EXPECT_EQ(ran_forward, expected_runs("forward"));
+  EXPECT_EQ(ran_backward, expected_runs("backward"));
+}
+
 // MT_ATTENTION_CUDNN=all: attention with dropout on cuDNN, whose mask is its own (not the
 // CPU's), so the checks are the mask's properties. The same key draws the same mask and
 // another key another; with v all ones each output row is Σ_j mask·P / (1 - rate), whose mean

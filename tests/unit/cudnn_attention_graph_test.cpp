@@ -216,7 +216,7 @@ TEST(CudnnAttentionGraph, AMaskedScoreAbsorbsAnyScoreAddedToIt) {
 }
 
 // The switch's values, and a clear error for any other.
-TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
+TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneAllOrAuto) {
 #if MT_WITH_CUDA
   {
     const ScopedEnv unset("MT_ATTENTION_CUDNN", nullptr);
@@ -230,6 +230,10 @@ TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
     const ScopedEnv all("MT_ATTENTION_CUDNN", "all");
     EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::all);
   }
+  {
+    const ScopedEnv measured("MT_ATTENTION_CUDNN", "auto");
+    EXPECT_EQ(cuda::cudnn_attention_mode(), cuda::CudnnAttentionMode::measured);
+  }
   const ScopedEnv yes("MT_ATTENTION_CUDNN", "yes");
   try {
     cuda::cudnn_attention_mode();
@@ -237,6 +241,7 @@ TEST(CudnnAttentionGraph, TheSwitchTakesZeroOneOrAll) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MT_ATTENTION_CUDNN='yes'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("0, 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto"), std::string::npos) << e.what();
   }
 #else
   GTEST_SKIP() << "built without the CUDA backend";

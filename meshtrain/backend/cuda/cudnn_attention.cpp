@@ -14,6 +14,7 @@
 
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/cudnn_attention_graphs.h"
+#include "meshtrain/backend/cuda/measured_route.h"
 #include "meshtrain/backend/cuda/step_graph.h"
 
 namespace mt::cuda {
@@ -25,9 +26,11 @@ CudnnAttentionMode cudnn_attention_mode() {
   if (!v || !*v || std::strcmp(v, "0") == 0) return CudnnAttentionMode::off;
   if (std::strcmp(v, "1") == 0) return CudnnAttentionMode::without_dropout;
   if (std::strcmp(v, "all") == 0) return CudnnAttentionMode::all;
+  if (std::strcmp(v, "auto") == 0) return CudnnAttentionMode::measured;
   throw Error(detail::concat("[attention] MT_ATTENTION_CUDNN='", v,
-                             "': expected 0, 1 (cuDNN's fused attention "
-                             "without dropout) or all (with dropout too, cuDNN's own mask)"));
+                             "': expected 0, 1 (cuDNN's fused attention without dropout), all (with dropout "
+                             "too, cuDNN's own mask) or auto (as 1, each shape's direction on cuDNN or the "
+                             "kernels, whichever its first calls measured faster)"));
 }
 
 std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const Array& v, const Array& out,
@@ -72,6 +75,28 @@ std::string cudnn_attention_ineligibility(const Array& q, const Array& k, const 
 
 namespace {
 
+// MT_ATTENTION_CUDNN=auto's trial of one shape's direction (measured_route.h): the kernels are
+// its first route, cuDNN its second. Each timed call is bracketed by two events on the stream,
+// read (waited for) once the trial's last call is issued: one host wait per shape and
+// direction, in the eager steps that come before any capture.
+struct RouteTiming {
+  struct Pending {
+    MeasuredRoute::Route route;
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  MeasuredRoute route;
+  std::vector<Pending> pending;
+  RouteTiming() = default;
+  RouteTiming(const RouteTiming&) = delete;
+  RouteTiming& operator=(const RouteTiming&) = delete;
+  ~RouteTiming() {
+    for (const Pending& p : pending) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+    }
+  }
+};
+
 // One shape's two directions, each planned on first use (no plan: cuDNN refused it, said
 // once). Kept and dropped together: with dropout the forward plans both before it draws
 // cuDNN's mask (its backward then follows the op's record of that, FlashAttentionShape).
@@ -81,6 +106,7 @@ struct PlannedAttention {
     cudnn_graph::Plan plan;
     bool tried = false;
     bool bias_rows_written = false;  // the plan reads the key mask's bias row by row
+    RouteTiming timing;              // MT_ATTENTION_CUDNN=auto: cuDNN or the kernels, measured
   };
   Direction forward, backward;
   uint64_t last_used = 0;
@@ -106,6 +132,7 @@ struct CudnnAttentionState {
   uint64_t clock = 0;
   uint64_t forwards = 0, backwards = 0;
   std::string last_refusal;
+  std::vector<std::string> measured_choices;  // MT_ATTENTION_CUDNN=auto's, one line each
   size_t version = 0;  // cuDNN's, at run time
   bool announced = false;
 };
@@ -320,6 +347,70 @@ bool replay_bug_applies(const CudnnAttentionState& st, const kernels::FlashAtten
 const char* const kKeyMaskNeedsTensorCores =
     "a key-padding mask where the tensor-core kernels, which take its batches with no visible key, do not run";
 
+const char* route_name(MeasuredRoute::Route r) { return r == MeasuredRoute::second ? "cuDNN" : "the kernels"; }
+
+// Waits for the trial's timed calls, hands their times to its MeasuredRoute, and says the
+// choice (stderr, and cudnn_attention_measured_choices). Caller holds the mutex.
+void collect(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo) {
+  for (RouteTiming::Pending& p : t.pending) {
+    float ms = 0;
+    check(cudaEventSynchronize(p.end), "cudnn attention auto: waiting for a timed call");
+    check(cudaEventElapsedTime(&ms, p.start, p.end), "cudnn attention auto: a timed call's time");
+    cudaEventDestroy(p.start);
+    cudaEventDestroy(p.end);
+    p.start = p.end = nullptr;
+    t.route.report(p.route, ms);
+  }
+  t.pending.clear();
+  if (!t.route.decided()) return;
+  const std::string line = detail::concat(
+      what, " of ", describe(geo), ": ", route_name(t.route.choice()), " (median of ", t.route.timed_calls() / 2,
+      " calls: cuDNN ", t.route.median_ms(MeasuredRoute::second), " ms, the kernels ",
+      t.route.median_ms(MeasuredRoute::first), " ms)");
+  st.measured_choices.push_back(line);
+  std::cerr << "[cudnn attention] auto: the " << line << "\n";
+}
+
+// MT_ATTENTION_CUDNN=auto: runs the call on the route its trial gives, timed while the trial
+// lasts, then on the trial's choice. Inside a captured step nothing is timed and a shape still
+// undecided keeps the kernels (the graph replays them). True when cuDNN ran. Caller holds the
+// mutex.
+template <class OnCudnn, class OnKernels>
+bool run_measured(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo,
+                  OnCudnn&& on_cudnn, OnKernels&& on_kernels) {
+  MeasuredRoute::Call call{MeasuredRoute::first, false};
+  if (capturing_on_this_thread()) {
+    if (t.route.decided()) call.route = t.route.choice();
+  } else {
+    if (t.route.awaiting_times()) collect(st, t, what, geo);
+    call = t.route.next();
+  }
+  RouteTiming::Pending p{call.route};
+  if (call.timed) {
+    check(cudaEventCreate(&p.start), "cudnn attention auto: an event");
+    if (cudaEventCreate(&p.end) != cudaSuccess) {
+      cudaEventDestroy(p.start);
+      check(cudaGetLastError(), "cudnn attention auto: an event");
+    }
+  }
+  try {
+    if (call.timed) check(cudaEventRecord(p.start, stream()), "cudnn attention auto: timing a call");
+    if (call.route == MeasuredRoute::second)
+      on_cudnn();
+    else
+      on_kernels();
+    if (call.timed) check(cudaEventRecord(p.end, stream()), "cudnn attention auto: timing a call");
+  } catch (...) {
+    if (call.timed) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+    }
+    throw;
+  }
+  if (call.timed) t.pending.push_back(p);
+  return call.route == MeasuredRoute::second;
+}
+
 }  // namespace
 
 bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, const kernels::FlashAttentionShape& s,
@@ -351,10 +442,17 @@ bool cudnn_attention_forward(const Array& q, const Array& k, const Array& v, con
     append_dropout(s, seed_offset, dropout_scale, uids, pointers);
     *s.cudnn_dropout_record = seed_offset;  // the backward draws the mask again from it
   }
-  const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
-  run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
-  if (s.key_mask) flash_attention_forward_tc(q, k, v, s, out, lse, mask.flags());
-  ++st.forwards;
+  auto on_cudnn = [&] {
+    const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
+    run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention forward");
+    if (s.key_mask) flash_attention_forward_tc(q, k, v, s, out, lse, mask.flags());
+    ++st.forwards;
+  };
+  if (mode == CudnnAttentionMode::measured && flash_attention_tensor_cores(q, s.d))
+    run_measured(st, entry->forward.timing, "attention forward", geo, on_cudnn,
+                 [&] { flash_attention_forward_tc(q, k, v, s, out, lse); });
+  else
+    on_cudnn();
   return true;
 }
 
@@ -371,8 +469,8 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
              "on cuDNN (", why, "), and the attention kernels of this build cannot draw that mask again");
     return ok;
   };
+  const CudnnAttentionMode mode = follows ? CudnnAttentionMode::all : cudnn_attention_mode();
   if (!follows) {
-    const CudnnAttentionMode mode = cudnn_attention_mode();
     if (mode == CudnnAttentionMode::off || !cudnn_attention_ineligibility(q, k, v, out, s, mode).empty()) return false;
   } else {
     const std::string why = cudnn_attention_ineligibility(q, k, v, out, s, CudnnAttentionMode::all);
@@ -391,24 +489,32 @@ bool cudnn_attention_backward(const Array& q, const Array& k, const Array& v, co
   PlannedAttention* entry = entry_for(st, geo);
   const PlannedAttention::Direction* plan = entry ? planned(st, *entry, geo, true) : nullptr;
   if (!must(plan != nullptr, "no plan for its shape: " + st.last_refusal)) return false;
-  // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
-  // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
-  const int64_t rows = geo.batch * geo.heads * geo.tq;
-  const Array softmax_sum = device_buffer(rows * 4, q.device());
-  const Array dq_accum = device_buffer(rows * geo.d * 4, q.device());
-  if (st.version < 90600)
-    check(cudaMemsetAsync(dq_accum.raw(), 0, size_t(rows * geo.d * 4), stream()), "cudnn attention backward");
-  // With dropout the softmax sum is scaled by (1 - rate) where it is by 1 otherwise.
-  float scale = s.scale, one = dropout ? float(1.0 - s.dropout_rate) : 1.0f, dropout_scale = 1.0f;
-  std::vector<int64_t> uids = {kCudnnQ,  kCudnnK,  kCudnnV,          kCudnnO,       kCudnnDO,    kCudnnStats, kCudnnDQ,
-                               kCudnnDK, kCudnnDV, kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnScale, kCudnnOne};
-  std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),           out.raw(),      g.raw(), lse.raw(), dq.raw(),
-                                 dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,  &one};
-  if (dropout) append_dropout(s, *s.cudnn_dropout_seed, dropout_scale, uids, pointers);
-  const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
-  run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
-  if (s.key_mask) flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv, mask.flags());
-  ++st.backwards;
+  auto on_cudnn = [&] {
+    // The graph's two f32 buffers: the rows' Σ dO·O, and dQ accumulated before its rounding
+    // (cuDNN before 9.6 accumulates into it as it finds it: zeroed there).
+    const int64_t rows = geo.batch * geo.heads * geo.tq;
+    const Array softmax_sum = device_buffer(rows * 4, q.device());
+    const Array dq_accum = device_buffer(rows * geo.d * 4, q.device());
+    if (st.version < 90600)
+      check(cudaMemsetAsync(dq_accum.raw(), 0, size_t(rows * geo.d * 4), stream()), "cudnn attention backward");
+    // With dropout the softmax sum is scaled by (1 - rate) where it is by 1 otherwise.
+    float scale = s.scale, one = dropout ? float(1.0 - s.dropout_rate) : 1.0f, dropout_scale = 1.0f;
+    std::vector<int64_t> uids = {kCudnnQ,  kCudnnK,  kCudnnV,          kCudnnO,       kCudnnDO,    kCudnnStats,
+                                 kCudnnDQ, kCudnnDK, kCudnnDV,         kCudnnSoftmaxSum, kCudnnDqAccum, kCudnnScale,
+                                 kCudnnOne};
+    std::vector<void*> pointers = {q.raw(),  k.raw(),  v.raw(),  out.raw(),         g.raw(),         lse.raw(), dq.raw(),
+                                   dk.raw(), dv.raw(), softmax_sum.raw(), dq_accum.raw(), &scale,   &one};
+    if (dropout) append_dropout(s, *s.cudnn_dropout_seed, dropout_scale, uids, pointers);
+    const KeyMaskBias mask = key_mask_bias(s, geo, *plan, q.device(), uids, pointers);
+    run(st, plan->plan, geo, q.device(), std::move(uids), std::move(pointers), "attention backward");
+    if (s.key_mask) flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv, mask.flags());
+    ++st.backwards;
+  };
+  if (mode == CudnnAttentionMode::measured && flash_attention_tensor_cores(q, s.d))
+    run_measured(st, entry->backward.timing, "attention backward", geo, on_cudnn,
+                 [&] { flash_attention_backward_tc(q, k, v, out, lse, g, s, dq, dk, dv); });
+  else
+    on_cudnn();
   return true;
 }
 
@@ -422,6 +528,14 @@ uint64_t cudnn_attention_backwards() {
   CudnnAttentionState& st = state();
   std::lock_guard<std::mutex> lock(st.mutex);
   return st.backwards;
+}
+
+std::string cudnn_attention_measured_choices() {
+  CudnnAttentionState& st = state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::string lines;
+  for (const std::string& line : st.measured_choices) lines += line + "\n";
+  return lines;
 }
 
 std::string cudnn_attention_last_refusal() {

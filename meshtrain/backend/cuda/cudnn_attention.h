@@ -27,8 +27,13 @@
 namespace mt::cuda {
 
 // MT_ATTENTION_CUDNN in the environment (read at each call, as the tests toggle it): unset or
-// 0 off, 1 without dropout, all with dropout too; another value is an error naming these.
-enum class CudnnAttentionMode { off, without_dropout, all };
+// 0 off, 1 without dropout, all with dropout too, auto (`measured`) the calls 1 takes, each
+// shape's forward and backward run where its first calls measured them faster: cuDNN or the
+// tensor-core kernels (measured_route.h: one warm-up and three timed calls each, alternating,
+// cuDNN taken only when more than 5 % faster, as the kernels' results are reproducible and
+// cuDNN's dQ is not; the choice said once per shape on stderr; inside a captured step nothing
+// is timed and an undecided shape keeps the kernels). Another value is an error naming these.
+enum class CudnnAttentionMode { off, without_dropout, all, measured };
 CudnnAttentionMode cudnn_attention_mode();
 
 // Why the route does not take these arrays in `mode`, or "" when it does.

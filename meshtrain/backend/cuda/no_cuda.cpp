@@ -78,6 +78,7 @@ bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
 int64_t dropout_keep_bits_words(const Array&, const kernels::FlashAttentionShape&) { return 0; }
 uint64_t cudnn_attention_forwards() { return 0; }
 uint64_t cudnn_attention_backwards() { return 0; }
+std::string cudnn_attention_measured_choices() { return ""; }
 std::string cudnn_attention_last_refusal() { return ""; }
 void set_matmul_tuning(bool) {}
 // No GPU GEMMs, so no plans: the capacity is only remembered.
