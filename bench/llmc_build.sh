@@ -16,8 +16,12 @@ nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$src/." "$scratch/"
-mkdir -p "$scratch/cudnn-frontend"
-ln -s "$(cd "$frontend" && pwd)" "$scratch/cudnn-frontend/include"
+# Outputs a checkout may hold from an earlier build: make would keep them over the patched source.
+rm -rf "$scratch/build" "$scratch/train_gpt2cu"
+# llm.c's Makefile stops unless $HOME/cudnn-frontend/include or ./cudnn-frontend/include
+# exists; CUDNN_FRONTEND_PATH below then decides which headers are used.
+[ -d "$scratch/cudnn-frontend/include" ] || { mkdir -p "$scratch/cudnn-frontend" &&
+  ln -s "$(cd "$frontend" && pwd)" "$scratch/cudnn-frontend/include"; }
 # CUDA 13 takes a cudaMemLocation where CUDA 12 took a device ordinal (cudaCpuDeviceId = the
 # host) in cudaMemAdvise; llm.c calls it only when it falls back to managed memory.
 if "$nvcc" --version | grep -q 'release 1[3-9]'; then
@@ -27,7 +31,7 @@ fi
 # No NCCL or MPI (one GPU); no NVML (the toolkit here ships neither its header nor its library:
 # llm.c then skips its GPU-utilisation readout). GPU_COMPUTE_CAPABILITY=90: H100/H200.
 make -C "$scratch" train_gpt2cu USE_CUDNN=1 GPU_COMPUTE_CAPABILITY=${LLMC_SM:-90} NO_MULTI_GPU=1 NO_USE_MPI=1 \
-  NVCC="$nvcc" NVCC_LDFLAGS="-lcublas -lcublasLt -lcudnn"
+  CUDNN_FRONTEND_PATH="$(cd "$frontend" && pwd)" NVCC="$nvcc" NVCC_LDFLAGS="-lcublas -lcublasLt -lcudnn"
 mkdir -p "$out"
 cp "$scratch/train_gpt2cu" "$out/"
 echo "built $out/train_gpt2cu from $(cd "$src" && git log -1 --format='%h %cs' 2>/dev/null || echo "$src")"

@@ -63,6 +63,7 @@ llmc=${LLMC_BIN:-$root/.gpu/llmc/train_gpt2cu}
 if [ -x "$llmc" ]; then
   cp "$llmc" "$stage/bin/"
   tok=$(mktemp -d)
+  trap 'rm -rf "$tok"' EXIT
   cp "$data/tokenizers/gpt2-encoder.json" "$tok/vocab.json"
   cp "$data/tokenizers/gpt2-vocab.bpe" "$tok/merges.txt"
   "$build/apps/meshtrain/meshtrain" prepare-data --data "$data/text/tinyshakespeare.txt" --tokenizer "$tok" \

@@ -187,7 +187,9 @@ part_graphs() {
     echo "== PyTorch BERT-base 32 x 128 bf16, TORCH_COMPILE=${c:-eager}"
     TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
       > "$out/graphs_torch_${c:-eager}.json" 2> "$out/graphs_torch_${c:-eager}.err"
-    echo "exit $?"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
+    rc=$?
+    echo "exit $rc"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
+    [ $rc = 0 ] || status=1
   done
 }
 part_largest() {
@@ -405,7 +407,8 @@ part_llmc() {
   fi
   for r in 1 0; do
     echo "== llm.c train_gpt2cu -e d12 -b 16 -t 1024, 25 steps, recompute $r"
-    (cd "$out" && timeout "$(cap 90)" "$here/bin/train_gpt2cu" -i "$here/data/llmc/tinyshakespeare_gpt2.bin" \
+    # Line-buffered where stdbuf is there: a run cut short by its timeout keeps its steps.
+    (cd "$out" && timeout "$(cap 90)" $(command -v stdbuf > /dev/null && echo stdbuf -oL) "$here/bin/train_gpt2cu" -i "$here/data/llmc/tinyshakespeare_gpt2.bin" \
       -j "$here/data/llmc/tinyshakespeare_gpt2.bin" -e d12 -b 16 -t 1024 -x 25 -v 1000 -m 1 -s 0 -h 0 -r $r) \
       > "$out/llmc_r$r.log" 2>&1 || status=1
     grep -a -E "^step +(1|5|25)/|MiB|error|Error|device +\|" "$out/llmc_r$r.log" | head -12
@@ -423,7 +426,9 @@ part_compile() {
     echo "== PyTorch $1 $2 x $3 bf16, TORCH_COMPILE=1"
     TORCH_DEVICE=cuda TORCH_COMPILE=1 timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" $1 $2 $3 3 10 1 bf16 \
       ${4:-} > "$out/compile_torch_$1.json" 2> "$out/compile_torch_$1.err"
-    echo "exit $?"; cat "$out/compile_torch_$1.json"; tail -2 "$out/compile_torch_$1.err"
+    rc=$?
+    echo "exit $rc"; cat "$out/compile_torch_$1.json"; tail -2 "$out/compile_torch_$1.err"
+    [ $rc = 0 ] || status=1
   done
 }
 part_bench() {

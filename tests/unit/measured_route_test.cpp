@@ -85,6 +85,23 @@ TEST(MeasuredRoute, OnceDecidedEveryCallTakesTheChoiceUntimed) {
   EXPECT_EQ(m.choice(), MeasuredRoute::second);
 }
 
+// A trial whose calls were not all timed (one failed before its time was taken) starts over.
+TEST(MeasuredRoute, RestartMeasuresAgain) {
+  MeasuredRoute m(1, 2);
+  std::vector<MeasuredRoute::Call> timed;
+  while (!m.awaiting_times()) {
+    const MeasuredRoute::Call c = m.next();
+    if (c.timed) timed.push_back(c);
+  }
+  m.report(timed[0].route, 1.0);  // the other three calls' times never came
+  EXPECT_FALSE(m.decided());
+  m.restart();
+  EXPECT_FALSE(m.awaiting_times());
+  EXPECT_FALSE(m.next().timed) << "a restarted trial warms up again";
+  m.restart();
+  EXPECT_EQ(decide(m, 1.0, 2.0), MeasuredRoute::first);
+}
+
 TEST(MeasuredRoute, RefusesAScheduleWithoutSamples) {
   EXPECT_THROW(MeasuredRoute(1, 0), std::invalid_argument);
   EXPECT_THROW(MeasuredRoute(-1, 3), std::invalid_argument);

@@ -352,16 +352,29 @@ const char* route_name(MeasuredRoute::Route r) { return r == MeasuredRoute::seco
 // Waits for the trial's timed calls, hands their times to its MeasuredRoute, and says the
 // choice (stderr, and cudnn_attention_measured_choices). Caller holds the mutex.
 void collect(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo) {
-  for (RouteTiming::Pending& p : t.pending) {
-    float ms = 0;
-    check(cudaEventSynchronize(p.end), "cudnn attention auto: waiting for a timed call");
-    check(cudaEventElapsedTime(&ms, p.start, p.end), "cudnn attention auto: a timed call's time");
-    cudaEventDestroy(p.start);
-    cudaEventDestroy(p.end);
-    p.start = p.end = nullptr;
-    t.route.report(p.route, ms);
-  }
+  std::vector<RouteTiming::Pending> pending = std::move(t.pending);
   t.pending.clear();
+  size_t next = 0;
+  try {
+    for (; next < pending.size(); ++next) {
+      const RouteTiming::Pending& p = pending[next];
+      float ms = 0;
+      check(cudaEventSynchronize(p.end), "cudnn attention auto: waiting for a timed call");
+      check(cudaEventElapsedTime(&ms, p.start, p.end), "cudnn attention auto: a timed call's time");
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+      t.route.report(p.route, ms);
+    }
+  } catch (...) {
+    for (; next < pending.size(); ++next) {
+      cudaEventDestroy(pending[next].start);
+      cudaEventDestroy(pending[next].end);
+    }
+    t.route.restart();
+    throw;
+  }
+  // A call of the trial failed before it was timed (an error its caller caught): measure again.
+  if (!t.route.decided()) t.route.restart();
   if (!t.route.decided()) return;
   const std::string line = detail::concat(
       what, " of ", describe(geo), ": ", route_name(t.route.choice()), " (median of ", t.route.timed_calls() / 2,
@@ -388,9 +401,10 @@ bool run_measured(CudnnAttentionState& st, RouteTiming& t, const std::string& wh
   RouteTiming::Pending p{call.route};
   if (call.timed) {
     check(cudaEventCreate(&p.start), "cudnn attention auto: an event");
-    if (cudaEventCreate(&p.end) != cudaSuccess) {
+    const cudaError_t made = cudaEventCreate(&p.end);
+    if (made != cudaSuccess) {
       cudaEventDestroy(p.start);
-      check(cudaGetLastError(), "cudnn attention auto: an event");
+      check(made, "cudnn attention auto: an event");
     }
   }
   try {

@@ -11,7 +11,9 @@
 // `samples` timed calls, the routes alternating so that neither is favoured by what ran just
 // before it. The choice is the route with the lower median time, the second route (cuDNN) only
 // where it is faster by more than `margin`: the first (the kernels) gives the same bits run
-// after run, which cuDNN's atomically summed dQ does not, so a tie keeps it.
+// after run, which cuDNN's atomically summed dQ does not, so a tie keeps it. The times are the
+// stream's: where the GPU waits for the host (an idle GPU, a first step), a route's host-side
+// work per call counts too, as it does in an eager run (a captured step replays without it).
 #include <algorithm>
 #include <array>
 #include <stdexcept>
@@ -54,6 +56,15 @@ class MeasuredRoute {
       choice_ = median_ms(second) < (1.0 - margin_) * median_ms(first) ? second : first;
       decided_ = true;
     }
+  }
+
+  // Starts the trial over: for a caller whose trial ended without every timed call's time (a
+  // call that failed before it was timed), so that the shape is measured again, not stuck.
+  void restart() {
+    issued_ = 0;
+    decided_ = false;
+    times_[first].clear();
+    times_[second].clear();
   }
 
   double median_ms(Route r) const {
