@@ -2,8 +2,10 @@
 // `mpirun -np N spmd_step_bench`: single device (every rank alone, OpenMP threads as set),
 // data parallel, FSDP and tensor parallel over all ranks. Prints ms/step and tokens/s.
 // Usage: mpirun -np 2 build/bench/spmd_step_bench [steps] [--layouts dp,fsdp,...] [--bucket-mb N]
+//   [--grad-reduce-dtype f32|bf16]
 // (--bucket-mb: the gradient all-reduce bucket; one larger than all gradients means no
-// overlap with the backward pass: bench/multihost_overlap.sh compares the two over a slow link)
+// overlap with the backward pass: bench/multihost_overlap.sh compares the two over a slow link,
+// and bf16 on the wire beside f32: dist::grad_reduce_dtype)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a == "--layouts" && i + 1 < argc) layouts = argv[++i];
       else if (a == "--bucket-mb" && i + 1 < argc) dist::set_grad_bucket_bytes(size_t(std::stod(argv[++i]) * (1 << 20)));
+      else if (a == "--grad-reduce-dtype" && i + 1 < argc) dist::set_grad_reduce_dtype(dtype_from_name(argv[++i]));
       else steps = std::stoi(a);
     }
     layouts = "," + layouts + ",";

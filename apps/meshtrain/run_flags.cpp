@@ -8,6 +8,7 @@
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
+#include "meshtrain/distributed/grad_reducer.h"
 #include "meshtrain/distributed/spmd.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/train/checkpoint.h"
@@ -91,6 +92,11 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   add_precision_flag(cmd, f.precision);
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
+  cmd->add_option("--grad-reduce-dtype", f.grad_reduce_dtype,
+                  "the dtype data-parallel gradients travel in between processes: f32, or bf16 (half the bytes; "
+                  "each rank's gradient rounded to bf16 once, summed in f32, the sum rounded once)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--remat", f.remat,
                   "activation checkpointing: none (store every activation), block (keep each transformer block's "
                   "input, recompute the block in backward), full (block, and the output head's logits in recomputed "
@@ -154,6 +160,7 @@ train::Deployer make_deployer(const RunFlags& f) {
   o.workdir = f.output_dir;
   o.device = f.device;
   set_attention_kernel(attention_kernel_from_name(f.attention));
+  dist::set_grad_reduce_dtype(f.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
   train::Deployer deployer(o);
   for (const std::string& axis : deployer.mesh().axis_names())
     MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",

@@ -27,6 +27,7 @@ struct RunFlags {
   int64_t logging_steps = 0;  // not on a terminal: a progress line every N steps (0: every 10 %)
   int64_t read_loss_every = 0;  // read the losses every N steps in one copy (0: 16 on a GPU, 1 on the CPU)
   bool fsdp = false;       // shard large weights over the data axis too
+  std::string grad_reduce_dtype = "f32";  // data-parallel gradients on the wire: f32 or bf16 (dist::grad_reduce_dtype)
   bool resume = false;
   bool overwrite = false;
   std::string precision = "f32";  // f32, tf32, bf16 or bf16-matmul (see mt::PrecisionPolicy)

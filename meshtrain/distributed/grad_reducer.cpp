@@ -3,17 +3,28 @@
 #include <cstring>
 
 #include "meshtrain/autodiff/gradient_reduction.h"
+#include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/reduce.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace mt::dist {
 
 namespace {
 size_t g_bucket_bytes = size_t(32) << 20;
+DType g_reduce_dtype = DType::f32;
 GradReductionStats g_last_stats;
 }  // namespace
 
 size_t grad_bucket_bytes() { return g_bucket_bytes; }
 void set_grad_bucket_bytes(size_t bytes) { g_bucket_bytes = bytes > 0 ? bytes : 1; }
+DType grad_reduce_dtype() { return g_reduce_dtype; }
+void set_grad_reduce_dtype(DType dtype) {
+  MT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "[grad reduce] gradients travel in f32 or bf16, not ",
+           dtype_name(dtype));
+  g_reduce_dtype = dtype;
+}
 GradReductionStats last_grad_reduction() { return g_last_stats; }
 
 void GradReducer::add(size_t index, const Array& grad, const Mesh& mesh, const PartitionSpec& target) {
@@ -47,6 +58,10 @@ void GradReducer::launch(Bucket& b) {
   Communicator* device_comm = b.comm->device_communicator(device);
   if (!device.is_cuda()) device_comm = nullptr;
   const Device where = device_comm ? device : Device::cpu();
+  const int ranks = b.comm->size();
+  b.narrow = g_reduce_dtype == DType::bf16 && b.dtype == DType::f32 && ranks > 1;
+  b.slice = (elements + ranks - 1) / ranks;
+  if (b.narrow) elements = b.slice * ranks;  // the tail zeroed below
   b.buffer = Array::empty({elements}, b.dtype, where);
   char* dst = static_cast<char*>(b.buffer.raw());
   for (const Entry& e : b.entries) {
@@ -58,9 +73,39 @@ void GradReducer::launch(Bucket& b) {
     }
     dst += e.local.nbytes();
   }
-  b.handle = (device_comm ? device_comm : b.comm)->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
+  Communicator* comm = device_comm ? device_comm : b.comm;
+  if (b.narrow) {
+    const size_t filled = size_t(dst - static_cast<char*>(b.buffer.raw())), all = b.buffer.nbytes();
+    if (filled < all) {
+      const uint8_t zero = 0;
+      if (device_comm)
+        cuda_runtime().fill_bytes(dst, &zero, 1, all - filled);
+      else
+        std::memset(dst, 0, all - filled);
+    }
+    autodiff::NoGradGuard no_grad;
+    b.buffer = cast(b.buffer, DType::bf16);
+    b.received = Array::empty({elements}, DType::bf16, where);
+    b.handle = comm->all_to_all_async(b.buffer.raw(), b.received.raw(), b.slice, DType::bf16);
+  } else {
+    b.handle = comm->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
+  }
   ++buckets_issued_;
   in_flight_.push_back(std::move(b));
+}
+
+Array GradReducer::sum_narrow(Bucket& b) {
+  autodiff::NoGradGuard no_grad;
+  const int ranks = b.comm->size();
+  // Row i of `received` is rank i's bf16 copy of this rank's slice: summed in f32, rows in
+  // rank order, then rounded once; every rank does the same for its own slice.
+  const Array mine = cast(sum(cast(reshape(b.received, {int64_t(ranks), b.slice}), DType::f32), {0}), DType::bf16);
+  Array gathered = Array::empty({int64_t(ranks) * b.slice}, DType::bf16, mine.device());
+  Communicator* device_comm = b.comm->device_communicator(mine.device());
+  Communicator* comm = mine.device().is_cuda() && device_comm ? device_comm : b.comm;
+  comm->all_gather(mine.raw(), gathered.raw(), b.slice, DType::bf16);
+  b.received = Array();
+  return cast(gathered, DType::f32);
 }
 
 std::vector<Array> GradReducer::finish(size_t count) {
@@ -71,6 +116,7 @@ std::vector<Array> GradReducer::finish(size_t count) {
   for (auto& [index, g] : done_) out[index] = g;
   for (Bucket& b : in_flight_) {
     b.handle.wait();
+    if (b.narrow) b.buffer = sum_narrow(b);
     const char* src = static_cast<const char*>(b.buffer.raw());
     const bool on_device = b.buffer.device().is_cuda();
     for (const Entry& e : b.entries) {

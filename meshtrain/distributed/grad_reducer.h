@@ -19,6 +19,15 @@ namespace mt::dist {
 size_t grad_bucket_bytes();
 void set_grad_bucket_bytes(size_t bytes);
 
+// The dtype f32 gradients travel in between data-parallel ranks (--grad-reduce-dtype): f32
+// (the default: an all-reduce), or bf16, half the bytes, still summed in f32: each bucket is
+// rounded to bf16 once, exchanged all-to-all so that each rank holds every rank's copy of one
+// slice, summed there in f32 in rank order and rounded once more, and the slices all-gathered
+// (bf16). So the result is bf16(Σ_r bf16(g_r)) on every rank whatever their number, where a
+// bf16 all-reduce would round each partial sum of its ring. Other dtypes are an error.
+DType grad_reduce_dtype();
+void set_grad_reduce_dtype(DType dtype);
+
 // What the last finished reduction did: buckets issued in all, and how many of them started
 // before the backward pass ended (the overlap).
 struct GradReductionStats {
@@ -54,8 +63,15 @@ class GradReducer {
     size_t bytes = 0;
     Array buffer;
     CommHandle handle;
+    // bf16 on the wire (grad_reduce_dtype): `buffer` holds the bucket rounded to bf16, padded
+    // to ranks × slice elements; `received` every rank's copy of this rank's slice.
+    bool narrow = false;
+    int64_t slice = 0;
+    Array received;
   };
   void launch(Bucket& bucket);
+  // A narrow bucket once its all-to-all is done: its reduced values, f32, on the bucket's device.
+  static Array sum_narrow(Bucket& bucket);
 
   size_t bucket_bytes_;
   std::map<std::pair<std::string, int>, Bucket> open_;  // (axis, dtype) -> filling bucket
