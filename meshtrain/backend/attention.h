@@ -94,6 +94,9 @@ bool flash_attention_tensor_cores(const Array& q, int64_t head_dim);
 // draw the backward's dropout flags again; always 0 without dropout, off the GPU, and unless
 // MT_ATTENTION_DROPOUT_BITS=1 while the two are being measured against each other).
 int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s);
+// Kernel launches that took the tensor-core kernels' double-buffered (cp.async) form in this
+// process: a test comparing the two forms checks the form it meant to compare ran.
+uint64_t flash_attention_pipelined_launches();
 // only_batches (device memory, one i32 per batch b = slice / heads, or null for all): the
 // kernels compute the slices of the batches flagged nonzero and leave the others' outputs as
 // they are (the cuDNN route's rows its key-mask bias cannot make uniform: cudnn_attention.h).

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -827,16 +828,22 @@ void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... ar
 // Launches `piped` (a kernel's double-buffered form) where take_pipelined takes it, else `plain`.
 // Callers pass the plain kernel as `piped` too for arrays other than bf16, whose double-buffered
 // forms are never instantiated.
+// Launches of a double-buffered form, for tests that must know the form ran.
+std::atomic<uint64_t> g_pipelined_launches{0};
+
 template <class In, class Kernel, class... Args>
 void launch_best(const Params& params, Kernel plain, size_t plain_bytes, Kernel piped, size_t piped_bytes, dim3 grid,
                  const char* what, Args... args) {
-  if (take_pipelined<In>(params, plain, plain_bytes, piped, piped_bytes))
+  if (take_pipelined<In>(params, plain, plain_bytes, piped, piped_bytes)) {
     launch(piped, grid, piped_bytes, what, args...);
-  else
+    g_pipelined_launches.fetch_add(1, std::memory_order_relaxed);
+  } else
     launch(plain, grid, plain_bytes, what, args...);
 }
 
 }  // namespace
+
+uint64_t flash_attention_pipelined_launches() { return g_pipelined_launches.load(std::memory_order_relaxed); }
 
 int64_t dropout_keep_bits_words(const Array& q, const kernels::FlashAttentionShape& s) {
   const char* v = std::getenv("MT_ATTENTION_DROPOUT_BITS");

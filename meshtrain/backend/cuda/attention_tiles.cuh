@@ -98,9 +98,12 @@ __device__ inline float masked_fill(const Params& p, const bool* mask) {
   for (int64_t j = threadIdx.x; j < p.tk && !any; j += blockDim.x) any = mask[j];
   return __syncthreads_or(any) ? kernels::kMaskedScore : 0.0f;
 }
-// The scaled score of a visible key (`fill` for a padded-out one).
+// The scaled score of a visible key (`fill` for a padded-out one), rounded before it is used:
+// a plain product folded into the caller's next subtraction could become one fused multiply-add
+// (nvcc's default), and these tiles would then differ in the last bit from the whole tiles and
+// the CPU, which round the product first.
 __device__ inline float visible_score(const bool* mask, int64_t j, float raw, float scale, float fill) {
-  return mask && !mask[j] ? fill : raw * scale;
+  return mask && !mask[j] ? fill : __fmul_rn(raw, scale);
 }
 
 // An element of a global array (f32 or bf16) as an operand tile element: bf16 to bf16 and f32

@@ -76,6 +76,7 @@ void norm_backward(bool, const Array&, const Array&, const Array&, const Array&,
 bool flash_attention_supported(const Array&, int64_t) { return false; }
 bool flash_attention_tensor_cores(const Array&, int64_t) { return false; }
 int64_t dropout_keep_bits_words(const Array&, const kernels::FlashAttentionShape&) { return 0; }
+uint64_t flash_attention_pipelined_launches() { return 0; }
 uint64_t cudnn_attention_forwards() { return 0; }
 uint64_t cudnn_attention_backwards() { return 0; }
 std::string cudnn_attention_measured_choices() { return ""; }
