@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "meshtrain/distributed/grad_reducer.h"
 #include "meshtrain/meshtrain.h"
 #include "meshtrain/train/stop_signal.h"
 #include "python/src/bindings.h"
@@ -345,14 +346,19 @@ void bind_toolkit(py::module_& m) {
 
   py::class_<train::Deployer>(m, "Deployer")
       .def(py::init([](const std::string& mesh, int n_model_shards, const std::string& workdir, uint64_t seed,
-                       const std::string& device, bool verbose) {
+                       const std::string& device, bool verbose, const std::string& grad_reduce_dtype) {
              train::DeployerOptions o;
              o.mesh = mesh, o.n_model_shards = n_model_shards, o.workdir = workdir, o.seed = seed, o.device = device;
              o.verbose = verbose;
+             // Process-wide, as --grad-reduce-dtype: the dtype data-parallel gradients travel in.
+             MT_CHECK(grad_reduce_dtype == "f32" || grad_reduce_dtype == "bf16",
+                      "[Deployer] grad_reduce_dtype='", grad_reduce_dtype, "': expected 'f32' or 'bf16'");
+             dist::set_grad_reduce_dtype(grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
              return std::make_unique<train::Deployer>(o);
            }),
            py::arg("mesh") = "", py::arg("n_model_shards") = 1, py::arg("workdir") = "runs/default",
-           py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true)
+           py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true,
+           py::arg("grad_reduce_dtype") = "f32")
       .def_property_readonly("workdir", [](const train::Deployer& d) { return d.options().workdir; })
       .def("_sharding_rules",
            [](const train::Deployer& d, const std::map<std::string, Array>& params, const py::object& roles, bool fsdp,

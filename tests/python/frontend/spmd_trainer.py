@@ -2,7 +2,7 @@
 small config trained by mt.Trainer on a mesh with the automatic sharding rules; rank 0 writes
 the losses and a checksum of the gathered parameters as JSON.
 
-    spmd_trainer.py MESH FSDP OUT_JSON WORKDIR"""
+    spmd_trainer.py MESH FSDP OUT_JSON WORKDIR [GRAD_REDUCE_DTYPE]"""
 import json
 import sys
 
@@ -11,6 +11,7 @@ import numpy as np
 import meshtrain as mt
 
 mesh, fsdp, out, workdir = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
+grad_reduce_dtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
 config = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4,
           "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
 model, params = mt.models.init_model(config, mt.random.key(5))
@@ -26,7 +27,8 @@ def loss_fn(p, batch, key, training):
     return model.loss(p, batch["ids"], batch["ids"], key=key, training=training)
 
 
-deployer = mt.Deployer(mesh=mesh, workdir=workdir, seed=1, device="cpu", verbose=False)
+deployer = mt.Deployer(mesh=mesh, workdir=workdir, seed=1, device="cpu", verbose=False,
+                       grad_reduce_dtype=grad_reduce_dtype)
 plan = mt.sharding_rules(deployer, params, model.param_roles(), fsdp=fsdp, fsdp_min_elements=1024)
 trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.adamw(3e-3), sharding_rules=plan)
 result = trainer.fit(examples, per_device_batch_size=16 // deployer.data_size, epochs=2, progress=False)
