@@ -34,6 +34,7 @@ void GradReducer::add(size_t index, const Array& grad, const Mesh& mesh, const P
       gs->mesh == mesh) {
     const std::string& axis = gs->spec.partial[0];
     Bucket& b = open_[{axis, int(grad.dtype())}];
+    b.axis = axis;
     b.comm = &mesh.axis_comm(axis);
     b.dtype = grad.dtype();
     Array local = local_view(grad.detach());
@@ -59,7 +60,9 @@ void GradReducer::launch(Bucket& b) {
   if (!device.is_cuda()) device_comm = nullptr;
   const Device where = device_comm ? device : Device::cpu();
   const int ranks = b.comm->size();
-  b.narrow = g_reduce_dtype == DType::bf16 && b.dtype == DType::f32 && ranks > 1;
+  // Only the data axis's sums (data parallelism); a model axis's partial sums (tensor
+  // parallelism) stay f32.
+  b.narrow = g_reduce_dtype == DType::bf16 && b.dtype == DType::f32 && ranks > 1 && b.axis == "data";
   b.slice = (elements + ranks - 1) / ranks;
   if (b.narrow) elements = b.slice * ranks;  // the tail zeroed below
   b.buffer = Array::empty({elements}, b.dtype, where);

@@ -20,11 +20,14 @@ size_t grad_bucket_bytes();
 void set_grad_bucket_bytes(size_t bytes);
 
 // The dtype f32 gradients travel in between data-parallel ranks (--grad-reduce-dtype): f32
-// (the default: an all-reduce), or bf16, half the bytes, still summed in f32: each bucket is
-// rounded to bf16 once, exchanged all-to-all so that each rank holds every rank's copy of one
-// slice, summed there in f32 in rank order and rounded once more, and the slices all-gathered
-// (bf16). So the result is bf16(Σ_r bf16(g_r)) on every rank whatever their number, where a
-// bf16 all-reduce would round each partial sum of its ring. Other dtypes are an error.
+// (the default: an all-reduce), or bf16, half the bytes, still summed at least in f32 (the CPU
+// sums in double): each bucket of gradients partial over the mesh's `data` axis is rounded to
+// bf16 once, exchanged all-to-all so that each rank holds every rank's copy of one slice,
+// summed there in rank order and rounded once more, and the slices all-gathered (bf16). So the
+// result is bf16(Σ_r bf16(g_r)) on every rank whatever their number, where a bf16 all-reduce
+// would round each partial sum of its ring. Tensor-parallel partial sums (other axes) and
+// FSDP's reduce-scatters (through redistribute) stay f32. Process-wide. Other dtypes are an
+// error.
 DType grad_reduce_dtype();
 void set_grad_reduce_dtype(DType dtype);
 
@@ -57,6 +60,7 @@ class GradReducer {
     Shape global;
   };
   struct Bucket {
+    std::string axis;  // the mesh axis the bucket's gradients are partial over
     Communicator* comm = nullptr;
     DType dtype = DType::f32;
     std::vector<Entry> entries;

@@ -346,19 +346,26 @@ void bind_toolkit(py::module_& m) {
 
   py::class_<train::Deployer>(m, "Deployer")
       .def(py::init([](const std::string& mesh, int n_model_shards, const std::string& workdir, uint64_t seed,
-                       const std::string& device, bool verbose, const std::string& grad_reduce_dtype) {
+                       const std::string& device, bool verbose, const py::object& grad_reduce_dtype) {
              train::DeployerOptions o;
              o.mesh = mesh, o.n_model_shards = n_model_shards, o.workdir = workdir, o.seed = seed, o.device = device;
              o.verbose = verbose;
-             // Process-wide, as --grad-reduce-dtype: the dtype data-parallel gradients travel in.
-             MT_CHECK(grad_reduce_dtype == "f32" || grad_reduce_dtype == "bf16",
-                      "[Deployer] grad_reduce_dtype='", grad_reduce_dtype, "': expected 'f32' or 'bf16'");
-             dist::set_grad_reduce_dtype(grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
-             return std::make_unique<train::Deployer>(o);
+             // As --grad-reduce-dtype, process-wide: the dtype data-parallel gradient all-reduces
+             // travel in. Set once the Deployer exists, and only when given (a later Deployer
+             // without it keeps the choice).
+             std::string wire;
+             if (!grad_reduce_dtype.is_none()) {
+               wire = py::cast<std::string>(grad_reduce_dtype);
+               MT_CHECK(wire == "f32" || wire == "bf16", "[Deployer] grad_reduce_dtype='", wire,
+                        "': expected 'f32' or 'bf16'");
+             }
+             auto deployer = std::make_unique<train::Deployer>(o);
+             if (!wire.empty()) dist::set_grad_reduce_dtype(wire == "bf16" ? DType::bf16 : DType::f32);
+             return deployer;
            }),
            py::arg("mesh") = "", py::arg("n_model_shards") = 1, py::arg("workdir") = "runs/default",
            py::arg("seed") = 0, py::arg("device") = "auto", py::arg("verbose") = true,
-           py::arg("grad_reduce_dtype") = "f32")
+           py::arg("grad_reduce_dtype") = py::none())
       .def_property_readonly("workdir", [](const train::Deployer& d) { return d.options().workdir; })
       .def("_sharding_rules",
            [](const train::Deployer& d, const std::map<std::string, Array>& params, const py::object& roles, bool fsdp,

@@ -295,64 +295,108 @@ TEST(SpmdTrain, BucketedGradientReductionOverlapsBackward) {
   EXPECT_LE(err, 2e-5);
 }
 
-// --grad-reduce-dtype bf16: a data-parallel gradient bucket travels in bf16 and is summed in
-// f32. Every rank ends with bf16(Σ_r bf16(g_r)) exactly (1001 elements: the last slice padded),
-// the wire carries half the f32 all-reduce's bytes in one all-to-all and one all-gather of bf16,
-// and three AdamW steps of the tiny GPT stay close to the f32 reduction's.
+// Sets the wire dtype of gradient reductions for a scope (a failing check must not leave
+// bf16 set for the tests after it).
+struct GradReduceDtypeScope {
+  explicit GradReduceDtypeScope(DType dtype) { dist::set_grad_reduce_dtype(dtype); }
+  ~GradReduceDtypeScope() { dist::set_grad_reduce_dtype(DType::f32); }
+};
+
+// Each rank's f32 terms of one gradient, and the reference for them: every term rounded to bf16,
+// summed exactly (in double, as the reducer's sum of at most 8 bf16 terms is), rounded to f32
+// and then to bf16.
+std::vector<float> bf16_sum_of_bf16_terms(const Array& mine, int ranks) {
+  const int64_t len = mine.numel();
+  std::vector<float> terms(size_t(ranks * len));
+  dist::world().all_gather(mine.raw(), terms.data(), len, DType::f32);
+  std::vector<uint16_t> narrow(terms.size());
+  f32_to_bf16_n(terms.data(), narrow.data(), int64_t(terms.size()));
+  bf16_to_f32_n(narrow.data(), terms.data(), int64_t(terms.size()));
+  std::vector<float> sum(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; ++i) {
+    double acc = 0;
+    for (int q = 0; q < ranks; ++q) acc += terms[size_t(q * len + i)];
+    sum[size_t(i)] = float(acc);
+  }
+  std::vector<uint16_t> rounded(sum.size());
+  f32_to_bf16_n(sum.data(), rounded.data(), len);
+  bf16_to_f32_n(rounded.data(), sum.data(), len);
+  return sum;
+}
+
+// --grad-reduce-dtype bf16: data-parallel gradient buckets travel in bf16 and are summed in
+// f32 (or wider). Three gradients of 1001, 300 and 7 elements in 2 KiB buckets (two buckets in
+// flight, slices padded): every rank ends with bf16(Σ_r bf16(g_r)) of each exactly, and the
+// wire carries bf16 all-to-alls and all-gathers, no all-reduce, half the f32 bytes. A gradient
+// partial over the model axis (data=2, model=2 on 4 ranks) keeps f32 all-reduces. Three AdamW
+// steps of the tiny GPT stay close to the f32 reduction's.
 TEST(SpmdTrain, Bf16GradientReductionRoundsOnceAndSumsInF32) {
   const int n = dist::world().size(), rank = dist::world().rank();
   if (n < 2) GTEST_SKIP() << "one process: no gradient travels";
   Mesh mesh = Mesh::from_string("data=" + std::to_string(n));
-  const int64_t len = 1001;
-  const Array mine = random_normal({len}, 300 + uint64_t(rank));  // this rank's term of the sum
   const PartitionSpec partial = PartitionSpec::parse("None|partial=data");
-  const Array g = dist::global_view(mine, dist::Sharding{mesh, partial});
-  // The reference from every rank's f32 term: each rounded to bf16, summed exactly (in double,
-  // as the reducer's f32 sum of at most 8 bf16 terms is), rounded to f32 and then to bf16.
-  std::vector<float> terms(size_t(n * len));
-  dist::world().all_gather(mine.raw(), terms.data(), len, DType::f32);
-  std::vector<uint16_t> narrow(terms.size());
-  f32_to_bf16_n(terms.data(), narrow.data(), int64_t(terms.size()));
-  std::vector<float> wide(terms.size());
-  bf16_to_f32_n(narrow.data(), wide.data(), int64_t(terms.size()));
-  std::vector<float> expected(static_cast<size_t>(len));
-  for (int64_t i = 0; i < len; ++i) {
-    double acc = 0;
-    for (int q = 0; q < n; ++q) acc += wide[size_t(q * len + i)];
-    expected[size_t(i)] = float(acc);
+  const std::vector<int64_t> lengths = {1001, 300, 7};
+  std::vector<Array> mine;
+  std::vector<std::vector<float>> expected;
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    mine.push_back(random_normal({lengths[k]}, 300 + 10 * k + uint64_t(rank)));  // this rank's term
+    expected.push_back(bf16_sum_of_bf16_terms(mine.back(), n));
   }
-  std::vector<uint16_t> expected_bf16(static_cast<size_t>(len));
-  f32_to_bf16_n(expected.data(), expected_bf16.data(), len);
-  bf16_to_f32_n(expected_bf16.data(), expected.data(), len);
-
   dist::Communicator& comm = mesh.axis_comm("data");
   comm.reset_stats();
-  dist::set_grad_reduce_dtype(DType::bf16);
-  dist::GradReducer reducer;
-  reducer.add(0, g, mesh, partial.without_partial());
-  const std::vector<Array> out = reducer.finish(1);
-  dist::set_grad_reduce_dtype(DType::f32);
+  std::vector<Array> out;
+  {
+    const GradReduceDtypeScope bf16(DType::bf16);
+    dist::set_grad_bucket_bytes(2048);
+    dist::GradReducer reducer;
+    for (size_t k = 0; k < mine.size(); ++k)
+      reducer.add(k, dist::global_view(mine[k], dist::Sharding{mesh, partial}), mesh, partial.without_partial());
+    out = reducer.finish(mine.size());
+    dist::set_grad_bucket_bytes(size_t(32) << 20);
+  }
   const dist::CommStats s = comm.stats();
-  ASSERT_TRUE(out[0].defined());
-  EXPECT_EQ(out[0].dtype(), DType::f32);
-  const std::vector<double> got = dist::to_host(out[0]).to_doubles();
-  ASSERT_EQ(got.size(), size_t(len));
-  int64_t differ = 0;
-  for (int64_t i = 0; i < len; ++i) differ += got[size_t(i)] != double(expected[size_t(i)]);
-  EXPECT_EQ(differ, 0) << "of " << len << " elements differ from bf16(sum of bf16 terms)";
-  const int64_t slice = (len + n - 1) / n;
-  if (rank == 0) std::cout << "  bf16 gradient reduction of " << len << " f32 elements: " << s.str() << "\n";
+  int64_t differ = 0, wire = 0;
+  for (size_t k = 0; k < mine.size(); ++k) {
+    ASSERT_TRUE(out[k].defined());
+    EXPECT_EQ(out[k].dtype(), DType::f32);
+    const std::vector<double> got = dist::to_host(out[k]).to_doubles();
+    ASSERT_EQ(got.size(), expected[k].size());
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != double(expected[k][i]);
+  }
+  EXPECT_EQ(differ, 0) << "elements differ from bf16(sum of bf16 terms)";
+  // Buckets: 1001 elements alone (4004 bytes >= 2 KiB), then 300 + 7 together at the end.
+  for (int64_t elements : {int64_t(1001), int64_t(307)}) wire += 2 * ((elements + n - 1) / n) * n;
+  if (rank == 0) std::cout << "  bf16 gradient reduction of 1308 f32 elements in 2 buckets: " << s.str() << "\n";
   EXPECT_EQ(s.all_reduce.calls, 0);
-  EXPECT_EQ(s.all_to_all.calls, 1);
-  EXPECT_EQ(s.all_to_all.bytes, n * slice * 2);
-  EXPECT_EQ(s.all_gather.calls, 1);
-  EXPECT_EQ(s.all_gather.bytes, slice * 2);
+  EXPECT_EQ(s.all_to_all.calls, 2);
+  EXPECT_EQ(s.all_to_all.bytes, wire);
+  EXPECT_EQ(s.all_gather.calls, 2);
+  EXPECT_EQ(s.all_gather.bytes, wire / n);
+  EXPECT_LE(s.all_to_all.bytes, 1308 * 4 / 2 + 4 * n) << "about half the f32 bytes";
+
+  if (n == 4) {  // the model axis: tensor-parallel partial sums stay f32
+    Mesh dm = Mesh::from_string("data=2,model=2");
+    const PartitionSpec over_model = PartitionSpec::parse("None|partial=model");
+    dist::Communicator& model_comm = dm.axis_comm("model");
+    model_comm.reset_stats();
+    const GradReduceDtypeScope bf16(DType::bf16);
+    dist::GradReducer reducer;
+    reducer.add(0, dist::global_view(mine[1], dist::Sharding{dm, over_model}), dm, over_model.without_partial());
+    const Array reduced = reducer.finish(1)[0];
+    const dist::CommStats ms = model_comm.stats();
+    EXPECT_EQ(ms.all_reduce.calls, 1);
+    EXPECT_EQ(ms.all_to_all.calls, 0);
+    EXPECT_EQ(ms.all_reduce.bytes, 300 * 4) << "a model-axis gradient travelled narrowed";
+    EXPECT_EQ(reduced.dtype(), DType::f32);
+  }
 
   // Training: the same three steps with f32 and with bf16 on the wire.
   const RunResult f32_run = train("dp", &mesh, 3);
-  dist::set_grad_reduce_dtype(DType::bf16);
-  const RunResult bf16_run = train("dp", &mesh, 3);
-  dist::set_grad_reduce_dtype(DType::f32);
+  RunResult bf16_run;
+  {
+    const GradReduceDtypeScope bf16(DType::bf16);
+    bf16_run = train("dp", &mesh, 3);
+  }
   double loss_err = 0, param_max = 0, param_sq = 0;
   int64_t param_count = 0;
   for (size_t i = 0; i < f32_run.losses.size(); ++i)
