@@ -60,16 +60,22 @@ std::pair<Array, Array> Seq2SeqCache::cross(size_t layer, const std::function<st
 Array shift_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id) {
   MT_CHECK(labels.defined() && labels.ndim() == 2 && is_integer(labels.dtype()),
            "[seq2seq] labels must be integer (B, T), got ", labels.defined() ? labels.str() : "undefined");
-  const int64_t b = labels.dim(0), t = labels.dim(1);
-  std::vector<int64_t> in = labels.to_ints(), out(in.size());
-  for (int64_t r = 0; r < b; ++r) {
-    out[size_t(r * t)] = decoder_start_token_id;
-    for (int64_t j = 1; j < t; ++j) {
-      const int64_t v = in[size_t(r * t + j - 1)];
-      out[size_t(r * t + j)] = v == -100 ? pad_token_id : v;
+  return shift_right(labels.to_ints(), labels.dim(0), labels.dim(1), decoder_start_token_id, pad_token_id);
+}
+
+Array shift_right(const std::vector<int64_t>& labels, int64_t rows, int64_t cols, int64_t decoder_start_token_id,
+                  int64_t pad_token_id) {
+  MT_CHECK(rows >= 0 && cols >= 0 && int64_t(labels.size()) == rows * cols, "[seq2seq] ", labels.size(),
+           " label values for (", rows, ", ", cols, ")");
+  std::vector<int64_t> out(labels.size());
+  for (int64_t r = 0; r < rows && cols > 0; ++r) {
+    out[size_t(r * cols)] = decoder_start_token_id;
+    for (int64_t j = 1; j < cols; ++j) {
+      const int64_t v = labels[size_t(r * cols + j - 1)];
+      out[size_t(r * cols + j)] = v == -100 ? pad_token_id : v;
     }
   }
-  return Array::from_vector(out, Shape{b, t});
+  return Array::from_vector(out, Shape{rows, cols});
 }
 
 }  // namespace mt::models

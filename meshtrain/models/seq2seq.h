@@ -80,5 +80,9 @@ Array decoder_self_mask(const Array& decoder_ids, const EncoderOutput& enc, cons
 // Hugging Face's shift_tokens_right: (B, T) labels -> decoder inputs [start, labels[:-1]],
 // with -100 (ignored labels) replaced by the pad id.
 Array shift_right(const Array& labels, int64_t decoder_start_token_id, int64_t pad_token_id);
+// The same from the labels' host values (rows × cols, row-major): what a collate that has them
+// calls, so the labels it just made are not read back from a GPU on its loader thread.
+Array shift_right(const std::vector<int64_t>& labels, int64_t rows, int64_t cols, int64_t decoder_start_token_id,
+                  int64_t pad_token_id);
 
 }  // namespace mt::models

@@ -51,7 +51,7 @@ CollateFn caption_collate(const data::ImageProcessorConfig& processor, const Cap
       std::copy(ids.begin(), ids.end(), labels.begin() + long(i * n));
     }
     Array label_array = Array::from_vector(labels, Shape{b, int64_t(n)});
-    out.set("decoder_input_ids", models::shift_right(label_array, t.decoder_start_id, t.pad_id));
+    out.set("decoder_input_ids", models::shift_right(labels, b, int64_t(n), t.decoder_start_id, t.pad_id));
     out.set("labels", label_array);
     return out;
   };

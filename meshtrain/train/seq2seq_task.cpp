@@ -52,7 +52,7 @@ CollateFn seq2seq_collate(const Seq2SeqTokens& t) {
     Array label_array = Array::from_vector(labels, Shape{b, int64_t(n)});
     out.set("input_ids", Array::from_vector(ids, Shape{b, int64_t(s)}));
     out.set("attention_mask", Array::from_vector(mask, Shape{b, int64_t(s)}));
-    out.set("decoder_input_ids", models::shift_right(label_array, t.decoder_start_id, t.pad_id));
+    out.set("decoder_input_ids", models::shift_right(labels, b, int64_t(n), t.decoder_start_id, t.pad_id));
     out.set("labels", label_array);
     return out;
   };
