@@ -3,7 +3,7 @@
 // to the eager result, bit for bit, on new inputs written in place between replays; dropout
 // whose key folds a device step in last draws each replay's own mask; an upload, a read or a
 // wait inside a capture is refused, naming it, and the stream works eagerly afterwards; another
-// thread's uploads never join a capture.
+// thread's uploads never join a capture, and its launches during one are an error.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -17,6 +17,7 @@
 #include "tests/support/gpu.h"
 
 #if MT_WITH_CUDA
+#include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/step_graph.h"
 #endif
 
@@ -140,6 +141,46 @@ TEST(GpuGraph, AnotherThreadsUploadsNeverJoinACapture) {
   EXPECT_EQ(node_counts.size(), 1u) << "another thread's work joined a capture";
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_GT(uploads.load(), 0);
+}
+
+// A kernel another thread launches while the training thread captures would be recorded into
+// the graph and replayed at every step. Work that allocates, copies or frees waits for the
+// capture to end (above); a launch into existing memory asks for the stream, which then refuses,
+// naming the cause. The graph holds only the capturing thread's nodes and replays as before,
+// and after the capture the other thread has the stream again.
+TEST(GpuGraph, AnotherThreadsLaunchDuringACaptureIsAnErrorNotANode) {
+  MT_REQUIRE_GPU();
+  DeviceScope scope(Device::cuda(0));
+  Array x = random_normal(RngKey{9, 0}, {64, 64});
+  auto f = [&] { return sum(mul(x, x)); };
+  Array out;
+  const size_t alone = cuda::StepGraph::capture([&] { out = f(); })->nodes();
+  std::string during, after;
+  std::unique_ptr<cuda::StepGraph> graph = cuda::StepGraph::capture([&] {
+    out = f();
+    std::thread other([&] {
+      try {
+        (void)cuda::stream();  // what every kernel launch asks first
+      } catch (const Error& e) {
+        during = e.what();
+      }
+    });
+    other.join();
+  });
+  std::thread later([&] {
+    try {
+      (void)cuda::stream();
+    } catch (const Error& e) {
+      after = e.what();
+    }
+  });
+  later.join();
+  EXPECT_NE(during.find("[cuda graphs] a thread other than the one capturing"), std::string::npos)
+      << "another thread got the stream during a capture: '" << during << "'";
+  EXPECT_EQ(after, "") << "the stream stayed refused after the capture";
+  EXPECT_EQ(graph->nodes(), alone);
+  graph->replay();
+  EXPECT_EQ(out.to_floats(), f().to_floats());
 }
 #endif
 

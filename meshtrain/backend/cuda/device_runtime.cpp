@@ -49,6 +49,9 @@ struct Context {
   std::mutex capture_mutex;
   std::condition_variable capture_done;
   Capture* capture = nullptr;
+  // The capturing thread, read without the lock by every stream() call (the default id while
+  // nothing captures); set and cleared under capture_mutex with `capture`.
+  std::atomic<std::thread::id> capture_owner{};
 };
 
 std::mutex g_mutex;
@@ -271,7 +274,23 @@ class CudaRuntime final : public DeviceRuntime {
 
 }  // namespace
 
-cudaStream_t stream() { return context().stream; }
+cudaStream_t stream() {
+  Context& c = context();
+  // Work that another thread puts on the stream while the training thread captures is recorded
+  // into the step's graph (the capture takes everything on its stream) and then replayed every
+  // step: a clear error instead. Uploads, copies and frees take the stream turn and wait for
+  // the capture to end; kernels and libraries come here. Checked under the lock where a capture
+  // may be on, so the end of a capture (under the same lock) is never mistaken for it.
+  const std::thread::id owner = c.capture_owner.load(std::memory_order_acquire);
+  if (owner != std::thread::id() && owner != std::this_thread::get_id()) {
+    std::lock_guard<std::mutex> lock(c.capture_mutex);
+    MT_CHECK(c.capture == nullptr || c.capture->owner == std::this_thread::get_id(),
+             "[cuda graphs] a thread other than the one capturing the training step launched GPU work during the "
+             "capture; it would be recorded into the step's graph and replayed at every step. Build batches on the "
+             "host (a collate that returns host arrays; the loader uploads them) or run that work outside the step");
+  }
+  return c.stream;
+}
 
 namespace capture_hooks {
 
@@ -288,21 +307,26 @@ void begin() {
     throw_cuda_error(e, "cudaStreamBeginCapture");
   }
   c.capture = new Capture{std::this_thread::get_id(), {}, {}};
+  c.capture_owner.store(std::this_thread::get_id(), std::memory_order_release);
 }
 
 Ended end(bool keep) {
   Context& c = context();
   Ended out;
-  const cudaError_t e = cudaStreamEndCapture(c.stream, &out.graph);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    out.graph = nullptr;
-  }
   std::unique_ptr<Capture> k;
+  cudaError_t e = cudaSuccess;
   {
+    // Ended under the lock that stream() checks another thread's launch under: no launch sees
+    // the capture on after it ended.
     std::lock_guard<std::mutex> lock(c.capture_mutex);
+    e = cudaStreamEndCapture(c.stream, &out.graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      out.graph = nullptr;
+    }
     k.reset(c.capture);
     c.capture = nullptr;
+    c.capture_owner.store(std::thread::id(), std::memory_order_release);
     // The allocations still held: the graph's outputs (or, for a capture given up, addresses
     // that never held memory): their handles free nothing.
     for (const auto& [p, allocation] : k->graph_allocations) {
