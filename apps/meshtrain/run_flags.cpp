@@ -93,9 +93,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   if (!training) return;
   cmd->add_flag("--fsdp", f.fsdp, "also shard large weights and their optimizer state over the data axis");
   cmd->add_option("--grad-reduce-dtype", f.grad_reduce_dtype,
-                  "the dtype data-parallel gradient all-reduces travel in between processes: f32, or bf16 (half the "
-                  "bytes; each rank's gradient rounded to bf16 once, summed in f32, the sum rounded once); "
-                  "tensor-parallel sums and the reduce-scatters of --fsdp's sharded weights stay f32")
+                  "the dtype data-parallel gradients travel in between processes: f32, or bf16 (half the bytes; each "
+                  "rank's gradient rounded to bf16 once and summed in f32: all-reduced sums rounded once more, "
+                  "--fsdp's reduce-scattered shards kept in f32); tensor-parallel sums stay f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--remat", f.remat,

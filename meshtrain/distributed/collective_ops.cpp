@@ -4,6 +4,8 @@
 
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/reduce.h"
 #include "meshtrain/ops/shape_ops.h"
 
 namespace mt::dist {
@@ -53,13 +55,11 @@ Array all_gather_dim(const Array& x, int d, Communicator& comm) {
   return reshape(transpose(buf, perm), merged);
 }
 
-// Sums x over the ranks of `comm` and keeps this rank's block along d.
-Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
-  MT_CHECK(!x.sharded(), "[reduce_scatter] expects a local block, got the global ", x.str());
-  d = x.shape().axis(d, "reduce_scatter");
-  MT_CHECK(x.dim(d) % comm.size() == 0, "[reduce_scatter] dim ", d, " of ", x.str(), " is not divisible by ", comm.size(), " ranks of '", comm.name(), "'");
-  const int p = comm.size();
-  if (p == 1) return x;
+namespace {
+
+// x's blocks along d, one per rank, as (P, ...) with block r the r-th (a view where they
+// already lie one after another), and the shape of one block.
+std::pair<Array, std::vector<int64_t>> rank_blocks(const Array& x, int d, int p) {
   std::vector<int64_t> split = x.shape().dims();
   split[size_t(d)] /= p;
   split.insert(split.begin() + d, p);  // (..., P, n_d / P, ...)
@@ -72,6 +72,25 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   Array blocks = leading_numel(x, d) == 1 ? x : transpose(reshape(x, split), perm);
   std::vector<int64_t> out_dims = x.shape().dims();
   out_dims[size_t(d)] /= p;
+  return {blocks, out_dims};
+}
+
+int checked_scatter_dim(const Array& x, int d, const Communicator& comm) {
+  MT_CHECK(!x.sharded(), "[reduce_scatter] expects a local block, got the global ", x.str());
+  d = x.shape().axis(d, "reduce_scatter");
+  MT_CHECK(x.dim(d) % comm.size() == 0, "[reduce_scatter] dim ", d, " of ", x.str(), " is not divisible by ",
+           comm.size(), " ranks of '", comm.name(), "'");
+  return d;
+}
+
+}  // namespace
+
+// Sums x over the ranks of `comm` and keeps this rank's block along d.
+Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
+  d = checked_scatter_dim(x, d, comm);
+  const int p = comm.size();
+  if (p == 1) return x;
+  const auto [blocks, out_dims] = rank_blocks(x, d, p);
   if (Communicator* device_comm = device_comm_for(x, comm)) {
     Array out = Array::empty(Shape(out_dims), x.dtype(), x.device());
     device_comm->reduce_scatter(blocks.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
@@ -81,6 +100,23 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   Array out = Array::empty(Shape(out_dims), x.dtype(), Device::cpu());
   comm.reduce_scatter(blocks_host.raw(), out.raw(), out.numel(), x.dtype(), ReduceOp::sum);
   return out.to(x.device());
+}
+
+Array reduce_scatter_dim_bf16(const Array& x, int d, Communicator& comm) {
+  d = checked_scatter_dim(x, d, comm);
+  MT_CHECK(x.dtype() == DType::f32, "[reduce_scatter] bf16 on the wire takes f32 blocks, got ", x.str());
+  const int p = comm.size();
+  if (p == 1) return x;
+  autodiff::NoGradGuard no_grad;
+  const auto [blocks, out_dims] = rank_blocks(x, d, p);
+  Communicator* device_comm = device_comm_for(x, comm);
+  Array send = cast(blocks, DType::bf16);  // contiguous, rank-major
+  if (!device_comm) send = send.to(Device::cpu());
+  const int64_t count = send.numel() / p;
+  Array received = Array::empty({int64_t(p), count}, DType::bf16, send.device());
+  (device_comm ? device_comm : &comm)->all_to_all(send.raw(), received.raw(), count, DType::bf16);
+  // Row r: rank r's copy of this rank's block; summed in rank order.
+  return reshape(sum(cast(received, DType::f32), {0}), out_dims).to(x.device());
 }
 
 Array all_reduce_sum(const Array& x, Communicator& comm) {

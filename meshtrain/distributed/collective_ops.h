@@ -17,6 +17,11 @@ namespace mt::dist {
 Array all_gather_dim(const Array& local, int d, Communicator& comm);
 // The sum over the ranks of `comm`, keeping this rank's block along dim d (n / size).
 Array reduce_scatter_dim(const Array& local, int d, Communicator& comm);
+// The same for f32 `local` with half the bytes on the wire: every rank's blocks rounded to bf16
+// once and exchanged all-to-all, and this rank's block summed over the ranks in rank order in
+// f32 or wider, not rounded again: Σ_r bf16(x_r). FSDP's weight gradients under
+// --grad-reduce-dtype bf16 (as PyTorch FSDP's reduce_dtype).
+Array reduce_scatter_dim_bf16(const Array& local, int d, Communicator& comm);
 // The sum over the ranks of `comm` (a new array; x is not modified).
 Array all_reduce_sum(const Array& local, Communicator& comm);
 

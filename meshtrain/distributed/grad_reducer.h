@@ -25,9 +25,10 @@ void set_grad_bucket_bytes(size_t bytes);
 // bf16 once, exchanged all-to-all so that each rank holds every rank's copy of one slice,
 // summed there in rank order and rounded once more, and the slices all-gathered (bf16). So the
 // result is bf16(Σ_r bf16(g_r)) on every rank whatever their number, where a bf16 all-reduce
-// would round each partial sum of its ring. Tensor-parallel partial sums (other axes) and
-// FSDP's reduce-scatters (through redistribute) stay f32. Process-wide. Other dtypes are an
-// error.
+// would round each partial sum of its ring. FSDP's weight gradients, reduce-scattered in the
+// backward by the VJP of the weight's gather (spmd.cpp), go bf16 too: each rank keeps
+// Σ_r bf16(g_r) of its block in f32 (reduce_scatter_dim_bf16), as PyTorch FSDP's reduce_dtype.
+// Tensor-parallel partial sums (other axes) stay f32. Process-wide. Other dtypes are an error.
 DType grad_reduce_dtype();
 void set_grad_reduce_dtype(DType dtype);
 

@@ -138,6 +138,30 @@ Array global_view(const Array& local, const Sharding& sharding) {
   return out;
 }
 
+namespace {
+
+// FSDP's weight gradient under --grad-reduce-dtype bf16: the cotangent of a parameter gathered
+// whole comes back partial over the data axis (each rank's batch) and goes to the parameter's
+// layout, one dim split over that axis and the others as the cotangent's. That reduce-scatter
+// may then move bf16 (reduce_scatter_dim_bf16): the dim, or -1 where it stays as it is (f32
+// chosen, another dtype or layout, one rank). An activation gathered whole does not come back
+// partial over the axis its batch is split on, so only gradients take this path.
+int narrow_reduce_scatter_dim(const Array& g, const Sharding& gs, const PartitionSpec& back) {
+  if (grad_reduce_dtype() != DType::bf16 || g.dtype() != DType::f32 ||
+      gs.spec.partial != std::vector<std::string>{"data"} || !gs.mesh.has_axis("data") ||
+      gs.mesh.axis_comm("data").size() < 2)
+    return -1;
+  const int nd = int(g.ndim());
+  const PartitionSpec have = gs.spec.without_partial().padded(nd), want = back.padded(nd);
+  const int d = want.dim_of("data");
+  if (d < 0 || want.dims[size_t(d)] != std::vector<std::string>{"data"} || !have.dims[size_t(d)].empty()) return -1;
+  PartitionSpec scattered = have;
+  scattered.dims[size_t(d)] = {"data"};
+  return scattered == want ? d : -1;
+}
+
+}  // namespace
+
 Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
   const PartitionSpec from = spec_of(x);
   const Sharding* s = sharding_of(x);
@@ -149,9 +173,16 @@ Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
   Array moved = relayout(local, x.shape(), mesh, from, to);
   Array out = target.is_trivial() ? moved : wrap_global(moved, target);
   const PartitionSpec back = from.without_partial();
-  autodiff::record(out, "redistribute", {x}, [mesh, back](const Array& g) {
+  const bool gathered = target.is_trivial();
+  autodiff::record(out, "redistribute", {x}, [mesh, back, gathered](const Array& g) {
     // A cotangent from a computation on another mesh comes back whole, as before.
     const Sharding* gs = sharding_of(g);
+    if (gathered && gs && gs->mesh == mesh) {
+      const int d = narrow_reduce_scatter_dim(g, *gs, back);
+      if (d >= 0)
+        return Grads{wrap_global(reduce_scatter_dim_bf16(unwrap_local(g), d, mesh.axis_comm("data")),
+                                 Sharding{mesh, back})};
+    }
     return Grads{redistribute(gs && gs->mesh != mesh ? to_host(g) : g, mesh, back)};
   });
   // Gathered to a plain array (FSDP's parameter gather), the cotangent comes back partial
