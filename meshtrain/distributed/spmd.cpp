@@ -144,10 +144,13 @@ namespace {
 // whole comes back partial over the data axis (each rank's batch) and goes to the parameter's
 // layout, one dim split over that axis and the others as the cotangent's. That reduce-scatter
 // may then move bf16 (reduce_scatter_dim_bf16): the dim, or -1 where it stays as it is (f32
-// chosen, another dtype or layout, one rank). An activation gathered whole does not come back
-// partial over the axis its batch is split on, so only gradients take this path.
+// chosen, another dtype or layout, one rank, a nested trace). The test is on layouts, not on
+// where the cotangent came from: an activation gathered whole and then met with the local
+// batch (in-batch negatives) would take it too, its cotangent rounded as a gradient's is.
 int narrow_reduce_scatter_dim(const Array& g, const Sharding& gs, const PartitionSpec& back) {
-  if (grad_reduce_dtype() != DType::bf16 || g.dtype() != DType::f32 ||
+  // A backward recorded for a higher-order gradient keeps the recorded (f32) reduce-scatter:
+  // this one records nothing.
+  if (autodiff::grad_enabled() || grad_reduce_dtype() != DType::bf16 || g.dtype() != DType::f32 ||
       gs.spec.partial != std::vector<std::string>{"data"} || !gs.mesh.has_axis("data") ||
       gs.mesh.axis_comm("data").size() < 2)
     return -1;

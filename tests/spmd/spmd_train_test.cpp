@@ -452,33 +452,57 @@ TEST(SpmdTrain, FsdpGradientsReduceScatterInBf16) {
   EXPECT_EQ(direct.all_to_all.calls, 1);
   EXPECT_EQ(direct.all_to_all.bytes, rows * cols * 2);
   EXPECT_EQ(direct.reduce_scatter.calls, 0);
+  // Along dim 1 (FSDP splits the largest divisible dim): blocks of columns, transposed out.
+  const Array wide = random_normal({5, 4 * n}, 600 + uint64_t(rank));
+  std::vector<float> wide_terms(size_t(n * 5 * 4 * n));
+  dist::world().all_gather(wide.raw(), wide_terms.data(), 5 * 4 * n, DType::f32);
+  std::vector<uint16_t> wide_narrow(wide_terms.size());
+  f32_to_bf16_n(wide_terms.data(), wide_narrow.data(), int64_t(wide_terms.size()));
+  bf16_to_f32_n(wide_narrow.data(), wide_terms.data(), int64_t(wide_terms.size()));
+  const Array columns = dist::reduce_scatter_dim_bf16(wide, 1, comm);
+  ASSERT_EQ(columns.shape(), (Shape{5, 4}));
+  const std::vector<double> got_columns = columns.to_doubles();
+  int64_t column_differ = 0;
+  for (int64_t i = 0; i < 5; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      double acc = 0;
+      for (int q = 0; q < n; ++q) acc += wide_terms[size_t(q * 5 * 4 * n + i * 4 * n + rank * 4 + j)];
+      column_differ += got_columns[size_t(i * 4 + j)] != double(float(acc));
+    }
+  EXPECT_EQ(column_differ, 0) << "elements of this rank's columns differ from the sum of bf16 terms";
 
-  // An FSDP weight's gradient (as FsdpWeightGradientIsReduceScatteredNotAllReduced).
+  // An FSDP weight's gradient (as FsdpWeightGradientIsReduceScatteredNotAllReduced), the weight
+  // split over its rows and over its columns.
   const Array x_host = random_normal({2 * n, kTime, kWidth}, 31), w_host = random_normal({kWidth, 4 * n}, 32);
-  Params p{{"w", dist::shard(w_host, mesh, PartitionSpec{"data", ""}, "w")}};
   const Array x = dist::shard(x_host, mesh, PartitionSpec{"data", "", ""}, "x");
-  comm.reset_stats();
-  Params grads;
-  {
-    const GradReduceDtypeScope bf16(DType::bf16);
-    grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
-  }
-  const dist::CommStats s = comm.stats();
   auto [ref_loss, ref_grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x_host, q["w"]))); })(
       Params{{"w", w_host}});
-  EXPECT_EQ(dist::sharding_of(grads["w"])->spec, (PartitionSpec{"data", ""}));
-  auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
-  if (rank == 0)
-    std::cout << "  FSDP weight gradient with bf16 on the wire: " << s.str() << "; max err vs one device " << err
-              << " (of max " << scale << ")\n";
-  EXPECT_EQ(s.reduce_scatter.calls, 0) << "the weight gradient was reduce-scattered in f32";
-  EXPECT_EQ(s.all_to_all.calls, 1);
-  EXPECT_EQ(s.all_to_all.bytes, w_host.nbytes() / 2);
-  EXPECT_LE(err, 2.0 * n * scale / 256) << "beyond the bf16 rounding of each rank's term";
+  for (const PartitionSpec& split : {PartitionSpec{"data", ""}, PartitionSpec{"", "data"}}) {
+    Params p{{"w", dist::shard(w_host, mesh, split, "w")}};
+    comm.reset_stats();
+    Params grads;
+    {
+      const GradReduceDtypeScope bf16(DType::bf16);
+      grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
+    }
+    const dist::CommStats s = comm.stats();
+    EXPECT_EQ(dist::sharding_of(grads["w"])->spec, split);
+    auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+    if (rank == 0)
+      std::cout << "  FSDP weight " << split.str() << ", gradient with bf16 on the wire: " << s.str()
+                << "; max err vs one device " << err << " (of max " << scale << ")\n";
+    EXPECT_EQ(s.reduce_scatter.calls, 0) << "the weight gradient was reduce-scattered in f32";
+    EXPECT_EQ(s.all_to_all.calls, 1);
+    EXPECT_EQ(s.all_to_all.bytes, w_host.nbytes() / 2);
+    EXPECT_LE(err, 2.0 * n * scale / 256) << "beyond the bf16 rounding of each rank's term";
+  }
 
+  comm.reset_stats();
   const RunResult f32_run = train("fsdp", &mesh, 3);
+  const dist::CommStats f = comm.stats();
   comm.reset_stats();
   RunResult bf16_run;
   {
@@ -486,14 +510,27 @@ TEST(SpmdTrain, FsdpGradientsReduceScatterInBf16) {
     bf16_run = train("fsdp", &mesh, 3);
   }
   const dist::CommStats t = comm.stats();
-  double loss_err = 0;
+  double loss_err = 0, param_sq = 0;
+  int64_t param_count = 0;
   for (size_t i = 0; i < f32_run.losses.size(); ++i)
     loss_err = std::max(loss_err, std::abs(bf16_run.losses[i] - f32_run.losses[i]) / std::abs(f32_run.losses[i]));
+  for (const auto& [path, w] : f32_run.params) {
+    auto a = w.to_doubles(), b = bf16_run.params[path].to_doubles();
+    for (size_t i = 0; i < a.size(); ++i) param_sq += (a[i] - b[i]) * (a[i] - b[i]);
+    param_count += int64_t(a.size());
+  }
+  const double param_rms = std::sqrt(param_sq / double(param_count));
   if (rank == 0)
     std::cout << "  [max err] FSDP, bf16 vs f32 gradient reduction, 3 AdamW steps: loss " << loss_err
-              << " relative; the bf16 run on the data axis: " << t.str() << "\n";
-  EXPECT_GT(t.all_to_all.calls, 0) << "no FSDP gradient travelled in bf16";
-  EXPECT_LE(loss_err, 1e-3);
+              << " relative, params rms " << param_rms << "; on the data axis, f32: " << f.str() << "; bf16: " << t.str()
+              << "\n";
+  // Every f32 reduce-scatter (the FSDP weights') became an all-to-all; the replicated 1-D
+  // parameters' buckets add their own.
+  EXPECT_GT(f.reduce_scatter.calls, 0);
+  EXPECT_EQ(t.reduce_scatter.calls, 0) << "an FSDP weight gradient was reduce-scattered in f32";
+  EXPECT_GE(t.all_to_all.calls, f.reduce_scatter.calls);
+  EXPECT_LE(loss_err, 1e-4);
+  EXPECT_LE(param_rms, 1e-3);
 }
 
 TEST(SpmdTrain, MismatchedMeshesAreAnErrorOnEveryRank) {
