@@ -26,9 +26,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdlib>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -825,12 +825,12 @@ void launch(Kernel kernel, dim3 grid, size_t bytes, const char* what, Args... ar
   check_launch(what);
 }
 
-// Launches `piped` (a kernel's double-buffered form) where take_pipelined takes it, else `plain`.
-// Callers pass the plain kernel as `piped` too for arrays other than bf16, whose double-buffered
-// forms are never instantiated.
 // Launches of a double-buffered form, for tests that must know the form ran.
 std::atomic<uint64_t> g_pipelined_launches{0};
 
+// Launches `piped` (a kernel's double-buffered form) where take_pipelined takes it, else `plain`.
+// Callers pass the plain kernel as `piped` too for arrays other than bf16, whose double-buffered
+// forms are never instantiated.
 template <class In, class Kernel, class... Args>
 void launch_best(const Params& params, Kernel plain, size_t plain_bytes, Kernel piped, size_t piped_bytes, dim3 grid,
                  const char* what, Args... args) {

@@ -10,12 +10,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/cudnn_attention_graphs.h"
 #include "meshtrain/backend/cuda/measured_route.h"
 #include "meshtrain/backend/cuda/step_graph.h"
+#include "meshtrain/backend/cuda/timing_events.h"
 
 namespace mt::cuda {
 
@@ -82,19 +85,10 @@ namespace {
 struct RouteTiming {
   struct Pending {
     MeasuredRoute::Route route;
-    cudaEvent_t start = nullptr, end = nullptr;
+    TimingEvents events;
   };
   MeasuredRoute route;
   std::vector<Pending> pending;
-  RouteTiming() = default;
-  RouteTiming(const RouteTiming&) = delete;
-  RouteTiming& operator=(const RouteTiming&) = delete;
-  ~RouteTiming() {
-    for (const Pending& p : pending) {
-      cudaEventDestroy(p.start);
-      cudaEventDestroy(p.end);
-    }
-  }
 };
 
 // One shape's two directions, each planned on first use (no plan: cuDNN refused it, said
@@ -352,24 +346,10 @@ const char* route_name(MeasuredRoute::Route r) { return r == MeasuredRoute::seco
 // Waits for the trial's timed calls, hands their times to its MeasuredRoute, and says the
 // choice (stderr, and cudnn_attention_measured_choices). Caller holds the mutex.
 void collect(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo) {
-  std::vector<RouteTiming::Pending> pending = std::move(t.pending);
-  t.pending.clear();
-  size_t next = 0;
+  const std::vector<RouteTiming::Pending> pending = std::exchange(t.pending, {});
   try {
-    for (; next < pending.size(); ++next) {
-      const RouteTiming::Pending& p = pending[next];
-      float ms = 0;
-      check(cudaEventSynchronize(p.end), "cudnn attention auto: waiting for a timed call");
-      check(cudaEventElapsedTime(&ms, p.start, p.end), "cudnn attention auto: a timed call's time");
-      cudaEventDestroy(p.start);
-      cudaEventDestroy(p.end);
-      t.route.report(p.route, ms);
-    }
+    for (const RouteTiming::Pending& p : pending) t.route.report(p.route, p.events.elapsed_ms());
   } catch (...) {
-    for (; next < pending.size(); ++next) {
-      cudaEventDestroy(pending[next].start);
-      cudaEventDestroy(pending[next].end);
-    }
     t.route.restart();
     throw;
   }
@@ -386,10 +366,9 @@ void collect(CudnnAttentionState& st, RouteTiming& t, const std::string& what, c
 
 // MT_ATTENTION_CUDNN=auto: runs the call on the route its trial gives, timed while the trial
 // lasts, then on the trial's choice. Inside a captured step nothing is timed and a shape still
-// undecided keeps the kernels (the graph replays them). True when cuDNN ran. Caller holds the
-// mutex.
+// undecided keeps the kernels (the graph replays them). Caller holds the mutex.
 template <class OnCudnn, class OnKernels>
-bool run_measured(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo,
+void run_measured(CudnnAttentionState& st, RouteTiming& t, const std::string& what, const CudnnAttentionGeometry& geo,
                   OnCudnn&& on_cudnn, OnKernels&& on_kernels) {
   MeasuredRoute::Call call{MeasuredRoute::first, false};
   if (capturing_on_this_thread()) {
@@ -398,31 +377,19 @@ bool run_measured(CudnnAttentionState& st, RouteTiming& t, const std::string& wh
     if (t.route.awaiting_times()) collect(st, t, what, geo);
     call = t.route.next();
   }
-  RouteTiming::Pending p{call.route};
+  std::optional<TimingEvents> timer;
   if (call.timed) {
-    check(cudaEventCreate(&p.start), "cudnn attention auto: an event");
-    const cudaError_t made = cudaEventCreate(&p.end);
-    if (made != cudaSuccess) {
-      cudaEventDestroy(p.start);
-      check(made, "cudnn attention auto: an event");
-    }
+    timer.emplace("cudnn attention auto: timing a call");
+    timer->start(stream());
   }
-  try {
-    if (call.timed) check(cudaEventRecord(p.start, stream()), "cudnn attention auto: timing a call");
-    if (call.route == MeasuredRoute::second)
-      on_cudnn();
-    else
-      on_kernels();
-    if (call.timed) check(cudaEventRecord(p.end, stream()), "cudnn attention auto: timing a call");
-  } catch (...) {
-    if (call.timed) {
-      cudaEventDestroy(p.start);
-      cudaEventDestroy(p.end);
-    }
-    throw;
+  if (call.route == MeasuredRoute::second)
+    on_cudnn();
+  else
+    on_kernels();
+  if (timer) {
+    timer->stop(stream());
+    t.pending.push_back({call.route, std::move(*timer)});
   }
-  if (call.timed) t.pending.push_back(p);
-  return call.route == MeasuredRoute::second;
 }
 
 }  // namespace

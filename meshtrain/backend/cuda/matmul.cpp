@@ -23,6 +23,7 @@
 #include "meshtrain/backend/cuda/cublaslt_library.h"
 #include "meshtrain/backend/cuda/cuda_common.h"
 #include "meshtrain/backend/cuda/step_graph_hooks.h"
+#include "meshtrain/backend/cuda/timing_events.h"
 #include "meshtrain/backend/matmul.h"
 
 namespace mt::cuda {
@@ -189,27 +190,15 @@ bool tuning_enabled() {
   return on && g_tuning_allowed.load(std::memory_order_relaxed);
 }
 
-// Runs the cuBLASLt call; a failure leaves no CUDA error behind to be blamed on a later
-// kernel.
-struct TuningEvents {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TuningEvents() {
-    check(cudaEventCreate(&start), "matmul tuning");
-    check(cudaEventCreate(&stop), "matmul tuning");
-  }
-  ~TuningEvents() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-};
-
 // Times each candidate (one warm-up, then two runs) writing c, keeps the fastest. Runs once
 // per shape; the caller's own run then overwrites c.
 void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
-  TuningEvents events;
+  TimingEvents events("matmul tuning");
   const float alpha = 1.0f, beta = 0.0f;
   float best = -1.0f;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
+    // Runs the cuBLASLt call; a failure leaves no CUDA error behind to be blamed on a later
+    // kernel.
     auto run = [&] {
       const bool ok = cublaslt().Matmul(l.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo,
                                      l.workspace, kWorkspaceBytes, stream()) == CUBLAS_STATUS_SUCCESS;
@@ -217,12 +206,10 @@ void tune(Lt& l, Plan& p, const void* a, const void* b, void* c) {
       return ok;
     };
     if (!run()) continue;
-    check(cudaEventRecord(events.start, stream()), "matmul tuning");
+    events.start(stream());
     const bool ok = run() && run();
-    check(cudaEventRecord(events.stop, stream()), "matmul tuning");
-    check(cudaEventSynchronize(events.stop), "matmul tuning");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, events.start, events.stop), "matmul tuning");
+    events.stop(stream());
+    const float ms = events.elapsed_ms();
     if (ok && (best < 0.0f || ms < best)) {
       best = ms;
       p.algo = algo;
