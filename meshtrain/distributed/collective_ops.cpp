@@ -102,6 +102,25 @@ Array reduce_scatter_dim(const Array& x, int d, Communicator& comm) {
   return out.to(x.device());
 }
 
+Bf16ReduceScatter::Bf16ReduceScatter(const Array& blocks, Communicator& comm, Device where) : ranks_(comm.size()) {
+  MT_CHECK(blocks.dtype() == DType::f32 && blocks.numel() % ranks_ == 0, "[reduce_scatter] bf16 on the wire takes ",
+           ranks_, " equal blocks of f32, got ", blocks.str());
+  autodiff::NoGradGuard no_grad;
+  sent_ = cast(blocks, DType::bf16).to(where);  // contiguous, rank-major
+  const int64_t count = blocks.numel() / ranks_;
+  received_ = Array::empty({int64_t(ranks_), count}, DType::bf16, where);
+  handle_ = comm.all_to_all_async(sent_.raw(), received_.raw(), count, DType::bf16);
+}
+
+Array Bf16ReduceScatter::finish() {
+  handle_.wait();
+  autodiff::NoGradGuard no_grad;
+  // Row r: rank r's copy of this rank's block; summed in rank order.
+  Array mine = sum(cast(received_, DType::f32), {0});
+  sent_ = received_ = Array();
+  return mine;
+}
+
 Array reduce_scatter_dim_bf16(const Array& x, int d, Communicator& comm) {
   d = checked_scatter_dim(x, d, comm);
   MT_CHECK(x.dtype() == DType::f32, "[reduce_scatter] bf16 on the wire takes f32 blocks, got ", x.str());
@@ -110,13 +129,8 @@ Array reduce_scatter_dim_bf16(const Array& x, int d, Communicator& comm) {
   autodiff::NoGradGuard no_grad;
   const auto [blocks, out_dims] = rank_blocks(x, d, p);
   Communicator* device_comm = device_comm_for(x, comm);
-  Array send = cast(blocks, DType::bf16);  // contiguous, rank-major
-  if (!device_comm) send = send.to(Device::cpu());
-  const int64_t count = send.numel() / p;
-  Array received = Array::empty({int64_t(p), count}, DType::bf16, send.device());
-  (device_comm ? device_comm : &comm)->all_to_all(send.raw(), received.raw(), count, DType::bf16);
-  // Row r: rank r's copy of this rank's block; summed in rank order.
-  return reshape(sum(cast(received, DType::f32), {0}), out_dims).to(x.device());
+  Bf16ReduceScatter exchange(blocks, device_comm ? *device_comm : comm, device_comm ? x.device() : Device::cpu());
+  return reshape(exchange.finish(), out_dims).to(x.device());
 }
 
 Array all_reduce_sum(const Array& x, Communicator& comm) {

@@ -17,10 +17,26 @@ namespace mt::dist {
 Array all_gather_dim(const Array& local, int d, Communicator& comm);
 // The sum over the ranks of `comm`, keeping this rank's block along dim d (n / size).
 Array reduce_scatter_dim(const Array& local, int d, Communicator& comm);
-// The same for f32 `local` with half the bytes on the wire: every rank's blocks rounded to bf16
-// once and exchanged all-to-all, and this rank's block summed over the ranks in rank order in
-// f32 or wider, not rounded again: Σ_r bf16(x_r). FSDP's weight gradients under
-// --grad-reduce-dtype bf16 (as PyTorch FSDP's reduce_dtype).
+// A reduce-scatter of f32 values with half the bytes on the wire, started: `blocks` (one per
+// rank, rank-major: ranks × count elements, any shape) rounded to bf16 once where they are,
+// moved to `where` (the communicator's memory: the host for MPI, the GPU for NCCL) and
+// exchanged all-to-all. finish() waits and returns this rank's block, (count,) f32, summed over
+// the ranks in rank order in f32 or wider, not rounded again: Σ_r bf16(x_r). Bucketed
+// data-parallel gradients (grad_reducer.cpp) and FSDP's (reduce_scatter_dim_bf16) under
+// --grad-reduce-dtype bf16.
+class Bf16ReduceScatter {
+ public:
+  Bf16ReduceScatter(const Array& blocks, Communicator& comm, Device where);
+  Array finish();
+
+ private:
+  int ranks_;
+  Array sent_, received_;
+  CommHandle handle_;
+};
+// reduce_scatter_dim for f32 `local` through a Bf16ReduceScatter: this rank's block of
+// Σ_r bf16(x_r) along dim d. FSDP's weight gradients under --grad-reduce-dtype bf16 (as
+// PyTorch FSDP's reduce_dtype).
 Array reduce_scatter_dim_bf16(const Array& local, int d, Communicator& comm);
 // The sum over the ranks of `comm` (a new array; x is not modified).
 Array all_reduce_sum(const Array& local, Communicator& comm);

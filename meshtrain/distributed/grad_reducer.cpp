@@ -6,8 +6,6 @@
 #include "meshtrain/autodiff/node.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/ops/elementwise.h"
-#include "meshtrain/ops/reduce.h"
-#include "meshtrain/ops/shape_ops.h"
 
 namespace mt::dist {
 
@@ -62,9 +60,9 @@ void GradReducer::launch(Bucket& b) {
   const int ranks = b.comm->size();
   // Only the data axis's sums (data parallelism); a model axis's partial sums (tensor
   // parallelism) stay f32.
-  b.narrow = g_reduce_dtype == DType::bf16 && b.dtype == DType::f32 && ranks > 1 && b.axis == "data";
+  const bool narrow = g_reduce_dtype == DType::bf16 && b.dtype == DType::f32 && ranks > 1 && b.axis == "data";
   b.slice = (elements + ranks - 1) / ranks;
-  if (b.narrow) elements = b.slice * ranks;  // the tail zeroed below
+  if (narrow) elements = b.slice * ranks;  // the tail zeroed below
   b.buffer = Array::empty({elements}, b.dtype, where);
   char* dst = static_cast<char*>(b.buffer.raw());
   for (const Entry& e : b.entries) {
@@ -77,7 +75,7 @@ void GradReducer::launch(Bucket& b) {
     dst += e.local.nbytes();
   }
   Communicator* comm = device_comm ? device_comm : b.comm;
-  if (b.narrow) {
+  if (narrow) {
     const size_t filled = size_t(dst - static_cast<char*>(b.buffer.raw())), all = b.buffer.nbytes();
     if (filled < all) {
       const uint8_t zero = 0;
@@ -86,10 +84,9 @@ void GradReducer::launch(Bucket& b) {
       else
         std::memset(dst, 0, all - filled);
     }
-    autodiff::NoGradGuard no_grad;
-    b.buffer = cast(b.buffer, DType::bf16);
-    b.received = Array::empty({elements}, DType::bf16, where);
-    b.handle = comm->all_to_all_async(b.buffer.raw(), b.received.raw(), b.slice, DType::bf16);
+    b.narrow.emplace(b.buffer, *comm, where);
+    b.wire = comm;
+    b.buffer = Array();
   } else {
     b.handle = comm->all_reduce_async(b.buffer.raw(), elements, b.dtype, ReduceOp::sum);
   }
@@ -99,15 +96,11 @@ void GradReducer::launch(Bucket& b) {
 
 Array GradReducer::sum_narrow(Bucket& b) {
   autodiff::NoGradGuard no_grad;
-  const int ranks = b.comm->size();
-  // Row i of `received` is rank i's bf16 copy of this rank's slice: summed in f32, rows in
-  // rank order, then rounded once; every rank does the same for its own slice.
-  const Array mine = cast(sum(cast(reshape(b.received, {int64_t(ranks), b.slice}), DType::f32), {0}), DType::bf16);
-  Array gathered = Array::empty({int64_t(ranks) * b.slice}, DType::bf16, mine.device());
-  Communicator* device_comm = b.comm->device_communicator(mine.device());
-  Communicator* comm = mine.device().is_cuda() && device_comm ? device_comm : b.comm;
-  comm->all_gather(mine.raw(), gathered.raw(), b.slice, DType::bf16);
-  b.received = Array();
+  // This rank's slice summed, rounded once; every rank does the same for its own slice.
+  const Array mine = cast(b.narrow->finish(), DType::bf16);
+  b.narrow.reset();
+  Array gathered = Array::empty({int64_t(b.wire->size()) * b.slice}, DType::bf16, mine.device());
+  b.wire->all_gather(mine.raw(), gathered.raw(), b.slice, DType::bf16);
   return cast(gathered, DType::f32);
 }
 
@@ -118,8 +111,10 @@ std::vector<Array> GradReducer::finish(size_t count) {
   std::vector<Array> out(count);
   for (auto& [index, g] : done_) out[index] = g;
   for (Bucket& b : in_flight_) {
-    b.handle.wait();
-    if (b.narrow) b.buffer = sum_narrow(b);
+    if (b.narrow)
+      b.buffer = sum_narrow(b);
+    else
+      b.handle.wait();
     const char* src = static_cast<const char*>(b.buffer.raw());
     const bool on_device = b.buffer.device().is_cuda();
     for (const Entry& e : b.entries) {

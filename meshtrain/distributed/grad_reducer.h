@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "meshtrain/distributed/collective_ops.h"
 #include "meshtrain/distributed/comm_handle.h"
 #include "meshtrain/distributed/spmd.h"
 
@@ -70,14 +72,14 @@ class GradReducer {
     size_t bytes = 0;
     Array buffer;
     CommHandle handle;
-    // bf16 on the wire (grad_reduce_dtype): `buffer` holds the bucket rounded to bf16, padded
-    // to ranks × slice elements; `received` every rank's copy of this rank's slice.
-    bool narrow = false;
+    // bf16 on the wire (grad_reduce_dtype): the bucket, padded to ranks × slice elements,
+    // reduce-scattered in bf16 on `wire` (then rounded once and all-gathered).
+    std::optional<Bf16ReduceScatter> narrow;
+    Communicator* wire = nullptr;
     int64_t slice = 0;
-    Array received;
   };
   void launch(Bucket& bucket);
-  // A narrow bucket once its all-to-all is done: its reduced values, f32, on the bucket's device.
+  // A narrow bucket once its exchange is done: its reduced values, f32, in the wire's memory.
   static Array sum_narrow(Bucket& bucket);
 
   size_t bucket_bytes_;
