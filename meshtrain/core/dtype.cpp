@@ -45,12 +45,13 @@ double lowest_finite(DType dtype) {
 }
 
 // Bit-exact conversions, independent of FPU rounding and flush-to-zero modes.
-float f16_to_f32(f16 v) {
+float f16_to_f32_portable(f16 v) {
   const uint16_t h = v.bits;
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  // inf; a NaN comes out quiet (as F16C's and the GPU's conversions give it), its payload kept.
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
   if (exp == 0) {
     // Subnormal: mant * 2^-24 is exact in f32 (and a normal f32), so a multiply suffices.
     const float mag = float(mant) * 0x1p-24f;
@@ -59,7 +60,7 @@ float f16_to_f32(f16 v) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));  // rebias 15 -> 127
 }
 
-f16 f32_to_f16(float f) {
+f16 f32_to_f16_portable(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   uint32_t mag = x & 0x7fffffffu;
@@ -114,6 +115,25 @@ void f32_round_to_bf16_n(const float* src, float* dst, int64_t n) {
     const uint32_t r = bf16_bits_of(u) << 16;
     std::memcpy(&dst[i], &r, 4);
   }
+}
+
+void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_f32(f16{src[i]});
+}
+
+void f32_to_f16_n(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = f32_to_f16(src[i]).bits;
 }
 
 }  // namespace mt

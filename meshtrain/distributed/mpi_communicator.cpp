@@ -50,6 +50,7 @@ float* f32_scratch(size_t n) { return reinterpret_cast<float*>(staging_bytes(n *
 
 void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
   if (dtype == DType::bf16) return bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
+  if (dtype == DType::f16) return f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
   dispatch_float(dtype, "comm", [&](auto tag) {
     using T = decltype(tag);
     const T* s = static_cast<const T*>(src);
@@ -59,6 +60,7 @@ void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,)
 
 void f32_to_half(const float* src, void* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
   if (dtype == DType::bf16) return f32_to_bf16_n(src, static_cast<uint16_t*>(dst), n);
+  if (dtype == DType::f16) return f32_to_f16_n(src, static_cast<uint16_t*>(dst), n);
   dispatch_float(dtype, "comm", [&](auto tag) {
     using T = decltype(tag);
     T* d = static_cast<T*>(dst);

@@ -3,6 +3,7 @@
 // and the caching allocator's steady state during training steps.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -32,6 +33,32 @@ TEST(DType, F16RoundTripsEveryHalfValue) {
   }
   EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);       // rounds up to inf
   EXPECT_EQ(f32_to_f16(5.9604645e-08f).bits, 0x0001);  // smallest subnormal
+}
+
+// The F16C conversions (the default build's) against the integer reference: every half, and
+// every 256th f32 bit pattern (NaNs, infinities, subnormals, the overflow edge 65520 among
+// them), one at a time and through the bulk loops with a tail that is not a multiple of 8.
+TEST(DType, F16ConversionsMatchTheReference) {
+  std::vector<uint16_t> halves(0x10000);
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) halves[bits] = uint16_t(bits);
+  std::vector<float> widened(halves.size() - 3);
+  f16_to_f32_n(halves.data() + 3, widened.data(), int64_t(widened.size()));
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint32_t reference = std::bit_cast<uint32_t>(f16_to_f32_portable(f16{uint16_t(bits)}));
+    ASSERT_EQ(std::bit_cast<uint32_t>(f16_to_f32(f16{uint16_t(bits)})), reference) << bits;
+    if (bits >= 3) ASSERT_EQ(std::bit_cast<uint32_t>(widened[bits - 3]), reference) << bits;
+  }
+  std::vector<float> floats;
+  for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 256) floats.push_back(std::bit_cast<float>(uint32_t(bits)));
+  for (float edge : {65504.0f, 65519.99f, 65520.0f, -65520.0f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f})
+    floats.push_back(edge);
+  std::vector<uint16_t> narrowed(floats.size() - 5);
+  f32_to_f16_n(floats.data() + 5, narrowed.data(), int64_t(narrowed.size()));
+  for (size_t i = 0; i < floats.size(); ++i) {
+    const uint16_t reference = f32_to_f16_portable(floats[i]).bits;
+    ASSERT_EQ(f32_to_f16(floats[i]).bits, reference) << std::bit_cast<uint32_t>(floats[i]);
+    if (i >= 5) ASSERT_EQ(narrowed[i - 5], reference) << std::bit_cast<uint32_t>(floats[i]);
+  }
 }
 
 TEST(Shape, BroadcastAndErrors) {

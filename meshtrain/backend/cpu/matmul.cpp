@@ -132,7 +132,7 @@ void widen_n(MatmulDType in, const void* x, int64_t at, float* d, int64_t n) {
   if (in == MatmulDType::f32_as_bf16) return f32_round_to_bf16_n(static_cast<const float*>(x) + at, d, n);
   const uint16_t* s = static_cast<const uint16_t*>(x) + at;
   if (in != MatmulDType::f16) return bf16_to_f32_n(s, d, n);
-  for (int64_t i = 0; i < n; ++i) d[i] = f16_to_f32(f16{s[i]});
+  f16_to_f32_n(s, d, n);
 }
 
 // The first n elements of src widened (widen_n) into dst, grown to fit.
@@ -147,7 +147,7 @@ void narrow(MatmulDType dtype, const float* src, void* dst, size_t n) {
   auto* d = static_cast<uint16_t*>(dst);
   for_chunks(int64_t(n), [&](int64_t begin, int64_t count) {
     if (dtype != MatmulDType::f16) return f32_to_bf16_n(src + begin, d + begin, count);
-    for (int64_t i = begin; i < begin + count; ++i) d[i] = f32_to_f16(src[i]).bits;
+    f32_to_f16_n(src + begin, d + begin, count);
   });
 }
 
