@@ -1,5 +1,6 @@
 #include "apps/meshtrain/run_flags.h"
 
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -49,7 +50,8 @@ void add_precision_flag(CLI::App* cmd, std::string& precision) {
   cmd->add_option("--precision", precision,
                   "f32; tf32 (GPU: TF32 tensor cores; CPU: f32); bf16 (mixed precision: f32 master weights and "
                   "optimizer state, parameters cast to bf16 once per step, bf16 activations, norms/softmax/losses "
-                  "computed in f32); bf16-matmul (everything f32, only matmul operands rounded to bf16)")
+                  "computed in f32); f16 (the same in IEEE half, with the loss scaled: see --loss-scale); bf16-matmul "
+                  "(everything f32, only matmul operands rounded to bf16)")
       ->capture_default_str()
       ->check(CLI::Validator(known_policy, "PRECISION"));
 }
@@ -136,6 +138,16 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "why and go on eagerly; on: stop with the reason instead; off: never")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--loss-scale", f.loss_scale,
+                  "with --precision f16: dynamic (start at 65536, halve and skip the step when the gradients overflow, "
+                  "double after --loss-scale-window finite steps; PyTorch GradScaler's rule) or a fixed scale (overflowing "
+                  "steps are still skipped)")
+      ->capture_default_str()
+      ->check([](const std::string& text) { return loss_scale_error(text); });
+  cmd->add_option("--loss-scale-window", f.loss_scale_window,
+                  "with --precision f16 and a dynamic scale: finite steps in a row before the scale doubles")
+      ->capture_default_str()
+      ->check(positive());
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
                   "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
@@ -185,6 +197,12 @@ std::unique_ptr<PrecisionScope> precision_scope(const std::string& precision) {
     std::cerr << "meshtrain: --precision " << precision << " is emulated on this CPU (" << cpu::cpu_features().isa
               << ": no native bf16 GEMM below AVX-512): bf16 operands are widened and multiplied by the f32 GEMM, so "
                  "results are bf16's but there is no speed-up over f32\n";
+  if (p.compute_dtype == DType::f16 && current_device().is_cpu() && !cpu::cpu_features().f16_gemm_native &&
+      dist::world().rank() == 0)
+    std::cerr << "meshtrain: --precision f16 is emulated on this CPU (" << cpu::cpu_features().isa
+              << ": this oneDNN has no f16 GEMM for it): f16 operands are widened and multiplied by the f32 GEMM, "
+                 "so results are f16's but the step is slower than f32's (use bf16 on a CPU; f16 is for GPUs without "
+                 "bf16 and for checking an f16 run before it goes to one)\n";
   return std::make_unique<PrecisionScope>(std::move(p));
 }
 
@@ -309,6 +327,17 @@ int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deploy
   return plan.total_steps;
 }
 
+std::string loss_scale_error(const std::string& text) {
+  if (text == "dynamic") return "";
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(v) && v > 0) return "";
+  } catch (const std::exception&) {
+  }
+  return "expected dynamic or a positive number, got '" + text + "'";
+}
+
 void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.resume = flags.resume;
   f.progress_every = flags.logging_steps;
@@ -319,6 +348,13 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   f.dry_run = flags.dry_run;
   if (flags.checkpoint_writes != "auto") f.background_checkpoints = flags.checkpoint_writes == "background";
   f.cuda_graphs = train::parse_cuda_graphs(flags.cuda_graphs);
+  const bool scaled = precision_policy_from_name(flags.precision, "--precision").loss_scaling;
+  MT_CHECK(scaled || (flags.loss_scale == "dynamic" && flags.loss_scale_window == 2000),
+           "[--loss-scale] loss scaling applies to --precision f16 (bf16 has f32's range and needs none); this run "
+           "is --precision ", flags.precision);
+  f.loss_scale.dynamic = flags.loss_scale == "dynamic";
+  if (!f.loss_scale.dynamic) f.loss_scale.init_scale = std::stod(flags.loss_scale);
+  f.loss_scale.growth_interval = flags.loss_scale_window;
 }
 
 optim::Transform gradient_clipping(double max_grad_norm) {

@@ -30,7 +30,9 @@ struct RunFlags {
   std::string grad_reduce_dtype = "f32";  // data-parallel gradients on the wire: f32 or bf16 (dist::grad_reduce_dtype)
   bool resume = false;
   bool overwrite = false;
-  std::string precision = "f32";  // f32, tf32, bf16 or bf16-matmul (see mt::PrecisionPolicy)
+  std::string precision = "f32";  // f32, tf32, bf16, f16 or bf16-matmul (see mt::PrecisionPolicy)
+  std::string loss_scale = "dynamic";  // f16's loss scale: dynamic or a fixed number (optim/loss_scale.h)
+  int64_t loss_scale_window = 2000;    // finite steps before a dynamic scale grows
   std::string save_dtype = "f32";  // the exported model folder's dtype: f32 or bf16
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)
@@ -44,7 +46,7 @@ struct RunFlags {
 void add_run_flags(CLI::App* cmd, RunFlags& flags, bool training);
 // --device auto|cpu|cuda[:N] (part of the run flags; generate takes it alone).
 void add_device_flag(CLI::App* cmd, std::string& device);
-// --precision f32|tf32|bf16|bf16-matmul (part of the run flags; generate takes it alone).
+// --precision f32|tf32|bf16|f16|bf16-matmul (part of the run flags; generate takes it alone).
 void add_precision_flag(CLI::App* cmd, std::string& precision);
 // --allow-new-heads: parameters a model checkpoint lacks are initialized (and reported)
 // instead of refused.
@@ -63,6 +65,8 @@ void add_step_flags(CLI::App* cmd, StepFlags& flags);
 // needs) and returns the total optimizer steps, which learning-rate schedules span.
 int64_t plan_fit(const StepFlags& flags, int64_t train_size, const train::Deployer& deployer, train::FitOptions& f);
 
+// "" when `text` is a --loss-scale value (dynamic or a positive number), else why not.
+std::string loss_scale_error(const std::string& text);
 // The run flags' part of a fit: --resume, --profile, MFU logging against --peak-gflops.
 void apply_run_flags(const RunFlags& flags, train::FitOptions& f);
 

@@ -62,13 +62,15 @@ PrecisionPolicy precision_policy_from_name(const std::string& name, const char* 
     p.matmul = MatmulPrecision::bf16;
     return p;
   }
-  if (name == "f16")
-    throw Error(detail::concat("[", what, "] f16 (with dynamic loss scaling) is not built; bf16 has f32's range and "
-                               "needs no loss scaling: use bf16"));
+  if (name == "f16") {
+    p.compute_dtype = DType::f16;
+    p.loss_scaling = true;
+    return p;
+  }
   throw Error(detail::concat("[", what, "] expected ", precision_policy_names(), ", got '", name, "'"));
 }
 
-const char* precision_policy_names() { return "f32, tf32, bf16 or bf16-matmul"; }
+const char* precision_policy_names() { return "f32, tf32, bf16, f16 or bf16-matmul"; }
 
 const PrecisionPolicy& precision_policy() { return current_policy; }
 

@@ -9,6 +9,8 @@
 //     the memory, and matmuls take and write bf16 with f32 accumulation;
 //   - layer/RMS norm, softmax and attention compute their statistics in f32 on bf16 storage,
 //     and the losses compute in f32 and return an f32 scalar.
+// `f16` is the same policy in IEEE half, whose range (6e-8 to 65504) needs the loss scaled:
+// the Trainer's default step scales it dynamically (optim/loss_scale.h).
 // The precision named `bf16-matmul` keeps everything f32 and rounds only matmul operands.
 #include <string>
 
@@ -22,6 +24,7 @@ struct PrecisionPolicy {
   std::string name = "f32";
   DType compute_dtype = DType::f32;  // parameters cast to it where used; activations in it
   MatmulPrecision matmul = MatmulPrecision::f32;  // how f32 matmuls multiply
+  bool loss_scaling = false;  // gradients need the loss scaled (f16's narrow range)
 
   bool casts_parameters() const { return compute_dtype != DType::f32; }
   // The floating parameters cast to the compute dtype (outside any trace; integer and
@@ -35,10 +38,11 @@ struct PrecisionPolicy {
 };
 
 // "f32", "tf32" (GPU matmuls on TF32 tensor cores; f32 on a CPU), "bf16" (the policy above),
-// "bf16-matmul" (f32 throughout, matmul operands rounded to bf16). "f16" and anything else
-// throw mt::Error naming the flag `what` and the choices.
+// "f16" (the same in half precision, with loss scaling), "bf16-matmul" (f32 throughout, matmul
+// operands rounded to bf16). Anything else throws mt::Error naming the flag `what` and the
+// choices.
 PrecisionPolicy precision_policy_from_name(const std::string& name, const char* what = "precision");
-// The names precision_policy_from_name accepts, for help texts: "f32, tf32, bf16 or bf16-matmul".
+// The names precision_policy_from_name accepts, for help texts: "f32, tf32, bf16, f16 or bf16-matmul".
 const char* precision_policy_names();
 
 // The calling thread's policy (f32 unless a PrecisionScope is active). The Trainer and the

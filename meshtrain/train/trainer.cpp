@@ -243,10 +243,28 @@ std::string Trainer::why_steps_cannot_be_captured() const {
   if (processes > 1)
     return detail::concat("the step's gradients are reduced across ", processes,
                           " processes (collectives are not captured)");
+  if (precision_policy().loss_scaling)
+    return "f16's loss scaling reads its overflow check on the host each step to skip or apply the update";
   if (!optim::capturable(optimizer_))
     return "the optimizer has a part without host_step (sgd's rate or multi_steps' branching are host values of "
            "each step)";
   return why_forward_cannot_be_captured();
+}
+
+void Trainer::set_loss_scale(const optim::LossScaleOptions& options) {
+  optim::validate(options, "trainer loss scale");
+  loss_scale_options_ = options;
+  if (!scaler_) return;
+  // A scale already running (restored from a checkpoint, or earlier steps) carries on under the
+  // new settings.
+  const nlohmann::json state = scaler_->state();
+  scaler_.emplace(options);
+  scaler_->load_state(state);
+}
+
+optim::LossScaler& Trainer::loss_scaler_for_steps() {
+  if (!scaler_) scaler_.emplace(loss_scale_options_);
+  return *scaler_;
 }
 
 void Trainer::set_cuda_graphs(CudaGraphs mode) {
@@ -312,6 +330,10 @@ StepResults Trainer::run_default_step(const std::vector<Batch>& micro_batches) {
   const PrecisionPolicy& policy = precision_policy();
   Params compute = policy.cast_for_compute(trainable);
   frozen = policy.cast_for_compute(frozen);
+  // f16: the loss is multiplied by the scale before each backward pass, so the gradients of
+  // f16 activations stay inside f16's range; the unscaled loss is what is reported.
+  optim::LossScaler* scaler = policy.loss_scaling ? &loss_scaler_for_steps() : nullptr;
+  const double loss_scale = scaler ? scaler->scale() : 1.0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const Batch& batch = micro_batches[m];
     const RngKey micro_key = key.fold_in(m);
@@ -319,6 +341,7 @@ StepResults Trainer::run_default_step(const std::vector<Batch>& micro_batches) {
     // each is freed once the backward pass has used it last instead of at the step's end
     // (GPT-2 Large under bf16: the whole 1.5 GB copy no longer sits beside the gradients).
     const bool last = m + 1 == micro_batches.size();
+    Array unscaled_loss;  // detached: holding it keeps no activation alive in the backward pass
     auto loss_of_trainable = [&](const Params& master) {
       const Params p = last ? policy.compute_view(master, std::move(compute)) : policy.compute_view(master, compute);
       // Open only around the forward call: recomputation in the backward pass (remat) does
@@ -333,10 +356,12 @@ StepResults Trainer::run_default_step(const std::vector<Batch>& micro_batches) {
         loss = loss_in_f32(loss_(all, batch, micro_key, true));
       }
       recorded.add(recorder.take(), 1.0);
-      return loss;
+      if (!scaler) return loss;
+      unscaled_loss = loss.detach();
+      return mul(loss, scalar_like(loss, loss_scale));
     };
     auto [loss, g] = value_and_grad(loss_of_trainable)(trainable);
-    losses.push_back(dist::to_host(loss).detach());
+    losses.push_back(dist::to_host(scaler ? unscaled_loss : loss).detach());
     if (grads.empty()) {
       grads = std::move(g);
     } else {
@@ -346,15 +371,29 @@ StepResults Trainer::run_default_step(const std::vector<Batch>& micro_batches) {
   // The bf16 copies and the extra handles on the parameters are dropped before the update: a
   // lower peak, and the parameters stay sole-owned, so the update rewrites them in place.
   compute = frozen = trainable = Params{};
-  if (micro_batches.size() > 1)
+  bool finite = true;
+  if (scaler) {
+    // Divided by the scale and the micro-batch count in one pass; an overflow anywhere skips
+    // the update (parameters and optimizer state as they were) and shrinks the scale.
+    finite = scaler->unscale(grads, double(micro_batches.size()));
+    scaler->update(finite);
+    recorded.add({{"loss_scale", Array::scalar(loss_scale)}}, 1.0);
+    if (!finite)
+      print(detail::concat("step ", step_ + 1, ": gradients overflowed at loss scale ", loss_scale,
+                           "; the update is skipped and the scale is now ", scaler->scale()));
+  } else if (micro_batches.size() > 1) {
     for (auto& [path, acc] : grads) acc = div(acc, double(micro_batches.size()));
+  }
   span.reset();
-  if (trace::enabled()) span.emplace("phase", "optimizer");
-  // Moved in: a transform may rewrite the gradients in place (clipping scales them there).
-  Params updates = optimizer_.update(std::move(grads), opt_state_, params_);
-  grads = Params{};  // freed before the update is applied: a lower peak
-  // Moved: when the trainer holds the only handles, the parameters are updated in place.
-  params_ = optim::apply_updates(std::move(params_), updates);
+  if (finite) {
+    if (trace::enabled()) span.emplace("phase", "optimizer");
+    // Moved in: a transform may rewrite the gradients in place (clipping scales them there).
+    Params updates = optimizer_.update(std::move(grads), opt_state_, params_);
+    grads = Params{};  // freed before the update is applied: a lower peak
+    // Moved: when the trainer holds the only handles, the parameters are updated in place.
+    params_ = optim::apply_updates(std::move(params_), updates);
+  }
+  grads = Params{};
   StepResults r;
   r.host_reads = host_read_count() - reads_at_start;
   r.host_uploads = host_upload_count() - uploads_at_start;
@@ -448,6 +487,7 @@ void Trainer::save_checkpoint(CheckpointKind kind, const json& data_state, const
   meta["data"] = data_state;
   meta["seed"] = deployer_.options().seed;
   meta["mesh"] = deployer_.mesh().str();
+  if (scaler_) meta["loss_scale"] = scaler_->state();
   CheckpointState state{step_, 0, params_, opt_state_, meta};
   CheckpointManager manager((fs::path(deployer_.workdir()) / "checkpoints").string(), o.keep_last);
   if (!checkpoints_) checkpoints_ = std::make_unique<BackgroundCheckpoints>(deployer_.mesh(), o.background_checkpoints);
@@ -489,6 +529,7 @@ std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected
   params_ = state.params;
   opt_state_ = state.opt_state;
   step_ = state.step;
+  if (const json scale = state.extra.value("loss_scale", json()); !scale.is_null()) loss_scaler_for_steps().load_state(scale);
   deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
   ResumeState resumed;
   resumed.checkpoint = *latest;
@@ -605,6 +646,9 @@ void Trainer::print_fit_summary(const FitResult& result, double secs, const FitO
        << result.losses.front() << " -> " << result.losses.back();
   if (!result.evals.empty())
     for (const auto& [k, v] : result.evals.back()) line << ", " << k << " " << v;
+  if (scaler_ && precision_policy().loss_scaling)
+    line << std::setprecision(0) << ", loss scale " << scaler_->scale() << " (" << scaler_->skipped_steps()
+         << " steps skipped on overflow)";
   print(line.str());
 }
 
@@ -614,6 +658,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       o.save_best_by.empty() ? std::nullopt : std::optional<BestMetric>(BestMetric::parse(o.save_best_by));
   const StepPlan steps = plan_steps(train->size(), o, deployer_);
   set_cuda_graphs(o.cuda_graphs);
+  set_loss_scale(o.loss_scale);
   // The CPU is detected (oneDNN queried, the bf16 dot product timed) before the first step,
   // not inside it: the first step's time and profile show the step's own work.
   (void)cpu::cpu_features();

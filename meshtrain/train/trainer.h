@@ -18,6 +18,7 @@
 #include "meshtrain/data/dataset.h"
 #include "meshtrain/data/example.h"
 #include "meshtrain/ops/deferred_checks.h"
+#include "meshtrain/optim/loss_scale.h"
 #include "meshtrain/optim/transform.h"
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
@@ -125,6 +126,9 @@ struct FitOptions {
   // on stops with the reason; off never captures. Nothing to capture on the CPU. The same
   // for the eval step (train/captured_forward.h).
   CudaGraphs cuda_graphs = CudaGraphs::automatic;
+  // How the default step scales the loss where the precision policy asks for it (f16): the
+  // scale, its growth and whether it changes at all. Unused under other precisions.
+  optim::LossScaleOptions loss_scale{};
 };
 
 // Thrown by Trainer::fit after a dry run's step (FitOptions::dry_run); what() is the line
@@ -173,6 +177,12 @@ class Trainer {
   int64_t captured_step_replays() const { return captured_ ? captured_->replays() : 0; }
   // Eval batches replayed from a captured graph so far.
   int64_t captured_eval_replays() const { return captured_eval_ ? captured_eval_->replays() : 0; }
+  // The loss scaling of default steps under a policy that needs it (FitOptions::loss_scale; fit
+  // sets it). A scale restored from a checkpoint is kept.
+  void set_loss_scale(const optim::LossScaleOptions& options);
+  // The scaler of the default steps (null until a step ran under a loss-scaled precision or a
+  // checkpoint restored one): its scale, growth tracker and skipped steps.
+  const optim::LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
   // Runs `rollout` on each step's micro-batches first (see RolloutFn).
@@ -307,6 +317,9 @@ class Trainer {
   std::unique_ptr<CapturedSteps> captured_;  // made at the first default step
   std::unique_ptr<CapturedForward> captured_eval_;
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
+  optim::LossScaleOptions loss_scale_options_;
+  std::optional<optim::LossScaler> scaler_;  // made by loss_scaler_for_steps when first needed
+  optim::LossScaler& loss_scaler_for_steps();
   // Reads of array values to the host (core/host_reads.h) in the last default step between
   // its batch and its loss read: each one a wait for the device on a GPU (issue 45).
   uint64_t step_host_reads_ = 0;

@@ -156,8 +156,11 @@ TEST_F(CliErrors, FlagsAreChecked) {
   expect_failure("glue --task nope --config small --data-dir " + kGlue, {"nope"});
   expect_failure("glue --task rte --data-dir " + kGlue, {"pass --model DIR (pretrained) or --config small|FILE"});
   expect_failure("eval", {"--model is required"});
-  expect_failure("pretrain --precision fp8", {"--precision", "fp8", "f32, tf32, bf16 or bf16-matmul"});
-  expect_failure("pretrain --precision f16", {"--precision", "f16 (with dynamic loss scaling) is not built", "use bf16"});
+  expect_failure("pretrain --precision fp8", {"--precision", "fp8", "f32, tf32, bf16, f16 or bf16-matmul"});
+  expect_failure("pretrain --precision f16 --loss-scale 0", {"--loss-scale", "expected dynamic or a positive number, got '0'"});
+  expect_failure("pretrain --precision f16 --loss-scale lots", {"--loss-scale", "'lots'"});
+  expect_failure("pretrain --precision bf16 --loss-scale 1024 --steps 1 --output-dir " + (dir_ / "scaled").string(),
+                 {"loss scaling applies to --precision f16", "--precision bf16"});
   expect_failure("pretrain --profile 5:3", {"--profile", "'5:3' ends before it starts"});
   expect_failure("pretrain --profile x", {"--profile", "START:END", "'x'"});
   expect_failure("pretrain --steps 4 --profile 3:9 --output-dir " + (dir_ / "profiled").string(),

@@ -168,7 +168,7 @@ TEST_F(PretrainE2E, MiniGpt200StepsOnFourRanksMatchOneProcess) {
 }
 
 // Mixed precision (f32 master weights and AdamW state, bf16 parameters copies, activations
-// and matmuls, f32 losses) trains as well as f32. Registered twice (tests/CMakeLists.txt): on
+// and matmuls, f32 losses) trains as well as f32; so does f16 with its loss scaled. Registered twice (tests/CMakeLists.txt): on
 // oneDNN's native bf16 GEMM, and capped at AVX2 where bf16 is widened to f32.
 TEST_F(PretrainE2E, Bf16MixedPrecisionTrainsAsWellAsF32) {
   CliRun f32 = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --output-dir " + (dir_ / "f32").string());
@@ -194,6 +194,34 @@ TEST_F(PretrainE2E, Bf16MixedPrecisionTrainsAsWellAsF32) {
             << "); step 1: " << std::abs(c[1] - a[1]) << "\n";
   EXPECT_NEAR(c[1], a[1], 0.01);
   EXPECT_NEAR(last_c, last_a, 0.05);
+
+  // f16 (the same policy in IEEE half, the loss scaled dynamically): as close to f32, every
+  // step logs its scale, and the run ends by naming it.
+  CliRun f16 = run_cli(kSmall + "--steps 200 --per-device-batch-size 8 --precision f16 --loss-scale-window 50 "
+                       "--output-dir " + (dir_ / "f16").string());
+  ASSERT_EQ(f16.code, 0) << f16.out;
+  EXPECT_NE(f16.out.find("loss scale "), std::string::npos) << f16.out;
+  std::map<int64_t, double> h = train_losses(dir_ / "f16");
+  ASSERT_EQ(h.size(), 200u);
+  double last_h = 0;
+  for (int64_t s = 191; s <= 200; ++s) last_h += h[s] / 10;
+  int scaled_steps = 0;
+  double lowest_scale = 1e300, highest_scale = 0;
+  std::ifstream metrics(dir_ / "f16" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("split", "") != "train" || !j.contains("loss_scale")) continue;
+    ++scaled_steps;
+    lowest_scale = std::min(lowest_scale, j["loss_scale"].get<double>());
+    highest_scale = std::max(highest_scale, j["loss_scale"].get<double>());
+  }
+  std::cout << "  f16 loss scale from " << lowest_scale << " to " << highest_scale << "\n";
+  std::cout << "  [max err] mean loss of steps 191-200, f16 mixed precision vs f32: " << std::abs(last_h - last_a)
+            << " (" << last_h << " vs " << last_a << "); step 1: " << std::abs(h[1] - a[1]) << "\n";
+  EXPECT_EQ(scaled_steps, 200) << "every step logs its loss scale";
+  EXPECT_GT(highest_scale, 65536) << "the scale grows every 50 finite steps";
+  EXPECT_NEAR(h[1], a[1], 0.005);
+  EXPECT_NEAR(last_h, last_a, 0.05);
 }
 
 // --remat block recomputes each block in backward: the same losses bit for bit (dropout

@@ -1,0 +1,78 @@
+#include "meshtrain/optim/loss_scale.h"
+
+#include <cmath>
+#include <vector>
+
+#include "meshtrain/autodiff/node.h"
+#include "meshtrain/autodiff/plain_groups.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/ops/elementwise.h"
+#include "meshtrain/ops/optimizer_ops.h"
+#include "meshtrain/optim/transform.h"
+
+namespace mt::optim {
+
+void validate(const LossScaleOptions& o, const char* what) {
+  MT_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "[", what, "] the scale must be a positive number, got ",
+           o.init_scale);
+  MT_CHECK(o.growth_factor > 1 && o.backoff_factor > 0 && o.backoff_factor < 1, "[", what,
+           "] growth_factor must be > 1 and backoff_factor in (0, 1), got ", o.growth_factor, " and ",
+           o.backoff_factor);
+  MT_CHECK(o.growth_interval >= 1, "[", what, "] the growth interval must be >= 1 step, got ", o.growth_interval);
+}
+
+LossScaler::LossScaler(LossScaleOptions options) : options_(options), scale_(options.init_scale) {
+  validate(options_);
+}
+
+bool LossScaler::unscale(Params& grads, double divisor) const {
+  autodiff::NoGradGuard no_grad;
+  const double coef = 1.0 / (scale_ * divisor);
+  // As clip_by_global_norm scales: plain arrays in one multi-tensor pass per device and dtype,
+  // in their own buffers; distributed ones per tensor.
+  std::vector<TreeSlot<Array>> others;
+  for (auto& group : plain_groups<Params, Array>(grads, others)) {
+    const Array c = Array::scalar(coef, DType::f32, group.device);
+    std::vector<Array> xs;
+    for (auto& slot : group.slots) xs.push_back(std::move(*slot.array));
+    std::vector<Array> ys = scale_multi_into(std::move(xs), c);
+    for (size_t j = 0; j < ys.size(); ++j) *group.slots[j].array = std::move(ys[j]);
+  }
+  for (auto& slot : others) {
+    Array& g = *slot.array;
+    if (g.defined() && is_floating(g.dtype())) g = mul_in_place(std::move(g), scalar_like(g, coef));
+  }
+  // An inf or NaN anywhere makes the sum of squares inf or NaN (so does a norm beyond f32's
+  // range, ~1.8e19, which no step survives either). global_norm sums over the mesh.
+  return std::isfinite(global_norm(grads).item());
+}
+
+void LossScaler::update(bool finite) {
+  if (!finite) {
+    ++skipped_;
+    growth_tracker_ = 0;
+    if (options_.dynamic) scale_ *= options_.backoff_factor;
+    return;
+  }
+  if (!options_.dynamic) return;
+  if (++growth_tracker_ == options_.growth_interval) {
+    growth_tracker_ = 0;
+    // Past f32's range the scaled loss itself would overflow every step.
+    if (std::isfinite(scale_ * options_.growth_factor * 65504.0)) scale_ *= options_.growth_factor;
+  }
+}
+
+nlohmann::json LossScaler::state() const {
+  return {{"scale", scale_}, {"growth_tracker", growth_tracker_}, {"skipped_steps", skipped_}};
+}
+
+void LossScaler::load_state(const nlohmann::json& state) {
+  MT_CHECK(state.is_object() && state.contains("scale") && state["scale"].is_number(),
+           "[loss scale] a checkpoint's loss_scale needs a numeric 'scale', got ", state.dump());
+  scale_ = state["scale"].get<double>();
+  MT_CHECK(std::isfinite(scale_) && scale_ > 0, "[loss scale] a checkpoint's scale must be positive, got ", scale_);
+  growth_tracker_ = state.value("growth_tracker", int64_t(0));
+  skipped_ = state.value("skipped_steps", int64_t(0));
+}
+
+}  // namespace mt::optim
