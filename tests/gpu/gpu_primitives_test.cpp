@@ -122,6 +122,34 @@ TEST(GpuPrimitives, EveryPrimitiveInBf16EqualsTheCpuKernel) {
   std::cout << "  " << variants << " bf16 cases on the GPU equal the CPU kernels\n";
 }
 
+// Every case's f16 variant (--precision f16) on the GPU against the CPU's f16 kernels, within
+// f16's tolerance; a primitive the GPU does not run in f16 must refuse with an error naming
+// it (listed), never answer wrongly.
+TEST(GpuPrimitives, EveryPrimitiveInF16EqualsTheCpuKernelOrRefuses) {
+  MT_REQUIRE_GPU();
+  int variants = 0;
+  std::vector<std::string> refused;
+  for (const PrimitiveCase& c : primitive_cases()) {
+    if (f32_only_primitive(c.primitive)) continue;
+    std::vector<Array> f16 = c.inputs;
+    bool any = false;
+    for (Array& x : f16)
+      if (x.defined() && x.dtype() == DType::f32) x = cast(x, DType::f16), any = true;
+    if (!any) continue;
+    SCOPED_TRACE(c.primitive + " [f16]");
+    try {
+      expect_case_gpu_equals_cpu(c, f16, c.primitive + " [f16]", DType::f16);
+      ++variants;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("[" + c.primitive), std::string::npos) << "a refusal must name the primitive: " << what;
+      refused.push_back(c.primitive + ": " + what);
+    }
+  }
+  std::cout << "  " << variants << " f16 cases on the GPU equal the CPU kernels; " << refused.size() << " refused\n";
+  for (const std::string& r : refused) std::cout << "    refused " << r << "\n";
+}
+
 // The fused and multi-pass kernels alone (the fused family, the loss, the norms and softmaxes,
 // the multi-tensor AdamW), f32 and bf16: a run short enough for compute-sanitizer's racecheck
 // (gpu_run.sh test), which is too slow for the whole harness. Their shared-memory reductions
