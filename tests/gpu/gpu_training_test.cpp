@@ -95,6 +95,28 @@ TEST_F(GpuTraining, Bf16OnTheGpuStaysCloseToTheCpu) {
   }
 }
 
+// --precision f16 (the bf16 policy in half, the loss scaled dynamically) on the GPU as on the
+// CPU: 20 GPT-2 and LLaMA steps within 1e-2 (f16 keeps 11 bits), the same loss scale logged at
+// every step on both devices (an overflow on one side only would show as a different scale).
+TEST_F(GpuTraining, F16WithLossScalingOnTheGpuStaysCloseToTheCpu) {
+  MT_REQUIRE_GPU();
+  for (const std::string model : {"gpt2", "llama"}) {
+    const fs::path cpu = dir_ / (model + "_f16_cpu"), gpu = dir_ / (model + "_f16_gpu");
+    const std::string args = pretrain(model) + "--precision f16 --loss-scale-window 5";
+    ASSERT_EQ(run_cli(args + " --device cpu --output-dir " + cpu.string()).code, 0);
+    CliRun g = run_cli(args + " --device cuda --output-dir " + gpu.string());
+    ASSERT_EQ(g.code, 0) << g.out;
+    const double err = max_relative_loss_error(gpu, cpu, 20);
+    std::cout << "  [max err] " << model << ": 20 f16 training losses, GPU vs CPU, relative: " << err << "\n";
+    EXPECT_LE(err, 1e-2) << model;
+    std::vector<double> cpu_scales, gpu_scales;
+    for (const nlohmann::json& j : metric_lines(cpu, "train")) cpu_scales.push_back(j.value("loss_scale", 0.0));
+    for (const nlohmann::json& j : metric_lines(gpu, "train")) gpu_scales.push_back(j.value("loss_scale", 0.0));
+    EXPECT_EQ(gpu_scales, cpu_scales) << model;
+    EXPECT_EQ(gpu_scales.size(), 20u) << model;
+  }
+}
+
 // LLaMA (no dropout anywhere) with its attention on cuDNN's fused engine (MT_ATTENTION_CUDNN=1;
 // the small config's 4 query heads over 2 key/value heads: grouped heads both ways): 20 bf16
 // steps on the GPU within bf16's 2e-2 of the CPU's, and the route said it ran and refused
