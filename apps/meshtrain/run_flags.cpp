@@ -226,8 +226,8 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
   }
   if (f.dry_run && deployer.is_main()) {
     // Per rank, before anything is allocated for training: the weights as the plan lays them
-    // out, f32 gradients of the same layout and AdamW's two f32 moments; bf16 adds the
-    // per-step bf16 copy. The Trainer then runs one step and measures it, activations included.
+    // out, f32 gradients of the same layout and AdamW's two f32 moments; bf16 and f16 add the
+    // per-step copy in that dtype. The Trainer then runs one step and measures it, activations included.
     double weights = 0, elements = 0;
     for (const train::PlanEntry& e : plan.entries()) {
       weights += double(e.bytes_per_rank);
@@ -235,10 +235,11 @@ train::ShardingPlan make_plan(const train::Deployer& deployer, const Params& par
     }
     const double gb = 1e9;
     const double grads = 4 * elements, moments = 8 * elements;
-    const double copy = precision_policy_from_name(f.precision).casts_parameters() ? 2 * elements : 0;
+    const PrecisionPolicy policy = precision_policy_from_name(f.precision);
+    const double copy = policy.casts_parameters() ? double(dtype_size(policy.compute_dtype)) * elements : 0;
     std::cout << std::fixed << std::setprecision(2) << "training state per rank: weights " << weights / gb
               << " GB + gradients " << grads / gb << " GB + AdamW moments " << moments / gb << " GB";
-    if (copy > 0) std::cout << " + bf16 copy " << copy / gb << " GB";
+    if (copy > 0) std::cout << " + " << dtype_name(policy.compute_dtype) << " copy " << copy / gb << " GB";
     std::cout << " = " << (weights + grads + moments + copy) / gb
               << " GB; activations come on top: one step runs next and is measured\n"
               << std::flush;

@@ -1,5 +1,6 @@
 #include "meshtrain/optim/loss_scale.h"
 
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -12,9 +13,15 @@
 
 namespace mt::optim {
 
+namespace {
+// The largest scale whose product with f16's largest value is still a finite f32: beyond it
+// the scaled loss or the scaled gradients would overflow f32 itself, every step.
+constexpr double kMaxScale = double(FLT_MAX) / 65504.0;
+}  // namespace
+
 void validate(const LossScaleOptions& o, const char* what) {
-  MT_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "[", what, "] the scale must be a positive number, got ",
-           o.init_scale);
+  MT_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && o.init_scale <= kMaxScale, "[", what,
+           "] the scale must be a positive number up to ", kMaxScale, " (f32's largest over f16's), got ", o.init_scale);
   MT_CHECK(o.growth_factor > 1 && o.backoff_factor > 0 && o.backoff_factor < 1, "[", what,
            "] growth_factor must be > 1 and backoff_factor in (0, 1), got ", o.growth_factor, " and ",
            o.backoff_factor);
@@ -40,7 +47,10 @@ bool LossScaler::unscale(Params& grads, double divisor) const {
   }
   for (auto& slot : others) {
     Array& g = *slot.array;
-    if (g.defined() && is_floating(g.dtype())) g = mul_in_place(std::move(g), scalar_like(g, coef));
+    if (!g.defined() || !is_floating(g.dtype())) continue;
+    // In f32: the coefficient (2^-16 and smaller) would be rounded in bf16 and flushed in f16.
+    if (g.dtype() == DType::f32) g = mul_in_place(std::move(g), scalar_like(g, coef));
+    else g = cast(mul(cast(g, DType::f32), scalar_like(cast(g, DType::f32), coef)), g.dtype());
   }
   // An inf or NaN anywhere makes the sum of squares inf or NaN (so does a norm beyond f32's
   // range, ~1.8e19, which no step survives either). global_norm sums over the mesh.
@@ -57,8 +67,7 @@ void LossScaler::update(bool finite) {
   if (!options_.dynamic) return;
   if (++growth_tracker_ == options_.growth_interval) {
     growth_tracker_ = 0;
-    // Past f32's range the scaled loss itself would overflow every step.
-    if (std::isfinite(scale_ * options_.growth_factor * 65504.0)) scale_ *= options_.growth_factor;
+    if (scale_ * options_.growth_factor <= kMaxScale) scale_ *= options_.growth_factor;
   }
 }
 
@@ -69,8 +78,11 @@ nlohmann::json LossScaler::state() const {
 void LossScaler::load_state(const nlohmann::json& state) {
   MT_CHECK(state.is_object() && state.contains("scale") && state["scale"].is_number(),
            "[loss scale] a checkpoint's loss_scale needs a numeric 'scale', got ", state.dump());
-  scale_ = state["scale"].get<double>();
-  MT_CHECK(std::isfinite(scale_) && scale_ > 0, "[loss scale] a checkpoint's scale must be positive, got ", scale_);
+  const double saved = state["scale"].get<double>();
+  MT_CHECK(std::isfinite(saved) && saved > 0, "[loss scale] a checkpoint's scale must be positive, got ", saved);
+  // A fixed scale is the run's own choice (--loss-scale N on a resume wins); a dynamic one
+  // continues where the checkpoint left it.
+  if (options_.dynamic) scale_ = saved;
   growth_tracker_ = state.value("growth_tracker", int64_t(0));
   skipped_ = state.value("skipped_steps", int64_t(0));
 }

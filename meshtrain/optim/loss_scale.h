@@ -40,7 +40,8 @@ class LossScaler {
   // After a step: shrink on overflow (and count the skip), else grow every growth_interval.
   void update(bool finite);
 
-  // Saved in checkpoints, so a resumed run continues with the same scale.
+  // Saved in checkpoints, so a resumed run continues with the same scale (a fixed scale keeps
+  // its own value; the counters are restored either way).
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 

@@ -153,6 +153,11 @@ Trainer::PendingStep Trainer::enqueue_step(const std::vector<Batch>& micro_batch
   const RngKey key = device_step_key();
   PendingStep pending;
   if (custom_step_) {
+    if (precision_policy().loss_scaling && !custom_step_warned_) {
+      custom_step_warned_ = true;
+      print("note: a custom train step scales no loss under --precision " + precision_policy().name +
+            " (optim::LossScaler is there for it to use)");
+    }
     trace::Span span("phase", "custom_step");
     // A custom step records its metrics as it means them (its own averaging).
     MetricRecorder recorder;
@@ -287,7 +292,14 @@ CapturedForward& Trainer::captured_eval() {
 }
 
 Trainer::PendingStep Trainer::enqueue_default_step(const std::vector<Batch>& micro_batches, const RngKey& key) {
+  // A graph replays the launches of the precision policy it was recorded under (its casts, its
+  // loss scaling or none): under another policy the step is recorded anew, or refused.
+  if (captured_ && captured_policy_ != precision_policy().name) {
+    captured_.reset();
+    captured_eval_.reset();
+  }
   if (!captured_) {
+    captured_policy_ = precision_policy().name;
     captured_ = std::make_unique<CapturedSteps>(
         effective_graphs_mode(), params_, opt_state_, optimizer_,
         [this](const std::vector<Batch>& b) { return run_default_step(b); },
@@ -529,8 +541,13 @@ std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected
   params_ = state.params;
   opt_state_ = state.opt_state;
   step_ = state.step;
-  if (const json scale = state.extra.value("loss_scale", json()); !scale.is_null()) loss_scaler_for_steps().load_state(scale);
-  deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_));
+  std::string scale_note;
+  if (const json scale = state.extra.value("loss_scale", json()); !scale.is_null()) {
+    optim::LossScaler& scaler = loss_scaler_for_steps();
+    scaler.load_state(scale);
+    scale_note = detail::concat(", loss scale ", scaler.scale(), " (", scaler.skipped_steps(), " steps skipped so far)");
+  }
+  deployer_.log("resumed from " + *latest + " at step " + std::to_string(step_) + scale_note);
   ResumeState resumed;
   resumed.checkpoint = *latest;
   resumed.data = state.extra.value("data", json());
@@ -564,6 +581,9 @@ void Trainer::dry_run_step(data::DataLoader<Batch>& loader, const FitOptions& o)
   double trained_elements = 0;
   for (const auto& [path, p] : params_)
     if (!optim::is_frozen(optimizer_, path)) trained_elements += double(dist::local_view(p).numel());
+  // At a loss scale of 1: the measured step must apply its update, which an f16 overflow at
+  // the real scale would skip (nothing of this step is kept).
+  if (precision_policy().loss_scaling) scaler_.emplace(optim::LossScaleOptions{.init_scale = 1, .dynamic = false});
   const StepMemory m = max_over_ranks(measure_step_memory(params_, trained_elements, opt_state_, [&] { train(micro); }));
   const std::string line = "dry run: one step's memory per rank" +
                            std::string(dist::world().size() > 1 ? " (the largest over the ranks)" : "") + ": " +
@@ -769,7 +789,10 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       micro.push_back(checked_shard(deployer_, b->data));
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
-    const double lr = o.learning_rate ? o.learning_rate(step_) : 0.0;
+    // The optimizer's own step count, which a step skipped on an f16 overflow does not advance
+    // (optax's apply_if_finite), indexes the schedule.
+    const int64_t applied = step_ - (scaler_ ? scaler_->skipped_steps() : 0);
+    const double lr = o.learning_rate ? o.learning_rate(applied) : 0.0;
     const double flops_before = prim::model_flops();
     pending.push_back(enqueue_step(micro));
     const double step_flops = prim::model_flops() - flops_before;

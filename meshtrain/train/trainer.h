@@ -318,6 +318,8 @@ class Trainer {
   std::unique_ptr<CapturedForward> captured_eval_;
   std::map<std::string, double> step_metrics_;  // recorded by the loss in the last step
   optim::LossScaleOptions loss_scale_options_;
+  std::string captured_policy_;  // the precision policy captured_'s graphs were recorded under
+  bool custom_step_warned_ = false;
   std::optional<optim::LossScaler> scaler_;  // made by loss_scaler_for_steps when first needed
   optim::LossScaler& loss_scaler_for_steps();
   // Reads of array values to the host (core/host_reads.h) in the last default step between
