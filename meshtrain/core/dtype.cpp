@@ -50,7 +50,7 @@ float f16_to_f32_portable(f16 v) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
-  // inf; a NaN comes out quiet (as F16C's and the GPU's conversions give it), its payload kept.
+  // inf; a NaN comes out quiet, its payload kept, as F16C's conversion gives it.
   if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
   if (exp == 0) {
     // Subnormal: mant * 2^-24 is exact in f32 (and a normal f32), so a multiply suffices.
