@@ -4,6 +4,7 @@
 // metrics.jsonl and TensorBoard events are written.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -106,6 +107,51 @@ TEST(Trainer, LossFallsAndMeshesAgree) {
     for (size_t i = 0; i < 60; ++i) err = std::max(err, std::abs(grid.losses[i] - single.losses[i]));
     if (dist::world().rank() == 0) std::cout << "  [max err] losses data=2,model=2 vs data=4: " << err << "\n";
     EXPECT_LE(err, 1e-4);
+  }
+}
+
+// f16 with dynamic loss scaling on several processes: the overflow check is the global norm of
+// the gradients, reduced and laid out, so every rank skips the same steps (none waits on a
+// collective another skipped) and ends with the same scale, on data parallel and on
+// data=2,model=2 (sharded weights); the losses stay finite and the run reaches its last step.
+TEST(Trainer, F16LossScalingSkipsTheSameStepsOnEveryRank) {
+  const int n = dist::world().size();
+  std::vector<std::string> meshes = {"data=" + std::to_string(n)};
+  if (n == 4) meshes.push_back("data=2,model=2");
+  for (const std::string& mesh : meshes) {
+    PrecisionScope f16(precision_policy_from_name("f16"));
+    const TinyGptConfig c = config();
+    train::Deployer deployer({.seed = 3, .mesh = mesh, .workdir = workdir("f16"), .verbose = false});
+    Params host = tiny_gpt_init(c, "single", nullptr);
+    train::ShardingPlan plan = deployer.sharding_rules(host, tiny_gpt_roles(c));
+    train::Trainer trainer(
+        deployer, collate(),
+        [c](const Params& p, const train::Batch& b, const RngKey& key) {
+          return tiny_gpt_loss(c, p, b["ids"], b["labels"], key.stream);
+        },
+        host, optim::adamw(optim::constant_schedule(3e-3)), plan);
+    train::FitOptions o;
+    o.per_device_batch_size = c.batch / deployer.data_size();
+    o.max_steps = 16;
+    o.progress = false;
+    o.loss_scale = {.init_scale = 0x1p26, .growth_interval = 1000};
+    const train::FitResult r = trainer.fit(shakespeare(c.time), o);
+    ASSERT_EQ(r.losses.size(), 16u) << mesh;
+    for (double l : r.losses) EXPECT_TRUE(std::isfinite(l)) << mesh;
+    const optim::LossScaler* s = trainer.loss_scaler();
+    ASSERT_NE(s, nullptr);
+    const int64_t mine[2] = {s->skipped_steps(), int64_t(std::log2(s->scale()))};
+    std::vector<int64_t> all(size_t(2 * n));
+    dist::world().all_gather(mine, all.data(), 2, DType::i64);
+    for (int rank = 0; rank < n; ++rank) {
+      EXPECT_EQ(all[size_t(2 * rank)], mine[0]) << mesh << ": rank " << rank << " skipped other steps";
+      EXPECT_EQ(all[size_t(2 * rank + 1)], mine[1]) << mesh << ": rank " << rank << " has another scale";
+    }
+    EXPECT_GE(mine[0], 2) << mesh << ": 2^26 must overflow f16's gradients";
+    EXPECT_LT(mine[0], 16) << mesh;
+    if (dist::world().rank() == 0)
+      std::cout << "  " << mesh << ": " << mine[0] << " of 16 f16 steps skipped from 2^26 on every rank, scale 2^"
+                << mine[1] << "\n";
   }
 }
 
