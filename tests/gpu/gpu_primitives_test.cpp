@@ -148,6 +148,7 @@ TEST(GpuPrimitives, EveryPrimitiveInF16EqualsTheCpuKernelOrRefuses) {
   }
   std::cout << "  " << variants << " f16 cases on the GPU equal the CPU kernels; " << refused.size() << " refused\n";
   for (const std::string& r : refused) std::cout << "    refused " << r << "\n";
+  EXPECT_GE(variants, 60) << "most primitives run f16 on the GPU (83 cases do on the CPU)";
 }
 
 // The fused and multi-pass kernels alone (the fused family, the loss, the norms and softmaxes,
