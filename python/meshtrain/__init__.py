@@ -426,16 +426,22 @@ class Trainer:
 
     fit() runs epochs or steps with the progress bar, metrics.jsonl, TensorBoard, curves.svg
     and checkpoints in the deployer's workdir, exactly as the C++ Trainer writes them; the
-    GIL is released while the engine computes."""
+    GIL is released while the engine computes.
 
-    def __init__(self, deployer, collate_fn, loss_fn, params, optimizer, sharding_rules=None):
+    precision: "f32", "tf32", "bf16" (f32 master weights, bf16 activations), "f16" (the same
+    in half, with the loss scaled: loss_scale "dynamic" or a fixed number, the dynamic scale
+    doubling after loss_scale_window finite steps) or "bf16-matmul", as the CLI's --precision."""
+
+    def __init__(self, deployer, collate_fn, loss_fn, params, optimizer, sharding_rules=None, precision="f32",
+                 loss_scale="dynamic", loss_scale_window=2000):
         leaves, self._spec = tree_flatten(params)
         spec = self._spec
 
         def flat_loss(flat, batch, key, training):
             return loss_fn(_unflatten(spec, flat), batch, key, training)
 
-        self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer, sharding_rules)
+        self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer, sharding_rules, precision,
+                                       loss_scale, int(loss_scale_window))
 
     def fit(self, examples, per_device_batch_size=8, epochs=1, max_steps=-1, eval_examples=None, eval_every=0,
             save_every=0, resume=False, shuffle=True, grad_accum_steps=1, progress=True):
@@ -470,16 +476,17 @@ class Predictor:
         output_fn(dict of NumPy arrays, first dim = examples) -> one output per example
 
     predict(examples, params, per_device_batch_size) returns the outputs in the examples'
-    order (the last batch's padding dropped)."""
+    order (the last batch's padding dropped). precision as the Trainer's (the parameters are
+    cast once per call under bf16 and f16)."""
 
-    def __init__(self, deployer, collate_fn, pred_fn, output_fn):
+    def __init__(self, deployer, collate_fn, pred_fn, output_fn, precision="f32"):
         self._pred_fn = pred_fn
         self._spec = None
 
         def flat_pred(flat, batch):
             return pred_fn(_unflatten(self._spec, flat), batch)
 
-        self._predictor = _core._Predictor(deployer, collate_fn, flat_pred, output_fn)
+        self._predictor = _core._Predictor(deployer, collate_fn, flat_pred, output_fn, precision)
 
     def predict(self, examples, params, per_device_batch_size=8):
         leaves, self._spec = tree_flatten(params)

@@ -171,12 +171,34 @@ models::ParamRoles roles_of(const py::object& roles) {
   return out;
 }
 
+// The precision policy a Python Trainer or Predictor runs under (mt::PrecisionPolicy, as the
+// CLI's --precision) and f16's loss scale ("dynamic" or a number, as --loss-scale).
+PrecisionPolicy policy_of(const std::string& precision) { return precision_policy_from_name(precision, "precision"); }
+optim::LossScaleOptions loss_scale_of(const PrecisionPolicy& policy, const py::object& scale, int64_t window) {
+  optim::LossScaleOptions o;
+  const bool given = !(py::isinstance<py::str>(scale) && scale.cast<std::string>() == "dynamic");
+  MT_CHECK(policy.loss_scaling || (!given && window == 2000), "[Trainer] loss_scale applies to precision='f16' (bf16 "
+           "has f32's range and needs none); this trainer's precision is '", policy.name, "'");
+  if (given) {
+    MT_CHECK(py::isinstance<py::float_>(scale) || py::isinstance<py::int_>(scale), "[Trainer] loss_scale must be "
+             "'dynamic' or a number, got ", std::string(py::repr(scale)));
+    o.dynamic = false;
+    o.init_scale = scale.cast<double>();
+  }
+  o.growth_interval = window;
+  optim::validate(o, "Trainer loss_scale");
+  return o;
+}
+
 class PyTrainer {
  public:
   PyTrainer(train::Deployer& deployer, const py::function& collate, const py::function& loss,
             const std::map<std::string, Array>& params, optim::Transform optimizer,
-            std::optional<train::ShardingPlan> plan)
-      : rows_(std::make_shared<Rows>()) {
+            std::optional<train::ShardingPlan> plan, const std::string& precision, const py::object& loss_scale,
+            int64_t loss_scale_window)
+      : rows_(std::make_shared<Rows>()),
+        policy_(policy_of(precision)),
+        loss_scale_(loss_scale_of(policy_, loss_scale, loss_scale_window)) {
     Params p = params_of(params);
     trainer_ = std::make_unique<train::Trainer>(deployer, collate_of(collate, rows_), loss_of(loss, rows_), std::move(p),
                                                 std::move(optimizer), std::move(plan));
@@ -189,6 +211,7 @@ class PyTrainer {
     o.per_device_batch_size = per_device_batch_size, o.epochs = epochs, o.max_steps = max_steps;
     o.eval_every = eval_every, o.save_every = save_every, o.resume = resume, o.shuffle = shuffle;
     o.grad_accum_steps = grad_accum_steps, o.progress = progress;
+    o.loss_scale = loss_scale_;
     std::shared_ptr<const data::Dataset> train = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
     if (!eval_examples.is_none()) {
       // Eval rows follow the training rows in the one list the collate wrapper reads.
@@ -205,7 +228,10 @@ class PyTrainer {
     struct Disarm {
       ~Disarm() { train::disarm_stop_request(); }
     } disarm;
-    train::FitResult r = run_released(*rows_, [&] { return trainer_->fit(train, o); });
+    train::FitResult r = run_released(*rows_, [&] {
+      PrecisionScope scope(policy_);
+      return trainer_->fit(train, o);
+    });
     py::dict out;
     out["losses"] = r.losses;
     out["evals"] = r.evals;
@@ -216,7 +242,10 @@ class PyTrainer {
   double eval_loss(const py::list& examples, int64_t per_device_batch_size) {
     rows_->examples = examples;
     auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
-    return run_released(*rows_, [&] { return trainer_->eval_loss(data, per_device_batch_size); });
+    return run_released(*rows_, [&] {
+      PrecisionScope scope(policy_);
+      return trainer_->eval_loss(data, per_device_batch_size);
+    });
   }
   int64_t step() const { return trainer_->step(); }
   std::map<std::string, double> last_step_metrics() const { return trainer_->last_step_metrics(); }
@@ -236,6 +265,8 @@ class PyTrainer {
     int64_t offset_, n_;
   };
   std::shared_ptr<Rows> rows_;
+  PrecisionPolicy policy_;
+  optim::LossScaleOptions loss_scale_;
   std::unique_ptr<train::Trainer> trainer_;
 };
 
@@ -245,9 +276,9 @@ class PyTrainer {
 class PyPredictor {
  public:
   PyPredictor(train::Deployer& deployer, const py::function& collate, const py::function& pred,
-              const py::function& output)
+              const py::function& output, const std::string& precision)
       : deployer_(deployer), rows_(std::make_shared<Rows>()), collate_(held(collate)), pred_(held(pred)),
-        output_(held(output)) {}
+        output_(held(output)), policy_(policy_of(precision)) {}
 
   py::list predict(const py::list& examples, const std::map<std::string, Array>& params,
                    int64_t per_device_batch_size) {
@@ -277,7 +308,10 @@ class PyPredictor {
     train::Predictor<int64_t> predictor(deployer_, collate_of(*collate_, rows_), pred_fn, output_fn);
     const Params p = params_of(params);
     auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
-    std::vector<int64_t> at = run_released(*rows_, [&] { return predictor.predict(p, data, per_device_batch_size); });
+    std::vector<int64_t> at = run_released(*rows_, [&] {
+      PrecisionScope scope(policy_);
+      return predictor.predict(p, data, per_device_batch_size);
+    });
     py::list out;
     for (int64_t i : at) out.append((*results)[size_t(i)]);
     return out;
@@ -287,6 +321,7 @@ class PyPredictor {
   train::Deployer& deployer_;
   std::shared_ptr<Rows> rows_;
   std::shared_ptr<py::function> collate_, pred_, output_;
+  PrecisionPolicy policy_;
 };
 
 }  // namespace
@@ -395,7 +430,8 @@ void bind_toolkit(py::module_& m) {
 
   py::class_<PyTrainer>(m, "_Trainer")
       .def(py::init<train::Deployer&, const py::function&, const py::function&, const std::map<std::string, Array>&,
-                    optim::Transform, std::optional<train::ShardingPlan>>(),
+                    optim::Transform, std::optional<train::ShardingPlan>, const std::string&, const py::object&,
+                    int64_t>(),
            py::keep_alive<1, 2>())
       .def("fit", &PyTrainer::fit, py::arg("examples"), py::arg("per_device_batch_size"), py::arg("epochs"),
            py::arg("max_steps"), py::arg("eval_examples"), py::arg("eval_every"), py::arg("save_every"),
@@ -409,7 +445,8 @@ void bind_toolkit(py::module_& m) {
       .def_property_readonly("last_step_metrics", &PyTrainer::last_step_metrics);
 
   py::class_<PyPredictor>(m, "_Predictor")
-      .def(py::init<train::Deployer&, const py::function&, const py::function&, const py::function&>(),
+      .def(py::init<train::Deployer&, const py::function&, const py::function&, const py::function&,
+                    const std::string&>(),
            py::keep_alive<1, 2>())
       .def("predict", &PyPredictor::predict, py::arg("examples"), py::arg("params"),
            py::arg("per_device_batch_size"));

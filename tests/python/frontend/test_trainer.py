@@ -191,3 +191,56 @@ def test_eval_examples_are_evaluated_and_the_plan_prints(tmp_path, capfd):
     evals = [e["eval_loss"] for e in out["evals"]]
     assert len(evals) == 2  # steps 4 and 8
     assert abs(evals[-1] - trainer.eval_loss(held_out, per_device_batch_size=8)) <= 1e-6
+
+
+def test_mixed_precision_trains_like_f32_and_f16_scales_its_loss(tmp_path):
+    """precision="bf16" / "f16" as the CLI's --precision: the loss function sees bf16 / f16
+    parameters (the f32 masters stay f32), the losses follow f32's within each dtype's rounding
+    and are not f32's; f16 logs its loss scale every step; a loss scale outside f16 and an
+    unknown precision are errors naming the argument."""
+    examples = make_examples(64, 21)
+    seen = {}
+
+    def mixed_loss(params, batch, key, training):
+        w = params["l1"]["w"]
+        seen[w.dtype] = True
+        x, y = mt.cast(batch["x"], w.dtype), mt.cast(batch["y"], w.dtype)
+        return mt.cast(mt.mean(mt.square(forward(params, x) - y)), "f32")
+
+    def run(precision, name=None, **kw):
+        name = name or precision
+        deployer = mt.Deployer(workdir=str(tmp_path / name), seed=3, device="cpu", verbose=False)
+        trainer = mt.Trainer(deployer, collate, mixed_loss, init_params(22), mt.optim.adamw(3e-3),
+                             precision=precision, **kw)
+        out = trainer.fit(examples, per_device_batch_size=8, epochs=2, shuffle=False, progress=True)
+        assert np.asarray(trainer.params["l1"]["w"]).dtype == np.float32, "the master weights stay f32"
+        lines = [json.loads(l) for l in open(tmp_path / name / "metrics.jsonl")]
+        return out["losses"], [l.get("loss_scale") for l in lines if l.get("split") == "train"], trainer
+
+    f32, f32_scales, _ = run("f32")
+    bf16, _, _ = run("bf16")
+    # A fixed scale of 256 does not overflow here: step for step against f32.
+    f16, f16_scales, trainer = run("f16", loss_scale=256)
+    assert seen.keys() >= {"f32", "bf16", "f16"}
+    rel = lambda a: max(abs(x - y) / abs(y) for x, y in zip(a, f32))
+    print(f"  [max err] losses over 16 steps, relative to f32: bf16 {rel(bf16):.3g}, f16 {rel(f16):.3g}")
+    assert len(bf16) == len(f16) == len(f32) == 16
+    assert 1e-6 < rel(bf16) < 5e-2 and 1e-7 < rel(f16) < 5e-3
+    assert f32_scales == [None] * 16 and f16_scales == [256] * 16
+    assert abs(trainer.eval_loss(examples, per_device_batch_size=8) - f16[-1]) < 0.5
+    # The dynamic scale: 65536 overflows this regression's f16 weight gradients (8 rows of
+    # |x| up to 3 times a scaled error), so the first steps are skipped and the scale halves;
+    # then it doubles after every 4 finite steps.
+    dynamic, scales, _ = run("f16", "f16_dynamic", loss_scale_window=4)
+    print(f"  f16 dynamic loss scale per step: {scales}")
+    assert scales[0] == 65536 and scales[1] == 32768, "65536 overflows and is halved"
+    skipped = sum(1 for a, b in zip(scales, scales[1:]) if b < a)
+    assert skipped < 12 and max(scales[skipped:]) > min(scales), "then it grows again"
+    assert all(np.isfinite(dynamic))
+
+    with pytest.raises(Exception, match="loss_scale applies to precision='f16'"):
+        mt.Trainer(mt.Deployer(workdir=str(tmp_path / "x"), device="cpu", verbose=False), collate, mixed_loss,
+                   init_params(22), mt.optim.adamw(3e-3), precision="bf16", loss_scale=1024)
+    with pytest.raises(Exception, match="precision.*expected f32, tf32, bf16, f16 or bf16-matmul"):
+        mt.Trainer(mt.Deployer(workdir=str(tmp_path / "y"), device="cpu", verbose=False), collate, mixed_loss,
+                   init_params(22), mt.optim.adamw(3e-3), precision="fp8")
