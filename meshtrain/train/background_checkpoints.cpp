@@ -8,21 +8,11 @@
 #include "meshtrain/core/device.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/communicator.h"
+#include "meshtrain/train/available_memory.h"
 
 namespace mt::train {
 
 namespace {
-
-// MemAvailable from /proc/meminfo, in bytes (0 where it cannot be read: write in the foreground).
-double available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024.0;
-  return 0;
-}
 
 double staged_bytes(const StagedCheckpoint& staged) {
   double bytes = 0;
@@ -69,7 +59,7 @@ void BackgroundCheckpoints::start(const CheckpointManager& manager, StagedCheckp
   // same memory (the peak a run is sized by would grow by the state), so it is asked for.
   // The training device, not the staged tensors' (a rank that writes no tensor has none).
   const bool on_gpu = !current_device().is_cpu();
-  bool background = background_.value_or(on_gpu && staged_bytes(staged) <= 0.5 * available_bytes());
+  bool background = background_.value_or(on_gpu && staged_bytes(staged) <= 0.5 * available_memory_bytes());
   // Every rank must take the same path: the foreground commits now (two barriers), the
   // background at the next save. A rank that writes nothing, or reads less free memory, would
   // otherwise meet the others' next collective with a barrier: a hang. In the background only
