@@ -93,7 +93,14 @@ void BackgroundCheckpoints::start(const CheckpointManager& manager, StagedCheckp
 }
 
 void BackgroundCheckpoints::commit_if_written() {
-  if (staged_ && written_.load() && mesh_->comm().size() == 1) complete();
+  if (!staged_) return;
+  // Several processes commit together, once every rank's file is written: one 4-byte
+  // all-reduce per poll while a save is in flight (every rank polls after the same steps and
+  // has the same save in flight, as they agreed on the background path).
+  int32_t pending = written_.load() ? 0 : 1;  // summed: the ranks still writing
+  dist::Communicator& comm = mesh_->comm();
+  if (comm.size() > 1) comm.all_reduce(&pending, 1, DType::i32, dist::ReduceOp::sum);
+  if (pending == 0) complete();
 }
 
 void BackgroundCheckpoints::save(const CheckpointManager& manager, const CheckpointState& state) {

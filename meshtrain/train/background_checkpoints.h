@@ -2,9 +2,9 @@
 // Checkpoints written beside training (issue 45). A save stages this rank's arrays as host
 // copies (the next step updates the live ones in place), then a thread writes its safetensors
 // file while the steps go on; the commit — meta.json and the atomic rename, collective — runs
-// on the training thread: with one process at the first step after the file is written (the
-// trainer asks after every step), with several at the next save; always at the end of fit or
-// before an interrupted run stops. So a checkpoint is the newest only once every rank's file is
+// on the training thread at the first step after every rank's file is written (the trainer
+// asks after every step; with several processes the ranks agree in one small all-reduce);
+// always at the end of fit or before an interrupted run stops. So a checkpoint is the newest only once every rank's file is
 // whole (as a foreground save). The copy costs host memory the size of this rank's share of the state, so by default
 // (auto) only a state on a GPU is written so, and only when its copy fits in half the memory
 // available; on the CPU the copy would share the memory the training state is sized by, and a
@@ -37,9 +37,9 @@ class BackgroundCheckpoints {
   // Collective: waits for the write in flight and commits it; a failed write is rethrown
   // here (its file named).
   void complete();
-  // With one process: commits the save in flight once its file is written, so that a crash
-  // after that loses nothing of it (a failed write is rethrown here). No-op otherwise: several
-  // processes commit together, at the next save or the end.
+  // Collective with several processes (every rank calls it at the same points): commits the
+  // save in flight once every rank's file is written, so that a crash after that loses nothing
+  // of it (a failed write is rethrown here, on the rank that failed).
   void commit_if_written();
   bool in_flight() const { return staged_.has_value(); }
   // How the last save was written (for its log line).
