@@ -107,10 +107,10 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "block", "full"}));
   cmd->add_option("--save-dtype", f.save_dtype,
-                  "dtype of the exported model folder (checkpoints always keep the f32 master weights): f32 or bf16 "
-                  "(half the size; config.json's torch_dtype says which)")
+                  "dtype of the exported model folder (checkpoints always keep the f32 master weights): f32, bf16 or "
+                  "f16 (half the size; config.json's torch_dtype says which)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   cmd->add_option("--read-loss-every", f.read_loss_every,
                   "read the steps' losses (and their deferred index checks) from the device every N steps, in one "
                   "copy, so the host queues steps without waiting for each; logged when read (0: 16 on a GPU, 1 on "

@@ -401,32 +401,38 @@ TEST_F(TransformersTwin, Gpt2WithCrossAttention) {
   EXPECT_GT(max_abs_diff(g0["memory"], zeros_like(g0["memory"])), 0.0);  // the gradient reaches the encoder
 }
 
-// --save-dtype bf16: the folder holds bf16 tensors and says torch_dtype bfloat16; meshtrain
-// loads it back to f32 exactly as rounded, and transformers computes on it what meshtrain does.
-TEST_F(TransformersTwin, Gpt2SavedInBf16LoadsInTransformersAndBack) {
+// --save-dtype bf16 and f16: the folder holds bf16 (f16) tensors and says torch_dtype bfloat16
+// (float16); meshtrain loads it back to f32 exactly as rounded, and transformers computes on it
+// what meshtrain does.
+TEST_F(TransformersTwin, Gpt2SavedInBf16AndF16LoadsInTransformersAndBack) {
   const PretrainedModel m = random_model(
       {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", kVocab}, {"n_embd", 32},
        {"n_layer", 2}, {"n_head", 4}, {"n_positions", 16}, {"layer_norm_epsilon", 1e-5},
        {"activation_function", "gelu_new"}, {"bos_token_id", 1}, {"eos_token_id", 1}},
       0.3);
-  save_pretrained(m, (dir_ / "model").string(), DType::bf16);
-  const json saved = json::parse(std::ifstream(dir_ / "model" / "config.json"));
-  EXPECT_EQ(saved.at("torch_dtype").get<std::string>(), "bfloat16");
-  for (const auto& [path, v] : io::load_safetensors((dir_ / "model" / "model.safetensors").string()))
-    EXPECT_EQ(v.dtype(), DType::bf16) << path;
-  const PretrainedModel back = from_pretrained((dir_ / "model").string(), {.load_tokenizer = false, .print_report = false});
-  for (const auto& [path, v] : m.params) {
-    ASSERT_EQ(back.params[path].dtype(), DType::f32) << path;
-    EXPECT_EQ(max_abs_diff(back.params[path], cast(cast(v, DType::bf16), DType::f32)), 0.0) << path;
+  for (const auto& [dtype, torch_name] : {std::pair{DType::bf16, "bfloat16"}, std::pair{DType::f16, "float16"}}) {
+    SCOPED_TRACE(torch_name);
+    std::filesystem::remove_all(dir_ / "model");
+    save_pretrained(m, (dir_ / "model").string(), dtype);
+    const json saved = json::parse(std::ifstream(dir_ / "model" / "config.json"));
+    EXPECT_EQ(saved.at("torch_dtype").get<std::string>(), torch_name);
+    for (const auto& [path, v] : io::load_safetensors((dir_ / "model" / "model.safetensors").string()))
+      EXPECT_EQ(v.dtype(), dtype) << path;
+    const PretrainedModel back =
+        from_pretrained((dir_ / "model").string(), {.load_tokenizer = false, .print_report = false});
+    for (const auto& [path, v] : m.params) {
+      ASSERT_EQ(back.params[path].dtype(), DType::f32) << path;
+      EXPECT_EQ(max_abs_diff(back.params[path], cast(cast(v, dtype), DType::f32)), 0.0) << path;
+    }
+    const Batch x = decoder_batch();
+    const DecoderInputs in{.input_ids = x.ids, .attention_mask = x.mask, .position_ids = x.position_ids};
+    Params hf_in{{"input_ids", x.ids}, {"labels", x.labels}, {"attention_mask", x.mask}, {"position_ids", x.position_ids},
+                 {"cotangent", Array::zeros(Shape{x.ids.dim(0), x.ids.dim(1), kVocab})}};
+    const Params hf = run_transformers(dir_, hf_in);
+    const double err = expect_close(back.decoder_logits(back.params, in, {}, false), hf["logits"], {1e-5, 1e-5},
+                                    std::string("GPT-2 ") + torch_name + " folder logits");
+    std::cout << "[transformers] GPT-2 saved in " << torch_name << ", loaded by both: logits max err " << err << "\n";
   }
-  const Batch x = decoder_batch();
-  const DecoderInputs in{.input_ids = x.ids, .attention_mask = x.mask, .position_ids = x.position_ids};
-  Params hf_in{{"input_ids", x.ids}, {"labels", x.labels}, {"attention_mask", x.mask}, {"position_ids", x.position_ids},
-               {"cotangent", Array::zeros(Shape{x.ids.dim(0), x.ids.dim(1), kVocab})}};
-  const Params hf = run_transformers(dir_, hf_in);
-  const double err = expect_close(back.decoder_logits(back.params, in, {}, false), hf["logits"], {1e-5, 1e-5},
-                                  "GPT-2 bf16 folder logits");
-  std::cout << "[transformers] GPT-2 saved in bf16, loaded by both: logits max err " << err << "\n";
 }
 
 TEST_F(TransformersTwin, LlamaForCausalLMWithGroupedQueries) {
