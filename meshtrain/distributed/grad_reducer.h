@@ -30,8 +30,7 @@ void set_grad_bucket_bytes(size_t bytes);
 // would round each partial sum of its ring. FSDP's weight gradients, reduce-scattered in the
 // backward by the VJP of the weight's gather (spmd.cpp), go bf16 too: each rank keeps
 // Σ_r bf16(g_r) of its block in f32 (reduce_scatter_dim_bf16), as PyTorch FSDP's reduce_dtype,
-// where the weight is gathered whole (a mesh of the `data` axis alone; with a `model` axis the
-// gather keeps the model split and the reduce-scatter stays f32).
+// whether the gather makes the weight whole (a `data`-only mesh) or keeps its `model` split.
 // Tensor-parallel partial sums (other axes) stay f32. Process-wide. Other dtypes are an error.
 DType grad_reduce_dtype();
 void set_grad_reduce_dtype(DType dtype);

@@ -141,8 +141,9 @@ Array global_view(const Array& local, const Sharding& sharding) {
 namespace {
 
 // FSDP's weight gradient under --grad-reduce-dtype bf16: the cotangent of a parameter gathered
-// whole comes back partial over the data axis (each rank's batch) and goes to the parameter's
-// layout, one dim split over that axis and the others as the cotangent's. That reduce-scatter
+// over the data axis (whole, or still split over model on a data x model mesh) comes back
+// partial over the data axis (each rank's batch) and goes to the parameter's layout, one dim
+// split over that axis and the others as the cotangent's. That reduce-scatter
 // may then move bf16 (reduce_scatter_dim_bf16): the dim, or -1 where it stays as it is (f32
 // chosen, another dtype or layout, one rank, a nested trace). The test is on layouts, not on
 // where the cotangent came from: an activation gathered whole and then met with the local
@@ -176,11 +177,10 @@ Array redistribute(const Array& x, const Mesh& mesh, const PartitionSpec& to) {
   Array moved = relayout(local, x.shape(), mesh, from, to);
   Array out = target.is_trivial() ? moved : wrap_global(moved, target);
   const PartitionSpec back = from.without_partial();
-  const bool gathered = target.is_trivial();
-  autodiff::record(out, "redistribute", {x}, [mesh, back, gathered](const Array& g) {
+  autodiff::record(out, "redistribute", {x}, [mesh, back](const Array& g) {
     // A cotangent from a computation on another mesh comes back whole, as before.
     const Sharding* gs = sharding_of(g);
-    if (gathered && gs && gs->mesh == mesh) {
+    if (gs && gs->mesh == mesh) {
       const int d = narrow_reduce_scatter_dim(g, *gs, back);
       if (d >= 0)
         return Grads{wrap_global(reduce_scatter_dim_bf16(unwrap_local(g), d, mesh.axis_comm("data")),

@@ -533,6 +533,54 @@ TEST(SpmdTrain, FsdpGradientsReduceScatterInBf16) {
   EXPECT_LE(param_rms, 1e-3);
 }
 
+// FSDP on a data x model mesh: a weight split over data on one dim and over model on the other
+// is gathered over data only; its gradient comes back partial over data and model-split, and
+// under --grad-reduce-dtype bf16 that reduce-scatter moves bf16 as on a data-only mesh: one
+// all-to-all of half the bytes on the data axis, no f32 reduce-scatter, the layout kept, the
+// values within each rank's bf16 rounding of the one-device gradient.
+TEST(SpmdTrain, FsdpGradientsOnADataByModelMeshReduceScatterInBf16) {
+  const int n = dist::world().size(), rank = dist::world().rank();
+  if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 processes for data x model";
+  const int data = n / 2;
+  Mesh mesh = Mesh::from_string("data=" + std::to_string(data) + ",model=2");
+  dist::Communicator& comm = mesh.axis_comm("data");
+  const Array x_host = random_normal({2 * data, kTime, kWidth}, 31), w_host = random_normal({kWidth, 4 * n}, 32);
+  const Array x = dist::shard(x_host, mesh, PartitionSpec{"data", "", ""}, "x");
+  auto [ref_loss, ref_grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x_host, q["w"]))); })(
+      Params{{"w", w_host}});
+  for (const PartitionSpec& split : {PartitionSpec{"data", "model"}, PartitionSpec{"model", "data"}}) {
+    for (const DType wire : {DType::f32, DType::bf16}) {
+      Params p{{"w", dist::shard(w_host, mesh, split, "w")}};
+      comm.reset_stats();
+      Params grads;
+      {
+        const GradReduceDtypeScope scope(wire);
+        grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
+      }
+      const dist::CommStats s = comm.stats();
+      EXPECT_EQ(dist::sharding_of(grads["w"])->spec, split);
+      auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+      if (rank == 0)
+        std::cout << "  FSDP weight " << split.str() << " on " << mesh.str() << ", gradient in " << dtype_name(wire)
+                  << " on the data axis: " << s.str() << "; max err vs one device " << err << " (of max " << scale
+                  << ")\n";
+      if (wire == DType::f32) {
+        EXPECT_GT(s.reduce_scatter.calls, 0);
+        EXPECT_LE(err, 1e-4 * scale);
+      } else {
+        EXPECT_EQ(s.reduce_scatter.calls, 0) << "the weight gradient was reduce-scattered in f32";
+        EXPECT_EQ(s.all_to_all.calls, 1);
+        EXPECT_EQ(s.all_to_all.bytes, w_host.nbytes() / 2 / 2) << "this rank's model half, in bf16";
+        EXPECT_LE(err, 2.0 * data * scale / 256) << "beyond the bf16 rounding of each rank's term";
+        EXPECT_GT(err, 0) << "equal to f32's: nothing was rounded";
+      }
+    }
+  }
+}
+
 TEST(SpmdTrain, MismatchedMeshesAreAnErrorOnEveryRank) {
   const int n = dist::world().size();
   if (n < 2) return;
