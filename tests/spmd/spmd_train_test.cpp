@@ -426,6 +426,31 @@ TEST(SpmdTrain, Bf16GradientReductionRoundsOnceAndSumsInF32) {
 // f32 array keeps Σ_r bf16(term_r) of its rows exactly, in one all-to-all of half the bytes. A
 // weight split over the data axis gets its gradient that way (no f32 reduce-scatter), close to
 // one device's; three AdamW steps of the tiny GPT under FSDP stay close to the f32 ones.
+// The gradient of sum(square(x · w)) for a weight laid out as `split` (FSDP), with `wire` on the
+// data axis: that axis's traffic, and the largest error against the one-device gradient `ref`
+// with ref's largest magnitude. The gradient keeps the weight's layout.
+struct FsdpGradient {
+  dist::CommStats traffic;
+  double err = 0, scale = 0;
+};
+FsdpGradient fsdp_weight_gradient(const Array& x, const Array& w_host, const Array& ref, const Mesh& mesh,
+                                  const PartitionSpec& split, DType wire) {
+  Params p{{"w", dist::shard(w_host, mesh, split, "w")}};
+  dist::Communicator& comm = mesh.axis_comm("data");
+  comm.reset_stats();
+  Params grads;
+  {
+    const GradReduceDtypeScope scope(wire);
+    grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
+  }
+  FsdpGradient out{comm.stats()};
+  EXPECT_EQ(dist::sharding_of(grads["w"])->spec, split);
+  const std::vector<double> a = dist::to_host(grads["w"]).to_doubles(), b = ref.to_doubles();
+  for (size_t i = 0; i < a.size(); ++i)
+    out.err = std::max(out.err, std::abs(a[i] - b[i])), out.scale = std::max(out.scale, std::abs(b[i]));
+  return out;
+}
+
 TEST(SpmdTrain, FsdpGradientsReduceScatterInBf16) {
   const int n = dist::world().size(), rank = dist::world().rank();
   if (n < 2) GTEST_SKIP() << "one process: no gradient travels";
@@ -478,19 +503,7 @@ TEST(SpmdTrain, FsdpGradientsReduceScatterInBf16) {
   auto [ref_loss, ref_grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x_host, q["w"]))); })(
       Params{{"w", w_host}});
   for (const PartitionSpec& split : {PartitionSpec{"data", ""}, PartitionSpec{"", "data"}}) {
-    Params p{{"w", dist::shard(w_host, mesh, split, "w")}};
-    comm.reset_stats();
-    Params grads;
-    {
-      const GradReduceDtypeScope bf16(DType::bf16);
-      grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
-    }
-    const dist::CommStats s = comm.stats();
-    EXPECT_EQ(dist::sharding_of(grads["w"])->spec, split);
-    auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
-    double err = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i)
-      err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+    const auto [s, err, scale] = fsdp_weight_gradient(x, w_host, ref_grads["w"], mesh, split, DType::bf16);
     if (rank == 0)
       std::cout << "  FSDP weight " << split.str() << ", gradient with bf16 on the wire: " << s.str()
                 << "; max err vs one device " << err << " (of max " << scale << ")\n";
@@ -543,26 +556,13 @@ TEST(SpmdTrain, FsdpGradientsOnADataByModelMeshReduceScatterInBf16) {
   if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 processes for data x model";
   const int data = n / 2;
   Mesh mesh = Mesh::from_string("data=" + std::to_string(data) + ",model=2");
-  dist::Communicator& comm = mesh.axis_comm("data");
   const Array x_host = random_normal({2 * data, kTime, kWidth}, 31), w_host = random_normal({kWidth, 4 * n}, 32);
   const Array x = dist::shard(x_host, mesh, PartitionSpec{"data", "", ""}, "x");
   auto [ref_loss, ref_grads] = value_and_grad([&](const Params& q) { return sum(square(matmul(x_host, q["w"]))); })(
       Params{{"w", w_host}});
   for (const PartitionSpec& split : {PartitionSpec{"data", "model"}, PartitionSpec{"model", "data"}}) {
     for (const DType wire : {DType::f32, DType::bf16}) {
-      Params p{{"w", dist::shard(w_host, mesh, split, "w")}};
-      comm.reset_stats();
-      Params grads;
-      {
-        const GradReduceDtypeScope scope(wire);
-        grads = value_and_grad([&](const Params& q) { return sum(square(matmul(x, q["w"]))); })(p).second;
-      }
-      const dist::CommStats s = comm.stats();
-      EXPECT_EQ(dist::sharding_of(grads["w"])->spec, split);
-      auto a = dist::to_host(grads["w"]).to_doubles(), b = ref_grads["w"].to_doubles();
-      double err = 0, scale = 0;
-      for (size_t i = 0; i < a.size(); ++i)
-        err = std::max(err, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+      const auto [s, err, scale] = fsdp_weight_gradient(x, w_host, ref_grads["w"], mesh, split, wire);
       if (rank == 0)
         std::cout << "  FSDP weight " << split.str() << " on " << mesh.str() << ", gradient in " << dtype_name(wire)
                   << " on the data axis: " << s.str() << "; max err vs one device " << err << " (of max " << scale
