@@ -46,10 +46,18 @@ void BackgroundCheckpoints::complete() {
   if (!staged_) return;
   StagedCheckpoint staged = std::move(*staged_);
   staged_.reset();
+  // Several processes agree on whether any write failed before the commit, whose barriers a
+  // rank that failed would never reach: then every rank throws and none commits (the previous
+  // checkpoint stays the newest).
+  int32_t failed = error_ ? 1 : 0;
+  dist::Communicator& comm = mesh_->comm();
+  if (comm.size() > 1) comm.all_reduce(&failed, 1, DType::i32, dist::ReduceOp::sum);
   if (error_) {
     std::exception_ptr e = std::exchange(error_, nullptr);
     std::rethrow_exception(e);
   }
+  MT_CHECK(failed == 0, "[checkpoint] ", staged.final_dir, " is not committed: the write failed on ", failed,
+           " other rank(s) (their error names the file)");
   manager_->commit(staged, *mesh_);
 }
 

@@ -35,7 +35,7 @@ class BackgroundCheckpoints {
   bool save_best(const CheckpointManager& manager, const CheckpointState& state, const BestMetric& metric,
                  double value);
   // Collective: waits for the write in flight and commits it; a failed write is rethrown
-  // here (its file named).
+  // here (its file named) on the rank that failed, and the others throw with it, uncommitted.
   void complete();
   // Collective with several processes (every rank calls it at the same points): commits the
   // save in flight once every rank's file is written, so that a crash after that loses nothing
