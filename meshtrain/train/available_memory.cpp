@@ -91,9 +91,10 @@ double cgroup_headroom(const std::string& root) {
     for (std::string c; std::getline(list, c, ',');) memory = memory || c == "memory";
     if (!v2 && !memory) continue;
     const fs::path top = fs::path(root + (v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory"));
-    if (v2 && !fs::exists(top / "cgroup.controllers")) continue;  // a hybrid host's empty v2 tree
+    std::error_code ec;  // an unreadable tree is no limit, not an error
+    if (v2 && !fs::exists(top / "cgroup.controllers", ec)) continue;  // a hybrid host's empty v2 tree
     const fs::path own = top / fs::path(path).relative_path();
-    least = std::min(least, fs::is_directory(own) ? headroom_up_to(own, top, v2) : headroom(top, v2));
+    least = std::min(least, fs::is_directory(own, ec) ? headroom_up_to(own, top, v2) : headroom(top, v2));
   }
   return least;
 }
