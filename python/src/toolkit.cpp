@@ -180,10 +180,15 @@ optim::LossScaleOptions loss_scale_of(const PrecisionPolicy& policy, const py::o
   MT_CHECK(policy.loss_scaling || (!given && window == 2000), "[Trainer] loss_scale applies to precision='f16' (bf16 "
            "has f32's range and needs none); this trainer's precision is '", policy.name, "'");
   if (given) {
-    MT_CHECK(py::isinstance<py::float_>(scale) || py::isinstance<py::int_>(scale), "[Trainer] loss_scale must be "
-             "'dynamic' or a number, got ", std::string(py::repr(scale)));
+    // A number of any kind (NumPy's too), but not a bool: loss_scale=True would be a scale of 1.
+    PyObject* as_float = py::isinstance<py::bool_>(scale) || py::isinstance<py::str>(scale)
+                             ? nullptr
+                             : PyNumber_Float(scale.ptr());
+    if (!as_float) PyErr_Clear();
+    MT_CHECK(as_float != nullptr, "[Trainer] loss_scale must be 'dynamic' or a number, got ",
+             std::string(py::repr(scale)));
     o.dynamic = false;
-    o.init_scale = scale.cast<double>();
+    o.init_scale = py::reinterpret_steal<py::float_>(as_float).cast<double>();
   }
   o.growth_interval = window;
   optim::validate(o, "Trainer loss_scale");

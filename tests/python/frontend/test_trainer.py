@@ -241,6 +241,12 @@ def test_mixed_precision_trains_like_f32_and_f16_scales_its_loss(tmp_path):
     with pytest.raises(Exception, match="loss_scale applies to precision='f16'"):
         mt.Trainer(mt.Deployer(workdir=str(tmp_path / "x"), device="cpu", verbose=False), collate, mixed_loss,
                    init_params(22), mt.optim.adamw(3e-3), precision="bf16", loss_scale=1024)
+    # NumPy numbers are scales; a bool is not.
+    mt.Trainer(mt.Deployer(workdir=str(tmp_path / "n"), device="cpu", verbose=False), collate, mixed_loss,
+               init_params(22), mt.optim.adamw(3e-3), precision="f16", loss_scale=np.float32(256))
+    with pytest.raises(Exception, match="loss_scale must be 'dynamic' or a number, got True"):
+        mt.Trainer(mt.Deployer(workdir=str(tmp_path / "b"), device="cpu", verbose=False), collate, mixed_loss,
+                   init_params(22), mt.optim.adamw(3e-3), precision="f16", loss_scale=True)
     with pytest.raises(Exception, match="precision.*expected f32, tf32, bf16, f16 or bf16-matmul"):
         mt.Trainer(mt.Deployer(workdir=str(tmp_path / "y"), device="cpu", verbose=False), collate, mixed_loss,
                    init_params(22), mt.optim.adamw(3e-3), precision="fp8")
