@@ -2,13 +2,9 @@
 
 #include <cfloat>
 #include <cmath>
-#include <vector>
 
 #include "meshtrain/autodiff/node.h"
-#include "meshtrain/autodiff/plain_groups.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/ops/elementwise.h"
-#include "meshtrain/ops/optimizer_ops.h"
 #include "meshtrain/optim/transform.h"
 
 namespace mt::optim {
@@ -34,24 +30,7 @@ LossScaler::LossScaler(LossScaleOptions options) : options_(options), scale_(opt
 
 bool LossScaler::unscale(Params& grads, double divisor) const {
   autodiff::NoGradGuard no_grad;
-  const double coef = 1.0 / (scale_ * divisor);
-  // As clip_by_global_norm scales: plain arrays in one multi-tensor pass per device and dtype,
-  // in their own buffers; distributed ones per tensor.
-  std::vector<TreeSlot<Array>> others;
-  for (auto& group : plain_groups<Params, Array>(grads, others)) {
-    const Array c = Array::scalar(coef, DType::f32, group.device);
-    std::vector<Array> xs;
-    for (auto& slot : group.slots) xs.push_back(std::move(*slot.array));
-    std::vector<Array> ys = scale_multi_into(std::move(xs), c);
-    for (size_t j = 0; j < ys.size(); ++j) *group.slots[j].array = std::move(ys[j]);
-  }
-  for (auto& slot : others) {
-    Array& g = *slot.array;
-    if (!g.defined() || !is_floating(g.dtype())) continue;
-    // In f32: the coefficient (2^-16 and smaller) would be rounded in bf16 and flushed in f16.
-    if (g.dtype() == DType::f32) g = mul_in_place(std::move(g), scalar_like(g, coef));
-    else g = cast(mul(cast(g, DType::f32), scalar_like(cast(g, DType::f32), coef)), g.dtype());
-  }
+  scale_in_place(grads, Array::scalar(1.0 / (scale_ * divisor), DType::f32));
   // An inf or NaN anywhere makes the sum of squares inf or NaN (so does a norm beyond f32's
   // range, ~1.8e19, which no step survives either). global_norm sums over the mesh.
   return std::isfinite(global_norm(grads).item());

@@ -297,6 +297,30 @@ void update_slots(const std::vector<Array*>& slots, Fn&& fn) {
 
 }  // namespace
 
+void scale_in_place(Params& tree, const Array& coef) {
+  autodiff::NoGradGuard no_grad;
+  // Plain arrays: one multi-tensor pass per device and dtype, each scaled in its own buffer
+  // when the caller moved it in (GPT-2 Large's peak was one gradient-sized buffer higher with
+  // scaled copies). Distributed ones: per tensor, as their layouts need.
+  std::vector<TreeSlot<Array>> others;
+  for (auto& group : plain_groups<Params, Array>(tree, others)) {
+    const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
+    std::vector<Array*> slots;
+    for (auto& slot : group.slots) slots.push_back(slot.array);
+    update_slots(slots, [&](std::vector<Array> xs) { return scale_multi_into(std::move(xs), scale); });
+  }
+  for (auto& slot : others) {
+    Array& u = *slot.array;
+    if (!u.defined() || !is_floating(u.dtype())) continue;
+    if (u.dtype() != DType::f32)
+      u = cast(mul(cast(u, DType::f32), coef), u.dtype());
+    else if (coef.device().is_cuda())
+      u = mul(u, coef);
+    else  // a CPU value waits for nothing: read in place, not counted as a host read
+      u = mul_in_place(std::move(u), scalar_like(u, double(*coef.data<float>())));
+  }
+}
+
 Array global_norm(const Params& tree) {
   // One multi-tensor pass per device and dtype over the plain arrays (a few launches on the GPU
   // where square, sum and add per tensor took hundreds); distributed arrays keep the composed
@@ -327,11 +351,10 @@ Transform clip_by_global_norm(double max_norm) {
     const Array norm = global_norm(updates);
     // The coefficient, torch's clip_grad_norm_'s: max_norm / (norm + 1e-6) clamped at 1.
     Array coef;
-    double host_coef = 0;  // the CPU's, unrounded (the per-tensor path rounds it to each dtype)
     if (!norm.device().is_cuda()) {
       // On the CPU the norm is at hand: gradients within bounds pass untouched (no copy). A
       // CPU value waits for nothing: read in place, not counted as a host read.
-      host_coef = max_norm / (double(*norm.data<float>()) + 1e-6);
+      const double host_coef = max_norm / (double(*norm.data<float>()) + 1e-6);
       if (host_coef >= 1.0) return updates;
       coef = Array::scalar(host_coef, DType::f32);
     } else {
@@ -342,24 +365,7 @@ Transform clip_by_global_norm(double max_norm) {
       coef = minimum(div(Array::scalar(max_norm, DType::f32, where), add(norm, 1e-6)),
                      Array::scalar(1.0, DType::f32, where));
     }
-    // Plain arrays: one multi-tensor pass per device and dtype, each gradient scaled in its own
-    // buffer when the caller moved it in (GPT-2 Large's peak was one gradient-sized buffer
-    // higher with scaled copies). Distributed ones: per tensor, as their layouts need.
-    std::vector<TreeSlot<Array>> others;
-    for (auto& group : plain_groups<Params, Array>(updates, others)) {
-      const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
-      std::vector<Array*> slots;
-      for (auto& slot : group.slots) slots.push_back(slot.array);
-      update_slots(slots, [&](std::vector<Array> xs) { return scale_multi_into(std::move(xs), scale); });
-    }
-    for (auto& slot : others) {
-      Array* u = slot.array;
-      if (!u->defined()) continue;
-      if (coef.device().is_cuda())
-        *u = u->dtype() == DType::f32 ? mul(*u, coef) : cast(mul(cast(*u, DType::f32), coef), u->dtype());
-      else
-        *u = mul_in_place(std::move(*u), scalar_like(*u, host_coef));
-    }
+    scale_in_place(updates, coef);
     return updates;
   };
   return t;

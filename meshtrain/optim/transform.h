@@ -73,6 +73,12 @@ Transform multi_steps(Transform inner, int every_k);
 Params apply_updates(Params params, const Params& updates);
 // The global L2 norm of a tree (a replicated scalar, also for sharded trees).
 Array global_norm(const Params& tree);
+// Every floating array of `tree` multiplied by `coef`, an f32 scalar (on the CPU or a GPU: a
+// device value is never read to the host): plain arrays in one multi-tensor pass per device
+// and dtype, in their own buffers when the caller moved them in; distributed ones per tensor,
+// in f32 math (a small coefficient would round in bf16 and flush in f16). Gradient clipping
+// and loss scaling's unscale.
+void scale_in_place(Params& tree, const Array& coef);
 
 // For composite transforms (chain, partition, multi_steps): the entries of `state` under
 // `prefix.`, moved out with the prefix removed (their places keep their order and hold
