@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "meshtrain/core/element.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/distributed/mpi_runtime.h"
 
@@ -48,24 +48,15 @@ char* staging_bytes(size_t n) {
 }
 float* f32_scratch(size_t n) { return reinterpret_cast<float*>(staging_bytes(n * sizeof(float))); }
 
+// `dtype` is bf16 or f16 (is_half): the bulk conversions of core/dtype.h.
 void half_to_f32(const void* src, float* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
-  if (dtype == DType::bf16) return bf16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
-  if (dtype == DType::f16) return f16_to_f32_n(static_cast<const uint16_t*>(src), dst, n);
-  dispatch_float(dtype, "comm", [&](auto tag) {
-    using T = decltype(tag);
-    const T* s = static_cast<const T*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(s[i]);
-  });
+  const auto* s = static_cast<const uint16_t*>(src);
+  dtype == DType::bf16 ? bf16_to_f32_n(s, dst, n) : f16_to_f32_n(s, dst, n);
 }
 
 void f32_to_half(const float* src, void* dst, int64_t n, DType dtype) {  // (n,) -> (n,)
-  if (dtype == DType::bf16) return f32_to_bf16_n(src, static_cast<uint16_t*>(dst), n);
-  if (dtype == DType::f16) return f32_to_f16_n(src, static_cast<uint16_t*>(dst), n);
-  dispatch_float(dtype, "comm", [&](auto tag) {
-    using T = decltype(tag);
-    T* d = static_cast<T*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = store_f32<T>(src[i]);
-  });
+  auto* d = static_cast<uint16_t*>(dst);
+  dtype == DType::bf16 ? f32_to_bf16_n(src, d, n) : f32_to_f16_n(src, d, n);
 }
 
 class MpiCommunicator final : public Communicator {
