@@ -350,7 +350,7 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f) {
   if (flags.checkpoint_writes != "auto") f.background_checkpoints = flags.checkpoint_writes == "background";
   f.cuda_graphs = train::parse_cuda_graphs(flags.cuda_graphs);
   const bool scaled = precision_policy_from_name(flags.precision, "--precision").loss_scaling;
-  MT_CHECK(scaled || (flags.loss_scale == "dynamic" && flags.loss_scale_window == 2000),
+  MT_CHECK(scaled || (flags.loss_scale == "dynamic" && flags.loss_scale_window == optim::LossScaleOptions{}.growth_interval),
            "[--loss-scale] loss scaling applies to --precision f16 (bf16 has f32's range and needs none); this run "
            "is --precision ", flags.precision);
   f.loss_scale.dynamic = flags.loss_scale == "dynamic";

@@ -32,7 +32,7 @@ struct RunFlags {
   bool overwrite = false;
   std::string precision = "f32";  // f32, tf32, bf16, f16 or bf16-matmul (see mt::PrecisionPolicy)
   std::string loss_scale = "dynamic";  // f16's loss scale: dynamic or a fixed number (optim/loss_scale.h)
-  int64_t loss_scale_window = 2000;    // finite steps before a dynamic scale grows
+  int64_t loss_scale_window = optim::LossScaleOptions{}.growth_interval;  // finite steps before a dynamic scale grows
   std::string save_dtype = "f32";  // the exported model folder's dtype: f32, bf16 or f16
   std::string profile;            // "START:END" optimizer steps to profile (train/profiler.h)
   double peak_gflops = 0;         // MFU's roof; 0: measured (train/gemm_peak.h)

@@ -177,7 +177,7 @@ PrecisionPolicy policy_of(const std::string& precision) { return precision_polic
 optim::LossScaleOptions loss_scale_of(const PrecisionPolicy& policy, const py::object& scale, int64_t window) {
   optim::LossScaleOptions o;
   const bool given = !(py::isinstance<py::str>(scale) && scale.cast<std::string>() == "dynamic");
-  MT_CHECK(policy.loss_scaling || (!given && window == 2000), "[Trainer] loss_scale applies to precision='f16' (bf16 "
+  MT_CHECK(policy.loss_scaling || (!given && window == o.growth_interval), "[Trainer] loss_scale applies to precision='f16' (bf16 "
            "has f32's range and needs none); this trainer's precision is '", policy.name, "'");
   if (given) {
     // A number of any kind (NumPy's too), but not a bool: loss_scale=True would be a scale of 1.
