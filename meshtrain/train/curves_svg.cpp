@@ -1,5 +1,6 @@
 #include "meshtrain/train/curves_svg.h"
 
+#include "meshtrain/train/host_transfer_counters.h"
 #include "meshtrain/train/memory_usage.h"
 
 #include <algorithm>
@@ -176,7 +177,8 @@ std::vector<Panel> make_panels(const std::vector<RunMetrics>& runs, const Curves
       } else if (metric == "tokens_per_s" || metric == "examples_per_s") {
         speed.y_label = metric_unit(metric);
         speed.lines.push_back({id, who(r) + metric_unit(metric), color(r), "stroke-width=\"1.5\"", pts});
-      } else if (split == "train" && metric != "mfu" && metric != "model_flops_per_s") {
+      } else if (split == "train" && metric != "mfu" && metric != "model_flops_per_s" &&
+                 !is_host_transfer_counter(metric)) {
         // A method's own metrics (train/step_metrics.h): one panel per group, "rewards/chosen"
         // and "rewards/rejected" together, since a group shares a scale.
         const std::string group = metric.substr(0, metric.find('/'));

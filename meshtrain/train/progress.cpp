@@ -1,5 +1,6 @@
 #include "meshtrain/train/progress.h"
 
+#include "meshtrain/train/host_transfer_counters.h"
 #include "meshtrain/train/memory_usage.h"
 
 #include <cstdlib>
@@ -46,8 +47,10 @@ std::string format_rate(double v) {
   return printf_str("%.0f", v);
 }
 
+// 0.6931, 1.250e-05; whole numbers (a loss scale, a count) as they are: 65536, 3.
 std::string format_value(double v) {
-  if (v != 0 && (std::fabs(v) < 1e-3 || std::fabs(v) >= 1e5)) return printf_str("%.3e", v);
+  if (v == std::trunc(v) && std::fabs(v) < 1e15) return printf_str("%.0f", v);
+  if (std::fabs(v) < 1e-3 || std::fabs(v) >= 1e5) return printf_str("%.3e", v);
   return printf_str("%.4f", v);
 }
 
@@ -193,6 +196,7 @@ void ProgressBar::write(const ScalarRecord& record) {
     else if (name == "peak_rss_gb") stats.peak_rss_gb = v;
     else if (name == "gpu_peak_gb") stats.gpu_peak_gb = v;
     else if (is_memory_metric(name)) continue;  // the others: metrics.jsonl and curves.svg
+    else if (is_host_transfer_counter(name)) continue;  // metrics.jsonl only
     else stats.extra[name] = v;
   }
   update(record.step, stats);

@@ -27,6 +27,7 @@
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/curves_svg.h"
 #include "meshtrain/train/gemm_peak.h"
+#include "meshtrain/train/host_transfer_counters.h"
 #include "meshtrain/train/jsonl_logger.h"
 #include "meshtrain/train/memory_usage.h"
 #include "meshtrain/train/profiler.h"
@@ -613,8 +614,8 @@ std::map<std::string, MetricValue> Trainer::step_record(double loss, double lr, 
   std::map<std::string, MetricValue> logged{{"loss", loss}};
   for (const auto& [name, value] : step_metrics_) logged[name] = value;
   if (!custom_step_) {
-    logged["host_reads"] = double(step_host_reads_);
-    logged["host_uploads"] = double(step_host_uploads_);
+    logged[kHostReadsMetric] = double(step_host_reads_);
+    logged[kHostUploadsMetric] = double(step_host_uploads_);
   }
   if (o.learning_rate) logged["lr"] = lr;
   if (o.tokens_per_example > 0) logged["tokens_per_s"] = double(examples_per_step * o.tokens_per_example) / seconds;

@@ -50,6 +50,9 @@ TEST_F(CurvesSvg, EverySeriesOneLineWithAPointPerStep) {
     run.series[{"train", "tokens_per_s"}].emplace_back(s, 20000 + 100 * (s % 3));
     run.series[{"train", "rss_gb"}].emplace_back(s, 2.0 + 0.1 * (s % 2));
     run.series[{"train", "peak_rss_gb"}].emplace_back(s, 2.1);
+    // Logged by every Trainer run, drawn by none: step diagnostics for metrics.jsonl only.
+    run.series[{"train", "host_reads"}].emplace_back(s, 0);
+    run.series[{"train", "host_uploads"}].emplace_back(s, 0);
     if (s % 10 == 0) {
       run.series[{"eval", "eval_loss"}].emplace_back(s, 5.0 * std::exp(-s / 25.0));
       run.series[{"eval", "accuracy"}].emplace_back(s, 0.5 + s / 200.0);

@@ -185,10 +185,15 @@ TEST(ProgressBar, UnknownTotalAndMessages) {
   bar.write(ScalarRecord{7, "eval", {{"accuracy", 0.8125}, {"loss", 1e-5}}});
   bar.write(ScalarRecord{8, "train", {{"loss", 0.25}, {"learning_rate", 2e-5}, {"tokens_per_s", 900}, {"mfu", 0.5},
                                       {"rss_gb", 1.0}, {"peak_rss_gb", 1.25}}});
+  // Whole numbers as they are (an f16 run's loss scale, beyond %.4f's and up to e notation's
+  // range); the host read and upload counters stay in metrics.jsonl.
+  bar.write(ScalarRecord{9, "train", {{"loss", 0.125}, {"loss_scale", 131072}, {"host_reads", 1},
+                                      {"host_uploads", 0}, {"kl", 2.0}}});
   EXPECT_EQ(out.str(),
             "pretrain step 7 | loss 0.5000 | 2.50M tok/s | 1m15s\n"
             "eval step 7: accuracy 0.8125 | loss 1.000e-05\n"
-            "pretrain step 8 | loss 0.2500 | lr 2.00e-05 | 900 tok/s | MFU 50.0% | mem 1.25 GB | 1m15s\n");
+            "pretrain step 8 | loss 0.2500 | lr 2.00e-05 | 900 tok/s | MFU 50.0% | mem 1.25 GB | 1m15s\n"
+            "pretrain step 9 | loss 0.1250 | kl 2 | loss_scale 131072 | 1m15s\n");
 }
 
 TEST(ProgressBar, TtyModeRedrawsInPlaceAndThrottles) {
