@@ -1,6 +1,9 @@
 #include "meshtrain/core/dtype.h"
 
 #include <bit>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "meshtrain/core/error.h"
 

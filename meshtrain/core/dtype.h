@@ -2,9 +2,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 namespace mt {
 
@@ -45,25 +42,55 @@ inline bf16 f32_to_bf16(float f) {
 // stays a quiet NaN with its high payload bits): the reference, and the path without F16C.
 float f16_to_f32_portable(f16 v);
 f16 f32_to_f16_portable(float f);
-// The same conversions on F16C's instructions where the compiler targets them (the default
-// x86-64-v3 build does), so kernels over f16 storage inline and vectorize them. The rounding
-// is given in the instruction (not MXCSR's mode) and F16C neither flushes half subnormals nor
-// drops a NaN's payload, so both paths give the same bits (DType.F16ConversionsMatchTheReference
-// checks every half and 2^24 floats). `static`: C++ TUs compiled with F16C and nvcc's host
-// code compiled without it each keep their own copy instead of sharing one inline symbol.
+// The same conversions, branch-free, in integer and f32 arithmetic the compiler vectorizes:
+// a kernel loop over f16 storage (compiled with -fno-trapping-math, as backend/cpu is, so
+// both sides of each select may be computed) converts 8 or 16 elements an instruction, as it
+// does bf16's. F16C's scalar instructions looked the natural choice but GCC keeps every loop
+// that calls them scalar (an element a call: f16 elementwise steps ran at half bf16's speed).
+// Both give the reference's bits, NaN payloads included (DType.F16ConversionsMatchTheReference
+// checks every half and 2^24 floats). They assume MXCSR's default rounding (nearest even); a
+// flush-to-zero or denormals-are-zero mode changes no result (an f32 subnormal rounds to a
+// half zero anyway, and the subnormal halves are made from normal f32 sums). `static`: C++
+// TUs and nvcc's host code each keep their own copy.
 static inline float f16_to_f32(f16 v) {
-#if defined(__F16C__)
-  return _cvtsh_ss(v.bits);
-#else
-  return f16_to_f32_portable(v);
-#endif
+  auto as_f32 = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  const uint32_t h = v.bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = (h & 0x7fffu) << 13;  // exponent and mantissa moved to f32's places
+  const uint32_t exp = em & 0x0f800000u;
+  const uint32_t normal = em + (112u << 23);  // rebias 15 -> 127
+  // inf and NaN: exponent 255; a NaN comes out quiet, its payload kept, as F16C gives it.
+  const uint32_t inf_nan = (em + (224u << 23)) | ((em & 0x7fffffu) ? 0x400000u : 0u);
+  // subnormal (and zero): (2^-14 + m * 2^-24) - 2^-14, exact in f32.
+  float sub_f = as_f32(em + (113u << 23)) - as_f32(113u << 23);
+  uint32_t sub;
+  std::memcpy(&sub, &sub_f, 4);
+  const uint32_t mag = exp == 0x0f800000u ? inf_nan : (exp == 0 ? sub : normal);
+  return as_f32(mag | sign);
 }
 static inline f16 f32_to_f16(float f) {
-#if defined(__F16C__)
-  return f16{uint16_t(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT))};
-#else
-  return f32_to_f16_portable(f);
-#endif
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  // normal halves: nearest even on the 13 dropped bits, rebias 127 -> 15 (a carry into the
+  // exponent is right, up to 65520 and beyond rounding to inf).
+  const uint32_t normal = (u - 0x38000000u + 0xfffu + ((u >> 13) & 1u)) >> 13;
+  // subnormal halves: adding 0.5 (whose ulp is 2^-24, a half subnormal's unit) rounds |f| to
+  // a count of units in the f32 adder, nearest even; 1024 units is the smallest normal half.
+  float magnitude, sum;
+  std::memcpy(&magnitude, &u, 4);
+  sum = magnitude + 0.5f;
+  uint32_t sub;
+  std::memcpy(&sub, &sum, 4);
+  sub -= 0x3f000000u;
+  const uint32_t nan = 0x7e00u | ((u >> 13) & 0x3ffu);  // quiet, high payload bits kept
+  const uint32_t r = u > 0x7f800000u ? nan : (u >= 0x477ff000u ? 0x7c00u : (u < 0x38800000u ? sub : normal));
+  return f16{uint16_t(r | sign)};
 }
 // Bulk conversions with the rounding above, as branch-free loops the compiler vectorizes
 // (serial: callers that want threads split the range; the comm thread must not spawn any).

@@ -36,7 +36,7 @@ TEST(DType, F16RoundTripsEveryHalfValue) {
   EXPECT_EQ(f32_to_f16(5.9604645e-08f).bits, 0x0001);  // smallest subnormal
 }
 
-// The F16C conversions (the default build's) against the integer reference: every half, and
+// The inline conversions and the bulk F16C loops against the integer reference: every half, and
 // every 251st f32 bit pattern (an odd stride, so ties with and without sticky bits; NaNs,
 // infinities, subnormals, the overflow edge 65520 among them), one at a time and through the
 // bulk loops with a tail that is not a multiple of 8; again with flush-to-zero and
@@ -62,6 +62,19 @@ void expect_f16_conversions_match_the_reference() {
     ASSERT_EQ(f32_to_f16(floats[i]).bits, reference) << std::bit_cast<uint32_t>(floats[i]);
     if (i >= 5) ASSERT_EQ(narrowed[i - 5], reference) << std::bit_cast<uint32_t>(floats[i]);
   }
+  // Inside the CPU kernels' loops, where the compiler vectorizes the conversions (backend/cpu
+  // is built with -fno-trapping-math): every half times 1 (widened, multiplied, narrowed) and
+  // the f32 grid cast to f16.
+  Array all = Array::empty(Shape{int64_t(halves.size())}, DType::f16);
+  std::memcpy(all.raw(), halves.data(), halves.size() * 2);
+  const Array once = mul(all, Array::scalar(1.0, DType::f16));
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint16_t reference = f32_to_f16_portable(f16_to_f32_portable(f16{uint16_t(bits)})).bits;
+    ASSERT_EQ(once.data<uint16_t>()[bits], reference) << bits;
+  }
+  const Array cast_grid = cast(Array::from_vector(floats, Shape{int64_t(floats.size())}), DType::f16);
+  for (size_t i = 0; i < floats.size(); ++i)
+    ASSERT_EQ(cast_grid.data<uint16_t>()[i], f32_to_f16_portable(floats[i]).bits) << std::bit_cast<uint32_t>(floats[i]);
 }
 
 TEST(DType, F16ConversionsMatchTheReference) {
