@@ -312,12 +312,14 @@ void scale_in_place(Params& tree, const Array& coef) {
   for (auto& slot : others) {
     Array& u = *slot.array;
     if (!u.defined() || !is_floating(u.dtype())) continue;
+    // On u's own device (parameters may live on another device than the default one).
+    const Array c = coef.device() == u.device() ? coef : coef.to(u.device());
     if (u.dtype() != DType::f32)
-      u = cast(mul(cast(u, DType::f32), coef), u.dtype());
-    else if (coef.device().is_cuda())
-      u = mul(u, coef);
+      u = cast(mul(cast(u, DType::f32), c), u.dtype());
+    else if (c.device().is_cuda())
+      u = mul(u, c);
     else  // a CPU value waits for nothing: read in place, not counted as a host read
-      u = mul_in_place(std::move(u), scalar_like(u, double(*coef.data<float>())));
+      u = mul_in_place(std::move(u), scalar_like(u, double(*c.data<float>())));
   }
 }
 
