@@ -669,7 +669,7 @@ void Trainer::print_fit_summary(const FitResult& result, double secs, const FitO
     for (const auto& [k, v] : result.evals.back()) line << ", " << k << " " << v;
   if (scaler_ && precision_policy().loss_scaling)
     line << std::setprecision(0) << ", loss scale " << scaler_->scale() << " (" << scaler_->skipped_steps()
-         << " steps skipped on overflow)";
+         << (scaler_->skipped_steps() == 1 ? " step" : " steps") << " skipped on overflow)";
   print(line.str());
 }
 
