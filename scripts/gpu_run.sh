@@ -88,8 +88,13 @@ part_test() {
     filter=
     [ "$name" = gpu_primitives_test ] && filter=--gtest_filter=-*Cudnn*
     # The whole log first: a reader that stops early must not kill the test with SIGPIPE.
-    timeout "$(cap "${TEST_S:-300}")" "$t" $filter > "$out/$name.log" 2>&1 || status=1
-    grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error" "$out/$name.log" | tail -80
+    # The training test runs about twenty short CLI trainings (f32, bf16, f16, cuDNN, remat):
+    # more than the other binaries' limit in a session.
+    limit=${TEST_S:-300}
+    [ "$name" = gpu_training_test ] && limit=$((limit + 80))
+    timeout "$(cap "$limit")" "$t" $filter > "$out/$name.log" 2>&1 || status=1
+    grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error|f16 cases|refused" \
+      "$out/$name.log" | tail -80
   done
   if [ -x "$here/bin/gpu_primitives_test" ]; then
     # cuDNN's fused attention (MT_ATTENTION_CUDNN; not yet run on a GPU when written): its
