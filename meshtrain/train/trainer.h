@@ -291,7 +291,7 @@ class Trainer {
   void print_epoch(const EpochSummary& summary);
   // Redraws <workdir>/curves.svg from metrics.jsonl (rank 0, after the writer caught up).
   void refresh_curves(AsyncMetricWriter& writer);
-  void print_fit_summary(const FitResult& result, double seconds, const FitOptions& o);
+  void print_fit_summary(const FitResult& result, double seconds, double training_seconds, const FitOptions& o);
 
   Deployer& deployer_;
   CollateFn collate_;
