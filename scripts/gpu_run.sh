@@ -31,12 +31,15 @@
 #   gpu_run.sh head    GPT-2 B16 T1024 bf16 steps with the vocabulary padded to 50304 inside the head's
 #                      GEMMs and without (MT_PAD_VOCAB=0): the padding's effect on the GPU (issue 44)
 #   gpu_run.sh all     tests, fusion, python, posttrain, caption and bench (largest apart: it needs the whole GPU for minutes)
-#   gpu_run.sh session a device session's one script: test, profile, bench (bf16: GPT-2, BERT and the
-#                      seed miniGPT), llmc, compile, caption, sst2, graphs, fusion and head in that order (largest ran
-#                      on 2026-11-30)
+#   gpu_run.sh session a device session's one script: test, bench (bf16: GPT-2, BERT and the
+#                      seed miniGPT), profile, llmc, graphs, sst2, caption, compile, fusion and head in
+#                      that order (largest ran on 2026-11-30)
 #                      (SESSION_PARTS="test bench fusion ..." names others, in its order), within
-#                      GPU_BUDGET_S seconds in all (default 450): every step's timeout is cut to the
-#                      time left, and a part that cannot start with 30 s left is skipped (said)
+#                      GPU_BUDGET_S seconds in all (default 450) and each part within its share
+#                      (part_share; PART_S_<part>=N): every step's timeout is cut to the time left,
+#                      a part that cannot start with 30 s left is skipped (said), and every timeout
+#                      kills 10 s after its SIGTERM (meshtrain takes the first one as "stop after
+#                      this step and save a checkpoint")
 #   gpu_run.sh profile GPT-2 B16 T1024 bf16 with MT_PROFILE_OPS=1: kernel time per primitive; the
 #                      attention kernels alone (attention_bench, with and without dropout, and
 #                      cuDNN's fused attention: MT_ATTENTION_CUDNN=1 and =all); a LLaMA step with
@@ -66,17 +69,32 @@ if [ "$mode" = session ]; then
   budget=${GPU_BUDGET_S:-450} MEMCHECK_S=${MEMCHECK_S:-45} RACECHECK_S=${RACECHECK_S:-30} SST2_S=${SST2_S:-180}
   TEST_S=${TEST_S:-100} BENCH_ARGS=${BENCH_ARGS:---quick --workloads gpt2,bert,minigpt4 --precisions bf16}
 fi
-# cap N: N seconds, or the session's time left when less (at least 1).
+# A part's share of a session (PART_S_<part> overrides): a part that hangs or runs long leaves
+# the parts after it their turn. The shares add up to more than the budget on purpose: parts
+# that pass quickly hand their time on.
+part_share() {
+  eval "override=\${PART_S_$1:-}"
+  [ -n "$override" ] && { echo "$override"; return; }
+  case "$1" in
+    test) echo 150 ;; sst2) echo 180 ;; bench|compile|graphs|largest) echo 90 ;; profile) echo 70 ;;
+    llmc|caption) echo 60 ;; *) echo 40 ;;
+  esac
+}
+part_end=
+# cap N: N seconds, or the session's (and the part's) time left when less (at least 1).
 cap() {
   [ -z "$budget" ] && { echo "$1"; return; }
-  left=$((budget - ($(date +%s) - started)))
+  now=$(date +%s)
+  left=$((budget - (now - started)))
+  [ -n "$part_end" ] && [ $((part_end - now)) -lt "$left" ] && left=$((part_end - now))
   [ "$left" -lt 1 ] && left=1
   [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
 }
-# The parts this run takes, in order.
+# The parts this run takes, in order. A session puts what has never run on a GPU (llm.c, the
+# captured step's fixes, the SST-2 job) before what re-measures (fusion, head).
 case "$mode" in
   all) parts="test fusion python posttrain caption bench" ;;
-  session) parts=${SESSION_PARTS:-test profile bench llmc compile caption sst2 graphs fusion head} ;;
+  session) parts=${SESSION_PARTS:-test bench profile llmc graphs sst2 caption compile fusion head} ;;
   *) parts=$mode ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -92,7 +110,7 @@ part_test() {
     # more than the other binaries' limit in a session.
     limit=${TEST_S:-300}
     [ "$name" = gpu_training_test ] && limit=$((limit + 80))
-    timeout "$(cap "$limit")" "$t" $filter > "$out/$name.log" 2>&1 || status=1
+    timeout -k 10 "$(cap "$limit")" "$t" $filter > "$out/$name.log" 2>&1 || status=1
     grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|max err|Failure|Expected|Which is|error|f16 cases|refused" \
       "$out/$name.log" | tail -80
   done
@@ -100,7 +118,7 @@ part_test() {
     # cuDNN's fused attention (MT_ATTENTION_CUDNN; not yet run on a GPU when written): its
     # debug log says why, should cuDNN refuse a graph.
     echo "== gpu_primitives_test --gtest_filter=*Cudnn* (cuDNN's fused attention)"
-    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_test_dbg.log" timeout "$(cap 150)" \
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_test_dbg.log" timeout -k 10 "$(cap 150)" \
       "$here/bin/gpu_primitives_test" --gtest_filter='*Cudnn*' > "$out/gpu_primitives_cudnn.log" 2>&1 || status=1
     grep -a -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|cuDNN|cudnn|max err|Failure|Expected|Which is|rows of|<dV|sum over" \
       "$out/gpu_primitives_cudnn.log" | tail -60
@@ -109,7 +127,7 @@ part_test() {
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_primitives_test" ]; then
     echo "== compute-sanitizer --tool memcheck gpu_primitives_test"
     # The out-of-memory test provokes a failed allocation on purpose: left out here.
-    timeout "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
+    timeout -k 10 "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
       --gtest_filter="${MEMCHECK_FILTER:--*OutOfMemory*:*Cudnn*:*InF16*}" \
       > "$out/memcheck.log" 2>&1
     rc=$?
@@ -122,7 +140,7 @@ part_test() {
     # (their reductions), then flash attention's tiles on odd, edge and padded shapes.
     # racecheck is slow, so it is bounded.
     echo "== compute-sanitizer --tool racecheck gpu_primitives_test (fused kernels, odd shapes)"
-    timeout "$(cap "${RACECHECK_S:-240}")" compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
+    timeout -k 10 "$(cap "${RACECHECK_S:-240}")" compute-sanitizer --tool racecheck --error-exitcode 3 "$here/bin/gpu_primitives_test" \
       --gtest_filter='*FusedKernelsEqualTheCpuKernel*:*FlashAttentionOddShapes*:*FlashAttentionEdgeShapes*:*FlashAttentionWithAKeyPaddingMask*:*DropoutBits*:*DoubleBuffered*' \
       > "$out/racecheck.log" 2>&1
     rc=$?
@@ -132,7 +150,7 @@ part_test() {
   fi
   if command -v compute-sanitizer >/dev/null && [ -x "$here/bin/gpu_captured_step_test" ]; then
     echo "== compute-sanitizer --tool memcheck gpu_captured_step_test (the API-level captures)"
-    timeout "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_captured_step_test" \
+    timeout -k 10 "$(cap "${MEMCHECK_S:-600}")" compute-sanitizer --tool memcheck --error-exitcode 3 "$here/bin/gpu_captured_step_test" \
       --gtest_filter='GpuCapturedStep.*' > "$out/memcheck_captured.log" 2>&1
     rc=$?
     # Which test each report fell in (the 2026-11-30 run's index_verdict_kernel report was not
@@ -169,7 +187,7 @@ bert_base() {  # a BERT-base config.json from scratch (uncased vocabulary)
 part_sst2() {
   echo "== time meshtrain glue --task sst2 (whole: 67,349 train / 872 dev), BERT-base, 3 epochs, bf16"
   start=$(date +%s.%N)
-  timeout "$(cap "${SST2_S:-420}")" "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
+  timeout -k 10 "$(cap "${SST2_S:-420}")" "$here/bin/meshtrain" $(bert_base) --num_train_epochs 3 --precision bf16 --output-dir /tmp/mt-sst2 \
     > "$out/sst2.log" 2>&1
   rc=$?
   echo "wall $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $rc"
@@ -179,7 +197,7 @@ part_sst2() {
 part_graphs() {
   for g in off on; do
     echo "== meshtrain glue sst2 (BERT-base, 6400 rows, bf16), --cuda-graphs $g"
-    timeout "$(cap 150)" "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
+    timeout -k 10 "$(cap 150)" "$here/bin/meshtrain" $(bert_base) --max-train-samples 6400 --num_train_epochs 1 --precision bf16 \
       --cuda-graphs $g --output-dir /tmp/mt-graphs-$g > "$out/graphs_$g.log" 2>&1
     rc=$?
     grep -E "cuda graphs|^fit:|device" "$out/graphs_$g.log" | tail -4
@@ -190,7 +208,7 @@ part_graphs() {
   [ "${GRAPHS_TORCH:-1}" = 1 ] || return 0
   for c in "" 1 reduce-overhead; do
     echo "== PyTorch BERT-base 32 x 128 bf16, TORCH_COMPILE=${c:-eager}"
-    TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
+    TORCH_DEVICE=cuda TORCH_COMPILE=$c timeout -k 10 "$(cap 150)" python3 "$here/bin/torch_model_step.py" bert 32 128 5 20 1 bf16 \
       > "$out/graphs_torch_${c:-eager}.json" 2> "$out/graphs_torch_${c:-eager}.err"
     rc=$?
     echo "exit $rc"; cat "$out/graphs_torch_${c:-eager}.json"; tail -2 "$out/graphs_torch_${c:-eager}.err"
@@ -199,13 +217,13 @@ part_graphs() {
 }
 part_largest() {
   echo "== model_step_bench llama7b 1 1024 (fp32 AdamW, --remat full)"
-  timeout "$(cap 180)" "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
+  timeout -k 10 "$(cap 180)" "$here/bin/model_step_bench" llama7b 1 1024 1 3 f32 full cuda > "$out/largest_meshtrain.json" 2> "$out/largest_meshtrain.err"
   rc=$?
   cat "$out/largest_meshtrain.json"; tail -3 "$out/largest_meshtrain.err"
   echo "meshtrain exit $rc"
   [ $rc = 0 ] || status=1
   echo "== PyTorch twin (torch.utils.checkpoint per block)"
-  TORCH_DEVICE=cuda TORCH_REMAT=1 timeout "$(cap 180)" python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
+  TORCH_DEVICE=cuda TORCH_REMAT=1 timeout -k 10 "$(cap 180)" python3 "$here/bin/torch_model_step.py" llama 1 1024 1 3 1 f32 32000,4096,32,11008,32 \
     > "$out/largest_pytorch.json" 2> "$out/largest_pytorch.err"
   echo "pytorch exit $? (out of memory is a result here)"
   cat "$out/largest_pytorch.json"; tail -3 "$out/largest_pytorch.err"
@@ -214,7 +232,7 @@ part_head() {
   for pad in 1 0; do
     echo "== model_step_bench gpt2 16 1024 bf16 cuda, vocabulary padded: $pad"
     if [ $pad = 1 ]; then unset MT_PAD_VOCAB; else export MT_PAD_VOCAB=0; fi
-    timeout "$(cap 100)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+    timeout -k 10 "$(cap 100)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
       > "$out/head_pad$pad.json" 2> "$out/head_pad$pad.err" || status=1
     cat "$out/head_pad$pad.json"; tail -2 "$out/head_pad$pad.err"
   done
@@ -222,12 +240,12 @@ part_head() {
 }
 part_profile() {
   echo "== MT_PROFILE_OPS=1 model_step_bench gpt2 16 1024 bf16 cuda (kernel time per primitive)"
-  MT_PROFILE_OPS=1 timeout "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 2 bf16 none cuda \
+  MT_PROFILE_OPS=1 timeout -k 10 "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 2 bf16 none cuda \
     > "$out/profile_gpt2.json" 2> "$out/profile_gpt2.err" || status=1
   cat "$out/profile_gpt2.json"; head -45 "$out/profile_gpt2.err"
   # BERT-base at the SST-2 job's batch (32 x 128): where a step whose kernels are small goes.
   echo "== MT_PROFILE_OPS=1 model_step_bench bert 32 128 bf16 cuda"
-  MT_PROFILE_OPS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 2 bf16 none cuda \
+  MT_PROFILE_OPS=1 timeout -k 10 "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 2 bf16 none cuda \
     > "$out/profile_bert.json" 2> "$out/profile_bert.err" || status=1
   cat "$out/profile_bert.json"; head -30 "$out/profile_bert.err"
   # The attention kernels alone at GPT-2's shape, bf16 arrays, with and without dropout (its
@@ -240,7 +258,7 @@ part_profile() {
     echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout $([ $1 = 1 ] && echo 0.1 || echo 0), pipeline $2, bits $3"
     if [ $1 = 1 ]; then unset MT_NO_DROPOUT; else export MT_NO_DROPOUT=1; fi
     MT_ATTENTION_DROPOUT_BITS=$3 MT_ATTENTION_PIPELINE=$2 MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 \
-      timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 > "$out/attention_drop$1_pipe$2_bits$3.log" 2>&1 ||
+      timeout -k 10 "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 > "$out/attention_drop$1_pipe$2_bits$3.log" 2>&1 ||
       status=1
     cat "$out/attention_drop$1_pipe$2_bits$3.log"
   done
@@ -248,23 +266,23 @@ part_profile() {
   # above without dropout; CUDNN_LOGLEVEL_DBG=2 puts cuDNN's reasons in the log if it refuses.
   echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout 0, MT_ATTENTION_CUDNN=1"
   MT_NO_DROPOUT=1 MT_ATTENTION_CUDNN=1 CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn_attention_dbg.log" \
-    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 \
+    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout -k 10 "$(cap 60)" "$here/bin/attention_bench" 16 12 1024 64 \
     32 12 128 64 > "$out/attention_cudnn.log" 2>&1 || status=1
   cat "$out/attention_cudnn.log"
   unset MT_NO_DROPOUT
   echo "== attention_bench 16 12 1024 64, bf16 arrays, dropout 0.1, MT_ATTENTION_CUDNN=all (cuDNN's own mask)"
-  MT_ATTENTION_CUDNN=all MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 60)" "$here/bin/attention_bench" \
+  MT_ATTENTION_CUDNN=all MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout -k 10 "$(cap 60)" "$here/bin/attention_bench" \
     16 12 1024 64 32 12 128 64 > "$out/attention_cudnn_dropout.log" 2>&1 || status=1
   cat "$out/attention_cudnn_dropout.log"
   echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=all (beside fusion's MT_FUSED_LAYERS=1 run)"
-  MT_ATTENTION_CUDNN=all timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+  MT_ATTENTION_CUDNN=all timeout -k 10 "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
     > "$out/cudnn_gpt2.json" 2> "$out/cudnn_gpt2.err" || status=1
   cat "$out/cudnn_gpt2.json"; grep -a "cudnn" "$out/cudnn_gpt2.err" | head -3
   # A LLaMA step (no dropout anywhere: the route takes every attention) with and without it,
   # and with each direction where its first calls measured it faster (auto: the choice said).
   for c in 0 1 auto; do
     echo "== model_step_bench llama:768,2048,12,12,32000 16 1024 bf16 cuda, MT_ATTENTION_CUDNN=$c"
-    MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" llama:768,2048,12,12,32000 16 1024 2 5 bf16 \
+    MT_ATTENTION_CUDNN=$c timeout -k 10 "$(cap 60)" "$here/bin/model_step_bench" llama:768,2048,12,12,32000 16 1024 2 5 bf16 \
       none cuda > "$out/cudnn_llama_$c.json" 2> "$out/cudnn_llama_$c.err" || status=1
     cat "$out/cudnn_llama_$c.json"; grep -a "cudnn" "$out/cudnn_llama_$c.err" | head -5
   done
@@ -272,12 +290,12 @@ part_profile() {
   # kernels after it), attention dropout by cuDNN's mask, against the kernels alone.
   for c in 0 all; do
     echo "== model_step_bench bert 32 128 bf16 cuda, MT_ATTENTION_CUDNN=$c"
-    MT_ATTENTION_CUDNN=$c timeout "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 10 bf16 none cuda \
+    MT_ATTENTION_CUDNN=$c timeout -k 10 "$(cap 60)" "$here/bin/model_step_bench" bert 32 128 2 10 bf16 none cuda \
       > "$out/cudnn_bert_$c.json" 2> "$out/cudnn_bert_$c.err" || status=1
     cat "$out/cudnn_bert_$c.json"; grep -a "cudnn" "$out/cudnn_bert_$c.err" | head -3
   done
   echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_ATTENTION_DROPOUT_BITS=1"
-  MT_ATTENTION_DROPOUT_BITS=1 timeout "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+  MT_ATTENTION_DROPOUT_BITS=1 timeout -k 10 "$(cap 60)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
     > "$out/bits_gpt2.json" 2> "$out/bits_gpt2.err" || status=1
   cat "$out/bits_gpt2.json"
   # What limits the attention kernels (forward, dK/dV, dQ: the first three mma_ launches),
@@ -285,7 +303,7 @@ part_profile() {
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -n "$ncu" ]; then
     echo "== ncu on the attention kernels (B4 H12 T1024 D64, bf16 arrays, dropout 0.1)"
-    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout "$(cap 90)" "$ncu" --clock-control none -k regex:mma_ \
+    MT_DEVICE=cuda MT_DTYPE=bf16 MT_PRECISION=bf16 timeout -k 10 "$(cap 90)" "$ncu" --clock-control none -k regex:mma_ \
       --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section ComputeWorkloadAnalysis "$here/bin/attention_bench" 4 12 1024 64 > "$out/ncu_attention.log" 2>&1 ||
       status=1
@@ -298,7 +316,7 @@ part_profile() {
   echo "== meshtrain pretrain --profile 3:4, GPT-2 124M B16 T1024 bf16 cuda (device kernels by name)"
   printf '{"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}' > /tmp/mt-gpt2-124m.json
   rm -rf /tmp/mt-profile
-  timeout "$(cap 120)" "$here/bin/meshtrain" pretrain --model gpt2 --config /tmp/mt-gpt2-124m.json \
+  timeout -k 10 "$(cap 120)" "$here/bin/meshtrain" pretrain --model gpt2 --config /tmp/mt-gpt2-124m.json \
     --data "$here/data/text/tinyshakespeare.txt" --seq-len 1024 --per-device-batch-size 16 --steps 4 \
     --profile 3:4 --precision bf16 --cuda-graphs off --eval-fraction 0.05 --sample-every 0 --device cuda \
     --output-dir /tmp/mt-profile > "$out/profile_trainer.log" 2>&1 || status=1
@@ -312,7 +330,7 @@ part_profile() {
 part_fusion() {
   for f in 1 0; do
     echo "== model_step_bench gpt2 16 1024 bf16 cuda, MT_FUSED_LAYERS=$f"
-    MT_FUSED_LAYERS=$f timeout "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
+    MT_FUSED_LAYERS=$f timeout -k 10 "$(cap 120)" "$here/bin/model_step_bench" gpt2 16 1024 2 5 bf16 none cuda \
       > "$out/fusion_$f.json" 2> "$out/fusion_$f.err" || status=1
     cat "$out/fusion_$f.json"; tail -2 "$out/fusion_$f.err"
   done
@@ -322,7 +340,7 @@ part_python() {
     echo "== Python front end on the GPU ($(python3 -c 'import sys; print(sys.version.split()[0])'))"
     for e in "text_classifier.py $here/data 60 400 /tmp/mt-py/tc" "causal_lm.py $here/data 100 40 /tmp/mt-py/clm"; do
       set -- $e
-      PYTHONPATH="$here/python" timeout 120 python3 "$here/examples/$@" > "$out/python_$1.log" 2>&1
+      PYTHONPATH="$here/python" timeout -k 10 120 python3 "$here/examples/$@" > "$out/python_$1.log" 2>&1
       rc=$?
       grep -E "device|loss|accuracy|LoRA|Error" "$out/python_$1.log" | tail -6
       echo "python $1 exit $rc"
@@ -350,7 +368,7 @@ PY
              "distill --teacher $tiny --student $tiny --data $pt/text.jsonl --lora-rank 1"; do
     set -- $cmd
     echo "== meshtrain $1 on the GPU"
-    timeout 120 "$here/bin/meshtrain" $cmd --steps 3 --per-device-batch-size 4 --device cuda --output-dir "$pt/$1" \
+    timeout -k 10 120 "$here/bin/meshtrain" $cmd --steps 3 --per-device-batch-size 4 --device cuda --output-dir "$pt/$1" \
       > "$out/posttrain_$1.log" 2>&1
     rc=$?
     grep -E "device|^$1:|loss|reward|eval|Error|error" "$out/posttrain_$1.log" | tail -6
@@ -360,7 +378,7 @@ PY
   if [ -x "$here/bin/grpo_rollout_bench" ]; then
     for m in small gpt2; do
       echo "== grpo_rollout_bench --model $m --device cuda"
-      timeout 200 "$here/bin/grpo_rollout_bench" --model $m --device cuda > "$out/grpo_rollout_$m.log" 2>&1 || status=1
+      timeout -k 10 200 "$here/bin/grpo_rollout_bench" --model $m --device cuda > "$out/grpo_rollout_$m.log" 2>&1 || status=1
       cat "$out/grpo_rollout_$m.log" | tail -5
     done
   fi
@@ -368,7 +386,7 @@ PY
 part_caption() {
   if [ -x "$here/bin/example_caption" ]; then
     echo "== example_caption on the GPU (1200 steps)"
-    timeout "$(cap 150)" "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
+    timeout -k 10 "$(cap 150)" "$here/bin/example_caption" 1200 /tmp/mt-caption/example > "$out/caption_example.log" 2>&1
     rc=$?
     grep -E "device|fit:|train loss|held out|error" "$out/caption_example.log" | tail -6
     echo "example_caption exit $rc"
@@ -381,7 +399,7 @@ part_caption() {
       > "$cap/train.jsonl"
     for d in cuda cpu; do
       echo "== meshtrain caption --device $d"
-      timeout "$(cap 120)" "$here/bin/meshtrain" caption --config small-vit-gpt2 --tokenizer "$here/data/models/hf-tiny-gpt2" \
+      timeout -k 10 "$(cap 120)" "$here/bin/meshtrain" caption --config small-vit-gpt2 --tokenizer "$here/data/models/hf-tiny-gpt2" \
         --data "$cap/train.jsonl" --eval-data "$cap/train.jsonl" --image-dir "$here/data/images" --steps 12 \
         --per-device-batch-size 2 --num-beams 2 --max-target-length 12 --learning-rate 1e-3 --warmup-steps 2 \
         --device $d --output-dir "$cap/$d" > "$out/caption_$d.log" 2>&1
@@ -413,7 +431,7 @@ part_llmc() {
   for r in 1 0; do
     echo "== llm.c train_gpt2cu -e d12 -b 16 -t 1024, 25 steps, recompute $r"
     # Line-buffered where stdbuf is there: a run cut short by its timeout keeps its steps.
-    (cd "$out" && timeout "$(cap 90)" $(command -v stdbuf > /dev/null && echo stdbuf -oL) "$here/bin/train_gpt2cu" -i "$here/data/llmc/tinyshakespeare_gpt2.bin" \
+    (cd "$out" && timeout -k 10 "$(cap 90)" $(command -v stdbuf > /dev/null && echo stdbuf -oL) "$here/bin/train_gpt2cu" -i "$here/data/llmc/tinyshakespeare_gpt2.bin" \
       -j "$here/data/llmc/tinyshakespeare_gpt2.bin" -e d12 -b 16 -t 1024 -x 25 -v 1000 -m 1 -s 0 -h 0 -r $r) \
       > "$out/llmc_r$r.log" 2>&1 || status=1
     grep -a -E "^step +(1|5|25)/|MiB|error|Error|device +\|" "$out/llmc_r$r.log" | head -12
@@ -429,7 +447,7 @@ part_compile() {
   for w in "gpt2 16 1024" "minigpt 144 256 50257,256,8,256,4"; do
     set -- $w
     echo "== PyTorch $1 $2 x $3 bf16, TORCH_COMPILE=1"
-    TORCH_DEVICE=cuda TORCH_COMPILE=1 timeout "$(cap 150)" python3 "$here/bin/torch_model_step.py" $1 $2 $3 3 10 1 bf16 \
+    TORCH_DEVICE=cuda TORCH_COMPILE=1 timeout -k 10 "$(cap 150)" python3 "$here/bin/torch_model_step.py" $1 $2 $3 3 10 1 bf16 \
       ${4:-} > "$out/compile_torch_$1.json" 2> "$out/compile_torch_$1.err"
     rc=$?
     echo "exit $rc"; cat "$out/compile_torch_$1.json"; tail -2 "$out/compile_torch_$1.err"
@@ -438,7 +456,7 @@ part_compile() {
 }
 part_bench() {
   if [ -f "$here/bin/gpu_compare_pytorch.py" ]; then
-    timeout "$(cap 600)" python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+    timeout -k 10 "$(cap 600)" python3 "$here/bin/gpu_compare_pytorch.py" --bin "$here/bin" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   fi
 }
 for part in $parts; do
@@ -446,9 +464,11 @@ for part in $parts; do
     echo "gpu_run.sh: no part '$part' (see the usage at the top)" >&2; exit 2
   fi
   # In a session a part starts only while 30 s of the budget are left.
+  part_end=
   if [ -n "$budget" ] && [ "$(cap 30)" -lt 30 ]; then
     echo "== $part skipped: $budget s of the session spent"; status=1; continue
   fi
+  [ -n "$budget" ] && part_end=$(($(date +%s) + $(part_share "$part")))
   echo "== part $part, at $(($(date +%s) - started)) s"
   "part_$part"
 done
