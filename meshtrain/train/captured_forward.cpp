@@ -142,9 +142,18 @@ ForwardResults CapturedForward::capture(const Batch& batch, const Run& forward, 
   if (say_ && said_.emplace("captured " + signature, true).second)
     say_(detail::concat(kPrefix, "captured ", what_, " of batch ", signature, ": ", graph->work->nodes(), " nodes, ",
                         graph->work->kept_bytes() >> 20, " MiB of its own"));
+  // Captured, not run: its first replay is this batch; a launch that fails (out of memory)
+  // ran nothing, and the forward goes back to eager.
+  try {
+    graph->work->replay();
+  } catch (const Error& e) {
+    graph.reset();
+    shape.given_up = true;
+    refuse("batch " + signature + ": " + without_graphs_prefix(e.what()));
+    return forward(batch);
+  }
   shape.graph = std::move(graph);
   ++replays_;
-  shape.graph->work->replay();  // captured, not run: its first replay is this batch
   ForwardResults out = copied(shape.graph->outputs);
   out.host_reads = host_read_count() - reads;
   out.host_uploads = host_upload_count() - uploads;

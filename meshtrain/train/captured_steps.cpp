@@ -275,10 +275,19 @@ StepResults CapturedSteps::capture(const std::vector<Batch>& micro_batches, Shap
   if (say_)
     say_(detail::concat("[cuda graphs] captured the step of batch ", signature, ": ", graph->work->nodes(),
                         " nodes, ", graph->work->kept_bytes() >> 20, " MiB of its own"));
+  // Captured, not run: its first replay is this step. Should the launch fail (the device out
+  // of memory for the graph's activations), nothing ran: the shape goes back to eager steps.
+  try {
+    graph->work->replay();
+  } catch (const Error& e) {
+    graph.reset();
+    for (const auto& [path, a] : counters) opt_state_.set(path, a);
+    shape.given_up = true;
+    refuse("the step of batch " + signature, without_graphs_prefix(e.what()), false);
+    return run_(micro_batches);
+  }
   shape.graph = std::move(graph);
-  // Captured, not run: its first replay is this step.
   ++replays_;
-  shape.graph->work->replay();
   StepResults out = copied(shape.graph->outputs);
   out.host_reads = host_read_count() - reads;
   out.host_uploads = host_upload_count() - uploads;

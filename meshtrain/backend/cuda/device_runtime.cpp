@@ -265,10 +265,13 @@ class CudaRuntime final : public DeviceRuntime {
   std::vector<DeviceSpan> stop_device_trace() const override { return cuda::stop_device_trace(); }
 
  private:
+  // The pool's reservation and the captured graphs' (graph memory is reserved apart from it).
   static size_t reserved(Context& c) {
-    uint64_t r = 0;
+    uint64_t r = 0, graphs = 0;
     if (cudaMemPoolGetAttribute(c.pool, cudaMemPoolAttrReservedMemCurrent, &r) != cudaSuccess) cudaGetLastError();
-    return size_t(r);
+    if (cudaDeviceGetGraphMemAttribute(c.device, cudaGraphMemAttrReservedMemCurrent, &graphs) != cudaSuccess)
+      cudaGetLastError();
+    return size_t(r + graphs);
   }
 };
 
@@ -301,6 +304,11 @@ void begin() {
   // call what a capture cannot hold (cudaMalloc, a synchronization).
   std::lock_guard<std::mutex> lock(c.capture_mutex);
   MT_CHECK(c.capture == nullptr, "[cuda graphs] a capture is already recording");
+  // A graph's allocations come from CUDA's graph memory, not from this pool, whose release
+  // threshold keeps every block the eager warm-up steps freed: given back first, so that the
+  // graph's activations do not need the device's memory a second time beside them.
+  if (cudaStreamSynchronize(c.stream) != cudaSuccess || cudaMemPoolTrimTo(c.pool, 0) != cudaSuccess)
+    cudaGetLastError();
   const cudaError_t e = cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     cudaGetLastError();

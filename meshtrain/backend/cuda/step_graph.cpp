@@ -37,6 +37,14 @@ std::unique_ptr<StepGraph> StepGraph::capture(const std::function<void()>& recor
     throw Error(detail::concat("[cuda graphs] cannot instantiate the captured step (", g->nodes_, " nodes): ",
                                cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
   }
+  // Its memory mapped now, where a failure (out of memory) still leaves the step to run
+  // eagerly, rather than at the first launch.
+  const cudaError_t up = cudaGraphUpload(g->exec_, stream());
+  if (up != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(detail::concat("[cuda graphs] cannot map the captured step's ", g->kept_bytes_ >> 20,
+                               " MiB and its activations: ", cudaGetErrorName(up), " (", cudaGetErrorString(up), ")"));
+  }
   return g;
 }
 
@@ -50,6 +58,10 @@ StepGraph::~StepGraph() {
   if (cudaStreamSynchronize(stream()) != cudaSuccess) cudaGetLastError();  // the last replay done
   if (exec_) cudaGraphExecDestroy(exec_);
   if (graph_) cudaGraphDestroy(graph_);
+  // Graph memory stays reserved after its graph is gone until trimmed: a recapture (a new
+  // batch shape, the eval step) would otherwise hold the old graph's activations too.
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGraphMemTrim(device);
   cudaGetLastError();  // nothing left for the next launch check
 }
 
