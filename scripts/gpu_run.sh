@@ -428,6 +428,13 @@ part_llmc() {
   if [ ! -x "$here/bin/train_gpt2cu" ]; then
     echo "== llmc skipped: train_gpt2cu not packed (bench/llmc_build.sh, then make gpu-pack)"; return
   fi
+  # Built against this machine's cuDNN 9 and cuBLASLt 13 and not packed with them: a library
+  # the GPU machine lacks is said at once, not after two runs' timeouts.
+  missing=$(ldd "$here/bin/train_gpt2cu" 2>&1 | grep "not found")
+  if [ -n "$missing" ]; then
+    echo "== llmc skipped: train_gpt2cu's libraries not found here: $missing"; status=1; return
+  fi
+  ldd "$here/bin/train_gpt2cu" | grep -E "cudnn|cublasLt" | head -3
   for r in 1 0; do
     echo "== llm.c train_gpt2cu -e d12 -b 16 -t 1024, 25 steps, recompute $r"
     # Line-buffered where stdbuf is there: a run cut short by its timeout keeps its steps.
