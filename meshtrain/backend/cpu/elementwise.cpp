@@ -7,6 +7,7 @@
 
 #include "meshtrain/backend/cpu/broadcast_iter.h"
 #include "meshtrain/backend/cpu/fast_math.h"
+#include "meshtrain/backend/cpu/own_loop.h"
 #include "meshtrain/core/element.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/parallel_grain.h"
@@ -353,9 +354,11 @@ void bias_activation(UnaryOp act, const Array& y, const Array& bias, Array& out)
     for (int64_t r = 0; r < n; ++r) {
       const T* yr = py + r * c;
       T* orow = po + r * c;
+      as_own_loop([&] {
 #pragma omp simd
-      for (int64_t i = 0; i < c; ++i)
-        orow[i] = store_f32<T>(activation_value<a>(round_to_f32<T>(load_f32(yr[i]) + b[i])));
+        for (int64_t i = 0; i < c; ++i)
+          orow[i] = store_f32<T>(activation_value<a>(round_to_f32<T>(load_f32(yr[i]) + b[i])));
+      });
     }
   });
 }

@@ -2,6 +2,7 @@
 
 #include "meshtrain/backend/cpu/cpu_features.h"
 #include "meshtrain/backend/cpu/matmul_plans.h"
+#include "meshtrain/backend/cpu/own_loop.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/element.h"
 
@@ -384,7 +385,9 @@ void matmul_bias(MatmulDType dtype, const void* a, const void* b, const void* bi
 #pragma omp parallel for schedule(static) if (M * N > grain::compute)
     for (int64_t i = 0; i < M; ++i) {
       T* row = cv + i * N;
-      for (int64_t j = 0; j < N; ++j) row[j] = store_f32<T>(load_f32(row[j]) + load_f32(bv[j]));
+      as_own_loop([&] {
+        for (int64_t j = 0; j < N; ++j) row[j] = store_f32<T>(load_f32(row[j]) + load_f32(bv[j]));
+      });
     }
   };
   if (dtype == MatmulDType::bf16) add_rows(bf16{});
