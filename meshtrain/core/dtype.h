@@ -1,4 +1,5 @@
 #pragma once
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -53,11 +54,6 @@ f16 f32_to_f16_portable(float f);
 // half zero anyway, and the subnormal halves are made from normal f32 sums). `static`: C++
 // TUs and nvcc's host code each keep their own copy.
 static inline float f16_to_f32(f16 v) {
-  auto as_f32 = [](uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  };
   const uint32_t h = v.bits;
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t em = (h & 0x7fffu) << 13;  // exponent and mantissa moved to f32's places
@@ -66,28 +62,21 @@ static inline float f16_to_f32(f16 v) {
   // inf and NaN: exponent 255; a NaN comes out quiet, its payload kept, as F16C gives it.
   const uint32_t inf_nan = (em + (224u << 23)) | ((em & 0x7fffffu) ? 0x400000u : 0u);
   // subnormal (and zero): (2^-14 + m * 2^-24) - 2^-14, exact in f32.
-  float sub_f = as_f32(em + (113u << 23)) - as_f32(113u << 23);
-  uint32_t sub;
-  std::memcpy(&sub, &sub_f, 4);
+  const uint32_t sub =
+      std::bit_cast<uint32_t>(std::bit_cast<float>(em + (113u << 23)) - std::bit_cast<float>(113u << 23));
   const uint32_t mag = exp == 0x0f800000u ? inf_nan : (exp == 0 ? sub : normal);
-  return as_f32(mag | sign);
+  return std::bit_cast<float>(mag | sign);
 }
 static inline f16 f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  u &= 0x7fffffffu;
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t u = bits & 0x7fffffffu;
   // normal halves: nearest even on the 13 dropped bits, rebias 127 -> 15 (a carry into the
   // exponent is right, up to 65520 and beyond rounding to inf).
   const uint32_t normal = (u - 0x38000000u + 0xfffu + ((u >> 13) & 1u)) >> 13;
   // subnormal halves: adding 0.5 (whose ulp is 2^-24, a half subnormal's unit) rounds |f| to
   // a count of units in the f32 adder, nearest even; 1024 units is the smallest normal half.
-  float magnitude, sum;
-  std::memcpy(&magnitude, &u, 4);
-  sum = magnitude + 0.5f;
-  uint32_t sub;
-  std::memcpy(&sub, &sum, 4);
-  sub -= 0x3f000000u;
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(u) + 0.5f) - 0x3f000000u;
   const uint32_t nan = 0x7e00u | ((u >> 13) & 0x3ffu);  // quiet, high payload bits kept
   const uint32_t r = u > 0x7f800000u ? nan : (u >= 0x477ff000u ? 0x7c00u : (u < 0x38800000u ? sub : normal));
   return f16{uint16_t(r | sign)};
