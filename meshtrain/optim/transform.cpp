@@ -302,9 +302,11 @@ void scale_in_place(Params& tree, const Array& coef) {
   // Plain arrays: one multi-tensor pass per device and dtype, each scaled in its own buffer
   // when the caller moved it in (GPT-2 Large's peak was one gradient-sized buffer higher with
   // scaled copies). Distributed ones: per tensor, as their layouts need.
+  // The coefficient on the arrays' own device (parameters may live on another than the default).
+  auto coef_on = [&](const Device& device) { return coef.device() == device ? coef : coef.to(device); };
   std::vector<TreeSlot<Array>> others;
   for (auto& group : plain_groups<Params, Array>(tree, others)) {
-    const Array scale = group.device == coef.device() ? coef : coef.to(group.device);
+    const Array scale = coef_on(group.device);
     std::vector<Array*> slots;
     for (auto& slot : group.slots) slots.push_back(slot.array);
     update_slots(slots, [&](std::vector<Array> xs) { return scale_multi_into(std::move(xs), scale); });
@@ -312,8 +314,7 @@ void scale_in_place(Params& tree, const Array& coef) {
   for (auto& slot : others) {
     Array& u = *slot.array;
     if (!u.defined() || !is_floating(u.dtype())) continue;
-    // On u's own device (parameters may live on another device than the default one).
-    const Array c = coef.device() == u.device() ? coef : coef.to(u.device());
+    const Array c = coef_on(u.device());
     if (u.dtype() != DType::f32)
       u = cast(mul(cast(u, DType::f32), c), u.dtype());
     else if (c.device().is_cuda())
