@@ -1,8 +1,10 @@
 """GLUE fine-tuning of a pretrained BERT folder side by side: `meshtrain glue` and PyTorch with
 transformers' BertForSequenceClassification on the same data, seed, optimizer and schedule
 (AdamW betas 0.9/0.999, eps 1e-6, no weight decay; linear decay from the peak learning rate
-after `--warmup-steps`; sequences padded to --max-seq-length as run_flax_glue does; the data
-reshuffled each epoch). Prints the dev metric and the wall time of each. CPU only.
+after `--warmup-steps`; sequences padded to --max-seq-length as run_flax_glue does, or with
+`--pad-to-max-length false` each batch to its longest row rounded up to a multiple of 8, as
+transformers' DataCollatorWithPadding does; the data reshuffled each epoch). Prints the dev
+metric and the wall time of each. CPU only.
 
   .venv/bin/python3 bench/glue_side_by_side.py --task mrpc [--model DIR] [--epochs 3] [--redco] ...
 
@@ -35,6 +37,7 @@ def parse_args():
     p.add_argument("--model")
     p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data", "glue"))
     p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--pad-to-max-length", choices=["true", "false"], default="true")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--epochs", type=int, default=3)
@@ -75,7 +78,10 @@ def run_pytorch(a, model_dir, train, dev):
 
     def encode(rows):
         texts = list(zip(*[r[0] for r in rows]))
-        return tok(*texts, padding="max_length", truncation=True, max_length=a.max_seq_length, return_tensors="pt")
+        if a.pad_to_max_length == "true":
+            return tok(*texts, padding="max_length", truncation=True, max_length=a.max_seq_length, return_tensors="pt")
+        return tok(*texts, padding="longest", pad_to_multiple_of=8, truncation=True, max_length=a.max_seq_length,
+                   return_tensors="pt")
 
     t0 = time.perf_counter()
     step_times = []
@@ -111,7 +117,8 @@ def run_meshtrain(a, model_dir):
     cmd = [a.meshtrain, "glue", "--model", model_dir, "--allow-new-heads", "--task", a.task, "--data-dir", a.data_dir,
            "--max-seq-length", str(a.max_seq_length), "--per-device-train-batch-size", str(a.batch_size),
            "--learning-rate", str(a.learning_rate), "--num-train-epochs", str(a.epochs), "--warmup-steps",
-           str(a.warmup_steps), "--seed", str(a.seed), "--output-dir", out, "--per-device-eval-batch-size", "64"]
+           str(a.warmup_steps), "--seed", str(a.seed), "--output-dir", out, "--per-device-eval-batch-size", "64",
+           "--pad-to-max-length", a.pad_to_max_length]
     if a.max_train_samples:
         cmd += ["--max-train-samples", str(a.max_train_samples)]
     t0 = time.perf_counter()
@@ -127,11 +134,12 @@ def run_meshtrain(a, model_dir):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         for line in f:
             m = json.loads(line)
-            if m.get("split") == "train" and "tokens_per_s" in m:
-                rates.append(m["tokens_per_s"])
+            if m.get("split") == "train" and ("tokens_per_s" in m or "examples_per_s" in m):
+                # Padded to each batch's longest row, a step's rate is in examples.
+                rates.append(m["tokens_per_s"] / a.max_seq_length if "tokens_per_s" in m else m["examples_per_s"])
     rate = sorted(rates[1:])[len(rates[1:]) // 2] if len(rates) > 1 else None
     return {"result": res, "wall_seconds": wall, "steps": len(rates),
-            "median_step_s": a.batch_size * a.max_seq_length / rate if rate else None, "peak_rss_mb": int(rss[0].split()[-1]) / 1024 if rss else None,
+            "median_step_s": a.batch_size / rate if rate else None, "peak_rss_mb": int(rss[0].split()[-1]) / 1024 if rss else None,
             "log_tail": r.stdout.strip().splitlines()[-6:]}
 
 
@@ -147,7 +155,8 @@ def main():
     if a.max_train_samples:
         train = train[:a.max_train_samples]
     torch.set_num_threads(os.cpu_count())
-    print(f"glue {a.task}: {len(train)} train / {len(dev)} dev rows, {model_dir}, seq {a.max_seq_length}, "
+    print(f"glue {a.task}: {len(train)} train / {len(dev)} dev rows, {model_dir}, seq {a.max_seq_length} "
+          f"({'fixed' if a.pad_to_max_length == 'true' else 'each batch to its longest row'}), "
           f"batch {a.batch_size}, lr {a.learning_rate}, {a.epochs} epochs, seed {a.seed}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", flush=True)
     if not a.skip_meshtrain:

@@ -33,6 +33,8 @@ struct GlueOptions {
   std::string task, model, config, tokenizer, data_dir;
   std::string train_file, validation_file;  // a user's own data instead of a GLUE task
   int64_t max_seq_length = 128;
+  bool pad_to_max_length = true;
+  int64_t pad_to_multiple_of = 8;
   double learning_rate = 5e-5;
   int64_t num_train_epochs = 3;
   int64_t max_steps = -1;
@@ -106,7 +108,12 @@ void run(const GlueOptions& o) {
            " model; glue fine-tunes BERT");
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   glue_fixed_length(*tok, o.max_seq_length);
-  train::CollateFn collate = glue_collate(tok, task, o.max_seq_length);
+  // --pad_to_max_length false: each batch as long as its longest row (rounded up), not
+  // --max-seq-length; the train batches' lengths are reported at the end.
+  const int64_t pad_multiple = o.pad_to_max_length ? 0 : o.pad_to_multiple_of;
+  auto train_lengths = std::make_shared<CollatedLengths>();
+  train::CollateFn collate = glue_collate(tok, task, o.max_seq_length, pad_multiple, train_lengths);
+  train::CollateFn eval_collate = glue_collate(tok, task, o.max_seq_length, pad_multiple);
   // Every row tokenized once, before the first step (and read back from the cache beside the
   // data on the next run), not in each batch of each epoch and evaluation.
   const std::string cache_dir =
@@ -149,6 +156,7 @@ void run(const GlueOptions& o) {
   // Moved: the trainer holds the only handles, so each step updates the parameters in place
   // and a sharded plan keeps no unsharded copy beside its shards.
   train::Trainer trainer(deployer, collate, glue_loss(model, task), std::move(model->params), opt, plan);
+  if (pad_multiple > 0) trainer.set_padded_fields(glue_padded_fields(*tok));
 
   const std::string primary = glue_primary_metric(task);
   f.per_device_eval_batch_size = o.per_device_eval_batch_size;
@@ -157,7 +165,10 @@ void run(const GlueOptions& o) {
   // the parameters stay where they are.
   std::optional<train::Predictor<double>> predictor;
   f.eval_fn = [&](const Params& p) {
-    if (!predictor) predictor.emplace(glue_predictor(deployer, *model, task, collate, f.cuda_graphs));
+    if (!predictor) {
+      predictor.emplace(glue_predictor(deployer, *model, task, eval_collate, f.cuda_graphs));
+      if (pad_multiple > 0) predictor->set_padded_fields(glue_padded_fields(*tok));
+    }
     return glue_scores(task, predictor->predict(p, eval_set, o.per_device_eval_batch_size), *eval_set);
   };
   f.save_every = o.save_steps;
@@ -166,8 +177,17 @@ void run(const GlueOptions& o) {
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), "../../model", model->config.lora());
   f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
-  f.tokens_per_example = o.max_seq_length;
+  // Padded to each batch's longest row, an example has no fixed token count: the rate is in
+  // examples per second then.
+  f.tokens_per_example = pad_multiple > 0 ? 0 : o.max_seq_length;
   train::FitResult r = trainer.fit(train_set, f);
+  if (pad_multiple > 0 && train_lengths->rows > 0) {
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(1) << "glue: train batches padded to their longest row (a multiple of "
+         << pad_multiple << "): " << train_lengths->mean() << " positions per row on average, of --max-seq-length "
+         << o.max_seq_length;
+    deployer.log(line.str());
+  }
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 
   if (o.lora.enabled()) model->params = gathered_params(trainer, deployer);  // the merge and the adapter
@@ -225,6 +245,16 @@ void add_glue_command(CLI::App& app) {
   cmd->add_option("--max-seq-length,--max_seq_length", o->max_seq_length, "tokens per example after truncation and padding")
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
+  cmd->add_option("--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                  "true: every batch is --max-seq-length long (run_flax_glue; HF run_glue's default); false: each batch "
+                  "is padded to its longest row, rounded up to --pad-to-multiple-of (HF's DataCollatorWithPadding): "
+                  "fewer positions, the same results up to rounding (with dropout on, its masks fall on other "
+                  "positions, as in PyTorch)")
+      ->capture_default_str();
+  cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
+                  "with --pad_to_max_length false: batch lengths are multiples of this (fewer shapes to capture or tune)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--learning-rate,--learning_rate", o->learning_rate, "peak learning rate")->capture_default_str();
   cmd->add_option("--num-train-epochs,--num_train_epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(positive());
   cmd->add_option("--max-steps,--max_steps", o->max_steps, "stop after this many steps (default: all epochs)");

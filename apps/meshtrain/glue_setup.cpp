@@ -1,5 +1,7 @@
 #include "apps/meshtrain/glue_setup.h"
 
+#include <algorithm>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/io/json.h"
 #include "meshtrain/models/bert.h"
@@ -72,58 +74,93 @@ void add_labels(train::Batch& b, const std::vector<data::Example>& examples, con
   }
 }
 
-// Examples tokenized ahead (glue_token_cache.h) carry their ids.
-train::Batch pretokenized_batch(const std::vector<data::Example>& examples, const data::GlueTask& task, int64_t max_len) {
-  const int64_t n = int64_t(examples.size());
+// n rows of ids, token types and mask, each `width` long, flattened.
+struct Rows {
+  int64_t n = 0, width = 0;
   std::vector<int64_t> ids, types, mask;
+};
+
+// Examples tokenized ahead (glue_token_cache.h) carry their ids.
+Rows pretokenized_rows(const std::vector<data::Example>& examples, int64_t max_len) {
+  Rows r{int64_t(examples.size()), max_len, {}, {}, {}};
   for (const data::Example& e : examples) {
     const std::vector<int64_t>& i = e.tokens("input_ids");
     MT_CHECK(int64_t(i.size()) == max_len, "[glue] a pretokenized row of ", i.size(), " ids, not ", max_len);
-    ids.insert(ids.end(), i.begin(), i.end());
+    r.ids.insert(r.ids.end(), i.begin(), i.end());
     const std::vector<int64_t>& t = e.tokens("token_type_ids");
-    types.insert(types.end(), t.begin(), t.end());
+    r.types.insert(r.types.end(), t.begin(), t.end());
     const std::vector<int64_t>& m = e.tokens("attention_mask");
-    mask.insert(mask.end(), m.begin(), m.end());
+    r.mask.insert(r.mask.end(), m.begin(), m.end());
   }
-  train::Batch b{{"input_ids", Array::from_vector(ids, {n, max_len})},
-                 {"token_type_ids", Array::from_vector(types, {n, max_len})},
-                 {"attention_mask", Array::from_vector(mask, {n, max_len})}};
-  add_labels(b, examples, task);
-  return b;
+  return r;
+}
+
+Rows encoded_rows(const tokenizers::Tokenizer& tok, const std::vector<data::Example>& examples, const data::GlueTask& task) {
+  std::vector<tokenizers::Encoding> enc;
+  if (task.text_b.empty()) {
+    std::vector<std::string> texts;
+    for (const auto& e : examples) texts.push_back(e.str("text_a"));
+    enc = tok.encode_batch(texts);
+  } else {
+    std::vector<std::pair<std::string, std::string>> pairs;
+    for (const auto& e : examples) pairs.emplace_back(e.str("text_a"), e.str("text_b"));
+    enc = tok.encode_batch(pairs);
+  }
+  Rows r{int64_t(examples.size()), int64_t(enc.at(0).ids.size()), {}, {}, {}};
+  for (const auto& e : enc) {
+    r.ids.insert(r.ids.end(), e.ids.begin(), e.ids.end());
+    r.types.insert(r.types.end(), e.type_ids.begin(), e.type_ids.end());
+    r.mask.insert(r.mask.end(), e.attention_mask.begin(), e.attention_mask.end());
+  }
+  return r;
+}
+
+// The rows cut to the longest one's last unmasked position, rounded up to `multiple` (the
+// tokenizer pads on the right: everything after that position is padding).
+void cut_to_longest(Rows& r, int64_t multiple) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < r.n; ++i)
+    for (int64_t j = r.width; j > longest; --j)
+      if (r.mask[size_t(i * r.width + j - 1)] != 0) {
+        longest = j;
+        break;
+      }
+  const int64_t width = std::min(r.width, std::max<int64_t>(1, (longest + multiple - 1) / multiple) * multiple);
+  if (width == r.width) return;
+  for (std::vector<int64_t>* v : {&r.ids, &r.types, &r.mask}) {
+    for (int64_t i = 0; i < r.n; ++i)
+      std::copy_n(v->begin() + i * r.width, width, v->begin() + i * width);
+    v->resize(size_t(r.n * width));
+  }
+  r.width = width;
 }
 
 }  // namespace
 
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
-                              int64_t max_len) {
+                              int64_t max_len, int64_t pad_multiple, std::shared_ptr<CollatedLengths> lengths) {
   MT_CHECK(tok->truncation() && tok->padding() && tok->padding()->length == size_t(max_len),
            "[glue] the tokenizer must truncate and pad to ", max_len);
-  return [tok, task, max_len](const std::vector<data::Example>& examples) {
-    const int64_t n = int64_t(examples.size());
-    if (!examples.empty() && examples[0].contains("input_ids")) return pretokenized_batch(examples, task, max_len);
-    std::vector<tokenizers::Encoding> enc;
-    if (task.text_b.empty()) {
-      std::vector<std::string> texts;
-      for (const auto& e : examples) texts.push_back(e.str("text_a"));
-      enc = tok->encode_batch(texts);
-    } else {
-      std::vector<std::pair<std::string, std::string>> pairs;
-      for (const auto& e : examples) pairs.emplace_back(e.str("text_a"), e.str("text_b"));
-      enc = tok->encode_batch(pairs);
+  MT_CHECK(pad_multiple >= 0, "[glue] pad multiple ", pad_multiple, " is negative");
+  return [tok, task, max_len, pad_multiple, lengths](const std::vector<data::Example>& examples) {
+    Rows r = !examples.empty() && examples[0].contains("input_ids") ? pretokenized_rows(examples, max_len)
+                                                                    : encoded_rows(*tok, examples, task);
+    if (pad_multiple > 0) cut_to_longest(r, pad_multiple);
+    if (lengths) {
+      lengths->rows += r.n;
+      lengths->positions += r.n * r.width;
     }
-    const int64_t t = int64_t(enc.at(0).ids.size());
-    std::vector<int64_t> ids, types, mask;
-    for (const auto& e : enc) {
-      ids.insert(ids.end(), e.ids.begin(), e.ids.end());
-      types.insert(types.end(), e.type_ids.begin(), e.type_ids.end());
-      mask.insert(mask.end(), e.attention_mask.begin(), e.attention_mask.end());
-    }
-    train::Batch b{{"input_ids", Array::from_vector(ids, {n, t})},
-                   {"token_type_ids", Array::from_vector(types, {n, t})},
-                   {"attention_mask", Array::from_vector(mask, {n, t})}};
+    train::Batch b{{"input_ids", Array::from_vector(r.ids, {r.n, r.width})},
+                   {"token_type_ids", Array::from_vector(r.types, {r.n, r.width})},
+                   {"attention_mask", Array::from_vector(r.mask, {r.n, r.width})}};
     add_labels(b, examples, task);
     return b;
   };
+}
+
+train::PaddedFields glue_padded_fields(const tokenizers::Tokenizer& tok) {
+  MT_CHECK(tok.padding(), "[glue] the tokenizer does not pad");
+  return {{"input_ids", double(tok.padding()->pad_id)}, {"token_type_ids", 0.0}, {"attention_mask", 0.0}};
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // What `glue` and `eval` share for GLUE: a BERT sequence classifier (pretrained or from a
 // small config), fixed-length pair tokenization, the loss (cross-entropy, or MSE for STS-B)
 // and dev-set predictions scored by the task's metrics.
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,11 +29,28 @@ nlohmann::json small_bert_config(const std::string& config, const data::GlueTask
 // Sets `tok` to truncate and pad (with [PAD]) every encoding to max_len, as glue_collate needs.
 void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len);
 
+// Rows and positions of the batches a collate made so far (its loader threads add to them):
+// how much padding a run computed on.
+struct CollatedLengths {
+  std::atomic<int64_t> rows{0}, positions{0};
+  double mean() const { return rows ? double(positions) / double(rows) : 0.0; }
+};
+
 // Tokenizes {"text_a", ["text_b",] "label"} examples to max_len (truncated, padded):
 // input_ids, token_type_ids, attention_mask, labels (i64, or f32 for regression). Examples
 // tokenized ahead (glue_token_cache.h) bring their ids and are not tokenized again.
+// pad_multiple 0: every batch is max_len long (run_flax_glue; HF run_glue's default
+// --pad_to_max_length); otherwise each batch is cut to its longest row rounded up to a
+// multiple of pad_multiple (at most max_len), as HF's DataCollatorWithPadding pads: the
+// positions cut held padding only, which the attention mask hides, so the results are the
+// same up to rounding, for fewer positions (dropout's masks, drawn per flat position, then
+// fall elsewhere: the same distribution, other draws). `lengths` (optional) counts what was collated.
 train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, const data::GlueTask& task,
-                              int64_t max_len);
+                              int64_t max_len, int64_t pad_multiple = 0,
+                              std::shared_ptr<CollatedLengths> lengths = nullptr);
+// The fields glue_collate pads to a batch's longest row, with their pad values (the
+// tokenizer's pad id, type 0, mask 0): for Trainer/Predictor::set_padded_fields.
+train::PaddedFields glue_padded_fields(const tokenizers::Tokenizer& tok);
 train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task);
 
 // The predictor of the task's labels (class ids or scores, as doubles); `graphs`: whether its

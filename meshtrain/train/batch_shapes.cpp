@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/ops/shape_ops.h"
 
 namespace mt::train {
 namespace {
@@ -30,6 +31,36 @@ std::string shape_text(const Array& a) {
 }
 
 }  // namespace
+
+Batch pad_to_ranks_longest(const Batch& local, const PaddedFields& fields, dist::Communicator& comm) {
+  int64_t longest = 0;
+  std::string first;
+  for (const auto& [name, value] : fields) {
+    if (!local.contains(name)) continue;
+    const Array& a = local[name];
+    MT_CHECK(a.ndim() >= 2, "[trainer] batch field '", name, "' is ", shape_text(a),
+             "; a field padded to the longest row needs a second (length) dimension");
+    MT_CHECK(first.empty() || a.dim(1) == longest, "[trainer] batch fields '", first, "' and '", name,
+             "' are padded to the longest row but have lengths ", longest, " and ", a.dim(1));
+    if (first.empty()) first = name;
+    longest = a.dim(1);
+  }
+  // Every rank joins the all-reduce, also one whose batch holds none of the fields: ranks
+  // that skipped it would wait for each other in the step's collectives.
+  if (comm.size() > 1) comm.all_reduce(&longest, 1, DType::i64, dist::ReduceOp::max);
+  Batch out;
+  for (const auto& [name, a] : local) {
+    const auto pad = fields.find(name);
+    if (pad == fields.end() || a.dim(1) == longest) {
+      out.set(name, a);
+      continue;
+    }
+    Shape extra = a.shape();
+    extra[1] = longest - a.dim(1);
+    out.set(name, concatenate({a, Array::full(extra, pad->second, a.dtype(), a.device())}, 1));
+  }
+  return out;
+}
 
 void check_same_batch_shapes(const Batch& local, dist::Communicator& comm) {
   if (comm.size() == 1) return;

@@ -5,10 +5,25 @@
 // lengths would issue mismatched collectives, fail deep inside MPI, or silently disagree.
 // The Trainer checks each batch before its step with one 8-byte all-gather on the host (no
 // array data is read) and reports a mismatch on every rank, naming the field and the shapes.
+#include <map>
+#include <string>
+
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/train/deployer.h"
 
 namespace mt::train {
+
+// Fields that a collate pads only to its own slice's longest row (dynamic padding, as HF's
+// DataCollatorWithPadding does), each with the value that pads it (a pad token id, 0 for a
+// mask). Every rank collates its own slice of the global batch, so two ranks' slices may come
+// out of different lengths; before a step they are padded along axis 1 to the longest.
+using PaddedFields = std::map<std::string, double>;
+
+// Collective over `comm` (one 8-byte all-reduce): `local` with each of `fields` it holds
+// padded along axis 1 to the longest such length on any rank. Padding adds masked positions
+// only, so the step's results are those of the ranks' own lengths. Throws mt::Error naming a
+// field that is not at least two-dimensional, or two fields of `local` of different lengths.
+Batch pad_to_ranks_longest(const Batch& local, const PaddedFields& fields, dist::Communicator& comm);
 
 // Collective over `comm`: returns when all ranks' `local` batches agree; otherwise throws
 // mt::Error on every rank ("[trainer] batch field 'labels' is (1, 6) on rank 0 but (1, 4) on

@@ -40,6 +40,9 @@ class Predictor {
   // and runs the others eagerly, silently; on stops with the reason one cannot.
   // (predict() captures anew when the mode it derives from this changes.)
   void set_cuda_graphs(CudaGraphs mode) { graphs_ = mode; }
+  // Batch fields the collate pads only to its own slice's longest row (batch_shapes.h): with
+  // several data ranks they are padded to the ranks' longest before each batch.
+  void set_padded_fields(PaddedFields fields) { padded_fields_ = std::move(fields); }
   // Batches replayed from a captured graph so far.
   int64_t captured_replays() const { return captured_ ? captured_->replays() : 0; }
 
@@ -97,7 +100,10 @@ class Predictor {
       out.insert(out.end(), items.begin(), items.begin() + real);
     };
     while (auto b = loader.next()) {
-      in_flight.push_back(captured_->run(deployer_.shard_batch(b->data), compute, forward));
+      const Batch local = deployer_.data_size() > 1 && !padded_fields_.empty()
+                              ? pad_to_ranks_longest(b->data, padded_fields_, deployer_.mesh().comm())
+                              : b->data;
+      in_flight.push_back(captured_->run(deployer_.shard_batch(local), compute, forward));
       if (in_flight.size() >= kInFlight) read_oldest();
     }
     while (!in_flight.empty()) read_oldest();
@@ -112,6 +118,7 @@ class Predictor {
   PredFn pred_;
   OutputFn output_;
   CudaGraphs graphs_ = CudaGraphs::automatic;
+  PaddedFields padded_fields_;
   std::unique_ptr<CapturedForward> captured_;  // made at the first prediction
   CudaGraphs captured_mode_ = CudaGraphs::off;
   std::string captured_why_not_;

@@ -41,10 +41,13 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-// A batch the step reduces over the data axis: the ranks' slices must agree in shape first.
-static Batch checked_shard(const Deployer& deployer, const Batch& local) {
-  if (deployer.data_size() > 1) check_same_batch_shapes(local, deployer.mesh().comm());
-  return deployer.shard_batch(local);
+// A batch the step reduces over the data axis: the ranks' slices must agree in shape first
+// (those padded to their own longest row are padded to the ranks' longest).
+static Batch checked_shard(const Deployer& deployer, const Batch& local, const PaddedFields& padded) {
+  if (deployer.data_size() == 1) return local;
+  const Batch agreed = padded.empty() ? local : pad_to_ranks_longest(local, padded, deployer.mesh().comm());
+  check_same_batch_shapes(agreed, deployer.mesh().comm());
+  return deployer.shard_batch(agreed);
 }
 
 namespace {
@@ -471,7 +474,7 @@ std::map<std::string, double> Trainer::eval_metrics(std::shared_ptr<const data::
   };
   if (whole > 0) {
     data::DataLoader<Batch> loader(dataset, data::IndexSampler(n, so), collate_, 1);
-    while (auto b = loader.next()) add_batch(checked_shard(deployer_, b->data), double(so.batch_size), sharded_sum);
+    while (auto b = loader.next()) add_batch(checked_shard(deployer_, b->data, padded_fields_), double(so.batch_size), sharded_sum);
   }
   if (whole < n) {
     data::SamplerOptions tail = so;
@@ -577,7 +580,7 @@ void Trainer::dry_run_step(data::DataLoader<Batch>& loader, const FitOptions& o)
   for (int m = 0; m < o.grad_accum_steps; ++m) {
     std::optional<data::LoadedBatch<Batch>> b = loader.next();
     MT_CHECK(b.has_value(), "[trainer] the dry run found no batch to step on");
-    micro.push_back(checked_shard(deployer_, b->data));
+    micro.push_back(checked_shard(deployer_, b->data, padded_fields_));
   }
   double trained_elements = 0;
   for (const auto& [path, p] : params_)
@@ -792,7 +795,7 @@ FitResult Trainer::fit(std::shared_ptr<const data::Dataset> train, const FitOpti
       }
       if (!b) break;
       trace::Span span("data", "batch_assembly");
-      micro.push_back(checked_shard(deployer_, b->data));
+      micro.push_back(checked_shard(deployer_, b->data, padded_fields_));
     }
     if (int(micro.size()) < o.grad_accum_steps) break;  // the data ran out mid-accumulation
     // The optimizer's own step count, which a step skipped on an f16 overflow does not advance

@@ -23,6 +23,7 @@
 #include "meshtrain/train/deployer.h"
 #include "meshtrain/train/async_metric_writer.h"
 #include "meshtrain/train/background_checkpoints.h"
+#include "meshtrain/train/batch_shapes.h"
 #include "meshtrain/train/captured_forward.h"
 #include "meshtrain/train/captured_steps.h"
 #include "meshtrain/train/step_metrics.h"
@@ -183,6 +184,9 @@ class Trainer {
   // The scaler of the default steps (null until a step ran under a loss-scaled precision or a
   // checkpoint restored one): its scale, growth tracker and skipped steps.
   const optim::LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  // Batch fields the collate pads only to its own slice's longest row (batch_shapes.h): with
+  // several data ranks they are padded to the ranks' longest before each step.
+  void set_padded_fields(PaddedFields fields) { padded_fields_ = std::move(fields); }
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
   // Runs `rollout` on each step's micro-batches first (see RolloutFn).
@@ -307,6 +311,7 @@ class Trainer {
   std::unique_ptr<BackgroundCheckpoints> checkpoints_;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
+  PaddedFields padded_fields_;
   RolloutFn rollout_;
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
   AsyncMetricWriter* active_writer_ = nullptr;

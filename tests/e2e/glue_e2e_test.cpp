@@ -23,6 +23,43 @@ namespace fs = std::filesystem;
 const std::string kGlue = std::string(MT_DATA_DIR) + "/glue";
 const std::string kVocab = std::string(MT_DATA_DIR) + "/tokenizers/bert-base-uncased-vocab.txt";
 
+// The "epoch N | ..." lines of a run's output.
+std::vector<std::string> epoch_lines(const std::string& out) {
+  std::vector<std::string> lines;
+  for (size_t p = out.find("epoch "); p != std::string::npos; p = out.find("epoch ", p + 1))
+    if (p == 0 || out[p - 1] == '\n') lines.push_back(out.substr(p, out.find('\n', p) - p));
+  return lines;
+}
+
+// Word by word: the same names, and numbers within what another summation order can change
+// (the shards' GEMMs have other shapes): losses by 2e-3, accuracy by one of `eval_rows` eval
+// examples at a near tie.
+void expect_close_lines(const std::vector<std::string>& got, const std::vector<std::string>& want, const char* run,
+                        int eval_rows) {
+  ASSERT_EQ(got.size(), want.size()) << run;
+  for (size_t l = 0; l < want.size(); ++l) {
+    std::istringstream g(got[l]), w(want[l]);
+    std::string gw, ww, name;
+    double max_err = 0;
+    while (w >> ww) {
+      ASSERT_TRUE(bool(g >> gw)) << run << ": '" << got[l] << "' ends before '" << want[l] << "'";
+      char* end = nullptr;
+      const double wv = std::strtod(ww.c_str(), &end);
+      if (*end != '\0' || ww == "|") {
+        EXPECT_EQ(gw, ww) << run << ": '" << got[l] << "' vs '" << want[l] << "'";
+        name = ww;
+        continue;
+      }
+      const double gv = std::strtod(gw.c_str(), nullptr);
+      max_err = std::max(max_err, std::abs(gv - wv));
+      EXPECT_NEAR(gv, wv, name == "accuracy" ? 1.0 / eval_rows + 1e-6 : 2e-3)
+          << run << " " << name << ": '" << got[l] << "' vs '" << want[l] << "'";
+    }
+    EXPECT_FALSE(bool(g >> gw)) << run << ": '" << got[l] << "' is longer than '" << want[l] << "'";
+    std::cout << "  [max err] " << run << " epoch line " << l + 1 << ": " << max_err << "\n";
+  }
+}
+
 class GlueE2E : public TempDir {
  protected:
   nlohmann::json run_task(const std::string& task, const std::string& extra) {
@@ -107,12 +144,6 @@ TEST_F(GlueE2E, RteOnTwoProcessesMatchesOne) {
   const std::string common = "glue --task rte --config small --tokenizer " + kVocab + " --data-dir " + kGlue +
                              " --max-seq-length 32 --max-train-samples 64 --max-eval-samples 32 --num-train-epochs 2"
                              " --learning-rate 1e-3 --per-device-eval-batch-size 4 ";
-  auto epoch_lines = [](const std::string& out) {
-    std::vector<std::string> lines;
-    for (size_t p = out.find("epoch "); p != std::string::npos; p = out.find("epoch ", p + 1))
-      if (p == 0 || out[p - 1] == '\n') lines.push_back(out.substr(p, out.find('\n', p) - p));
-    return lines;
-  };
   CliRun one = run_cli(common + "--per-device-train-batch-size 8 --output-dir " + (dir_ / "one").string());
   CliRun tp = run_cli_mpi(2, common + "--per-device-train-batch-size 8 --model-shards 2 --output-dir " + (dir_ / "tp").string());
   CliRun dp = run_cli_mpi(2, common + "--per-device-train-batch-size 4 --mesh data=2 --output-dir " + (dir_ / "dp").string());
@@ -121,34 +152,44 @@ TEST_F(GlueE2E, RteOnTwoProcessesMatchesOne) {
   ASSERT_EQ(dp.code, 0);
   std::vector<std::string> a = epoch_lines(one.out);
   ASSERT_EQ(a.size(), 2u);
-  // Word by word: the same names, and numbers within what another summation order can
-  // change (the shards' GEMMs have other shapes): losses by 2e-3, accuracy by one of the
-  // 32 eval examples at a near tie.
-  auto expect_close_lines = [](const std::vector<std::string>& got, const std::vector<std::string>& want, const char* run) {
-    ASSERT_EQ(got.size(), want.size()) << run;
-    for (size_t l = 0; l < want.size(); ++l) {
-      std::istringstream g(got[l]), w(want[l]);
-      std::string gw, ww, name;
-      double max_err = 0;
-      while (w >> ww) {
-        ASSERT_TRUE(bool(g >> gw)) << run << ": '" << got[l] << "' ends before '" << want[l] << "'";
-        char* end = nullptr;
-        const double wv = std::strtod(ww.c_str(), &end);
-        if (*end != '\0' || ww == "|") {
-          EXPECT_EQ(gw, ww) << run << ": '" << got[l] << "' vs '" << want[l] << "'";
-          name = ww;
-          continue;
-        }
-        const double gv = std::strtod(gw.c_str(), nullptr);
-        max_err = std::max(max_err, std::abs(gv - wv));
-        EXPECT_NEAR(gv, wv, name == "accuracy" ? 1.0 / 32 + 1e-6 : 2e-3) << run << " " << name << ": '" << got[l] << "' vs '" << want[l] << "'";
-      }
-      EXPECT_FALSE(bool(g >> gw)) << run << ": '" << got[l] << "' is longer than '" << want[l] << "'";
-      std::cout << "  [max err] " << run << " epoch line " << l + 1 << " vs 1 process: " << max_err << "\n";
-    }
-  };
-  expect_close_lines(epoch_lines(tp.out), a, "model=2");
-  expect_close_lines(epoch_lines(dp.out), a, "data=2");
+  expect_close_lines(epoch_lines(tp.out), a, "model=2 vs 1 process", 32);
+  expect_close_lines(epoch_lines(dp.out), a, "data=2 vs 1 process", 32);
+}
+
+// --pad_to_max_length false: each batch cut to its longest row (SST-2's sentences are short)
+// gives the fixed-length run's losses and accuracy, on one process and on two data ranks,
+// whose slices come out of different lengths and are padded to the longer before each step.
+// Dropout is off: its masks are drawn over flat positions, which a shorter batch renumbers.
+TEST_F(GlueE2E, Sst2PaddedToEachBatchsLongestRowMatchesFixedLength) {
+  const fs::path config = dir_ / "no_dropout.json";
+  std::ofstream(config) << R"({"vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "intermediate_size": 128, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})";
+  const std::string common = "glue --task sst2 --config " + config.string() + " --tokenizer " + kVocab + " --data-dir " +
+                             kGlue + " --max-seq-length 128 --max-train-samples 320 --max-eval-samples 64 "
+                             "--num-train-epochs 2 --learning-rate 1e-3 --per-device-eval-batch-size 4 ";
+  CliRun fixed = run_cli(common + "--per-device-train-batch-size 16 --output-dir " + (dir_ / "fixed").string());
+  CliRun cut = run_cli(common + "--per-device-train-batch-size 16 --pad_to_max_length false --output-dir " +
+                       (dir_ / "cut").string());
+  CliRun dp = run_cli_mpi(2, common + "--per-device-train-batch-size 8 --mesh data=2 --pad-to-max-length false "
+                                      "--pad-to-multiple-of 16 --output-dir " + (dir_ / "dp").string());
+  ASSERT_EQ(fixed.code, 0) << fixed.out;
+  ASSERT_EQ(cut.code, 0) << cut.out;
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  const std::vector<std::string> a = epoch_lines(fixed.out);
+  ASSERT_EQ(a.size(), 2u);
+  expect_close_lines(epoch_lines(cut.out), a, "cut to the longest row vs 128", 64);
+  expect_close_lines(epoch_lines(dp.out), a, "cut, data=2 vs 128 on 1 process", 64);
+  // The batches were shorter: the run says how long they were on average.
+  for (const CliRun* r : {&cut, &dp}) {
+    const size_t p = r->out.find("glue: train batches padded to their longest row (a multiple of ");
+    ASSERT_NE(p, std::string::npos) << r->out;
+    const size_t colon = r->out.find("): ", p);
+    const double mean = std::stod(r->out.substr(colon + 3));
+    std::cout << "  mean positions per row " << mean << " of 128\n";
+    EXPECT_GT(mean, 8.0);
+    EXPECT_LT(mean, 80.0);
+  }
+  EXPECT_EQ(fixed.out.find("glue: train batches padded"), std::string::npos);
 }
 
 }  // namespace
