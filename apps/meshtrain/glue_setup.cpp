@@ -158,9 +158,9 @@ train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, 
   };
 }
 
-train::PaddedFields glue_padded_fields(const tokenizers::Tokenizer& tok) {
+std::vector<train::PaddedFields> glue_padded_fields(const tokenizers::Tokenizer& tok) {
   MT_CHECK(tok.padding(), "[glue] the tokenizer does not pad");
-  return {{"input_ids", double(tok.padding()->pad_id)}, {"token_type_ids", 0.0}, {"attention_mask", 0.0}};
+  return {{{"input_ids", double(tok.padding()->pad_id)}, {"token_type_ids", 0.0}, {"attention_mask", 0.0}}};
 }
 
 namespace {

@@ -50,7 +50,7 @@ train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, 
                               std::shared_ptr<CollatedLengths> lengths = nullptr);
 // The fields glue_collate pads to a batch's longest row, with their pad values (the
 // tokenizer's pad id, type 0, mask 0): for Trainer/Predictor::set_padded_fields.
-train::PaddedFields glue_padded_fields(const tokenizers::Tokenizer& tok);
+std::vector<train::PaddedFields> glue_padded_fields(const tokenizers::Tokenizer& tok);
 train::LossFn glue_loss(std::shared_ptr<const models::PretrainedModel> model, const data::GlueTask& task);
 
 // The predictor of the task's labels (class ids or scores, as doubles); `graphs`: whether its

@@ -32,32 +32,36 @@ std::string shape_text(const Array& a) {
 
 }  // namespace
 
-Batch pad_to_ranks_longest(const Batch& local, const PaddedFields& fields, dist::Communicator& comm) {
-  int64_t longest = 0;
-  std::string first;
-  for (const auto& [name, value] : fields) {
-    if (!local.contains(name)) continue;
-    const Array& a = local[name];
-    MT_CHECK(a.ndim() >= 2, "[trainer] batch field '", name, "' is ", shape_text(a),
-             "; a field padded to the longest row needs a second (length) dimension");
-    MT_CHECK(first.empty() || a.dim(1) == longest, "[trainer] batch fields '", first, "' and '", name,
-             "' are padded to the longest row but have lengths ", longest, " and ", a.dim(1));
-    if (first.empty()) first = name;
-    longest = a.dim(1);
+Batch pad_to_ranks_longest(const Batch& local, const std::vector<PaddedFields>& groups, dist::Communicator& comm) {
+  std::vector<int64_t> longest(groups.size(), 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::string first;
+    for (const auto& [name, value] : groups[g]) {
+      if (!local.contains(name)) continue;
+      const Array& a = local[name];
+      MT_CHECK(a.ndim() >= 2, "[trainer] batch field '", name, "' is ", shape_text(a),
+               "; a field padded to the longest row needs a second (length) dimension");
+      MT_CHECK(first.empty() || a.dim(1) == longest[g], "[trainer] batch fields '", first, "' and '", name,
+               "' are padded to one longest row but have lengths ", longest[g], " and ", a.dim(1));
+      if (first.empty()) first = name;
+      longest[g] = a.dim(1);
+    }
   }
   // Every rank joins the all-reduce, also one whose batch holds none of the fields: ranks
   // that skipped it would wait for each other in the step's collectives.
-  if (comm.size() > 1) comm.all_reduce(&longest, 1, DType::i64, dist::ReduceOp::max);
+  if (comm.size() > 1 && !longest.empty())
+    comm.all_reduce(longest.data(), int64_t(longest.size()), DType::i64, dist::ReduceOp::max);
   Batch out;
   for (const auto& [name, a] : local) {
-    const auto pad = fields.find(name);
-    if (pad == fields.end() || a.dim(1) == longest) {
-      out.set(name, a);
-      continue;
+    Array padded = a;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto pad = groups[g].find(name);
+      if (pad == groups[g].end() || a.dim(1) == longest[g]) continue;
+      Shape extra = a.shape();
+      extra[1] = longest[g] - a.dim(1);
+      padded = concatenate({a, Array::full(extra, pad->second, a.dtype(), a.device())}, 1);
     }
-    Shape extra = a.shape();
-    extra[1] = longest - a.dim(1);
-    out.set(name, concatenate({a, Array::full(extra, pad->second, a.dtype(), a.device())}, 1));
+    out.set(name, padded);
   }
   return out;
 }
@@ -78,7 +82,8 @@ void check_same_batch_shapes(const Batch& local, dist::Communicator& comm) {
   for (const auto& [name, a] : local) fields += (fields.empty() ? "" : ", ") + name + " " + shape_text(a);
   throw Error(detail::concat("[trainer] the batch differs between ranks: rank ", comm.rank(), " collated {", fields,
                              "} but rank ", other, "'s fields, dtypes or shapes differ. Every rank's collate must give "
-                             "the same shapes (pad to a fixed length, not to the longest row of its own slice)"));
+                             "the same shapes: pad to a fixed length, or name the fields padded to their slice's longest row "
+                             "(Trainer::set_padded_fields; padded_fields= in Python) so that the ranks pad them alike"));
 }
 
 }  // namespace mt::train

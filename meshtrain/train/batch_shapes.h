@@ -7,6 +7,7 @@
 // array data is read) and reports a mismatch on every rank, naming the field and the shapes.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "meshtrain/distributed/communicator.h"
 #include "meshtrain/train/deployer.h"
@@ -15,15 +16,18 @@ namespace mt::train {
 
 // Fields that a collate pads only to its own slice's longest row (dynamic padding, as HF's
 // DataCollatorWithPadding does), each with the value that pads it (a pad token id, 0 for a
-// mask). Every rank collates its own slice of the global batch, so two ranks' slices may come
-// out of different lengths; before a step they are padded along axis 1 to the longest.
+// mask, -100 for labels): one group of fields that share a length (a seq2seq batch has two,
+// its sources' and its targets'). Every rank collates its own slice of the global batch, so
+// two ranks' slices may come out of different lengths; before a step they are padded along
+// axis 1 to the longest.
 using PaddedFields = std::map<std::string, double>;
 
-// Collective over `comm` (one 8-byte all-reduce): `local` with each of `fields` it holds
-// padded along axis 1 to the longest such length on any rank. Padding adds masked positions
-// only, so the step's results are those of the ranks' own lengths. Throws mt::Error naming a
-// field that is not at least two-dimensional, or two fields of `local` of different lengths.
-Batch pad_to_ranks_longest(const Batch& local, const PaddedFields& fields, dist::Communicator& comm);
+// Collective over `comm` (one all-reduce of a length per group): `local` with the fields of
+// each group it holds padded along axis 1 to the group's longest length on any rank. Padding
+// adds masked positions only, so the step's results are those of the ranks' own lengths.
+// Throws mt::Error naming a field that is not at least two-dimensional, or two fields of one
+// group of different lengths.
+Batch pad_to_ranks_longest(const Batch& local, const std::vector<PaddedFields>& groups, dist::Communicator& comm);
 
 // Collective over `comm`: returns when all ranks' `local` batches agree; otherwise throws
 // mt::Error on every rank ("[trainer] batch field 'labels' is (1, 6) on rank 0 but (1, 4) on

@@ -42,7 +42,7 @@ class Predictor {
   void set_cuda_graphs(CudaGraphs mode) { graphs_ = mode; }
   // Batch fields the collate pads only to its own slice's longest row (batch_shapes.h): with
   // several data ranks they are padded to the ranks' longest before each batch.
-  void set_padded_fields(PaddedFields fields) { padded_fields_ = std::move(fields); }
+  void set_padded_fields(std::vector<PaddedFields> groups) { padded_fields_ = std::move(groups); }
   // Batches replayed from a captured graph so far.
   int64_t captured_replays() const { return captured_ ? captured_->replays() : 0; }
 
@@ -118,7 +118,7 @@ class Predictor {
   PredFn pred_;
   OutputFn output_;
   CudaGraphs graphs_ = CudaGraphs::automatic;
-  PaddedFields padded_fields_;
+  std::vector<PaddedFields> padded_fields_;
   std::unique_ptr<CapturedForward> captured_;  // made at the first prediction
   CudaGraphs captured_mode_ = CudaGraphs::off;
   std::string captured_why_not_;

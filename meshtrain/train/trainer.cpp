@@ -43,7 +43,7 @@ namespace fs = std::filesystem;
 
 // A batch the step reduces over the data axis: the ranks' slices must agree in shape first
 // (those padded to their own longest row are padded to the ranks' longest).
-static Batch checked_shard(const Deployer& deployer, const Batch& local, const PaddedFields& padded) {
+static Batch checked_shard(const Deployer& deployer, const Batch& local, const std::vector<PaddedFields>& padded) {
   if (deployer.data_size() == 1) return local;
   const Batch agreed = padded.empty() ? local : pad_to_ranks_longest(local, padded, deployer.mesh().comm());
   check_same_batch_shapes(agreed, deployer.mesh().comm());

@@ -186,7 +186,7 @@ class Trainer {
   const optim::LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   // Batch fields the collate pads only to its own slice's longest row (batch_shapes.h): with
   // several data ranks they are padded to the ranks' longest before each step.
-  void set_padded_fields(PaddedFields fields) { padded_fields_ = std::move(fields); }
+  void set_padded_fields(std::vector<PaddedFields> groups) { padded_fields_ = std::move(groups); }
   // Replaces the default optimizer step (see TrainStepFn).
   void set_train_step(TrainStepFn step) { custom_step_ = std::move(step); }
   // Runs `rollout` on each step's micro-batches first (see RolloutFn).
@@ -311,7 +311,7 @@ class Trainer {
   std::unique_ptr<BackgroundCheckpoints> checkpoints_;
   std::optional<ShardingPlan> plan_;
   TrainStepFn custom_step_;
-  PaddedFields padded_fields_;
+  std::vector<PaddedFields> padded_fields_;
   RolloutFn rollout_;
   ProgressBar* active_bar_ = nullptr;  // set while fit runs
   AsyncMetricWriter* active_writer_ = nullptr;
