@@ -130,7 +130,7 @@ void run(const Seq2SeqOptions& o) {
   const models::Seq2SeqLm lm = model->seq2seq_lm();
   train::Seq2SeqTokens t{lm.pad_token_id, lm.eos_token_id, lm.decoder_start_token_id, o.max_source_length,
                          o.max_target_length, o.source_prefix};
-  t.pad_to_max_length = o.pad_to_max_length || deployer.data_size() > 1;  // the ranks' slices must agree in shape
+  t.pad_to_max_length = o.pad_to_max_length;
   const Pairs train_pairs = read_pairs(o.data, o), eval_pairs = read_pairs(o.eval_data, o);
   auto train_set = tokenize_pairs(train_pairs, *tok, t), eval_set = tokenize_pairs(eval_pairs, *tok, t);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
@@ -162,6 +162,8 @@ void run(const Seq2SeqOptions& o) {
   train::CollateFn collate = train::seq2seq_collate(t);
   // Moved: the trainer holds the only handles (updates in place; no unsharded copy kept).
   train::Trainer trainer(deployer, collate, train::seq2seq_loss_fn(frozen_model), std::move(model->params), opt, plan);
+  // Data ranks' slices, each padded to its own longest rows, are padded to the ranks' longest.
+  if (!t.pad_to_max_length) trainer.set_padded_fields(train::seq2seq_padded_fields(t));
 
   models::GenerationConfig g;
   g.max_new_tokens = o.max_target_length;
@@ -170,6 +172,7 @@ void run(const Seq2SeqOptions& o) {
   train::Predictor<std::vector<int64_t>> predictor(
       deployer, collate, train::seq2seq_predict_fn(frozen_model, g, tok->vocab_size()),
       [](const train::Batch& host) { return train::unpack_token_rows(host["tokens"]); });
+  if (!t.pad_to_max_length) predictor.set_padded_fields(train::seq2seq_padded_fields(t));
   std::vector<std::string> last_predictions;
   // The targets' ids as the model should produce them: the eval rows' labels without the
   // end token.
@@ -237,8 +240,8 @@ void add_seq2seq_command(CLI::App& app) {
   cmd->add_option("--target-field", o->target_field, "JSONL key of the target text")->capture_default_str();
   cmd->add_option("--source-prefix", o->source_prefix, "prepended to each source (e.g. \"summarize: \")");
   cmd->add_flag("--pad-to-max-length", o->pad_to_max_length,
-                "pad every batch to --max-source-length and --max-target-length, not to its longest rows (always "
-                "on with more than one data-parallel rank, whose batches must agree in shape)");
+                "pad every batch to --max-source-length and --max-target-length, not to its longest rows (data "
+                "ranks then pad their slices to the ranks' longest)");
   cmd->add_option("--max-source-length", o->max_source_length, "source tokens kept (with the end token)")
       ->capture_default_str()->check(positive());
   cmd->add_option("--max-target-length", o->max_target_length, "target tokens kept, and generated at most")

@@ -58,6 +58,11 @@ CollateFn seq2seq_collate(const Seq2SeqTokens& t) {
   };
 }
 
+std::vector<PaddedFields> seq2seq_padded_fields(const Seq2SeqTokens& t) {
+  const double pad = double(t.pad_id);
+  return {{{"input_ids", pad}, {"attention_mask", 0.0}}, {{"decoder_input_ids", pad}, {"labels", -100.0}}};
+}
+
 LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {
   return [model](const Params& p, const Batch& b, const RngKey& key, bool train) {
     const models::Seq2SeqInputs in{.input_ids = b["input_ids"], .attention_mask = b["attention_mask"],

@@ -25,8 +25,8 @@ struct Seq2SeqTokens {
   int64_t pad_id = 0, eos_id = 1, decoder_start_id = 0;
   int64_t max_source_length = 128, max_target_length = 64;
   std::string source_prefix;  // prepended to every source ("summarize: " for T5)
-  // Every batch max_source_length x max_target_length wide, instead of its longest rows: needed
-  // where data-parallel ranks collate their slices apart (train/batch_shapes.h).
+  // Every batch max_source_length x max_target_length wide, instead of its longest rows (data
+  // ranks, which collate their slices apart, are padded alike by seq2seq_padded_fields).
   bool pad_to_max_length = false;
 };
 
@@ -41,6 +41,10 @@ data::Example seq2seq_example(const tokenizers::Tokenizer& tok, const std::strin
 
 // Batch {input_ids (B, S), attention_mask (B, S), decoder_input_ids (B, T), labels (B, T)}.
 CollateFn seq2seq_collate(const Seq2SeqTokens& t);
+// The fields seq2seq_collate pads to the batch's longest rows, in their two length groups
+// (sources: pad id, mask 0; targets: pad id, label -100): for Trainer/Predictor::set_padded_fields,
+// so that data ranks whose slices came out of different lengths agree before a step.
+std::vector<PaddedFields> seq2seq_padded_fields(const Seq2SeqTokens& t);
 
 // Mean cross-entropy of the model's teacher-forced logits against the labels.
 LossFn seq2seq_loss_fn(std::shared_ptr<const models::PretrainedModel> model);

@@ -229,9 +229,10 @@ TEST_F(Seq2SeqE2E, T5OnTwoModelShards) {
 }
 
 // Data-parallel ranks collate their slices apart, and rows of 3 to 5 words make slices of
-// different lengths: the command pads every batch to the maximum lengths on more than one
-// rank, so the ranks agree in shape and take the steps of one process padding alike
-// (--pad-to-max-length: the dropout masks follow the padded shape).
+// different lengths: before each step the ranks pad their sources and targets to the longest
+// among them (train/batch_shapes.h), which is the global batch's longest, so they take the
+// steps of one process padding its batch to its longest rows (dropout included: its masks
+// follow the padded shape, the same on both).
 TEST_F(Seq2SeqE2E, DataParallelRanksTakeTheOneProcessSteps) {
   auto command = [&](const fs::path& out, int per_device_batch) {
     return "seq2seq --config small-bart --tokenizer " + vocab_ + " --data " + train_ + " --eval-data " + dev_ +
@@ -239,7 +240,7 @@ TEST_F(Seq2SeqE2E, DataParallelRanksTakeTheOneProcessSteps) {
            std::to_string(per_device_batch) + " --max-source-length 8 --max-target-length 8 --num-beams 1"
            " --learning-rate 2e-3 --output-dir " + out.string();
   };
-  ASSERT_EQ(run_cli(command(dir_ / "one", 16) + " --pad-to-max-length").code, 0);
+  ASSERT_EQ(run_cli(command(dir_ / "one", 16)).code, 0);
   const CliRun two = run_cli_mpi(2, command(dir_ / "two", 8) + " --mesh data=2");
   ASSERT_EQ(two.code, 0) << two.out;
   const auto a = train_losses(dir_ / "one"), b = train_losses(dir_ / "two");
