@@ -418,6 +418,17 @@ Deployer.sharding_rules = sharding_rules
 Deployer.print_plan = _print_plan
 
 
+def _padded_field_groups(padded_fields):
+    """None, {field: pad value} or a list of such dicts -> a list of {str: float} groups."""
+    if padded_fields is None:
+        return []
+    groups = [padded_fields] if isinstance(padded_fields, dict) else list(padded_fields)
+    for g in groups:
+        if not isinstance(g, dict):
+            raise TypeError(f"padded_fields: expected a dict of field -> pad value or a list of them, got {g!r}")
+    return [{str(k): float(v) for k, v in g.items()} for g in groups]
+
+
 class Trainer:
     """Trains params (a pytree) with the C++ Trainer over Python functions, as Redco's:
 
@@ -430,10 +441,16 @@ class Trainer:
 
     precision: "f32", "tf32", "bf16" (f32 master weights, bf16 activations), "f16" (the same
     in half, with the loss scaled: loss_scale "dynamic" or a fixed number, the dynamic scale
-    doubling after loss_scale_window finite steps) or "bf16-matmul", as the CLI's --precision."""
+    doubling after loss_scale_window finite steps) or "bf16-matmul", as the CLI's --precision.
+
+    padded_fields: the batch fields collate_fn pads only to its rows' longest (padding="longest"),
+    each with its pad value, e.g. {"input_ids": 0, "attention_mask": 0, "labels": -100}; or a
+    list of such dicts, one per length the fields share (sources and targets). Each data rank
+    collates its own slice, so the ranks pad these along axis 1 to the longest among them
+    before each step; without them their shapes must agree."""
 
     def __init__(self, deployer, collate_fn, loss_fn, params, optimizer, sharding_rules=None, precision="f32",
-                 loss_scale="dynamic", loss_scale_window=2000):
+                 loss_scale="dynamic", loss_scale_window=2000, padded_fields=None):
         leaves, self._spec = tree_flatten(params)
         spec = self._spec
 
@@ -442,6 +459,7 @@ class Trainer:
 
         self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer, sharding_rules, precision,
                                        loss_scale, int(loss_scale_window))
+        self._trainer._set_padded_fields(_padded_field_groups(padded_fields))
 
     def fit(self, examples, per_device_batch_size=8, epochs=1, max_steps=-1, eval_examples=None, eval_every=0,
             save_every=0, resume=False, shuffle=True, grad_accum_steps=1, progress=True):
@@ -477,9 +495,9 @@ class Predictor:
 
     predict(examples, params, per_device_batch_size) returns the outputs in the examples'
     order (the last batch's padding dropped). precision as the Trainer's (the parameters are
-    cast once per call under bf16 and f16)."""
+    cast once per call under bf16 and f16); padded_fields as the Trainer's."""
 
-    def __init__(self, deployer, collate_fn, pred_fn, output_fn, precision="f32"):
+    def __init__(self, deployer, collate_fn, pred_fn, output_fn, precision="f32", padded_fields=None):
         self._pred_fn = pred_fn
         self._spec = None
 
@@ -487,6 +505,7 @@ class Predictor:
             return pred_fn(_unflatten(self._spec, flat), batch)
 
         self._predictor = _core._Predictor(deployer, collate_fn, flat_pred, output_fn, precision)
+        self._predictor._set_padded_fields(_padded_field_groups(padded_fields))
 
     def predict(self, examples, params, per_device_batch_size=8):
         leaves, self._spec = tree_flatten(params)

@@ -253,6 +253,7 @@ class PyTrainer {
     });
   }
   int64_t step() const { return trainer_->step(); }
+  train::Trainer& trainer() { return *trainer_; }
   std::map<std::string, double> last_step_metrics() const { return trainer_->last_step_metrics(); }
 
  private:
@@ -311,6 +312,7 @@ class PyPredictor {
       });
     };
     train::Predictor<int64_t> predictor(deployer_, collate_of(*collate_, rows_), pred_fn, output_fn);
+    predictor.set_padded_fields(padded_fields_);
     const Params p = params_of(params);
     auto data = std::make_shared<IndexDataset>(int64_t(py::len(examples)));
     std::vector<int64_t> at = run_released(*rows_, [&] {
@@ -327,6 +329,9 @@ class PyPredictor {
   std::shared_ptr<Rows> rows_;
   std::shared_ptr<py::function> collate_, pred_, output_;
   PrecisionPolicy policy_;
+
+ public:
+  std::vector<train::PaddedFields> padded_fields_;
 };
 
 }  // namespace
@@ -442,6 +447,8 @@ void bind_toolkit(py::module_& m) {
            py::arg("max_steps"), py::arg("eval_examples"), py::arg("eval_every"), py::arg("save_every"),
            py::arg("resume"), py::arg("shuffle"), py::arg("grad_accum_steps"), py::arg("progress"))
       .def("params", &PyTrainer::params)
+      .def("_set_padded_fields",
+           [](PyTrainer& t, std::vector<train::PaddedFields> groups) { t.trainer().set_padded_fields(std::move(groups)); })
       .def("eval_loss",
            [](PyTrainer& t, const py::list& examples, int64_t per_device_batch_size) {
              return t.eval_loss(examples, per_device_batch_size);
@@ -454,5 +461,7 @@ void bind_toolkit(py::module_& m) {
                     const std::string&>(),
            py::keep_alive<1, 2>())
       .def("predict", &PyPredictor::predict, py::arg("examples"), py::arg("params"),
-           py::arg("per_device_batch_size"));
+           py::arg("per_device_batch_size"))
+      .def("_set_padded_fields",
+           [](PyPredictor& p, std::vector<train::PaddedFields> groups) { p.padded_fields_ = std::move(groups); });
 }

@@ -11,10 +11,10 @@ import pytest
 SCRIPT = os.path.join(os.path.dirname(__file__), "spmd_trainer.py")
 
 
-def run(tmp_path, mesh, fsdp, np_, grad_reduce_dtype="f32"):
-    tag = f"{mesh}-{fsdp}-{np_}-{grad_reduce_dtype}"
+def run(tmp_path, mesh, fsdp, np_, grad_reduce_dtype="f32", rows="fixed", expect_ok=True):
+    tag = f"{mesh}-{fsdp}-{np_}-{grad_reduce_dtype}-{rows}"
     out = tmp_path / f"{tag}.json"
-    cmd = [sys.executable, SCRIPT, mesh, fsdp, str(out), str(tmp_path / f"run-{tag}"), grad_reduce_dtype]
+    cmd = [sys.executable, SCRIPT, mesh, fsdp, str(out), str(tmp_path / f"run-{tag}"), grad_reduce_dtype, rows]
     if np_ > 1:
         mpirun = shutil.which("mpirun")
         if mpirun is None:
@@ -23,6 +23,9 @@ def run(tmp_path, mesh, fsdp, np_, grad_reduce_dtype="f32"):
         cmd = [mpirun, "--oversubscribe", *extra, "-np", str(np_), "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"] + cmd
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if not expect_ok:
+        assert done.returncode != 0, "the run should have failed"
+        return done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.load(open(out))
 
@@ -56,3 +59,20 @@ def test_bf16_gradient_reduction_stays_close_to_one_process(tmp_path):
     bad = subprocess.run([sys.executable, "-c", "import meshtrain as mt; mt.Deployer(grad_reduce_dtype='f16')"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "grad_reduce_dtype='f16'" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_rows_padded_to_their_longest_on_two_data_ranks_equal_one_process(tmp_path):
+    """Rows of 4 to 32 tokens, each batch padded to its own longest row: the two data ranks'
+    slices differ in length, and the Trainer's padded_fields pads them to the longer before
+    each step, so they take the steps of one process (dropout on: the same shapes, the same
+    masks). Without padded_fields the ranks stop with their shapes named."""
+    one = run(tmp_path, "data=1,model=1", "0", 1, rows="ragged")
+    two = run(tmp_path, "data=2,model=1", "0", 2, rows="ragged")
+    worst = max(abs(a - b) / abs(b) for a, b in zip(two["losses"], one["losses"]))
+    print(f"  [spmd] ragged rows on data=2: max rel loss diff vs one process {worst:.2e}")
+    assert len(two["losses"]) == len(one["losses"]) == 8
+    assert worst <= 1e-5
+    for k, v in one["checksum"].items():
+        assert abs(two["checksum"][k] - v) <= 1e-4 * max(1.0, abs(v)), k
+    unnamed = run(tmp_path, "data=2,model=1", "0", 2, rows="ragged-unnamed", expect_ok=False)
+    assert "the batch differs between ranks" in unnamed, unnamed[-3000:]
