@@ -250,6 +250,7 @@ void add_glue_command(CLI::App& app) {
                   "is padded to its longest row, rounded up to --pad-to-multiple-of (HF's DataCollatorWithPadding): "
                   "fewer positions, the same results up to rounding (with dropout on, its masks fall on other "
                   "positions, as in PyTorch)")
+      ->expected(0, 1)  // the flag alone means true, as for HF's argument parser
       ->capture_default_str();
   cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
                   "with --pad_to_max_length false: batch lengths are multiples of this (fewer shapes to capture or tune)")
