@@ -159,8 +159,9 @@ json decoder_config(const std::string& model_type, const std::string& config_fil
   return c;
 }
 
-train::CollateFn lm_collate() {
-  return [](const std::vector<data::Example>& examples) {
+train::CollateFn lm_collate(int64_t pad_multiple) {
+  MT_CHECK(pad_multiple >= 0, "[collate] pad multiple ", pad_multiple, " is negative");
+  return [pad_multiple](const std::vector<data::Example>& examples) {
     const int64_t n = int64_t(examples.size());
     const int64_t t = int64_t(examples.at(0).tokens("tokens").size()) - 1;
     std::vector<int64_t> ids, labels;
@@ -180,9 +181,29 @@ train::CollateFn lm_collate() {
       const int64_t real = e.contains("length") ? e.as_int("length") : t + 1;
       for (int64_t i = 1; i <= t; ++i) labels.push_back(i < real ? tok[size_t(i)] : -100);
     }
+    if (pad_multiple > 0) {
+      int64_t used = 0;  // positions up to the batch's last target
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = t; i > used; --i)
+          if (labels[size_t(r * t + i - 1)] != -100) {
+            used = i;
+            break;
+          }
+      const int64_t width = std::min(t, std::max<int64_t>(1, (used + pad_multiple - 1) / pad_multiple) * pad_multiple);
+      if (width < t) {
+        for (std::vector<int64_t>* v : {&ids, &labels}) {
+          for (int64_t r = 0; r < n; ++r) std::copy_n(v->begin() + r * t, width, v->begin() + r * width);
+          v->resize(size_t(n * width));
+        }
+        return train::Batch{{"input_ids", Array::from_vector(ids, {n, width})},
+                            {"labels", Array::from_vector(labels, {n, width})}};
+      }
+    }
     return train::Batch{{"input_ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
   };
 }
+
+std::vector<train::PaddedFields> lm_padded_fields() { return {{{"input_ids", 0.0}, {"labels", -100.0}}}; }
 
 train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model) {
   return [model](const Params& p, const train::Batch& b, const RngKey& key, bool training) {

@@ -58,7 +58,14 @@ nlohmann::json decoder_config(const std::string& model_type, const std::string& 
 
 // {"input_ids", "labels"} from sequences of seq_len + 1 tokens: labels are the next tokens, or the
 // next position's "targets" when examples carry them; -100 (padding, prompts) is no target.
-train::CollateFn lm_collate();
+// pad_multiple > 0: the batch is cut after its last target, rounded up to a multiple of
+// pad_multiple (at most seq_len): in a causal decoder no earlier position sees the positions
+// cut, and they hold no target, so the loss is the same up to rounding on fewer positions
+// (dropout's masks, drawn per flat position, fall elsewhere).
+train::CollateFn lm_collate(int64_t pad_multiple = 0);
+// The fields lm_collate(pad_multiple > 0) cuts, with their pad values (ids 0, labels -100):
+// for Trainer::set_padded_fields, so that data ranks pad their slices alike.
+std::vector<train::PaddedFields> lm_padded_fields();
 // Mean next-token cross-entropy of the decoder.
 train::LossFn lm_loss(std::shared_ptr<const models::PretrainedModel> model);
 

@@ -23,6 +23,10 @@ struct SftFlags {
   std::string template_text = "{prompt}{response}";
   int64_t seq_len = 128;
   bool packing = false;        // concatenate examples into full sequences instead of padding each
+  bool pad_to_max_length = false;  // unpacked rows: every batch seq_len long, not cut after its last target
+  // lm_collate's pad multiple: each batch cut after its last target (a multiple of 8), unless
+  // rows are packed (full anyway) or --pad-to-max-length.
+  int64_t pad_multiple() const { return packing || pad_to_max_length ? 0 : 8; }
   double eval_fraction = 0.1;  // the file's last rows, held out
 };
 

@@ -146,6 +146,33 @@ TEST_F(FinetuneE2E, SixtyFourRowsTrainWithTheDefaults) {
   EXPECT_NE(r.out.find("held-out answers after: "), std::string::npos) << r.out;
 }
 
+// By default each batch is cut after its last target token (rows of ~8 tokens, --seq-len 64):
+// the held-out loss before training (no dropout) equals the one of batches --seq-len long, and
+// on two data ranks, whose slices are cut to different lengths and padded to the longer
+// before each step (train/batch_shapes.h), it is the same again and training runs.
+TEST_F(FinetuneE2E, BatchesCutAfterTheirLastTargetScoreAsFullLengthOnes) {
+  write_jsonl(dir_ / "rows.jsonl", counting_rows(96, 11));
+  const std::string common = "finetune --model " + std::string(MT_DATA_DIR) + "/models/hf-tiny-gpt2 --data " +
+                             (dir_ / "rows.jsonl").string() +
+                             " --prompt-field instruction --response-field output --seq-len 64 --steps 3 --check-rows 0"
+                             " --per-device-batch-size 4 --output-dir ";
+  CliRun fixed = run_cli(common + (dir_ / "fixed").string() + " --pad-to-max-length");
+  CliRun cut = run_cli(common + (dir_ / "cut").string());
+  CliRun dp = run_cli_mpi(2, common + (dir_ / "dp").string() + " --mesh data=2");
+  ASSERT_EQ(fixed.code, 0) << fixed.out;
+  ASSERT_EQ(cut.code, 0) << cut.out;
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  const double want = number_after(fixed.out, "eval loss before fine-tuning ([0-9.]+)");
+  for (const CliRun* r : {&cut, &dp}) {
+    const double got = number_after(r->out, "eval loss before fine-tuning ([0-9.]+)");
+    std::cout << "  eval loss before: " << got << " (batches --seq-len long: " << want << ")\n";
+    EXPECT_NEAR(got, want, 1e-5 * want);
+  }
+  // The rate of cut batches is in sequences; of full-length ones in tokens.
+  EXPECT_NE(fixed.out.find(" tokens/s"), std::string::npos) << fixed.out;
+  EXPECT_NE(cut.out.find(" examples/s"), std::string::npos) << cut.out;
+}
+
 TEST_F(FinetuneE2E, BadRowsTargetsAndRanksFailBeforeWritingAnything) {
   const fs::path base = dir_ / "base";
   CliRun pre = run_cli("pretrain --model llama --data " + kShakespeare + " --seq-len 32 --steps 2 --eval-fraction 0.005 "
