@@ -113,15 +113,19 @@ void run(const DpoCommandOptions& o) {
         << " tokens on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
-  train::Trainer trainer(deployer, posttrain::preference_collate(), posttrain::dpo_loss_fn(model, reference, dpo),
+  const int64_t pad_multiple = o.data.pad_multiple();
+  train::Trainer trainer(deployer, posttrain::preference_collate(pad_multiple), posttrain::dpo_loss_fn(model, reference, dpo),
                          std::move(model->params), opt.transform, plan);
+  if (pad_multiple > 0) trainer.set_padded_fields(posttrain::preference_padded_fields());
   std::shared_ptr<const data::Dataset> train_data = corpus.train, eval_data = corpus.eval;
   if (o.precompute_ref) {
     // The reference's scores under the parameters as loaded (a resumed run restores its own
     // only inside fit): with LoRA the adapters are left out.
-    train_data = posttrain::with_reference_logps(train_data, *model, trainer.params(), deployer, o.length.per_device_batch_size);
+    train_data = posttrain::with_reference_logps(train_data, *model, trainer.params(), deployer,
+                                                 o.length.per_device_batch_size, pad_multiple);
     if (eval_data)
-      eval_data = posttrain::with_reference_logps(eval_data, *model, trainer.params(), deployer, o.length.per_device_batch_size);
+      eval_data = posttrain::with_reference_logps(eval_data, *model, trainer.params(), deployer,
+                                                  o.length.per_device_batch_size, pad_multiple);
     deployer.log("reference log-probabilities precomputed for " + std::to_string(corpus.rows) + " pairs");
   }
   if (eval_data && !o.run.dry_run)
@@ -134,7 +138,8 @@ void run(const DpoCommandOptions& o) {
   apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   f.checkpoint_extra["dpo"] = {{"beta", dpo.beta}, {"loss", posttrain::dpo_loss_name(dpo.loss)},
                                {"label_smoothing", dpo.label_smoothing}, {"rpo_alpha", dpo.rpo_alpha}};
-  f.tokens_per_example = 2 * o.data.seq_len;
+  // Batches cut after their last targets have no fixed token count: the rate is in pairs.
+  f.tokens_per_example = pad_multiple > 0 ? 0 : 2 * o.data.seq_len;
   train::FitResult r = trainer.fit(train_data, f);
   trainer.release_optimizer_state();  // generation below gets its memory
   if (!r.evals.empty()) deployer.log("eval after training: " + metric_line(r.evals.back()));

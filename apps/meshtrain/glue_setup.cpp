@@ -12,6 +12,7 @@
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/train/metrics.h"
 #include "meshtrain/train/predictor.h"
+#include "meshtrain/train/row_padding.h"
 
 namespace mt::cli {
 
@@ -115,23 +116,11 @@ Rows encoded_rows(const tokenizers::Tokenizer& tok, const std::vector<data::Exam
   return r;
 }
 
-// The rows cut to the longest one's last unmasked position, rounded up to `multiple` (the
+// The rows cut after the longest one's last unmasked position, rounded up to `multiple` (the
 // tokenizer pads on the right: everything after that position is padding).
 void cut_to_longest(Rows& r, int64_t multiple) {
-  int64_t longest = 0;
-  for (int64_t i = 0; i < r.n; ++i)
-    for (int64_t j = r.width; j > longest; --j)
-      if (r.mask[size_t(i * r.width + j - 1)] != 0) {
-        longest = j;
-        break;
-      }
-  const int64_t width = std::min(r.width, std::max<int64_t>(1, (longest + multiple - 1) / multiple) * multiple);
-  if (width == r.width) return;
-  for (std::vector<int64_t>* v : {&r.ids, &r.types, &r.mask}) {
-    for (int64_t i = 0; i < r.n; ++i)
-      std::copy_n(v->begin() + i * r.width, width, v->begin() + i * width);
-    v->resize(size_t(r.n * width));
-  }
+  const int64_t width = train::columns_in_use(r.mask, r.n, r.width, 0, multiple);
+  for (std::vector<int64_t>* v : {&r.ids, &r.types, &r.mask}) train::keep_columns(*v, r.n, r.width, width);
   r.width = width;
 }
 

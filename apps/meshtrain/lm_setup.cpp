@@ -15,6 +15,7 @@
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/ops/shape_ops.h"
 #include "meshtrain/tokenizers/byte_tokenizer.h"
+#include "meshtrain/train/row_padding.h"
 
 namespace mt::cli {
 
@@ -181,25 +182,14 @@ train::CollateFn lm_collate(int64_t pad_multiple) {
       const int64_t real = e.contains("length") ? e.as_int("length") : t + 1;
       for (int64_t i = 1; i <= t; ++i) labels.push_back(i < real ? tok[size_t(i)] : -100);
     }
-    if (pad_multiple > 0) {
-      int64_t used = 0;  // positions up to the batch's last target
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t i = t; i > used; --i)
-          if (labels[size_t(r * t + i - 1)] != -100) {
-            used = i;
-            break;
-          }
-      const int64_t width = std::min(t, std::max<int64_t>(1, (used + pad_multiple - 1) / pad_multiple) * pad_multiple);
-      if (width < t) {
-        for (std::vector<int64_t>* v : {&ids, &labels}) {
-          for (int64_t r = 0; r < n; ++r) std::copy_n(v->begin() + r * t, width, v->begin() + r * width);
-          v->resize(size_t(n * width));
-        }
-        return train::Batch{{"input_ids", Array::from_vector(ids, {n, width})},
-                            {"labels", Array::from_vector(labels, {n, width})}};
-      }
+    int64_t width = t;
+    if (pad_multiple > 0) {  // cut after the batch's last target
+      width = train::columns_in_use(labels, n, t, -100, pad_multiple);
+      train::keep_columns(ids, n, t, width);
+      train::keep_columns(labels, n, t, width);
     }
-    return train::Batch{{"input_ids", Array::from_vector(ids, {n, t})}, {"labels", Array::from_vector(labels, {n, t})}};
+    return train::Batch{{"input_ids", Array::from_vector(ids, {n, width})},
+                        {"labels", Array::from_vector(labels, {n, width})}};
   };
 }
 

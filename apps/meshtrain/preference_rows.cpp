@@ -26,6 +26,10 @@ void add_preference_flags(CLI::App* cmd, PreferenceFlags& f) {
   cmd->add_option("--eval-fraction", f.eval_fraction, "share of the rows (the last ones) held out for evaluation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
+  cmd->add_flag("--pad-to-max-length", f.pad_to_max_length,
+                "every batch --seq-len long (default: the chosen and the rejected sequences of a batch each cut after "
+                "their last response token, rounded up to a multiple of 8, as TRL pads; data ranks pad to the ranks' "
+                "longest)");
 }
 
 namespace {

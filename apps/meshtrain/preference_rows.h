@@ -24,6 +24,10 @@ struct PreferenceFlags {
   std::string chat_template;  // a template file for conversational rows (default: the model's)
   int64_t seq_len = 128;
   double eval_fraction = 0.1;  // the file's last rows, held out
+  bool pad_to_max_length = false;  // every batch seq_len long, not cut after its last target
+  // preference_collate's pad multiple: each side of a batch cut after its last target (a
+  // multiple of 8), unless --pad-to-max-length.
+  int64_t pad_multiple() const { return pad_to_max_length ? 0 : 8; }
 };
 void add_preference_flags(CLI::App* cmd, PreferenceFlags& flags);
 

@@ -147,13 +147,14 @@ train::LossFn dpo_loss_fn(std::shared_ptr<const models::PretrainedModel> model, 
 
 std::shared_ptr<const data::Dataset> with_reference_logps(std::shared_ptr<const data::Dataset> dataset,
                                                           const models::PretrainedModel& model, const Params& params,
-                                                          train::Deployer& deployer, int64_t per_device_batch_size) {
+                                                          train::Deployer& deployer, int64_t per_device_batch_size,
+                                                          int64_t pad_multiple) {
   MT_CHECK(dataset && dataset->size() > 0, "[dpo] no preference pairs to score with the reference");
   // The Predictor walks the data as evaluation does (sharded batches, the tail padded) and
   // brings each pair's four numbers back in order, in the compute dtype's precision.
   const Params ref = without_adapters(params);
   train::Predictor<std::array<double, 4>> predictor(
-      deployer, preference_collate(),
+      deployer, preference_collate(pad_multiple),
       [&model](const Params& p, const train::Batch& b) {
         const PairLogps l = pair_logps(model, p, b, RngKey{0, 0}, false);
         return train::Batch{{"c", l.chosen}, {"r", l.rejected}, {"ct", l.chosen_tokens}, {"rt", l.rejected_tokens}};
@@ -165,6 +166,7 @@ std::shared_ptr<const data::Dataset> with_reference_logps(std::shared_ptr<const 
         for (size_t i = 0; i < c.size(); ++i) rows.push_back({c[i], r[i], ct[i], rt[i]});
         return rows;
       });
+  if (pad_multiple > 0) predictor.set_padded_fields(preference_padded_fields());
   const std::vector<std::array<double, 4>> scores = predictor.predict(ref, dataset, per_device_batch_size);
   std::vector<data::Example> out;
   out.reserve(scores.size());

@@ -83,10 +83,12 @@ PairLogps pair_logps(const models::PretrainedModel& model, const Params& p, cons
 // Every example of `data` with its reference log-probabilities added (ref_chosen_logp,
 // ref_rejected_logp and the token counts), computed under `params` (any layout; with LoRA
 // the adapters are left out) by a Predictor in batches of per_device_batch_size per data
-// rank. The result lives in memory beside the examples.
+// rank (collated by preference_collate(pad_multiple)). The result lives in memory beside the
+// examples.
 std::shared_ptr<const data::Dataset> with_reference_logps(std::shared_ptr<const data::Dataset> data,
                                                           const models::PretrainedModel& model, const Params& params,
-                                                          train::Deployer& deployer, int64_t per_device_batch_size);
+                                                          train::Deployer& deployer, int64_t per_device_batch_size,
+                                                          int64_t pad_multiple = 0);
 
 // The parameters without their LoRA adapters: the base model a LoRA policy started from.
 Params without_adapters(const Params& p);

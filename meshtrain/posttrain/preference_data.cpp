@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/train/row_padding.h"
 
 namespace mt::posttrain {
 
@@ -35,8 +36,9 @@ data::Example preference_example(const PreferencePair& pair, int64_t seq_len, in
   return e;
 }
 
-train::CollateFn preference_collate() {
-  return [](const std::vector<data::Example>& examples) {
+train::CollateFn preference_collate(int64_t pad_multiple) {
+  MT_CHECK(pad_multiple >= 0, "[dpo] pad multiple ", pad_multiple, " is negative");
+  return [pad_multiple](const std::vector<data::Example>& examples) {
     MT_CHECK(!examples.empty(), "[dpo] an empty batch");
     const int64_t n = int64_t(examples.size());
     const int64_t t = int64_t(examples[0].tokens("chosen_tokens").size()) - 1;
@@ -54,8 +56,14 @@ train::CollateFn preference_collate() {
         ids.insert(ids.end(), tok.begin(), tok.end() - 1);
         labels.insert(labels.end(), tgt.begin() + 1, tgt.end());
       }
-      batch.set(s + "_input_ids", Array::from_vector(ids, {n, t}));
-      batch.set(s + "_labels", Array::from_vector(labels, {n, t}));
+      int64_t width = t;
+      if (pad_multiple > 0) {
+        width = train::columns_in_use(labels, n, t, -100, pad_multiple);
+        train::keep_columns(ids, n, t, width);
+        train::keep_columns(labels, n, t, width);
+      }
+      batch.set(s + "_input_ids", Array::from_vector(ids, {n, width}));
+      batch.set(s + "_labels", Array::from_vector(labels, {n, width}));
     }
     if (examples[0].contains("ref_chosen_logp")) {
       for (const char* key : {"chosen_logp", "rejected_logp", "chosen_tokens", "rejected_tokens"}) {
@@ -67,6 +75,10 @@ train::CollateFn preference_collate() {
     }
     return batch;
   };
+}
+
+std::vector<train::PaddedFields> preference_padded_fields() {
+  return {{{"chosen_input_ids", 0.0}, {"chosen_labels", -100.0}}, {{"rejected_input_ids", 0.0}, {"rejected_labels", -100.0}}};
 }
 
 }  // namespace mt::posttrain

@@ -93,6 +93,20 @@ TEST_F(DpoE2E, FrozenAndPrecomputedReferencesAgreeAndResumeExactly) {
   std::cout << "  frozen vs precomputed reference: max |loss diff| over 8 steps " << diff << "\n";
   EXPECT_LT(diff, 1e-5);
   EXPECT_LT(a.at(8), a.at(1));
+  // On two data ranks: each rank's chosen and rejected sequences are cut after their own last
+  // response token, then padded to the ranks' longest (in the precomputing Predictor and in
+  // the steps), so the run takes the one-process steps.
+  const std::string dp_args = "dpo --model " + model.string() + " --data " + data.string() +
+                              " --seq-len 32 --per-device-batch-size 2 --learning-rate 1e-4 --steps 8 --save-steps 4 "
+                              "--eval-fraction 0.125 --precompute-ref --mesh data=2 --output-dir ";
+  CliRun dp = run_cli_mpi(2, dp_args + (dir_ / "dp").string());
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  const auto c = train_losses(dir_ / "dp");
+  ASSERT_EQ(c.size(), 8u);
+  double dp_diff = 0;
+  for (const auto& [step, loss] : b) dp_diff = std::max(dp_diff, std::abs(loss - c.at(step)));
+  std::cout << "  data=2 vs one process (precomputed reference): max |loss diff| over 8 steps " << dp_diff << "\n";
+  EXPECT_LT(dp_diff, 1e-5);
   // Stopped after the step-4 checkpoint and resumed: the same 8 losses.
   const fs::path resumed = dir_ / "resumed";
   stopped_copy(dir_ / "frozen", resumed, 4, 8);

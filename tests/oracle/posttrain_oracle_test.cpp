@@ -233,6 +233,35 @@ TEST(DpoModel, FirstStepIsLn2WithZeroRewardsForEveryReference) {
   }
 }
 
+// preference_collate(pad_multiple) cuts each side after its last response token (rounded up):
+// the columns kept are the full-length batch's first ones, and the log-probabilities of the
+// pairs are the same, since no earlier position of a causal decoder sees the columns cut.
+TEST(DpoModel, BatchesCutAfterTheirLastTargetGiveTheFullLengthLogps) {
+  SmallDecoder s = small_decoder(false);
+  std::vector<data::Example> ex;
+  for (int64_t i = 0; i < s.pairs->size(); ++i) ex.push_back(s.pairs->get(i));
+  const train::Batch full = posttrain::preference_collate()(ex), cut = posttrain::preference_collate(4)(ex);
+  for (const char* side : {"chosen", "rejected"}) {
+    const std::string ids = std::string(side) + "_input_ids", labels = std::string(side) + "_labels";
+    const int64_t width = cut[ids].dim(1);
+    std::cout << side << ": " << width << " of " << full[ids].dim(1) << " columns kept\n";
+    EXPECT_LT(width, full[ids].dim(1)) << side;
+    EXPECT_EQ(width % 4, 0) << side;
+    EXPECT_EQ(cut[labels].dim(1), width);
+    EXPECT_EQ(max_abs_diff(cut[ids], slice(full[ids], 1, 0, width)), 0.0) << side;
+    EXPECT_EQ(max_abs_diff(cut[labels], slice(full[labels], 1, 0, width)), 0.0) << side;
+    // Everything cut is padding without a target.
+    for (double v : slice(full[labels], 1, width, full[labels].dim(1)).to_doubles()) EXPECT_EQ(v, -100.0) << side;
+  }
+  const posttrain::PairLogps a = posttrain::pair_logps(*s.model, s.model->params, full, RngKey{3, 0}, false);
+  const posttrain::PairLogps b = posttrain::pair_logps(*s.model, s.model->params, cut, RngKey{3, 0}, false);
+  const double err = std::max(max_abs_diff(a.chosen, b.chosen), max_abs_diff(a.rejected, b.rejected));
+  std::cout << "  log-probabilities of cut vs full-length batches: max |err| " << err << "\n";
+  EXPECT_LT(err, 1e-5);
+  EXPECT_EQ(max_abs_diff(a.chosen_tokens, b.chosen_tokens), 0.0);
+  EXPECT_EQ(max_abs_diff(a.rejected_tokens, b.rejected_tokens), 0.0);
+}
+
 TEST(DpoModel, PreferenceExamplesTargetOnlyTheResponses) {
   bool truncated = true;
   data::Example e = posttrain::preference_example({{5, 6, 7}, {8, 9}, {10}}, 6, 0, &truncated);
