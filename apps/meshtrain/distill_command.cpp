@@ -61,6 +61,7 @@ std::shared_ptr<models::PretrainedModel> new_student(const std::string& config_f
 struct DistillData {
   std::shared_ptr<const data::Dataset> train, eval;
   std::string description;
+  bool rows = false;  // rows padded one a sequence (else full packed sequences: nothing to cut)
 };
 
 DistillData distill_data(const SftFlags& flags, const std::shared_ptr<tokenizers::Tokenizer>& tok, std::optional<int64_t> eos) {
@@ -71,7 +72,7 @@ DistillData distill_data(const SftFlags& flags, const std::shared_ptr<tokenizers
     SftCorpus c = make_sft_corpus(flags, *tok, eos);
     what << c.rows - c.eval_rows << " train / " << c.eval_rows << " eval rows ("
          << (c.supervised ? "prompt/response, loss on responses" : "text") << ")";
-    return {c.train, c.eval, what.str()};
+    return {c.train, c.eval, what.str(), !flags.packing};
   }
   LmDataFlags lm;
   lm.data = flags.data;
@@ -132,23 +133,26 @@ void run(const DistillCommandOptions& o) {
         << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
-  train::Trainer trainer(deployer, lm_collate(o.data.pad_multiple()),
+  // --dry-run measures one step's memory on the first batch: at full length, the most any
+  // batch cut after its last target can need.
+  const int64_t pad_multiple = o.run.dry_run || !corpus.rows ? 0 : o.data.pad_multiple();
+  train::Trainer trainer(deployer, lm_collate(pad_multiple),
                          posttrain::distillation_loss_fn(student, teacher, teacher_params, d), std::move(student->params),
                          opt.transform, plan);
-  if (o.data.pad_multiple() > 0) trainer.set_padded_fields(lm_padded_fields());
+  if (pad_multiple > 0) trainer.set_padded_fields(lm_padded_fields());
   if (corpus.eval && !o.run.dry_run) {
     // The teacher scored as a student of itself: its KL is 0 and its ce_loss the bar.
-    train::Trainer teacher_eval(deployer, lm_collate(o.data.pad_multiple()),
+    train::Trainer teacher_eval(deployer, lm_collate(pad_multiple),
                                 posttrain::distillation_loss_fn(teacher, teacher, teacher_params, d), teacher_params,
                                 optim::sgd(optim::constant_schedule(0.0)));
-    if (o.data.pad_multiple() > 0) teacher_eval.set_padded_fields(lm_padded_fields());
+    if (pad_multiple > 0) teacher_eval.set_padded_fields(lm_padded_fields());
     deployer.log("teacher eval: " + ce_line(teacher_eval.eval_metrics(corpus.eval, o.length.per_device_batch_size)));
     deployer.log("student eval before: " + ce_line(trainer.eval_metrics(corpus.eval, o.length.per_device_batch_size)));
   }
   f.eval_data = corpus.eval;
   apply_training_flags(o.optimizer, o.run, opt, *student, tokenizer_source, f);
   f.checkpoint_extra["distill"] = {{"teacher", fs::absolute(o.teacher).string()}, {"temperature", d.temperature}, {"alpha", d.alpha}};
-  f.tokens_per_example = o.data.pad_multiple() > 0 ? 0 : o.data.seq_len;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
   if (!r.evals.empty() && r.evals.back().count("eval_ce_loss")) deployer.log("student eval after: " + ce_line(r.evals.back()));
 

@@ -113,7 +113,9 @@ void run(const DpoCommandOptions& o) {
         << " tokens on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
-  const int64_t pad_multiple = o.data.pad_multiple();
+  // --dry-run measures one step's memory on the first batch: at full length, the most any
+  // batch cut after its last target can need.
+  const int64_t pad_multiple = o.run.dry_run ? 0 : o.data.pad_multiple();
   train::Trainer trainer(deployer, posttrain::preference_collate(pad_multiple), posttrain::dpo_loss_fn(model, reference, dpo),
                          std::move(model->params), opt.transform, plan);
   if (pad_multiple > 0) trainer.set_padded_fields(posttrain::preference_padded_fields());

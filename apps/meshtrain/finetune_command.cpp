@@ -85,9 +85,12 @@ void run(const FinetuneOptions& o) {
 
   // Moved: the trainer holds the only handles, so each step updates the parameters in place
   // and a sharded plan keeps no unsharded copy beside its shards.
-  train::Trainer trainer(deployer, lm_collate(o.data.pad_multiple()), lm_loss(model), std::move(model->params),
+  // --dry-run measures one step's memory on the first batch: at full length, the most any
+  // batch cut after its last target can need.
+  const int64_t pad_multiple = o.run.dry_run ? 0 : o.data.pad_multiple();
+  train::Trainer trainer(deployer, lm_collate(pad_multiple), lm_loss(model), std::move(model->params),
                          opt.transform, plan);
-  if (o.data.pad_multiple() > 0) trainer.set_padded_fields(lm_padded_fields());
+  if (pad_multiple > 0) trainer.set_padded_fields(lm_padded_fields());
   std::optional<double> eval_before;
   if (corpus.eval) {
     eval_before = trainer.eval_loss(corpus.eval, o.length.per_device_batch_size);
@@ -100,7 +103,7 @@ void run(const FinetuneOptions& o) {
   f.eval_data = corpus.eval;
   apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   // Batches cut after their last target have no fixed token count: the rate is in sequences.
-  f.tokens_per_example = o.data.pad_multiple() > 0 ? 0 : o.data.seq_len;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : o.data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 

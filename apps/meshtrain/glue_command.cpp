@@ -110,7 +110,7 @@ void run(const GlueOptions& o) {
   glue_fixed_length(*tok, o.max_seq_length);
   // --pad_to_max_length false: each batch as long as its longest row (rounded up), not
   // --max-seq-length; the train batches' lengths are reported at the end.
-  const int64_t pad_multiple = o.pad_to_max_length ? 0 : o.pad_to_multiple_of;
+  const int64_t pad_multiple = o.pad_to_max_length || o.run.dry_run ? 0 : o.pad_to_multiple_of;  // --dry-run: full length
   auto train_lengths = std::make_shared<CollatedLengths>();
   train::CollateFn collate = glue_collate(tok, task, o.max_seq_length, pad_multiple, train_lengths);
   train::CollateFn eval_collate = glue_collate(tok, task, o.max_seq_length, pad_multiple);

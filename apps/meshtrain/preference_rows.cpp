@@ -27,8 +27,8 @@ void add_preference_flags(CLI::App* cmd, PreferenceFlags& f) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
   cmd->add_flag("--pad-to-max-length", f.pad_to_max_length,
-                "every batch --seq-len long (default: the chosen and the rejected sequences of a batch each cut after "
-                "their last response token, rounded up to a multiple of 8, as TRL pads; data ranks pad to the ranks' "
+                "every batch --seq-len long (default: the chosen and the rejected sequences of a batch cut after its "
+                "last response token, rounded up to a multiple of 8, as TRL pads; data ranks pad to the ranks' "
                 "longest)");
 }
 

@@ -213,7 +213,8 @@ void run(const Seq2SeqOptions& o) {
   f.checkpoint_extra = train::checkpoint_model_extra(model->config_json(), tokenizer_ref, model->config.lora());
   f.checkpoint_extra["schedule_steps"] = span;
   f.learning_rate = lr;
-  f.tokens_per_example = o.max_source_length + o.max_target_length;
+  // Padded to their longest rows, batches have no fixed token count: the rate is in examples.
+  f.tokens_per_example = t.pad_to_max_length ? o.max_source_length + o.max_target_length : 0;
   train::FitResult r = trainer.fit(train_set, f);
   if (!save_trained_weights(trainer, *model, o.lora, o.model.empty() ? o.config : o.model, tokenizer_source, o.run,
                             deployer))

@@ -43,9 +43,11 @@ train::CollateFn preference_collate(int64_t pad_multiple) {
     const int64_t n = int64_t(examples.size());
     const int64_t t = int64_t(examples[0].tokens("chosen_tokens").size()) - 1;
     train::Batch batch;
-    for (const char* side : {"chosen", "rejected"}) {
-      const std::string s = side;
-      std::vector<int64_t> ids, labels;
+    std::vector<int64_t> side_ids[2], side_labels[2];
+    for (int k = 0; k < 2; ++k) {
+      const std::string s = k == 0 ? "chosen" : "rejected";
+      std::vector<int64_t>& ids = side_ids[k];
+      std::vector<int64_t>& labels = side_labels[k];
       ids.reserve(size_t(n * t));
       labels.reserve(size_t(n * t));
       for (const data::Example& e : examples) {
@@ -56,14 +58,19 @@ train::CollateFn preference_collate(int64_t pad_multiple) {
         ids.insert(ids.end(), tok.begin(), tok.end() - 1);
         labels.insert(labels.end(), tgt.begin() + 1, tgt.end());
       }
-      int64_t width = t;
-      if (pad_multiple > 0) {
-        width = train::columns_in_use(labels, n, t, -100, pad_multiple);
-        train::keep_columns(ids, n, t, width);
-        train::keep_columns(labels, n, t, width);
-      }
-      batch.set(s + "_input_ids", Array::from_vector(ids, {n, width}));
-      batch.set(s + "_labels", Array::from_vector(labels, {n, width}));
+    }
+    // Both sides cut to one width, the longer side's: a captured step replays one graph per
+    // batch shape, and a width per side would square the shapes a run meets.
+    int64_t width = t;
+    if (pad_multiple > 0)
+      width = std::max(train::columns_in_use(side_labels[0], n, t, -100, pad_multiple),
+                       train::columns_in_use(side_labels[1], n, t, -100, pad_multiple));
+    for (int k = 0; k < 2; ++k) {
+      const std::string s = k == 0 ? "chosen" : "rejected";
+      train::keep_columns(side_ids[k], n, t, width);
+      train::keep_columns(side_labels[k], n, t, width);
+      batch.set(s + "_input_ids", Array::from_vector(side_ids[k], {n, width}));
+      batch.set(s + "_labels", Array::from_vector(side_labels[k], {n, width}));
     }
     if (examples[0].contains("ref_chosen_logp")) {
       for (const char* key : {"chosen_logp", "rejected_logp", "chosen_tokens", "rejected_tokens"}) {
@@ -78,7 +85,7 @@ train::CollateFn preference_collate(int64_t pad_multiple) {
 }
 
 std::vector<train::PaddedFields> preference_padded_fields() {
-  return {{{"chosen_input_ids", 0.0}, {"chosen_labels", -100.0}}, {{"rejected_input_ids", 0.0}, {"rejected_labels", -100.0}}};
+  return {{{"chosen_input_ids", 0.0}, {"chosen_labels", -100.0}, {"rejected_input_ids", 0.0}, {"rejected_labels", -100.0}}};
 }
 
 }  // namespace mt::posttrain

@@ -23,12 +23,12 @@ data::Example preference_example(const PreferencePair& pair, int64_t seq_len, in
 // Examples of preference_example (and with_reference_logps's fields) -> chosen_input_ids,
 // chosen_labels, rejected_input_ids, rejected_labels (B, seq_len) (labels: the next token's
 // target) and, when present, ref_chosen_logps, ref_rejected_logps, ref_chosen_tokens,
-// ref_rejected_tokens (B,) f32. pad_multiple > 0: each side cut after the batch's last target
-// of that side, rounded up to a multiple of pad_multiple (a causal decoder: no earlier
-// position sees what is cut, and it holds no target).
+// ref_rejected_tokens (B,) f32. pad_multiple > 0: both sides cut after the batch's last
+// target on either side, rounded up to a multiple of pad_multiple (a causal decoder: no
+// earlier position sees what is cut, and it holds no target).
 train::CollateFn preference_collate(int64_t pad_multiple = 0);
-// The fields preference_collate(pad_multiple > 0) cuts, in their two length groups (chosen,
-// rejected): for Trainer/Predictor::set_padded_fields.
+// The fields preference_collate(pad_multiple > 0) cuts, one length group: for
+// Trainer/Predictor::set_padded_fields.
 std::vector<train::PaddedFields> preference_padded_fields();
 
 }  // namespace mt::posttrain

@@ -33,33 +33,46 @@ std::string shape_text(const Array& a) {
 }  // namespace
 
 Batch pad_to_ranks_longest(const Batch& local, const std::vector<PaddedFields>& groups, dist::Communicator& comm) {
-  std::vector<int64_t> longest(groups.size(), 0);
-  for (size_t g = 0; g < groups.size(); ++g) {
+  // A length per group, and last whether this rank's batch is unfit: every rank learns it from
+  // the one all-reduce, so none is left waiting in a collective the failing rank never joins.
+  std::vector<int64_t> longest(groups.size() + 1, 0);
+  std::string problem;
+  for (size_t g = 0; g < groups.size() && problem.empty(); ++g) {
     std::string first;
     for (const auto& [name, value] : groups[g]) {
       if (!local.contains(name)) continue;
       const Array& a = local[name];
-      MT_CHECK(a.ndim() >= 2, "[trainer] batch field '", name, "' is ", shape_text(a),
-               "; a field padded to the longest row needs a second (length) dimension");
-      MT_CHECK(first.empty() || a.dim(1) == longest[g], "[trainer] batch fields '", first, "' and '", name,
-               "' are padded to one longest row but have lengths ", longest[g], " and ", a.dim(1));
+      if (a.ndim() < 2) {
+        problem = detail::concat("batch field '", name, "' is ", shape_text(a),
+                                 "; a field padded to the longest row needs a second (length) dimension");
+        break;
+      }
+      if (!first.empty() && a.dim(1) != longest[g]) {
+        problem = detail::concat("batch fields '", first, "' and '", name,
+                                 "' are padded to one longest row but have lengths ", longest[g], " and ", a.dim(1));
+        break;
+      }
       if (first.empty()) first = name;
       longest[g] = a.dim(1);
     }
   }
+  longest.back() = problem.empty() ? 0 : 1;
   // Every rank joins the all-reduce, also one whose batch holds none of the fields: ranks
   // that skipped it would wait for each other in the step's collectives.
-  if (comm.size() > 1 && !longest.empty())
-    comm.all_reduce(longest.data(), int64_t(longest.size()), DType::i64, dist::ReduceOp::max);
+  if (comm.size() > 1) comm.all_reduce(longest.data(), int64_t(longest.size()), DType::i64, dist::ReduceOp::max);
+  if (!problem.empty()) throw Error("[trainer] " + problem);
+  if (longest.back() != 0)
+    throw Error(detail::concat("[trainer] rank ", comm.rank(), " stops: another rank's batch cannot be padded to the "
+                               "ranks' longest row (that rank names its fields)"));
   Batch out;
   for (const auto& [name, a] : local) {
     Array padded = a;
     for (size_t g = 0; g < groups.size(); ++g) {
       const auto pad = groups[g].find(name);
-      if (pad == groups[g].end() || a.dim(1) == longest[g]) continue;
-      Shape extra = a.shape();
-      extra[1] = longest[g] - a.dim(1);
-      padded = concatenate({a, Array::full(extra, pad->second, a.dtype(), a.device())}, 1);
+      if (pad == groups[g].end() || padded.dim(1) >= longest[g]) continue;
+      Shape extra = padded.shape();
+      extra[1] = longest[g] - padded.dim(1);
+      padded = concatenate({padded, Array::full(extra, pad->second, a.dtype(), a.device())}, 1);
     }
     out.set(name, padded);
   }

@@ -23,10 +23,12 @@ namespace mt::train {
 using PaddedFields = std::map<std::string, double>;
 
 // Collective over `comm` (one all-reduce of a length per group): `local` with the fields of
-// each group it holds padded along axis 1 to the group's longest length on any rank. Padding
-// adds masked positions only, so the step's results are those of the ranks' own lengths.
-// Throws mt::Error naming a field that is not at least two-dimensional, or two fields of one
-// group of different lengths.
+// each group it holds padded along axis 1 to the group's longest length on any rank. The
+// columns are appended on the right: rows must be right-padded (padding after the real
+// tokens, masked out or without a target), so that the step's results are those of the
+// ranks' own lengths; left-padded rows (as generation batches are) must not be named. Throws
+// mt::Error on every rank when one rank's batch has a named field that is not at least
+// two-dimensional, or two fields of one group of different lengths (that rank names them).
 Batch pad_to_ranks_longest(const Batch& local, const std::vector<PaddedFields>& groups, dist::Communicator& comm);
 
 // Collective over `comm`: returns when all ranks' `local` batches agree; otherwise throws

@@ -112,6 +112,10 @@ namespace {
 // Eager steps of one shape allowed to show host traffic (the first steps make the buffers
 // later ones reuse) before its step is left eager for good.
 constexpr int kUncleanSteps = 3;
+// Graphs kept at most: each holds its step's activations and static inputs. Batches padded to
+// their longest row come in a few widths, but a width per micro-batch under gradient
+// accumulation multiplies them; shapes beyond this many run eagerly.
+constexpr size_t kMaxGraphs = 16;
 // Every line this file says or throws starts so; a runtime refusal's reason already does.
 const std::string kPrefix = "[cuda graphs] ";
 }  // namespace
@@ -194,6 +198,15 @@ StepResults CapturedSteps::run(const std::vector<Batch>& micro_batches, int64_t 
   // steps run eagerly, neither showing the shape capturable nor counting against it.
   if (prim::observing_ops()) return run_(micro_batches);
   if (shape.given_up || !shape.clean_last) return run_eagerly(micro_batches, shape);
+  size_t graphs = 0;
+  for (const auto& [sig, s] : shapes_) graphs += s && s->graph ? 1 : 0;
+  if (graphs >= kMaxGraphs) {
+    if (said_.emplace("graph limit", true).second && say_)
+      say_(detail::concat(kPrefix, "the steps of batch shapes after the first ", kMaxGraphs,
+                          " captured run eagerly (pad batches to fewer lengths: a larger --pad-to-multiple-of, or "
+                          "--pad-to-max-length)"));
+    return run_(micro_batches);
+  }
   return capture(micro_batches, shape, signature, step, now.addresses);
 }
 

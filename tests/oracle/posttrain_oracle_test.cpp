@@ -233,7 +233,8 @@ TEST(DpoModel, FirstStepIsLn2WithZeroRewardsForEveryReference) {
   }
 }
 
-// preference_collate(pad_multiple) cuts each side after its last response token (rounded up):
+// preference_collate(pad_multiple) cuts both sides after the last response token of either
+// (rounded up):
 // the columns kept are the full-length batch's first ones, and the log-probabilities of the
 // pairs are the same, since no earlier position of a causal decoder sees the columns cut.
 TEST(DpoModel, BatchesCutAfterTheirLastTargetGiveTheFullLengthLogps) {
