@@ -184,8 +184,9 @@ void run(const GlueOptions& o) {
   if (pad_multiple > 0 && train_lengths->rows > 0) {
     std::ostringstream line;
     line << std::fixed << std::setprecision(1) << "glue: train batches padded to their longest row (a multiple of "
-         << pad_multiple << "): " << train_lengths->mean() << " positions per row on average, of --max-seq-length "
-         << o.max_seq_length;
+         << pad_multiple << "): " << train_lengths->mean() << " positions per row on average as collated, of "
+         << "--max-seq-length " << o.max_seq_length
+         << (deployer.data_size() > 1 ? " (this rank's slices, before the ranks pad to the longest among them)" : "");
     deployer.log(line.str());
   }
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
