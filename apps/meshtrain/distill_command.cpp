@@ -61,7 +61,7 @@ std::shared_ptr<models::PretrainedModel> new_student(const std::string& config_f
 struct DistillData {
   std::shared_ptr<const data::Dataset> train, eval;
   std::string description;
-  bool rows = false;  // rows padded one a sequence (else full packed sequences: nothing to cut)
+  bool rows = false;  // rows read as finetune reads them (else text packed into full sequences: nothing to cut)
 };
 
 DistillData distill_data(const SftFlags& flags, const std::shared_ptr<tokenizers::Tokenizer>& tok, std::optional<int64_t> eos) {
@@ -72,7 +72,7 @@ DistillData distill_data(const SftFlags& flags, const std::shared_ptr<tokenizers
     SftCorpus c = make_sft_corpus(flags, *tok, eos);
     what << c.rows - c.eval_rows << " train / " << c.eval_rows << " eval rows ("
          << (c.supervised ? "prompt/response, loss on responses" : "text") << ")";
-    return {c.train, c.eval, what.str(), !flags.packing};
+    return {c.train, c.eval, what.str(), true};  // SftFlags::pad_multiple() already leaves packed rows whole
   }
   LmDataFlags lm;
   lm.data = flags.data;
