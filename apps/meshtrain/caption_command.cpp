@@ -35,6 +35,7 @@ struct CaptionOptions {
   int64_t max_target_length = 32;
   int64_t num_beams = 4;
   bool skip_bad_images = false;
+  bool pad_to_max_length = false;
   StepFlags length{0, 3, 16, 1};
   AdamWFlags adamw{5e-4};
   LoraFlags lora;
@@ -96,7 +97,11 @@ void run(const CaptionOptions& o) {
   const auto& c = model->config.as<models::VisionEncoderDecoderConfig>();
   const data::ImageProcessorConfig processor = train::model_image_processor(o.model, c.encoder.image_size);
 
-  const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length};
+  // Each batch cut after its last caption token (rounded up to 8), unless --pad-to-max-length;
+  // --dry-run measures at full width.
+  const int64_t pad_multiple = o.pad_to_max_length || o.run.dry_run ? 0 : 8;
+  const train::CaptionTokens t{c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, o.max_target_length,
+                               pad_multiple};
   const std::string eval_dir = o.eval_image_dir.empty() ? o.image_dir : o.eval_image_dir;
   const auto train_rows = load_rows(o.data, o.image_dir, o.skip_bad_images, deployer);
   const auto eval_rows = load_rows(o.eval_data, eval_dir, o.skip_bad_images, deployer);
@@ -120,6 +125,7 @@ void run(const CaptionOptions& o) {
   std::shared_ptr<const models::PretrainedModel> frozen_model = model;
   train::CollateFn collate = train::caption_collate(processor, t);
   train::Trainer trainer(deployer, collate, train::caption_loss_fn(frozen_model), std::move(model->params), opt, plan);
+  if (pad_multiple > 0) trainer.set_padded_fields(train::caption_padded_fields(t));
 
   train::Predictor<std::string> predictor =
       train::caption_predictor(deployer, frozen_model, processor, t, o.num_beams, tok);
@@ -174,6 +180,8 @@ void add_caption_command(CLI::App& app) {
   cmd->add_option("--num-beams", o->num_beams, "beam search width in evaluation (1: greedy)")->capture_default_str();
   cmd->add_flag("--skip-bad-images", o->skip_bad_images,
                 "skip unreadable images (counted) instead of stopping before training");
+  cmd->add_flag("--pad-to-max-length", o->pad_to_max_length,
+                "every batch --max-target-length wide (default: cut after its longest caption, rounded up to 8)");
   add_step_flags(cmd, o->length);
   add_adamw_flags(cmd, o->adamw);
   add_lora_flags(cmd, o->lora);

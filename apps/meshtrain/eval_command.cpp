@@ -40,6 +40,8 @@ struct EvalOptions {
   std::string task, data_dir, split;
   std::string validation_file;  // a classifier trained on `glue --train-file` data
   int64_t max_seq_length = 128;
+  bool pad_to_max_length = false;  // BERT classifiers: no dropout here, so cut batches score alike
+  int64_t pad_to_multiple_of = 8;
   int64_t per_device_batch_size = 8;
   int64_t max_eval_samples = -1;
   std::string output;
@@ -116,8 +118,12 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
   auto tok = model.tokenizer;
   glue_fixed_length(*tok, o.max_seq_length);
   json result = {{"task", task.name}, {"split", split}, {"examples", dataset->size()}};
-  for (const auto& [k, v] : glue_evaluate(deployer, model, params, task, glue_collate(tok, task, o.max_seq_length), dataset,
-                                          o.per_device_batch_size))
+  // Each batch cut to its longest row unless --pad_to_max_length: evaluation has no dropout, so
+  // the scores are the same up to rounding, on fewer positions.
+  const int64_t pad_multiple = o.pad_to_max_length ? 0 : o.pad_to_multiple_of;
+  for (const auto& [k, v] :
+       glue_evaluate(deployer, model, params, task, glue_collate(tok, task, o.max_seq_length, pad_multiple), dataset,
+                     o.per_device_batch_size, pad_multiple > 0 ? glue_padded_fields(*tok) : std::vector<train::PaddedFields>{}))
     result["eval_" + k] = v;
   return result;
 }
@@ -234,6 +240,15 @@ void add_eval_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "BERT classifiers: use the first N rows");
   cmd->add_option("--max-seq-length", o->max_seq_length, "BERT classifiers: tokens per example")->capture_default_str();
+  cmd->add_option("--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                  "BERT classifiers: true: every batch --max-seq-length long; false (default): each batch padded to its "
+                  "longest row, rounded up to --pad-to-multiple-of (the same scores up to rounding)")
+      ->expected(0, 1)  // the flag alone means true, as in glue
+      ->capture_default_str();
+  cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
+                  "BERT classifiers: cut batch lengths are multiples of this")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "examples per data-parallel rank")
       ->capture_default_str()
       ->check(positive());

@@ -200,8 +200,10 @@ std::map<std::string, double> glue_scores(const data::GlueTask& task, const std:
 std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
                                             const Params& params, const data::GlueTask& task,
                                             const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
-                                            int64_t per_device_batch_size) {
+                                            int64_t per_device_batch_size,
+                                            const std::vector<train::PaddedFields>& padded) {
   train::Predictor<double> predictor = glue_predictor(deployer, model, task, collate);
+  if (!padded.empty()) predictor.set_padded_fields(padded);
   return glue_scores(task, predictor.predict(params, dataset, per_device_batch_size), *dataset);
 }
 

@@ -61,10 +61,12 @@ train::Predictor<double> glue_predictor(train::Deployer& deployer, const models:
 // The task's metrics of `predictions` against `dataset`'s labels.
 std::map<std::string, double> glue_scores(const data::GlueTask& task, const std::vector<double>& predictions,
                                           const data::Dataset& dataset);
-// Predictions on `dataset` and the task's metrics.
+// Predictions on `dataset` and the task's metrics; `padded`: the fields a collate that cuts
+// batches to their longest row names (glue_padded_fields), so that data ranks agree.
 std::map<std::string, double> glue_evaluate(train::Deployer& deployer, const models::PretrainedModel& model,
                                             const Params& params, const data::GlueTask& task,
                                             const train::CollateFn& collate, std::shared_ptr<const data::Dataset> dataset,
-                                            int64_t per_device_batch_size);
+                                            int64_t per_device_batch_size,
+                                            const std::vector<train::PaddedFields>& padded = {});
 
 }  // namespace mt::cli

@@ -9,6 +9,7 @@
 #include "meshtrain/ops/loss.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 #include "meshtrain/train/caption_metrics.h"
+#include "meshtrain/train/row_padding.h"
 #include "meshtrain/train/seq2seq_task.h"
 
 namespace mt::train {
@@ -37,9 +38,8 @@ CollateFn caption_collate(const data::ImageProcessorConfig& processor, const Cap
     Batch out;
     out.set("pixel_values", data::pixel_values(data::read_images(paths), processor));
     if (!rows.front().contains("labels")) return out;
-    // Every batch is max_target_length wide, whatever its captions' lengths: data-parallel
-    // ranks must agree on the shape (train/batch_shapes.h), and one shape per run is what a
-    // captured step replays.
+    // Rows are built max_target_length wide, then (t.pad_multiple > 0) cut after the batch's
+    // last caption token; data ranks pad their slices back to one width (batch_shapes.h).
     const size_t n = size_t(t.max_target_length);
     for (const auto& r : rows)
       MT_CHECK(r.tokens("labels").size() <= n, "[caption] a caption of ", r.tokens("labels").size(),
@@ -50,11 +50,20 @@ CollateFn caption_collate(const data::ImageProcessorConfig& processor, const Cap
       const auto& ids = rows[i].tokens("labels");
       std::copy(ids.begin(), ids.end(), labels.begin() + long(i * n));
     }
-    Array label_array = Array::from_vector(labels, Shape{b, int64_t(n)});
-    out.set("decoder_input_ids", models::shift_right(labels, b, int64_t(n), t.decoder_start_id, t.pad_id));
+    int64_t width = int64_t(n);
+    if (t.pad_multiple > 0) {
+      width = columns_in_use(labels, b, width, -100, t.pad_multiple);
+      keep_columns(labels, b, int64_t(n), width);
+    }
+    Array label_array = Array::from_vector(labels, Shape{b, width});
+    out.set("decoder_input_ids", models::shift_right(labels, b, width, t.decoder_start_id, t.pad_id));
     out.set("labels", label_array);
     return out;
   };
+}
+
+std::vector<PaddedFields> caption_padded_fields(const CaptionTokens& t) {
+  return {{{"decoder_input_ids", double(t.pad_id)}, {"labels", -100.0}}};
 }
 
 LossFn caption_loss_fn(std::shared_ptr<const models::PretrainedModel> model) {

@@ -14,6 +14,7 @@
 #include "meshtrain/data/image_processor.h"
 #include "meshtrain/models/generate.h"
 #include "meshtrain/models/pretrained.h"
+#include "meshtrain/train/batch_shapes.h"
 #include "meshtrain/train/predictor.h"
 #include "meshtrain/train/trainer.h"
 
@@ -26,6 +27,9 @@ namespace mt::train {
 struct CaptionTokens {
   int64_t pad_id = 0, eos_id = 0, decoder_start_id = 0;
   int64_t max_target_length = 32;  // caption tokens, the end token included
+  // 0: every batch max_target_length wide; otherwise cut after the batch's last caption token,
+  // rounded up to this multiple (train/row_padding.h: exact in the causal decoder).
+  int64_t pad_multiple = 0;
 };
 
 // Training rows: one {"image": path, "labels": caption ids ending with eos} per caption.
@@ -37,6 +41,10 @@ std::vector<data::Example> caption_eval_examples(const std::vector<data::Caption
 // Batch {pixel_values (B, C, H, W) f32} plus, for training rows, {decoder_input_ids (B, T),
 // labels (B, T), -100 past each caption's end}. An unreadable image is an error naming it.
 CollateFn caption_collate(const data::ImageProcessorConfig& processor, const CaptionTokens& t);
+
+// The fields caption_collate cuts when t.pad_multiple > 0, with their pad values: for
+// Trainer::set_padded_fields, so that data ranks pad their slices alike.
+std::vector<PaddedFields> caption_padded_fields(const CaptionTokens& t);
 
 // Mean cross-entropy of the teacher-forced logits against the labels.
 LossFn caption_loss_fn(std::shared_ptr<const models::PretrainedModel> model);

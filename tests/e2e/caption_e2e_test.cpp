@@ -173,6 +173,27 @@ TEST_F(CaptionE2E, ShardedRunsEqualOneDeviceAndLoraAndBf16Train) {
   EXPECT_LT(bf16.rbegin()->second, bf16.begin()->second);
 }
 
+// Batches cut after their last caption token (the default: 8 of 12 columns here) train as
+// full-width ones (--pad-to-max-length): the decoder is causal and the cut positions hold no
+// target. Dropout is off, since its masks are drawn per flat position.
+TEST_F(CaptionE2E, BatchesCutAfterTheirLongestCaptionTrainAsFullWidthOnes) {
+  const std::string config = write("no_dropout.json", R"({"decoder": {"resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                                                       "attn_pdrop": 0.0}})");
+  auto with_config = [&](std::string cmd) { return cmd.replace(cmd.find("small-vit-gpt2"), 14, config); };
+  const int epochs = 4;
+  const CliRun cut = run_cli(with_config(command(train_, (dir_ / "cut").string(), "", epochs)));
+  ASSERT_EQ(cut.code, 0) << cut.out;
+  const CliRun full = run_cli(with_config(command(train_, (dir_ / "full").string(), "--pad-to-max-length", epochs)));
+  ASSERT_EQ(full.code, 0) << full.out;
+  const auto a = train_losses(dir_ / "cut"), b = train_losses(dir_ / "full");
+  ASSERT_EQ(a.size(), size_t(epochs));
+  ASSERT_EQ(b.size(), a.size());
+  double err = 0;
+  for (const auto& [step, loss] : b) err = std::max(err, std::abs(a.at(step) - loss));
+  std::cout << "  cut vs full-width batches: " << epochs << " steps, max |loss difference| " << err << "\n";
+  EXPECT_LT(err, 1e-5);
+}
+
 TEST_F(CaptionE2E, BadImagesStopBeforeTrainingOrAreSkipped) {
   const std::string missing =
       write("missing.jsonl", "{\"image\": \"china.jpg\", \"caption\": \"a pagoda\"}\n{\"image\": \"gone.jpg\", \"caption\": \"x\"}\n");

@@ -103,6 +103,13 @@ TEST_F(GlueE2E, RteTrainsEvaluatesAndKeepsTheBestCheckpoint) {
   nlohmann::json j = nlohmann::json::parse(e.std_out.substr(e.std_out.find('{')));
   EXPECT_EQ(j["examples"].get<int64_t>(), 96);
   EXPECT_EQ(j["eval_accuracy"].get<double>(), r["best"]["value"].get<double>());
+  // The run evaluated 64-long rows; eval cuts each batch to its longest row by default, and
+  // --pad_to_max_length keeps them whole: the same accuracy either way.
+  CliRun whole = run_cli("eval --model " + (out_ / "checkpoints" / "best").string() + " --task rte --data-dir " + kGlue +
+                         " --max-seq-length 64 --max-eval-samples 96 --pad_to_max_length");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  nlohmann::json w = nlohmann::json::parse(whole.std_out.substr(whole.std_out.find('{')));
+  EXPECT_EQ(w["eval_accuracy"].get<double>(), j["eval_accuracy"].get<double>());
 }
 
 TEST_F(GlueE2E, StsbRegressionLossFalls) {
