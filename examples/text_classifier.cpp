@@ -17,22 +17,30 @@
 
 using namespace mt;
 
-constexpr int64_t kMaxLen = 64;  // every batch has this many tokens per sentence: equal shapes on all ranks
+constexpr int64_t kMaxLen = 64;  // sentences are truncated to this many tokens
 
-// [CLS] sentence [SEP], truncated and padded to kMaxLen.
+// [CLS] sentence [SEP], truncated to kMaxLen, each batch padded to its longest sentence
+// (rounded up to 8), as HF's DataCollatorWithPadding pads.
 train::Batch collate(const tokenizers::Tokenizer& tokenizer, const std::vector<data::Example>& examples) {
+  std::vector<std::string> texts;
   std::vector<int64_t> ids, mask, labels;
   for (const data::Example& e : examples) {
-    tokenizers::Encoding enc = tokenizer.encode(e.str("text_a"));
-    ids.insert(ids.end(), enc.ids.begin(), enc.ids.end());
-    mask.insert(mask.end(), enc.attention_mask.begin(), enc.attention_mask.end());
+    texts.push_back(e.str("text_a"));
     labels.push_back(e.as_int("label"));
   }
-  const int64_t n = int64_t(examples.size());
-  return {{"input_ids", Array::from_vector(ids, {n, kMaxLen})},
-          {"attention_mask", Array::from_vector(mask, {n, kMaxLen})},
+  for (const tokenizers::Encoding& enc : tokenizer.encode_batch(texts)) {
+    ids.insert(ids.end(), enc.ids.begin(), enc.ids.end());
+    mask.insert(mask.end(), enc.attention_mask.begin(), enc.attention_mask.end());
+  }
+  const int64_t n = int64_t(examples.size()), width = int64_t(ids.size()) / n;
+  return {{"input_ids", Array::from_vector(ids, {n, width})},
+          {"attention_mask", Array::from_vector(mask, {n, width})},
           {"labels", Array::from_vector(labels, {n})}};
 }
+
+// The fields collate pads to its batch's longest row, and their pad values: data-parallel
+// ranks collate their own slices, and the Trainer pads them to the ranks' longest.
+const std::vector<train::PaddedFields> kPaddedFields = {{{"input_ids", 0.0}, {"attention_mask", 0.0}}};
 
 models::BertOutputs forward(const models::BertConfig& config, const Params& params, const train::Batch& batch,
                             const RngKey& dropout_key = {}, bool train = false) {
@@ -50,7 +58,7 @@ int main(int argc, char** argv) {
 
     auto tokenizer = tokenizers::load_tokenizer(data_dir + "/tokenizers/bert-base-uncased-tokenizer.json");
     tokenizer->set_truncation(tokenizers::TruncationParams{.max_length = kMaxLen});
-    tokenizer->set_padding(tokenizers::PaddingParams{.length = kMaxLen});
+    tokenizer->set_padding(tokenizers::PaddingParams{.length = std::nullopt, .pad_to_multiple_of = 8});
     // SST-2 rows as {"text_a": sentence, "label": 0 negative / 1 positive}. The first rows of
     // train make the training set; the whole dev set measures accuracy.
     const data::GlueTask& sst2 = data::glue_task("sst2");
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
     auto lr = optim::warmup_linear_decay_schedule(1e-3, steps / 10, steps);
     train::Trainer trainer(deployer, collate_fn, loss_fn, params, optim::adamw(lr),
                            deployer.sharding_rules(params, models::bert_param_roles(config)));
+    trainer.set_padded_fields(kPaddedFields);
 
     // predict: the most likely class of each sentence, returned in example order.
     train::Predictor<int64_t> predictor(
@@ -91,6 +100,7 @@ int main(int argc, char** argv) {
           return train::Batch{{"label", argmax(forward(config, p, batch).logits, -1)}};
         },
         [](const train::Batch& outputs) { return outputs["label"].to_ints(); });
+    predictor.set_padded_fields(kPaddedFields);
 
     train::FitOptions fit;
     fit.per_device_batch_size = 32 / deployer.data_size();

@@ -14,7 +14,10 @@ import numpy as np
 
 import meshtrain as mt
 
-MAX_LEN = 64  # every batch has this many tokens per sentence: equal shapes on all ranks
+MAX_LEN = 64  # sentences are truncated to this many tokens
+# The fields collate pads to its batch's longest row, and their pad values: data-parallel ranks
+# collate their own slices, and the Trainer pads them to the ranks' longest.
+PADDED_FIELDS = {"input_ids": 0, "attention_mask": 0}
 
 
 def read_sst2(path):
@@ -31,11 +34,11 @@ def main():
 
     tokenizer = mt.Tokenizer.from_file(f"{data_dir}/tokenizers/bert-base-uncased-tokenizer.json")
     tokenizer.enable_truncation(MAX_LEN)
-    tokenizer.enable_padding(length=MAX_LEN)
+    tokenizer.enable_padding(pad_to_multiple_of=8)  # each batch to its longest sentence
     train = read_sst2(f"{data_dir}/glue/SST-2/train.tsv")[:train_sentences]
     dev = read_sst2(f"{data_dir}/glue/SST-2/dev.tsv")
 
-    def collate(rows):  # [CLS] sentence [SEP], truncated and padded to MAX_LEN
+    def collate(rows):  # [CLS] sentence [SEP], truncated to MAX_LEN, padded to the batch's longest
         ids, mask = tokenizer.encode_batch_with_mask([r["sentence"] for r in rows])
         return {"input_ids": np.array(ids, np.int64), "attention_mask": np.array(mask, np.int64),
                 "labels": np.array([r["label"] for r in rows], np.int64)}
@@ -57,8 +60,9 @@ def main():
 
     lr = mt.optim.warmup_linear_decay_schedule(1e-3, steps // 10, steps)
     trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.adamw(lr),
-                         sharding_rules=mt.sharding_rules(deployer, params, model.param_roles()))
-    predictor = mt.Predictor(deployer, collate, pred_fn, lambda out: list(out["label"]))
+                         sharding_rules=mt.sharding_rules(deployer, params, model.param_roles()),
+                         padded_fields=PADDED_FIELDS)
+    predictor = mt.Predictor(deployer, collate, pred_fn, lambda out: list(out["label"]), padded_fields=PADDED_FIELDS)
     losses = trainer.fit(train, per_device_batch_size=32 // deployer.data_size, epochs=1000, max_steps=steps)["losses"]
     predicted = predictor.predict(dev, trainer.params, per_device_batch_size=64)
     accuracy = float(np.mean([int(p) == r["label"] for p, r in zip(predicted, dev)]))

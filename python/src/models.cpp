@@ -249,16 +249,16 @@ void bind_models(py::module_& m) {
            py::arg("max_length"))
       .def("enable_padding",
            [](tokenizers::Tokenizer& t, std::optional<size_t> length, int32_t pad_id, const std::string& pad_token,
-              const std::string& direction) {
+              const std::string& direction, size_t pad_to_multiple_of) {
              MT_CHECK(direction == "right" || direction == "left", "[tokenizer] padding direction is 'right' or "
                       "'left', got '", direction, "'");
              tokenizers::PaddingParams p;
-             p.length = length, p.pad_id = pad_id, p.pad_token = pad_token;
+             p.length = length, p.pad_id = pad_id, p.pad_token = pad_token, p.pad_to_multiple_of = pad_to_multiple_of;
              p.direction = direction == "left" ? tokenizers::Side::left : tokenizers::Side::right;
              t.set_padding(p);
            },
            py::arg("length") = py::none(), py::arg("pad_id") = 0, py::arg("pad_token") = "[PAD]",
-           py::arg("direction") = "right")
+           py::arg("direction") = "right", py::arg("pad_to_multiple_of") = 0)
       .def("encode_batch_with_mask",
            [](const tokenizers::Tokenizer& t, const std::vector<std::string>& texts, bool add_special_tokens) {
              std::vector<tokenizers::Encoding> e;
