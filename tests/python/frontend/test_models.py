@@ -105,6 +105,13 @@ def test_tokenizer_truncation_and_padding_equal_transformers():
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="[PAD]")
     want = hf(texts, truncation=True, max_length=12, padding="max_length")
     assert ids == want["input_ids"] and mask == want["attention_mask"]
+    # Each batch to its longest row, rounded up to a multiple (DataCollatorWithPadding's way).
+    tok.enable_truncation(64)
+    tok.enable_padding(pad_to_multiple_of=8)
+    ids, mask = tok.encode_batch_with_mask(texts)
+    want = hf(texts, truncation=True, max_length=64, padding="longest", pad_to_multiple_of=8)
+    assert ids == want["input_ids"] and mask == want["attention_mask"]
+    assert len(ids[0]) == 16  # the longest row has 12 tokens
 
 
 def test_lora_trains_only_adapters_and_peft_loads_them(report, tmp_path):
