@@ -180,8 +180,8 @@ void add_caption_command(CLI::App& app) {
   cmd->add_option("--num-beams", o->num_beams, "beam search width in evaluation (1: greedy)")->capture_default_str();
   cmd->add_flag("--skip-bad-images", o->skip_bad_images,
                 "skip unreadable images (counted) instead of stopping before training");
-  cmd->add_flag("--pad-to-max-length", o->pad_to_max_length,
-                "every batch --max-target-length wide (default: cut after its longest caption, rounded up to 8)");
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                   "every batch --max-target-length wide (default: cut after its longest caption, rounded up to 8)");
   add_step_flags(cmd, o->length);
   add_adamw_flags(cmd, o->adamw);
   add_lora_flags(cmd, o->lora);

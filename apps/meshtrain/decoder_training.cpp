@@ -21,6 +21,13 @@ std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, c
   return m;
 }
 
+void check_fits_context(const models::PretrainedModel& model, int64_t tokens, const std::string& flag,
+                        const std::string& source, const std::string& command) {
+  const int64_t positions = model.causal_lm().max_positions;
+  MT_CHECK(positions == 0 || tokens <= positions, "[", command, "] ", flag, " ", tokens, " exceeds the ", positions,
+           " positions of ", source, ": lower ", flag, " to at most ", positions);
+}
+
 void add_optimizer_flags(CLI::App* cmd, OptimizerFlags& f, const std::string& learning_rate_help) {
   cmd->add_option("--learning-rate", f.learning_rate, learning_rate_help);
   cmd->add_option("--warmup-steps", f.warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();

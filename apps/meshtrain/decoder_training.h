@@ -22,6 +22,11 @@ namespace mt::cli {
 std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, const models::PretrainedOptions& options,
                                                       const std::string& command);
 
+// Throws before training when sequences of `tokens` positions (what `flag` asks for) exceed the
+// positions `model` (read from `source`) has: such a run would stop at its first long batch.
+void check_fits_context(const models::PretrainedModel& model, int64_t tokens, const std::string& flag,
+                        const std::string& source, const std::string& command);
+
 struct OptimizerFlags {
   double learning_rate = 0;  // 0: the command's default (with or without LoRA)
   int64_t warmup_steps = 0;

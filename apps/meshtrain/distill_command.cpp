@@ -107,6 +107,8 @@ void run(const DistillCommandOptions& o) {
   auto student = o.student.empty() ? new_student(o.config, *teacher, o.data.seq_len, eos, deployer.init_key())
                                    : load_decoder(o.student, po, "distill");
   posttrain::check_teacher(*teacher, *student);
+  check_fits_context(*teacher, o.data.seq_len, "--seq-len", o.teacher, "distill");
+  if (!o.student.empty()) check_fits_context(*student, o.data.seq_len, "--seq-len", o.student, "distill");
 
   const DistillData corpus = distill_data(o.data, tok, eos);
   if (o.lora.enabled()) models::add_lora(*student, o.lora.options(), deployer.init_key());
@@ -130,7 +132,8 @@ void run(const DistillCommandOptions& o) {
         << " (" << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string(""))
         << student->params.total_elements() << " parameters), temperature " << d.temperature << ", alpha " << d.alpha
         << "; " << o.data.data << ": " << corpus.description << ", " << total << " steps of " << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum
-        << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
+        << (corpus.rows && o.data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << o.data.seq_len
+        << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
   // --dry-run measures one step's memory on the first batch: at full length, the most any

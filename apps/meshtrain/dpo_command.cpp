@@ -72,6 +72,7 @@ void run(const DpoCommandOptions& o) {
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "dpo");
+  check_fits_context(*model, o.data.seq_len, "--seq-len", o.model, "dpo");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[dpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -109,7 +110,8 @@ void run(const DpoCommandOptions& o) {
         << ", reference: " << reference_text << "; " << o.data.data << ": " << corpus.rows - corpus.eval_rows << " train / "
         << corpus.eval_rows << " eval pairs (" << (corpus.conversational ? "conversations" : "text") << ", "
         << corpus.truncated << " truncated), " << total << " steps of "
-        << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum << " pairs of " << o.data.seq_len
+        << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum
+        << (o.data.pad_multiple() > 0 ? " pairs of up to " : " pairs of ") << o.data.seq_len
         << " tokens on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 

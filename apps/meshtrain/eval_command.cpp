@@ -97,6 +97,10 @@ json eval_decoder(train::Deployer& deployer, const models::PretrainedModel& mode
 json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, const Params& params,
                const EvalOptions& o) {
   MT_CHECK(model.tokenizer != nullptr, "[eval] ", o.model, " has no tokenizer");
+  const models::BertConfig& bert = model.config.as<models::BertConfig>();
+  MT_CHECK(bert.head == models::BertHead::sequence_classification, "[eval] ", o.model, " is a ",
+           models::bert_architecture(bert.head), ", not a sequence classifier: evaluate what glue trained (its run, "
+           "a checkpoint or its model/ folder)");
   data::GlueTask task;
   std::vector<data::Example> rows;
   std::string split = o.validation_file;
@@ -113,16 +117,21 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
     split = o.split.empty() ? task.dev_split : o.split;
     rows = data::read_glue_split(o.data_dir, task, split);
   }
+  MT_CHECK(task.num_labels() == bert.num_labels, "[eval] ", o.model, " has ", bert.num_labels,
+           bert.num_labels == 1 ? " output (a regression head)" : " classes", "; ", task.name, " ",
+           task.is_regression() ? std::string("is a regression task (1 output)")
+                                : "has " + std::to_string(task.num_labels()) + " classes");
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   auto dataset = data::make_dataset(std::move(rows));
   auto tok = model.tokenizer;
-  glue_fixed_length(*tok, o.max_seq_length);
+  const int64_t max_len = length_within_positions(o.max_seq_length, model, o.model, deployer, "eval");
+  glue_fixed_length(*tok, max_len);
   json result = {{"task", task.name}, {"split", split}, {"examples", dataset->size()}};
   // Each batch cut to its longest row unless --pad_to_max_length: evaluation has no dropout, so
   // the scores are the same up to rounding, on fewer positions.
   const int64_t pad_multiple = o.pad_to_max_length ? 0 : o.pad_to_multiple_of;
   for (const auto& [k, v] :
-       glue_evaluate(deployer, model, params, task, glue_collate(tok, task, o.max_seq_length, pad_multiple), dataset,
+       glue_evaluate(deployer, model, params, task, glue_collate(tok, task, max_len, pad_multiple), dataset,
                      o.per_device_batch_size, pad_multiple > 0 ? glue_padded_fields(*tok) : std::vector<train::PaddedFields>{}))
     result["eval_" + k] = v;
   return result;
@@ -206,6 +215,11 @@ void run(const EvalOptions& o) {
     deployer.log("dry run: nothing evaluated");
     throw train::DryRunDone("dry run: nothing evaluated");
   }
+  // Options for another kind of model are an error, not ignored.
+  const bool bert = model.config.holds<models::BertConfig>();
+  MT_CHECK(bert || (o.task.empty() && o.data_dir.empty() && o.validation_file.empty()), "[eval] --task, --data-dir and "
+           "--validation-file are for BERT classifiers; ", o.model, " is a ", model.model_type, " model",
+           model.is_causal_lm() ? " (score text with --data FILE)" : "");
   Params params = plan.shard(model.params);
   json result = model.config.holds<models::VisionEncoderDecoderConfig>() ? eval_captioner(deployer, model, params, o)
                 : model.config.holds<models::VitConfig>()                    ? eval_image_classifier(deployer, model, params, o)
@@ -231,7 +245,7 @@ void add_eval_command(CLI::App& app) {
                   "image-to-text models: captions (JSON lines {image, caption} or COCO captions JSON)")
       ->capture_default_str();
   cmd->add_option("--seq-len", o->data.seq_len, "decoders: tokens per scored sequence (default: the model's context)")
-      ->check(CLI::Range(2, 1 << 20));
+      ->check(integer_range(2, 1 << 20));
   cmd->add_option("--task", o->task, "BERT classifiers: GLUE task");
   cmd->add_option("--data-dir", o->data_dir, "BERT classifiers: GLUE root or task directory");
   cmd->add_option("--split", o->split, "GLUE split (default: dev, dev_matched for MNLI)");
@@ -240,15 +254,13 @@ void add_eval_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--max-eval-samples", o->max_eval_samples, "BERT classifiers: use the first N rows");
   cmd->add_option("--max-seq-length", o->max_seq_length, "BERT classifiers: tokens per example")->capture_default_str();
-  cmd->add_option("--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
-                  "BERT classifiers: true: every batch --max-seq-length long; false (default): each batch padded to its "
-                  "longest row, rounded up to --pad-to-multiple-of (the same scores up to rounding)")
-      ->expected(0, 1)  // the flag alone means true, as in glue
-      ->capture_default_str();
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                   "BERT classifiers: true: every batch --max-seq-length long; false (default): each batch padded to "
+                   "its longest row, rounded up to --pad-to-multiple-of (the same scores up to rounding)");
   cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
                   "BERT classifiers: cut batch lengths are multiples of this")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_range(1, 4096));
   cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "examples per data-parallel rank")
       ->capture_default_str()
       ->check(positive());

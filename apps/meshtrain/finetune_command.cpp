@@ -55,6 +55,7 @@ void run(const FinetuneOptions& o) {
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "finetune");
+  check_fits_context(*model, o.data.seq_len, "--seq-len", o.model, "finetune");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[finetune] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -80,7 +81,7 @@ void run(const FinetuneOptions& o) {
         << corpus.rows - corpus.eval_rows << " train / " << corpus.eval_rows << " eval rows ("
         << (corpus.supervised ? "prompt/response, loss on responses" : "text") << ", " << corpus.target_tokens
         << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.length.grad_accum
-        << " sequences of " << o.data.seq_len << " on mesh " << deployer.mesh().str();
+        << (o.data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << o.data.seq_len << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
   // Moved: the trainer holds the only handles, so each step updates the parameters in place

@@ -107,13 +107,14 @@ void run(const GlueOptions& o) {
   MT_CHECK(model->config.holds<models::BertConfig>(), "[glue] ", o.model, " is a ", model->model_type,
            " model; glue fine-tunes BERT");
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
-  glue_fixed_length(*tok, o.max_seq_length);
+  const int64_t max_len = length_within_positions(o.max_seq_length, *model, o.model, deployer, "glue");
+  glue_fixed_length(*tok, max_len);
   // --pad_to_max_length false: each batch as long as its longest row (rounded up), not
   // --max-seq-length; the train batches' lengths are reported at the end.
   const int64_t pad_multiple = o.pad_to_max_length || o.run.dry_run ? 0 : o.pad_to_multiple_of;  // --dry-run: full length
   auto train_lengths = std::make_shared<CollatedLengths>();
-  train::CollateFn collate = glue_collate(tok, task, o.max_seq_length, pad_multiple, train_lengths);
-  train::CollateFn eval_collate = glue_collate(tok, task, o.max_seq_length, pad_multiple);
+  train::CollateFn collate = glue_collate(tok, task, max_len, pad_multiple, train_lengths);
+  train::CollateFn eval_collate = glue_collate(tok, task, max_len, pad_multiple);
   // Every row tokenized once, before the first step (and read back from the cache beside the
   // data on the next run), not in each batch of each epoch and evaluation.
   const std::string cache_dir =
@@ -123,9 +124,9 @@ void run(const GlueOptions& o) {
   std::shared_ptr<const data::Dataset> train_set, eval_set;
   {
     TokenCacheReport tr, er;
-    train_set = pretokenize_glue(glue_data.train, *tok, task, o.max_seq_length, model_dir.string(), cache_dir,
+    train_set = pretokenize_glue(glue_data.train, *tok, task, max_len, model_dir.string(), cache_dir,
                                  task.name + "-train", &tr);
-    eval_set = pretokenize_glue(glue_data.eval, *tok, task, o.max_seq_length, model_dir.string(), cache_dir,
+    eval_set = pretokenize_glue(glue_data.eval, *tok, task, max_len, model_dir.string(), cache_dir,
                                 task.name + "-eval", &er);
     std::ostringstream line;
     line << std::fixed << std::setprecision(2) << "glue: " << train_set->size() + eval_set->size() << " rows "
@@ -179,13 +180,13 @@ void run(const GlueOptions& o) {
   f.learning_rate = lr;
   // Padded to each batch's longest row, an example has no fixed token count: the rate is in
   // examples per second then.
-  f.tokens_per_example = pad_multiple > 0 ? 0 : o.max_seq_length;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : max_len;
   train::FitResult r = trainer.fit(train_set, f);
   if (pad_multiple > 0 && train_lengths->rows > 0) {
     std::ostringstream line;
     line << std::fixed << std::setprecision(1) << "glue: train batches padded to their longest row (a multiple of "
          << pad_multiple << "): " << train_lengths->mean() << " positions per row on average as collated, of "
-         << "--max-seq-length " << o.max_seq_length
+         << "--max-seq-length " << max_len
          << (deployer.data_size() > 1 ? " (this rank's slices, before the ranks pad to the longest among them)" : "");
     deployer.log(line.str());
   }
@@ -245,18 +246,16 @@ void add_glue_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer file or directory (default: the model's)");
   cmd->add_option("--max-seq-length,--max_seq_length", o->max_seq_length, "tokens per example after truncation and padding")
       ->capture_default_str()
-      ->check(CLI::Range(8, 4096));
-  cmd->add_option("--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
-                  "true: every batch is --max-seq-length long (run_flax_glue; HF run_glue's default); false: each batch "
-                  "is padded to its longest row, rounded up to --pad-to-multiple-of (HF's DataCollatorWithPadding): "
-                  "fewer positions, the same results up to rounding (with dropout on, its masks fall on other "
-                  "positions, as in PyTorch)")
-      ->expected(0, 1)  // the flag alone means true, as for HF's argument parser
-      ->capture_default_str();
+      ->check(integer_range(8, 4096));
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                   "true: every batch is --max-seq-length long (run_flax_glue; HF run_glue's default); false: each batch "
+                   "is padded to its longest row, rounded up to --pad-to-multiple-of (HF's DataCollatorWithPadding): "
+                   "fewer positions, the same results up to rounding (with dropout on, its masks fall on other "
+                   "positions, as in PyTorch)");
   cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
                   "with --pad_to_max_length false: batch lengths are multiples of this (fewer shapes to capture or tune)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_range(1, 4096));
   cmd->add_option("--learning-rate,--learning_rate", o->learning_rate, "peak learning rate")->capture_default_str();
   cmd->add_option("--num-train-epochs,--num_train_epochs", o->num_train_epochs, "epochs")->capture_default_str()->check(positive());
   cmd->add_option("--max-steps,--max_steps", o->max_steps, "stop after this many steps (default: all epochs)");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "apps/meshtrain/flag_checks.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/lm_dataset.h"
@@ -30,7 +31,7 @@ void add_lm_data_flags(CLI::App* cmd, LmDataFlags& f) {
       ->capture_default_str();
   cmd->add_option("--seq-len", f.seq_len, "tokens per training sequence (the model's context)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
+      ->check(integer_range(2, 1 << 20));
   cmd->add_flag("--pad-documents", f.pad_documents,
                 "one document per sequence, truncated or padded (padding is not a target), instead of packing");
 }

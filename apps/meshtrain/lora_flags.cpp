@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "apps/meshtrain/flag_checks.h"
 #include "meshtrain/optim/partition.h"
 #include "meshtrain/tokenizers/tokenizer.h"
 
@@ -21,7 +22,7 @@ models::LoraOptions LoraFlags::options() const {
 void add_lora_flags(CLI::App* cmd, LoraFlags& f) {
   cmd->add_option("--lora-rank", f.rank, "train LoRA adapters of this rank on a frozen model (0: all weights)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--lora-alpha", f.alpha, "LoRA scale numerator: updates are scaled by alpha / rank")
       ->capture_default_str();
   cmd->add_option("--lora-dropout", f.dropout, "dropout on the adapters' input while training")->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/meshtrain/flag_checks.h"
 #include "apps/meshtrain/jsonl_objects.h"
 #include "apps/meshtrain/sft_data.h"
 #include "meshtrain/core/error.h"
@@ -22,14 +23,14 @@ void add_preference_flags(CLI::App* cmd, PreferenceFlags& f) {
   cmd->add_option("--chat-template", f.chat_template,
                   "a Jinja chat template file for conversational rows (default: the model directory's)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--seq-len", f.seq_len, "tokens per sequence (prompt + response)")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--seq-len", f.seq_len, "tokens per sequence (prompt + response)")->capture_default_str()->check(integer_range(2, 1 << 20));
   cmd->add_option("--eval-fraction", f.eval_fraction, "share of the rows (the last ones) held out for evaluation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
-  cmd->add_flag("--pad-to-max-length", f.pad_to_max_length,
-                "every batch --seq-len long (default: the chosen and the rejected sequences of a batch cut after its "
-                "last response token, rounded up to a multiple of 8, as TRL pads; data ranks pad to the ranks' "
-                "longest)");
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", f.pad_to_max_length,
+                   "every batch --seq-len long (default: the chosen and the rejected sequences of a batch cut after its "
+                   "last response token, rounded up to a multiple of 8, as TRL pads; data ranks pad to the ranks' "
+                   "longest)");
 }
 
 namespace {

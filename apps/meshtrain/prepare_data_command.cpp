@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "apps/meshtrain/commands.h"
+#include "apps/meshtrain/flag_checks.h"
 #include "apps/meshtrain/lm_setup.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
@@ -123,7 +124,7 @@ void add_prepare_data_command(CLI::App& app) {
   cmd->add_option("--tokenizer", f->tokenizer, "'bytes', or a tokenizer.json / vocab.json / vocab.txt / .model / directory")
       ->capture_default_str();
   cmd->add_option("--output", f->output, "directory for shard_*.bin, index.json and tokenizer/")->required();
-  cmd->add_option("--shard-tokens", f->shard_tokens, "token ids per shard file at most")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--shard-tokens", f->shard_tokens, "token ids per shard file at most")->capture_default_str()->check(positive());
   cmd->add_flag("--overwrite", f->overwrite, "replace the shards of an earlier run in --output");
   cmd->callback([f] { run(*f); });
 }

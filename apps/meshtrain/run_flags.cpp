@@ -19,19 +19,6 @@ namespace mt::cli {
 
 namespace fs = std::filesystem;
 
-CLI::Validator positive() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        try {
-          size_t used = 0;
-          if (std::stoll(text, &used) >= 1 && used == text.size()) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be a positive integer, got '" + text + "'";
-      },
-      "POSITIVE");
-}
-
 void add_allow_new_heads_flag(CLI::App* cmd, bool& allow) {
   cmd->add_flag("--allow-new-heads", allow,
                 "initialize the parameters the model checkpoint lacks (listed in the load report) instead of failing");
@@ -116,12 +103,12 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
                   "copy, so the host queues steps without waiting for each; logged when read (0: 16 on a GPU, 1 on "
                   "the CPU; at most 1024)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1024));
+      ->check(integer_range(0, 1024));
   cmd->add_option("--logging-steps", f.logging_steps,
                   "where the output is not a terminal (a log file, mpirun): a progress line every N steps (0: every "
                   "10 % of the run)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_flag("--reschedule", f.reschedule,
                 "with --resume and another --steps: fit the learning-rate schedule to the new step count (by default "
                 "the run keeps the schedule it was planned with)");
@@ -151,7 +138,7 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
   cmd->add_flag("--overwrite,--overwrite-output-dir", f.overwrite, "discard checkpoints of an earlier run in --output-dir");
   cmd->add_option("--peak-gflops", f.peak_gflops,
                   "the GEMM peak MFU is reported against (default: measured once per machine and cached)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--profile", f.profile,
                   "profile optimizer steps START:END (from 1, inclusive) into <output-dir>/profile: trace.json "
                   "(Perfetto), ops.txt, ops.json")
@@ -404,7 +391,7 @@ WarmupCosineAdamW warmup_cosine_adamw(const AdamWFlags& flags, int64_t span, con
 void add_max_grad_norm_flag(CLI::App* cmd, double& value) {
   cmd->add_option("--max-grad-norm", value, "clip gradients to this global norm (0: no clipping)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
 }
 
 void apply_remat(const RunFlags& flags, models::PretrainedModel& model) {

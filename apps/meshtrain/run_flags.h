@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/meshtrain/flag_checks.h"
+
 #include "meshtrain/models/pretrained.h"
 #include "meshtrain/autodiff/precision_policy.h"
 #include "meshtrain/ops/matmul.h"
@@ -70,8 +72,6 @@ std::string loss_scale_error(const std::string& text);
 // The run flags' part of a fit: --resume, --profile, MFU logging against --peak-gflops.
 void apply_run_flags(const RunFlags& flags, train::FitOptions& f);
 
-// Integers >= 1 (CLI11's PositiveNumber would print a 300-digit range on failure).
-CLI::Validator positive();
 
 train::Deployer make_deployer(const RunFlags& flags);
 

@@ -240,9 +240,9 @@ void add_seq2seq_command(CLI::App& app) {
   cmd->add_option("--source-field", o->source_field, "JSONL key of the source text")->capture_default_str();
   cmd->add_option("--target-field", o->target_field, "JSONL key of the target text")->capture_default_str();
   cmd->add_option("--source-prefix", o->source_prefix, "prepended to each source (e.g. \"summarize: \")");
-  cmd->add_flag("--pad-to-max-length", o->pad_to_max_length,
-                "pad every batch to --max-source-length and --max-target-length, not to its longest rows (data "
-                "ranks then pad their slices to the ranks' longest)");
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", o->pad_to_max_length,
+                   "pad every batch to --max-source-length and --max-target-length, not to its longest rows (data "
+                   "ranks then pad their slices to the ranks' longest)");
   cmd->add_option("--max-source-length", o->max_source_length, "source tokens kept (with the end token)")
       ->capture_default_str()->check(positive());
   cmd->add_option("--max-target-length", o->max_target_length, "target tokens kept, and generated at most")

@@ -162,24 +162,24 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer", f->tokenizer, "tokenizer file or directory (default: the model directory's)");
   cmd->add_option("--chat-template", f->chat_template, "Jinja chat template file (default: the model directory's; none: a plain 'role: content' template)");
   cmd->add_option("--host", f->host, "address to listen on (127.0.0.1: this machine only)")->capture_default_str();
-  cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")->capture_default_str()->check(CLI::Range(0, 65535));
-  cmd->add_option("--max-batch", f->max_batch, "sequences decoded together at most")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")->capture_default_str()->check(integer_range(0, 65535));
+  cmd->add_option("--max-batch", f->max_batch, "sequences decoded together at most")->capture_default_str()->check(positive());
   cmd->add_option("--kv-cache-mb", f->kv_cache_mb, "KV-cache budget: requests wait while their reservations (prompt + max_tokens) would pass it")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--max-queue", f->max_queue, "requests waiting for admission at most (more get 429)")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(positive());
+  cmd->add_option("--max-queue", f->max_queue, "requests waiting for admission at most (more get 429)")->capture_default_str()->check(positive());
   cmd->add_option("--max-prefill-tokens", f->max_prefill_tokens,
                   "padded prompt positions prefilled in one forward pass (prompts admitted together share one; a "
                   "longer prompt runs alone)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--max-model-len", f->max_model_len, "prompt + completion tokens at most (0: the model's positions, else 2048)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(non_negative());
   cmd->add_option("--max-prompt-tokens", f->max_prompt_tokens, "tokens per prompt at most (0: max-model-len - 1)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-body-bytes", f->max_body_bytes, "request body size limit (larger get 413)")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(non_negative());
+  cmd->add_option("--max-body-bytes", f->max_body_bytes, "request body size limit (larger get 413)")->capture_default_str()->check(positive());
   cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on /v1/ routes");
   cmd->add_option("--model-shards", f->model_shards, "tensor-parallel shards of each weight: run under mpirun with this many processes")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(positive());
   cmd->add_option("--mesh", f->mesh, "device mesh, e.g. model=2 (its size must equal the number of processes)");
   add_allow_new_heads_flag(cmd, f->allow_new_heads);
   add_adapter_flag(cmd, f->adapter);

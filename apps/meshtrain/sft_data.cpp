@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "apps/meshtrain/flag_checks.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/jsonl_reader.h"
@@ -106,11 +107,11 @@ void add_sft_data_flags(CLI::App* cmd, SftFlags& f) {
   text->excludes(prompt);
   cmd->add_option("--template", f.template_text, "how a pair reads as text: {prompt} and {response}")
       ->capture_default_str();
-  cmd->add_option("--seq-len", f.seq_len, "tokens per training sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", f.seq_len, "tokens per training sequence")->capture_default_str()->check(positive());
   cmd->add_flag("--packing", f.packing, "pack rows back to back into full sequences (default: one padded row each)");
-  cmd->add_flag("--pad-to-max-length", f.pad_to_max_length,
-                "unpacked rows: every batch --seq-len long (default: each batch cut after its last target token, "
-                "rounded up to a multiple of 8, as TRL pads to the longest row; data ranks pad to the ranks' longest)");
+  add_boolean_flag(cmd, "--pad-to-max-length,--pad_to_max_length", f.pad_to_max_length,
+                   "unpacked rows: every batch --seq-len long (default: each batch cut after its last target token, "
+                   "rounded up to a multiple of 8, as TRL pads to the longest row; data ranks pad to the ranks' longest)");
   cmd->add_option("--eval-fraction", f.eval_fraction, "share of the rows (the last ones) held out for eval loss")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));

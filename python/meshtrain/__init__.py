@@ -9,6 +9,7 @@ pytrees (nested dicts, lists and tuples of arrays) as in JAX; errors from the en
 ``mt.Error`` (a ``ValueError``) carrying the C++ message, which names the op and the shapes.
 """
 import builtins as _builtins
+import functools as _functools
 import numbers
 
 import numpy as _np
@@ -123,6 +124,22 @@ from ._meshtrain import (  # noqa: E402  (the ops under their C++ names)
     transpose as _transpose, swapaxes, concatenate, stack, expand_dims, squeeze, take, take_along_axis,
     one_hot, embedding, softmax, log_softmax, layer_norm, rms_norm, cross_entropy, mse_loss, dropout, attention,
 )
+
+
+def _first_as_array(fn):
+    """The op taking a NumPy array or a list as its first argument too, as jax.numpy's do."""
+    @_functools.wraps(fn)
+    def op(x, *args, **kwargs):
+        return fn(_as_array(x), *args, **kwargs)
+    return op
+
+
+neg, exp, log, sqrt, rsqrt, tanh, abs, sign, square, reciprocal, erf, sin, cos, sigmoid, relu, silu, gelu = map(
+    _first_as_array, (neg, exp, log, sqrt, rsqrt, tanh, abs, sign, square, reciprocal, erf, sin, cos, sigmoid, relu,
+                      silu, gelu))
+logical_not, sum, mean, max, min, logsumexp, argmax, softmax, log_softmax = map(
+    _first_as_array, (logical_not, sum, mean, max, min, logsumexp, argmax, softmax, log_softmax))
+swapaxes, expand_dims, squeeze = map(_first_as_array, (swapaxes, expand_dims, squeeze))
 
 negative = neg
 
@@ -244,6 +261,21 @@ Array.__ne__ = lambda a, b: not_equal(a, b)
 Array.__hash__ = object.__hash__
 Array.__getitem__ = _getitem
 Array.__array__ = lambda self, dtype=None, copy=None: (self.numpy() if dtype is None else self.numpy().astype(dtype))
+# A NumPy array meeting an engine array in +, -, *, /, ** or @ gives an engine array, as with
+# the engine array on the left (the gradient flows through it); any other NumPy function on
+# an engine array works on a host copy and returns NumPy.
+_ENGINE_UFUNCS = {_np.add: add, _np.subtract: sub, _np.multiply: mul, _np.true_divide: div, _np.power: power,
+                  _np.matmul: matmul}
+
+
+def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
+    if method == "__call__" and not kwargs and ufunc in _ENGINE_UFUNCS and len(inputs) == 2:
+        return _ENGINE_UFUNCS[ufunc](*inputs)
+    inputs = tuple(_np.asarray(x) if isinstance(x, Array) else x for x in inputs)
+    return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+Array.__array_ufunc__ = _array_ufunc
 Array.__len__ = lambda self: self.shape[0]
 Array.__iter__ = lambda self: (self[i] for i in range(self.shape[0]))
 Array.__float__ = lambda self: float(self.item())

@@ -74,6 +74,25 @@ def test_binary_matmul_and_losses_match_torch(report):
                         [rand((4, 3), 10)])
 
 
+def test_numpy_batches_meet_parameters_as_engine_arrays(report):
+    """A loss over a NumPy batch, written as README's: NumPy @ engine array is an engine array
+    (the gradient flows through it), and the ops take NumPy arrays, as jax.numpy's do."""
+    x, y = rand((6, 3), 11), rand((6, 2), 12)
+    w = rand((3, 2), 13)
+
+    def loss(p):
+        return mt.mean(mt.square(mt.tanh(x @ p["w"]) - y))
+
+    value, grads = mt.value_and_grad(loss)({"w": mt.array(w)})
+    tw = torch.tensor(w, requires_grad=True)
+    want = torch.mean(torch.square(torch.tanh(torch.tensor(x) @ tw) - torch.tensor(y)))
+    want.backward()
+    assert isinstance(x @ mt.array(w), mt.Array) and isinstance(x - mt.array(x), mt.Array)
+    assert report("numpy @ engine loss", abs(float(value) - float(want))) <= 1e-6
+    assert report("numpy @ engine grad", max_err(grads["w"], tw.grad)) <= 1e-6
+    assert isinstance(np.exp(mt.array(x)), np.ndarray)  # other NumPy functions: on a host copy
+
+
 def test_attention_matches_torch(report):
     q, k, v = rand((2, 3, 6, 8), 11), rand((2, 3, 6, 8), 12), rand((2, 3, 6, 8), 13)
     def torch_causal(q, k, v):  # torch 1.13 has no scaled_dot_product_attention
