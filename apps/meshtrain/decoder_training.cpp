@@ -21,11 +21,13 @@ std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, c
   return m;
 }
 
-void check_fits_context(const models::PretrainedModel& model, int64_t tokens, const std::string& flag,
-                        const std::string& source, const std::string& command) {
+int64_t seq_len_within_context(const models::PretrainedModel& model, int64_t seq_len, const std::string& source,
+                               const train::Deployer& deployer, const std::string& command) {
   const int64_t positions = model.causal_lm().max_positions;
-  MT_CHECK(positions == 0 || tokens <= positions, "[", command, "] ", flag, " ", tokens, " exceeds the ", positions,
-           " positions of ", source, ": lower ", flag, " to at most ", positions);
+  if (positions == 0 || seq_len <= positions) return seq_len;
+  deployer.log(command + ": --seq-len " + std::to_string(seq_len) + " exceeds the " + std::to_string(positions) +
+               " positions of " + source + "; using " + std::to_string(positions));
+  return positions;
 }
 
 void add_optimizer_flags(CLI::App* cmd, OptimizerFlags& f, const std::string& learning_rate_help) {

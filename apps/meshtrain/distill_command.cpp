@@ -104,13 +104,14 @@ void run(const DistillCommandOptions& o) {
   std::optional<int64_t> eos = end_of_text_id(*tok);
   if (!eos && !teacher->causal_lm().stop_tokens.empty()) eos = teacher->causal_lm().stop_tokens[0];
   po.load_tokenizer = false;
-  auto student = o.student.empty() ? new_student(o.config, *teacher, o.data.seq_len, eos, deployer.init_key())
+  SftFlags data = o.data;
+  data.seq_len = seq_len_within_context(*teacher, data.seq_len, o.teacher, deployer, "distill");
+  auto student = o.student.empty() ? new_student(o.config, *teacher, data.seq_len, eos, deployer.init_key())
                                    : load_decoder(o.student, po, "distill");
   posttrain::check_teacher(*teacher, *student);
-  check_fits_context(*teacher, o.data.seq_len, "--seq-len", o.teacher, "distill");
-  if (!o.student.empty()) check_fits_context(*student, o.data.seq_len, "--seq-len", o.student, "distill");
+  if (!o.student.empty()) data.seq_len = seq_len_within_context(*student, data.seq_len, o.student, deployer, "distill");
 
-  const DistillData corpus = distill_data(o.data, tok, eos);
+  const DistillData corpus = distill_data(data, tok, eos);
   if (o.lora.enabled()) models::add_lora(*student, o.lora.options(), deployer.init_key());
   apply_remat(o.run, *student);
   train::ShardingPlan plan = make_plan(deployer, student->params, student->param_roles(), o.run);
@@ -131,14 +132,14 @@ void run(const DistillCommandOptions& o) {
         << (o.student.empty() ? "a new " + student->model_type + " from " + o.config : student->model_type + " " + o.student)
         << " (" << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string(""))
         << student->params.total_elements() << " parameters), temperature " << d.temperature << ", alpha " << d.alpha
-        << "; " << o.data.data << ": " << corpus.description << ", " << total << " steps of " << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum
-        << (corpus.rows && o.data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << o.data.seq_len
+        << "; " << data.data << ": " << corpus.description << ", " << total << " steps of " << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum
+        << (corpus.rows && data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << data.seq_len
         << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
   // --dry-run measures one step's memory on the first batch: at full length, the most any
   // batch cut after its last target can need.
-  const int64_t pad_multiple = o.run.dry_run || !corpus.rows ? 0 : o.data.pad_multiple();
+  const int64_t pad_multiple = o.run.dry_run || !corpus.rows ? 0 : data.pad_multiple();
   train::Trainer trainer(deployer, lm_collate(pad_multiple),
                          posttrain::distillation_loss_fn(student, teacher, teacher_params, d), std::move(student->params),
                          opt.transform, plan);
@@ -155,7 +156,7 @@ void run(const DistillCommandOptions& o) {
   f.eval_data = corpus.eval;
   apply_training_flags(o.optimizer, o.run, opt, *student, tokenizer_source, f);
   f.checkpoint_extra["distill"] = {{"teacher", fs::absolute(o.teacher).string()}, {"temperature", d.temperature}, {"alpha", d.alpha}};
-  f.tokens_per_example = pad_multiple > 0 ? 0 : o.data.seq_len;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
   if (!r.evals.empty() && r.evals.back().count("eval_ce_loss")) deployer.log("student eval after: " + ce_line(r.evals.back()));
 

@@ -72,7 +72,8 @@ void run(const DpoCommandOptions& o) {
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "dpo");
-  check_fits_context(*model, o.data.seq_len, "--seq-len", o.model, "dpo");
+  PreferenceFlags data = o.data;
+  data.seq_len = seq_len_within_context(*model, data.seq_len, o.model, deployer, "dpo");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[dpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -82,8 +83,8 @@ void run(const DpoCommandOptions& o) {
   // Everything that can be wrong with the data, the template or LoRA fails here, before a
   // file is written.
   serve::ServedModel chat;
-  load_chat_template(chat, o.model, o.data.chat_template, "dpo");
-  PreferenceCorpus corpus = make_preference_corpus(o.data, *tok, eos, chat);
+  load_chat_template(chat, o.model, data.chat_template, "dpo");
+  PreferenceCorpus corpus = make_preference_corpus(data, *tok, eos, chat);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   apply_remat(o.run, *model);
   train::ShardingPlan plan = make_plan(deployer, model->params, model->param_roles(), o.run);
@@ -107,17 +108,17 @@ void run(const DpoCommandOptions& o) {
         << opt.trainable << " of " << model->params.total_elements() << " parameters trained), " << posttrain::dpo_loss_name(dpo.loss)
         << " loss, beta " << dpo.beta << (dpo.label_smoothing > 0 ? ", label smoothing " + std::to_string(dpo.label_smoothing) : "")
         << (dpo.rpo_alpha > 0 ? ", RPO alpha " + std::to_string(dpo.rpo_alpha) : "")
-        << ", reference: " << reference_text << "; " << o.data.data << ": " << corpus.rows - corpus.eval_rows << " train / "
+        << ", reference: " << reference_text << "; " << data.data << ": " << corpus.rows - corpus.eval_rows << " train / "
         << corpus.eval_rows << " eval pairs (" << (corpus.conversational ? "conversations" : "text") << ", "
         << corpus.truncated << " truncated), " << total << " steps of "
         << o.length.per_device_batch_size * deployer.data_size() * o.length.grad_accum
-        << (o.data.pad_multiple() > 0 ? " pairs of up to " : " pairs of ") << o.data.seq_len
+        << (data.pad_multiple() > 0 ? " pairs of up to " : " pairs of ") << data.seq_len
         << " tokens on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
   // --dry-run measures one step's memory on the first batch: at full length, the most any
   // batch cut after its last target can need.
-  const int64_t pad_multiple = o.run.dry_run ? 0 : o.data.pad_multiple();
+  const int64_t pad_multiple = o.run.dry_run ? 0 : data.pad_multiple();
   train::Trainer trainer(deployer, posttrain::preference_collate(pad_multiple), posttrain::dpo_loss_fn(model, reference, dpo),
                          std::move(model->params), opt.transform, plan);
   if (pad_multiple > 0) trainer.set_padded_fields(posttrain::preference_padded_fields());
@@ -143,7 +144,7 @@ void run(const DpoCommandOptions& o) {
   f.checkpoint_extra["dpo"] = {{"beta", dpo.beta}, {"loss", posttrain::dpo_loss_name(dpo.loss)},
                                {"label_smoothing", dpo.label_smoothing}, {"rpo_alpha", dpo.rpo_alpha}};
   // Batches cut after their last targets have no fixed token count: the rate is in pairs.
-  f.tokens_per_example = pad_multiple > 0 ? 0 : 2 * o.data.seq_len;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : 2 * data.seq_len;
   train::FitResult r = trainer.fit(train_data, f);
   trainer.release_optimizer_state();  // generation below gets its memory
   if (!r.evals.empty()) deployer.log("eval after training: " + metric_line(r.evals.back()));

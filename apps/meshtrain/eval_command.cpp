@@ -261,7 +261,8 @@ void add_eval_command(CLI::App& app) {
                   "BERT classifiers: cut batch lengths are multiples of this")
       ->capture_default_str()
       ->check(integer_range(1, 4096));
-  cmd->add_option("--per-device-batch-size", o->per_device_batch_size, "examples per data-parallel rank")
+  cmd->add_option("--per-device-batch-size,--per-device-eval-batch-size", o->per_device_batch_size,
+                  "examples per data-parallel rank")
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--output", o->output, "also write the results JSON to this file");

@@ -55,7 +55,8 @@ void run(const FinetuneOptions& o) {
   po.print_report = deployer.is_main();
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "finetune");
-  check_fits_context(*model, o.data.seq_len, "--seq-len", o.model, "finetune");
+  SftFlags data = o.data;
+  data.seq_len = seq_len_within_context(*model, data.seq_len, o.model, deployer, "finetune");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[finetune] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;
@@ -64,7 +65,7 @@ void run(const FinetuneOptions& o) {
 
   // Everything that can be wrong with the data or the LoRA settings fails here, before a
   // file is written.
-  SftCorpus corpus = make_sft_corpus(o.data, *tok, eos);
+  SftCorpus corpus = make_sft_corpus(data, *tok, eos);
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
   const int64_t global_batch = o.length.per_device_batch_size * deployer.data_size();
   apply_remat(o.run, *model);
@@ -77,18 +78,18 @@ void run(const FinetuneOptions& o) {
   std::ostringstream intro;
   intro << "finetune: " << model->model_type << " from " << o.model << " ("
         << (o.lora.enabled() ? "LoRA rank " + std::to_string(o.lora.rank) + ", " : std::string("all weights, "))
-        << opt.trainable << " of " << model->params.total_elements() << " parameters trained) on " << o.data.data << ": "
+        << opt.trainable << " of " << model->params.total_elements() << " parameters trained) on " << data.data << ": "
         << corpus.rows - corpus.eval_rows << " train / " << corpus.eval_rows << " eval rows ("
         << (corpus.supervised ? "prompt/response, loss on responses" : "text") << ", " << corpus.target_tokens
         << " target tokens, " << corpus.truncated << " truncated), " << total << " steps of " << global_batch * o.length.grad_accum
-        << (o.data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << o.data.seq_len << " on mesh " << deployer.mesh().str();
+        << (data.pad_multiple() > 0 ? " sequences of up to " : " sequences of ") << data.seq_len << " on mesh " << deployer.mesh().str();
   deployer.log(intro.str());
 
   // Moved: the trainer holds the only handles, so each step updates the parameters in place
   // and a sharded plan keeps no unsharded copy beside its shards.
   // --dry-run measures one step's memory on the first batch: at full length, the most any
   // batch cut after its last target can need.
-  const int64_t pad_multiple = o.run.dry_run ? 0 : o.data.pad_multiple();
+  const int64_t pad_multiple = o.run.dry_run ? 0 : data.pad_multiple();
   train::Trainer trainer(deployer, lm_collate(pad_multiple), lm_loss(model), std::move(model->params),
                          opt.transform, plan);
   if (pad_multiple > 0) trainer.set_padded_fields(lm_padded_fields());
@@ -104,7 +105,7 @@ void run(const FinetuneOptions& o) {
   f.eval_data = corpus.eval;
   apply_training_flags(o.optimizer, o.run, opt, *model, tokenizer_source, f);
   // Batches cut after their last target have no fixed token count: the rate is in sequences.
-  f.tokens_per_example = pad_multiple > 0 ? 0 : o.data.seq_len;
+  f.tokens_per_example = pad_multiple > 0 ? 0 : data.seq_len;
   train::FitResult r = trainer.fit(corpus.train, f);
   trainer.release_optimizer_state();  // the export below gathers the weights into its memory
 

@@ -35,6 +35,7 @@ struct GlueOptions {
   int64_t max_seq_length = 128;
   bool pad_to_max_length = true;
   int64_t pad_to_multiple_of = 8;
+  bool pad_to_multiple_of_given = false;  // it has no effect at --pad_to_max_length true: said
   double learning_rate = 5e-5;
   int64_t num_train_epochs = 3;
   int64_t max_steps = -1;
@@ -112,6 +113,9 @@ void run(const GlueOptions& o) {
   // --pad_to_max_length false: each batch as long as its longest row (rounded up), not
   // --max-seq-length; the train batches' lengths are reported at the end.
   const int64_t pad_multiple = o.pad_to_max_length || o.run.dry_run ? 0 : o.pad_to_multiple_of;  // --dry-run: full length
+  if (o.pad_to_max_length && o.pad_to_multiple_of_given)
+    deployer.log("glue: --pad-to-multiple-of has no effect while --pad_to_max_length is true (every batch is " +
+                 std::to_string(max_len) + " long); add --pad_to_max_length false");
   auto train_lengths = std::make_shared<CollatedLengths>();
   train::CollateFn collate = glue_collate(tok, task, max_len, pad_multiple, train_lengths);
   train::CollateFn eval_collate = glue_collate(tok, task, max_len, pad_multiple);
@@ -254,6 +258,7 @@ void add_glue_command(CLI::App& app) {
                    "positions, as in PyTorch)");
   cmd->add_option("--pad-to-multiple-of,--pad_to_multiple_of", o->pad_to_multiple_of,
                   "with --pad_to_max_length false: batch lengths are multiples of this (fewer shapes to capture or tune)")
+      ->each([o](const std::string&) { o->pad_to_multiple_of_given = true; })
       ->capture_default_str()
       ->check(integer_range(1, 4096));
   cmd->add_option("--learning-rate,--learning_rate", o->learning_rate, "peak learning rate")->capture_default_str();

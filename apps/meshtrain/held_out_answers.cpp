@@ -39,6 +39,7 @@ int64_t exact_answers(const models::PretrainedModel& model, const Params& params
                       int64_t new_tokens, std::optional<int64_t> eos, const std::string& when,
                       const train::Deployer& deployer) {
   const int64_t n = std::min<int64_t>(rows, int64_t(std::min(prompts.size(), responses.size())));
+  if (n == 0) return 0;  // --check-rows 0: nothing to say
   int64_t right = 0;
   for (int64_t i = 0; i < n; ++i) {
     const std::string& prompt = prompts[size_t(i)];

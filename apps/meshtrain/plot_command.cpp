@@ -29,6 +29,14 @@ void run_plot(const PlotOptions& o) {
     std::string label = full.filename().string();
     runs.push_back(train::read_run_metrics(dir, label.empty() ? dir : label));
   }
+  // A run without the metric draws no curve: say which (a run whose batches were padded to
+  // their longest rows logs examples_per_s where a fixed-length one logs tokens_per_s).
+  for (const train::RunMetrics& r : runs) {
+    if (o.metric.empty()) continue;
+    bool has = false;
+    for (const auto& [key, points] : r.series) has = has || (key.second == o.metric && !points.empty());
+    if (!has) std::cerr << "plot: " << r.label << " logged no '" << o.metric << "'; it has no curve here\n";
+  }
   train::CurvesOptions co;
   co.metric = o.metric;
   co.title = o.metric.empty() ? "training curves" : o.metric;

@@ -31,7 +31,9 @@ void add_precision_flag(CLI::App* cmd, std::string& precision) {
       precision_policy_from_name(name, "--precision");
       return std::string();
     } catch (const std::exception& e) {
-      return std::string(e.what());
+      const std::string why = e.what();  // CLI11 names the flag already: "[--precision] " dropped
+      const size_t tag = why.find("] ");
+      return tag == std::string::npos ? why : why.substr(tag + 2);
     }
   };
   cmd->add_option("--precision", precision,
@@ -264,7 +266,8 @@ int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command) {
   const int64_t scaled = std::min(std::max<int64_t>(1, total / 10), total - 1);
   if (dist::world().rank() == 0)
     std::cerr << "meshtrain: [" << command << "] --warmup-steps " << warmup << " is not below the run's " << total
-              << " steps: warming up over " << scaled << (scaled == 1 ? " step" : " steps") << " (a tenth of the run) instead\n";
+              << (total == 1 ? " step" : " steps") << ": warming up over " << scaled << (scaled == 1 ? " step" : " steps")
+              << (scaled == total / 10 ? " (a tenth of the run)" : "") << " instead\n";
   return scaled;
 }
 

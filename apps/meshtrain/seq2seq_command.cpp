@@ -100,7 +100,8 @@ void run(const Seq2SeqOptions& o) {
   } else {
     MT_CHECK(tok != nullptr, "[seq2seq] --config needs --tokenizer PATH (the vocabulary sets the model's size)");
     const auto pad = pad_id(*tok), eos = end_of_text_id(*tok);
-    MT_CHECK(pad && eos, "[seq2seq] ", o.tokenizer, " has no pad (<pad>, [PAD]) or end (</s>, [SEP], <|endoftext|>) token");
+    MT_CHECK(pad, "[seq2seq] ", o.tokenizer, " has no pad token (<pad> or [PAD]); an encoder-decoder needs one");
+    MT_CHECK(eos, "[seq2seq] ", o.tokenizer, " has no end token (</s>, [SEP] or <|endoftext|>)");
     json config;
     if (o.config.rfind("small-", 0) == 0) {
       // small-<type> for every registered encoder-decoder.

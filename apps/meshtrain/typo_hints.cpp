@@ -31,7 +31,9 @@ std::vector<std::string> flag_names(const CLI::App& command) {
 std::string conventional_flag(const std::string& flag) {
   static const std::vector<std::pair<std::string, std::string>> table = {
       {"--lr", "--learning-rate"}, {"--bs", "--per-device-batch-size"}, {"--batch-size", "--per-device-batch-size"},
-      {"--out", "--output-dir"},   {"--wd", "--weight-decay"}};
+      {"--out", "--output-dir"},   {"--wd", "--weight-decay"},
+      // Hugging Face's TrainingArguments switches, as meshtrain spells them.
+      {"--bf16", "--precision bf16"}, {"--fp16", "--precision f16"}, {"--tf32", "--precision tf32"}};
   for (const auto& [abbreviation, flag_name] : table)
     if (flag == abbreviation) return flag_name;
   return "";
@@ -99,8 +101,9 @@ std::string unknown_flags_message(CLI::App& app, int argc, char** argv) {
     if (!out.str().empty()) out << "\n";
     if (is_flag) {
       const std::string flag = arg.substr(0, arg.find('='));
-      std::string near = conventional_flag(flag);
-      if (near.empty() || std::find(known.begin(), known.end(), near) == known.end()) near = nearest_spelling(flag, known);
+      std::string near = conventional_flag(flag);  // "--precision bf16": the flag is its first word
+      if (near.empty() || std::find(known.begin(), known.end(), near.substr(0, near.find(' '))) == known.end())
+        near = nearest_spelling(flag, known);
       out << "unknown flag '" << flag << "' for " << command.get_name()
           << (near.empty() ? "" : "; did you mean '" + near + "'?");
       after_unknown_flag = arg.find('=') == std::string::npos;

@@ -46,7 +46,12 @@ Params PrecisionPolicy::compute_view(const Params& master, Params compute) const
   return out;
 }
 
-PrecisionPolicy precision_policy_from_name(const std::string& name, const char* what) {
+PrecisionPolicy precision_policy_from_name(const std::string& given, const char* what) {
+  // PyTorch's and Hugging Face's spellings name the same policies.
+  const std::string name = given == "fp32" || given == "float32" ? "f32"
+                           : given == "fp16" || given == "float16" || given == "half" ? "f16"
+                           : given == "bfloat16" ? "bf16"
+                           : given;
   PrecisionPolicy p;
   p.name = name;
   if (name == "f32") return p;
@@ -67,7 +72,7 @@ PrecisionPolicy precision_policy_from_name(const std::string& name, const char* 
     p.loss_scaling = true;
     return p;
   }
-  throw Error(detail::concat("[", what, "] expected ", precision_policy_names(), ", got '", name, "'"));
+  throw Error(detail::concat("[", what, "] expected ", precision_policy_names(), ", got '", given, "'"));
 }
 
 const char* precision_policy_names() { return "f32, tf32, bf16, f16 or bf16-matmul"; }

@@ -94,7 +94,8 @@ std::string ProgressBar::format_line(int64_t step, const ProgressStats& stats) c
   if (stats.mfu) line += " | MFU " + printf_str("%.1f%%", 100.0 * *stats.mfu);
   if (stats.peak_rss_gb) line += " | mem " + printf_str("%.2f GB", *stats.peak_rss_gb);
   if (stats.gpu_peak_gb) line += " | GPU " + printf_str("%.2f GB", *stats.gpu_peak_gb);
-  for (const auto& [name, v] : stats.extra) line += " | " + name + " " + format_value(v);
+  for (const auto& [name, v] : stats.extra)  // a batch padded to its longest row has no fixed token count: ex/s
+    line += " | " + (name == "examples_per_s" ? format_rate(v) + " ex/s" : name + " " + format_value(v));
   double elapsed = options_.clock() - t0_;
   line += " | " + format_duration(elapsed);
   if (total_ > 0) {

@@ -540,6 +540,9 @@ class Predictor:
         self._predictor._set_padded_fields(_padded_field_groups(padded_fields))
 
     def predict(self, examples, params, per_device_batch_size=8):
+        if isinstance(examples, dict) and not isinstance(params, dict):
+            raise TypeError("Predictor.predict(examples, params, per_device_batch_size): the examples come first, as "
+                            "in Redco (the C++ Predictor takes the parameters first); got a dict of parameters there")
         leaves, self._spec = tree_flatten(params)
         return list(self._predictor.predict(list(examples), leaves, per_device_batch_size))
 

@@ -114,6 +114,8 @@ def test_predictor_returns_outputs_in_order_and_eval_loss_counts_every_row(tmp_p
     want = [float(np.asarray(forward(p, mt.array(e["x"][None])))[0, 0]) for e in examples]
     assert len(got) == 13
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match="the examples come first"):  # C++'s order, params first
+        predictor.predict(params, examples)
 
     trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.sgd(0.0))
     per_row = [loss_fn(p, {k: mt.array(v) for k, v in collate([e]).items()}, None, False).item() for e in examples]
