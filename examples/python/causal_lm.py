@@ -60,7 +60,7 @@ def main():
     trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.adamw(lr),
                          sharding_rules=mt.sharding_rules(deployer, params, model.param_roles()))
     losses = trainer.fit(sequences(text), per_device_batch_size=16 // deployer.data_size, epochs=1000,
-                         max_steps=steps, progress=False)["losses"]
+                         max_steps=steps, progress=False, overwrite=True)["losses"]  # a rerun starts over
     params = trainer.params
     k = max(1, len(losses) // 5)
     first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
@@ -82,7 +82,7 @@ def main():
     ft_trainer = mt.Trainer(ft_deployer, collate, lora_loss, lora_params, mt.optim.lora(mt.optim.adamw(3e-3)))
     before = ft_trainer.eval_loss(held_out, per_device_batch_size=8)
     ft_trainer.fit(ft_train, per_device_batch_size=8 // ft_deployer.data_size, epochs=1000, max_steps=lora_steps,
-                   progress=False)
+                   progress=False, overwrite=True)
     after = ft_trainer.eval_loss(held_out, per_device_batch_size=8)
     tuned = ft_trainer.params
     changed = [p for p in lora_params if not np.array_equal(np.asarray(tuned[p]), np.asarray(lora_params[p]))]

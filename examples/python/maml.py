@@ -75,7 +75,7 @@ def main():
     before = post_adaptation_loss(params, unseen)
     trainer = mt.Trainer(deployer, collate, loss_fn, params, mt.optim.adam(OUTER_LR))
     trainer.fit(make_tasks(steps * TASKS_PER_BATCH, 2), per_device_batch_size=TASKS_PER_BATCH, epochs=1,
-                progress=False)
+                progress=False, overwrite=True)  # a demo: a rerun starts over
     after = post_adaptation_loss(trainer.params, unseen)
     print(f"post-adaptation MSE on 64 unseen tasks: {before:.3f} before meta-training, {after:.3f} after "
           f"{trainer.step} steps")

@@ -76,7 +76,7 @@ def main():
                          sharding_rules=mt.sharding_rules(deployer, params, model.param_roles()))
     predictor = mt.Predictor(deployer, collate, pred_fn, lambda out: [tokenizer.decode(list(r)) for r in out["tokens"]])
     losses = trainer.fit(train, per_device_batch_size=32 // deployer.data_size, epochs=1000, max_steps=steps,
-                         progress=False)["losses"]
+                         progress=False, overwrite=True)["losses"]  # a demo: a rerun starts over
     predictions = predictor.predict(test, trainer.params, per_device_batch_size=32)
     targets = [r["target"] for r in test]
     exact = float(np.mean([p == t for p, t in zip(predictions, targets)]))

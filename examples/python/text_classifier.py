@@ -63,7 +63,8 @@ def main():
                          sharding_rules=mt.sharding_rules(deployer, params, model.param_roles()),
                          padded_fields=PADDED_FIELDS)
     predictor = mt.Predictor(deployer, collate, pred_fn, lambda out: list(out["label"]), padded_fields=PADDED_FIELDS)
-    losses = trainer.fit(train, per_device_batch_size=32 // deployer.data_size, epochs=1000, max_steps=steps)["losses"]
+    losses = trainer.fit(train, per_device_batch_size=32 // deployer.data_size, epochs=1000, max_steps=steps,
+                         overwrite=True)["losses"]  # a demo: a rerun starts over
     predicted = predictor.predict(dev, trainer.params, per_device_batch_size=64)
     accuracy = float(np.mean([int(p) == r["label"] for p, r in zip(predicted, dev)]))
     eval_loss = trainer.eval_loss(dev, per_device_batch_size=64)

@@ -11,6 +11,7 @@ pytrees (nested dicts, lists and tuples of arrays) as in JAX; errors from the en
 import builtins as _builtins
 import functools as _functools
 import numbers
+import os as _os
 
 import numpy as _np
 
@@ -461,6 +462,13 @@ def _padded_field_groups(padded_fields):
     return [{str(k): float(v) for k, v in g.items()} for g in groups]
 
 
+def _refuse_earlier_checkpoints(workdir):
+    checkpoints = _os.path.join(workdir, "checkpoints")
+    if _os.path.isdir(checkpoints) and any(n.startswith("step_") or n == "best" for n in _os.listdir(checkpoints)):
+        raise Error(f"[trainer] {checkpoints} holds checkpoints of an earlier run: fit(..., resume=True) continues it, "
+                    "fit(..., overwrite=True) writes over it, or give the Deployer another workdir")
+
+
 class Trainer:
     """Trains params (a pytree) with the C++ Trainer over Python functions, as Redco's:
 
@@ -492,10 +500,19 @@ class Trainer:
         self._trainer = _core._Trainer(deployer, collate_fn, flat_loss, leaves, optimizer, sharding_rules, precision,
                                        loss_scale, int(loss_scale_window))
         self._trainer._set_padded_fields(_padded_field_groups(padded_fields))
+        self._workdir = deployer.workdir
+        self._fitted = False
 
     def fit(self, examples, per_device_batch_size=8, epochs=1, max_steps=-1, eval_examples=None, eval_every=0,
-            save_every=0, resume=False, shuffle=True, grad_accum_steps=1, progress=True):
-        """Returns {"losses": per step, "evals": [...], "steps": total optimizer steps}."""
+            save_every=0, resume=False, shuffle=True, grad_accum_steps=1, progress=True, overwrite=False):
+        """Returns {"losses": per step, "evals": [...], "steps": total optimizer steps}.
+
+        A workdir holding checkpoints of an earlier run is refused at this Trainer's first fit,
+        as the CLI refuses such an --output-dir: resume=True continues that run, overwrite=True
+        writes over it (its metrics.jsonl and checkpoints are replaced)."""
+        if not (resume or overwrite or self._fitted):
+            _refuse_earlier_checkpoints(self._workdir)
+        self._fitted = True
         return self._trainer.fit(list(examples), per_device_batch_size, epochs, max_steps,
                                  None if eval_examples is None else list(eval_examples), eval_every, save_every,
                                  resume, shuffle, grad_accum_steps, progress)

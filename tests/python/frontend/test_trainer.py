@@ -122,6 +122,25 @@ def test_predictor_returns_outputs_in_order_and_eval_loss_counts_every_row(tmp_p
     assert abs(trainer.eval_loss(examples, per_device_batch_size=4) - np.mean(per_row)) <= 1e-6
 
 
+def test_a_workdir_with_an_earlier_runs_checkpoints_is_refused_unless_resumed_or_overwritten(tmp_path):
+    """As the CLI refuses such an --output-dir: a second script run into the same workdir
+    no longer replaces the first run's metrics and checkpoints unasked."""
+    examples = make_examples(16, 3)
+    workdir = str(tmp_path / "run")
+
+    def trainer():
+        deployer = mt.Deployer(workdir=workdir, device="cpu", verbose=False)
+        return mt.Trainer(deployer, collate, loss_fn, init_params(4), mt.optim.sgd(0.1))
+
+    first = trainer()
+    first.fit(examples, per_device_batch_size=4, max_steps=2, progress=False)
+    first.fit(examples, per_device_batch_size=4, max_steps=3, progress=False)  # the same Trainer goes on
+    with pytest.raises(mt.Error, match="holds checkpoints of an earlier run: fit\\(..., resume=True\\)"):
+        trainer().fit(examples, per_device_batch_size=4, max_steps=2, progress=False)
+    assert trainer().fit(examples, per_device_batch_size=4, max_steps=4, resume=True, progress=False)["steps"] == 4
+    assert trainer().fit(examples, per_device_batch_size=4, max_steps=2, overwrite=True, progress=False)["steps"] == 2
+
+
 def test_optax_style_loop_equals_the_trainer(tmp_path):
     """opt.init / opt.update / optim.apply_updates over a pytree: the Trainer's step by hand."""
     examples = make_examples(32, 11)
