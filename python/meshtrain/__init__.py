@@ -277,6 +277,19 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
 
 
 Array.__array_ufunc__ = _array_ufunc
+_shape_repr = Array.__repr__
+
+
+def _array_repr(self):
+    """The values too, as NumPy, JAX and torch print them, for arrays small enough to read (a
+    sharded array prints its shape only: its values would take a collective every rank joins)."""
+    if self.sharded or self.size > 1000:
+        return _shape_repr(self)
+    values = _np.array2string(_np.asarray(self), separator=", ", prefix="meshtrain.Array(")
+    return f"meshtrain.Array({values}, dtype={self.dtype}, device={self.device})"
+
+
+Array.__repr__ = _array_repr
 Array.__len__ = lambda self: self.shape[0]
 Array.__iter__ = lambda self: (self[i] for i in range(self.shape[0]))
 Array.__float__ = lambda self: float(self.item())

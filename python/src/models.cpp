@@ -15,6 +15,7 @@
 #include "meshtrain/models/vision_encoder_decoder.h"
 #include "meshtrain/models/vit.h"
 #include "meshtrain/train/bleu.h"
+#include "meshtrain/train/checkpoint_model.h"
 #include "meshtrain/train/rouge.h"
 #include "python/src/bindings.h"
 #include "python/src/conversions.h"
@@ -191,7 +192,10 @@ py::tuple from_pretrained(const std::string& path, const std::string& dtype, std
   o.dtype = dtype_from_name(dtype);
   o.num_labels = num_labels;
   o.new_params = allow_new_params ? models::NewParams::heads : models::NewParams::none;
-  models::PretrainedModel m = models::from_pretrained(path, o);
+  // A meshtrain run or checkpoint directory too, as the CLI's generate, eval and serve take.
+  models::PretrainedModel m = train::is_checkpoint_path(path)
+                                  ? train::load_checkpoint_model(path, dist::Mesh::single(), o)
+                                  : models::from_pretrained(path, o);
   ParamDict params = map_of(m.params);
   return py::make_tuple(Model(std::move(m)), params);
 }

@@ -117,3 +117,8 @@ def test_fractional_scalars_promote_integer_arrays():
     np.testing.assert_allclose(np.asarray(ids * 0.5), [0.5, 1.0, 1.5])
     np.testing.assert_array_equal(np.asarray(ids > 1.5), [False, True, True])
     assert (ids + 2).dtype == "i64"
+
+
+def test_small_arrays_print_their_values_large_ones_their_shape():
+    assert repr(mt.array([[1.5, 2.0]])) == "meshtrain.Array([[1.5, 2. ]], dtype=f32, device=cpu)"
+    assert repr(mt.zeros((100, 100))) == "meshtrain.Array(f32(100, 100), device=cpu)"

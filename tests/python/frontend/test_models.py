@@ -163,3 +163,24 @@ def test_llama2c_checkpoint_loads_generates_and_exports_to_transformers(report, 
     assert report("stories260K logits", max_err(model.apply(params, mt.array(x)), want)) <= 1e-4
     # Greedy: each generated id is the argmax after the tokens before it.
     assert want[0, len(prompt) - 1:-1].argmax(-1).tolist()[:len(ids)] == ids
+
+
+def test_a_cli_run_and_its_checkpoint_load_as_its_model_folder(tmp_path):
+    """from_pretrained takes what the CLI's generate, eval and serve take: a run directory or a
+    checkpoint, besides the run's exported model/ folder."""
+    import subprocess
+    cli = os.path.join(os.environ.get("MT_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..", "build")),
+                       "apps", "meshtrain", "meshtrain")
+    if not os.path.exists(cli):
+        pytest.fail(f"{cli} is not built")
+    run = tmp_path / "run"
+    text = os.path.join(DATA, "..", "text", "tinyshakespeare.txt")
+    r = subprocess.run([cli, "pretrain", "--data", text, "--seq-len", "32", "--steps", "2", "--sample-every", "0",
+                        "--eval-fraction", "0.005", "--output-dir", str(run)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ids = mt.array([[1, 2, 3, 4]])
+    model, params = mt.models.from_pretrained(str(run / "model"))
+    want = np.asarray(model.apply(params, ids))
+    for path in (run, run / "checkpoints" / "step_00000002"):
+        m, p = mt.models.from_pretrained(str(path))
+        assert max_err(m.apply(p, ids), want) == 0, path
