@@ -147,6 +147,9 @@ void run(const GenerateOptions& o) {
   }
 
   const models::GenerationConfig g = generation_config(o);
+  // What would otherwise pass in silence (transformers warns alike).
+  if (g.num_beams > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1.0))
+    std::cerr << "generate: beam search keeps the likeliest beams: --temperature, --top-k and --top-p are not used\n";
   models::GenerationResult r;
   if (m.is_seq2seq()) {
     // Encoder-decoders: the prompt is the source; the output is the decoder's tokens alone.
@@ -157,6 +160,10 @@ void run(const GenerateOptions& o) {
     models::CausalLm lm = m.causal_lm();
     if (tok) lm = models::restrict_vocab(lm, std::min(lm.vocab_size, tok->vocab_size()));
     r = models::generate(lm, {prompt}, g);
+    const int64_t length = int64_t(prompt.size() + r.tokens[0].size());
+    if (lm.max_positions > 0 && length >= lm.max_positions && int64_t(r.tokens[0].size()) < o.max_new_tokens)
+      std::cerr << "generate: stopped after " << r.tokens[0].size() << " new tokens at the model's " << lm.max_positions
+                << " positions (--max-new-tokens " << o.max_new_tokens << ")\n";
   }
   const std::vector<int64_t>& out = r.tokens[0];
 

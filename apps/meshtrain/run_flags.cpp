@@ -272,6 +272,8 @@ int64_t fitting_warmup(int64_t warmup, int64_t total, const char* command) {
 }
 
 void check_output_dir(const RunFlags& f, const char* command) {
+  MT_CHECK(!fs::exists(f.output_dir) || fs::is_directory(f.output_dir), "[", command, "] --output-dir ", f.output_dir,
+           " is a file, not a directory");
   const fs::path checkpoints = fs::path(f.output_dir) / "checkpoints";
   const bool has_checkpoints = !train::CheckpointManager(checkpoints.string()).all().empty() || fs::exists(checkpoints / "best");
   if (f.resume && !has_checkpoints && dist::world().rank() == 0)

@@ -38,6 +38,9 @@ RunMetrics read_run_metrics(const std::string& run_dir_or_file, const std::strin
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
+      // A last line without its newline is a record still being written (a run in progress,
+      // or one killed mid-line): the curves end before it. Elsewhere a bad line is an error.
+      if (in.eof()) break;
       throw Error(detail::concat("[plot] ", path.string(), ":", number, ": not JSON: ", e.what()));
     }
     MT_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer(), "[plot] ", path.string(), ":", number,

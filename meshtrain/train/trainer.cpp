@@ -529,7 +529,19 @@ std::optional<Trainer::ResumeState> Trainer::restore_latest(const json& expected
     const Params& tree = group == "params" ? params_ : opt_state_;
     return tree.contains(path) ? tree[path] : Array();
   };
-  CheckpointState state = CheckpointManager::restore(*latest, deployer_.mesh(), layout_for, live);
+  CheckpointState state;
+  try {
+    state = CheckpointManager::restore(*latest, deployer_.mesh(), layout_for, live);
+  } catch (const Error& e) {
+    // An unreadable newest checkpoint (a disk filled, a copy cut short): say which one came
+    // before it, so the run can go on from there instead of from the start.
+    const std::vector<std::string> all = manager.all();
+    const std::string before = all.size() > 1 ? all[all.size() - 2] : "";
+    throw Error(detail::concat(e.what(), "\n[trainer] cannot resume from ", *latest,
+                               before.empty() ? std::string("; no earlier checkpoint is kept")
+                                              : "; to resume from the one before it (" + before + "), move " + *latest +
+                                                    " out of the checkpoints folder"));
+  }
   // The checkpoint must be this model's: same configuration (when both name one), same
   // parameters with the same shapes and dtypes.
   if (expected_extra.contains("model_config") && state.extra.contains("model_config"))

@@ -111,6 +111,11 @@ TEST_F(CurvesSvg, ReadsMetricsJsonlAndNamesBadLines) {
     EXPECT_NE(std::string(e.what()).find("metrics.jsonl:2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(train::read_run_metrics((dir_ / "missing").string(), "missing"), Error);
+  // A last line cut off mid-record (a run still writing, or killed): the records before it.
+  fs::create_directories(dir_ / "cut");
+  write("cut/metrics.jsonl", "{\"step\":1,\"loss\":2}\n{\"step\":2,\"loss\":1.5}\n{\"step\":3,\"lo");
+  train::RunMetrics cut = train::read_run_metrics((dir_ / "cut").string(), "cut");
+  EXPECT_EQ((cut.series[{"train", "loss"}]), (std::vector<std::pair<int64_t, double>>{{1, 2.0}, {2, 1.5}}));
 }
 
 }  // namespace
