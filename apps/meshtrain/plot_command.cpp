@@ -20,14 +20,23 @@ struct PlotOptions {
 };
 
 void run_plot(const PlotOptions& o) {
-  std::vector<train::RunMetrics> runs;
+  // Each run's legend: its folder's own name, also for ".", "./", "../run/" and a metrics.jsonl
+  // path (resolved against the working directory); with its parent's when two runs share it.
+  std::vector<std::filesystem::path> folders;
   for (const std::string& dir : o.runs) {
-    // The folder's own name, also for ".", "./" and "../run/" (resolved against the working directory).
     std::error_code ec;
     std::filesystem::path full = std::filesystem::weakly_canonical(std::filesystem::absolute(dir), ec);
     if (!full.has_filename()) full = full.parent_path();
-    std::string label = full.filename().string();
-    runs.push_back(train::read_run_metrics(dir, label.empty() ? dir : label));
+    if (!std::filesystem::is_directory(full)) full = full.parent_path();  // a metrics.jsonl file
+    folders.push_back(full);
+  }
+  std::vector<train::RunMetrics> runs;
+  for (size_t i = 0; i < o.runs.size(); ++i) {
+    std::string label = folders[i].filename().string();
+    for (size_t k = 0; k < folders.size(); ++k)
+      if (k != i && folders[k].filename() == folders[i].filename())
+        label = (folders[i].parent_path().filename() / folders[i].filename()).string();
+    runs.push_back(train::read_run_metrics(o.runs[i], label.empty() ? o.runs[i] : label));
   }
   // A run without the metric draws no curve: say which (a run whose batches were padded to
   // their longest rows logs examples_per_s where a fixed-length one logs tokens_per_s).
@@ -40,6 +49,8 @@ void run_plot(const PlotOptions& o) {
   train::CurvesOptions co;
   co.metric = o.metric;
   co.title = o.metric.empty() ? "training curves" : o.metric;
+  if (const auto folder = std::filesystem::path(o.output).parent_path(); !folder.empty())
+    std::filesystem::create_directories(folder);  // as the training commands make their output folders
   io::write_file_atomic(o.output, train::render_curves_svg(runs, co));
   std::cout << "wrote " << o.output << " (" << runs.size() << " run" << (runs.size() == 1 ? "" : "s") << ")\n";
 }

@@ -74,8 +74,9 @@ void add_run_flags(CLI::App* cmd, RunFlags& f, bool training) {
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--seed", f.seed, "random seed (initialization, shuffling, dropout, sampling)")->capture_default_str();
-  cmd->add_option("--output-dir,--output_dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
-      ->capture_default_str();
+  if (training)  // eval writes no run folder (its --output names a results file)
+    cmd->add_option("--output-dir,--output_dir", f.output_dir, "where checkpoints, metrics.jsonl and TensorBoard events go")
+        ->capture_default_str();
   cmd->add_flag("--print-plan", f.print_plan, "print the sharding plan (path, shape, spec, bytes per rank)");
   cmd->add_flag("--dry-run", f.dry_run,
                 "print the sharding plan and the training state per rank (weights, gradients, AdamW moments), run "

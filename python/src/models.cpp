@@ -295,7 +295,11 @@ void bind_models(py::module_& m) {
       .def("loss", &Model::loss, py::arg("params"), py::arg("input_ids") = py::none(), py::arg("labels") = py::none(),
            py::arg("attention_mask") = py::none(), py::arg("decoder_input_ids") = py::none(),
            py::arg("key") = py::none(), py::arg("training") = false, py::arg("pixel_values") = py::none())
-      .def("generate", &Model::generate, py::arg("params"), py::arg("prompts") = py::none(),
+      .def("generate", &Model::generate,
+           "Token ids of each prompt's continuation: the new tokens only (transformers' generate returns the "
+           "prompt and the new tokens), up to max_new_tokens each; greedy at temperature 0, else sampled "
+           "(top_k, top_p, seed); beam search with num_beams > 1; image-to-text models take pixel_values.",
+           py::arg("params"), py::arg("prompts") = py::none(),
            py::arg("max_new_tokens") = 32, py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
            py::arg("num_beams") = 1, py::arg("seed") = 0, py::arg("stop_tokens") = py::none(),
            py::arg("pixel_values") = py::none())

@@ -226,6 +226,20 @@ TEST_F(CliErrors, PlotOverlaysRuns) {
   EXPECT_NE(text.find("data-series=\"a/train/loss\" data-points=\"2\""), std::string::npos) << text;
   EXPECT_NE(text.find("data-series=\"b/train/loss\" data-points=\"2\""), std::string::npos);
   expect_failure("plot " + (dir_ / "a").string() + " --metric nope -o " + svg, {"no run logged a metric named 'nope'; logged: eval_loss, loss"});
+  // Two runs of one name (x/r, y/r, one given as its metrics.jsonl) are told apart by their
+  // parents; -o's folder is made.
+  for (const char* run : {"x/r", "y/r"}) {
+    fs::create_directories(dir_ / run);
+    fs::copy_file(dir_ / "a" / "metrics.jsonl", dir_ / run / "metrics.jsonl");
+  }
+  const fs::path deeper = dir_ / "plots" / "r.svg";
+  CliRun same = run_cli("plot " + (dir_ / "x" / "r").string() + " " + (dir_ / "y" / "r" / "metrics.jsonl").string() +
+                        " --metric loss -o " + deeper.string());
+  ASSERT_EQ(same.code, 0) << same.out;
+  std::ifstream again(deeper);
+  const std::string drawn((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>());
+  EXPECT_NE(drawn.find("data-series=\"x/r/train/loss\""), std::string::npos) << drawn;
+  EXPECT_NE(drawn.find("data-series=\"y/r/train/loss\""), std::string::npos) << drawn;
 }
 
 TEST_F(CliErrors, MissingAndMalformedFilesAreNamed) {
