@@ -164,6 +164,18 @@ train::Deployer make_deployer(const RunFlags& f) {
   o.device = f.device;
   set_attention_kernel(attention_kernel_from_name(f.attention));
   dist::set_grad_reduce_dtype(f.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
+  // The axis names first, from the text: an unknown axis is the mistake to name even when the
+  // process count is wrong too (it was said only once the run had been launched under mpirun).
+  for (size_t start = 0; !f.mesh.empty();) {
+    const size_t comma = f.mesh.find(',', start);
+    std::string axis = f.mesh.substr(start, std::min(f.mesh.find('=', start), comma) - start);
+    axis.erase(0, axis.find_first_not_of(' '));
+    axis.erase(axis.find_last_not_of(' ') + 1);
+    MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh,
+             "': the commands shard over axes 'data' and 'model', not '", axis, "'");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
   train::Deployer deployer(o);
   for (const std::string& axis : deployer.mesh().axis_names())
     MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",

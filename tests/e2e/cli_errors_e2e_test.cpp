@@ -266,6 +266,7 @@ TEST_F(CliErrors, MeshesMustFitTheProcessesAndNameKnownAxes) {
   const std::string base = "pretrain --data " + kShakespeare + " --steps 1 --output-dir " + (dir_ / "run").string();
   expect_failure(base + " --mesh data=2,model=2", {"data=2,model=2", "4"});
   expect_failure(base + " --mesh data=1,pipe=1", {"axes 'data' and 'model', not 'pipe'"});
+  expect_failure(base + " --mesh foo=2", {"axes 'data' and 'model', not 'foo'"});  // before the process count
   // Under mpirun every rank reports the error and the job ends instead of hanging.
   CliRun r = run_cli_mpi(2, base + " --mesh data=3");
   EXPECT_NE(r.code, 0);
