@@ -91,11 +91,11 @@ std::string ProgressBar::format_line(int64_t step, const ProgressStats& stats) c
   if (stats.loss) line += " | loss " + printf_str("%.4f", *stats.loss);
   if (stats.lr) line += " | lr " + printf_str("%.2e", *stats.lr);
   if (stats.tokens_per_s) line += " | " + format_rate(*stats.tokens_per_s) + " tok/s";
+  if (stats.examples_per_s) line += " | " + format_rate(*stats.examples_per_s) + " ex/s";
   if (stats.mfu) line += " | MFU " + printf_str("%.1f%%", 100.0 * *stats.mfu);
   if (stats.peak_rss_gb) line += " | mem " + printf_str("%.2f GB", *stats.peak_rss_gb);
   if (stats.gpu_peak_gb) line += " | GPU " + printf_str("%.2f GB", *stats.gpu_peak_gb);
-  for (const auto& [name, v] : stats.extra)  // a batch padded to its longest row has no fixed token count: ex/s
-    line += " | " + (name == "examples_per_s" ? format_rate(v) + " ex/s" : name + " " + format_value(v));
+  for (const auto& [name, v] : stats.extra) line += " | " + name + " " + format_value(v);
   double elapsed = options_.clock() - t0_;
   line += " | " + format_duration(elapsed);
   if (total_ > 0) {
@@ -192,6 +192,7 @@ void ProgressBar::write(const ScalarRecord& record) {
     if (name == "loss") stats.loss = v;
     else if (name == "lr" || name == "learning_rate") stats.lr = v;
     else if (name == "tokens_per_s") stats.tokens_per_s = v;
+    else if (name == "examples_per_s") stats.examples_per_s = v;
     else if (name == "mfu") stats.mfu = v;
     else if (name == "model_flops_per_s") continue;  // the bar shows MFU instead
     else if (name == "peak_rss_gb") stats.peak_rss_gb = v;

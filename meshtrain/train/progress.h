@@ -33,6 +33,7 @@ struct ProgressStats {
   std::optional<double> loss{};
   std::optional<double> lr{};
   std::optional<double> tokens_per_s{};
+  std::optional<double> examples_per_s{};  // batches padded to their longest row: no fixed token count
   std::optional<double> mfu{};          // fraction of peak, shown as a percentage
   std::optional<double> peak_rss_gb{};  // shown as "mem 3.1 GB"
   std::optional<double> gpu_peak_gb{};  // shown as "GPU 12.3 GB"
@@ -51,7 +52,7 @@ class ProgressBar : public MetricSink {
   // Ends the in-place line on a TTY; in plain mode prints the last update if it was skipped.
   void finish();
 
-  // "train" records update the bar from loss, lr (or learning_rate), tokens_per_s, mfu and
+  // "train" records update the bar from loss, lr (or learning_rate), tokens_per_s, examples_per_s, mfu and
   // show other values as extras; other splits print as a message ("eval step 100: ...").
   void write(const ScalarRecord& record) override;
   void flush() override;
