@@ -176,11 +176,15 @@ train::Deployer make_deployer(const RunFlags& f) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  train::Deployer deployer(o);
-  for (const std::string& axis : deployer.mesh().axis_names())
-    MT_CHECK(axis == "data" || axis == "model", "[mesh] '", f.mesh, "': the commands shard over axes 'data' and 'model', not '",
-             axis, "'");
-  return deployer;
+  return train::Deployer(o);
+}
+
+int64_t length_within_positions(int64_t asked, int64_t positions, const std::string& flag, const std::string& source,
+                                const train::Deployer& deployer, const std::string& command) {
+  if (positions <= 0 || asked <= positions) return asked;
+  deployer.log(detail::concat(command, ": ", flag, " ", asked, " exceeds the ", positions, " positions of ",
+                              source.empty() ? std::string("the model") : source, "; using ", positions));
+  return positions;
 }
 
 void print_cpu_line() {
