@@ -21,15 +21,6 @@ std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, c
   return m;
 }
 
-int64_t seq_len_within_context(const models::PretrainedModel& model, int64_t seq_len, const std::string& source,
-                               const train::Deployer& deployer, const std::string& command) {
-  const int64_t positions = model.causal_lm().max_positions;
-  if (positions == 0 || seq_len <= positions) return seq_len;
-  deployer.log(command + ": --seq-len " + std::to_string(seq_len) + " exceeds the " + std::to_string(positions) +
-               " positions of " + source + "; using " + std::to_string(positions));
-  return positions;
-}
-
 void add_optimizer_flags(CLI::App* cmd, OptimizerFlags& f, const std::string& learning_rate_help) {
   cmd->add_option("--learning-rate", f.learning_rate, learning_rate_help);
   cmd->add_option("--warmup-steps", f.warmup_steps, "linear warmup steps, then cosine to 10%")->capture_default_str();

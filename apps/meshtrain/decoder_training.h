@@ -22,12 +22,6 @@ namespace mt::cli {
 std::shared_ptr<models::PretrainedModel> load_decoder(const std::string& path, const models::PretrainedOptions& options,
                                                       const std::string& command);
 
-// --seq-len within the positions `model` (read from `source`) has: capped there, with a line
-// saying so, as TRL caps max_seq_length at the tokenizer's model_max_length. Longer sequences
-// would stop the run at its first long batch (the model refuses them).
-int64_t seq_len_within_context(const models::PretrainedModel& model, int64_t seq_len, const std::string& source,
-                               const train::Deployer& deployer, const std::string& command);
-
 struct OptimizerFlags {
   double learning_rate = 0;  // 0: the command's default (with or without LoRA)
   int64_t warmup_steps = 0;

@@ -105,11 +105,14 @@ void run(const DistillCommandOptions& o) {
   if (!eos && !teacher->causal_lm().stop_tokens.empty()) eos = teacher->causal_lm().stop_tokens[0];
   po.load_tokenizer = false;
   SftFlags data = o.data;
-  data.seq_len = seq_len_within_context(*teacher, data.seq_len, o.teacher, deployer, "distill");
+  data.seq_len = length_within_positions(data.seq_len, teacher->causal_lm().max_positions, "--seq-len", o.teacher,
+                                         deployer, "distill");
   auto student = o.student.empty() ? new_student(o.config, *teacher, data.seq_len, eos, deployer.init_key())
                                    : load_decoder(o.student, po, "distill");
   posttrain::check_teacher(*teacher, *student);
-  if (!o.student.empty()) data.seq_len = seq_len_within_context(*student, data.seq_len, o.student, deployer, "distill");
+  if (!o.student.empty())
+    data.seq_len = length_within_positions(data.seq_len, student->causal_lm().max_positions, "--seq-len", o.student,
+                                           deployer, "distill");
 
   const DistillData corpus = distill_data(data, tok, eos);
   if (o.lora.enabled()) models::add_lora(*student, o.lora.options(), deployer.init_key());

@@ -73,7 +73,7 @@ void run(const DpoCommandOptions& o) {
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "dpo");
   PreferenceFlags data = o.data;
-  data.seq_len = seq_len_within_context(*model, data.seq_len, o.model, deployer, "dpo");
+  data.seq_len = length_within_positions(data.seq_len, model->causal_lm().max_positions, "--seq-len", o.model, deployer, "dpo");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[dpo] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;

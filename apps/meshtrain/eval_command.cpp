@@ -124,7 +124,8 @@ json eval_glue(train::Deployer& deployer, const models::PretrainedModel& model, 
   if (o.max_eval_samples >= 0 && int64_t(rows.size()) > o.max_eval_samples) rows.resize(size_t(o.max_eval_samples));
   auto dataset = data::make_dataset(std::move(rows));
   auto tok = model.tokenizer;
-  const int64_t max_len = length_within_positions(o.max_seq_length, model, o.model, deployer, "eval");
+  const int64_t max_len = length_within_positions(o.max_seq_length, bert.max_position_embeddings, "--max-seq-length",
+                                                  o.model, deployer, "eval");
   glue_fixed_length(*tok, max_len);
   json result = {{"task", task.name}, {"split", split}, {"examples", dataset->size()}};
   // Each batch cut to its longest row unless --pad_to_max_length: evaluation has no dropout, so

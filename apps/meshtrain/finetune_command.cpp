@@ -56,7 +56,8 @@ void run(const FinetuneOptions& o) {
   po.load_tokenizer = o.tokenizer.empty();
   auto model = load_decoder(o.model, po, "finetune");
   SftFlags data = o.data;
-  data.seq_len = seq_len_within_context(*model, data.seq_len, o.model, deployer, "finetune");
+  data.seq_len = length_within_positions(data.seq_len, model->causal_lm().max_positions, "--seq-len", o.model, deployer,
+                                         "finetune");
   std::shared_ptr<tokenizers::Tokenizer> tok = o.tokenizer.empty() ? model->tokenizer : tokenizers::load_tokenizer(o.tokenizer);
   MT_CHECK(tok != nullptr, "[finetune] ", o.model, " has no tokenizer: pass --tokenizer PATH");
   const std::string tokenizer_source = o.tokenizer.empty() ? model->source : o.tokenizer;

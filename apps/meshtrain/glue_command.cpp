@@ -108,7 +108,8 @@ void run(const GlueOptions& o) {
   MT_CHECK(model->config.holds<models::BertConfig>(), "[glue] ", o.model, " is a ", model->model_type,
            " model; glue fine-tunes BERT");
   if (o.lora.enabled()) models::add_lora(*model, o.lora.options(), deployer.init_key());
-  const int64_t max_len = length_within_positions(o.max_seq_length, *model, o.model, deployer, "glue");
+  const int64_t positions = model->config.as<models::BertConfig>().max_position_embeddings;
+  const int64_t max_len = length_within_positions(o.max_seq_length, positions, "--max-seq-length", o.model, deployer, "glue");
   glue_fixed_length(*tok, max_len);
   // --pad_to_max_length false: each batch as long as its longest row (rounded up), not
   // --max-seq-length; the train batches' lengths are reported at the end.

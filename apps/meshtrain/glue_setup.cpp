@@ -147,15 +147,6 @@ train::CollateFn glue_collate(std::shared_ptr<const tokenizers::Tokenizer> tok, 
   };
 }
 
-int64_t length_within_positions(int64_t asked, const models::PretrainedModel& model, const std::string& source,
-                                const train::Deployer& deployer, const char* command) {
-  const int64_t positions = model.config.as<models::BertConfig>().max_position_embeddings;
-  if (asked <= positions) return asked;
-  deployer.log(detail::concat(command, ": --max-seq-length ", asked, " exceeds the ", positions, " positions of ",
-                              source.empty() ? std::string("the model") : source, "; using ", positions));
-  return positions;
-}
-
 std::vector<train::PaddedFields> glue_padded_fields(const tokenizers::Tokenizer& tok) {
   MT_CHECK(tok.padding(), "[glue] the tokenizer does not pad");
   return {{{"input_ids", double(tok.padding()->pad_id)}, {"token_type_ids", 0.0}, {"attention_mask", 0.0}}};

@@ -29,12 +29,6 @@ nlohmann::json small_bert_config(const std::string& config, const data::GlueTask
 // Sets `tok` to truncate and pad (with [PAD]) every encoding to max_len, as glue_collate needs.
 void glue_fixed_length(tokenizers::Tokenizer& tok, int64_t max_len);
 
-// --max-seq-length, capped at the BERT model's position table with a line saying so (HF's
-// run_glue caps it at the tokenizer's model_max_length alike): a longer setting would stop the
-// run at its first long batch.
-int64_t length_within_positions(int64_t asked, const models::PretrainedModel& model, const std::string& source,
-                                const train::Deployer& deployer, const char* command);
-
 // Rows and positions of the batches a collate made so far (its loader threads add to them):
 // how much padding a run computed on.
 struct CollatedLengths {

@@ -75,6 +75,12 @@ void apply_run_flags(const RunFlags& flags, train::FitOptions& f);
 
 train::Deployer make_deployer(const RunFlags& flags);
 
+// `asked` (what `flag` sets) capped at the `positions` the model read from `source` has (0: no
+// bound), with a line saying so, as run_glue and TRL cap their lengths at the model's: longer
+// sequences would stop the run at its first long batch (the model refuses them).
+int64_t length_within_positions(int64_t asked, int64_t positions, const std::string& flag, const std::string& source,
+                                const train::Deployer& deployer, const std::string& command);
+
 // The start-up line naming the CPU path, e.g. "meshtrain: cpu: avx2, bf16 emulated (widened
 // to f32)" (rank 0, stderr).
 void print_cpu_line();
